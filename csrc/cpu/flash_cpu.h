@@ -1,0 +1,44 @@
+/* flash_cpu.h: the C11 CPU entry points (csrc/cpu/flash_cpu.c), called by the binding (csrc/ops.cpp).
+ *
+ * Both functions dispatch on p->dtype: FLASH_FP32 (float data, float lse/delta) and FLASH_FP64
+ * (double data, double lse/delta); other dtypes return FLASH_CPU_ERR_DTYPE. They run on the OpenMP
+ * threads the runtime gives, allocate only O(tile * d) workspace per thread, and return the first
+ * error met (FLASH_CPU_OK otherwise). Layouts, strides and causal_offset: see csrc/flash.h.
+ */
+#ifndef FLASHATTN_EXT_FLASH_CPU_H
+#define FLASHATTN_EXT_FLASH_CPU_H
+
+#include "../flash.h"
+
+/* Query rows and key rows per tile. Any positive values work (they need not divide the sequence
+ * lengths); overriding them with -D is meant for the test harness only. */
+#ifndef FLASH_CPU_TILE_Q
+#define FLASH_CPU_TILE_Q 64
+#endif
+#ifndef FLASH_CPU_TILE_K
+#define FLASH_CPU_TILE_K 64
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum flash_cpu_status {
+    FLASH_CPU_OK = 0,
+    FLASH_CPU_ERR_DTYPE = 1,   /* p->dtype is not FLASH_FP32 / FLASH_FP64 */
+    FLASH_CPU_ERR_NOMEM = 2,   /* the per-thread workspace could not be allocated */
+} flash_cpu_status;
+
+/* Forward: reads q, k, v; writes o and lse. */
+flash_cpu_status flash_fwd_cpu(const flash_params *p);
+
+/* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv (every element, zeros included).
+ * p->delta must point to a caller-allocated (b, h, sq) contiguous buffer of the lse type; it is
+ * overwritten with rowsum(dout * o). dq_accum, dk_accum, dv_accum are not used. */
+flash_cpu_status flash_bwd_cpu(const flash_params *p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,30 @@
+/* launch.h: the plain-C entry points of the CUDA kernels, called by the binding (csrc/ops_cuda.cpp).
+ * Each launches on `stream`, allocates nothing, never synchronizes the host, and returns the first
+ * CUDA error met (cudaSuccess otherwise). The params block is described in csrc/flash.h. */
+#ifndef FLASHATTN_EXT_LAUNCH_H
+#define FLASHATTN_EXT_LAUNCH_H
+
+#include <cuda_runtime.h>
+
+#include "../flash.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Forward: writes o and lse. Dispatches on dtype: fp16/bf16 -> tensor-core kernel (fwd_sm80.cu),
+ * fp32/fp64 -> CUDA-core tiled kernel (fwd_simple.cu). */
+cudaError_t flash_fwd_cuda(const flash_params *p, cudaStream_t stream);
+cudaError_t flash_fwd_sm80(const flash_params *p, cudaStream_t stream);
+cudaError_t flash_fwd_simple(const flash_params *p, cudaStream_t stream);
+
+/* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv; uses the workspaces named in flash.h. */
+cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream);
+cudaError_t flash_bwd_sm80(const flash_params *p, cudaStream_t stream);
+cudaError_t flash_bwd_simple(const flash_params *p, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

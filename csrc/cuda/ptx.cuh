@@ -1,0 +1,119 @@
+/* ptx.cuh: the few inline-PTX wrappers the CUDA kernels are built from.
+ *
+ * sm80+ (also run on Hopper): mma.sync m16n8k16 with fp32 accumulators, ldmatrix (plain and .trans),
+ * cp.async 16-byte copies with zero fill, exp2. Everything is __device__ __forceinline__; no state.
+ * Fragment layouts follow the PTX ISA "Matrix Fragments for mma.m16n8k16" section:
+ *   A (16x16, row): 4 x b32 regs, lane = 4*row_in_8 + col_pair; regs a0:(r, k0..7) a1:(r+8, k0..7)
+ *                   a2:(r, k8..15) a3:(r+8, k8..15), each reg holding 2 consecutive k.
+ *   B (16x8, col):  2 x b32 regs, b0: k = 2*(lane%4) + {0,1}, n = lane/4; b1: same with k + 8.
+ *   C/D (16x8 f32): 4 regs, c0,c1: row lane/4, cols 2*(lane%4)+{0,1}; c2,c3: row lane/4 + 8.
+ */
+#ifndef FLASHATTN_EXT_PTX_CUH
+#define FLASHATTN_EXT_PTX_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+/* D = A * B + D for one m16n8k16 tile, fp32 accumulators. T is __half or __nv_bfloat16. */
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2]);
+
+template <>
+__device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float d[4], const uint32_t a[4], const uint32_t b[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <>
+__device__ __forceinline__ void mma_m16n8k16<__half>(float d[4], const uint32_t a[4], const uint32_t b[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void *ptr)
+{
+    return (uint32_t)__cvta_generic_to_shared(ptr);
+}
+
+/* Four 8x8 b16 matrices from shared memory; lane l supplies the row address for matrix l/8. */
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t smem_addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t smem_addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x2(uint32_t r[2], uint32_t smem_addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(smem_addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t r[2], uint32_t smem_addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(smem_addr));
+}
+
+/* 16-byte global -> shared copy, bypassing L1. valid == false writes 16 zero bytes and reads nothing
+ * (src-size 0), so tails are predicated without branches; gmem must still be a mapped address. */
+__device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void *gmem, bool valid)
+{
+    const int src_bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+/* Wait until at most N committed groups are still in flight. */
+template <int N>
+__device__ __forceinline__ void cp_async_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ float exp2_approx(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Two floats -> one b32 register of two 16-bit values (lo = first), as mma A/B fragments want. */
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi)
+{
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+#endif

@@ -1,0 +1,150 @@
+// ops_cuda.cpp: the CUDA backend of the ops declared in ops.cpp. Checks what only the GPU kernels
+// need, fills the params (ops.h), allocates outputs and workspaces through torch's caching
+// allocator, and calls the plain-C launchers of csrc/cuda/launch.h on torch's current stream under
+// the tensors' device guard. No host synchronization.
+//
+// fp16/bf16 kernels load 16-byte vectors: their inputs need a head dim that is a multiple of 8,
+// strides that are multiples of 8 elements and 16-byte aligned data. Inputs that are not so are
+// padded (head dim) or copied here, the only copies this backend makes.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "cuda/launch.h"
+#include "ops.h"
+
+namespace flashattn_ext {
+
+namespace {
+
+constexpr int64_t kMaxHeadDim = 256;  // largest head dim of the compiled CUDA tile configs
+constexpr int64_t kVecElems = 8;      // 16-byte vector of fp16/bf16 elements
+constexpr int64_t kVecBytes = 16;
+
+bool is_half(const at::Tensor &t)
+{
+    return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
+}
+
+void check_cuda_inputs(const at::Tensor &q)
+{
+    const auto t = q.scalar_type();
+    TORCH_CHECK(t == at::kHalf || t == at::kBFloat16 || t == at::kFloat || t == at::kDouble,
+                "flashattn_ext: on CUDA, q, k and v must be float16, bfloat16, float32 or float64, got ", t);
+    TORCH_CHECK(q.size(3) <= kMaxHeadDim, "flashattn_ext: on CUDA, the head dim (last dimension of q) must be at most ",
+                kMaxHeadDim, ", got ", q.size(3));
+}
+
+// Strides of dimensions of size 1 never enter an address, so they need no alignment.
+bool vector_ready(const at::Tensor &t)
+{
+    if (reinterpret_cast<uintptr_t>(t.data_ptr()) % kVecBytes != 0)
+        return false;
+    for (int64_t i = 0; i < 3; ++i)
+        if (t.size(i) > 1 && t.stride(i) % kVecElems != 0)
+            return false;
+    return true;
+}
+
+int64_t kernel_head_dim(const at::Tensor &q)
+{
+    return is_half(q) ? (q.size(3) + kVecElems - 1) / kVecElems * kVecElems : q.size(3);
+}
+
+// t as the kernels take it: head dim zero-padded to d_kernel, vector-aligned for fp16/bf16.
+at::Tensor kernel_ready(const at::Tensor &t, int64_t d_kernel)
+{
+    if (t.size(3) != d_kernel)
+        return at::constant_pad_nd(t, {0, d_kernel - t.size(3)});
+    if (is_half(t) && !vector_ready(t))
+        return t.contiguous();
+    if (t.size(3) > 1 && t.stride(3) != 1)
+        return t.contiguous();
+    return t;
+}
+
+at::Tensor unpad(const at::Tensor &t, int64_t d)
+{
+    return t.size(3) == d ? t : t.narrow(3, 0, d).contiguous();
+}
+
+void check_launch(cudaError_t err, const char *what)
+{
+    TORCH_CHECK(err == cudaSuccess, "flashattn_ext: CUDA ", what, " kernel failed: ", cudaGetErrorString(err));
+}
+
+std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor &q_in, const at::Tensor &k_in, const at::Tensor &v_in,
+                                            double softmax_scale, bool causal, bool bottom_right, bool deterministic)
+{
+    check_qkv(q_in, k_in, v_in);
+    check_cuda_inputs(q_in);
+    const c10::cuda::CUDAGuard guard(q_in.device());
+    if (no_work(q_in) || k_in.size(1) == 0)
+        return fwd_without_keys(q_in, v_in);
+    const int64_t d = q_in.size(3);
+    const int64_t d_kernel = kernel_head_dim(q_in);
+    const at::Tensor q = kernel_ready(q_in, d_kernel);
+    const at::Tensor k = kernel_ready(k_in, d_kernel);
+    const at::Tensor v = kernel_ready(v_in, d_kernel);
+    at::Tensor out = at::empty(q.sizes(), q.options());
+    at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
+    const flash_params p = make_params(q, k, v, out, lse, softmax_scale, causal, bottom_right, deterministic);
+    check_launch(flash_fwd_cuda(&p, at::cuda::getCurrentCUDAStream()), "forward");
+    return {unpad(out, d), lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor &dout_in, const at::Tensor &q_in,
+                                                        const at::Tensor &k_in, const at::Tensor &v_in,
+                                                        const at::Tensor &out_in, const at::Tensor &lse_in,
+                                                        double softmax_scale, bool causal, bool bottom_right,
+                                                        bool deterministic)
+{
+    check_qkv(q_in, k_in, v_in);
+    check_cuda_inputs(q_in);
+    check_bwd_inputs(dout_in, q_in, out_in, lse_in);
+    const c10::cuda::CUDAGuard guard(q_in.device());
+    if (no_work(q_in) || k_in.size(1) == 0)
+        return {at::zeros(q_in.sizes(), q_in.options()), at::zeros(k_in.sizes(), k_in.options()),
+                at::zeros(v_in.sizes(), v_in.options())};
+    const int64_t d = q_in.size(3);
+    const int64_t d_kernel = kernel_head_dim(q_in);
+    const at::Tensor q = kernel_ready(q_in, d_kernel);
+    const at::Tensor k = kernel_ready(k_in, d_kernel);
+    const at::Tensor v = kernel_ready(v_in, d_kernel);
+    const at::Tensor out = kernel_ready(out_in, d_kernel);
+    const at::Tensor dout = kernel_ready(dout_in, d_kernel);
+    const at::Tensor lse = lse_in.contiguous();
+    at::Tensor dq = at::empty(q.sizes(), q.options());
+    at::Tensor dk = at::empty(k.sizes(), k.options());
+    at::Tensor dv = at::empty(v.sizes(), v.options());
+    at::Tensor delta = at::empty(lse.sizes(), lse.options());
+    flash_params p = make_params(q, k, v, out, lse, softmax_scale, causal, bottom_right, deterministic);
+    set_bwd_params(&p, dout, dq, dk, dv, delta);
+
+    // fp32 workspaces of the tensor-core backward (see csrc/flash.h); freed when this call returns,
+    // after the kernels that use them, through the stream-ordered caching allocator.
+    at::Tensor dq_accum, dk_accum, dv_accum;
+    if (is_half(q)) {
+        const auto f32 = q.options().dtype(at::kFloat);
+        dq_accum = at::empty({p.b, p.h, p.sq, p.d}, f32);
+        p.dq_accum = dq_accum.data_ptr<float>();
+        if (p.h != p.h_kv) {
+            dk_accum = at::empty({p.b, p.sk, p.h, p.d}, f32);
+            dv_accum = at::empty({p.b, p.sk, p.h, p.d}, f32);
+            p.dk_accum = dk_accum.data_ptr<float>();
+            p.dv_accum = dv_accum.data_ptr<float>();
+        }
+    }
+    check_launch(flash_bwd_cuda(&p, at::cuda::getCurrentCUDAStream()), "backward");
+    return {unpad(dq, d), unpad(dk, d), unpad(dv, d)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(flashattn_ext, CUDA, m)
+{
+    m.impl("fwd", &fwd_cuda);
+    m.impl("bwd", &bwd_cuda);
+}
+
+}  // namespace flashattn_ext

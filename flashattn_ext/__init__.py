@@ -1,0 +1,12 @@
+"""flashattn_ext: exact FlashAttention for PyTorch (C CPU kernels, CUDA kernels).
+
+    out = flashattn_ext.flash_attn_func(q, k, v, causal=True)            # (batch, seqlen, nheads, headdim)
+    out = flashattn_ext.scaled_dot_product_attention(q, k, v, is_causal=True)  # (batch, nheads, seqlen, headdim)
+"""
+from . import _C  # noqa: F401  (loads the library, which registers torch.ops.flashattn_ext.*)
+from . import ops  # noqa: F401  (fake kernels and autograd for those ops)
+from . import reference
+from .interface import flash_attn_func, scaled_dot_product_attention
+
+__version__ = "0.1.0"
+__all__ = ["flash_attn_func", "scaled_dot_product_attention", "reference"]

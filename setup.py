@@ -1,0 +1,75 @@
+"""Builds the one extension flashattn_ext._C.
+
+- csrc/cpu/*.c is compiled as real C (cc -std=c11 -O3 -fopenmp) into objects linked into _C.
+- csrc/ops.cpp (schema + CPU backend) is compiled as C++ against libtorch.
+- csrc/ops_cuda.cpp and csrc/cuda/*.cu are added when torch is a CUDA build and a CUDA toolkit is
+  found, unless FLASHATTN_EXT_FORCE_CPU=1. FLASHATTN_EXT_CUDA_ARCHS picks the targets
+  (default "80;90a": sm_80 machine code, and sm_90a for Hopper).
+No network is used.
+"""
+import glob
+import os
+import subprocess
+
+from setuptools import setup
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+import torch
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+C_SOURCES = sorted(glob.glob("csrc/cpu/*.c"))
+C_FLAGS = ["-std=c11", "-O3", "-fopenmp", "-fPIC", "-Wall", "-Wextra", "-Icsrc"]
+CXX_FLAGS = ["-O3", "-std=c++17", "-fopenmp"]
+NVCC_FLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo"]
+
+
+def env_flag(name):
+    return os.environ.get(name, "0") not in ("", "0")
+
+
+def cuda_enabled():
+    if env_flag("FLASHATTN_EXT_FORCE_CPU"):
+        return False
+    return torch.version.cuda is not None and CUDA_HOME is not None
+
+
+def gencode_flags():
+    archs = os.environ.get("FLASHATTN_EXT_CUDA_ARCHS", "80;90a")
+    return [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs.replace(",", ";").split(";") if a]
+
+
+class BuildWithC(BuildExtension):
+    """Compiles the C sources with the C compiler (torch's build would hand them to g++ as C++)."""
+
+    def build_extensions(self):
+        cc = os.environ.get("CC", "cc")
+        obj_dir = os.path.join(self.build_temp, "c_objects")
+        os.makedirs(obj_dir, exist_ok=True)
+        objects = []
+        for src in C_SOURCES:
+            obj = os.path.join(obj_dir, os.path.basename(src) + ".o")
+            subprocess.check_call([cc, *C_FLAGS, "-c", os.path.join(ROOT, src), "-o", obj], cwd=ROOT)
+            objects.append(obj)
+        for ext in self.extensions:
+            ext.extra_objects = list(ext.extra_objects or []) + objects
+        super().build_extensions()
+
+
+def extension():
+    sources = ["csrc/ops.cpp"]
+    kwargs = dict(
+        name="flashattn_ext._C",
+        include_dirs=[os.path.join(ROOT, "csrc")],
+        extra_link_args=["-fopenmp"],
+    )
+    if cuda_enabled():
+        sources += ["csrc/ops_cuda.cpp"] + sorted(glob.glob("csrc/cuda/*.cu"))
+        kwargs["extra_compile_args"] = {"cxx": CXX_FLAGS, "nvcc": NVCC_FLAGS + gencode_flags()}
+        return CUDAExtension(sources=sources, **kwargs)
+    kwargs["extra_compile_args"] = {"cxx": CXX_FLAGS}
+    return CppExtension(sources=sources, **kwargs)
+
+
+setup(
+    ext_modules=[extension()],
+    cmdclass={"build_ext": BuildWithC},
+)
