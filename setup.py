@@ -9,17 +9,38 @@ No network is used.
 """
 import glob
 import os
+import shutil
 import subprocess
 
 from setuptools import setup
-from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
-import torch
+
+
+def locate_cuda_toolkit():
+    """Sets CUDA_HOME to a toolkit with headers when the user did not: torch guesses it from the
+    nvcc on PATH, which may be a wrapper script outside the toolkit (e.g. /usr/local/bin/nvcc)."""
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return
+    nvcc = shutil.which("nvcc")
+    candidates = [os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))] if nvcc else []
+    candidates += ["/usr/local/cuda"] + sorted(glob.glob("/usr/local/cuda-*"), reverse=True)
+    for root in candidates:
+        if os.path.isfile(os.path.join(root, "include", "cuda_runtime_api.h")) and os.path.isfile(
+            os.path.join(root, "bin", "nvcc")
+        ):
+            os.environ["CUDA_HOME"] = root
+            return
+
+
+locate_cuda_toolkit()
+
+import torch  # noqa: E402  (after CUDA_HOME is settled: cpp_extension reads it at import)
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 C_SOURCES = sorted(glob.glob("csrc/cpu/*.c"))
 C_FLAGS = ["-std=c11", "-O3", "-fopenmp", "-fPIC", "-Wall", "-Wextra", "-Icsrc"]
-CXX_FLAGS = ["-O3", "-std=c++17", "-fopenmp"]
-NVCC_FLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo"]
+CXX_FLAGS = ["-O3", "-fopenmp"]  # the C++ standard is the one torch asks for
+NVCC_FLAGS = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
 
 
 def env_flag(name):

@@ -168,6 +168,12 @@ void check_cpu_dtype(const at::Tensor &q)
                 "flashattn_ext: on CPU, q, k and v must be float32 or float64, got ", q.scalar_type());
 }
 
+void check_cpu_status(flash_cpu_status status, const char *what)
+{
+    TORCH_CHECK(status != FLASH_CPU_ERR_NOMEM, "flashattn_ext: out of memory for the CPU ", what, " workspace");
+    TORCH_CHECK(status == FLASH_CPU_OK, "flashattn_ext: CPU ", what, " failed with status ", static_cast<int>(status));
+}
+
 std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                                            double softmax_scale, bool causal, bool bottom_right, bool deterministic)
 {
@@ -178,7 +184,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor &q, const at::Tensor
     at::Tensor out = at::empty(q.sizes(), q.options());
     at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
     const flash_params p = make_params(q, k, v, out, lse, softmax_scale, causal, bottom_right, deterministic);
-    flash_fwd_cpu(&p);
+    check_cpu_status(flash_fwd_cpu(&p), "forward");
     return {out, lse};
 }
 
@@ -202,7 +208,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor &dout_in
     at::Tensor delta = at::empty(lse.sizes(), lse.options());
     flash_params p = make_params(q, k, v, out, lse, softmax_scale, causal, bottom_right, deterministic);
     set_bwd_params(&p, dout, dq, dk, dv, delta);
-    flash_bwd_cpu(&p);
+    check_cpu_status(flash_bwd_cpu(&p), "backward");
     return {dq, dk, dv};
 }
 

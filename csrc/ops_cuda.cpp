@@ -6,8 +6,8 @@
 // fp16/bf16 kernels load 16-byte vectors: their inputs need a head dim that is a multiple of 8,
 // strides that are multiples of 8 elements and 16-byte aligned data. Inputs that are not so are
 // padded (head dim) or copied here, the only copies this backend makes.
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "cuda/launch.h"
@@ -89,7 +89,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor &q_in, const at::Te
     at::Tensor out = at::empty(q.sizes(), q.options());
     at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
     const flash_params p = make_params(q, k, v, out, lse, softmax_scale, causal, bottom_right, deterministic);
-    check_launch(flash_fwd_cuda(&p, at::cuda::getCurrentCUDAStream()), "forward");
+    check_launch(flash_fwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "forward");
     return {unpad(out, d), lse};
 }
 
@@ -135,7 +135,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor &dout_i
             p.dv_accum = dv_accum.data_ptr<float>();
         }
     }
-    check_launch(flash_bwd_cuda(&p, at::cuda::getCurrentCUDAStream()), "backward");
+    check_launch(flash_bwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "backward");
     return {unpad(dq, d), unpad(dk, d), unpad(dv, d)};
 }
 

@@ -29,7 +29,7 @@ import flashattn_ext
 DATA_PATH = pathlib.Path(__file__).resolve().parent / "data" / "shakespeare.txt"
 VAL_FRACTION = 0.1
 EVAL_BATCHES = 8
-LEARNING_RATE = 2e-3
+LEARNING_RATE = 3e-3
 WARMUP_STEPS = 20
 MIN_LR_FRACTION = 0.1
 WEIGHT_DECAY = 0.1

@@ -116,4 +116,12 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi)
     return *(uint32_t *)&v;
 }
 
+/* 4-byte global -> shared copy through L1 (for per-row fp32 vectors such as lse); valid == false
+ * writes 4 zero bytes and reads nothing. gmem must still be a mapped address. */
+__device__ __forceinline__ void cp_async_4(uint32_t smem_addr, const void *gmem, bool valid)
+{
+    const int src_bytes = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
+}
+
 #endif

@@ -1,0 +1,577 @@
+/* flash_cpu.c: exact FlashAttention forward and backward on the CPU, C11 + OpenMP, fp32 and fp64.
+ *
+ * Algorithm (DESIGN.md section 1). Forward: one task per (batch, head, query tile) streams over the
+ * key tiles with the online softmax (running max m, sum l, unnormalized accumulator acc; a new max
+ * rescales both l and acc by exp(m_old - m_new)); out = acc / l, lse = m + log(l). Backward:
+ * delta = rowsum(dout * o), then pass 1, one task per (batch, kv head, key tile), owns its dK, dV rows
+ * and loops over every query head of its GQA group and every query tile that sees the key tile;
+ * pass 2, one task per (batch, head, query tile), accumulates dQ. P = exp(S * scale - lse) is
+ * recomputed in both passes. No buffer of size sq * sk exists; nothing is written by two tasks.
+ *
+ * Tiles: FLASH_CPU_TILE_Q = 64 query rows x FLASH_CPU_TILE_K = 64 key rows (flash_cpu.h); a tail tile
+ * is zero padded. All matrix products go through one register-blocked kernel (gemm below,
+ * FLASH_CPU_MR x FLASH_CPU_NR = 4 x 32 accumulators) that broadcasts A from any strided layout and
+ * streams contiguous rows of B and C. Every pass keeps its per-task operand transposed once per task
+ * so no inner loop transposes: forward and dQ work on S^T (keys x queries, the softmax then reduces
+ * down the columns, vectorized across queries), the dK/dV pass works on S (queries x keys).
+ *
+ * Parallelization: `omp for schedule(dynamic)` over the tasks, the heaviest causal tiles first; each
+ * thread owns one workspace of 8 tile buffers carved from a single allocation made before the
+ * parallel region. The hot loops are compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2) and the
+ * baseline (target_clones, picked at load time), with floating-point contraction into FMA enabled for
+ * this file (gcc turns it off under -std=c11). exp in fp32 is a branch-free polynomial (below) that
+ * vectorizes; fp64 calls libm exp.
+ *
+ * Measured (dev/cpu_check.c bench, this machine: 2 cores of an AMD EPYC Zen 4, gcc 12 -O3), b1 h8
+ * d64 fp32 non-causal, fwd / bwd ms; torch 2.14 eager matmul+softmax+matmul and torch SDPA alongside:
+ *   s1024: 13 / 33        s2048: 50 / 123        s4096: 198 / 492        s8192: 800 / 1980
+ *   eager s2048: 177 / 381, SDPA s2048: 55 / 148
+ */
+#ifndef FLASH_CPU_GENERIC_PASS
+
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flash_cpu.h"
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=fast")
+#endif
+
+#if defined(__x86_64__) && defined(__linux__) && \
+    ((defined(__clang__) && __clang_major__ >= 14) || (!defined(__clang__) && __GNUC__ >= 11))
+#define FLASH_CPU_SIMD __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define FLASH_CPU_SIMD
+#endif
+
+/* Register block of the gemm kernel: FLASH_CPU_MR rows of C x FLASH_CPU_NR columns. */
+#define FLASH_CPU_MR 4
+#define FLASH_CPU_NR 32
+#define FLASH_CPU_ALIGN_BYTES 64
+
+#define ROUND_UP(x, m) (((x) + (m) - 1) / (m) * (m))
+/* Tile sizes rounded up to what the gemm kernel needs as its n (NR) or m (MR) dimension. */
+#define TILE_Q_NR ROUND_UP(FLASH_CPU_TILE_Q, FLASH_CPU_NR)
+#define TILE_K_NR ROUND_UP(FLASH_CPU_TILE_K, FLASH_CPU_NR)
+#define TILE_MAX_NR (TILE_Q_NR > TILE_K_NR ? TILE_Q_NR : TILE_K_NR)
+
+/* fp32 exp: e^x = 2^n * e^r with n = round(x / ln 2), |r| <= ln(2) / 2, e^r by its Taylor series to
+ * degree 7 (relative error < 1e-7). Arguments below EXPF_ARG_MIN (e^-87 is near FLT_MIN) give 0,
+ * -inf included; above EXPF_ARG_MAX they are clamped. */
+#define EXPF_ARG_MIN (-87.0f)
+#define EXPF_ARG_MAX 88.0f
+#define EXPF_ROUND_MAGIC 12582912.0f /* 1.5 * 2^23: (t + magic) - magic rounds t to an integer */
+#define EXPF_LOG2E 1.44269504088896341f
+#define EXPF_LN2_HI 0.693145751953125f /* ln 2 = LN2_HI + LN2_LO, LN2_HI with few mantissa bits */
+#define EXPF_LN2_LO 1.42860682030941723212e-6f
+#define FLOAT_EXPONENT_BIAS 127
+#define FLOAT_MANTISSA_BITS 23
+
+static inline float expf_poly(float x)
+{
+    const float xc = x < EXPF_ARG_MIN ? EXPF_ARG_MIN : (x > EXPF_ARG_MAX ? EXPF_ARG_MAX : x);
+    const float n = (xc * EXPF_LOG2E + EXPF_ROUND_MAGIC) - EXPF_ROUND_MAGIC;
+    const float r = (xc - n * EXPF_LN2_HI) - n * EXPF_LN2_LO;
+    const float er = 1.0f + r * (1.0f + r * (1.0f / 2 + r * (1.0f / 6 + r * (1.0f / 24 +
+                     r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))));
+    const int32_t bits = ((int32_t)n + FLOAT_EXPONENT_BIAS) << FLOAT_MANTISSA_BITS;
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return x < EXPF_ARG_MIN ? 0.0f : er * two_n;
+}
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return min64(max64(x, lo), hi); }
+
+/* One tile: query rows [q0, q0 + qn) against key rows [k0, k0 + kn). */
+typedef struct tile {
+    int64_t q0, qn, k0, kn;
+} tile;
+
+/* Keys of the tile seen by tile query row i: tile columns [0, result). */
+static int64_t visible_keys(const flash_params *p, const tile *t, int64_t i)
+{
+    if (i >= t->qn)
+        return 0;
+    if (!p->causal)
+        return t->kn;
+    return clamp64(t->q0 + i + p->causal_offset + 1 - t->k0, 0, t->kn);
+}
+
+/* Queries of the tile that see tile key row j: tile rows [result, t->qn), or none if j >= kn. */
+static int64_t first_visible_query(const flash_params *p, const tile *t, int64_t j)
+{
+    if (j >= t->kn)
+        return t->qn;
+    if (!p->causal)
+        return 0;
+    return clamp64(t->k0 + j - p->causal_offset - t->q0, 0, t->qn);
+}
+
+/* Keys [0, result) are seen by at least one of the query rows [q0, q0 + qn). */
+static int64_t key_end(const flash_params *p, int64_t q0, int64_t qn)
+{
+    return p->causal ? clamp64(q0 + qn + p->causal_offset, 0, p->sk) : p->sk;
+}
+
+/* Per-thread workspace elements for head dim d: 8 tile buffers (see the workspace struct). */
+static int64_t tile_buffer_elems(int64_t d, int64_t elem_size)
+{
+    const int64_t dm = ROUND_UP(d, FLASH_CPU_MR);
+    const int64_t side = dm > TILE_MAX_NR ? dm : TILE_MAX_NR;
+    return ROUND_UP(TILE_MAX_NR * side, FLASH_CPU_ALIGN_BYTES / elem_size);
+}
+
+static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Query-tile task -> (batch, head, tile's first row); the last query tiles (the heaviest under
+ * causal masking) come first. */
+static void query_task(const flash_params *p, int64_t task, int64_t *bi, int64_t *hq, int64_t *q0)
+{
+    const int64_t n_bh = p->b * p->h;
+    *bi = task % n_bh / p->h;
+    *hq = task % p->h;
+    *q0 = (ceil_div(p->sq, FLASH_CPU_TILE_Q) - 1 - task / n_bh) * FLASH_CPU_TILE_Q;
+}
+
+/* Each thread's workspace: FLASH_CPU_TILE_BUFFERS buffers of tile_buffer_elems elements. */
+#define FLASH_CPU_TILE_BUFFERS 8
+
+/* The type-generic part below the #else: compiled twice, by this file including itself with T (the
+ * element type), FN(name) (name with a type suffix), EXP and LOG defined. */
+#define FLASH_CPU_GENERIC_PASS
+
+#define T float
+#define FN(name) name##_f32
+#define EXP expf_poly
+#define LOG logf
+#include "flash_cpu.c"
+#undef T
+#undef FN
+#undef EXP
+#undef LOG
+
+#define T double
+#define FN(name) name##_f64
+#define EXP exp
+#define LOG log
+#include "flash_cpu.c"
+#undef T
+#undef FN
+#undef EXP
+#undef LOG
+
+flash_cpu_status flash_fwd_cpu(const flash_params *p)
+{
+    switch (p->dtype) {
+    case FLASH_FP32:
+        return fwd_f32(p);
+    case FLASH_FP64:
+        return fwd_f64(p);
+    default:
+        return FLASH_CPU_ERR_DTYPE;
+    }
+}
+
+flash_cpu_status flash_bwd_cpu(const flash_params *p)
+{
+    switch (p->dtype) {
+    case FLASH_FP32:
+        return bwd_f32(p);
+    case FLASH_FP64:
+        return bwd_f64(p);
+    default:
+        return FLASH_CPU_ERR_DTYPE;
+    }
+}
+
+#else /* FLASH_CPU_GENERIC_PASS: the type-generic part */
+
+/* c (m, n) = [c +] a (m, k) * b (k, n). a(i, kk) = a[i * a_rs + kk * a_ks] is read as broadcast
+ * scalars, so any layout of a works; b and c are row-major with leading dimensions ldb, ldc.
+ * m % FLASH_CPU_MR == 0 and n % FLASH_CPU_NR == 0. */
+FLASH_CPU_SIMD static void FN(gemm)(int64_t m, int64_t n, int64_t k, const T *restrict a, int64_t a_rs,
+                                    int64_t a_ks, const T *restrict b, int64_t ldb, T *restrict c,
+                                    int64_t ldc, int accumulate)
+{
+    for (int64_t i0 = 0; i0 < m; i0 += FLASH_CPU_MR)
+        for (int64_t j0 = 0; j0 < n; j0 += FLASH_CPU_NR) {
+            T acc[FLASH_CPU_MR][FLASH_CPU_NR];
+            for (int r = 0; r < FLASH_CPU_MR; r++)
+                for (int u = 0; u < FLASH_CPU_NR; u++)
+                    acc[r][u] = accumulate ? c[(i0 + r) * ldc + j0 + u] : 0;
+            for (int64_t kk = 0; kk < k; kk++) {
+                const T *restrict brow = b + kk * ldb + j0;
+                for (int r = 0; r < FLASH_CPU_MR; r++) {
+                    const T ar = a[(i0 + r) * a_rs + kk * a_ks];
+                    for (int u = 0; u < FLASH_CPU_NR; u++)
+                        acc[r][u] += ar * brow[u];
+                }
+            }
+            for (int r = 0; r < FLASH_CPU_MR; r++)
+                for (int u = 0; u < FLASH_CPU_NR; u++)
+                    c[(i0 + r) * ldc + j0 + u] = acc[r][u];
+        }
+}
+
+/* dst (rows_pad, ld): dst[r][c] = scale * src[r * rs + c] for r < rows, c < cols, zero elsewhere in
+ * [0, rows_pad) x [0, cols_pad). */
+static void FN(load_rows)(T *restrict dst, int64_t ld, int64_t rows_pad, int64_t cols_pad,
+                          const T *restrict src, int64_t rs, int64_t rows, int64_t cols, T scale)
+{
+    for (int64_t r = 0; r < rows_pad; r++) {
+        T *restrict drow = dst + r * ld;
+        int64_t c = 0;
+        if (r < rows)
+            for (; c < cols; c++)
+                drow[c] = scale * src[r * rs + c];
+        for (; c < cols_pad; c++)
+            drow[c] = 0;
+    }
+}
+
+/* dst (cols, ld): dst[c][r] = scale * src[r * rs + c] for r < rows, c < cols, zero for r in
+ * [rows, rows_pad). */
+static void FN(load_transposed)(T *restrict dst, int64_t ld, int64_t rows_pad, const T *restrict src,
+                                int64_t rs, int64_t rows, int64_t cols, T scale)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            dst[c * ld + r] = scale * src[r * rs + c];
+    for (int64_t c = 0; c < cols; c++)
+        for (int64_t r = rows; r < rows_pad; r++)
+            dst[c * ld + r] = 0;
+}
+
+/* dst (rows, ld) = 0 in columns [0, cols). */
+static void FN(zero_tile)(T *restrict dst, int64_t ld, int64_t rows, int64_t cols)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            dst[r * ld + c] = 0;
+}
+
+/* dst[r * rs + c] = scale * src[c][r] for r < rows, c < cols; src is (cols, ld). */
+static void FN(store_transposed)(T *restrict dst, int64_t rs, const T *restrict src, int64_t ld,
+                                 int64_t rows, int64_t cols, T scale)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            dst[r * rs + c] = scale * src[c * ld + r];
+}
+
+/* row[x] = -inf for x in [0, lo) and in [hi, n). */
+static void FN(mask_outside)(T *restrict row, int64_t lo, int64_t hi, int64_t n)
+{
+    for (int64_t x = 0; x < lo; x++)
+        row[x] = -INFINITY;
+    for (int64_t x = max64(lo, hi); x < n; x++)
+        row[x] = -INFINITY;
+}
+
+/* Row statistics of query rows [0, n_pad) of a tile: lse_eff = lse, or +inf for a row that sees no
+ * key and for padding rows (so that exp(s - lse_eff) = 0), and delta (0 for padding rows). */
+static void FN(load_row_stats)(T *restrict lse_eff, T *restrict delta, int64_t n_pad, const T *lse,
+                               const T *dl, int64_t n)
+{
+    for (int64_t i = 0; i < n_pad; i++) {
+        lse_eff[i] = i < n && lse[i] != -INFINITY ? lse[i] : INFINITY;
+        delta[i] = i < n ? dl[i] : 0;
+    }
+}
+
+/* Online-softmax step on one S^T tile s (km key rows x qp query columns, leading dim TILE_Q_NR,
+ * masked entries -inf): updates the running max m and sum l of every query column, turns s into
+ * exp(s - m_new) and rescales the accumulator acc (dm, TILE_Q_NR) by exp(m_old - m_new). */
+FLASH_CPU_SIMD static void FN(softmax_step)(T *restrict s, int64_t km, int64_t qp, T *restrict acc,
+                                            int64_t dm, T *restrict m, T *restrict l)
+{
+    T m_new[TILE_Q_NR], shift[TILE_Q_NR], alpha[TILE_Q_NR], sum[TILE_Q_NR];
+    for (int64_t u = 0; u < qp; u++) {
+        m_new[u] = m[u];
+        sum[u] = 0;
+    }
+    for (int64_t j = 0; j < km; j++)
+        for (int64_t u = 0; u < qp; u++) {
+            const T x = s[j * TILE_Q_NR + u];
+            m_new[u] = x > m_new[u] ? x : m_new[u];
+        }
+    /* A column that has seen no key yet keeps m = -inf and shifts by 0: exp(-inf - 0) = 0, never
+     * exp(-inf - -inf). */
+    for (int64_t u = 0; u < qp; u++) {
+        shift[u] = m_new[u] == -INFINITY ? 0 : m_new[u];
+        alpha[u] = EXP(m[u] - shift[u]);
+        m[u] = m_new[u];
+    }
+    for (int64_t j = 0; j < km; j++)
+        for (int64_t u = 0; u < qp; u++) {
+            const T e = EXP(s[j * TILE_Q_NR + u] - shift[u]);
+            s[j * TILE_Q_NR + u] = e;
+            sum[u] += e;
+        }
+    for (int64_t u = 0; u < qp; u++)
+        l[u] = alpha[u] * l[u] + sum[u];
+    for (int64_t c = 0; c < dm; c++)
+        for (int64_t u = 0; u < qp; u++)
+            acc[c * TILE_Q_NR + u] *= alpha[u];
+}
+
+/* S^T tile (rows x cols, leading dim ld) -> P^T = exp(s - lse_eff[col]). */
+FLASH_CPU_SIMD static void FN(probs_by_column)(T *restrict s, int64_t rows, int64_t cols, int64_t ld,
+                                               const T *restrict lse_eff)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            s[r * ld + c] = EXP(s[r * ld + c] - lse_eff[c]);
+}
+
+/* S tile (rows x cols, leading dim ld) -> P = exp(s - lse_eff[row]). */
+FLASH_CPU_SIMD static void FN(probs_by_row)(T *restrict s, int64_t rows, int64_t cols, int64_t ld,
+                                            const T *restrict lse_eff)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            s[r * ld + c] = EXP(s[r * ld + c] - lse_eff[r]);
+}
+
+/* dP^T tile -> dS^T = P^T * (dP^T - delta[col]). */
+FLASH_CPU_SIMD static void FN(dscores_by_column)(T *restrict ds, const T *restrict pr, int64_t rows,
+                                                 int64_t cols, int64_t ld, const T *restrict delta)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            ds[r * ld + c] = pr[r * ld + c] * (ds[r * ld + c] - delta[c]);
+}
+
+/* dP tile -> dS = P * (dP - delta[row]). */
+FLASH_CPU_SIMD static void FN(dscores_by_row)(T *restrict ds, const T *restrict pr, int64_t rows,
+                                              int64_t cols, int64_t ld, const T *restrict delta)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            ds[r * ld + c] = pr[r * ld + c] * (ds[r * ld + c] - delta[r]);
+}
+
+/* Masks the S^T tile s (km key rows x qp query columns, leading dim TILE_Q_NR) of tile t. */
+static void FN(mask_scores_t)(T *s, int64_t km, int64_t qp, const flash_params *p, const tile *t)
+{
+    for (int64_t j = 0; j < km; j++)
+        FN(mask_outside)(s + j * TILE_Q_NR, first_visible_query(p, t, j), t->qn, qp);
+}
+
+/* Masks the S tile s (qm query rows x kp key columns, leading dim TILE_K_NR) of tile t. */
+static void FN(mask_scores)(T *s, int64_t qm, int64_t kp, const flash_params *p, const tile *t)
+{
+    for (int64_t i = 0; i < qm; i++)
+        FN(mask_outside)(s + i * TILE_K_NR, 0, visible_keys(p, t, i), kp);
+}
+
+typedef struct FN(workspace) {
+    T *q, *dout, *k, *v, *s, *ds, *acc, *acc2; /* tile buffers; the layout is per pass */
+} FN(workspace);
+
+/* Forward task: one (batch, head, query tile), working on S^T = K Q^T (keys x queries):
+ *   w->q   (d, TILE_Q_NR)         Q^T of the tile, times scale
+ *   w->k   (TILE_K, dm)           K tile rows;  w->v (TILE_K, dm) V tile rows
+ *   w->s   (TILE_K, TILE_Q_NR)    S^T, then P^T
+ *   w->acc (dm, TILE_Q_NR)        O^T, unnormalized */
+static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
+{
+    const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR);
+    int64_t bi, hq, q0;
+    query_task(p, task, &bi, &hq, &q0);
+    const int64_t hk = hq / p->h_per_kv;
+    tile t = {q0, min64(FLASH_CPU_TILE_Q, p->sq - q0), 0, 0};
+    const int64_t qp = ROUND_UP(t.qn, FLASH_CPU_NR);
+    const T *q = (const T *)p->q + bi * p->q_s.batch + q0 * p->q_s.row + hq * p->q_s.head;
+    const T *k = (const T *)p->k + bi * p->k_s.batch + hk * p->k_s.head; /* (sk, d) */
+    const T *v = (const T *)p->v + bi * p->v_s.batch + hk * p->v_s.head; /* (sk, d) */
+    T *o = (T *)p->o + bi * p->o_s.batch + q0 * p->o_s.row + hq * p->o_s.head;
+    T *lse = (T *)p->lse + (bi * p->h + hq) * p->sq + q0;
+    T m[TILE_Q_NR], l[TILE_Q_NR];
+
+    FN(load_transposed)(w->q, TILE_Q_NR, qp, q, p->q_s.row, t.qn, d, (T)p->scale);
+    for (int64_t u = 0; u < qp; u++) {
+        m[u] = -INFINITY;
+        l[u] = 0;
+    }
+    FN(zero_tile)(w->acc, TILE_Q_NR, dm, qp);
+    const int64_t k_end = key_end(p, q0, t.qn);
+    for (t.k0 = 0; t.k0 < k_end; t.k0 += FLASH_CPU_TILE_K) {
+        t.kn = min64(FLASH_CPU_TILE_K, k_end - t.k0);
+        const int64_t km = ROUND_UP(t.kn, FLASH_CPU_MR);
+        FN(load_rows)(w->k, dm, km, dm, k + t.k0 * p->k_s.row, p->k_s.row, t.kn, d, 1);
+        FN(load_rows)(w->v, dm, t.kn, dm, v + t.k0 * p->v_s.row, p->v_s.row, t.kn, d, 1);
+        FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
+        FN(mask_scores_t)(w->s, km, qp, p, &t);
+        FN(softmax_step)(w->s, km, qp, w->acc, dm, m, l);
+        FN(gemm)(dm, qp, t.kn, w->v, 1, dm, w->s, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
+    }
+    for (int64_t u = 0; u < t.qn; u++) {
+        T *orow = o + u * p->o_s.row;
+        if (l[u] == 0) { /* the row sees no key (then m = -inf too) */
+            for (int64_t c = 0; c < d; c++)
+                orow[c] = 0;
+            lse[u] = -INFINITY;
+        } else {
+            for (int64_t c = 0; c < d; c++)
+                orow[c] = w->acc[c * TILE_Q_NR + u] / l[u];
+            lse[u] = m[u] + LOG(l[u]);
+        }
+    }
+}
+
+/* dK/dV task: one (batch, kv head, key tile), working on S = Q K^T (queries x keys):
+ *   w->k, w->v  (d, TILE_K_NR)    K^T and V^T of the tile
+ *   w->q        (TILE_Q, dm)      Q tile rows, times scale;  w->dout (TILE_Q, dm) dO tile rows
+ *   w->s        (TILE_Q, TILE_K_NR)  S, then P;  w->ds  dP, then dS
+ *   w->acc      (dm, TILE_K_NR)   dK^T;  w->acc2 (dm, TILE_K_NR) dV^T */
+static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
+{
+    const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR);
+    const int64_t n_bh = p->b * p->h_kv;
+    const int64_t bi = task % n_bh / p->h_kv, hk = task % p->h_kv;
+    tile t = {0, 0, task / n_bh * FLASH_CPU_TILE_K, 0};
+    t.kn = min64(FLASH_CPU_TILE_K, p->sk - t.k0);
+    const int64_t kp = ROUND_UP(t.kn, FLASH_CPU_NR);
+    const int64_t k_off = bi * p->k_s.batch + t.k0 * p->k_s.row + hk * p->k_s.head;
+    const int64_t v_off = bi * p->v_s.batch + t.k0 * p->v_s.row + hk * p->v_s.head;
+    T lse_eff[TILE_MAX_NR], delta[TILE_MAX_NR];
+
+    FN(load_transposed)(w->k, TILE_K_NR, kp, (const T *)p->k + k_off, p->k_s.row, t.kn, d, 1);
+    FN(load_transposed)(w->v, TILE_K_NR, kp, (const T *)p->v + v_off, p->v_s.row, t.kn, d, 1);
+    FN(zero_tile)(w->acc, TILE_K_NR, dm, kp);
+    FN(zero_tile)(w->acc2, TILE_K_NR, dm, kp);
+    /* Query i sees key k0 iff i >= k0 - causal_offset. */
+    const int64_t q_begin = p->causal ? clamp64(t.k0 - p->causal_offset, 0, p->sq) : 0;
+    for (int64_t hq = hk * p->h_per_kv; hq < (hk + 1) * p->h_per_kv; hq++) {
+        const T *q = (const T *)p->q + bi * p->q_s.batch + hq * p->q_s.head;       /* (sq, d) */
+        const T *dout = (const T *)p->dout + bi * p->do_s.batch + hq * p->do_s.head; /* (sq, d) */
+        const T *lse = (const T *)p->lse + (bi * p->h + hq) * p->sq;
+        const T *dl = (const T *)p->delta + (bi * p->h + hq) * p->sq;
+        for (t.q0 = q_begin; t.q0 < p->sq; t.q0 += FLASH_CPU_TILE_Q) {
+            t.qn = min64(FLASH_CPU_TILE_Q, p->sq - t.q0);
+            const int64_t qm = ROUND_UP(t.qn, FLASH_CPU_MR);
+            FN(load_rows)(w->q, dm, qm, dm, q + t.q0 * p->q_s.row, p->q_s.row, t.qn, d, (T)p->scale);
+            FN(load_rows)(w->dout, dm, qm, dm, dout + t.q0 * p->do_s.row, p->do_s.row, t.qn, d, 1);
+            FN(load_row_stats)(lse_eff, delta, qm, lse + t.q0, dl + t.q0, t.qn);
+            FN(gemm)(qm, kp, d, w->q, dm, 1, w->k, TILE_K_NR, w->s, TILE_K_NR, 0);
+            FN(mask_scores)(w->s, qm, kp, p, &t);
+            FN(probs_by_row)(w->s, qm, kp, TILE_K_NR, lse_eff);
+            FN(gemm)(dm, kp, t.qn, w->dout, 1, dm, w->s, TILE_K_NR, w->acc2, TILE_K_NR, 1);
+            FN(gemm)(qm, kp, d, w->dout, dm, 1, w->v, TILE_K_NR, w->ds, TILE_K_NR, 0);
+            FN(dscores_by_row)(w->ds, w->s, qm, kp, TILE_K_NR, delta);
+            FN(gemm)(dm, kp, t.qn, w->q, 1, dm, w->ds, TILE_K_NR, w->acc, TILE_K_NR, 1);
+        }
+    }
+    const int64_t dk_off = bi * p->dk_s.batch + t.k0 * p->dk_s.row + hk * p->dk_s.head;
+    const int64_t dv_off = bi * p->dv_s.batch + t.k0 * p->dv_s.row + hk * p->dv_s.head;
+    FN(store_transposed)((T *)p->dk + dk_off, p->dk_s.row, w->acc, TILE_K_NR, t.kn, d, 1);
+    FN(store_transposed)((T *)p->dv + dv_off, p->dv_s.row, w->acc2, TILE_K_NR, t.kn, d, 1);
+}
+
+/* dQ task: one (batch, head, query tile), working on S^T like the forward:
+ *   w->q, w->dout (d, TILE_Q_NR)  Q^T times scale, dO^T
+ *   w->k, w->v    (TILE_K, dm)    K and V tile rows
+ *   w->s  (TILE_K, TILE_Q_NR)     S^T, then P^T;  w->ds  dP^T, then dS^T
+ *   w->acc (dm, TILE_Q_NR)        dQ^T / scale */
+static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
+{
+    const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR);
+    int64_t bi, hq, q0;
+    query_task(p, task, &bi, &hq, &q0);
+    const int64_t hk = hq / p->h_per_kv;
+    tile t = {q0, min64(FLASH_CPU_TILE_Q, p->sq - q0), 0, 0};
+    const int64_t qp = ROUND_UP(t.qn, FLASH_CPU_NR);
+    const T *q = (const T *)p->q + bi * p->q_s.batch + q0 * p->q_s.row + hq * p->q_s.head;
+    const T *dout = (const T *)p->dout + bi * p->do_s.batch + q0 * p->do_s.row + hq * p->do_s.head;
+    const T *k = (const T *)p->k + bi * p->k_s.batch + hk * p->k_s.head; /* (sk, d) */
+    const T *v = (const T *)p->v + bi * p->v_s.batch + hk * p->v_s.head; /* (sk, d) */
+    const int64_t row_off = (bi * p->h + hq) * p->sq + q0;
+    T *dq = (T *)p->dq + bi * p->dq_s.batch + q0 * p->dq_s.row + hq * p->dq_s.head;
+    T lse_eff[TILE_Q_NR], delta[TILE_Q_NR];
+
+    FN(load_transposed)(w->q, TILE_Q_NR, qp, q, p->q_s.row, t.qn, d, (T)p->scale);
+    FN(load_transposed)(w->dout, TILE_Q_NR, qp, dout, p->do_s.row, t.qn, d, 1);
+    FN(load_row_stats)(lse_eff, delta, qp, (const T *)p->lse + row_off,
+                       (const T *)p->delta + row_off, t.qn);
+    FN(zero_tile)(w->acc, TILE_Q_NR, dm, qp);
+    const int64_t k_end = key_end(p, q0, t.qn);
+    for (t.k0 = 0; t.k0 < k_end; t.k0 += FLASH_CPU_TILE_K) {
+        t.kn = min64(FLASH_CPU_TILE_K, k_end - t.k0);
+        const int64_t km = ROUND_UP(t.kn, FLASH_CPU_MR);
+        FN(load_rows)(w->k, dm, km, dm, k + t.k0 * p->k_s.row, p->k_s.row, t.kn, d, 1);
+        FN(load_rows)(w->v, dm, km, dm, v + t.k0 * p->v_s.row, p->v_s.row, t.kn, d, 1);
+        FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
+        FN(mask_scores_t)(w->s, km, qp, p, &t);
+        FN(probs_by_column)(w->s, km, qp, TILE_Q_NR, lse_eff);
+        FN(gemm)(km, qp, d, w->v, dm, 1, w->dout, TILE_Q_NR, w->ds, TILE_Q_NR, 0);
+        FN(dscores_by_column)(w->ds, w->s, km, qp, TILE_Q_NR, delta);
+        FN(gemm)(dm, qp, t.kn, w->k, 1, dm, w->ds, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
+    }
+    FN(store_transposed)(dq, p->dq_s.row, w->acc, TILE_Q_NR, t.qn, d, (T)p->scale);
+}
+
+typedef void (*FN(task_fn))(const flash_params *p, const FN(workspace) *w, int64_t task);
+
+/* Runs tasks [0, n_tasks) on the OpenMP threads, each thread with its own workspace. */
+static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN(task_fn) run_task)
+{
+    if (n_tasks <= 0)
+        return FLASH_CPU_OK;
+    const int64_t buf = tile_buffer_elems(p->d, sizeof(T));
+    const int n_threads = omp_get_max_threads();
+    T *pool = aligned_alloc(FLASH_CPU_ALIGN_BYTES,
+                            (size_t)(n_threads * FLASH_CPU_TILE_BUFFERS * buf) * sizeof(T));
+    if (!pool)
+        return FLASH_CPU_ERR_NOMEM;
+#pragma omp parallel num_threads(n_threads)
+    {
+        T *base = pool + omp_get_thread_num() * FLASH_CPU_TILE_BUFFERS * buf;
+        const FN(workspace) w = {base, base + buf, base + 2 * buf, base + 3 * buf,
+                                 base + 4 * buf, base + 5 * buf, base + 6 * buf, base + 7 * buf};
+#pragma omp for schedule(dynamic)
+        for (int64_t task = 0; task < n_tasks; task++)
+            run_task(p, &w, task);
+    }
+    free(pool);
+    return FLASH_CPU_OK;
+}
+
+static flash_cpu_status FN(fwd)(const flash_params *p)
+{
+    return FN(run_tasks)(p, p->b * p->h * ceil_div(p->sq, FLASH_CPU_TILE_Q), FN(fwd_task));
+}
+
+/* delta[b][h][i] = dot(dout_i, o_i), in the data type. */
+static void FN(delta_rows)(const flash_params *p)
+{
+    const int64_t rows = p->b * p->h * p->sq;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t i = r % p->sq, hq = r / p->sq % p->h, bi = r / (p->sq * p->h);
+        const T *dout = (const T *)p->dout + bi * p->do_s.batch + i * p->do_s.row + hq * p->do_s.head;
+        const T *o = (const T *)p->o + bi * p->o_s.batch + i * p->o_s.row + hq * p->o_s.head;
+        T acc = 0;
+        for (int64_t c = 0; c < p->d; c++)
+            acc += dout[c] * o[c];
+        ((T *)p->delta)[r] = acc;
+    }
+}
+
+static flash_cpu_status FN(bwd)(const flash_params *p)
+{
+    FN(delta_rows)(p);
+    const flash_cpu_status st =
+        FN(run_tasks)(p, p->b * p->h_kv * ceil_div(p->sk, FLASH_CPU_TILE_K), FN(dkdv_task));
+    if (st != FLASH_CPU_OK)
+        return st;
+    return FN(run_tasks)(p, p->b * p->h * ceil_div(p->sq, FLASH_CPU_TILE_Q), FN(dq_task));
+}
+
+#endif /* FLASH_CPU_GENERIC_PASS */

@@ -1,0 +1,178 @@
+"""CUDA-only tests (skipped without a GPU): every output element written (allocator poisoned with
+NaN), bitwise-deterministic backward, tensors past 2^31 elements (int64 offsets), peak memory, a
+second GPU."""
+import math
+
+import pytest
+import torch
+
+import flashattn_ext
+from fa_testing import (
+    DTYPE_NAMES,
+    HAS_CUDA,
+    OUT_TOL,
+    SAMPLE_BY_ID,
+    Cfg,
+    assert_close,
+    assert_lse_close,
+    attention64,
+    grad_tol,
+    make_inputs,
+    natural_grad_norms,
+    reference_with_grads,
+)
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
+
+CUDA_DTYPES = [pytest.param(dt, id=DTYPE_NAMES[dt])
+               for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)]
+GiB = 1 << 30
+
+
+def poison_allocator():
+    """Fills the caching allocator's free blocks, small and large pools, with NaN so that an output
+    or workspace element a kernel forgets to write (or a workspace it forgets to zero) shows up."""
+    small = [torch.full((1 << 17,), math.nan, device="cuda") for _ in range(64)]     # 512 KiB each
+    large = [torch.full((1 << 26,), math.nan, device="cuda") for _ in range(4)]      # 256 MiB each
+    torch.cuda.synchronize()
+    del small, large
+
+
+POISON_IDS = [
+    "b1-q257-k1-h1/1-d8-causal",
+    "b1-q31-k7-h2/2-d8-causal",
+    "b2-q127-k31-h4/2-d64-causal",
+    "b1-q130-k65-h2/1-d128-causal-mixed",
+    "b1-q65-k31-h2/2-d256-causal",
+    "b2-q31-k127-h8/1-d32-causal",
+    "b1-q127-k200-h4/2-d80-causal-scale0.05",
+    "b1-q200-k200-h2/2-d256-causal",
+]
+
+
+@pytest.mark.parametrize("dtype", CUDA_DTYPES)
+@pytest.mark.parametrize("cfg_id", POISON_IDS)
+def test_outputs_written_everywhere(cfg_id, dtype):
+    cfg = SAMPLE_BY_ID[cfg_id]
+    q, k, v, dout = make_inputs(cfg, dtype, "cuda")
+    for deterministic in (False, True):
+        poison_allocator()
+        out, lse = flashattn_ext.flash_attn_func(q, k, v, causal=cfg.causal, softmax_scale=cfg.scale,
+                                                 deterministic=deterministic, return_lse=True)
+        poison_allocator()  # between forward and backward: the backward's workspaces
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        ref_out, ref_lse, *ref_grads = reference_with_grads(q, k, v, dout, cfg.scale, cfg.causal)
+        assert_close("out", out, ref_out, OUT_TOL[dtype])
+        assert_lse_close(lse, ref_lse, OUT_TOL[dtype])
+        nat = natural_grad_norms(q, k, v, dout, cfg.scale)
+        for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref_grads, nat):
+            assert_close(name, g, r, grad_tol(dtype), natural=n)
+
+
+@pytest.mark.parametrize("cfg", [Cfg(2, 1000, 1000, 8, 2, 128), Cfg(1, 777, 2048, 16, 2, 64, causal=True)],
+                         ids=lambda c: c.id)
+def test_deterministic_backward_bf16(cfg):
+    """deterministic=True: dq, dk, dv bitwise identical over 5 runs (GQA: dk/dv sum over heads)."""
+    q, k, v, dout = make_inputs(cfg, torch.bfloat16, "cuda")
+    first = None
+    for _ in range(5):
+        out = flashattn_ext.flash_attn_func(q, k, v, causal=cfg.causal, deterministic=True)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        if first is None:
+            first = grads
+            _, _, *ref_grads = reference_with_grads(q, k, v, dout, cfg.scale, cfg.causal)
+            for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+                assert_close(name, g, r, grad_tol(torch.bfloat16))
+        else:
+            for name, a, b in zip(("dq", "dk", "dv"), first, grads):
+                assert torch.equal(a, b), f"{name} not bitwise reproducible with deterministic=True"
+
+
+# ----------------------------------------------------------------------------------------------
+# More than 2^31 elements: int64 offsets
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True])
+def test_int64_offsets_long_keys(causal):
+    """k, v of (1, 2^22 + 7, 8, 64) bf16 (> 2^31 elements, 4 GiB each), 4 queries. Every key but
+    the last 64 scores about -128 below them (exp underflows against the last ones), and their values
+    are 0: the output is attention over the last 64 keys, which sit past element 2^31, so a 32-bit
+    offset shows up; the reference runs on that slice (bottom-right causal is slice-invariant)."""
+    sk, h, d, sq, tail = 2 ** 22 + 7, 8, 64, 4, 64
+    g = torch.Generator().manual_seed(3)
+    u = (torch.randint(0, 2, (h, d), generator=g) * 2 - 1).double()
+    q = (4 * u + 0.1 * torch.randn(1, sq, h, d, generator=g, dtype=torch.float64)).to("cuda", torch.bfloat16)
+    k = torch.empty(1, sk, h, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.zeros(1, sk, h, d, device="cuda", dtype=torch.bfloat16)
+    assert k.numel() > 2 ** 31
+    k[:, :sk - tail] = (-4 * u).to("cuda", torch.bfloat16)
+    k[:, sk - tail:] = torch.randn(1, tail, h, d, generator=g, dtype=torch.float64).to("cuda", torch.bfloat16)
+    v[:, sk - tail:] = torch.randn(1, tail, h, d, generator=g, dtype=torch.float64).to("cuda", torch.bfloat16)
+    out, lse = flashattn_ext.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    ref_out, ref_lse = attention64(q.cpu(), k[:, sk - tail:].cpu(), v[:, sk - tail:].cpu(), causal=causal)
+    assert_close("out", out, ref_out, OUT_TOL[torch.bfloat16])
+    assert_lse_close(lse, ref_lse, OUT_TOL[torch.bfloat16])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True])
+def test_int64_offsets_long_queries(causal):
+    """q (and out) of (1, 2^22 + 7, 8, 64) bf16 (> 2^31 elements), 96 keys: the first and last rows
+    against the reference on q slices (with causal, the first rows see no key)."""
+    sq, sk, h, d, rows = 2 ** 22 + 7, 96, 8, 64, 4
+    q = torch.randn(1, sq, h, d, device="cuda", dtype=torch.bfloat16)
+    assert q.numel() > 2 ** 31
+    k = torch.randn(1, sk, h, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(1, sk, h, d, device="cuda", dtype=torch.bfloat16)
+    out, lse = flashattn_ext.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    ref_out, ref_lse = attention64(q[:, -rows:].cpu(), k.cpu(), v.cpu(), causal=causal)
+    assert_close("out (last rows)", out[:, -rows:], ref_out, OUT_TOL[torch.bfloat16])
+    assert_lse_close(lse[:, :, -rows:], ref_lse, OUT_TOL[torch.bfloat16])
+    if causal:  # row i sees keys j <= i + sk - sq < 0
+        assert (out[:, :rows] == 0).all() and (lse[:, :, :rows] == -math.inf).all()
+    else:
+        ref_out, ref_lse = attention64(q[:, :rows].cpu(), k.cpu(), v.cpu())
+        assert_close("out (first rows)", out[:, :rows], ref_out, OUT_TOL[torch.bfloat16])
+        assert_lse_close(lse[:, :, :rows], ref_lse, OUT_TOL[torch.bfloat16])
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True])
+def test_peak_memory_fwd_bwd(causal):
+    """B1 H32 S8192 D128 bf16, forward + backward: peak beyond the inputs, out and the three
+    gradients stays under 1 GiB (the S x S scores of the 32 heads alone would be 4 GiB in bf16)."""
+    b, s, h, d = 1, 8192, 32, 128
+    q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = flashattn_ext.flash_attn_func(q, k, v, causal=causal)
+    out.backward(dout)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    results = sum(t.numel() * t.element_size() for t in (out, q.grad, k.grad, v.grad))
+    extra = peak - base - results
+    assert extra < GiB, f"peak {peak / GiB:.2f} GiB, {extra / GiB:.2f} GiB beyond inputs/outputs/grads"
+    assert torch.isfinite(out).all() and all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_second_gpu():
+    """Inputs on cuda:1 while cuda:0 is current: the op must launch on the inputs' device."""
+    cfg = Cfg(2, 65, 127, 4, 2, 64, causal=True)
+    q, k, v, dout = make_inputs(cfg, torch.bfloat16, "cuda:1")
+    out, lse = flashattn_ext.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert out.device == q.device and all(g.device == q.device for g in grads)
+    ref_out, ref_lse, *ref_grads = reference_with_grads(q, k, v, dout, None, True)
+    assert_close("out", out, ref_out, OUT_TOL[torch.bfloat16])
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert_close(name, g, r, grad_tol(torch.bfloat16))
