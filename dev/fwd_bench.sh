@@ -33,7 +33,8 @@ grep -A2 "flash_fwd_sm80_kernel" "$BIN/default.log" | grep -E "registers|spill" 
 i=0
 for v in "$@"; do
     cfg=${v#*=}
-    echo "== variant $v: $(grep -A2 "bfloat16Li${cfg%%,*}E" "$BIN/v$i.log" | grep -E "registers|spill" | tr -s ' \n' ' ')"
-    [ -x "$BIN/v$i" ] && "$BIN/v$i" bench "${cfg%%,*}" | tail -n +3
+    d=${cfg%%,*}
+    echo "== variant $v: $(grep -A2 "bfloat16Li${d}E" "$BIN/v$i.log" | grep -E "registers|spill" | tr -s ' \n' ' ')"
+    [ -x "$BIN/v$i" ] && "$BIN/v$i" bench "$d" | tail -n +3
     i=$((i + 1))
 done

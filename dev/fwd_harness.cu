@@ -2,8 +2,8 @@
  *
  * Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc dev/fwd_harness.cu \
  *            csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_simple.cu -o /tmp/fwd_harness
- * Run:   /tmp/fwd_harness check     every correctness case, relative L2 error of out and lse against a
- *                                   double CPU reference; exit 1 on any failure
+ * Run:   /tmp/fwd_harness check [t] every correctness case (or those of dtype t), relative L2 error of out
+ *                                   and lse against a double CPU reference; exit 1 on any failure
  *        /tmp/fwd_harness bench [d] bf16 TFLOP/s, 16k tokens, nheads = 2048 / d, d 64/128/256 (or only
  *                                   d), seqlen 512/2048/8192, causal and not (median of kTimedRuns)
  * Outputs are poisoned with NaN bytes before every run: every valid element must be overwritten and
@@ -39,6 +39,7 @@ static const int kWarmupRuns = 3;
 static const int kTimedRuns = 20;
 static const int kBenchTokens = 16384;
 static const int kBenchHidden = 2048;
+static const int64_t kBigGap = (int64_t)1 << 31;
 
 enum input_mode {
     MODE_NORMAL = 0, /* uniform(-1, 1) */
@@ -54,6 +55,7 @@ typedef struct test_case {
     int bhsd;        /* (b, h, s, d) memory layout viewed as (b, s, h, d) */
     int mode;
     double scale;    /* 0: 1/sqrt(d) */
+    int big;         /* batches kBigGap elements apart on the device: offsets past 2^31 elements */
 } test_case;
 
 static size_t dtype_size(flash_dtype t)
@@ -101,10 +103,12 @@ static double uniform(double lo, double hi)
     return lo + (hi - lo) * (double)(g_rng >> 11) / (double)(1ull << 53);
 }
 
-/* One (b, s, h, d) tensor: host bytes, the rounded values as double (dense (b, s, h, d)), strides. */
+/* One (b, s, h, d) tensor: host bytes, the rounded values as double (dense (b, s, h, d)), strides.
+ * The host copy packs the batches (host_batch apart); on the device they are st.batch apart. */
 typedef struct tensor {
     flash_strides st;
-    size_t elems; /* allocation, elements */
+    int64_t host_batch;
+    size_t elems; /* host elements */
     std::vector<unsigned char> host;
     std::vector<double> val;
     void *dev;
@@ -121,15 +125,34 @@ static void tensor_init(tensor *x, const test_case *c, int s, int h)
         x->st.row = (int64_t)h * c->d + c->row_pad;
         x->st.batch = (int64_t)s * x->st.row;
     }
-    x->elems = (size_t)c->b * x->st.batch;
+    x->host_batch = x->st.batch;
+    if (c->big)
+        x->st.batch += kBigGap;
+    x->elems = (size_t)c->b * x->host_batch;
     x->host.assign(x->elems * dtype_size(c->dtype), kPoison);
     x->val.assign((size_t)c->b * s * h * c->d, 0.0);
-    CUDA_CHECK(cudaMalloc(&x->dev, x->host.size()));
+    CUDA_CHECK(cudaMalloc(&x->dev, ((c->b - 1) * x->st.batch + x->host_batch) * dtype_size(c->dtype)));
+}
+
+/* Host <-> device, batch by batch; with to_device == 2, poison the device batches instead. */
+static void tensor_copy(tensor *x, const test_case *c, int to_device)
+{
+    const size_t es = dtype_size(c->dtype);
+    for (int b = 0; b < c->b; b++) {
+        unsigned char *dev = (unsigned char *)x->dev + b * x->st.batch * es;
+        unsigned char *host = x->host.data() + b * x->host_batch * es;
+        if (to_device == 2)
+            CUDA_CHECK(cudaMemset(dev, kPoison, x->host_batch * es));
+        else if (to_device)
+            CUDA_CHECK(cudaMemcpy(dev, host, x->host_batch * es, cudaMemcpyHostToDevice));
+        else
+            CUDA_CHECK(cudaMemcpy(host, dev, x->host_batch * es, cudaMemcpyDeviceToHost));
+    }
 }
 
 static size_t offset_of(const tensor *x, int b, int s, int h, int i)
 {
-    return (size_t)(b * x->st.batch + s * x->st.row + h * x->st.head + i);
+    return (size_t)(b * x->host_batch + s * x->st.row + h * x->st.head + i);
 }
 
 static size_t dense_index(const test_case *c, int s_len, int h_len, int b, int s, int h, int i)
@@ -253,10 +276,10 @@ static int check_case(const test_case *c)
     tensor_init(&v, c, c->sk, c->h_kv);
     tensor_init(&o, c, c->sq, c->h);
     fill_inputs(c, &q, &k, &v);
-    CUDA_CHECK(cudaMemcpy(q.dev, q.host.data(), q.host.size(), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(k.dev, k.host.data(), k.host.size(), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(v.dev, v.host.data(), v.host.size(), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemset(o.dev, kPoison, o.host.size()));
+    tensor_copy(&q, c, 1);
+    tensor_copy(&k, c, 1);
+    tensor_copy(&v, c, 1);
+    tensor_copy(&o, c, 2);
     const size_t lse_elems = (size_t)c->b * c->h * c->sq;
     const size_t lse_es = c->dtype == FLASH_FP64 ? 8 : 4;
     void *lse_dev;
@@ -268,7 +291,7 @@ static int check_case(const test_case *c)
     CUDA_CHECK(run_fwd(&p, 0));
     CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<unsigned char> lse_host(lse_elems * lse_es);
-    CUDA_CHECK(cudaMemcpy(o.host.data(), o.dev, o.host.size(), cudaMemcpyDeviceToHost));
+    tensor_copy(&o, c, 0);
     CUDA_CHECK(cudaMemcpy(lse_host.data(), lse_dev, lse_host.size(), cudaMemcpyDeviceToHost));
 
     std::vector<double> ref_o, ref_lse;
@@ -311,11 +334,13 @@ static int check_case(const test_case *c)
     const double rel_l = nl > 0 ? sqrt(el / nl) : sqrt(el);
     const double tol = threshold(c->dtype);
     const int ok = unwritten == 0 && clobbered == 0 && inf_mismatch == 0 && rel_o <= tol && rel_l <= tol;
-    printf("%-4s b%-2d h%-2d/%-2d sq%-5d sk%-5d d%-3d %-6s%-3s pad%-3d %-4s %-8s | out %.2e lse %.2e | %s",
+    printf("%-4s b%-2d h%-2d/%-2d sq%-5d sk%-5d d%-3d %-6s%-3s pad%-3d %-4s%s %-8s | out %.2e lse %.2e | %s",
            dtype_name(c->dtype), c->b, c->h, c->h_kv, c->sq, c->sk, c->d, c->causal ? "causal" : "full",
-           c->causal ? (c->bottom_right ? "br" : "tl") : "", c->row_pad, c->bhsd ? "bhsd" : "bshd",
+           c->causal ? (c->bottom_right ? "br" : "tl") : "", c->row_pad, c->bhsd ? "bhsd" : "bshd", c->big ? "+4G" : "",
            c->mode == MODE_LATE_MAX ? "late-max" : c->mode == MODE_HUGE ? "huge" : "normal", rel_o, rel_l,
            ok ? "ok" : "FAIL");
+    if (c->scale != 0)
+        printf(" (scale %g)", c->scale);
     if (!ok)
         printf(" (unwritten %ld, clobbered %ld, -inf mismatch %ld)", unwritten, clobbered, inf_mismatch);
     printf("\n");
@@ -347,7 +372,7 @@ static int check_rejects(void)
     return ok;
 }
 
-static int run_checks(void)
+static int run_checks(const char *only_dtype)
 {
     std::vector<test_case> cases;
     const flash_dtype halves[] = {FLASH_BF16, FLASH_FP16};
@@ -355,7 +380,7 @@ static int run_checks(void)
         /* every head-dim config and padded head dims */
         const int dims[] = {8, 40, 64, 80, 96, 128, 200, 256};
         for (int d : dims)
-            cases.push_back({t, 2, 3, 3, 200, 300, d, 0, 0, 0, 0, MODE_NORMAL, 0});
+            cases.push_back({t, 2, 3, 3, 200, 300, d, 0, 0, 0, 0, MODE_NORMAL, 0, 0});
         /* tails, full and causal both alignments */
         const int tails[][2] = {{1, 1}, {17, 17}, {127, 129}, {129, 127}, {1000, 1000}, {1, 1000}, {1000, 17},
                                 {300, 100}};
@@ -363,42 +388,45 @@ static int run_checks(void)
             for (int causal = 0; causal < 2; causal++)
                 for (int br = 0; br < 1 + causal; br++) {
                     const int d = sz[0] == 1000 && sz[1] == 1000 ? 64 : 128;
-                    cases.push_back({t, 1, 2, 2, sz[0], sz[1], d, causal, br, 0, 0, MODE_NORMAL, 0});
+                    cases.push_back({t, 1, 2, 2, sz[0], sz[1], d, causal, br, 0, 0, MODE_NORMAL, 0, 0});
                 }
-        cases.push_back({t, 1, 2, 2, 257, 383, 256, 1, 1, 0, 0, MODE_NORMAL, 0});
-        cases.push_back({t, 1, 2, 2, 383, 257, 256, 1, 1, 0, 0, MODE_NORMAL, 0});
-        cases.push_back({t, 1, 2, 2, 200, 450, 80, 1, 0, 0, 0, MODE_NORMAL, 0});
+        cases.push_back({t, 1, 2, 2, 257, 383, 256, 1, 1, 0, 0, MODE_NORMAL, 0, 0});
+        cases.push_back({t, 1, 2, 2, 383, 257, 256, 1, 1, 0, 0, MODE_NORMAL, 0, 0});
+        cases.push_back({t, 1, 2, 2, 200, 450, 80, 1, 0, 0, 0, MODE_NORMAL, 0, 0});
         /* GQA 4:1, strided rows, (b, h, s, d) layout */
-        cases.push_back({t, 2, 8, 2, 150, 222, 64, 1, 1, 0, 0, MODE_NORMAL, 0});
-        cases.push_back({t, 2, 8, 2, 130, 130, 128, 0, 0, 24, 0, MODE_NORMAL, 0});
-        cases.push_back({t, 2, 4, 4, 100, 260, 96, 1, 1, 16, 0, MODE_NORMAL, 0});
-        cases.push_back({t, 2, 4, 1, 190, 190, 64, 1, 0, 8, 1, MODE_NORMAL, 0});
+        cases.push_back({t, 2, 8, 2, 150, 222, 64, 1, 1, 0, 0, MODE_NORMAL, 0, 0});
+        cases.push_back({t, 2, 8, 2, 130, 130, 128, 0, 0, 24, 0, MODE_NORMAL, 0, 0});
+        cases.push_back({t, 2, 4, 4, 100, 260, 96, 1, 1, 16, 0, MODE_NORMAL, 0, 0});
+        cases.push_back({t, 2, 4, 1, 190, 190, 64, 1, 0, 8, 1, MODE_NORMAL, 0, 0});
         /* row max in the last key tile; scores of magnitude 1e4; negative scale */
-        cases.push_back({t, 1, 2, 2, 64, 512, 128, 0, 0, 0, 0, MODE_LATE_MAX, 0});
-        cases.push_back({t, 1, 2, 2, 64, 300, 64, 0, 0, 0, 0, MODE_LATE_MAX, 0});
-        cases.push_back({t, 1, 2, 2, 64, 200, 256, 0, 0, 0, 0, MODE_LATE_MAX, 0});
-        cases.push_back({t, 1, 2, 2, 150, 333, 128, 0, 0, 0, 0, MODE_HUGE, 10.0});
-        cases.push_back({t, 1, 2, 2, 150, 333, 64, 1, 1, 0, 0, MODE_HUGE, 10.0});
-        cases.push_back({t, 1, 2, 2, 100, 140, 128, 1, 1, 0, 0, MODE_NORMAL, -0.2});
+        cases.push_back({t, 1, 2, 2, 64, 512, 128, 0, 0, 0, 0, MODE_LATE_MAX, 0, 0});
+        cases.push_back({t, 1, 2, 2, 64, 300, 64, 0, 0, 0, 0, MODE_LATE_MAX, 0, 0});
+        cases.push_back({t, 1, 2, 2, 64, 200, 256, 0, 0, 0, 0, MODE_LATE_MAX, 0, 0});
+        cases.push_back({t, 1, 2, 2, 150, 333, 128, 0, 0, 0, 0, MODE_HUGE, 10.0, 0});
+        cases.push_back({t, 1, 2, 2, 150, 333, 64, 1, 1, 0, 0, MODE_HUGE, 10.0, 0});
+        cases.push_back({t, 1, 2, 2, 100, 140, 128, 1, 1, 0, 0, MODE_NORMAL, -0.2, 0});
+        cases.push_back({t, 2, 2, 1, 100, 130, 64, 1, 1, 0, 0, MODE_NORMAL, 0, 1});
     }
     const flash_dtype fulls[] = {FLASH_FP32, FLASH_FP64};
     for (flash_dtype t : fulls) {
         const int dims[] = {1, 3, 8, 33, 64, 200, 256};
         for (int d : dims)
-            cases.push_back({t, 2, 3, 3, 70, 90, d, 0, 0, 0, 0, MODE_NORMAL, 0});
+            cases.push_back({t, 2, 3, 3, 70, 90, d, 0, 0, 0, 0, MODE_NORMAL, 0, 0});
         const int tails[][2] = {{1, 1}, {17, 17}, {127, 129}, {1, 300}, {300, 100}};
         for (auto &sz : tails)
             for (int causal = 0; causal < 2; causal++)
                 for (int br = 0; br < 1 + causal; br++)
-                    cases.push_back({t, 1, 2, 2, sz[0], sz[1], 48, causal, br, 0, 0, MODE_NORMAL, 0});
-        cases.push_back({t, 2, 8, 2, 60, 77, 40, 1, 1, 5, 0, MODE_NORMAL, 0});
-        cases.push_back({t, 2, 4, 1, 50, 50, 24, 1, 0, 3, 1, MODE_NORMAL, 0});
-        cases.push_back({t, 1, 2, 2, 40, 200, 64, 0, 0, 0, 0, MODE_LATE_MAX, 0});
-        cases.push_back({t, 1, 2, 2, 50, 90, 64, 1, 1, 0, 0, MODE_HUGE, 10.0});
+                    cases.push_back({t, 1, 2, 2, sz[0], sz[1], 48, causal, br, 0, 0, MODE_NORMAL, 0, 0});
+        cases.push_back({t, 2, 8, 2, 60, 77, 40, 1, 1, 5, 0, MODE_NORMAL, 0, 0});
+        cases.push_back({t, 2, 4, 1, 50, 50, 24, 1, 0, 3, 1, MODE_NORMAL, 0, 0});
+        cases.push_back({t, 1, 2, 2, 40, 200, 64, 0, 0, 0, 0, MODE_LATE_MAX, 0, 0});
+        cases.push_back({t, 1, 2, 2, 50, 90, 64, 1, 1, 0, 0, MODE_HUGE, 10.0, 0});
+        cases.push_back({t, 2, 2, 1, 40, 50, 16, 1, 1, 0, 0, MODE_NORMAL, 0, 1});
     }
     int passed = 0, failed = 0;
     for (const test_case &c : cases)
-        check_case(&c) ? passed++ : failed++;
+        if (!only_dtype || !strcmp(only_dtype, dtype_name(c.dtype)))
+            check_case(&c) ? passed++ : failed++;
     check_rejects() ? passed++ : failed++;
     printf("%d passed, %d failed\n", passed, failed);
     return failed == 0;
@@ -441,7 +469,7 @@ static void run_bench(int only_d)
                 if (only_d && d != only_d)
                     continue;
                 test_case c = {FLASH_BF16, kBenchTokens / s, kBenchHidden / d, kBenchHidden / d, s, s, d, causal,
-                               1, 0, 0, MODE_NORMAL, 0};
+                               1, 0, 0, MODE_NORMAL, 0, 0};
                 flash_params p;
                 memset(&p, 0, sizeof(p));
                 p.q = q;
@@ -486,12 +514,12 @@ static void run_bench(int only_d)
 int main(int argc, char **argv)
 {
     if (argc < 2 || (strcmp(argv[1], "check") && strcmp(argv[1], "bench"))) {
-        fprintf(stderr, "usage: %s check | bench [head dim]\n", argv[0]);
+        fprintf(stderr, "usage: %s check [bf16|fp16|fp32|fp64] | bench [head dim]\n", argv[0]);
         return 2;
     }
     if (!strcmp(argv[1], "bench")) {
         run_bench(argc > 2 ? atoi(argv[2]) : 0);
         return 0;
     }
-    return run_checks() ? 0 : 1;
+    return run_checks(argc > 2 ? argv[2] : NULL) ? 0 : 1;
 }

@@ -3,6 +3,9 @@ the independent float64 reference of fa_testing.py, for the `SAMPLES` configurat
 numerically hard cases (late row maximum, huge scores, rows without keys, empty tensors), plus
 gradcheck, a saved-tensor audit and a small training loop."""
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -44,6 +47,16 @@ def check_grads(q, k, v, dout, grads, ref_grads, scale, dtype):
     nat = natural_grad_norms(q, k, v, dout, scale)
     for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref_grads, nat):
         assert_close(name, g, r, grad_tol(dtype), natural=n)
+
+
+def test_import_in_a_fresh_interpreter():
+    """`import flashattn_ext` as the first import (torch not imported yet) works and registers the ops."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(flashattn_ext.__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    code = "import flashattn_ext, torch; print(torch.ops.flashattn_ext.fwd.default.name())"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "flashattn_ext::fwd" in proc.stdout
 
 
 def test_sample_list_covers_the_issue():

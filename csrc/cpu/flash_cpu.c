@@ -235,6 +235,21 @@ static void FN(load_rows)(T *restrict dst, int64_t ld, int64_t rows_pad, int64_t
     }
 }
 
+/* Rows [0, rows) x columns [0, cols) of a matrix (row r at src + r * src_rs) as a gemm A operand of
+ * rows_pad x cols_pad: the matrix itself when that needs no padding, else a zero-padded copy in buf
+ * (leading dim cols_pad). *rs receives the row stride of the result. */
+static const T *FN(operand_rows)(T *buf, int64_t rows_pad, int64_t cols_pad, const T *src,
+                                 int64_t src_rs, int64_t rows, int64_t cols, int64_t *rs)
+{
+    if (rows == rows_pad && cols == cols_pad) {
+        *rs = src_rs;
+        return src;
+    }
+    FN(load_rows)(buf, cols_pad, rows_pad, cols_pad, src, src_rs, rows, cols, 1);
+    *rs = cols_pad;
+    return buf;
+}
+
 /* dst (cols, ld): dst[c][r] = scale * src[r * rs + c] for r < rows, c < cols, zero for r in
  * [rows, rows_pad). */
 static void FN(load_transposed)(T *restrict dst, int64_t ld, int64_t rows_pad, const T *restrict src,
@@ -265,13 +280,13 @@ static void FN(store_transposed)(T *restrict dst, int64_t rs, const T *restrict 
             dst[r * rs + c] = scale * src[c * ld + r];
 }
 
-/* row[x] = -inf for x in [0, lo) and in [hi, n). */
-static void FN(mask_outside)(T *restrict row, int64_t lo, int64_t hi, int64_t n)
+/* row[x] = value for x in [0, lo) and in [hi, n). */
+static void FN(mask_outside)(T *restrict row, int64_t lo, int64_t hi, int64_t n, T value)
 {
     for (int64_t x = 0; x < lo; x++)
-        row[x] = -INFINITY;
+        row[x] = value;
     for (int64_t x = max64(lo, hi); x < n; x++)
-        row[x] = -INFINITY;
+        row[x] = value;
 }
 
 /* Row statistics of query rows [0, n_pad) of a tile: lse_eff = lse, or +inf for a row that sees no
@@ -321,22 +336,22 @@ FLASH_CPU_SIMD static void FN(softmax_step)(T *restrict s, int64_t km, int64_t q
             acc[c * TILE_Q_NR + u] *= alpha[u];
 }
 
-/* S^T tile (rows x cols, leading dim ld) -> P^T = exp(s - lse_eff[col]). */
+/* Unscaled S^T tile (rows x cols, leading dim ld) -> P^T = exp(scale * s - lse_eff[col]). */
 FLASH_CPU_SIMD static void FN(probs_by_column)(T *restrict s, int64_t rows, int64_t cols, int64_t ld,
-                                               const T *restrict lse_eff)
+                                               T scale, const T *restrict lse_eff)
 {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++)
-            s[r * ld + c] = EXP(s[r * ld + c] - lse_eff[c]);
+            s[r * ld + c] = EXP(scale * s[r * ld + c] - lse_eff[c]);
 }
 
-/* S tile (rows x cols, leading dim ld) -> P = exp(s - lse_eff[row]). */
+/* Unscaled S tile (rows x cols, leading dim ld) -> P = exp(scale * s - lse_eff[row]). */
 FLASH_CPU_SIMD static void FN(probs_by_row)(T *restrict s, int64_t rows, int64_t cols, int64_t ld,
-                                            const T *restrict lse_eff)
+                                            T scale, const T *restrict lse_eff)
 {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++)
-            s[r * ld + c] = EXP(s[r * ld + c] - lse_eff[r]);
+            s[r * ld + c] = EXP(scale * s[r * ld + c] - lse_eff[r]);
 }
 
 /* dP^T tile -> dS^T = P^T * (dP^T - delta[col]). */
@@ -357,18 +372,21 @@ FLASH_CPU_SIMD static void FN(dscores_by_row)(T *restrict ds, const T *restrict 
             ds[r * ld + c] = pr[r * ld + c] * (ds[r * ld + c] - delta[r]);
 }
 
-/* Masks the S^T tile s (km key rows x qp query columns, leading dim TILE_Q_NR) of tile t. */
-static void FN(mask_scores_t)(T *s, int64_t km, int64_t qp, const flash_params *p, const tile *t)
+/* Sets the entries of the S^T tile s (km key rows x qp query columns, leading dim TILE_Q_NR) of tile
+ * t that are masked (or padding) to value. */
+static void FN(mask_tile_t)(T *s, int64_t km, int64_t qp, const flash_params *p, const tile *t,
+                            T value)
 {
     for (int64_t j = 0; j < km; j++)
-        FN(mask_outside)(s + j * TILE_Q_NR, first_visible_query(p, t, j), t->qn, qp);
+        FN(mask_outside)(s + j * TILE_Q_NR, first_visible_query(p, t, j), t->qn, qp, value);
 }
 
-/* Masks the S tile s (qm query rows x kp key columns, leading dim TILE_K_NR) of tile t. */
-static void FN(mask_scores)(T *s, int64_t qm, int64_t kp, const flash_params *p, const tile *t)
+/* Sets the entries of the S tile s (qm query rows x kp key columns, leading dim TILE_K_NR) of tile t
+ * that are masked (or padding) to value. */
+static void FN(mask_tile)(T *s, int64_t qm, int64_t kp, const flash_params *p, const tile *t, T value)
 {
     for (int64_t i = 0; i < qm; i++)
-        FN(mask_outside)(s + i * TILE_K_NR, 0, visible_keys(p, t, i), kp);
+        FN(mask_outside)(s + i * TILE_K_NR, 0, visible_keys(p, t, i), kp, value);
 }
 
 typedef struct FN(workspace) {
@@ -377,7 +395,7 @@ typedef struct FN(workspace) {
 
 /* Forward task: one (batch, head, query tile), working on S^T = K Q^T (keys x queries):
  *   w->q   (d, TILE_Q_NR)         Q^T of the tile, times scale
- *   w->k   (TILE_K, dm)           K tile rows;  w->v (TILE_K, dm) V tile rows
+ *   K, V   (TILE_K, dm)           K and V tile rows: the inputs, or padded copies in w->k, w->v
  *   w->s   (TILE_K, TILE_Q_NR)    S^T, then P^T
  *   w->acc (dm, TILE_Q_NR)        O^T, unnormalized */
 static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
@@ -405,12 +423,13 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
     for (t.k0 = 0; t.k0 < k_end; t.k0 += FLASH_CPU_TILE_K) {
         t.kn = min64(FLASH_CPU_TILE_K, k_end - t.k0);
         const int64_t km = ROUND_UP(t.kn, FLASH_CPU_MR);
-        FN(load_rows)(w->k, dm, km, dm, k + t.k0 * p->k_s.row, p->k_s.row, t.kn, d, 1);
-        FN(load_rows)(w->v, dm, t.kn, dm, v + t.k0 * p->v_s.row, p->v_s.row, t.kn, d, 1);
-        FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
-        FN(mask_scores_t)(w->s, km, qp, p, &t);
+        int64_t k_rs, v_rs;
+        const T *kt = FN(operand_rows)(w->k, km, dm, k + t.k0 * p->k_s.row, p->k_s.row, t.kn, d, &k_rs);
+        const T *vt = FN(operand_rows)(w->v, t.kn, dm, v + t.k0 * p->v_s.row, p->v_s.row, t.kn, d, &v_rs);
+        FN(gemm)(km, qp, d, kt, k_rs, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
+        FN(mask_tile_t)(w->s, km, qp, p, &t, -INFINITY);
         FN(softmax_step)(w->s, km, qp, w->acc, dm, m, l);
-        FN(gemm)(dm, qp, t.kn, w->v, 1, dm, w->s, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
+        FN(gemm)(dm, qp, t.kn, vt, 1, v_rs, w->s, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
     }
     for (int64_t u = 0; u < t.qn; u++) {
         T *orow = o + u * p->o_s.row;
@@ -428,9 +447,9 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
 
 /* dK/dV task: one (batch, kv head, key tile), working on S = Q K^T (queries x keys):
  *   w->k, w->v  (d, TILE_K_NR)    K^T and V^T of the tile
- *   w->q        (TILE_Q, dm)      Q tile rows, times scale;  w->dout (TILE_Q, dm) dO tile rows
- *   w->s        (TILE_Q, TILE_K_NR)  S, then P;  w->ds  dP, then dS
- *   w->acc      (dm, TILE_K_NR)   dK^T;  w->acc2 (dm, TILE_K_NR) dV^T */
+ *   Q, dO       (TILE_Q, dm)      Q and dO tile rows: the inputs, or padded copies in w->q, w->dout
+ *   w->s        (TILE_Q, TILE_K_NR)  S (unscaled), then P;  w->ds  dP, then dS
+ *   w->acc      (dm, TILE_K_NR)   dK^T / scale;  w->acc2 (dm, TILE_K_NR) dV^T */
 static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
 {
     const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR);
@@ -457,28 +476,31 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
         for (t.q0 = q_begin; t.q0 < p->sq; t.q0 += FLASH_CPU_TILE_Q) {
             t.qn = min64(FLASH_CPU_TILE_Q, p->sq - t.q0);
             const int64_t qm = ROUND_UP(t.qn, FLASH_CPU_MR);
-            FN(load_rows)(w->q, dm, qm, dm, q + t.q0 * p->q_s.row, p->q_s.row, t.qn, d, (T)p->scale);
-            FN(load_rows)(w->dout, dm, qm, dm, dout + t.q0 * p->do_s.row, p->do_s.row, t.qn, d, 1);
+            int64_t q_rs, do_rs;
+            const T *qt = FN(operand_rows)(w->q, qm, dm, q + t.q0 * p->q_s.row, p->q_s.row, t.qn, d,
+                                           &q_rs);
+            const T *dot = FN(operand_rows)(w->dout, qm, dm, dout + t.q0 * p->do_s.row, p->do_s.row,
+                                            t.qn, d, &do_rs);
             FN(load_row_stats)(lse_eff, delta, qm, lse + t.q0, dl + t.q0, t.qn);
-            FN(gemm)(qm, kp, d, w->q, dm, 1, w->k, TILE_K_NR, w->s, TILE_K_NR, 0);
-            FN(mask_scores)(w->s, qm, kp, p, &t);
-            FN(probs_by_row)(w->s, qm, kp, TILE_K_NR, lse_eff);
-            FN(gemm)(dm, kp, t.qn, w->dout, 1, dm, w->s, TILE_K_NR, w->acc2, TILE_K_NR, 1);
-            FN(gemm)(qm, kp, d, w->dout, dm, 1, w->v, TILE_K_NR, w->ds, TILE_K_NR, 0);
+            FN(gemm)(qm, kp, d, qt, q_rs, 1, w->k, TILE_K_NR, w->s, TILE_K_NR, 0);
+            FN(probs_by_row)(w->s, qm, kp, TILE_K_NR, (T)p->scale, lse_eff);
+            FN(mask_tile)(w->s, qm, kp, p, &t, 0);
+            FN(gemm)(dm, kp, t.qn, dot, 1, do_rs, w->s, TILE_K_NR, w->acc2, TILE_K_NR, 1);
+            FN(gemm)(qm, kp, d, dot, do_rs, 1, w->v, TILE_K_NR, w->ds, TILE_K_NR, 0);
             FN(dscores_by_row)(w->ds, w->s, qm, kp, TILE_K_NR, delta);
-            FN(gemm)(dm, kp, t.qn, w->q, 1, dm, w->ds, TILE_K_NR, w->acc, TILE_K_NR, 1);
+            FN(gemm)(dm, kp, t.qn, qt, 1, q_rs, w->ds, TILE_K_NR, w->acc, TILE_K_NR, 1);
         }
     }
     const int64_t dk_off = bi * p->dk_s.batch + t.k0 * p->dk_s.row + hk * p->dk_s.head;
     const int64_t dv_off = bi * p->dv_s.batch + t.k0 * p->dv_s.row + hk * p->dv_s.head;
-    FN(store_transposed)((T *)p->dk + dk_off, p->dk_s.row, w->acc, TILE_K_NR, t.kn, d, 1);
+    FN(store_transposed)((T *)p->dk + dk_off, p->dk_s.row, w->acc, TILE_K_NR, t.kn, d, (T)p->scale);
     FN(store_transposed)((T *)p->dv + dv_off, p->dv_s.row, w->acc2, TILE_K_NR, t.kn, d, 1);
 }
 
 /* dQ task: one (batch, head, query tile), working on S^T like the forward:
- *   w->q, w->dout (d, TILE_Q_NR)  Q^T times scale, dO^T
- *   w->k, w->v    (TILE_K, dm)    K and V tile rows
- *   w->s  (TILE_K, TILE_Q_NR)     S^T, then P^T;  w->ds  dP^T, then dS^T
+ *   w->q, w->dout (d, TILE_Q_NR)  Q^T, dO^T
+ *   K, V          (TILE_K, dm)    K and V tile rows: the inputs, or padded copies in w->k, w->v
+ *   w->s  (TILE_K, TILE_Q_NR)     S^T (unscaled), then P^T;  w->ds  dP^T, then dS^T
  *   w->acc (dm, TILE_Q_NR)        dQ^T / scale */
 static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
 {
@@ -496,7 +518,7 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
     T *dq = (T *)p->dq + bi * p->dq_s.batch + q0 * p->dq_s.row + hq * p->dq_s.head;
     T lse_eff[TILE_Q_NR], delta[TILE_Q_NR];
 
-    FN(load_transposed)(w->q, TILE_Q_NR, qp, q, p->q_s.row, t.qn, d, (T)p->scale);
+    FN(load_transposed)(w->q, TILE_Q_NR, qp, q, p->q_s.row, t.qn, d, 1);
     FN(load_transposed)(w->dout, TILE_Q_NR, qp, dout, p->do_s.row, t.qn, d, 1);
     FN(load_row_stats)(lse_eff, delta, qp, (const T *)p->lse + row_off,
                        (const T *)p->delta + row_off, t.qn);
@@ -505,14 +527,15 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
     for (t.k0 = 0; t.k0 < k_end; t.k0 += FLASH_CPU_TILE_K) {
         t.kn = min64(FLASH_CPU_TILE_K, k_end - t.k0);
         const int64_t km = ROUND_UP(t.kn, FLASH_CPU_MR);
-        FN(load_rows)(w->k, dm, km, dm, k + t.k0 * p->k_s.row, p->k_s.row, t.kn, d, 1);
-        FN(load_rows)(w->v, dm, km, dm, v + t.k0 * p->v_s.row, p->v_s.row, t.kn, d, 1);
-        FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
-        FN(mask_scores_t)(w->s, km, qp, p, &t);
-        FN(probs_by_column)(w->s, km, qp, TILE_Q_NR, lse_eff);
-        FN(gemm)(km, qp, d, w->v, dm, 1, w->dout, TILE_Q_NR, w->ds, TILE_Q_NR, 0);
+        int64_t k_rs, v_rs;
+        const T *kt = FN(operand_rows)(w->k, km, dm, k + t.k0 * p->k_s.row, p->k_s.row, t.kn, d, &k_rs);
+        const T *vt = FN(operand_rows)(w->v, km, dm, v + t.k0 * p->v_s.row, p->v_s.row, t.kn, d, &v_rs);
+        FN(gemm)(km, qp, d, kt, k_rs, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
+        FN(probs_by_column)(w->s, km, qp, TILE_Q_NR, (T)p->scale, lse_eff);
+        FN(mask_tile_t)(w->s, km, qp, p, &t, 0);
+        FN(gemm)(km, qp, d, vt, v_rs, 1, w->dout, TILE_Q_NR, w->ds, TILE_Q_NR, 0);
         FN(dscores_by_column)(w->ds, w->s, km, qp, TILE_Q_NR, delta);
-        FN(gemm)(dm, qp, t.kn, w->k, 1, dm, w->ds, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
+        FN(gemm)(dm, qp, t.kn, kt, 1, k_rs, w->ds, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
     }
     FN(store_transposed)(dq, p->dq_s.row, w->acc, TILE_Q_NR, t.qn, d, (T)p->scale);
 }

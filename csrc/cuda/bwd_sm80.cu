@@ -264,7 +264,7 @@ __device__ __forceinline__ void store_kv_grad(const flash_params &p, const float
 /* One walk over the query tiles that see keys [n0, n0 + BC) of query head hq. PASS_BOTH computes
  * dV, dK and dQ; PASS_DV only dV; PASS_DK dK and dQ. K and V are already in flight (cp.async,
  * uncommitted) or resident in smem. Writes the dK and/or dV of the tile at the end. */
-template <typename T, int D, int BC, int BR, int BRS, int PASS>
+template <typename T, int D, int BC, int BR, int BRS, int DQM, int PASS>
 __device__ __forceinline__ void bwd_kv_pass(const flash_params &p,
                                             const T *Ks,    /* [BC][D + SMEM_PAD]    */
                                             const T *Vs,    /* [BC][D + SMEM_PAD]    */
@@ -277,8 +277,8 @@ __device__ __forceinline__ void bwd_kv_pass(const flash_params &p,
 {
     constexpr int NW = BC / 16, NT = NW * WARP_SIZE, SD = D + SMEM_PAD, SS = BR + SMEM_PAD;
     constexpr bool DO_DV = PASS != PASS_DK, DO_DK = PASS != PASS_DV;
-    /* dQ step: warps split the BR x D output into WQ_M row groups of 16 and WQ_N column groups */
-    constexpr int WQ_M = BR / 16, WQ_N = NW / WQ_M, DQN = D / WQ_N, DQC = DQN < 32 ? DQN : 32;
+    /* dQ step: warps split the BR x D output into WQ_M row groups of DQM and WQ_N column groups */
+    constexpr int WQ_M = BR / DQM, WQ_N = NW / WQ_M, DQN = D / WQ_N, DQC = DQN < 32 ? DQN : 32;
     static_assert(NW % WQ_M == 0 && DQN % DQC == 0 && DQC % 16 == 0 && BR % BRS == 0, "tile layout");
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
@@ -453,39 +453,49 @@ __device__ __forceinline__ void bwd_kv_pass(const flash_params &p,
         __syncthreads(); /* dS^T visible; this stage of Q/dO free for the prefetch after next */
 
         if (do_dq) {
-            /* dQ_partial (BR x D) = dS K: warp (wm, wn) owns rows [16wm, +16) and columns
+            /* dQ_partial (BR x D) = dS K: warp (wm, wn) owns rows [DQM*wm, +DQM) and columns
              * [DQN*wn, +DQN), done in chunks of DQC columns */
             const int wm = warp % WQ_M, wn = warp / WQ_M;
-            const int row = m0 + wm * 16 + lr;
 #pragma unroll
             for (int ch = 0; ch < DQN / DQC; ++ch) {
                 const int cb = wn * DQN + ch * DQC; /* first column of the chunk */
                 if (cb >= d)
                     break;
-                float acc[DQC / 8][4];
+                float acc[DQM / 16][DQC / 8][4];
 #pragma unroll
-                for (int t = 0; t < DQC / 8; ++t)
+                for (int mt = 0; mt < DQM / 16; ++mt)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        acc[t][e] = 0.f;
+                    for (int t = 0; t < DQC / 8; ++t)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            acc[mt][t][e] = 0.f;
 #pragma unroll
                 for (int kk = 0; kk < BC / 16; ++kk) {
-                    uint32_t a[4];
-                    ldmatrix_x4_trans(a, addr_pat_b(dSs, SS, kk * 16, wm * 16, lane));
+                    uint32_t a[DQM / 16][4];
+#pragma unroll
+                    for (int mt = 0; mt < DQM / 16; ++mt)
+                        ldmatrix_x4_trans(a[mt], addr_pat_b(dSs, SS, kk * 16, wm * DQM + mt * 16, lane));
 #pragma unroll
                     for (int np = 0; np < DQC / 16; ++np) {
                         if (cb + np * 16 < d) {
                             uint32_t bk[4];
                             ldmatrix_x4_trans(bk, addr_pat_a(Ks, SD, kk * 16, cb + np * 16, lane));
-                            mma_m16n8k16<T>(acc[2 * np], a, bk);
-                            mma_m16n8k16<T>(acc[2 * np + 1], a, bk + 2);
+#pragma unroll
+                            for (int mt = 0; mt < DQM / 16; ++mt) {
+                                mma_m16n8k16<T>(acc[mt][2 * np], a[mt], bk);
+                                mma_m16n8k16<T>(acc[mt][2 * np + 1], a[mt], bk + 2);
+                            }
                         }
                     }
                 }
 #pragma unroll
-                for (int t = 0; t < DQC / 8; ++t) {
-                    if (cb + t * 8 < d) /* warp-uniform: the shuffles inside need all lanes */
-                        red_add_tile(dqa, d, row, row < sq, row + 8 < sq, cb + t * 8 + 2 * lc, acc[t], lane);
+                for (int mt = 0; mt < DQM / 16; ++mt) {
+                    const int row = m0 + wm * DQM + mt * 16 + lr;
+#pragma unroll
+                    for (int t = 0; t < DQC / 8; ++t) {
+                        if (cb + t * 8 < d) /* warp-uniform: the shuffles inside need all lanes */
+                            red_add_tile(dqa, d, row, row < sq, row + 8 < sq, cb + t * 8 + 2 * lc, acc[mt][t], lane);
+                    }
                 }
             }
         }
@@ -498,7 +508,7 @@ __device__ __forceinline__ void bwd_kv_pass(const flash_params &p,
         store_kv_grad<T, D>(p, acc_dk, (float)p.scale, p.dk, p.dk_s, p.dk_accum, b, hq, n0);
 }
 
-template <typename T, int D, int BC, int BR, int BRS, bool TWO_PASS>
+template <typename T, int D, int BC, int BR, int BRS, int DQM, bool TWO_PASS>
 __global__ void __launch_bounds__(BC / 16 * WARP_SIZE, 1) bwd_main_kernel(const flash_params p)
 {
     constexpr int NT = BC / 16 * WARP_SIZE, SD = D + SMEM_PAD, SS = BR + SMEM_PAD;
@@ -520,10 +530,10 @@ __global__ void __launch_bounds__(BC / 16 * WARP_SIZE, 1) bwd_main_kernel(const 
     load_tile_async<T, BC, D, NT>(Vs, vg, p.v_s.row, sk - n0, d, threadIdx.x);
 
     if (TWO_PASS) {
-        bwd_kv_pass<T, D, BC, BR, BRS, PASS_DV>(p, Ks, Vs, Qs, dOs, dSs, lse_s, delta_s, b, hq, n0);
-        bwd_kv_pass<T, D, BC, BR, BRS, PASS_DK>(p, Ks, Vs, Qs, dOs, dSs, lse_s, delta_s, b, hq, n0);
+        bwd_kv_pass<T, D, BC, BR, BRS, DQM, PASS_DV>(p, Ks, Vs, Qs, dOs, dSs, lse_s, delta_s, b, hq, n0);
+        bwd_kv_pass<T, D, BC, BR, BRS, DQM, PASS_DK>(p, Ks, Vs, Qs, dOs, dSs, lse_s, delta_s, b, hq, n0);
     } else {
-        bwd_kv_pass<T, D, BC, BR, BRS, PASS_BOTH>(p, Ks, Vs, Qs, dOs, dSs, lse_s, delta_s, b, hq, n0);
+        bwd_kv_pass<T, D, BC, BR, BRS, DQM, PASS_BOTH>(p, Ks, Vs, Qs, dOs, dSs, lse_s, delta_s, b, hq, n0);
     }
     cp_async_wait<0>();
 }
@@ -747,7 +757,7 @@ static unsigned int blocks_for(int64_t items, int per_block)
     return (unsigned int)((items + per_block - 1) / per_block);
 }
 
-template <typename T, int D, int BC, int BR, int BRS, bool TWO_PASS, int BRQ, int BCQ>
+template <typename T, int D, int BC, int BR, int BRS, int DQM, bool TWO_PASS, int BRQ, int BCQ>
 static cudaError_t run_bwd(const flash_params *p, cudaStream_t stream)
 {
     cudaError_t err;
@@ -760,7 +770,7 @@ static cudaError_t run_bwd(const flash_params *p, cudaStream_t stream)
     {
         constexpr int SD = D + SMEM_PAD, SS = BR + SMEM_PAD;
         const size_t smem = (size_t)(2 * BC * SD + 4 * BR * SD + BC * SS) * sizeof(T) + 4 * BR * sizeof(float);
-        auto kernel = bwd_main_kernel<T, D, BC, BR, BRS, TWO_PASS>;
+        auto kernel = bwd_main_kernel<T, D, BC, BR, BRS, DQM, TWO_PASS>;
         if ((err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
             return err;
         const dim3 grid(blocks_for(p->sk, BC), (unsigned int)p->h, (unsigned int)p->b);
@@ -795,10 +805,10 @@ template <typename T>
 static cudaError_t run_bwd_dtype(const flash_params *p, cudaStream_t stream)
 {
     if (p->d <= 64)
-        return run_bwd<T, 64, 128, 64, 64, false, 128, 64>(p, stream);
+        return run_bwd<T, 64, 128, 64, 64, 16, false, 128, 64>(p, stream);
     if (p->d <= 128)
-        return run_bwd<T, 128, 128, 64, 32, false, 128, 64>(p, stream);
-    return run_bwd<T, 256, 128, 32, 32, true, 64, 32>(p, stream);
+        return run_bwd<T, 128, 128, 64, 32, 16, false, 128, 64>(p, stream);
+    return run_bwd<T, 256, 128, 32, 32, 16, true, 64, 32>(p, stream);
 }
 
 static int aligned16(const void *ptr)
@@ -813,7 +823,7 @@ static int strides_ok(const flash_strides *s)
 
 extern "C" cudaError_t flash_bwd_sm80(const flash_params *p, cudaStream_t stream)
 {
-    if (p->d % CHUNK != 0 || p->d > 256 || p->h % p->h_kv != 0)
+    if (p->d % CHUNK != 0 || p->d > 256 || p->h_kv < 1 || p->h % p->h_kv != 0)
         return cudaErrorInvalidValue;
     const void *ptrs[] = {p->q, p->k, p->v, p->o, p->dout, p->dq, p->dk, p->dv, p->dq_accum};
     for (unsigned int i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); ++i)

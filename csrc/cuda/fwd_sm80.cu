@@ -1,17 +1,18 @@
 /* fwd_sm80.cu: FlashAttention-2 forward for fp16 / bf16 on tensor cores (mma.sync), sm80 and later.
  *
  * Algorithm. One CTA owns kBlockM query rows of one (batch, head); its warps split those rows (each
- * warp kBlockM / kNWarps rows = one or two m16 tiles), never the keys, so no cross-warp merge. Key and
- * value tiles of kBlockN rows stream through shared memory with cp.async, double buffered: tile j + 1
- * is in flight while tile j is computed (one __syncthreads per tile). Per key tile, per warp:
- *   S = Q K^T        mma.sync m16n8k16, fp32 accumulators; Q fragments from registers (loaded once)
- *                    or from shared memory per k step (configs where registers are short); K by
- *                    ldmatrix (K rows are the n dimension of S).
+ * warp kBlockM / kNWarps rows = one or two m16 tiles), never the keys, so no cross-warp merge. K and V
+ * tiles of kBlockN rows stream through shared memory with cp.async: K is double buffered (K_{j+1} is
+ * in flight during all of tile j); V too when two V buffers fit the sm80 limit, else V_j loads during
+ * S_j and the softmax (one more __syncthreads per tile). Per key tile, per warp:
+ *   S = Q K^T        mma.sync m16n8k16, fp32 accumulators; Q fragments from registers (ldmatrix once)
+ *                    or from shared memory per k step (configs short of registers); K by ldmatrix
+ *                    (K rows are the n dimension of S).
  *   mask             only on tiles that need it: past seqlen_k, or crossing the causal diagonal
  *                    (query i sees key j iff j <= i + causal_offset); a run-time branch per tile.
  *   online softmax   fp32, base 2 with log2(e) folded into the scale: one FFMA + one EX2 per score;
  *                    row max over the 4 lanes of a quad by shuffle-xor; O and the row sum rescaled by
- *                    exp2(m_old - m_new) on a new max; the row sum stays per lane until the end.
+ *                    exp2(m_old - m_new); the row sum stays per lane until the end.
  *   O += P V         the S accumulators of two adjacent n8 tiles repack in registers (pack2) into one
  *                    k16 A fragment; V by ldmatrix.trans.
  * End: O / l and lse = (m + log2 l) ln 2, through this warp's own rows of the Q buffer to 16-byte
@@ -19,19 +20,26 @@
  * Key tiles past the last one visible to the CTA's last row are never loaded; query tiles run in
  * reverse order so the heaviest causal tiles are scheduled first.
  *
- * Shared memory: Q (kBlockM, kHeadDim) | K[2] (kBlockN, kHeadDim) | V[2] (kBlockN, kHeadDim), 16-bit
- * rows; the 16-byte chunk c of row r is stored at chunk c ^ (r % 8), so cp.async stores, ldmatrix
- * (plain and .trans) and the epilogue's row writes are free of bank conflicts. Head dims below the
- * config's kHeadDim are zero-filled on load and masked on store; rows past the end are zero-filled.
+ * Shared memory: Q (kBlockM, kHeadDim) | K[2] (kBlockN, kHeadDim) | V[1 or 2] (kBlockN, kHeadDim),
+ * 16-bit rows; the 16-byte chunk c of row r is stored at chunk c ^ (r % 8), so cp.async stores,
+ * ldmatrix (plain and .trans) and the epilogue's row writes are free of bank conflicts. Head dims
+ * below the config's kHeadDim are zero-filled on load and masked on store; rows past the end are
+ * zero-filled. Every config fits the A100's 163 KB.
  *
  * A negative softmax scale negates Q in shared memory once and runs with |scale| (the max-subtraction
  * needs a positive factor); a zero scale runs with FLT_MIN (masked -inf scores stay -inf).
  *
- * Configs (head dim, block M x block N, warps, Q source), measured on the H200 (bf16, 16k tokens,
- * nheads = 2048 / d, TFLOP/s = 4 B H Sq Sk D / t, halved for causal), see dev/fwd_bench.sh:
- *   d <= 64 : 128 x 64, 4 warps, Q in registers     (filled in below)
- *   d <= 128: 128 x 64, 4 warps, Q from smem
- *   d <= 256:  64 x 64, 4 warps, Q from smem
+ * Configs (FWD_CFG_*), chosen on the H200 with dev/fwd_bench.sh; bf16, 16k tokens, nheads = 2048 / d,
+ * TFLOP/s = 4 B H Sq Sk D / t (halved for causal), non-causal | causal at seqlen 512 / 2k / 8k:
+ *   d <= 64 : 128 x 64, 4 warps, Q in registers, 2 x V    267 313 326 | 180 271 309
+ *   d <= 128: 128 x 48, 4 warps, Q from smem,    2 x V    295 356 377 | 199 293 335
+ *   d <= 256: 128 x 64, 8 warps, Q from smem,    1 x V    267 313 327 | 183 256 294
+ * (torch's FA2 backend on the same H200: ~307 d64, 339-353 d128, 324 d256.) All use 240-255
+ * registers, no spills on sm_80 or sm_90a; 2 CTAs (8 warps) per SM at d <= 128, 1 CTA at d256.
+ * Where the time goes: 2 warps per scheduler with no overlap inside a warp between its mma, softmax
+ * and loads (registers allow no more); at d256 16-row warps re-read K, V and Q from shared memory.
+ * Runners-up: d64 128x80 (+2% at 8k, -6% at 512), d128 128x64 (-3%, spills), d128 128x32 (-5%),
+ * d256 128x48 (-4%), 64-row CTAs (-5 to -15%), 8-warp CTAs at d <= 128 (-2 to -10%).
  * Build: nvcc -std=c++17 -O3 -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a
  */
 #include <float.h>
@@ -48,10 +56,10 @@
 #define FWD_CFG_D64 64, 128, 64, 4, true, 1
 #endif
 #ifndef FWD_CFG_D128
-#define FWD_CFG_D128 128, 128, 64, 4, false, 1
+#define FWD_CFG_D128 128, 128, 48, 4, false, 1
 #endif
 #ifndef FWD_CFG_D256
-#define FWD_CFG_D256 256, 64, 64, 4, false, 1
+#define FWD_CFG_D256 256, 128, 64, 8, false, 1
 #endif
 
 static constexpr int kWarpSize = 32;
@@ -62,10 +70,13 @@ static constexpr int kMmaK = 16;
 static constexpr int kChunkElems = 8;         /* one 16-byte chunk = 8 16-bit elements */
 static constexpr int kChunkShift = 4;         /* log2(16 bytes) */
 static constexpr int kSwizzleMask = 7;        /* 8 chunks of 16 bytes span all 32 banks */
+static constexpr int kSwizzleSpanShift = 7;   /* log2(8 chunks x 16 bytes) */
+static constexpr int kElemBytes = 2;          /* fp16 / bf16 */
 static constexpr int kQuadLanes = 4;          /* lanes sharing one accumulator row */
 static constexpr int kMaxHeadDim = 256;
 static constexpr int kMaxGridYZ = 65535;
 static constexpr size_t kDefaultSmemBytes = 48 * 1024;
+static constexpr size_t kSm80MaxSmemBytes = 163 * 1024; /* A100 opt-in limit per CTA */
 static constexpr uint32_t kSignBits2 = 0x80008000u; /* sign bits of two packed 16-bit floats */
 static constexpr float kLn2 = 0.693147180559945309f;
 
@@ -73,7 +84,7 @@ static constexpr float kLn2 = 0.693147180559945309f;
 template <int kHeadDim>
 __device__ __forceinline__ uint32_t swz(int row, int chunk)
 {
-    return (uint32_t)(row * kHeadDim * 2) + ((uint32_t)(chunk ^ (row & kSwizzleMask)) << kChunkShift);
+    return (uint32_t)(row * kHeadDim * kElemBytes) + ((uint32_t)(chunk ^ (row & kSwizzleMask)) << kChunkShift);
 }
 
 /* cp.async rows [row0, row0 + kRows) of one (batch, head) slice into a swizzled tile at `tile`.
@@ -85,6 +96,7 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const T *base, int64_t 
     constexpr int kChunks = kHeadDim / kChunkElems;
     constexpr int kRowStep = kThreads / kChunks;
     static_assert(kThreads % kChunks == 0 && kRows % kRowStep == 0, "tile does not split evenly over threads");
+    asm volatile("" : "+r"(tid)); /* recompute this thread's row / chunk per call, never hoisted (registers) */
     const int chunk = tid % kChunks;
     const int row = tid / kChunks;
     const bool chunk_ok = chunk * kChunkElems < d;
@@ -123,7 +135,30 @@ __device__ __forceinline__ uint32_t chunk_pair(uint32_t lane_addr, int pair)
 {
     constexpr int kPairsPerSwizzle = (kSwizzleMask + 1) / 2;
     return (lane_addr ^ ((uint32_t)(2 * (pair % kPairsPerSwizzle)) << kChunkShift)) +
-           ((uint32_t)(pair / kPairsPerSwizzle) << (kChunkShift + 3));
+           ((uint32_t)(pair / kPairsPerSwizzle) << kSwizzleSpanShift);
+}
+
+/* V buffers: two (V_{j+1} loads during tile j) unless that overflows the sm80 shared-memory limit;
+ * then one, V_j loading during S_j and the softmax. */
+__host__ __device__ constexpr int fwd_v_stages(int head_dim, int block_m, int block_n)
+{
+    return (size_t)(block_m + 4 * block_n) * head_dim * kElemBytes <= kSm80MaxSmemBytes ? 2 : 1;
+}
+
+/* Dynamic shared memory of one CTA: Q, two K buffers, V buffers. */
+__host__ __device__ constexpr size_t fwd_smem_bytes(int head_dim, int block_m, int block_n)
+{
+    return (size_t)(block_m + (2 + fwd_v_stages(head_dim, block_m, block_n)) * block_n) * head_dim * kElemBytes;
+}
+
+/* Start of the (sk, d) slice of K or V for (batch, kv_head). Rebuilt at every tile load: the empty asm
+ * hides the indices from loop-invariant hoisting, which would keep two 64-bit pointers live through
+ * the main loop (they spill at kHeadDim 128 on sm80). */
+template <typename T>
+__device__ __forceinline__ const T *kv_slice(const void *base, flash_strides st, int batch, int kv_head)
+{
+    asm volatile("" : "+r"(batch), "+r"(kv_head));
+    return (const T *)base + (int64_t)batch * st.batch + (int64_t)kv_head * st.head;
 }
 
 __device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi)
@@ -144,12 +179,14 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
     constexpr int kChunks = kHeadDim / kChunkElems;
     constexpr uint32_t kRowBytes = kHeadDim * sizeof(T);
     constexpr uint32_t kKVBytes = kBlockN * kRowBytes;
-    static_assert(sizeof(T) == 2, "16-bit types only");
+    constexpr int kVStages = fwd_v_stages(kHeadDim, kBlockM, kBlockN);
+    static_assert(sizeof(T) == kElemBytes, "16-bit types only");
     static_assert(kWarpRows % kMmaM == 0 && kBlockN % kMmaK == 0, "tile shape");
     static_assert(kChunks % (kSwizzleMask + 1) == 0, "swizzle needs rows of at least 128 bytes");
     static_assert((kWarpRows * kChunks) % kWarpSize == 0, "epilogue split");
+    static_assert(fwd_smem_bytes(kHeadDim, kBlockM, kBlockN) <= kSm80MaxSmemBytes, "tile exceeds sm80 shared memory");
 
-    /* sQ (kBlockM, kHeadDim) | sK[2] (kBlockN, kHeadDim) | sV[2] (kBlockN, kHeadDim), swizzled */
+    /* sQ (kBlockM, kHeadDim) | sK[2] (kBlockN, kHeadDim) | sV[kVStages] (kBlockN, kHeadDim), swizzled */
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t sQ = smem_u32(smem);
     const uint32_t sK = sQ + kBlockM * kRowBytes;
@@ -160,18 +197,17 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
     const int lane = tid % kWarpSize;
     const int m_block = gridDim.x - 1 - blockIdx.x;
     const int head = blockIdx.y;
-    const int64_t batch = blockIdx.z;
-    const int64_t kv_head = head / p.h_per_kv;
+    const int batch = blockIdx.z;
+    const int kv_head = (int)(head / p.h_per_kv);
     const int sq = (int)p.sq;
     const int sk = (int)p.sk;
     const int d = (int)p.d;
     const int row0 = m_block * kBlockM;
 
-    const T *q = (const T *)p.q + batch * p.q_s.batch + head * p.q_s.head;    /* (sq, d), row stride q_s.row */
-    const T *k = (const T *)p.k + batch * p.k_s.batch + kv_head * p.k_s.head; /* (sk, d), row stride k_s.row */
-    const T *v = (const T *)p.v + batch * p.v_s.batch + kv_head * p.v_s.head; /* (sk, d), row stride v_s.row */
-    T *o = (T *)p.o + batch * p.o_s.batch + head * p.o_s.head;                /* (sq, d), row stride o_s.row */
-    float *lse = (float *)p.lse + (batch * p.h + head) * p.sq;                /* (sq) */
+    /* q, o: (sq, d) with row strides q_s.row, o_s.row; lse: (sq); k, v: see kv_slice */
+    const T *q = (const T *)p.q + (int64_t)batch * p.q_s.batch + (int64_t)head * p.q_s.head;
+    T *o = (T *)p.o + (int64_t)batch * p.o_s.batch + (int64_t)head * p.o_s.head;
+    float *lse = (float *)p.lse + ((int64_t)batch * p.h + head) * p.sq;
 
     /* Key tiles [0, n_tiles) hold a key visible to some row of this CTA; [0, n_full) need no mask. */
     const int last_row = min(row0 + kBlockM, sq) - 1;
@@ -188,8 +224,11 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
     load_tile<T, kHeadDim, kBlockM, kThreads>(sQ, q, p.q_s.row, row0, sq, d, tid);
     cp_async_commit();
     if (n_tiles > 0) {
-        load_tile<T, kHeadDim, kBlockN, kThreads>(sK, k, p.k_s.row, 0, sk, d, tid);
-        load_tile<T, kHeadDim, kBlockN, kThreads>(sV, v, p.v_s.row, 0, sk, d, tid);
+        load_tile<T, kHeadDim, kBlockN, kThreads>(sK, kv_slice<T>(p.k, p.k_s, batch, kv_head), p.k_s.row, 0, sk, d,
+                                                  tid);
+        if constexpr (kVStages == 2)
+            load_tile<T, kHeadDim, kBlockN, kThreads>(sV, kv_slice<T>(p.v, p.v_s, batch, kv_head), p.v_s.row, 0, sk,
+                                                      d, tid);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -199,7 +238,8 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
 
     /* ldmatrix lane addressing: matrix lane / 8 takes its row lane % 8, which is also the row's swizzle
      * key. Rows start on 128-byte boundaries (the dynamic smem base is 1024-aligned), so chunk 2 kk + c
-     * of a row sits at row + ((c ^ key) << 4) XOR ((2 kk % 8) << 4), plus 128 bytes per 8 chunks. */
+     * of a row sits at row + ((c ^ key) << 4) XOR ((2 kk % 8) << 4), plus 128 bytes per 8 chunks:
+     * chunk_pair() below, one LOP3 and an immediate offset per ldmatrix. */
     const int lr = lane % 8;
     const int mi = lane / 8;
     const uint32_t q_lane = sQ + (warp * kWarpRows + (mi & 1) * 8 + lr) * kRowBytes + (((mi >> 1) ^ lr) << kChunkShift);
@@ -234,15 +274,23 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
 
     for (int j = 0; j < n_tiles; j++) {
         cp_async_wait<0>();
-        __syncthreads(); /* tile j landed; every warp is done with tile j - 1's buffer */
+        __syncthreads(); /* K_j (and V_j) landed; every warp is done with tile j - 1's buffers */
+        if constexpr (kVStages == 1) {
+            load_tile<T, kHeadDim, kBlockN, kThreads>(sV, kv_slice<T>(p.v, p.v_s, batch, kv_head), p.v_s.row,
+                                                      j * kBlockN, sk, d, tid);
+            cp_async_commit();
+        }
         if (j + 1 < n_tiles) {
             const uint32_t next = ((j + 1) & 1) * kKVBytes;
-            load_tile<T, kHeadDim, kBlockN, kThreads>(sK + next, k, p.k_s.row, (j + 1) * kBlockN, sk, d, tid);
-            load_tile<T, kHeadDim, kBlockN, kThreads>(sV + next, v, p.v_s.row, (j + 1) * kBlockN, sk, d, tid);
+            load_tile<T, kHeadDim, kBlockN, kThreads>(sK + next, kv_slice<T>(p.k, p.k_s, batch, kv_head), p.k_s.row,
+                                                      (j + 1) * kBlockN, sk, d, tid);
+            if constexpr (kVStages == 2)
+                load_tile<T, kHeadDim, kBlockN, kThreads>(sV + next, kv_slice<T>(p.v, p.v_s, batch, kv_head),
+                                                          p.v_s.row, (j + 1) * kBlockN, sk, d, tid);
         }
         cp_async_commit();
         const uint32_t kb = sK + (j & 1) * kKVBytes + k_lane;
-        const uint32_t vb = sV + (j & 1) * kKVBytes + v_lane;
+        const uint32_t vb = sV + (kVStages == 2 ? (j & 1) * kKVBytes : 0) + v_lane;
 
         /* S = Q K^T */
         float s[kMT][kNT][4];
@@ -329,6 +377,11 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
                 }
             }
 
+        if constexpr (kVStages == 1) {
+            cp_async_wait<1>(); /* V_j landed; K_{j+1} may still be in flight */
+            __syncthreads();
+        }
+
         /* O += P V, P straight from the S accumulators */
 #pragma unroll
         for (int kk = 0; kk < kPV; kk++) {
@@ -386,8 +439,9 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs, int kMinBlocks>
 static cudaError_t launch_fwd(const flash_params *p, cudaStream_t stream)
 {
-    const size_t smem_bytes = (size_t)(kBlockM + 4 * kBlockN) * kHeadDim * sizeof(T);
-    void (*kernel)(const flash_params) = flash_fwd_sm80_kernel<T, kHeadDim, kBlockM, kBlockN, kNWarps, kQInRegs, kMinBlocks>;
+    const size_t smem_bytes = fwd_smem_bytes(kHeadDim, kBlockM, kBlockN);
+    void (*kernel)(const flash_params) =
+        flash_fwd_sm80_kernel<T, kHeadDim, kBlockM, kBlockN, kNWarps, kQInRegs, kMinBlocks>;
     if (smem_bytes > kDefaultSmemBytes) {
         const cudaError_t err =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes);
