@@ -10,6 +10,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <climits>
+
 #include "cuda/launch.h"
 #include "ops.h"
 
@@ -20,19 +22,26 @@ namespace {
 constexpr int64_t kMaxHeadDim = 256;  // largest head dim of the compiled CUDA tile configs
 constexpr int64_t kVecElems = 8;      // 16-byte vector of fp16/bf16 elements
 constexpr int64_t kVecBytes = 16;
+constexpr int64_t kMaxGridDim = 65535;  // batch and nheads each index a grid dimension (y or z)
 
 bool is_half(const at::Tensor &t)
 {
     return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
 }
 
-void check_cuda_inputs(const at::Tensor &q)
+void check_cuda_inputs(const at::Tensor &q, const at::Tensor &k)
 {
     const auto t = q.scalar_type();
     TORCH_CHECK(t == at::kHalf || t == at::kBFloat16 || t == at::kFloat || t == at::kDouble,
                 "flashattn_ext: on CUDA, q, k and v must be float16, bfloat16, float32 or float64, got ", t);
     TORCH_CHECK(q.size(3) <= kMaxHeadDim, "flashattn_ext: on CUDA, the head dim (last dimension of q) must be at most ",
                 kMaxHeadDim, ", got ", q.size(3));
+    TORCH_CHECK(q.size(0) <= kMaxGridDim, "flashattn_ext: on CUDA, the batch size must be at most ", kMaxGridDim,
+                ", got ", q.size(0));
+    TORCH_CHECK(q.size(2) <= kMaxGridDim, "flashattn_ext: on CUDA, nheads of q must be at most ", kMaxGridDim,
+                ", got ", q.size(2));
+    TORCH_CHECK(q.size(1) <= INT_MAX && k.size(1) <= INT_MAX, "flashattn_ext: on CUDA, seqlen of q and k must be at most ",
+                INT_MAX);
 }
 
 // Strides of dimensions of size 1 never enter an address, so they need no alignment.
@@ -77,7 +86,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor &q_in, const at::Te
                                             double softmax_scale, bool causal, bool bottom_right, bool deterministic)
 {
     check_qkv(q_in, k_in, v_in);
-    check_cuda_inputs(q_in);
+    check_cuda_inputs(q_in, k_in);
     const c10::cuda::CUDAGuard guard(q_in.device());
     if (no_work(q_in) || k_in.size(1) == 0)
         return fwd_without_keys(q_in, v_in);
@@ -100,7 +109,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor &dout_i
                                                         bool deterministic)
 {
     check_qkv(q_in, k_in, v_in);
-    check_cuda_inputs(q_in);
+    check_cuda_inputs(q_in, k_in);
     check_bwd_inputs(dout_in, q_in, out_in, lse_in);
     const c10::cuda::CUDAGuard guard(q_in.device());
     if (no_work(q_in) || k_in.size(1) == 0)

@@ -216,11 +216,22 @@ static int run_case(const config *c, flash_dtype dt, const char *what)
     fail |= !(worst <= tol);
     if (c->init == INIT_SEED)
         fail |= !(fabs(get(&o, dt, 0) - SEED_EXPECTED) < SEED_TOL);
+    int64_t empty_rows = 0; /* rows that see no key: out and dq exactly 0 (lse -inf: rel_err) */
+    for (int64_t r = 0; r < n_rows; r++)
+        if (lse_ref[r] == -INFINITY) {
+            const int64_t bi = r / (c->h * c->sq), hq = r / c->sq % c->h, i = r % c->sq;
+            empty_rows++;
+            for (int64_t x = 0; x < c->d; x++)
+                fail |= get(&o, dt, at(&o, bi, i, hq) + x) != 0 || get(&dq, dt, at(&dq, bi, i, hq) + x) != 0;
+        }
+    char note[64] = "";
+    if (empty_rows)
+        snprintf(note, sizeof note, " [%lld rows see no key]", (long long)empty_rows);
     printf("%s %s b%lld h%lld/%lld sq%lld sk%lld d%lld %s%s: out %.1e lse %.1e dq %.1e dk %.1e "
-           "dv %.1e\n", fail ? "FAIL" : "ok  ", dt == FLASH_FP32 ? "fp32" : "fp64", (long long)c->b,
+           "dv %.1e%s\n", fail ? "FAIL" : "ok  ", dt == FLASH_FP32 ? "fp32" : "fp64", (long long)c->b,
            (long long)c->h, (long long)c->h_kv, (long long)c->sq, (long long)c->sk,
            (long long)c->d, c->causal == NONCAUSAL ? "" : c->causal == CAUSAL_TOP_LEFT
-           ? "causal-tl " : "causal-br ", what, err[0], err[1], err[2], err[3], err[4]);
+           ? "causal-tl " : "causal-br ", what, err[0], err[1], err[2], err[3], err[4], note);
     tensor *all[8] = {&q, &k, &v, &dout, &o, &dq, &dk, &dv};
     for (int w = 0; w < 8; w++) {
         free(all[w]->ref);

@@ -23,6 +23,6 @@ def pytest_configure(config):
 
 
 @pytest.fixture(autouse=True)
-def _seed_and_reset():
+def _seed():
     torch.manual_seed(0)
     yield

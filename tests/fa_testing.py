@@ -110,6 +110,7 @@ LAYOUTS = (
     "kvpacked",   # k, v = kv[:, :, 0], kv[:, :, 1] of one (B, Sk, 2, Hkv, D) tensor
     "qkvpacked",  # q, k, v = unbind(2) of one (B, S, 3, H, D) tensor (needs sq == sk, H == Hkv)
     "mixed",      # q bhsd, k contig, v slice, dout bhsd: every tensor with its own strides
+    "bcast",      # k, v expanded from (1, Sk, 1, D): stride 0 on batch and heads
 )
 
 
@@ -200,6 +201,8 @@ SAMPLES = [
     Cfg(4, 31, 31, 2, 2, 16, scale=1.0),
     Cfg(2, 65, 127, 6, 2, 32, scale=0.125, layout="mixed"),   # GQA 3
     Cfg(2, 31, 31, 4, 4, 8, causal=True, layout="qkvpacked"),
+    Cfg(3, 31, 65, 4, 2, 32, causal=True, layout="bcast"),
+    Cfg(2, 130, 130, 2, 2, 64, layout="bcast"),
 ]
 
 SAMPLE_BY_ID = {c.id: c for c in SAMPLES}
@@ -266,11 +269,16 @@ def make_inputs(cfg, dtype, device, requires_grad=True, seed=None):
         q, k, v = rnd(B, Sq, 3, H, D).unbind(2)
     elif layout == "mixed":
         q, k, v = bhsd(Sq, H), contig(Sk, Hkv), sliced(Sk, Hkv)
+    elif layout == "bcast":
+        q = contig(Sq, H)
+        k, v = (rnd(1, Sk, 1, D).expand(B, Sk, Hkv, D) for _ in range(2))
     else:
         raise AssertionError(layout)
     dout = torch.randn(B, Sq, H, D, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
     if layout == "mixed":
         dout = dout.transpose(1, 2).contiguous().transpose(1, 2)
+    elif layout == "slice":  # last-dim stride 2: the backward has to cope (autograd hands it over as is)
+        dout = torch.stack([dout, torch.zeros_like(dout)], -1).flatten(-2)[..., ::2]
     for t in (q, k, v):
         assert t.shape[-1] == D and (t.numel() == 0 or t.stride(-1) == 1)
     return q, k, v, dout

@@ -15,6 +15,7 @@ from flashattn_ext.reference import attention_ref
 from fa_testing import (
     DEVICES,
     HALF_DTYPES,
+    LAYOUTS,
     OUT_TOL,
     SAMPLES,
     Cfg,
@@ -68,7 +69,7 @@ def test_sample_list_covers_the_issue():
     assert {1, 2, 4, 8} <= {c.h // c.hkv for c in SAMPLES}
     assert any(c.sq < c.sk and c.causal for c in SAMPLES) and any(c.sq > c.sk and c.causal for c in SAMPLES)
     assert any(c.scale is not None for c in SAMPLES) and any(c.b > 1 for c in SAMPLES)
-    assert {"contig", "bhsd", "slice", "kvpacked", "qkvpacked", "mixed"} <= {c.layout for c in SAMPLES}
+    assert set(LAYOUTS) == {c.layout for c in SAMPLES}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -418,9 +419,9 @@ def test_module_training(device, dtype):
     for _ in range(3):
         grads = {}
         for name, model in models.items():
-            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            opt = torch.optim.SGD(model.parameters(), lr=0.5)
             opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(model(x), target)
+            loss = torch.nn.functional.mse_loss(model(x).float(), target.float())
             loss.backward()
             losses[name].append(loss.item())
             grads[name] = [p.grad.detach().clone() for p in model.parameters()]
@@ -432,3 +433,41 @@ def test_module_training(device, dtype):
     assert losses["flash"][-1] < losses["flash"][0], losses
     for lf, lr in zip(losses["flash"], losses["ref"]):
         assert abs(lf - lr) <= tol * abs(lr), losses
+
+
+# ----------------------------------------------------------------------------------------------
+# Odd corners of the API
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("d", [257, 512])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_cpu_head_dims_above_256(dtype, d):
+    """The CPU path takes any head dim."""
+    cfg = Cfg(1, 70, 45, 2, 1, d, causal=True)
+    q, k, v, dout = make_inputs(cfg, dtype, "cpu")
+    out, lse = flash(q, k, v, causal=True)
+    ref_out, ref_lse, *ref_grads = reference_with_grads(q, k, v, dout, None, True)
+    assert_close("out", out, ref_out, OUT_TOL[dtype])
+    assert_lse_close(lse, ref_lse, OUT_TOL[dtype])
+    check_grads(q, k, v, dout, torch.autograd.grad(out, (q, k, v), dout), ref_grads, None, dtype)
+
+
+@pytest.mark.parametrize("device, dtype", device_dtype_params())
+def test_partial_requires_grad_and_no_grad(device, dtype):
+    """Only some inputs requiring grad; no_grad and inference_mode forwards."""
+    cfg = Cfg(2, 33, 65, 4, 2, 16, causal=True)
+    q, k, v, dout = make_inputs(cfg, dtype, device, requires_grad=False)
+    ref_out, _, ref_dq, ref_dk, ref_dv = reference_with_grads(q, k, v, dout, None, True)
+    for which in ("q", "k", "v"):
+        leaves = {"q": q.detach(), "k": k.detach(), "v": v.detach()}
+        leaves[which].requires_grad_()
+        out = flashattn_ext.flash_attn_func(leaves["q"], leaves["k"], leaves["v"], causal=True)
+        (g,) = torch.autograd.grad(out, leaves[which], dout)
+        assert_close("d" + which, g, {"q": ref_dq, "k": ref_dk, "v": ref_dv}[which], grad_tol(dtype))
+    with torch.no_grad():
+        out = flashattn_ext.flash_attn_func(q.requires_grad_(), k, v, causal=True)
+    assert not out.requires_grad
+    assert_close("out (no_grad)", out, ref_out, OUT_TOL[dtype])
+    with torch.inference_mode():
+        out = flashattn_ext.flash_attn_func(q, k, v, causal=True)
+    assert_close("out (inference_mode)", out, ref_out, OUT_TOL[dtype])

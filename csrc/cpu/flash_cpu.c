@@ -219,35 +219,21 @@ FLASH_CPU_SIMD static void FN(gemm)(int64_t m, int64_t n, int64_t k, const T *re
         }
 }
 
-/* dst (rows_pad, ld): dst[r][c] = scale * src[r * rs + c] for r < rows, c < cols, zero elsewhere in
- * [0, rows_pad) x [0, cols_pad). */
+/* dst (rows_pad, ld): dst[r][c] = src[r * rs + c] for r < rows, c < cols, zero elsewhere in
+ * [0, rows_pad) x [0, cols_pad). The gemm reads these compact copies faster than the strided inputs
+ * (one input row is a page apart from the next at large row strides). */
 static void FN(load_rows)(T *restrict dst, int64_t ld, int64_t rows_pad, int64_t cols_pad,
-                          const T *restrict src, int64_t rs, int64_t rows, int64_t cols, T scale)
+                          const T *restrict src, int64_t rs, int64_t rows, int64_t cols)
 {
     for (int64_t r = 0; r < rows_pad; r++) {
         T *restrict drow = dst + r * ld;
         int64_t c = 0;
         if (r < rows)
             for (; c < cols; c++)
-                drow[c] = scale * src[r * rs + c];
+                drow[c] = src[r * rs + c];
         for (; c < cols_pad; c++)
             drow[c] = 0;
     }
-}
-
-/* Rows [0, rows) x columns [0, cols) of a matrix (row r at src + r * src_rs) as a gemm A operand of
- * rows_pad x cols_pad: the matrix itself when that needs no padding, else a zero-padded copy in buf
- * (leading dim cols_pad). *rs receives the row stride of the result. */
-static const T *FN(operand_rows)(T *buf, int64_t rows_pad, int64_t cols_pad, const T *src,
-                                 int64_t src_rs, int64_t rows, int64_t cols, int64_t *rs)
-{
-    if (rows == rows_pad && cols == cols_pad) {
-        *rs = src_rs;
-        return src;
-    }
-    FN(load_rows)(buf, cols_pad, rows_pad, cols_pad, src, src_rs, rows, cols, 1);
-    *rs = cols_pad;
-    return buf;
 }
 
 /* dst (cols, ld): dst[c][r] = scale * src[r * rs + c] for r < rows, c < cols, zero for r in
@@ -395,7 +381,7 @@ typedef struct FN(workspace) {
 
 /* Forward task: one (batch, head, query tile), working on S^T = K Q^T (keys x queries):
  *   w->q   (d, TILE_Q_NR)         Q^T of the tile, times scale
- *   K, V   (TILE_K, dm)           K and V tile rows: the inputs, or padded copies in w->k, w->v
+ *   w->k, w->v (TILE_K, dm)       K and V tile rows
  *   w->s   (TILE_K, TILE_Q_NR)    S^T, then P^T
  *   w->acc (dm, TILE_Q_NR)        O^T, unnormalized */
 static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
@@ -423,13 +409,12 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
     for (t.k0 = 0; t.k0 < k_end; t.k0 += FLASH_CPU_TILE_K) {
         t.kn = min64(FLASH_CPU_TILE_K, k_end - t.k0);
         const int64_t km = ROUND_UP(t.kn, FLASH_CPU_MR);
-        int64_t k_rs, v_rs;
-        const T *kt = FN(operand_rows)(w->k, km, dm, k + t.k0 * p->k_s.row, p->k_s.row, t.kn, d, &k_rs);
-        const T *vt = FN(operand_rows)(w->v, t.kn, dm, v + t.k0 * p->v_s.row, p->v_s.row, t.kn, d, &v_rs);
-        FN(gemm)(km, qp, d, kt, k_rs, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
+        FN(load_rows)(w->k, dm, km, dm, k + t.k0 * p->k_s.row, p->k_s.row, t.kn, d);
+        FN(load_rows)(w->v, dm, t.kn, dm, v + t.k0 * p->v_s.row, p->v_s.row, t.kn, d);
+        FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
         FN(mask_tile_t)(w->s, km, qp, p, &t, -INFINITY);
         FN(softmax_step)(w->s, km, qp, w->acc, dm, m, l);
-        FN(gemm)(dm, qp, t.kn, vt, 1, v_rs, w->s, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
+        FN(gemm)(dm, qp, t.kn, w->v, 1, dm, w->s, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
     }
     for (int64_t u = 0; u < t.qn; u++) {
         T *orow = o + u * p->o_s.row;
@@ -447,7 +432,7 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
 
 /* dK/dV task: one (batch, kv head, key tile), working on S = Q K^T (queries x keys):
  *   w->k, w->v  (d, TILE_K_NR)    K^T and V^T of the tile
- *   Q, dO       (TILE_Q, dm)      Q and dO tile rows: the inputs, or padded copies in w->q, w->dout
+ *   w->q, w->dout (TILE_Q, dm)    Q and dO tile rows
  *   w->s        (TILE_Q, TILE_K_NR)  S (unscaled), then P;  w->ds  dP, then dS
  *   w->acc      (dm, TILE_K_NR)   dK^T / scale;  w->acc2 (dm, TILE_K_NR) dV^T */
 static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
@@ -476,19 +461,16 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
         for (t.q0 = q_begin; t.q0 < p->sq; t.q0 += FLASH_CPU_TILE_Q) {
             t.qn = min64(FLASH_CPU_TILE_Q, p->sq - t.q0);
             const int64_t qm = ROUND_UP(t.qn, FLASH_CPU_MR);
-            int64_t q_rs, do_rs;
-            const T *qt = FN(operand_rows)(w->q, qm, dm, q + t.q0 * p->q_s.row, p->q_s.row, t.qn, d,
-                                           &q_rs);
-            const T *dot = FN(operand_rows)(w->dout, qm, dm, dout + t.q0 * p->do_s.row, p->do_s.row,
-                                            t.qn, d, &do_rs);
+            FN(load_rows)(w->q, dm, qm, dm, q + t.q0 * p->q_s.row, p->q_s.row, t.qn, d);
+            FN(load_rows)(w->dout, dm, qm, dm, dout + t.q0 * p->do_s.row, p->do_s.row, t.qn, d);
             FN(load_row_stats)(lse_eff, delta, qm, lse + t.q0, dl + t.q0, t.qn);
-            FN(gemm)(qm, kp, d, qt, q_rs, 1, w->k, TILE_K_NR, w->s, TILE_K_NR, 0);
+            FN(gemm)(qm, kp, d, w->q, dm, 1, w->k, TILE_K_NR, w->s, TILE_K_NR, 0);
             FN(probs_by_row)(w->s, qm, kp, TILE_K_NR, (T)p->scale, lse_eff);
             FN(mask_tile)(w->s, qm, kp, p, &t, 0);
-            FN(gemm)(dm, kp, t.qn, dot, 1, do_rs, w->s, TILE_K_NR, w->acc2, TILE_K_NR, 1);
-            FN(gemm)(qm, kp, d, dot, do_rs, 1, w->v, TILE_K_NR, w->ds, TILE_K_NR, 0);
+            FN(gemm)(dm, kp, t.qn, w->dout, 1, dm, w->s, TILE_K_NR, w->acc2, TILE_K_NR, 1);
+            FN(gemm)(qm, kp, d, w->dout, dm, 1, w->v, TILE_K_NR, w->ds, TILE_K_NR, 0);
             FN(dscores_by_row)(w->ds, w->s, qm, kp, TILE_K_NR, delta);
-            FN(gemm)(dm, kp, t.qn, qt, 1, q_rs, w->ds, TILE_K_NR, w->acc, TILE_K_NR, 1);
+            FN(gemm)(dm, kp, t.qn, w->q, 1, dm, w->ds, TILE_K_NR, w->acc, TILE_K_NR, 1);
         }
     }
     const int64_t dk_off = bi * p->dk_s.batch + t.k0 * p->dk_s.row + hk * p->dk_s.head;
@@ -499,7 +481,7 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
 
 /* dQ task: one (batch, head, query tile), working on S^T like the forward:
  *   w->q, w->dout (d, TILE_Q_NR)  Q^T, dO^T
- *   K, V          (TILE_K, dm)    K and V tile rows: the inputs, or padded copies in w->k, w->v
+ *   w->k, w->v    (TILE_K, dm)    K and V tile rows
  *   w->s  (TILE_K, TILE_Q_NR)     S^T (unscaled), then P^T;  w->ds  dP^T, then dS^T
  *   w->acc (dm, TILE_Q_NR)        dQ^T / scale */
 static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
@@ -527,15 +509,14 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
     for (t.k0 = 0; t.k0 < k_end; t.k0 += FLASH_CPU_TILE_K) {
         t.kn = min64(FLASH_CPU_TILE_K, k_end - t.k0);
         const int64_t km = ROUND_UP(t.kn, FLASH_CPU_MR);
-        int64_t k_rs, v_rs;
-        const T *kt = FN(operand_rows)(w->k, km, dm, k + t.k0 * p->k_s.row, p->k_s.row, t.kn, d, &k_rs);
-        const T *vt = FN(operand_rows)(w->v, km, dm, v + t.k0 * p->v_s.row, p->v_s.row, t.kn, d, &v_rs);
-        FN(gemm)(km, qp, d, kt, k_rs, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
+        FN(load_rows)(w->k, dm, km, dm, k + t.k0 * p->k_s.row, p->k_s.row, t.kn, d);
+        FN(load_rows)(w->v, dm, km, dm, v + t.k0 * p->v_s.row, p->v_s.row, t.kn, d);
+        FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
         FN(probs_by_column)(w->s, km, qp, TILE_Q_NR, (T)p->scale, lse_eff);
         FN(mask_tile_t)(w->s, km, qp, p, &t, 0);
-        FN(gemm)(km, qp, d, vt, v_rs, 1, w->dout, TILE_Q_NR, w->ds, TILE_Q_NR, 0);
+        FN(gemm)(km, qp, d, w->v, dm, 1, w->dout, TILE_Q_NR, w->ds, TILE_Q_NR, 0);
         FN(dscores_by_column)(w->ds, w->s, km, qp, TILE_Q_NR, delta);
-        FN(gemm)(dm, qp, t.kn, kt, 1, k_rs, w->ds, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
+        FN(gemm)(dm, qp, t.kn, w->k, 1, dm, w->ds, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
     }
     FN(store_transposed)(dq, p->dq_s.row, w->acc, TILE_Q_NR, t.qn, d, (T)p->scale);
 }

@@ -13,7 +13,7 @@
 /* Query rows and key rows per tile. Any positive values work (they need not divide the sequence
  * lengths); overriding them with -D is meant for the test harness only. */
 #ifndef FLASH_CPU_TILE_Q
-#define FLASH_CPU_TILE_Q 64
+#define FLASH_CPU_TILE_Q 128
 #endif
 #ifndef FLASH_CPU_TILE_K
 #define FLASH_CPU_TILE_K 64

@@ -1,7 +1,7 @@
 /* bwd_sm80.cu: FlashAttention-2 backward for fp16/bf16 on mma.sync m16n8k16 (fp32 accumulators),
  * sm80 and later (also the Hopper path for now).
  *
- * Algorithm (one (batch, head) per CTA column of the grid; nothing of size sq x sk is stored):
+ * Algorithm (nothing of size sq x sk is ever stored):
  *   1. bwd_preprocess_kernel: delta_i = rowsum(dO_i * O_i) in fp32; zeroes the dq_accum row.
  *   2. bwd_main_kernel, grid (key tiles, h, b): a CTA owns BC keys of one query head. K and V of the
  *      tile are loaded once (cp.async); the CTA walks the query tiles that can see the tile (causal:
@@ -20,23 +20,41 @@
  *   tiles, h, b), walks the key tiles in order recomputing S, P, dP, dS, keeps dQ in registers and
  *   writes dq directly. Bitwise reproducible; costs S and dP twice.
  *
- * Warps' roles (main kernel, BC = 16 * warps): warp w owns keys [16w, 16w+16) of the tile for S^T,
- * dP^T, dV, dK (each lane holds a 16 x D slice of dK and dV in registers); for dQ the warps split the
- * BR x D output into (BR/16) row groups x the rest column groups. dQ kernel: warp w owns query rows
- * [16w, 16w+16) of the tile and all BCQ keys of each key tile.
+ * Warps' roles (main kernel, BC = KM * warps): warp w owns keys [KM*w, KM*w + KM) of the tile for
+ * S^T, dP^T, dV, dK; the warp keeps its KM x D slices of dK and dV in registers (fp32 accumulator
+ * fragments), and S^T/dP^T of one sub-tile of BRS queries at a time. K/V fragments (A) come from smem once per k16 step and serve KM/16 mma
+ * rows, the Q/dO fragments (B) serve all of them: KM = 32 halves the B traffic, but needs 2x the
+ * accumulators, so only D=64 affords it. For dQ the warps split the BR x D output into BR/DQM row
+ * groups of DQM rows x column groups. dQ kernel: warp w owns query rows [16w, 16w+16) of the tile and
+ * all BCQ keys of each key tile.
  *
- * Tiles (D = head dim rounded up to 64/128/256; smem rows padded by 16 bytes so that ldmatrix and
- * the fragment stores are bank-conflict free):
- *   D=64 : main BC=128 keys x BR=64 queries, 8 warps;            dQ kernel BRQ=128 x BCQ=64, 8 warps
- *   D=128: main BC=128 x BR=64, 8 warps;                         dQ kernel BRQ=128 x BCQ=64, 8 warps
- *   D=256: main BC=128 x BR=32, 8 warps, two passes over the query tiles (dV first, then dK and dQ:
- *          16 x 256 fp32 accumulators of both would not fit in registers);
- *                                                                dQ kernel BRQ=64 x BCQ=32, 4 warps
+ * Tiles (D = head dim rounded up to 64/128/256, columns past d are zero-filled and their k16 steps
+ * and n16 column pairs skipped; smem rows padded by 16 bytes so that ldmatrix and the fragment stores
+ * are bank-conflict free):
+ *   D=64 : main BC=256 keys (KM=32) x BR=128 queries (BRS=32), DQM=32, 8 warps, 214 KB smem;
+ *   D=128: main BC=128 keys (KM=16) x BR=64 queries (BRS=32), DQM=32, 8 warps, 155 KB smem;
+ *   D=256: main BC=128 keys (KM=16) x BR=32 queries (BRS=32), DQM=32, 8 warps, 209 KB smem, two
+ *          passes over the query tiles (dV first, then dK and dQ: the fp32 accumulators of both
+ *          would not fit in registers; costs S^T once more).
+ *   dQ kernel (deterministic mode): D=64/128 BRQ=128 x BCQ=64, 8 warps; D=256 BRQ=64 x BCQ=32, 4 warps.
+ * All kernels: no register spills for sm_80 and sm_90a (ptxas -v); one CTA of 8 warps per SM.
  * Requirements (checked, cudaErrorInvalidValue otherwise): d % 8 == 0, d <= 256, 16-byte aligned
  * base pointers, batch/row/head strides multiples of 8 elements.
  *
- * Measured on the H200 (bf16, 16k tokens, nheads = 2048/d, bwd FLOPs = 2.5 * 4*B*H*Sq*Sk*D,
- * halved for causal), TFLOP/s: see the table at the end of this comment once measured.
+ * Measured on the H200 (dev/bwd_harness.cu time; bf16, 16k tokens, nheads = 2048/d, CUDA events,
+ * median of 10, whole backward incl. pre/postprocess; bwd FLOPs = 2.5 * 4*B*H*Sq*Sk*D, halved for
+ * causal), TFLOP/s:
+ *                     s512  s2048  s8192 | causal: s512  s2048  s8192
+ *   d64               172.7  238.4  263.3 |         101.9  187.2  238.7
+ *   d128              163.7  205.4  219.7 |         110.7  173.6  206.3
+ *   d256              113.0  154.3  169.6 |          89.0  131.1  154.1
+ *   deterministic d128 s8192: 165.2 (causal 154.9), i.e. 1.33x the time of the atomic dQ path.
+ * torch's flash backend (FA2) on this H200: 276 (d64 s8k), 251 (d128 s2k), 296 (d128 s8k).
+ * ncu (d128 s2048): L1/smem pipe 71% busy, tensor pipe 31%, 2 warps per scheduler: the kernel is
+ * bound by ldmatrix traffic (about 0.6 ldmatrix.x4 per mma at D=128, 0.4 at D=64).
+ * History (s8192, d64/d128/d256): 1. KM=16, DQM=16 everywhere: 200/208/163. 2. DQM=32: 205/218/171.
+ * 3. D=64 with KM=32, BC=256, BR=128: 263 at d64. Tried and dropped: BC=64 (two CTAs per SM, twice
+ * the dQ atomics) -30%; D=128 BRS=64 +2% but spills; full unrolling of the S^T loop spills.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -233,13 +251,14 @@ __global__ void __launch_bounds__(PRE_WARPS *WARP_SIZE) bwd_preprocess_kernel(co
 /* ------------------------------------------------------------------------------------------------ */
 /* main kernel: dK, dV (and dQ partials) for one key tile                                           */
 
-/* Write a warp's 16 x D gradient slice (rows n0 + 16*warp + ...) times `mul`: in the dtype into
- * out (b, sk, h_kv, d) when h == h_kv, else in fp32 into accum (b, sk, h, d) for this query head. */
+/* Write 16 x D gradient rows j0 + [0, 16) held as accumulator fragments, times `mul`: in the dtype
+ * into out (b, sk, h_kv, d) when h == h_kv, else in fp32 into accum (b, sk, h, d) for this query
+ * head. */
 template <typename T, int D>
 __device__ __forceinline__ void store_kv_grad(const flash_params &p, const float acc[D / 8][4], float mul, void *out,
-                                              const flash_strides &os, float *accum, int b, int hq, int n0)
+                                              const flash_strides &os, float *accum, int b, int hq, int j0)
 {
-    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
     const int lr = lane / 4, lc = lane % 4;
     const int sk = (int)p.sk, d = (int)p.d;
     const int64_t hk = hq / p.h_per_kv;
@@ -249,7 +268,7 @@ __device__ __forceinline__ void store_kv_grad(const flash_params &p, const float
         const int col = t * 8 + 2 * lc;
 #pragma unroll
         for (int h8 = 0; h8 < 2; ++h8) {
-            const int j = n0 + warp * 16 + lr + 8 * h8;
+            const int j = j0 + lr + 8 * h8;
             if (t * 8 >= d || j >= sk)
                 continue;
             const float v0 = acc[t][2 * h8] * mul, v1 = acc[t][2 * h8 + 1] * mul;
@@ -261,10 +280,11 @@ __device__ __forceinline__ void store_kv_grad(const flash_params &p, const float
     }
 }
 
-/* One walk over the query tiles that see keys [n0, n0 + BC) of query head hq. PASS_BOTH computes
+/* One walk over the query tiles that see keys [n0, n0 + BC) of query head hq; warp w owns keys
+ * [KM*w, KM*w + KM) of the tile for S^T, dP^T, dV, dK. PASS_BOTH computes
  * dV, dK and dQ; PASS_DV only dV; PASS_DK dK and dQ. K and V are already in flight (cp.async,
  * uncommitted) or resident in smem. Writes the dK and/or dV of the tile at the end. */
-template <typename T, int D, int BC, int BR, int BRS, int DQM, int PASS>
+template <typename T, int D, int BC, int KM, int BR, int BRS, int DQM, int PASS>
 __device__ __forceinline__ void bwd_kv_pass(const flash_params &p,
                                             const T *Ks,    /* [BC][D + SMEM_PAD]    */
                                             const T *Vs,    /* [BC][D + SMEM_PAD]    */
@@ -275,7 +295,7 @@ __device__ __forceinline__ void bwd_kv_pass(const flash_params &p,
                                             float *delta_s, /* [2][BR]               */
                                             int b, int hq, int n0)
 {
-    constexpr int NW = BC / 16, NT = NW * WARP_SIZE, SD = D + SMEM_PAD, SS = BR + SMEM_PAD;
+    constexpr int NW = BC / KM, NT = NW * WARP_SIZE, SD = D + SMEM_PAD, SS = BR + SMEM_PAD, MT = KM / 16;
     constexpr bool DO_DV = PASS != PASS_DK, DO_DK = PASS != PASS_DV;
     /* dQ step: warps split the BR x D output into WQ_M row groups of DQM and WQ_N column groups */
     constexpr int WQ_M = BR / DQM, WQ_N = NW / WQ_M, DQN = D / WQ_N, DQC = DQN < 32 ? DQN : 32;
@@ -303,16 +323,18 @@ __device__ __forceinline__ void bwd_kv_pass(const flash_params &p,
     }
     const int kvalid = sk - n0; /* keys of the tile that exist */
 
-    float acc_dv[D / 8][4], acc_dk[D / 8][4]; /* the one a pass does not use is optimized away */
+    float acc_dv[MT][D / 8][4], acc_dk[MT][D / 8][4]; /* the one a pass does not use is optimized away */
 #pragma unroll
-    for (int t = 0; t < D / 8; ++t)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            if (DO_DV)
-                acc_dv[t][e] = 0.f;
-            if (DO_DK)
-                acc_dk[t][e] = 0.f;
-        }
+        for (int t = 0; t < D / 8; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if (DO_DV)
+                    acc_dv[mt][t][e] = 0.f;
+                if (DO_DK)
+                    acc_dk[mt][t][e] = 0.f;
+            }
 
     if (m_first < num_m) {
         const int m0 = m_first * BR;
@@ -344,41 +366,53 @@ __device__ __forceinline__ void bwd_kv_pass(const flash_params &p,
         const float *lse_t = lse_s + st * BR, *delta_t = delta_s + st * BR;
         const int m0 = m * BR;
 
-        /* Sub-tiles of BRS queries: S^T = K_w Q^T and dP^T = V_w dO^T (16 keys x BRS queries per
+        /* Sub-tiles of BRS queries: S^T = K_w Q^T and dP^T = V_w dO^T (KM keys x BRS queries per
          * warp), P^T and dS^T in place, dV += P^T dO, dK += dS^T Q, dS^T -> smem for the dQ step. */
         const int diag = clamp_diag((int64_t)m0 + p.causal_offset - n0);
         const bool need_mask = (causal && BC - 1 > diag) || kvalid < BC;
 #pragma unroll 1
         for (int sub = 0; sub < BR / BRS; ++sub) {
             const int i0 = sub * BRS; /* first query (local) of the sub-tile */
-            float s[BRS / 8][4], dp[BRS / 8][4];
+            float s[MT][BRS / 8][4], dp[MT][BRS / 8][4];
 #pragma unroll
-            for (int t = 0; t < BRS / 8; ++t)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    s[t][e] = 0.f;
-                    dp[t][e] = 0.f;
-                }
+                for (int t = 0; t < BRS / 8; ++t)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        s[mt][t][e] = 0.f;
+                        dp[mt][t][e] = 0.f;
+                    }
 #pragma unroll 2 /* full unrolling lets ptxas hoist loads until it spills */
             for (int kk = 0; kk < D / 16; ++kk) {
                 if (kk * 16 < d) {
-                    uint32_t a[4];
-                    ldmatrix_x4(a, addr_pat_a(Ks, SD, warp * 16, kk * 16, lane));
+                    uint32_t a[MT][4];
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+                        ldmatrix_x4(a[mt], addr_pat_a(Ks, SD, warp * KM + mt * 16, kk * 16, lane));
 #pragma unroll
                     for (int np = 0; np < BRS / 16; ++np) {
                         uint32_t bq[4];
                         ldmatrix_x4(bq, addr_pat_b(Qt, SD, i0 + np * 16, kk * 16, lane));
-                        mma_m16n8k16<T>(s[2 * np], a, bq);
-                        mma_m16n8k16<T>(s[2 * np + 1], a, bq + 2);
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) {
+                            mma_m16n8k16<T>(s[mt][2 * np], a[mt], bq);
+                            mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], bq + 2);
+                        }
                     }
                     if (DO_DK) {
-                        ldmatrix_x4(a, addr_pat_a(Vs, SD, warp * 16, kk * 16, lane));
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt)
+                            ldmatrix_x4(a[mt], addr_pat_a(Vs, SD, warp * KM + mt * 16, kk * 16, lane));
 #pragma unroll
                         for (int np = 0; np < BRS / 16; ++np) {
                             uint32_t bo[4];
                             ldmatrix_x4(bo, addr_pat_b(dOt, SD, i0 + np * 16, kk * 16, lane));
-                            mma_m16n8k16<T>(dp[2 * np], a, bo);
-                            mma_m16n8k16<T>(dp[2 * np + 1], a, bo + 2);
+#pragma unroll
+                            for (int mt = 0; mt < MT; ++mt) {
+                                mma_m16n8k16<T>(dp[mt][2 * np], a[mt], bo);
+                                mma_m16n8k16<T>(dp[mt][2 * np + 1], a[mt], bo + 2);
+                            }
                         }
                     }
                 }
@@ -398,54 +432,70 @@ __device__ __forceinline__ void bwd_kv_pass(const flash_params &p,
                     dl[1] = dd.y;
                 }
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float pv = exp2_approx(fmaf(s[t][e], sl2, -l2[e & 1]));
-                    if (need_mask) {
-                        const int jl = warp * 16 + lr + 8 * (e >> 1), ie = il + (e & 1);
-                        if (jl >= kvalid || (causal && jl - ie > diag))
-                            pv = 0.f;
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        float pv = exp2_approx(fmaf(s[mt][t][e], sl2, -l2[e & 1]));
+                        if (need_mask) {
+                            const int jl = warp * KM + mt * 16 + lr + 8 * (e >> 1), ie = il + (e & 1);
+                            if (jl >= kvalid || (causal && jl - ie > diag))
+                                pv = 0.f;
+                        }
+                        s[mt][t][e] = pv;
+                        if (DO_DK)
+                            dp[mt][t][e] = pv * (dp[mt][t][e] - dl[e & 1]);
                     }
-                    s[t][e] = pv;
-                    if (DO_DK)
-                        dp[t][e] = pv * (dp[t][e] - dl[e & 1]);
-                }
             }
 
 #pragma unroll
             for (int kk = 0; kk < BRS / 16; ++kk) {
                 const int k0 = i0 + kk * 16;
                 if (DO_DV) {
-                    uint32_t a[4];
-                    acc_to_a<T>(a, s[2 * kk], s[2 * kk + 1]);
+                    uint32_t a[MT][4];
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+                        acc_to_a<T>(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
 #pragma unroll
                     for (int np = 0; np < D / 16; ++np) {
                         if (np * 16 < d) {
                             uint32_t bo[4];
                             ldmatrix_x4_trans(bo, addr_pat_a(dOt, SD, k0, np * 16, lane));
-                            mma_m16n8k16<T>(acc_dv[2 * np], a, bo);
-                            mma_m16n8k16<T>(acc_dv[2 * np + 1], a, bo + 2);
+#pragma unroll
+                            for (int mt = 0; mt < MT; ++mt) {
+                                mma_m16n8k16<T>(acc_dv[mt][2 * np], a[mt], bo);
+                                mma_m16n8k16<T>(acc_dv[mt][2 * np + 1], a[mt], bo + 2);
+                            }
                         }
                     }
                 }
                 if (DO_DK) {
-                    uint32_t a[4];
-                    acc_to_a<T>(a, dp[2 * kk], dp[2 * kk + 1]);
+                    uint32_t a[MT][4];
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+                        acc_to_a<T>(a[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
 #pragma unroll
                     for (int np = 0; np < D / 16; ++np) {
                         if (np * 16 < d) {
                             uint32_t bq[4];
                             ldmatrix_x4_trans(bq, addr_pat_a(Qt, SD, k0, np * 16, lane));
-                            mma_m16n8k16<T>(acc_dk[2 * np], a, bq);
-                            mma_m16n8k16<T>(acc_dk[2 * np + 1], a, bq + 2);
+#pragma unroll
+                            for (int mt = 0; mt < MT; ++mt) {
+                                mma_m16n8k16<T>(acc_dk[mt][2 * np], a[mt], bq);
+                                mma_m16n8k16<T>(acc_dk[mt][2 * np + 1], a[mt], bq + 2);
+                            }
                         }
                     }
                     if (do_dq) {
-                        uint32_t *row0 = (uint32_t *)(dSs + (warp * 16 + lr) * SS + k0 + 2 * lc);
-                        uint32_t *row8 = (uint32_t *)(dSs + (warp * 16 + lr + 8) * SS + k0 + 2 * lc);
-                        row0[0] = a[0];
-                        row8[0] = a[1];
-                        row0[4] = a[2];
-                        row8[4] = a[3];
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) {
+                            const int r = warp * KM + mt * 16 + lr;
+                            uint32_t *row0 = (uint32_t *)(dSs + r * SS + k0 + 2 * lc);
+                            uint32_t *row8 = (uint32_t *)(dSs + (r + 8) * SS + k0 + 2 * lc);
+                            row0[0] = a[mt][0];
+                            row8[0] = a[mt][1];
+                            row0[4] = a[mt][2];
+                            row8[4] = a[mt][3];
+                        }
                     }
                 }
             }
@@ -502,16 +552,20 @@ __device__ __forceinline__ void bwd_kv_pass(const flash_params &p,
     }
 
     /* write dV and/or dK (dK scaled) */
-    if (DO_DV)
-        store_kv_grad<T, D>(p, acc_dv, 1.f, p.dv, p.dv_s, p.dv_accum, b, hq, n0);
-    if (DO_DK)
-        store_kv_grad<T, D>(p, acc_dk, (float)p.scale, p.dk, p.dk_s, p.dk_accum, b, hq, n0);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        const int j0 = n0 + warp * KM + mt * 16;
+        if (DO_DV)
+            store_kv_grad<T, D>(p, acc_dv[mt], 1.f, p.dv, p.dv_s, p.dv_accum, b, hq, j0);
+        if (DO_DK)
+            store_kv_grad<T, D>(p, acc_dk[mt], (float)p.scale, p.dk, p.dk_s, p.dk_accum, b, hq, j0);
+    }
 }
 
-template <typename T, int D, int BC, int BR, int BRS, int DQM, bool TWO_PASS>
-__global__ void __launch_bounds__(BC / 16 * WARP_SIZE, 1) bwd_main_kernel(const flash_params p)
+template <typename T, int D, int BC, int KM, int BR, int BRS, int DQM, bool TWO_PASS>
+__global__ void __launch_bounds__(BC / KM * WARP_SIZE, 1) bwd_main_kernel(const flash_params p)
 {
-    constexpr int NT = BC / 16 * WARP_SIZE, SD = D + SMEM_PAD, SS = BR + SMEM_PAD;
+    constexpr int NT = BC / KM * WARP_SIZE, SD = D + SMEM_PAD, SS = BR + SMEM_PAD;
     extern __shared__ __align__(16) uint8_t smem[];
     T *Ks = (T *)smem;                       /* [BC][SD]     */
     T *Vs = Ks + BC * SD;                    /* [BC][SD]     */
@@ -530,10 +584,10 @@ __global__ void __launch_bounds__(BC / 16 * WARP_SIZE, 1) bwd_main_kernel(const 
     load_tile_async<T, BC, D, NT>(Vs, vg, p.v_s.row, sk - n0, d, threadIdx.x);
 
     if (TWO_PASS) {
-        bwd_kv_pass<T, D, BC, BR, BRS, DQM, PASS_DV>(p, Ks, Vs, Qs, dOs, dSs, lse_s, delta_s, b, hq, n0);
-        bwd_kv_pass<T, D, BC, BR, BRS, DQM, PASS_DK>(p, Ks, Vs, Qs, dOs, dSs, lse_s, delta_s, b, hq, n0);
+        bwd_kv_pass<T, D, BC, KM, BR, BRS, DQM, PASS_DV>(p, Ks, Vs, Qs, dOs, dSs, lse_s, delta_s, b, hq, n0);
+        bwd_kv_pass<T, D, BC, KM, BR, BRS, DQM, PASS_DK>(p, Ks, Vs, Qs, dOs, dSs, lse_s, delta_s, b, hq, n0);
     } else {
-        bwd_kv_pass<T, D, BC, BR, BRS, DQM, PASS_BOTH>(p, Ks, Vs, Qs, dOs, dSs, lse_s, delta_s, b, hq, n0);
+        bwd_kv_pass<T, D, BC, KM, BR, BRS, DQM, PASS_BOTH>(p, Ks, Vs, Qs, dOs, dSs, lse_s, delta_s, b, hq, n0);
     }
     cp_async_wait<0>();
 }
@@ -757,7 +811,10 @@ static unsigned int blocks_for(int64_t items, int per_block)
     return (unsigned int)((items + per_block - 1) / per_block);
 }
 
-template <typename T, int D, int BC, int BR, int BRS, int DQM, bool TWO_PASS, int BRQ, int BCQ>
+/* Tile parameters: D head dim (padded), BC keys per CTA, KM keys per warp, BR queries per pipeline
+ * stage, BRS queries per register sub-tile, DQM query rows per warp in the dQ step, TWO_PASS (dV in
+ * one walk, dK and dQ in a second), BRQ x BCQ the tile of the deterministic dQ kernel. */
+template <typename T, int D, int BC, int KM, int BR, int BRS, int DQM, bool TWO_PASS, int BRQ, int BCQ>
 static cudaError_t run_bwd(const flash_params *p, cudaStream_t stream)
 {
     cudaError_t err;
@@ -770,11 +827,11 @@ static cudaError_t run_bwd(const flash_params *p, cudaStream_t stream)
     {
         constexpr int SD = D + SMEM_PAD, SS = BR + SMEM_PAD;
         const size_t smem = (size_t)(2 * BC * SD + 4 * BR * SD + BC * SS) * sizeof(T) + 4 * BR * sizeof(float);
-        auto kernel = bwd_main_kernel<T, D, BC, BR, BRS, DQM, TWO_PASS>;
+        auto kernel = bwd_main_kernel<T, D, BC, KM, BR, BRS, DQM, TWO_PASS>;
         if ((err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
             return err;
         const dim3 grid(blocks_for(p->sk, BC), (unsigned int)p->h, (unsigned int)p->b);
-        kernel<<<grid, BC / 16 * WARP_SIZE, smem, stream>>>(pv);
+        kernel<<<grid, BC / KM * WARP_SIZE, smem, stream>>>(pv);
         if ((err = cudaGetLastError()) != cudaSuccess)
             return err;
     }
@@ -805,10 +862,10 @@ template <typename T>
 static cudaError_t run_bwd_dtype(const flash_params *p, cudaStream_t stream)
 {
     if (p->d <= 64)
-        return run_bwd<T, 64, 128, 64, 64, 16, false, 128, 64>(p, stream);
+        return run_bwd<T, 64, 256, 32, 128, 32, 32, false, 128, 64>(p, stream);
     if (p->d <= 128)
-        return run_bwd<T, 128, 128, 64, 32, 16, false, 128, 64>(p, stream);
-    return run_bwd<T, 256, 128, 32, 32, 16, true, 64, 32>(p, stream);
+        return run_bwd<T, 128, 128, 16, 64, 32, 32, false, 128, 64>(p, stream);
+    return run_bwd<T, 256, 128, 16, 32, 32, 32, true, 64, 32>(p, stream);
 }
 
 static int aligned16(const void *ptr)
