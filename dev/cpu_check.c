@@ -177,12 +177,12 @@ static int run_case(const config *c, flash_dtype dt, const char *what)
     tensor_init(&q, c, c->sq, c->h, dt);
     tensor_init(&k, c, c->sk, c->h_kv, dt);
     tensor_init(&v, c, c->sk, c->h_kv, dt);
-    tensor *inputs[4] = {&q, &k, &v, &dout};
     tensor_init(&dout, c, c->sq, c->h, dt);
     tensor_init(&o, c, c->sq, c->h, dt);
     tensor_init(&dq, c, c->sq, c->h, dt);
     tensor_init(&dk, c, c->sk, c->h_kv, dt);
     tensor_init(&dv, c, c->sk, c->h_kv, dt);
+    tensor *inputs[4] = {&q, &k, &v, &dout};
     for (int w = 0; w < 4; w++)
         for (int64_t bi = 0; bi < c->b; bi++)
             for (int64_t si = 0; si < inputs[w]->s; si++)
@@ -193,14 +193,18 @@ static int run_case(const config *c, flash_dtype dt, const char *what)
     const int64_t n_rows = c->b * c->h * c->sq;
     void *lse = malloc((size_t)n_rows * esize), *delta = malloc((size_t)n_rows * esize);
     double *lse_ref = malloc((size_t)n_rows * sizeof(double));
+    for (int64_t r = 0; r < n_rows; r++) /* NaN until written */
+        if (dt == FLASH_FP32)
+            ((float *)lse)[r] = NAN;
+        else
+            ((double *)lse)[r] = NAN;
     flash_params p = {
         .q = q.data, .k = k.data, .v = v.data, .o = o.data, .lse = lse, .dout = dout.data,
         .dq = dq.data, .dk = dk.data, .dv = dv.data, .delta = delta,
         .q_s = q.st, .k_s = k.st, .v_s = v.st, .o_s = o.st, .do_s = dout.st, .dq_s = dq.st,
         .dk_s = dk.st, .dv_s = dv.st, .b = c->b, .h = c->h, .h_kv = c->h_kv, .sq = c->sq,
         .sk = c->sk, .d = c->d, .h_per_kv = c->h / c->h_kv, .scale = scale,
-        .causal = c->causal != NONCAUSAL,
-        .causal_offset = off, .dtype = dt,
+        .causal = c->causal != NONCAUSAL, .causal_offset = off, .dtype = dt,
     };
     int fail = flash_fwd_cpu(&p) != FLASH_CPU_OK || flash_bwd_cpu(&p) != FLASH_CPU_OK;
     reference(c, scale, off, &q, &k, &v, &dout, o.ref, lse_ref, dq.ref, dk.ref, dv.ref);

@@ -3,6 +3,8 @@
     out = flashattn_ext.flash_attn_func(q, k, v, causal=True)            # (batch, seqlen, nheads, headdim)
     out = flashattn_ext.scaled_dot_product_attention(q, k, v, is_causal=True)  # (batch, nheads, seqlen, headdim)
 """
+import torch  # noqa: F401  (first: _C links against libtorch)
+
 from . import _C  # noqa: F401  (loads the library, which registers torch.ops.flashattn_ext.*)
 from . import ops  # noqa: F401  (fake kernels and autograd for those ops)
 from . import reference
