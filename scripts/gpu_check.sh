@@ -6,6 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
 steps=${*:-build test bench}
 status=0
@@ -25,7 +26,7 @@ for step in $steps; do
     ;;
   test)
     log "pytest"
-    PYTHONUNBUFFERED=1 python3 -m pytest tests -q -x -p no:cacheprovider ${PYTEST_ARGS:-} > "$OUT/pytest.log" 2>&1 || status=1
+    PYTHONUNBUFFERED=1 python3 -m pytest tests -q -rf --maxfail=30 -p no:cacheprovider ${PYTEST_ARGS:-} > "$OUT/pytest.log" 2>&1 || status=1
     tail -5 "$OUT/pytest.log" | tee -a "$OUT/summary.txt"
     ;;
   sanitize)
