@@ -23,12 +23,12 @@ Peak memory: each (implementation, seqlen, causal) point runs in a fresh child p
 script (--child-memory), so nothing cached by earlier measurements counts. The child starts with
 MALLOC_MMAP_THRESHOLD_=65536: glibc then serves every block of 64 KiB or more with its own mmap
 and unmaps it when freed (a fixed threshold also switches off glibc's dynamic threshold, which
-would otherwise keep freed large blocks in the heap), so the resident set follows live memory. The
-child builds the inputs, runs one warm-up forward+backward (loading code, starting threads) and
-drops its results, then writes "5" to /proc/self/clear_refs, which resets the kernel's peak-RSS
-counter VmHWM to the current VmRSS, reads VmRSS, runs one forward+backward, and reads VmHWM.
-Peak extra memory = VmHWM - VmRSS: everything one forward+backward touches beyond its inputs
-(out, dq, dk, dv and all intermediates, e.g. eager's (S, S) matrices), to page granularity.
+would otherwise keep freed large blocks in the heap), so the resident set follows live memory.
+The child runs one small warm-up forward+backward (seqlen CHILD_WARMUP_SEQLEN: loads code, starts
+threads), builds the inputs, writes "5" to /proc/self/clear_refs (which resets the kernel's
+peak-RSS counter VmHWM to the current VmRSS), reads VmRSS, runs one forward+backward and reads
+VmHWM. Peak extra memory = VmHWM - VmRSS: everything one forward+backward touches beyond its
+inputs (out, dq, dk, dv and all intermediates, e.g. eager's (S, S) matrices), to page granularity.
 Eager is skipped where its (S, S) intermediates alone would pass EAGER_MEMORY_LIMIT.
 
 Output (--out, default benchmarks/results/cpu/): results.json (machine, settings, every number)
@@ -63,6 +63,7 @@ SEED = 0
 EAGER_SQUARE_MATRICES = 3
 EAGER_MEMORY_LIMIT = 8 * 2**30
 MALLOC_MMAP_THRESHOLD = 64 * 2**10
+CHILD_WARMUP_SEQLEN = 256
 MIB = 2**20
 DEFAULT_OUT = pathlib.Path(__file__).resolve().parent / "results" / "cpu"
 
@@ -132,8 +133,8 @@ def proc_status_bytes(field):
 
 def child_peak_memory(impl, seqlen, causal):
     """Runs in the child process: peak extra bytes of one forward+backward (see the docstring)."""
+    forward_backward(impl, *make_inputs(CHILD_WARMUP_SEQLEN), causal)
     q, k, v, dout = make_inputs(seqlen)
-    forward_backward(impl, q, k, v, dout, causal)
     with open("/proc/self/clear_refs", "w") as clear_refs:
         clear_refs.write("5")
     before = proc_status_bytes("VmRSS")

@@ -44,9 +44,9 @@ void check_rank_and_last_stride(const at::Tensor &t, const char *name)
 {
     TORCH_CHECK(t.defined(), "flashattn_ext: ", name, " is undefined");
     TORCH_CHECK(t.dim() == kRank, "flashattn_ext: ", name,
-                " must have 4 dimensions (batch, seqlen, nheads, headdim), got ", t.dim());
+                " must have 4 dimensions (batch, seqlen, nheads, headdim), got ", num(t.dim()));
     TORCH_CHECK(t.size(3) <= 1 || t.stride(3) == 1, "flashattn_ext: ", name,
-                " must have stride 1 in its last dimension (headdim), got stride ", t.stride(3));
+                " must have stride 1 in its last dimension (headdim), got stride ", num(t.stride(3)));
 }
 
 }  // namespace
@@ -60,37 +60,37 @@ void check_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v)
                 "flashattn_ext: q, k and v must have the same dtype, got q ", q.scalar_type(), ", k ",
                 k.scalar_type(), ", v ", v.scalar_type());
     TORCH_CHECK(q.device() == k.device() && q.device() == v.device(),
-                "flashattn_ext: q, k and v must be on the same device, got q on ", q.device(), ", k on ",
-                k.device(), ", v on ", v.device());
+                "flashattn_ext: q, k and v must be on the same device, got q on ", q.device().str(), ", k on ",
+                k.device().str(), ", v on ", v.device().str());
     TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0),
-                "flashattn_ext: batch size of q, k and v must match, got q ", q.size(0), ", k ", k.size(0),
-                ", v ", v.size(0));
+                "flashattn_ext: batch size of q, k and v must match, got q ", num(q.size(0)), ", k ",
+                num(k.size(0)), ", v ", num(v.size(0)));
     TORCH_CHECK(k.size(3) == q.size(3) && v.size(3) == q.size(3),
-                "flashattn_ext: head dim (last dimension) of q, k and v must match, got q ", q.size(3), ", k ",
-                k.size(3), ", v ", v.size(3));
-    TORCH_CHECK(k.size(1) == v.size(1), "flashattn_ext: seqlen of k (", k.size(1), ") and v (", v.size(1),
+                "flashattn_ext: head dim (last dimension) of q, k and v must match, got q ", num(q.size(3)),
+                ", k ", num(k.size(3)), ", v ", num(v.size(3)));
+    TORCH_CHECK(k.size(1) == v.size(1), "flashattn_ext: seqlen of k (", num(k.size(1)), ") and v (", num(v.size(1)),
                 ") must match");
-    TORCH_CHECK(k.size(2) == v.size(2), "flashattn_ext: nheads of k (", k.size(2), ") and v (", v.size(2),
+    TORCH_CHECK(k.size(2) == v.size(2), "flashattn_ext: nheads of k (", num(k.size(2)), ") and v (", num(v.size(2)),
                 ") must match");
     TORCH_CHECK(k.size(2) > 0 || q.size(2) == 0, "flashattn_ext: nheads of k and v must be positive");
-    TORCH_CHECK(k.size(2) == 0 || q.size(2) % k.size(2) == 0, "flashattn_ext: nheads of q (", q.size(2),
-                ") must be a multiple of nheads of k and v (", k.size(2), ")");
+    TORCH_CHECK(k.size(2) == 0 || q.size(2) % k.size(2) == 0, "flashattn_ext: nheads of q (", num(q.size(2)),
+                ") must be a multiple of nheads of k and v (", num(k.size(2)), ")");
 }
 
 void check_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &out, const at::Tensor &lse)
 {
     TORCH_CHECK(dout.defined() && dout.sizes() == q.sizes(), "flashattn_ext: dout must have the shape of q ",
-                q.sizes(), ", got ", dout.defined() ? dout.sizes() : at::IntArrayRef{});
+                shape(q.sizes()), ", got ", dout.defined() ? shape(dout.sizes()) : "undefined");
     TORCH_CHECK(out.defined() && out.sizes() == q.sizes(), "flashattn_ext: out must have the shape of q ",
-                q.sizes(), ", got ", out.defined() ? out.sizes() : at::IntArrayRef{});
+                shape(q.sizes()), ", got ", out.defined() ? shape(out.sizes()) : "undefined");
     TORCH_CHECK(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
                 "flashattn_ext: dout and out must have the dtype of q (", q.scalar_type(), "), got dout ",
                 dout.scalar_type(), ", out ", out.scalar_type());
     TORCH_CHECK(dout.device() == q.device() && out.device() == q.device() && lse.device() == q.device(),
-                "flashattn_ext: dout, out and lse must be on the device of q (", q.device(), ")");
+                "flashattn_ext: dout, out and lse must be on the device of q (", q.device().str(), ")");
     TORCH_CHECK(lse.dim() == 3 && lse.size(0) == q.size(0) && lse.size(1) == q.size(2) && lse.size(2) == q.size(1),
-                "flashattn_ext: lse must have shape (batch, nheads, seqlen_q) = (", q.size(0), ", ", q.size(2),
-                ", ", q.size(1), "), got ", lse.sizes());
+                "flashattn_ext: lse must have shape (batch, nheads, seqlen_q) = ",
+                shape({q.size(0), q.size(2), q.size(1)}), ", got ", shape(lse.sizes()));
     TORCH_CHECK(lse.scalar_type() == lse_dtype(q.scalar_type()), "flashattn_ext: lse must have dtype ",
                 lse_dtype(q.scalar_type()), " for ", q.scalar_type(), " inputs, got ", lse.scalar_type());
 }
@@ -171,7 +171,7 @@ void check_cpu_dtype(const at::Tensor &q)
 void check_cpu_status(flash_cpu_status status, const char *what)
 {
     TORCH_CHECK(status != FLASH_CPU_ERR_NOMEM, "flashattn_ext: out of memory for the CPU ", what, " workspace");
-    TORCH_CHECK(status == FLASH_CPU_OK, "flashattn_ext: CPU ", what, " failed with status ", static_cast<int>(status));
+    TORCH_CHECK(status == FLASH_CPU_OK, "flashattn_ext: CPU ", what, " failed with status ", num(status));
 }
 
 std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,

@@ -4,9 +4,27 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
+
 #include "flash.h"
 
 namespace flashattn_ext {
+
+// Integers and shapes for error messages, formatted without iostreams: an extension built with a
+// newer g++ than the libstdc++ loaded at run time can crash in ostream's numeric formatting (seen
+// on the lent H200 machine), while std::to_string is header-only.
+inline std::string num(int64_t x)
+{
+    return std::to_string(x);
+}
+
+inline std::string shape(at::IntArrayRef sizes)
+{
+    std::string s = "(";
+    for (size_t i = 0; i < sizes.size(); ++i)
+        s += (i ? ", " : "") + std::to_string(sizes[i]);
+    return s + ")";
+}
 
 // Checks q, k, v (ranks, shapes, dtypes, devices, last stride) with messages naming the argument.
 void check_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v);

@@ -35,13 +35,13 @@ void check_cuda_inputs(const at::Tensor &q, const at::Tensor &k)
     TORCH_CHECK(t == at::kHalf || t == at::kBFloat16 || t == at::kFloat || t == at::kDouble,
                 "flashattn_ext: on CUDA, q, k and v must be float16, bfloat16, float32 or float64, got ", t);
     TORCH_CHECK(q.size(3) <= kMaxHeadDim, "flashattn_ext: on CUDA, the head dim (last dimension of q) must be at most ",
-                kMaxHeadDim, ", got ", q.size(3));
-    TORCH_CHECK(q.size(0) <= kMaxGridDim, "flashattn_ext: on CUDA, the batch size must be at most ", kMaxGridDim,
-                ", got ", q.size(0));
-    TORCH_CHECK(q.size(2) <= kMaxGridDim, "flashattn_ext: on CUDA, nheads of q must be at most ", kMaxGridDim,
-                ", got ", q.size(2));
+                num(kMaxHeadDim), ", got ", num(q.size(3)));
+    TORCH_CHECK(q.size(0) <= kMaxGridDim, "flashattn_ext: on CUDA, the batch size must be at most ", num(kMaxGridDim),
+                ", got ", num(q.size(0)));
+    TORCH_CHECK(q.size(2) <= kMaxGridDim, "flashattn_ext: on CUDA, nheads of q must be at most ", num(kMaxGridDim),
+                ", got ", num(q.size(2)));
     TORCH_CHECK(q.size(1) <= INT_MAX && k.size(1) <= INT_MAX, "flashattn_ext: on CUDA, seqlen of q and k must be at most ",
-                INT_MAX);
+                num(INT_MAX));
 }
 
 // Strides of dimensions of size 1 never enter an address, so they need no alignment.
