@@ -22,12 +22,14 @@ from fa_testing import (
     assert_close,
     assert_lse_close,
     attention64,
+    causal_mask,
     device_dtype_params,
     expected_lse_dtype,
     grad_tol,
     make_inputs,
     natural_grad_norms,
     reference_with_grads,
+    rel_l2,
     sample_params,
 )
 
@@ -206,7 +208,33 @@ def test_increasing_scores_with_gradients(device, dtype):
         ref_out, ref_lse, *ref_grads = reference_with_grads(q, k, v, dout, 1.0, causal)
         assert_close("out", out, ref_out, OUT_TOL[dtype])
         assert_lse_close(lse, ref_lse, OUT_TOL[dtype])
-        check_grads(q, k, v, dout, torch.autograd.grad(out, (q, k, v), dout), ref_grads, 1.0, dtype)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        if dtype in HALF_DTYPES:
+            # Here dq = sum_j dS_ij k_j is a small difference of large terms (k grows along the row
+            # and P sits on the last keys), so in fp16/bf16 it is dominated by the rounding of the
+            # saved output, from which every FlashAttention backward computes delta = rowsum(dO * O):
+            # an emulation of that arithmetic in float64 gives relative dq errors of 4.5e-2 (bf16)
+            # and 4.9e-3 (fp16), above grad_tol. As flash-attn's tests do, bound each gradient by
+            # twice the error of eager attention computed in the same dtype (plus grad_tol).
+            eager_grads = eager_grads_in_dtype(q, k, v, dout, 1.0, causal)
+            for name, g, e, r in zip(("dq", "dk", "dv"), grads, eager_grads, ref_grads):
+                tol = grad_tol(dtype) + 2 * rel_l2(e, r)
+                assert_close(name, g, r, tol)
+        else:
+            check_grads(q, k, v, dout, grads, ref_grads, 1.0, dtype)
+
+
+def eager_grads_in_dtype(q, k, v, dout, scale, causal):
+    """dq, dk, dv of eager attention (matmul, fp32 softmax, matmul) in the inputs' own dtype and device
+    (the q, k, v heads are equal in number here)."""
+    q2, k2, v2 = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    s = (q2 @ k2.transpose(-1, -2)) * scale
+    if causal:
+        sq, sk = s.shape[-2:]
+        s = s.masked_fill(~causal_mask(sq, sk, True, s.device), float("-inf"))
+    out = torch.softmax(s.float(), dim=-1).to(q.dtype) @ v2
+    grads = torch.autograd.grad(out, (q2, k2, v2), dout.transpose(1, 2))
+    return tuple(g.transpose(1, 2) for g in grads)
 
 
 # ----------------------------------------------------------------------------------------------
