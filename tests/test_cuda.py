@@ -176,3 +176,23 @@ def test_second_gpu():
     assert_close("out", out, ref_out, OUT_TOL[torch.bfloat16])
     for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
         assert_close(name, g, r, grad_tol(torch.bfloat16))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_training_shape_bf16(causal):
+    """The shape of the benchmark's training step (B8 S2048 H8 D128, bf16), forward and backward,
+    against float32 math attention on the same (upcast) inputs on the GPU: long rows, many key and
+    query tiles, every CTA of the grid busy."""
+    b, s, h, d = 8, 2048, 8, 128
+    q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_()
+    out = flashattn_ext.flash_attn_func(q, k, v, causal=causal)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    q32, k32, v32 = (t.detach().float().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        ref = torch.nn.functional.scaled_dot_product_attention(q32, k32, v32, is_causal=causal)
+    ref_grads = torch.autograd.grad(ref, (q32, k32, v32), dout.float().transpose(1, 2))
+    assert_close("out", out, ref.transpose(1, 2), OUT_TOL[torch.bfloat16])
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert_close(name, g, r.transpose(1, 2), grad_tol(torch.bfloat16))
