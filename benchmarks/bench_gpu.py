@@ -245,7 +245,8 @@ def run_training(device, dry_run):
                                                                  **config)
         try:
             with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
-                for _ in range(warmup):
+                first_loss = train_lm.train_step(model, optimizer, x, y).item()  # same weights, same batch
+                for _ in range(warmup - 1):
                     train_lm.train_step(model, optimizer, x, y)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
@@ -255,14 +256,15 @@ def run_training(device, dry_run):
                 loss = loss.item()  # waits for the last step
                 elapsed = time.perf_counter() - start
         except (RuntimeError, NotImplementedError) as error:
-            results[name] = {"ms_per_step": None, "final_loss": None, "error": str(error).splitlines()[0]}
+            results[name] = {"ms_per_step": None, "first_loss": None, "final_loss": None,
+                             "error": str(error).splitlines()[0]}
             print(f"train {name:14s} failed: {results[name]['error']}", flush=True)
             continue
         finally:
             del model, optimizer
-        results[name] = {"ms_per_step": 1e3 * elapsed / steps, "final_loss": loss}
-        print(f"train {name:14s} {results[name]['ms_per_step']:.1f} ms/step, loss {loss:.4f} "
-              f"after {warmup + steps} steps on one batch", flush=True)
+        results[name] = {"ms_per_step": 1e3 * elapsed / steps, "first_loss": first_loss, "final_loss": loss}
+        print(f"train {name:14s} {results[name]['ms_per_step']:.1f} ms/step, loss {first_loss:.4f} at step 1, "
+              f"{loss:.4f} after {warmup + steps} steps on one batch", flush=True)
     return {"config": config or "train_lm defaults", "warmup_steps": warmup, "steps": steps, "results": results}
 
 
@@ -301,9 +303,12 @@ def markdown(report):
         f"timer: {env['timer']}.",
         f"{report['sweep']['dtype']}, {report['sweep']['total_tokens']} tokens per call, hidden "
         f"{report['sweep']['hidden']}. TFLOP/s; ratios are ours ÷ backend (above 1: ours faster); – : "
-        "unsupported, not implemented or not run." + (" Sweep stopped by --time-budget." if report["truncated"] else ""),
+        "unsupported, not implemented or not run."
+        + (" Sweep stopped by --time-budget." if report["truncated"] else ""),
     ]
     for name, title in (("fwd", "Forward"), ("bwd", "Backward"), ("fwd_bwd", "Forward + backward")):
+        if name not in report["sweep"]["passes"]:
+            continue
         lines += [
             "", f"## {title}", "",
             "| head dim | causal | seqlen | batch × heads | " + " | ".join(impls) + " | "
@@ -334,25 +339,26 @@ def markdown(report):
         lines += [
             "", f"## Training step of examples/train_lm.py ({training['config']}, "
             f"{training['steps']} timed steps after {training['warmup_steps']})", "",
-            "| attention | ms/step | final loss |", "|---|---|---|",
+            "| attention | ms/step | loss at step 1 | final loss |", "|---|---|---|---|",
         ]
         for name, result in training["results"].items():
-            lines.append(f"| {name} | {cell(result['ms_per_step'], '.1f')} | {cell(result['final_loss'], '.4f')} |")
+            lines.append(f"| {name} | {cell(result['ms_per_step'], '.1f')} | {cell(result['first_loss'], '.4f')} "
+                         f"| {cell(result['final_loss'], '.4f')} |")
     return "\n".join(lines) + "\n"
 
 
 def plot(report, path):
-    """TFLOP/s vs seqlen: rows fwd/bwd × non-causal/causal, one column per head dim."""
+    """TFLOP/s vs seqlen: rows fwd/bwd × non-causal/causal, one column per head dim. False: no matplotlib."""
     try:
         import matplotlib
     except ImportError:
-        print("matplotlib is not installed: no plot")
-        return
+        return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     headdims = sorted({point["headdim"] for point in report["points"]})
-    rows = [(name, causal) for name in ("fwd", "bwd") for causal in (False, True)]
+    passes = [name for name in ("fwd", "bwd") if name in report["sweep"]["passes"]]
+    rows = [(name, causal) for name in passes for causal in (False, True)]
     fig, axes = plt.subplots(len(rows), len(headdims), figsize=(5 * len(headdims), 3.5 * len(rows)),
                              squeeze=False)
     for (name, causal), row in zip(rows, axes):
@@ -371,9 +377,10 @@ def plot(report, path):
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize="small")
     fig.suptitle(f"{report['environment']['gpu'] or 'CPU (dry run)'}, {report['sweep']['dtype']}")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))  # room for the suptitle
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return True
 
 
 def main():
@@ -412,9 +419,10 @@ def main():
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "results.md").write_text(markdown(report))
-    plot(report, args.out / "tflops.png")
+    plotted = plot(report, args.out / "tflops.png")
     print(markdown(report))
-    print(f"wrote {args.out}/results.json, results.md, tflops.png")
+    print(f"wrote {args.out}/results.json, results.md"
+          + (", tflops.png" if plotted else " (matplotlib missing: no plot)"))
 
 
 if __name__ == "__main__":
