@@ -44,13 +44,14 @@ void check_cuda_inputs(const at::Tensor &q, const at::Tensor &k)
                 num(INT_MAX));
 }
 
-// Strides of dimensions of size 1 never enter an address, so they need no alignment.
+// All three outer strides are checked, those of size-1 dimensions too: the backward launcher
+// validates every stride it is given.
 bool vector_ready(const at::Tensor &t)
 {
     if (reinterpret_cast<uintptr_t>(t.data_ptr()) % kVecBytes != 0)
         return false;
     for (int64_t i = 0; i < 3; ++i)
-        if (t.size(i) > 1 && t.stride(i) % kVecElems != 0)
+        if (t.stride(i) % kVecElems != 0)
             return false;
     return true;
 }
@@ -65,10 +66,10 @@ at::Tensor kernel_ready(const at::Tensor &t, int64_t d_kernel)
 {
     if (t.size(3) != d_kernel)
         return at::constant_pad_nd(t, {0, d_kernel - t.size(3)});
-    if (is_half(t) && !vector_ready(t))
-        return t.contiguous();
-    if (t.size(3) > 1 && t.stride(3) != 1)
-        return t.contiguous();
+    // A fresh allocation, not t.contiguous(): that returns t itself when t is contiguous but its data
+    // pointer is misaligned (a storage offset) or a size-1 dimension has an odd stride.
+    if ((is_half(t) && !vector_ready(t)) || (t.size(3) > 1 && t.stride(3) != 1))
+        return t.clone(at::MemoryFormat::Contiguous);
     return t;
 }
 

@@ -196,3 +196,26 @@ def test_training_shape_bf16(causal):
     assert_close("out", out, ref.transpose(1, 2), OUT_TOL[torch.bfloat16])
     for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
         assert_close(name, g, r.transpose(1, 2), grad_tol(torch.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_misaligned_and_odd_stride_inputs(dtype):
+    """Contiguous half tensors whose data pointer is not 16-byte aligned (a storage offset of one
+    element), and a size-1 batch dimension with an odd stride: the binding must hand the 16-byte
+    vector kernels aligned copies (torch's .contiguous() would return them unchanged)."""
+    b, s, h, d = 1, 70, 2, 64
+    n = b * s * h * d
+    flat = torch.randn(3 * n + 3, device="cuda", dtype=dtype)
+    q = flat[1:1 + n].view(b, s, h, d)
+    k = flat[n + 2:2 * n + 2].view(b, s, h, d)
+    v = torch.randn(n, device="cuda", dtype=dtype).as_strided((b, s, h, d), (7, h * d, d, 1))  # batch stride 7
+    assert q.data_ptr() % 16 != 0 and k.data_ptr() % 16 != 0 and v.stride(0) % 8 != 0
+    dout = torch.randn(b, s, h, d, device="cuda", dtype=dtype)
+    for t in (q, k, v):
+        t.requires_grad_()
+    out = flashattn_ext.flash_attn_func(q, k, v, causal=True)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref_out, _, *ref_grads = reference_with_grads(q, k, v, dout, None, True)
+    assert_close("out", out, ref_out, OUT_TOL[dtype])
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert_close(name, g, r, grad_tol(dtype))
