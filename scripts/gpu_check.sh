@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: build the extension against its torch, run the GPU tests,
 # the sanitizers and the benchmark, writing logs and JSON under $OUT (or ./gpu_out).
-#   scripts/gpu_check.sh [steps...]   steps: build test sanitize bench quickbench train (default: build test bench)
+#   scripts/gpu_check.sh [steps...]   steps: build test sanitize bench quickbench (default: build test bench)
 # Env: BENCH_BUDGET (seconds for the benchmark sweep, default 240), PYTEST_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,9 @@ for step in $steps; do
     ;;
   test)
     log "pytest"
-    PYTHONUNBUFFERED=1 python3 -m pytest tests -q -rf --maxfail=30 -p no:cacheprovider ${PYTEST_ARGS:-} > "$OUT/pytest.log" 2>&1 || status=1
+    # 8 xdist workers: the suite run serially does not fit one device call.
+    PYTHONUNBUFFERED=1 python3 -m pytest tests -q -rf --maxfail=30 -n 8 -p no:cacheprovider ${PYTEST_ARGS:-} \
+      > "$OUT/pytest.log" 2>&1 || status=1
     tail -5 "$OUT/pytest.log" | tee -a "$OUT/summary.txt"
     ;;
   sanitize)
