@@ -4,14 +4,14 @@
  * Algorithm (nothing of size sq x sk is ever stored):
  *   1. bwd_preprocess_kernel: delta_i = rowsum(dO_i * O_i) in fp32; zeroes the dq_accum row.
  *   2. bwd_main_kernel, grid (key tiles, h, b): a CTA owns BC keys of one query head. K and V of the
- *      tile are loaded once (cp.async); the CTA walks the query tiles that can see the tile (causal:
- *      from the first visible one), Q/dO/lse/delta double-buffered through cp.async:
+ *      tile are loaded once (cp.async); the CTA walks the query tiles of BR rows that can see the tile
+ *      (causal: from the first visible one), Q/dO/lse/delta double-buffered through cp.async:
  *        S^T  = K Q^T                      P^T = exp2(S^T * scale*log2e - lse*log2e), 0 where masked
- *        dP^T = V dO^T                     dS^T = P^T o (dP^T - delta)
- *        dV  += P^T dO    dK += dS^T Q     (P^T and dS^T repacked from the accumulators, no smem)
- *        dQ_partial = dS K                 (dS^T through smem, read back with ldmatrix.trans),
- *                                          added to the fp32 dq_accum with vector red.add (sm90) or
- *                                          scalar red.add (sm80).
+ *        dP^T - delta = V dO^T - delta     dS^T = P^T o (dP^T - delta)  (accumulated onto -delta)
+ *        P^T, dS^T -> smem once            (and kept in registers by the warp that computed them)
+ *        dV += P^T dO    dK += dS^T Q
+ *        dQ_partial = dS K                 (dS^T read back with ldmatrix.trans), added to the fp32
+ *                                          dq_accum with vector red.add (sm90) or scalar red.add (sm80).
  *      dK is scaled by `scale` at the end and written in the dtype (h == h_kv) or, for GQA, as fp32
  *      per query head into dk_accum/dv_accum.
  *   3. bwd_dq_post_kernel: dq = dq_accum * scale in the dtype; bwd_dkv_post_kernel (GQA only):
@@ -20,24 +20,32 @@
  *   tiles, h, b), walks the key tiles in order recomputing S, P, dP, dS, keeps dQ in registers and
  *   writes dq directly. Bitwise reproducible; costs S and dP twice.
  *
- * Warps' roles (main kernel, BC = KM * warps): warp w owns keys [KM*w, KM*w + KM) of the tile for
- * S^T, dP^T, dV, dK; the warp keeps its KM x D slices of dK and dV in registers (fp32 accumulator
- * fragments), and S^T/dP^T of one sub-tile of BRS queries at a time. K/V fragments (A) come from smem once per k16 step and serve KM/16 mma
- * rows, the Q/dO fragments (B) serve all of them: KM = 32 halves the B traffic, but needs 2x the
- * accumulators, so only D=64 affords it. For dQ the warps split the BR x D output into BR/DQM row
- * groups of DQM rows x column groups. dQ kernel: warp w owns query rows [16w, 16w+16) of the tile and
- * all BCQ keys of each key tile.
+ * Warps' roles (main kernel, 8 warps in a WK x WQ grid, WQ = 8 / WK): warp (wk, wq) computes S^T and
+ * dP^T for keys [KW*wk, +KW) x queries [QW*wq, +QW) of the tile (KW = BC/WK, QW = BR/WQ), and owns
+ * dK and dV of the same keys x columns [DW*wq, +DW) (DW = D/WQ) as fp32 accumulator fragments in
+ * registers. dV and dK need P^T and dS^T of those keys for all BR queries: the warp's own QW queries
+ * come from its registers, the other WQ-1 groups from smem, where each warp stores its tile once.
+ * dQ: the warps split the BR x D output into DQ_WM row groups x 8/DQ_WM column groups, in chunks
+ * of DQC columns. Operand traffic (ldmatrix.x4 per mma) at D=128: S^T and dP^T 0.5, dV and dK 0.31,
+ * dQ 0.5 -- 0.43 overall, against 0.6 for the previous layout (warp w owning 16 keys for all
+ * queries), whose ncu profile was bound by shared memory. dQ kernel: warp w owns query rows
+ * [16w, 16w+16) of the tile and all BCQ keys of each key tile.
+ * Between the smem loads and the mma's of the main kernel there are no branches (ptxas then keeps
+ * several ldmatrix in flight ahead of the mma's that use them): columns past d are zero in smem and
+ * are computed like the others, only the global writes are guarded; head dims other than 64/128/256
+ * pay for this with the work of the padding (e.g. 25% of it at d=96).
  *
- * Tiles (D = head dim rounded up to 64/128/256, columns past d are zero-filled and their k16 steps
- * and n16 column pairs skipped; smem rows padded by 16 bytes so that ldmatrix and the fragment stores
- * are bank-conflict free):
- *   D=64 : main BC=256 keys (KM=32) x BR=128 queries (BRS=32), DQM=32, 8 warps, 214 KB smem;
- *   D=128: main BC=128 keys (KM=16) x BR=64 queries (BRS=32), DQM=32, 8 warps, 155 KB smem;
- *   D=256: main BC=128 keys (KM=16) x BR=32 queries (BRS=32), DQM=32, 8 warps, 209 KB smem, two
- *          passes over the query tiles (dV first, then dK and dQ: the fp32 accumulators of both
- *          would not fit in registers; costs S^T once more).
+ * Tiles (D = head dim rounded up to 64/128/256; smem rows padded by 16 bytes so that ldmatrix and
+ * the fragment stores are bank-conflict free; warp tiles keys x queries for S^T, keys x columns
+ * for dK/dV, rows x columns for dQ):
+ *   D=64 : BC=128 x BR=128, WK=4: S^T 32x64, dK/dV 32x32, dQ 32x32; 178 KB smem.
+ *   D=128: BC=128 x BR=64,  WK=4: S^T 32x32, dK/dV 32x64, dQ 32x32; 173 KB smem.
+ *   D=256: BC=64  x BR=64,  WK=2: S^T 32x16, dK/dV 32x64, dQ 32x64 in two chunks of 32; 217 KB smem
+ *          (the dK/dV accumulators of 128 keys would not fit in registers).
  *   dQ kernel (deterministic mode): D=64/128 BRQ=128 x BCQ=64, 8 warps; D=256 BRQ=64 x BCQ=32, 4 warps.
- * All kernels: no register spills for sm_80 and sm_90a (ptxas -v); one CTA of 8 warps per SM.
+ * All kernels: no register spills for sm_80 and sm_90a (ptxas -v; the main kernel needs the lane and
+ * warp index re-read in each step, see lane_now); one CTA of 8 warps per SM. The smem sizes exceed
+ * the 163 KB of sm_80 (A100) at D=128 and beyond; they fit sm_90 (227 KB).
  * Requirements (checked, cudaErrorInvalidValue otherwise): d % 8 == 0, d <= 256, 16-byte aligned
  * base pointers, batch/row/head strides multiples of 8 elements.
  *
@@ -45,16 +53,16 @@
  * median of 10, whole backward incl. pre/postprocess; bwd FLOPs = 2.5 * 4*B*H*Sq*Sk*D, halved for
  * causal), TFLOP/s:
  *                     s512  s2048  s8192 | causal: s512  s2048  s8192
- *   d64               172.7  238.4  263.3 |         101.9  187.2  238.7
- *   d128              163.7  205.4  219.7 |         110.7  173.6  206.3
- *   d256              113.0  154.3  169.6 |          89.0  131.1  154.1
- *   deterministic d128 s8192: 165.2 (causal 154.9), i.e. 1.33x the time of the atomic dQ path.
- * torch's flash backend (FA2) on this H200: 276 (d64 s8k), 251 (d128 s2k), 296 (d128 s8k).
- * ncu (d128 s2048): L1/smem pipe 71% busy, tensor pipe 31%, 2 warps per scheduler: the kernel is
- * bound by ldmatrix traffic (about 0.6 ldmatrix.x4 per mma at D=128, 0.4 at D=64).
- * History (s8192, d64/d128/d256): 1. KM=16, DQM=16 everywhere: 200/208/163. 2. DQM=32: 205/218/171.
- * 3. D=64 with KM=32, BC=256, BR=128: 263 at d64. Tried and dropped: BC=64 (two CTAs per SM, twice
- * the dQ atomics) -30%; D=128 BRS=64 +2% but spills; full unrolling of the S^T loop spills.
+ *   d64                151   197    213  |         102    170    206
+ *   d128               182   238    258  |         122    199    242
+ *   d256               141   168    177  |         105    149    177
+ *   deterministic mode, d128 s8192: 182 (causal 171).
+ * torch's flash backend (FA2) on this H200: 276 (d64 s8k), 251 (d128 s2k), 296 (d128 s8k), 257 (d256).
+ * History (whole backward, s8192 d64/d128/d256, non-causal): 1. warp owns 16 keys (all queries),
+ * DQM=16: 200/208/163. 2. DQM=32: 205/218/171. 3. D=64 with 32 keys per warp, BC=256: 263 at d64
+ * (ncu d128 s2048: smem pipe 71% busy, tensor 31%). 4. 2D warp grid, P^T/dS^T through smem, no
+ * branches in the mma loops: 213/258/177
+ * (d64 loses to version 3's 256-key tile, 261, but that one needs 214 KB of smem at d64).
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -77,8 +85,8 @@
 
 #define PRE_WARPS 8        /* rows per block of the preprocess kernel */
 #define POST_THREADS 256   /* threads per block of the postprocess kernels */
+#define MAIN_WARPS 8       /* warps per CTA of the main kernel */
 
-enum { PASS_BOTH = 0, PASS_DV = 1, PASS_DK = 2 };
 
 /* ------------------------------------------------------------------------------------------------ */
 /* small helpers                                                                                    */
@@ -251,12 +259,44 @@ __global__ void __launch_bounds__(PRE_WARPS *WARP_SIZE) bwd_preprocess_kernel(co
 /* ------------------------------------------------------------------------------------------------ */
 /* main kernel: dK, dV (and dQ partials) for one key tile                                           */
 
-/* Write 16 x D gradient rows j0 + [0, 16) held as accumulator fragments, times `mul`: in the dtype
- * into out (b, sk, h_kv, d) when h == h_kv, else in fp32 into accum (b, sk, h, d) for this query
- * head. */
-template <typename T, int D>
-__device__ __forceinline__ void store_kv_grad(const flash_params &p, const float acc[D / 8][4], float mul, void *out,
-                                              const flash_strides &os, float *accum, int b, int hq, int j0)
+/* This thread's lane and warp, read from the special registers at every call (volatile: never merged
+ * or hoisted), so that the lane- and warp-derived smem addresses are recomputed in each step of the
+ * main loop instead of staying pinned in registers across it (that is what keeps the main kernel
+ * free of spills at 255 registers). */
+__device__ __forceinline__ int lane_now(void)
+{
+    int r;
+    asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(r));
+    return r;
+}
+
+__device__ __forceinline__ int warp_now(void)
+{
+    int r;
+    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(r));
+    return r / WARP_SIZE;
+}
+
+/* Store a 16 x 16 A fragment (layout of acc_to_a) at rows row0 + [0, 16), columns col0 + [0, 16) of a
+ * row-major smem tile with row stride `ld` elements. */
+template <typename T>
+__device__ __forceinline__ void store_a_frag(T *s, int ld, int row0, int col0, const uint32_t a[4], int lane)
+{
+    uint32_t *row_lo = (uint32_t *)(s + (row0 + lane / 4) * ld + col0 + 2 * (lane % 4));
+    uint32_t *row_hi = (uint32_t *)(s + (row0 + lane / 4 + 8) * ld + col0 + 2 * (lane % 4));
+    row_lo[0] = a[0];
+    row_hi[0] = a[1];
+    row_lo[4] = a[2];
+    row_hi[4] = a[3];
+}
+
+/* Write a warp's MT*16 x DW block of a gradient (rows j0 + [0, MT*16), columns c0 + [0, DW)) held
+ * as accumulator fragments, times `mul`: in the dtype into out (b, sk, h_kv, d) when h == h_kv, else
+ * in fp32 into accum (b, sk, h, d) for this query head. */
+template <typename T, int MT, int DW>
+__device__ __forceinline__ void store_kv_grad(const flash_params &p, const float acc[MT][DW / 8][4], float mul,
+                                              void *out, const flash_strides &os, float *accum, int b, int hq,
+                                              int j0, int c0)
 {
     const int lane = threadIdx.x % WARP_SIZE;
     const int lr = lane / 4, lc = lane % 4;
@@ -264,56 +304,68 @@ __device__ __forceinline__ void store_kv_grad(const flash_params &p, const float
     const int64_t hk = hq / p.h_per_kv;
     const bool gqa = p.h != p.h_kv;
 #pragma unroll
-    for (int t = 0; t < D / 8; ++t) {
-        const int col = t * 8 + 2 * lc;
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int h8 = 0; h8 < 2; ++h8) {
-            const int j = j0 + lr + 8 * h8;
-            if (t * 8 >= d || j >= sk)
-                continue;
-            const float v0 = acc[t][2 * h8] * mul, v1 = acc[t][2 * h8 + 1] * mul;
-            if (gqa)
-                *(float2 *)(accum + (((int64_t)b * sk + j) * p.h + hq) * d + col) = make_float2(v0, v1);
-            else
-                *(uint32_t *)((T *)out + b * os.batch + j * os.row + hk * os.head + col) = pack2<T>(v0, v1);
+        for (int t = 0; t < DW / 8; ++t) {
+            const int col = c0 + t * 8 + 2 * lc;
+#pragma unroll
+            for (int h8 = 0; h8 < 2; ++h8) {
+                const int j = j0 + mt * 16 + lr + 8 * h8;
+                if (c0 + t * 8 >= d || j >= sk)
+                    continue;
+                const float v0 = acc[mt][t][2 * h8] * mul, v1 = acc[mt][t][2 * h8 + 1] * mul;
+                if (gqa)
+                    *(float2 *)(accum + (((int64_t)b * sk + j) * p.h + hq) * d + col) = make_float2(v0, v1);
+                else
+                    *(uint32_t *)((T *)out + b * os.batch + j * os.row + hk * os.head + col) = pack2<T>(v0, v1);
+            }
         }
-    }
 }
 
-/* One walk over the query tiles that see keys [n0, n0 + BC) of query head hq; warp w owns keys
- * [KM*w, KM*w + KM) of the tile for S^T, dP^T, dV, dK. PASS_BOTH computes
- * dV, dK and dQ; PASS_DV only dV; PASS_DK dK and dQ. K and V are already in flight (cp.async,
- * uncommitted) or resident in smem. Writes the dK and/or dV of the tile at the end. */
-template <typename T, int D, int BC, int KM, int BR, int BRS, int DQM, int PASS>
-__device__ __forceinline__ void bwd_kv_pass(const flash_params &p,
-                                            const T *Ks,    /* [BC][D + SMEM_PAD]    */
-                                            const T *Vs,    /* [BC][D + SMEM_PAD]    */
-                                            T *Qs,          /* [2][BR][D + SMEM_PAD] */
-                                            T *dOs,         /* [2][BR][D + SMEM_PAD] */
-                                            T *dSs,         /* [BC][BR + SMEM_PAD]   */
-                                            float *lse_s,   /* [2][BR]               */
-                                            float *delta_s, /* [2][BR]               */
-                                            int b, int hq, int n0)
+/* One CTA per (key tile of BC keys, query head, batch); walks the query tiles of BR rows that can see
+ * the key tile. Warp (wk, wq) = (warp % WK, warp / WK) owns keys [KW*wk, +KW) x queries [QW*wq, +QW)
+ * of S^T and dP^T, and keys [KW*wk, +KW) x columns [DW*wq, +DW) of dV and dK: the P^T and dS^T
+ * operands of its own queries come from its registers, those of the other WQ-1 query groups from
+ * shared memory. dQ: warp (warp % DQ_WM, warp / DQ_WM) owns rows [DQM*., +DQM) x columns [DQN*., +DQN)
+ * of the tile, in chunks of DQC columns. Columns past d are zero in smem and computed like the others
+ * (no branches between the loads and the mma's); only the global writes are guarded. */
+template <typename T, int D, int BC, int BR, int WK, int DQ_WM, int DQC>
+__global__ void __launch_bounds__(MAIN_WARPS *WARP_SIZE, 1) bwd_main_kernel(const flash_params p)
 {
-    constexpr int NW = BC / KM, NT = NW * WARP_SIZE, SD = D + SMEM_PAD, SS = BR + SMEM_PAD, MT = KM / 16;
-    constexpr bool DO_DV = PASS != PASS_DK, DO_DK = PASS != PASS_DV;
-    /* dQ step: warps split the BR x D output into WQ_M row groups of DQM and WQ_N column groups */
-    constexpr int WQ_M = BR / DQM, WQ_N = NW / WQ_M, DQN = D / WQ_N, DQC = DQN < 32 ? DQN : 32;
-    static_assert(NW % WQ_M == 0 && DQN % DQC == 0 && DQC % 16 == 0 && BR % BRS == 0, "tile layout");
+    constexpr int NT = MAIN_WARPS * WARP_SIZE, SD = D + SMEM_PAD, SS = BR + SMEM_PAD;
+    constexpr int WQ = MAIN_WARPS / WK;                    /* warps along the queries of S^T */
+    constexpr int KW = BC / WK, QW = BR / WQ, DW = D / WQ; /* warp tile edges */
+    constexpr int MT = KW / 16, QK = QW / 16;              /* m16 key tiles, k16 query steps */
+    constexpr int DQ_WN = MAIN_WARPS / DQ_WM, DQM = BR / DQ_WM, DQN = D / DQ_WN;
+    static_assert(MAIN_WARPS % WK == 0 && KW % 16 == 0 && QW % 16 == 0 && DW % 16 == 0, "S^T / dK, dV warp tiles");
+    static_assert(MAIN_WARPS % DQ_WM == 0 && DQM % 16 == 0 && DQN % DQC == 0 && DQC % 16 == 0, "dQ warp tiles");
 
-    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
-    const int lr = lane / 4, lc = lane % 4; /* accumulator fragment: row lr (+8), columns 2*lc, +1 */
+    extern __shared__ __align__(16) uint8_t smem[];
+    T *Ks = (T *)smem;                       /* [BC][SD]     */
+    T *Vs = Ks + BC * SD;                    /* [BC][SD]     */
+    T *Qs = Vs + BC * SD;                    /* [2][BR][SD]  */
+    T *dOs = Qs + 2 * BR * SD;               /* [2][BR][SD]  */
+    T *Ps = dOs + 2 * BR * SD;               /* [BC][SS]     P^T of the current query tile  */
+    T *dSs = Ps + BC * SS;                   /* [BC][SS]     dS^T of the current query tile */
+    float *lse_s = (float *)(dSs + BC * SS); /* [2][BR]      */
+    float *delta_s = lse_s + 2 * BR;         /* [2][BR]      */
+
+    const int tid = threadIdx.x;
+    const int n0 = blockIdx.x * BC, hq = blockIdx.y, b = blockIdx.z;
+    const int64_t hk = hq / p.h_per_kv;
     const int sq = (int)p.sq, sk = (int)p.sk, d = (int)p.d;
     const float sl2 = p.scale_log2;
     const bool causal = p.causal != 0;
-    const bool do_dq = DO_DK && !p.deterministic;
+    const bool do_dq = !p.deterministic;
 
-    const T *qg = (const T *)p.q + b * p.q_s.batch + hq * p.q_s.head;         /* (sq, d), row stride q_s.row  */
-    const T *dog = (const T *)p.dout + b * p.do_s.batch + hq * p.do_s.head;   /* (sq, d), row stride do_s.row */
+    const T *kg = (const T *)p.k + b * p.k_s.batch + hk * p.k_s.head + n0 * p.k_s.row; /* (sk - n0, d) */
+    const T *vg = (const T *)p.v + b * p.v_s.batch + hk * p.v_s.head + n0 * p.v_s.row; /* (sk - n0, d) */
+    const T *qg = (const T *)p.q + b * p.q_s.batch + hq * p.q_s.head;                   /* (sq, d) */
+    const T *dog = (const T *)p.dout + b * p.do_s.batch + hq * p.do_s.head;             /* (sq, d) */
     const int64_t bh = (int64_t)b * p.h + hq;
-    const float *lseg = (const float *)p.lse + bh * sq;                       /* (sq) */
-    const float *deltag = (const float *)p.delta + bh * sq;                   /* (sq) */
-    float *dqa = p.dq_accum + bh * sq * d;                                    /* (sq, d) */
+    const float *lseg = (const float *)p.lse + bh * sq;     /* (sq) */
+    const float *deltag = (const float *)p.delta + bh * sq; /* (sq) */
+    float *dqa = p.dq_accum + bh * sq * d;                  /* (sq, d) */
 
     const int num_m = (sq + BR - 1) / BR;
     int m_first = 0;
@@ -323,194 +375,187 @@ __device__ __forceinline__ void bwd_kv_pass(const flash_params &p,
     }
     const int kvalid = sk - n0; /* keys of the tile that exist */
 
-    float acc_dv[MT][D / 8][4], acc_dk[MT][D / 8][4]; /* the one a pass does not use is optimized away */
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int t = 0; t < D / 8; ++t)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                if (DO_DV)
-                    acc_dv[mt][t][e] = 0.f;
-                if (DO_DK)
-                    acc_dk[mt][t][e] = 0.f;
-            }
-
+    load_tile_async<T, BC, D, NT>(Ks, kg, p.k_s.row, kvalid, d, tid);
+    load_tile_async<T, BC, D, NT>(Vs, vg, p.v_s.row, kvalid, d, tid);
     if (m_first < num_m) {
         const int m0 = m_first * BR;
         load_tile_async<T, BR, D, NT>(Qs, qg + m0 * p.q_s.row, p.q_s.row, sq - m0, d, tid);
         load_tile_async<T, BR, D, NT>(dOs, dog + m0 * p.do_s.row, p.do_s.row, sq - m0, d, tid);
         load_vec_async<BR, NT>(lse_s, lseg + m0, sq - m0, tid);
-        if (DO_DK)
-            load_vec_async<BR, NT>(delta_s, deltag + m0, sq - m0, tid);
+        load_vec_async<BR, NT>(delta_s, deltag + m0, sq - m0, tid);
     }
     cp_async_commit();
 
+    float acc_dv[MT][DW / 8][4], acc_dk[MT][DW / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int t = 0; t < DW / 8; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                acc_dv[mt][t][e] = 0.f;
+                acc_dk[mt][t][e] = 0.f;
+            }
+
     for (int m = m_first; m < num_m; ++m) {
-        const int st = (m - m_first) & 1;
+        const int st = (m - m_first) & 1, m0 = m * BR;
+        const int lane = lane_now(), warp = warp_now();
+        const int lr = lane / 4, lc = lane % 4; /* accumulator fragment: row lr (+8), columns 2*lc, +1 */
+        const int wk = warp % WK, wq = warp / WK;
+        const int key0 = wk * KW, qry0 = wq * QW, col0 = wq * DW; /* the warp's first key, query, dK/dV column */
+
+        cp_async_wait<0>();
+        __syncthreads(); /* stage st landed; stage st^1, P^T and dS^T no longer read by step m-1 */
         if (m + 1 < num_m) {
-            const int m1 = (m + 1) * BR, so = st ^ 1;
+            const int m1 = m0 + BR, so = st ^ 1;
             load_tile_async<T, BR, D, NT>(Qs + so * BR * SD, qg + m1 * p.q_s.row, p.q_s.row, sq - m1, d, tid);
             load_tile_async<T, BR, D, NT>(dOs + so * BR * SD, dog + m1 * p.do_s.row, p.do_s.row, sq - m1, d, tid);
             load_vec_async<BR, NT>(lse_s + so * BR, lseg + m1, sq - m1, tid);
-            if (DO_DK)
-                load_vec_async<BR, NT>(delta_s + so * BR, deltag + m1, sq - m1, tid);
+            load_vec_async<BR, NT>(delta_s + so * BR, deltag + m1, sq - m1, tid);
             cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
         }
-        __syncthreads();
-
         const T *Qt = Qs + st * BR * SD, *dOt = dOs + st * BR * SD; /* [BR][SD] */
         const float *lse_t = lse_s + st * BR, *delta_t = delta_s + st * BR;
-        const int m0 = m * BR;
 
-        /* Sub-tiles of BRS queries: S^T = K_w Q^T and dP^T = V_w dO^T (KM keys x BRS queries per
-         * warp), P^T and dS^T in place, dV += P^T dO, dK += dS^T Q, dS^T -> smem for the dQ step. */
-        const int diag = clamp_diag((int64_t)m0 + p.causal_offset - n0);
-        const bool need_mask = (causal && BC - 1 > diag) || kvalid < BC;
-#pragma unroll 1
-        for (int sub = 0; sub < BR / BRS; ++sub) {
-            const int i0 = sub * BRS; /* first query (local) of the sub-tile */
-            float s[MT][BRS / 8][4], dp[MT][BRS / 8][4];
+        /* S^T = K Q^T and dP^T - delta = V dO^T - delta (accumulated onto -delta) on the warp's KW keys
+         * x QW queries */
+        float s[MT][QW / 8][4], dp[MT][QW / 8][4];
+#pragma unroll
+        for (int t = 0; t < QW / 8; ++t) {
+            const float2 dl = *(const float2 *)(delta_t + qry0 + t * 8 + 2 * lc);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int t = 0; t < BRS / 8; ++t)
+                for (int e = 0; e < 4; ++e) {
+                    s[mt][t][e] = 0.f;
+                    dp[mt][t][e] = (e & 1) ? -dl.y : -dl.x;
+                }
+        }
+#pragma unroll 2 /* more unrolling runs out of registers at D=64 */
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t a[MT][4];
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        s[mt][t][e] = 0.f;
-                        dp[mt][t][e] = 0.f;
-                    }
-#pragma unroll 2 /* full unrolling lets ptxas hoist loads until it spills */
-            for (int kk = 0; kk < D / 16; ++kk) {
-                if (kk * 16 < d) {
-                    uint32_t a[MT][4];
+            for (int mt = 0; mt < MT; ++mt)
+                ldmatrix_x4(a[mt], addr_pat_a(Ks, SD, key0 + mt * 16, kk * 16, lane));
 #pragma unroll
-                    for (int mt = 0; mt < MT; ++mt)
-                        ldmatrix_x4(a[mt], addr_pat_a(Ks, SD, warp * KM + mt * 16, kk * 16, lane));
+            for (int np = 0; np < QW / 16; ++np) {
+                uint32_t bq[4];
+                ldmatrix_x4(bq, addr_pat_b(Qt, SD, qry0 + np * 16, kk * 16, lane));
 #pragma unroll
-                    for (int np = 0; np < BRS / 16; ++np) {
-                        uint32_t bq[4];
-                        ldmatrix_x4(bq, addr_pat_b(Qt, SD, i0 + np * 16, kk * 16, lane));
-#pragma unroll
-                        for (int mt = 0; mt < MT; ++mt) {
-                            mma_m16n8k16<T>(s[mt][2 * np], a[mt], bq);
-                            mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], bq + 2);
-                        }
-                    }
-                    if (DO_DK) {
-#pragma unroll
-                        for (int mt = 0; mt < MT; ++mt)
-                            ldmatrix_x4(a[mt], addr_pat_a(Vs, SD, warp * KM + mt * 16, kk * 16, lane));
-#pragma unroll
-                        for (int np = 0; np < BRS / 16; ++np) {
-                            uint32_t bo[4];
-                            ldmatrix_x4(bo, addr_pat_b(dOt, SD, i0 + np * 16, kk * 16, lane));
-#pragma unroll
-                            for (int mt = 0; mt < MT; ++mt) {
-                                mma_m16n8k16<T>(dp[mt][2 * np], a[mt], bo);
-                                mma_m16n8k16<T>(dp[mt][2 * np + 1], a[mt], bo + 2);
-                            }
-                        }
-                    }
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_m16n8k16<T>(s[mt][2 * np], a[mt], bq);
+                    mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], bq + 2);
                 }
             }
-
-            /* key jl (local) is visible to query il (local) iff jl - il <= diag; keys past sk are
-             * masked too (their zero-filled K would give s = 0) */
 #pragma unroll
-            for (int t = 0; t < BRS / 8; ++t) {
-                const int il = i0 + t * 8 + 2 * lc;
-                const float2 lse2 = *(const float2 *)(lse_t + il);
-                const float l2[2] = {lse_to_log2(lse2.x), lse_to_log2(lse2.y)};
-                float dl[2] = {0.f, 0.f};
-                if (DO_DK) {
-                    const float2 dd = *(const float2 *)(delta_t + il);
-                    dl[0] = dd.x;
-                    dl[1] = dd.y;
+            for (int mt = 0; mt < MT; ++mt)
+                ldmatrix_x4(a[mt], addr_pat_a(Vs, SD, key0 + mt * 16, kk * 16, lane));
+#pragma unroll
+            for (int np = 0; np < QW / 16; ++np) {
+                uint32_t bo[4];
+                ldmatrix_x4(bo, addr_pat_b(dOt, SD, qry0 + np * 16, kk * 16, lane));
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_m16n8k16<T>(dp[mt][2 * np], a[mt], bo);
+                    mma_m16n8k16<T>(dp[mt][2 * np + 1], a[mt], bo + 2);
                 }
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        float pv = exp2_approx(fmaf(s[mt][t][e], sl2, -l2[e & 1]));
-                        if (need_mask) {
-                            const int jl = warp * KM + mt * 16 + lr + 8 * (e >> 1), ie = il + (e & 1);
-                            if (jl >= kvalid || (causal && jl - ie > diag))
-                                pv = 0.f;
-                        }
-                        s[mt][t][e] = pv;
-                        if (DO_DK)
-                            dp[mt][t][e] = pv * (dp[mt][t][e] - dl[e & 1]);
-                    }
             }
+        }
 
+        /* P^T = exp2(S^T * scale*log2e - lse*log2e), dS^T = P^T o (dP^T - delta). Key jl (local) is
+         * visible to query il (local) iff jl - il <= diag; keys past sk are masked too (their
+         * zero-filled K would give s = 0). Both go to smem for the other warps of the key group (and
+         * dS^T for dQ), and stay in registers as A fragments (k = queries) for this warp. */
+        const int diag = clamp_diag((int64_t)m0 + p.causal_offset - n0);
+        const bool need_mask = (causal && BC - 1 > diag) || kvalid < BC;
 #pragma unroll
-            for (int kk = 0; kk < BRS / 16; ++kk) {
-                const int k0 = i0 + kk * 16;
-                if (DO_DV) {
-                    uint32_t a[MT][4];
+        for (int t = 0; t < QW / 8; ++t) {
+            const int il = qry0 + t * 8 + 2 * lc;
+            const float2 lse2 = *(const float2 *)(lse_t + il);
+            const float l2[2] = {lse_to_log2(lse2.x), lse_to_log2(lse2.y)};
 #pragma unroll
-                    for (int mt = 0; mt < MT; ++mt)
-                        acc_to_a<T>(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                    for (int np = 0; np < D / 16; ++np) {
-                        if (np * 16 < d) {
-                            uint32_t bo[4];
-                            ldmatrix_x4_trans(bo, addr_pat_a(dOt, SD, k0, np * 16, lane));
+                for (int e = 0; e < 4; ++e) {
+                    float pv = exp2_approx(fmaf(s[mt][t][e], sl2, -l2[e & 1]));
+                    if (need_mask) {
+                        const int jl = key0 + mt * 16 + lr + 8 * (e >> 1), ie = il + (e & 1);
+                        if (jl >= kvalid || (causal && jl - ie > diag))
+                            pv = 0.f;
+                    }
+                    s[mt][t][e] = pv;
+                    dp[mt][t][e] *= pv;
+                }
+        }
+        uint32_t pa[MT][QK][4], dsa[MT][QK][4];
 #pragma unroll
-                            for (int mt = 0; mt < MT; ++mt) {
-                                mma_m16n8k16<T>(acc_dv[mt][2 * np], a[mt], bo);
-                                mma_m16n8k16<T>(acc_dv[mt][2 * np + 1], a[mt], bo + 2);
-                            }
-                        }
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int kq = 0; kq < QK; ++kq) {
+                acc_to_a<T>(pa[mt][kq], s[mt][2 * kq], s[mt][2 * kq + 1]);
+                acc_to_a<T>(dsa[mt][kq], dp[mt][2 * kq], dp[mt][2 * kq + 1]);
+                store_a_frag(Ps, SS, key0 + mt * 16, qry0 + kq * 16, pa[mt][kq], lane);
+                store_a_frag(dSs, SS, key0 + mt * 16, qry0 + kq * 16, dsa[mt][kq], lane);
+            }
+        __syncthreads(); /* P^T, dS^T of the whole tile visible */
+
+        /* dV += P^T dO, dK += dS^T Q over the BR queries, query groups in the order wq, wq+1, ... */
+#pragma unroll
+        for (int j = 0; j < WQ; ++j) {
+            const int g0 = ((wq + j) % WQ) * QW;
+#pragma unroll
+            for (int kq = 0; kq < QK; ++kq) {
+                const int q0 = g0 + kq * 16;
+                uint32_t a[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    if (j == 0) {
+#pragma unroll
+                        for (int r = 0; r < 4; ++r)
+                            a[mt][r] = pa[mt][kq][r];
+                    } else {
+                        ldmatrix_x4(a[mt], addr_pat_a(Ps, SS, key0 + mt * 16, q0, lane));
                     }
                 }
-                if (DO_DK) {
-                    uint32_t a[MT][4];
 #pragma unroll
-                    for (int mt = 0; mt < MT; ++mt)
-                        acc_to_a<T>(a[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
+                for (int np = 0; np < DW / 16; ++np) {
+                    uint32_t bo[4];
+                    ldmatrix_x4_trans(bo, addr_pat_a(dOt, SD, q0, col0 + np * 16, lane));
 #pragma unroll
-                    for (int np = 0; np < D / 16; ++np) {
-                        if (np * 16 < d) {
-                            uint32_t bq[4];
-                            ldmatrix_x4_trans(bq, addr_pat_a(Qt, SD, k0, np * 16, lane));
-#pragma unroll
-                            for (int mt = 0; mt < MT; ++mt) {
-                                mma_m16n8k16<T>(acc_dk[mt][2 * np], a[mt], bq);
-                                mma_m16n8k16<T>(acc_dk[mt][2 * np + 1], a[mt], bq + 2);
-                            }
-                        }
+                    for (int mt = 0; mt < MT; ++mt) {
+                        mma_m16n8k16<T>(acc_dv[mt][2 * np], a[mt], bo);
+                        mma_m16n8k16<T>(acc_dv[mt][2 * np + 1], a[mt], bo + 2);
                     }
-                    if (do_dq) {
+                }
 #pragma unroll
-                        for (int mt = 0; mt < MT; ++mt) {
-                            const int r = warp * KM + mt * 16 + lr;
-                            uint32_t *row0 = (uint32_t *)(dSs + r * SS + k0 + 2 * lc);
-                            uint32_t *row8 = (uint32_t *)(dSs + (r + 8) * SS + k0 + 2 * lc);
-                            row0[0] = a[mt][0];
-                            row8[0] = a[mt][1];
-                            row0[4] = a[mt][2];
-                            row8[4] = a[mt][3];
-                        }
+                for (int mt = 0; mt < MT; ++mt) {
+                    if (j == 0) {
+#pragma unroll
+                        for (int r = 0; r < 4; ++r)
+                            a[mt][r] = dsa[mt][kq][r];
+                    } else {
+                        ldmatrix_x4(a[mt], addr_pat_a(dSs, SS, key0 + mt * 16, q0, lane));
+                    }
+                }
+#pragma unroll
+                for (int np = 0; np < DW / 16; ++np) {
+                    uint32_t bq[4];
+                    ldmatrix_x4_trans(bq, addr_pat_a(Qt, SD, q0, col0 + np * 16, lane));
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        mma_m16n8k16<T>(acc_dk[mt][2 * np], a[mt], bq);
+                        mma_m16n8k16<T>(acc_dk[mt][2 * np + 1], a[mt], bq + 2);
                     }
                 }
             }
         }
-        __syncthreads(); /* dS^T visible; this stage of Q/dO free for the prefetch after next */
 
         if (do_dq) {
-            /* dQ_partial (BR x D) = dS K: warp (wm, wn) owns rows [DQM*wm, +DQM) and columns
-             * [DQN*wn, +DQN), done in chunks of DQC columns */
-            const int wm = warp % WQ_M, wn = warp / WQ_M;
+            /* dQ_partial (BR x D) = dS K, added to dq_accum */
+            const int wm = warp % DQ_WM, wn = warp / DQ_WM;
 #pragma unroll
             for (int ch = 0; ch < DQN / DQC; ++ch) {
                 const int cb = wn * DQN + ch * DQC; /* first column of the chunk */
-                if (cb >= d)
-                    break;
                 float acc[DQM / 16][DQC / 8][4];
 #pragma unroll
                 for (int mt = 0; mt < DQM / 16; ++mt)
@@ -527,14 +572,12 @@ __device__ __forceinline__ void bwd_kv_pass(const flash_params &p,
                         ldmatrix_x4_trans(a[mt], addr_pat_b(dSs, SS, kk * 16, wm * DQM + mt * 16, lane));
 #pragma unroll
                     for (int np = 0; np < DQC / 16; ++np) {
-                        if (cb + np * 16 < d) {
-                            uint32_t bk[4];
-                            ldmatrix_x4_trans(bk, addr_pat_a(Ks, SD, kk * 16, cb + np * 16, lane));
+                        uint32_t bk[4];
+                        ldmatrix_x4_trans(bk, addr_pat_a(Ks, SD, kk * 16, cb + np * 16, lane));
 #pragma unroll
-                            for (int mt = 0; mt < DQM / 16; ++mt) {
-                                mma_m16n8k16<T>(acc[mt][2 * np], a[mt], bk);
-                                mma_m16n8k16<T>(acc[mt][2 * np + 1], a[mt], bk + 2);
-                            }
+                        for (int mt = 0; mt < DQM / 16; ++mt) {
+                            mma_m16n8k16<T>(acc[mt][2 * np], a[mt], bk);
+                            mma_m16n8k16<T>(acc[mt][2 * np + 1], a[mt], bk + 2);
                         }
                     }
                 }
@@ -550,46 +593,12 @@ __device__ __forceinline__ void bwd_kv_pass(const flash_params &p,
             }
         }
     }
+    cp_async_wait<0>(); /* K/V still in flight when no query tile sees the key tile */
 
-    /* write dV and/or dK (dK scaled) */
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-        const int j0 = n0 + warp * KM + mt * 16;
-        if (DO_DV)
-            store_kv_grad<T, D>(p, acc_dv[mt], 1.f, p.dv, p.dv_s, p.dv_accum, b, hq, j0);
-        if (DO_DK)
-            store_kv_grad<T, D>(p, acc_dk[mt], (float)p.scale, p.dk, p.dk_s, p.dk_accum, b, hq, j0);
-    }
-}
-
-template <typename T, int D, int BC, int KM, int BR, int BRS, int DQM, bool TWO_PASS>
-__global__ void __launch_bounds__(BC / KM * WARP_SIZE, 1) bwd_main_kernel(const flash_params p)
-{
-    constexpr int NT = BC / KM * WARP_SIZE, SD = D + SMEM_PAD, SS = BR + SMEM_PAD;
-    extern __shared__ __align__(16) uint8_t smem[];
-    T *Ks = (T *)smem;                       /* [BC][SD]     */
-    T *Vs = Ks + BC * SD;                    /* [BC][SD]     */
-    T *Qs = Vs + BC * SD;                    /* [2][BR][SD]  */
-    T *dOs = Qs + 2 * BR * SD;               /* [2][BR][SD]  */
-    T *dSs = dOs + 2 * BR * SD;              /* [BC][SS]     */
-    float *lse_s = (float *)(dSs + BC * SS); /* [2][BR]      */
-    float *delta_s = lse_s + 2 * BR;         /* [2][BR]      */
-
-    const int n0 = blockIdx.x * BC, hq = blockIdx.y, b = blockIdx.z;
-    const int64_t hk = hq / p.h_per_kv;
-    const int sk = (int)p.sk, d = (int)p.d;
-    const T *kg = (const T *)p.k + b * p.k_s.batch + hk * p.k_s.head + n0 * p.k_s.row; /* (sk - n0, d) */
-    const T *vg = (const T *)p.v + b * p.v_s.batch + hk * p.v_s.head + n0 * p.v_s.row; /* (sk - n0, d) */
-    load_tile_async<T, BC, D, NT>(Ks, kg, p.k_s.row, sk - n0, d, threadIdx.x);
-    load_tile_async<T, BC, D, NT>(Vs, vg, p.v_s.row, sk - n0, d, threadIdx.x);
-
-    if (TWO_PASS) {
-        bwd_kv_pass<T, D, BC, KM, BR, BRS, DQM, PASS_DV>(p, Ks, Vs, Qs, dOs, dSs, lse_s, delta_s, b, hq, n0);
-        bwd_kv_pass<T, D, BC, KM, BR, BRS, DQM, PASS_DK>(p, Ks, Vs, Qs, dOs, dSs, lse_s, delta_s, b, hq, n0);
-    } else {
-        bwd_kv_pass<T, D, BC, KM, BR, BRS, DQM, PASS_BOTH>(p, Ks, Vs, Qs, dOs, dSs, lse_s, delta_s, b, hq, n0);
-    }
-    cp_async_wait<0>();
+    const int warp = warp_now();
+    const int key0 = (warp % WK) * KW, col0 = (warp / WK) * DW;
+    store_kv_grad<T, MT, DW>(p, acc_dv, 1.f, p.dv, p.dv_s, p.dv_accum, b, hq, n0 + key0, col0);
+    store_kv_grad<T, MT, DW>(p, acc_dk, (float)p.scale, p.dk, p.dk_s, p.dk_accum, b, hq, n0 + key0, col0);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -811,10 +820,10 @@ static unsigned int blocks_for(int64_t items, int per_block)
     return (unsigned int)((items + per_block - 1) / per_block);
 }
 
-/* Tile parameters: D head dim (padded), BC keys per CTA, KM keys per warp, BR queries per pipeline
- * stage, BRS queries per register sub-tile, DQM query rows per warp in the dQ step, TWO_PASS (dV in
- * one walk, dK and dQ in a second), BRQ x BCQ the tile of the deterministic dQ kernel. */
-template <typename T, int D, int BC, int KM, int BR, int BRS, int DQM, bool TWO_PASS, int BRQ, int BCQ>
+/* Tile parameters: D head dim (padded); main kernel: BC keys per CTA, BR queries per pipeline stage,
+ * WK warps along the keys of S^T (MAIN_WARPS / WK along its queries), DQ_WM warps along the rows of
+ * dQ, DQC dQ columns per chunk; BRQ x BCQ the tile of the deterministic dQ kernel. */
+template <typename T, int D, int BC, int BR, int WK, int DQ_WM, int DQC, int BRQ, int BCQ>
 static cudaError_t run_bwd(const flash_params *p, cudaStream_t stream)
 {
     cudaError_t err;
@@ -826,16 +835,15 @@ static cudaError_t run_bwd(const flash_params *p, cudaStream_t stream)
 
     {
         constexpr int SD = D + SMEM_PAD, SS = BR + SMEM_PAD;
-        const size_t smem = (size_t)(2 * BC * SD + 4 * BR * SD + BC * SS) * sizeof(T) + 4 * BR * sizeof(float);
-        auto kernel = bwd_main_kernel<T, D, BC, KM, BR, BRS, DQM, TWO_PASS>;
+        const size_t smem = (size_t)(2 * BC * SD + 4 * BR * SD + 2 * BC * SS) * sizeof(T) + 4 * BR * sizeof(float);
+        auto kernel = bwd_main_kernel<T, D, BC, BR, WK, DQ_WM, DQC>;
         if ((err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
             return err;
         const dim3 grid(blocks_for(p->sk, BC), (unsigned int)p->h, (unsigned int)p->b);
-        kernel<<<grid, BC / KM * WARP_SIZE, smem, stream>>>(pv);
+        kernel<<<grid, MAIN_WARPS * WARP_SIZE, smem, stream>>>(pv);
         if ((err = cudaGetLastError()) != cudaSuccess)
             return err;
     }
-
     if (p->deterministic) {
         constexpr int SD = D + SMEM_PAD;
         const size_t smem = (size_t)(2 * BRQ * SD + 4 * BCQ * SD) * sizeof(T);
@@ -858,16 +866,16 @@ static cudaError_t run_bwd(const flash_params *p, cudaStream_t stream)
     return cudaSuccess;
 }
 
+
 template <typename T>
 static cudaError_t run_bwd_dtype(const flash_params *p, cudaStream_t stream)
 {
     if (p->d <= 64)
-        return run_bwd<T, 64, 256, 32, 128, 32, 32, false, 128, 64>(p, stream);
+        return run_bwd<T, 64, 128, 128, 4, 4, 32, 128, 64>(p, stream);
     if (p->d <= 128)
-        return run_bwd<T, 128, 128, 16, 64, 32, 32, false, 128, 64>(p, stream);
-    return run_bwd<T, 256, 128, 16, 32, 32, 32, true, 64, 32>(p, stream);
+        return run_bwd<T, 128, 128, 64, 4, 2, 32, 128, 64>(p, stream);
+    return run_bwd<T, 256, 64, 64, 2, 2, 32, 64, 32>(p, stream);
 }
-
 static int aligned16(const void *ptr)
 {
     return ((uintptr_t)ptr % 16) == 0;
