@@ -69,19 +69,13 @@
 #include <stdint.h>
 
 #include "launch.h"
+#include "bwd_common.cuh"
 #include "ptx.cuh"
 
-#define WARP_SIZE 32
-#define FULL_MASK 0xffffffffu
 
 /* 16 bytes of padding per shared-memory row: 8 consecutive rows then start in 8 distinct 16-byte
  * bank groups, so ldmatrix (plain and .trans) and 4-byte fragment stores have no conflicts. */
 #define SMEM_PAD 8
-/* elements of a 16-bit type per 16-byte cp.async */
-#define CHUNK 8
-#define LOG2E_F 1.4426950408889634f
-/* |diag| clamp for the causal test; any value beyond the largest tile edge behaves the same */
-#define DIAG_CLAMP (1 << 20)
 
 #define PRE_WARPS 8        /* rows per block of the preprocess kernel */
 #define POST_THREADS 256   /* threads per block of the postprocess kernels */
@@ -90,33 +84,6 @@
 
 /* ------------------------------------------------------------------------------------------------ */
 /* small helpers                                                                                    */
-
-template <typename T>
-__device__ __forceinline__ float2 unpack2(uint32_t v);
-
-template <>
-__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t v)
-{
-    return __bfloat1622float2(*(__nv_bfloat162 *)&v);
-}
-
-template <>
-__device__ __forceinline__ float2 unpack2<__half>(uint32_t v)
-{
-    return __half22float2(*(__half2 *)&v);
-}
-
-/* lse (natural log) -> the log2-domain subtrahend of the exponent; -inf (row sees no key) maps to
- * +inf so that exp2(s - inf) = 0 without ever forming inf - inf. */
-__device__ __forceinline__ float lse_to_log2(float lse)
-{
-    return lse == -INFINITY ? INFINITY : lse * LOG2E_F;
-}
-
-__device__ __forceinline__ int clamp_diag(int64_t v)
-{
-    return (int)(v < -DIAG_CLAMP ? -DIAG_CLAMP : (v > DIAG_CLAMP ? DIAG_CLAMP : v));
-}
 
 /* ldmatrix address patterns. For a 16x16 block at (row0, col0) of a row-major smem tile with row
  * stride `ld` elements: pattern A gives lane l the row (l%8) + 8*((l/8)%2), column 8*(l/16);
@@ -162,61 +129,6 @@ __device__ __forceinline__ void load_tile_async(T *s, const T *g, int64_t stride
             cp_async_16(smem_u32(dst + c), valid ? src + c : g, valid);
         }
     }
-}
-
-/* Async copy of n fp32 values g[0, n_valid) into s[0, n), zero beyond. */
-template <int N, int NT>
-__device__ __forceinline__ void load_vec_async(float *s, const float *g, int n_valid, int tid)
-{
-#pragma unroll
-    for (int it = 0; it < (N + NT - 1) / NT; ++it) {
-        const int idx = it * NT + tid;
-        if (N % NT == 0 || idx < N) {
-            const bool valid = idx < n_valid;
-            cp_async_4(smem_u32(s + idx), valid ? g + idx : g, valid);
-        }
-    }
-}
-
-/* Repack two adjacent n8 accumulator tiles (16 x 16, fp32) into one A fragment of the dtype. */
-template <typename T>
-__device__ __forceinline__ void acc_to_a(uint32_t a[4], const float c0[4], const float c1[4])
-{
-    a[0] = pack2<T>(c0[0], c0[1]);
-    a[1] = pack2<T>(c0[2], c0[3]);
-    a[2] = pack2<T>(c1[0], c1[1]);
-    a[3] = pack2<T>(c1[2], c1[3]);
-}
-
-/* Add one n8 accumulator tile (rows r, r+8 of a (rows, ld) fp32 matrix at `base`, columns col0..+8)
- * into global memory. sm90: lanes pair up (xor 1) so each lane adds 4 consecutive floats of one row
- * with one vector red; sm80: 4 scalar reds. */
-__device__ __forceinline__ void red_add_tile(float *base, int64_t ld, int row, bool row_ok, bool row8_ok, int col,
-                                             const float c[4], int lane)
-{
-#if __CUDA_ARCH__ >= 900
-    const bool odd = lane & 1;
-    const float s0 = odd ? c[0] : c[2];
-    const float s1 = odd ? c[1] : c[3];
-    const float r0 = __shfl_xor_sync(FULL_MASK, s0, 1);
-    const float r1 = __shfl_xor_sync(FULL_MASK, s1, 1);
-    if (odd) {
-        if (row8_ok)
-            atomicAdd((float4 *)(base + (row + 8) * ld + col - 2), make_float4(r0, r1, c[2], c[3]));
-    } else {
-        if (row_ok)
-            atomicAdd((float4 *)(base + row * ld + col), make_float4(c[0], c[1], r0, r1));
-    }
-#else
-    if (row_ok) {
-        atomicAdd(base + row * ld + col, c[0]);
-        atomicAdd(base + row * ld + col + 1, c[1]);
-    }
-    if (row8_ok) {
-        atomicAdd(base + (row + 8) * ld + col, c[2]);
-        atomicAdd(base + (row + 8) * ld + col + 1, c[3]);
-    }
-#endif
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -288,38 +200,6 @@ __device__ __forceinline__ void store_a_frag(T *s, int ld, int row0, int col0, c
     row_hi[0] = a[1];
     row_lo[4] = a[2];
     row_hi[4] = a[3];
-}
-
-/* Write a warp's MT*16 x DW block of a gradient (rows j0 + [0, MT*16), columns c0 + [0, DW)) held
- * as accumulator fragments, times `mul`: in the dtype into out (b, sk, h_kv, d) when h == h_kv, else
- * in fp32 into accum (b, sk, h, d) for this query head. */
-template <typename T, int MT, int DW>
-__device__ __forceinline__ void store_kv_grad(const flash_params &p, const float acc[MT][DW / 8][4], float mul,
-                                              void *out, const flash_strides &os, float *accum, int b, int hq,
-                                              int j0, int c0)
-{
-    const int lane = threadIdx.x % WARP_SIZE;
-    const int lr = lane / 4, lc = lane % 4;
-    const int sk = (int)p.sk, d = (int)p.d;
-    const int64_t hk = hq / p.h_per_kv;
-    const bool gqa = p.h != p.h_kv;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int t = 0; t < DW / 8; ++t) {
-            const int col = c0 + t * 8 + 2 * lc;
-#pragma unroll
-            for (int h8 = 0; h8 < 2; ++h8) {
-                const int j = j0 + mt * 16 + lr + 8 * h8;
-                if (c0 + t * 8 >= d || j >= sk)
-                    continue;
-                const float v0 = acc[mt][t][2 * h8] * mul, v1 = acc[mt][t][2 * h8 + 1] * mul;
-                if (gqa)
-                    *(float2 *)(accum + (((int64_t)b * sk + j) * p.h + hq) * d + col) = make_float2(v0, v1);
-                else
-                    *(uint32_t *)((T *)out + b * os.batch + j * os.row + hk * os.head + col) = pack2<T>(v0, v1);
-            }
-        }
 }
 
 /* One CTA per (key tile of BC keys, query head, batch); walks the query tiles of BR rows that can see
@@ -833,7 +713,10 @@ static cudaError_t run_bwd(const flash_params *p, cudaStream_t stream)
     if ((err = cudaGetLastError()) != cudaSuccess)
         return err;
 
-    {
+    if (flash_bwd_sm90_supported(p)) {
+        if ((err = flash_bwd_main_sm90(p, stream)) != cudaSuccess)
+            return err;
+    } else {
         constexpr int SD = D + SMEM_PAD, SS = BR + SMEM_PAD;
         const size_t smem = (size_t)(2 * BC * SD + 4 * BR * SD + 2 * BC * SS) * sizeof(T) + 4 * BR * sizeof(float);
         auto kernel = bwd_main_kernel<T, D, BC, BR, WK, DQ_WM, DQC>;
