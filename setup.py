@@ -54,8 +54,12 @@ def cuda_enabled():
 
 
 def gencode_flags():
-    archs = os.environ.get("FLASHATTN_EXT_CUDA_ARCHS", "80;90a")
-    return [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs.replace(",", ";").split(";") if a]
+    """-gencode per arch; with 90a also FLASHATTN_EXT_SM90A, which enables the Hopper (wgmma) kernels."""
+    archs = [a for a in os.environ.get("FLASHATTN_EXT_CUDA_ARCHS", "80;90a").replace(",", ";").split(";") if a]
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    if "90a" in archs:
+        flags.append("-DFLASHATTN_EXT_SM90A")
+    return flags
 
 
 class BuildWithC(BuildExtension):

@@ -24,7 +24,19 @@
  *   an sm_90 device with an sm_90a build (FLASHATTN_EXT_SM90A).
  *
  * Measured on the H200 (dev/bwd_harness.cu time; bf16, 16k tokens, nheads = 2048/d, whole backward
- * incl. pre/postprocess; bwd FLOPs = 2.5 * 4*B*H*Sq*Sk*D, halved for causal), TFLOP/s: MEASURE
+ * incl. pre/postprocess; bwd FLOPs = 2.5 * 4*B*H*Sq*Sk*D, halved for causal), TFLOP/s:
+ *                     s512  s2048  s8192 | causal: s512  s2048  s8192
+ *   d64                179   243    268  |         118    207    257
+ *   d128               220   295    324  |         146    246    301
+ *   deterministic mode (dQ by bwd_sm80.cu's dQ kernel), d128 s8192: 218 (causal 203).
+ * torch's flash backend (FA2) on this H200: 276 (d64 s8k), 251 (d128 s2k), 296 (d128 s8k).
+ * History (s8192 non-causal, d64/d128): 1. S^T/dP^T then all of P^T, dS^T, then dV, dK: 253/312.
+ * 2. dV/dK wgmma issued per 16-query block as soon as its P^T/dS^T is ready: 268/324. Tried: dQ
+ * through smem and per-row bulk reduce-adds (cp.reduce.async.bulk) instead of red.add: 263/316.
+ * Where the time goes (version 2 with one part removed): without the dQ adds 304/406, without the
+ * exponentials 278/327, without the whole dQ step (barrier, wgmma, adds) 472/598. The fp32 adds into
+ * dq_accum (sq*d*4 bytes per key tile, ~1 TB/s of L2 reductions at d128) are the main cost left;
+ * FA3 hides them behind a producer warp and more warpgroups.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -179,87 +191,81 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_kernel(const fl
         const float *lse_t = lse_s + st * BM, *delta_t = delta_s + st * BM;
 
         /* S^T = K_wg Q^T, then dP^T = V_wg dO^T: 64 keys x BM queries each */
-        float s[NQ], dp[NQ];
-#pragma unroll
-        for (int i = 0; i < NQ; ++i) {
-            s[i] = 0.f;
-            dp[i] = 0.f;
-        }
+        float s[NQ], dp[NQ]; /* overwritten by the first step (accumulate = 0) */
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / WGMMA_K; ++kk)
             wgmma_op<T, BM>::template ss<0, 0>(s, desc_k_major<BN>(Ka, key0, kk * WGMMA_K),
-                                               desc_k_major<BM>(Qt, 0, kk * WGMMA_K), 1);
+                                               desc_k_major<BM>(Qt, 0, kk * WGMMA_K), kk);
         wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < D / WGMMA_K; ++kk)
             wgmma_op<T, BM>::template ss<0, 0>(dp, desc_k_major<BN>(Va, key0, kk * WGMMA_K),
-                                               desc_k_major<BM>(dOt, 0, kk * WGMMA_K), 1);
+                                               desc_k_major<BM>(dOt, 0, kk * WGMMA_K), kk);
         wgmma_commit();
 
         /* P^T = exp2(S^T * scale*log2e - lse*log2e), 0 where masked (key jl, query il of the tile:
-         * visible iff jl - il <= diag; keys past sk too, their zero-filled K would give s = 0) */
+         * visible iff jl - il <= diag; keys past sk too, their zero-filled K would give s = 0), then
+         * dS^T = P^T o (dP^T - delta). Each 16-query block kq goes to the tensor cores as soon as it is
+         * ready (dV += P^T dO, dK += dS^T Q; K = the queries; dO and Q read MN-major), so the
+         * exponentials of block kq+1 overlap the wgmma's of block kq and of dP^T. */
         const int diag = clamp_diag((int64_t)m0 + p.causal_offset - n0);
         const bool need_mask = (causal && BN - 1 > diag) || kvalid < BN;
-        wgmma_wait<1>();
-#pragma unroll
-        for (int i = 0; i < BM / 8; ++i) {
-            const int il = i * 8 + 2 * lc;
-            const float2 lse2 = *(const float2 *)(lse_t + il);
-            const float l2[2] = {lse_to_log2(lse2.x), lse_to_log2(lse2.y)};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float pv = exp2_approx(fmaf(s[4 * i + e], sl2, -l2[e & 1]));
-                if (need_mask) {
-                    const int jl = key0 + w * 16 + lane / 4 + 8 * (e >> 1), ie = il + (e & 1);
-                    if (jl >= kvalid || (causal && jl - ie > diag))
-                        pv = 0.f;
-                }
-                s[4 * i + e] = pv;
-            }
-        }
-        /* dS^T = P^T o (dP^T - delta) */
-        wgmma_wait<0>();
         uint32_t pa[BM / WGMMA_K][4], dsa[BM / WGMMA_K][4];
-#pragma unroll
-        for (int i = 0; i < BM / 8; ++i) {
-            const float2 dl = *(const float2 *)(delta_t + i * 8 + 2 * lc);
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? dl.y : dl.x));
-        }
+        wgmma_wait<1>(); /* S^T */
 #pragma unroll
         for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
+#pragma unroll
+            for (int i = 2 * kq; i < 2 * kq + 2; ++i) {
+                const int il = i * 8 + 2 * lc;
+                const float2 lse2 = *(const float2 *)(lse_t + il);
+                const float l2[2] = {lse_to_log2(lse2.x), lse_to_log2(lse2.y)};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float pv = exp2_approx(fmaf(s[4 * i + e], sl2, -l2[e & 1]));
+                    if (need_mask) {
+                        const int jl = key0 + w * 16 + lane / 4 + 8 * (e >> 1), ie = il + (e & 1);
+                        if (jl >= kvalid || (causal && jl - ie > diag))
+                            pv = 0.f;
+                    }
+                    s[4 * i + e] = pv;
+                }
+            }
             acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
+            wgmma_fence();
+            wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
+        }
+        wgmma_commit();
+        wgmma_wait<1>(); /* dP^T (dV may still run) */
+#pragma unroll
+        for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
+#pragma unroll
+            for (int i = 2 * kq; i < 2 * kq + 2; ++i) {
+                const float2 dl = *(const float2 *)(delta_t + i * 8 + 2 * lc);
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? dl.y : dl.x));
+            }
             acc_to_a<T>(dsa[kq], dp + 8 * kq, dp + 8 * kq + 4);
             if (do_dq)
                 store_a_frag_sw128<BN>(dSs, key0 + w * 16, kq * WGMMA_K, dsa[kq], lane);
-        }
-
-        /* dV += P^T dO, dK += dS^T Q (K = the BM queries; dO and Q read MN-major) */
-        wgmma_fence();
-#pragma unroll
-        for (int kq = 0; kq < BM / WGMMA_K; ++kq)
-            wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
-#pragma unroll
-        for (int kq = 0; kq < BM / WGMMA_K; ++kq)
+            wgmma_fence();
             wgmma_op<T, D>::template rs<1>(acc_dk, dsa[kq], desc_mn_major<BM>(Qt, kq * WGMMA_K, 0), 1);
+        }
         wgmma_commit();
 
         if (do_dq) {
             /* dQ_partial = dS K: this warpgroup's 64 x DQ_N block, K = the BN keys; dS^T and K read
-             * MN-major */
+             * MN-major; added into dq_accum with vector red.add (measured: bulk reduce-adds through
+             * smem were 2% slower; the adds are bound by L2, not by their issue) */
             fence_proxy_async();
             __syncthreads(); /* dS^T of both warpgroups in smem */
-            float acc_dq[NDQ];
-#pragma unroll
-            for (int i = 0; i < NDQ; ++i)
-                acc_dq[i] = 0.f;
+            float acc_dq[NDQ]; /* overwritten by the first step (accumulate = 0) */
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BN / WGMMA_K; ++kk)
                 wgmma_op<T, DQ_N>::template ss<1, 1>(acc_dq, desc_mn_major<BN>(dSa, kk * WGMMA_K, dq_row0),
-                                                     desc_mn_major<BN>(Ka, kk * WGMMA_K, dq_col0), 1);
+                                                     desc_mn_major<BN>(Ka, kk * WGMMA_K, dq_col0), kk);
             wgmma_commit();
             wgmma_wait<0>();
             const int row = m0 + dq_row0 + w * 16 + lane / 4;
