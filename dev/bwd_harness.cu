@@ -1,8 +1,12 @@
-/* bwd_harness.cu: torch-free test and benchmark of the backward kernels (bwd_sm80.cu, bwd_simple.cu).
+/* bwd_harness.cu: torch-free test and benchmark of the backward kernels (bwd_sm80.cu, bwd_sm90.cu,
+ * bwd_simple.cu).
  *
  * Build (here or on the device):
- *   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc dev/bwd_harness.cu \
- *        csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_simple.cu -o dev/bin/bwd_harness
+ *   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFLASHATTN_EXT_SM90A -Icsrc -Icsrc/cuda \
+ *        dev/bwd_harness.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu csrc/cuda/bwd_simple.cu \
+ *        -o dev/bin/bwd_harness
+ *   (dev/sm90_run.sh builds it and runs everything below on the device.) On a Hopper GPU the main
+ *   kernel is bwd_sm90.cu's for d <= 128; FLASHATTN_EXT_DISABLE_SM90=1 selects bwd_sm80.cu's.
  * Run:
  *   bwd_harness test [DTYPE]   all correctness configs, or those of one dtype (bf16, fp16, fp32,
  *                              fp64); one line each, a summary at the end

