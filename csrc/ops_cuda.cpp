@@ -135,6 +135,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor &dout_i
     // after the kernels that use them, through the stream-ordered caching allocator.
     at::Tensor dq_accum, dk_accum, dv_accum;
     if (is_half(q)) {
+        const size_t need = flash_bwd_smem_needed(&p), have = flash_bwd_smem_available();
+        TORCH_CHECK(have >= need, "flashattn_ext: the fp16/bf16 backward at head dim ", num(d), " needs ",
+                    num((int64_t)(need / 1024)), " KB of shared memory per block; this GPU offers ",
+                    num((int64_t)(have / 1024)), " KB (A100: 163 KB, H100: 227 KB)");
         const auto f32 = q.options().dtype(at::kFloat);
         dq_accum = at::empty({p.b, p.h, p.sq, p.d}, f32);
         p.dq_accum = dq_accum.data_ptr<float>();

@@ -221,21 +221,48 @@ def test_misaligned_and_odd_stride_inputs(dtype):
         assert_close(name, g, r, grad_tol(dtype))
 
 
-@pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability()[0] != 9,
-                    reason="the sm80 backward kernel is a separate path only on Hopper")
-def test_sm80_backward_path_on_hopper():
-    """On Hopper the backward main kernel is the wgmma one (bwd_sm90.cu) for d <= 128; the sm80 kernel
-    that A100s run is then only reachable with FLASHATTN_EXT_DISABLE_SM90=1, read once per process.
-    Run the fp16/bf16 gradient tests over the sample list in a child process with it set."""
+A100_SMEM = 163 * 1024
+SM86_SMEM = 99 * 1024
+BACKWARD_PATHS = [
+    # On Hopper the backward main kernel is the wgmma one (bwd_sm90.cu) for d <= 128, so the sm80
+    # kernel that A100s run is reachable only with FLASHATTN_EXT_DISABLE_SM90=1 (read once per process).
+    pytest.param({"FLASHATTN_EXT_DISABLE_SM90": "1"}, id="sm80-kernel"),
+    # The smaller sm80 tiles chosen on GPUs with less shared memory than Hopper's (A100: 163 KB).
+    pytest.param({"FLASHATTN_EXT_DISABLE_SM90": "1", "FLASHATTN_EXT_SMEM_LIMIT": str(A100_SMEM)}, id="a100-tiles"),
+]
+
+
+def run_child(env_extra, args):
     import os
     import subprocess
     import sys
+    env = dict(os.environ, **env_extra)
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.parametrize("env_extra", BACKWARD_PATHS)
+def test_other_backward_paths(env_extra):
+    """The fp16/bf16 gradient tests over the sample list, in a child process with the path forced."""
+    import os
     tests_dir = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, FLASHATTN_EXT_DISABLE_SM90="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-         os.path.join(tests_dir, "test_attention.py"), "-k",
-         "test_flash_attn_func and cuda and (fp16 or bf16)"],
-        env=env, capture_output=True, text=True, timeout=900)
+    proc = run_child(env_extra, ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                                 os.path.join(tests_dir, "test_attention.py"), "-k",
+                                 "test_flash_attn_func and cuda and (fp16 or bf16)"])
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and " failed" not in proc.stdout, proc.stdout[-2000:]
+
+
+def test_backward_shared_memory_error():
+    """Below the shared memory the d256 backward needs (e.g. sm86/sm89: 99 KB), a clear error."""
+    code = (
+        "import torch, flashattn_ext\n"
+        "q = torch.randn(1, 64, 2, 256, device='cuda', dtype=torch.bfloat16, requires_grad=True)\n"
+        "out, _ = flashattn_ext.flash_attn_func(q, q, q)\n"
+        "try:\n"
+        "    out.sum().backward()\n"
+        "except RuntimeError as e:\n"
+        "    print('ERROR', e)\n"
+    )
+    proc = run_child({"FLASHATTN_EXT_DISABLE_SM90": "1", "FLASHATTN_EXT_SMEM_LIMIT": str(SM86_SMEM)}, ["-c", code])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ERROR" in proc.stdout and "head dim 256 needs" in proc.stdout and "shared memory" in proc.stdout, proc.stdout

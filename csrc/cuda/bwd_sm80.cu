@@ -43,6 +43,9 @@
  *   D=256: BC=64  x BR=64,  WK=2: S^T 32x16, dK/dV 32x64, dQ 32x64 in two chunks of 32; 217 KB smem
  *          (the dK/dV accumulators of 128 keys would not fit in registers).
  *   dQ kernel (deterministic mode): D=64/128 BRQ=128 x BCQ=64, 8 warps; D=256 BRQ=64 x BCQ=32, 4 warps.
+ *   These need sm90's 227 KB. With less (run_bwd_dtype asks the device): D=64 BC=64 x BR=64, WK=2
+ *   (75 KB); D=128 BC=64 x BR=32, WK=4, dQ kernel 64 x 32 (80 KB); D=256 BC=64 x BR=32, WK=4 (142 KB):
+ *   A100 (163 KB) runs all three, sm86/sm89 (99 KB) d <= 128 only.
  * All kernels: no register spills for sm_80 and sm_90a (ptxas -v; the main kernel needs the lane and
  * warp index re-read in each step, see lane_now); one CTA of 8 warps per SM. The smem sizes exceed
  * the 163 KB of sm_80 (A100) at D=128 and beyond; they fit sm_90 (227 KB).
@@ -67,6 +70,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "launch.h"
 #include "bwd_common.cuh"
@@ -700,6 +704,19 @@ static unsigned int blocks_for(int64_t items, int per_block)
     return (unsigned int)((items + per_block - 1) / per_block);
 }
 
+/* Dynamic shared memory (bytes, 16-bit elements) of the main kernel (K, V, two Q and dO stages, P^T,
+ * dS^T, two lse and delta stages) and of the deterministic dQ kernel (Q, dO, two K and V stages). */
+static constexpr size_t main_smem_bytes(int D, int BC, int BR)
+{
+    return (size_t)(2 * BC * (D + SMEM_PAD) + 4 * BR * (D + SMEM_PAD) + 2 * BC * (BR + SMEM_PAD)) * 2 +
+           4 * BR * sizeof(float);
+}
+
+static constexpr size_t dq_smem_bytes(int D, int BRQ, int BCQ)
+{
+    return (size_t)(2 * BRQ * (D + SMEM_PAD) + 4 * BCQ * (D + SMEM_PAD)) * 2;
+}
+
 /* Tile parameters: D head dim (padded); main kernel: BC keys per CTA, BR queries per pipeline stage,
  * WK warps along the keys of S^T (MAIN_WARPS / WK along its queries), DQ_WM warps along the rows of
  * dQ, DQC dQ columns per chunk; BRQ x BCQ the tile of the deterministic dQ kernel. */
@@ -717,8 +734,7 @@ static cudaError_t run_bwd(const flash_params *p, cudaStream_t stream)
         if ((err = flash_bwd_main_sm90(p, stream)) != cudaSuccess)
             return err;
     } else {
-        constexpr int SD = D + SMEM_PAD, SS = BR + SMEM_PAD;
-        const size_t smem = (size_t)(2 * BC * SD + 4 * BR * SD + 2 * BC * SS) * sizeof(T) + 4 * BR * sizeof(float);
+        const size_t smem = main_smem_bytes(D, BC, BR);
         auto kernel = bwd_main_kernel<T, D, BC, BR, WK, DQ_WM, DQC>;
         if ((err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
             return err;
@@ -728,8 +744,7 @@ static cudaError_t run_bwd(const flash_params *p, cudaStream_t stream)
             return err;
     }
     if (p->deterministic) {
-        constexpr int SD = D + SMEM_PAD;
-        const size_t smem = (size_t)(2 * BRQ * SD + 4 * BCQ * SD) * sizeof(T);
+        const size_t smem = dq_smem_bytes(D, BRQ, BCQ);
         auto kernel = bwd_dq_kernel<T, D, BRQ, BCQ>;
         if ((err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
             return err;
@@ -750,15 +765,70 @@ static cudaError_t run_bwd(const flash_params *p, cudaStream_t stream)
 }
 
 
+/* Tile configurations per head dim: the large ones measured above (they need the 227 KB per CTA of
+ * sm90) when the device allows them, else smaller ones that fit the A100's 163 KB and, up to d = 128,
+ * the 99 KB of sm86/sm89 (not measured: no such GPU here). */
+#define BWD_D64_LARGE 64, 128, 128, 4, 4, 32, 128, 64
+#define BWD_D64_SMALL 64, 64, 64, 2, 2, 16, 128, 64
+#define BWD_D128_LARGE 128, 128, 64, 4, 2, 32, 128, 64
+#define BWD_D128_SMALL 128, 64, 32, 4, 2, 32, 64, 32
+#define BWD_D256_LARGE 256, 64, 64, 2, 2, 32, 64, 32
+#define BWD_D256_SMALL 256, 64, 32, 4, 2, 32, 64, 32
+
+template <int D, int BC, int BR, int WK, int DQ_WM, int DQC, int BRQ, int BCQ>
+static constexpr size_t config_smem_bytes(void)
+{
+    return main_smem_bytes(D, BC, BR) > dq_smem_bytes(D, BRQ, BCQ) ? main_smem_bytes(D, BC, BR)
+                                                                   : dq_smem_bytes(D, BRQ, BCQ);
+}
+
+/* The current device's opt-in shared memory per CTA, capped by FLASHATTN_EXT_SMEM_LIMIT (bytes; read
+ * once) so that the small configurations can be tested on a large GPU. 0 if the query fails. */
+static size_t smem_limit(void)
+{
+    static long long cap = -1;
+    if (cap < 0) {
+        const char *env = getenv("FLASHATTN_EXT_SMEM_LIMIT");
+        cap = env != NULL && atoll(env) > 0 ? atoll(env) : 0;
+    }
+    int dev = 0, bytes = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return 0;
+    return cap > 0 && (size_t)cap < (size_t)bytes ? (size_t)cap : (size_t)bytes;
+}
+
+extern "C" size_t flash_bwd_smem_needed(const flash_params *p)
+{
+    if (p->d <= 64)
+        return config_smem_bytes<BWD_D64_SMALL>();
+    if (p->d <= 128)
+        return config_smem_bytes<BWD_D128_SMALL>();
+    return config_smem_bytes<BWD_D256_SMALL>();
+}
+
+extern "C" size_t flash_bwd_smem_available(void)
+{
+    return smem_limit();
+}
+
 template <typename T>
 static cudaError_t run_bwd_dtype(const flash_params *p, cudaStream_t stream)
 {
+    const size_t limit = smem_limit();
     if (p->d <= 64)
-        return run_bwd<T, 64, 128, 128, 4, 4, 32, 128, 64>(p, stream);
+        return limit >= config_smem_bytes<BWD_D64_LARGE>() ? run_bwd<T, BWD_D64_LARGE>(p, stream)
+                                                           : run_bwd<T, BWD_D64_SMALL>(p, stream);
     if (p->d <= 128)
-        return run_bwd<T, 128, 128, 64, 4, 2, 32, 128, 64>(p, stream);
-    return run_bwd<T, 256, 64, 64, 2, 2, 32, 64, 32>(p, stream);
+        return limit >= config_smem_bytes<BWD_D128_LARGE>() ? run_bwd<T, BWD_D128_LARGE>(p, stream)
+                                                            : run_bwd<T, BWD_D128_SMALL>(p, stream);
+    if (limit >= config_smem_bytes<BWD_D256_LARGE>())
+        return run_bwd<T, BWD_D256_LARGE>(p, stream);
+    if (limit >= config_smem_bytes<BWD_D256_SMALL>())
+        return run_bwd<T, BWD_D256_SMALL>(p, stream);
+    return cudaErrorInvalidConfiguration;
 }
+
 static int aligned16(const void *ptr)
 {
     return ((uintptr_t)ptr % 16) == 0;
