@@ -35,7 +35,7 @@
  * dev/bwd_sm90_ws/run.sh; if it passes and is faster than csrc/cuda/bwd_sm90.cu (d64 s8k 268, d128
  * s8k 324 TFLOP/s in the harness), copy it over, fix the include paths, and measure. Expected: the dQ
  * adds (20-25% of the time now) off the MMA warps' path: up to ~304 / ~406 TFLOP/s if L2 keeps up.
- */ */
+ */
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdlib.h>
