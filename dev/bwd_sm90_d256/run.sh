@@ -1,7 +1,7 @@
 #!/bin/bash
 # Device check of the d256 candidate (dev/bwd_sm90_d256/bwd_sm90.cu) against the committed
 # csrc/cuda/bwd_sm90.cu: harness correctness suite (432 configs) through the candidate, then TFLOP/s
-# committed -> candidate. Every step has a timeout and line-buffered logs (a first version hung).
+# committed -> candidate. Every step has a timeout and line-buffered logs, so a hang still leaves a trace.
 # Run from the repo root: bash dev/bwd_sm90_d256/run.sh   (SANITIZE=1 adds memcheck + racecheck)
 B=/tmp/d256; mkdir -p $B; O=${OUT:-$B}
 F="-std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Icsrc -Icsrc/cuda -DFLASHATTN_EXT_SM90A"
