@@ -78,6 +78,15 @@ at::Tensor unpad(const at::Tensor &t, int64_t d)
     return t.size(3) == d ? t : t.narrow(3, 0, d).contiguous();
 }
 
+// The tensor-core kernels' tiles need `need` bytes of shared memory per block at this head dim.
+void check_smem(size_t need, int64_t d, const char *what)
+{
+    const size_t have = flash_smem_available();
+    TORCH_CHECK(have >= need, "flashattn_ext: the fp16/bf16 ", what, " at head dim ", num(d), " needs ",
+                num((int64_t)(need / 1024)), " KB of shared memory per block; this GPU offers ",
+                num((int64_t)(have / 1024)), " KB (A100: 163 KB, H100: 227 KB)");
+}
+
 void check_launch(cudaError_t err, const char *what)
 {
     TORCH_CHECK(err == cudaSuccess, "flashattn_ext: CUDA ", what, " kernel failed: ", cudaGetErrorString(err));
@@ -99,6 +108,8 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor &q_in, const at::Te
     at::Tensor out = at::empty(q.sizes(), q.options());
     at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
     const flash_params p = make_params(q, k, v, out, lse, softmax_scale, causal, bottom_right, deterministic);
+    if (is_half(q))
+        check_smem(flash_fwd_smem_needed(&p), d, "forward");
     check_launch(flash_fwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "forward");
     return {unpad(out, d), lse};
 }
@@ -135,10 +146,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor &dout_i
     // after the kernels that use them, through the stream-ordered caching allocator.
     at::Tensor dq_accum, dk_accum, dv_accum;
     if (is_half(q)) {
-        const size_t need = flash_bwd_smem_needed(&p), have = flash_bwd_smem_available();
-        TORCH_CHECK(have >= need, "flashattn_ext: the fp16/bf16 backward at head dim ", num(d), " needs ",
-                    num((int64_t)(need / 1024)), " KB of shared memory per block; this GPU offers ",
-                    num((int64_t)(have / 1024)), " KB (A100: 163 KB, H100: 227 KB)");
+        check_smem(flash_bwd_smem_needed(&p), d, "backward");
         const auto f32 = q.options().dtype(at::kFloat);
         dq_accum = at::empty({p.b, p.h, p.sq, p.d}, f32);
         p.dq_accum = dq_accum.data_ptr<float>();

@@ -784,8 +784,9 @@ static constexpr size_t config_smem_bytes(void)
 }
 
 /* The current device's opt-in shared memory per CTA, capped by FLASHATTN_EXT_SMEM_LIMIT (bytes; read
- * once) so that the small configurations can be tested on a large GPU. 0 if the query fails. */
-static size_t smem_limit(void)
+ * once) so that the small configurations can be tested on a large GPU. 0 if the query fails. Also
+ * what the binding checks the forward's needs against. */
+extern "C" size_t flash_smem_available(void)
 {
     static long long cap = -1;
     if (cap < 0) {
@@ -808,15 +809,11 @@ extern "C" size_t flash_bwd_smem_needed(const flash_params *p)
     return config_smem_bytes<BWD_D256_SMALL>();
 }
 
-extern "C" size_t flash_bwd_smem_available(void)
-{
-    return smem_limit();
-}
 
 template <typename T>
 static cudaError_t run_bwd_dtype(const flash_params *p, cudaStream_t stream)
 {
-    const size_t limit = smem_limit();
+    const size_t limit = flash_smem_available();
     if (p->d <= 64)
         return limit >= config_smem_bytes<BWD_D64_LARGE>() ? run_bwd<T, BWD_D64_LARGE>(p, stream)
                                                            : run_bwd<T, BWD_D64_SMALL>(p, stream);

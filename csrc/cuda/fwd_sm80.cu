@@ -463,6 +463,21 @@ static cudaError_t dispatch_head_dim(const flash_params *p, cudaStream_t stream)
     return launch_fwd<T, FWD_CFG_D256>(p, stream);
 }
 
+template <int kHeadDim, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs, int kMinBlocks>
+static constexpr size_t config_smem_bytes(void)
+{
+    return fwd_smem_bytes(kHeadDim, kBlockM, kBlockN);
+}
+
+extern "C" size_t flash_fwd_smem_needed(const flash_params *p)
+{
+    if (p->d <= 64)
+        return config_smem_bytes<FWD_CFG_D64>();
+    if (p->d <= 128)
+        return config_smem_bytes<FWD_CFG_D128>();
+    return config_smem_bytes<FWD_CFG_D256>();
+}
+
 extern "C" cudaError_t flash_fwd_sm80(const flash_params *p, cudaStream_t stream)
 {
     if (p->d < 1 || p->d > kMaxHeadDim || p->d % kChunkElems != 0 || p->sq > INT_MAX || p->sk > INT_MAX ||

@@ -23,10 +23,12 @@ cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream);
 cudaError_t flash_bwd_sm80(const flash_params *p, cudaStream_t stream);
 cudaError_t flash_bwd_simple(const flash_params *p, cudaStream_t stream);
 
-/* Shared memory per CTA that the fp16/bf16 backward needs at head dim p->d (its smallest tiles), and
- * what the current device offers (opt-in limit); the binding reports a clear error when short. */
+/* Shared memory per CTA that the fp16/bf16 forward and backward need at head dim p->d (the backward's
+ * smallest tiles), and what the current device offers (opt-in limit, capped by
+ * FLASHATTN_EXT_SMEM_LIMIT); the binding reports a clear error when short. */
+size_t flash_fwd_smem_needed(const flash_params *p);
 size_t flash_bwd_smem_needed(const flash_params *p);
-size_t flash_bwd_smem_available(void);
+size_t flash_smem_available(void);
 
 /* Hopper main backward kernel (bwd_sm90.cu), used by flash_bwd_sm80 in place of its own main kernel
  * when flash_bwd_sm90_supported(p): an sm_90a build (FLASHATTN_EXT_SM90A), an sm_90 device, fp16/bf16,
