@@ -1,4 +1,4 @@
-"""simulate.py: float64 simulation of bwd_main_sm90_d256_kernel's data flow (dev/bwd_sm90_d256/bwd_sm90.cu),
+"""simulate.py: float64 simulation of bwd_main_sm90_d256_kernel's data flow (dev/bwd_sm90_d256/bwd_sm90.patch),
 to check its indexing before it first runs on a GPU.
 
 Shared memory is modelled byte for byte: tiles are written at sw128_offset() as the kernel's loads and

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Device check of the warp-specialized candidate (dev/bwd_sm90_ws/bwd_sm90.cu) against the committed
+# Device check of the warp-specialized candidate (dev/bwd_sm90_ws/bwd_sm90.patch on csrc/cuda/bwd_sm90.cu) against the committed
 # csrc/cuda/bwd_sm90.cu: harness correctness suite (432 configs) through the candidate, then TFLOP/s
 # committed -> candidate. Every step has a timeout and line-buffered logs, so a hang still leaves a trace.
 # Run from the repo root: bash dev/bwd_sm90_ws/run.sh   (SANITIZE=1 adds memcheck + racecheck)
@@ -7,7 +7,8 @@ B=/tmp/ws; mkdir -p $B; O=${OUT:-$B}
 F="-std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Icsrc -Icsrc/cuda -DFLASHATTN_EXT_SM90A"
 S="dev/bwd_harness.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_simple.cu"
 t0=$(date +%s)
-nvcc $F $S dev/bwd_sm90_ws/bwd_sm90.cu -o $B/cand > $O/build_cand.log 2>&1 &
+patch -s -o $B/bwd_sm90.cu csrc/cuda/bwd_sm90.cu < dev/bwd_sm90_ws/bwd_sm90.patch || { echo "patch does not apply"; exit 1; }
+nvcc $F $S $B/bwd_sm90.cu -o $B/cand > $O/build_cand.log 2>&1 &
 nvcc $F $S csrc/cuda/bwd_sm90.cu -o $B/orig > $O/build_orig.log 2>&1 &
 wait
 [ -x $B/cand ] || { echo "candidate build failed"; tail -20 $O/build_cand.log; exit 1; }
