@@ -8,6 +8,9 @@
 """
 import dataclasses
 import math
+import os
+import subprocess
+import sys
 import zlib
 
 import pytest
@@ -355,3 +358,19 @@ def natural_grad_norms(q, k, v, dout, scale):
     dk_nat = scale * do64.norm().item() * rms_row(v64) * rms_row(q64)
     dv_nat = do64.norm().item()
     return dq_nat, dk_nat, dv_nat
+
+
+# ----------------------------------------------------------------------------------------------
+# Child processes
+# ----------------------------------------------------------------------------------------------
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_python(args, env_extra=None, timeout=900):
+    """`python args...` in a fresh interpreter at the repo root, which is put on PYTHONPATH (so the
+    in-place build is found), with env_extra added to the environment (e.g. variables read once per
+    process)."""
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env_extra or {}))
+    return subprocess.run([sys.executable, *args], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=timeout)

@@ -3,9 +3,6 @@ the independent float64 reference of fa_testing.py, for the `SAMPLES` configurat
 numerically hard cases (late row maximum, huge scores, rows without keys, empty tensors), plus
 gradcheck, a saved-tensor audit and a small training loop."""
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -30,6 +27,7 @@ from fa_testing import (
     natural_grad_norms,
     reference_with_grads,
     rel_l2,
+    run_python,
     sample_params,
 )
 
@@ -54,10 +52,8 @@ def check_grads(q, k, v, dout, grads, ref_grads, scale, dtype):
 
 def test_import_in_a_fresh_interpreter():
     """`import flashattn_ext` as the first import (torch not imported yet) works and registers the ops."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(flashattn_ext.__file__)))
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     code = "import flashattn_ext, torch; print(torch.ops.flashattn_ext.fwd.default.name())"
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
+    proc = run_python(["-c", code])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "flashattn_ext::fwd" in proc.stdout
 

@@ -20,6 +20,7 @@ from fa_testing import (
     make_inputs,
     natural_grad_norms,
     reference_with_grads,
+    run_python,
 )
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
@@ -232,22 +233,11 @@ BACKWARD_PATHS = [
 ]
 
 
-def run_child(env_extra, args):
-    import os
-    import subprocess
-    import sys
-    env = dict(os.environ, **env_extra)
-    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=900)
-
-
 @pytest.mark.parametrize("env_extra", BACKWARD_PATHS)
 def test_other_backward_paths(env_extra):
     """The fp16/bf16 gradient tests over the sample list, in a child process with the path forced."""
-    import os
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
-    proc = run_child(env_extra, ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                                 os.path.join(tests_dir, "test_attention.py"), "-k",
-                                 "test_flash_attn_func and cuda and (fp16 or bf16)"])
+    proc = run_python(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "tests/test_attention.py",
+                       "-k", "test_flash_attn_func and cuda and (fp16 or bf16)"], env_extra)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and " failed" not in proc.stdout, proc.stdout[-2000:]
 
@@ -263,6 +253,6 @@ def test_shared_memory_error():
         "except RuntimeError as e:\n"
         "    print('ERROR', e)\n"
     )
-    proc = run_child({"FLASHATTN_EXT_DISABLE_SM90": "1", "FLASHATTN_EXT_SMEM_LIMIT": str(SM86_SMEM)}, ["-c", code])
+    proc = run_python(["-c", code], {"FLASHATTN_EXT_DISABLE_SM90": "1", "FLASHATTN_EXT_SMEM_LIMIT": str(SM86_SMEM)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "ERROR" in proc.stdout and "forward at head dim 256 needs 160 KB" in proc.stdout, proc.stdout
