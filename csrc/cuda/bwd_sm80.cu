@@ -1,5 +1,5 @@
 /* bwd_sm80.cu: FlashAttention-2 backward for fp16/bf16 on mma.sync m16n8k16 (fp32 accumulators),
- * sm80 and later. On Hopper (sm_90a builds) its main kernel is replaced by bwd_sm90.cu's for d <= 128;
+ * sm80 and later. On Hopper (sm_90a builds) its main kernel is replaced by bwd_sm90.cu's (all head dims);
  * preprocess, postprocess and the deterministic dQ kernel are this file's on every GPU.
  *
  * Algorithm (nothing of size sq x sk is ever stored):
