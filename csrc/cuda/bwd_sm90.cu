@@ -117,6 +117,7 @@ __device__ __forceinline__ int tid_now(void)
 {
     int r;
     asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(r));
+    __builtin_assume(r >= 0 && r < SM90_THREADS_ALL); /* lets tid / 128, tid % 32 compile to shifts, masks */
     return r;
 }
 

@@ -34,8 +34,9 @@
 /* Byte offset of element (r, c) in an R-row sw128 tile of 16-bit elements. */
 __device__ __forceinline__ uint32_t sw128_offset(int rows, int r, int c)
 {
-    return (uint32_t)((c / 64) * rows * SW128_ROW_BYTES + r * SW128_ROW_BYTES + ((((c % 64) / 8) ^ (r % 8)) * 16) +
-                      (c % 8) * 2);
+    const uint32_t ur = (uint32_t)r, uc = (uint32_t)c; /* unsigned: the divisions become shifts and masks */
+    return (uc / 64) * (uint32_t)rows * SW128_ROW_BYTES + ur * SW128_ROW_BYTES + ((((uc % 64) / 8) ^ (ur % 8)) * 16) +
+           (uc % 8) * 2;
 }
 
 /* Matrix descriptor (PTX ISA "Matrix Descriptor Format"): start address, leading and stride byte
