@@ -99,16 +99,38 @@ __device__ __forceinline__ void load_tile_sw128(uint8_t *s, const T *g, int64_t 
     }
 }
 
-/* Store a 16 x 16 A fragment (acc_to_a layout; rows row0 + [0, 16), columns col0 + [0, 16)) into an
- * sw128 tile of ROWS rows. */
+/* Store a 16 x 16 A fragment (acc_to_a layout; rows row0 + [0, 16), columns col0 + [0, 16)) into the
+ * sw128 tile of ROWS rows at shared address s. */
 template <int ROWS>
-__device__ __forceinline__ void store_a_frag_sw128(uint8_t *s, int row0, int col0, const uint32_t a[4], int lane)
+__device__ __forceinline__ void store_a_frag_sw128(uint32_t s, int row0, int col0, const uint32_t a[4], int lane)
 {
     const int r = row0 + lane / 4, c = col0 + 2 * (lane % 4);
-    *(uint32_t *)(s + sw128_offset(ROWS, r, c)) = a[0];
-    *(uint32_t *)(s + sw128_offset(ROWS, r + 8, c)) = a[1];
-    *(uint32_t *)(s + sw128_offset(ROWS, r, c + 8)) = a[2];
-    *(uint32_t *)(s + sw128_offset(ROWS, r + 8, c + 8)) = a[3];
+    st_shared_b32(s + sw128_offset(ROWS, r, c), a[0]);
+    st_shared_b32(s + sw128_offset(ROWS, r + 8, c), a[1]);
+    st_shared_b32(s + sw128_offset(ROWS, r, c + 8), a[2]);
+    st_shared_b32(s + sw128_offset(ROWS, r + 8, c + 8), a[3]);
+}
+
+/* P^T of one 16-query block (8 accumulator values s8: rows jb, jb + 8 of the thread, queries il, il + 1
+ * and il + 8, il + 9 with il = 16 kq + 2 lc) from S^T: exp2(S^T scale*log2e - lse*log2e), lse2 read at
+ * lse_addr (the stage's log2-scaled lse of query il). MASK: 0 where the key is past sk (row0_out,
+ * row8_out: jb, jb + 8 >= kvalid) or, causal, jl - il > diag, written as t > 8 i + (e & 1) - 8 (e >> 1)
+ * with t = jb - 2 lc - diag per thread (INT_MIN without causal), one compare per value. */
+template <bool MASK>
+__device__ __forceinline__ void p_block(float s8[8], uint32_t lse_addr, float sl2, int kq, int t, bool row0_out,
+                                        bool row8_out)
+{
+#pragma unroll
+    for (int h = 0; h < 2; ++h) { /* i = 2 kq + h: queries il + 8 h */
+        const float2 l2 = ld_shared_v2_f32(lse_addr + h * 8 * sizeof(float));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float pv = exp2_approx(fmaf(s8[4 * h + e], sl2, -((e & 1) ? l2.y : l2.x)));
+            if (MASK && ((e >> 1 ? row8_out : row0_out) || t > 8 * (2 * kq + h) + (e & 1) - 8 * (e >> 1)))
+                pv = 0.f;
+            s8[4 * h + e] = pv;
+        }
+    }
 }
 
 /* This thread's index, re-read at every call (volatile) for the same reason: the addresses derived from
@@ -155,14 +177,14 @@ __device__ __forceinline__ void dq_reducer(const float *dQb, float *dqa, int m_f
     for (int i = 0; i < n; ++i) {
         const int buf = i & 1, m0 = (m_first + i) * BM;
         named_sync(BAR_DQ_FULL + buf, SM90_THREADS_ALL);
-        const float *src = dQb + buf * NPART * BM * DQ_LD; /* [NPART][BM][DQ_LD] */
+        const uint32_t src = smem_u32(dQb + buf * NPART * BM * DQ_LD); /* [NPART][BM][DQ_LD] */
 #pragma unroll 4
         for (int idx = rtid; idx < BM * V4_PER_ROW; idx += WARPGROUP_THREADS) {
             const int r = idx / V4_PER_ROW, c = (idx % V4_PER_ROW) * 4;
             if (c < d && m0 + r < sq) {
-                float4 v = *(const float4 *)(src + r * DQ_LD + c);
+                float4 v = ld_shared_v4_f32(src + (r * DQ_LD + c) * sizeof(float));
                 if (NPART == 2) {
-                    const float4 u = *(const float4 *)(src + (BM + r) * DQ_LD + c);
+                    const float4 u = ld_shared_v4_f32(src + ((BM + r) * DQ_LD + c) * sizeof(float));
                     v = make_float4(v.x + u.x, v.y + u.y, v.z + u.z, v.w + u.w);
                 }
                 atomicAdd((float4 *)(dqa + (int64_t)(m0 + r) * d + c), v);
@@ -249,7 +271,9 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     for (int m = m_first; m < num_m; ++m) {
         const int st = (m - m_first) & 1, m0 = m * BM;
         cp_async_wait<0>();
-        fence_proxy_async();                /* the landed tiles are read by wgmma */
+        fence_proxy_async(); /* the landed tiles are read by wgmma */
+        if (tid < BM)        /* lse -> its log2-domain form, by the thread that loaded it */
+            lse_s[st * BM + tid] = lse_to_log2(lse_s[st * BM + tid]);
         named_sync(BAR_MMA, SM90_THREADS); /* stage st landed; stage st^1 and dS^T no longer read by step m-1 */
         const int tid = tid_now(), lane = tid % WARP_SIZE, lc = lane % 4;
         const int wg = tid / WARPGROUP_THREADS, w = (tid % WARPGROUP_THREADS) / WARP_SIZE;
@@ -267,7 +291,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
         }
         const uint32_t Qt = smem_addr_now(Qs + st * Q_BYTES), dOt = smem_addr_now(dOs + st * Q_BYTES); /* [BM][D] */
         const uint32_t Ka = smem_addr_now(Ks), Va = smem_addr_now(Vs), dSa = smem_addr_now(dSs);
-        const float *lse_t = lse_s + st * BM, *delta_t = delta_s + st * BM;
+        const uint32_t lse_t = smem_addr_now(lse_s + st * BM), delta_t = smem_addr_now(delta_s + st * BM); /* [BM] */
 
         /* S^T = K_wg Q^T, then dP^T = V_wg dO^T: 64 keys x BM queries each */
         float s[NQ], dp[NQ]; /* overwritten by the first step (accumulate = 0) */
@@ -291,28 +315,28 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
         const int diag = clamp_diag((int64_t)m0 + p.causal_offset - n0);
         const bool need_mask = (causal && BN - 1 > diag) || kvalid < BN;
         uint32_t pa[BM / WGMMA_K][4], dsa[BM / WGMMA_K][4];
+        const int jb = key0 + w * 16 + lane / 4; /* the thread's first key row in the tile */
+        const int t = causal ? jb - 2 * lc - diag : INT_MIN;
+        const bool row0_out = jb >= kvalid, row8_out = jb + 8 >= kvalid;
         wgmma_wait<1>(); /* S^T */
+        /* two copies of the loop, without masking where no key of the tile is masked; only at D = 64:
+         * at D = 128 the second copy tips ptxas into serializing the wgmma's (too few registers) */
+        if (need_mask || D == 128) {
 #pragma unroll
-        for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
-#pragma unroll
-            for (int i = 2 * kq; i < 2 * kq + 2; ++i) {
-                const int il = i * 8 + 2 * lc;
-                const float2 lse2 = *(const float2 *)(lse_t + il);
-                const float l2[2] = {lse_to_log2(lse2.x), lse_to_log2(lse2.y)};
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float pv = exp2_approx(fmaf(s[4 * i + e], sl2, -l2[e & 1]));
-                    if (need_mask) {
-                        const int jl = key0 + w * 16 + lane / 4 + 8 * (e >> 1), ie = il + (e & 1);
-                        if (jl >= kvalid || (causal && jl - ie > diag))
-                            pv = 0.f;
-                    }
-                    s[4 * i + e] = pv;
-                }
+            for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
+                p_block<true>(s + 8 * kq, lse_t + (kq * WGMMA_K + 2 * lc) * sizeof(float), sl2, kq, t, row0_out, row8_out);
+                acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
+                wgmma_fence();
+                wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
             }
-            acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
-            wgmma_fence();
-            wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
+        } else {
+#pragma unroll
+            for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
+                p_block<false>(s + 8 * kq, lse_t + (kq * WGMMA_K + 2 * lc) * sizeof(float), sl2, kq, t, row0_out, row8_out);
+                acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
+                wgmma_fence();
+                wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
+            }
         }
         wgmma_commit();
         wgmma_wait<1>(); /* dP^T (dV may still run) */
@@ -320,14 +344,14 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
         for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
 #pragma unroll
             for (int i = 2 * kq; i < 2 * kq + 2; ++i) {
-                const float2 dl = *(const float2 *)(delta_t + i * 8 + 2 * lc);
+                const float2 dl = ld_shared_v2_f32(delta_t + (i * 8 + 2 * lc) * sizeof(float));
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
                     dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? dl.y : dl.x));
             }
             acc_to_a<T>(dsa[kq], dp + 8 * kq, dp + 8 * kq + 4);
             if (do_dq)
-                store_a_frag_sw128<BN>(dSs, key0 + w * 16, kq * WGMMA_K, dsa[kq], lane);
+                store_a_frag_sw128<BN>(dSa, key0 + w * 16, kq * WGMMA_K, dsa[kq], lane);
             wgmma_fence();
             wgmma_op<T, D>::template rs<1>(acc_dk, dsa[kq], desc_mn_major<BM>(Qt, kq * WGMMA_K, 0), 1);
         }
@@ -349,11 +373,12 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
             const int step = m - m_first, buf = step & 1;
             if (step >= 2) /* the reducer has added tile step - 2 from this buffer */
                 named_sync(BAR_DQ_EMPTY + buf, SM90_THREADS_ALL);
-            float *dst = dQb + ((buf * NPART + dq_part) * BM + w * 16 + lane / 4) * DQ_LD + dq_col0 + 2 * lc; /* (DQ_N) */
+            const uint32_t dst = smem_addr_now(dQb) + (uint32_t)((((buf * NPART + dq_part) * BM + w * 16 + lane / 4) * DQ_LD +
+                                                                  dq_col0 + 2 * lc) * sizeof(float)); /* (DQ_N) */
 #pragma unroll
             for (int i = 0; i < DQ_N / 8; ++i) {
-                *(float2 *)(dst + i * 8) = make_float2(acc_dq[4 * i], acc_dq[4 * i + 1]);
-                *(float2 *)(dst + 8 * DQ_LD + i * 8) = make_float2(acc_dq[4 * i + 2], acc_dq[4 * i + 3]);
+                st_shared_v2_f32(dst + i * 8 * sizeof(float), acc_dq[4 * i], acc_dq[4 * i + 1]);
+                st_shared_v2_f32(dst + (8 * DQ_LD + i * 8) * sizeof(float), acc_dq[4 * i + 2], acc_dq[4 * i + 3]);
             }
             named_arrive(BAR_DQ_FULL + buf, SM90_THREADS_ALL);
         } else {
@@ -477,6 +502,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         const int st = (m - m_first) & 1, m0 = m * BM;
         cp_async_wait<0>();
         fence_proxy_async(); /* the landed tiles are read by wgmma */
+        if (tid < BM)        /* lse -> its log2-domain form, by the thread that loaded it */
+            lse_s[st * BM + tid] = lse_to_log2(lse_s[st * BM + tid]);
         __syncthreads();     /* stage st landed; stage st^1, P^T and dS^T no longer read by step m-1 */
         const int tid = tid_now(), lane = tid % WARP_SIZE, lc = lane % 4;
         const int wg = tid / WARPGROUP_THREADS, w = (tid % WARPGROUP_THREADS) / WARP_SIZE;
@@ -492,7 +519,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         const uint32_t Qt = smem_addr_now(Qs + st * Q_BYTES), dOt = smem_addr_now(dOs + st * Q_BYTES); /* [BM][D] */
         const uint32_t Ka = smem_addr_now(Ks), Va = smem_addr_now(Vs);
         const uint32_t Pa = smem_addr_now(Ps), dSa = smem_addr_now(dSs);
-        const float *lse_t = lse_s + st * BM, *delta_t = delta_s + st * BM;
+        const uint32_t lse_t = smem_addr_now(lse_s + st * BM), delta_t = smem_addr_now(delta_s + st * BM); /* [BM] */
 
         /* S^T = K Q_wg^T, dP^T = V dO_wg^T: all 64 keys x the warpgroup's 32 queries */
         float s[NS], dp[NS]; /* overwritten by the first step (accumulate = 0) */
@@ -509,27 +536,25 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         /* P^T, dS^T (masking as in bwd_main_sm90_kernel), to smem for both warpgroups */
         const int diag = clamp_diag((int64_t)m0 + p.causal_offset - n0);
         const bool need_mask = (causal && BN - 1 > diag) || kvalid < BN;
+        const int jb = w * 16 + lane / 4; /* the thread's first key row */
+        const int t = causal ? jb - 2 * lc - diag - q0 : INT_MIN;
+        const bool row0_out = jb >= kvalid, row8_out = jb + 8 >= kvalid;
         wgmma_wait<1>(); /* S^T */
+        if (need_mask) {
 #pragma unroll
-        for (int i = 0; i < D256_QW / 8; ++i) {
-            const int il = q0 + i * 8 + 2 * lc;
-            const float2 lse2 = *(const float2 *)(lse_t + il);
-            const float l2[2] = {lse_to_log2(lse2.x), lse_to_log2(lse2.y)};
+            for (int kq = 0; kq < D256_QW / WGMMA_K; ++kq)
+                p_block<true>(s + 8 * kq, lse_t + (q0 + kq * WGMMA_K + 2 * lc) * sizeof(float), sl2, kq, t, row0_out,
+                              row8_out);
+        } else {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float pv = exp2_approx(fmaf(s[4 * i + e], sl2, -l2[e & 1]));
-                if (need_mask) {
-                    const int jl = w * 16 + lane / 4 + 8 * (e >> 1), ie = il + (e & 1);
-                    if (jl >= kvalid || (causal && jl - ie > diag))
-                        pv = 0.f;
-                }
-                s[4 * i + e] = pv;
-            }
+            for (int kq = 0; kq < D256_QW / WGMMA_K; ++kq)
+                p_block<false>(s + 8 * kq, lse_t + (q0 + kq * WGMMA_K + 2 * lc) * sizeof(float), sl2, kq, t, row0_out,
+                               row8_out);
         }
         wgmma_wait<0>(); /* dP^T */
 #pragma unroll
         for (int i = 0; i < D256_QW / 8; ++i) {
-            const float2 dl = *(const float2 *)(delta_t + q0 + i * 8 + 2 * lc);
+            const float2 dl = ld_shared_v2_f32(delta_t + (q0 + i * 8 + 2 * lc) * sizeof(float));
 #pragma unroll
             for (int e = 0; e < 4; ++e)
                 dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? dl.y : dl.x));
@@ -538,9 +563,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         for (int kq = 0; kq < D256_QW / WGMMA_K; ++kq) {
             uint32_t a[4];
             acc_to_a<T>(a, s + 8 * kq, s + 8 * kq + 4);
-            store_a_frag_sw128<BN>(Ps, w * 16, q0 + kq * WGMMA_K, a, lane);
+            store_a_frag_sw128<BN>(Pa, w * 16, q0 + kq * WGMMA_K, a, lane);
             acc_to_a<T>(a, dp + 8 * kq, dp + 8 * kq + 4);
-            store_a_frag_sw128<BN>(dSs, w * 16, q0 + kq * WGMMA_K, a, lane);
+            store_a_frag_sw128<BN>(dSa, w * 16, q0 + kq * WGMMA_K, a, lane);
         }
         fence_proxy_async();
         __syncthreads(); /* P^T, dS^T of all 64 queries in smem */

@@ -42,6 +42,32 @@ __device__ __forceinline__ uint32_t smem_u32(const void *ptr)
     return (uint32_t)__cvta_generic_to_shared(ptr);
 }
 
+/* Shared-memory loads and stores by 32-bit shared address: ld/st.shared directly, where a generic
+ * pointer would cost an address conversion per access. volatile: kept in order with the barriers and wgmma's. */
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v)
+{
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y)
+{
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+
+__device__ __forceinline__ float2 ld_shared_v2_f32(uint32_t addr)
+{
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+    return v;
+}
+
+__device__ __forceinline__ float4 ld_shared_v4_f32(uint32_t addr)
+{
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
+    return v;
+}
+
 /* Four 8x8 b16 matrices from shared memory; lane l supplies the row address for matrix l/8. */
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t smem_addr)
 {

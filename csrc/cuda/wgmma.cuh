@@ -47,22 +47,32 @@ __device__ __forceinline__ uint64_t make_desc_sw128(uint32_t smem_addr, uint32_t
            ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (DESC_SWIZZLE_128B << 62);
 }
 
-/* Descriptor of rows [row0, row0 + 64) x columns [col0, col0 + 16) of an sw128 tile of ROWS rows, read
- * K-major (columns = K). */
+/* The descriptor of a tile start advanced by `bytes` (a multiple of 16): a 32-bit add on the start
+ * address field, which cannot carry out of its 14 bits (shared memory ends below 256 KB). Keeps the
+ * per-wgmma cost at one add when the tile's own descriptor is shared by all of its steps. */
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes)
+{
+    const uint32_t lo = (uint32_t)desc + (bytes >> 4), hi = (uint32_t)(desc >> 32);
+    return ((uint64_t)hi << 32) | lo;
+}
+
+/* Descriptor of rows [row0, row0 + 64) x columns [col0, col0 + 16) of an sw128 tile of ROWS rows at s,
+ * read K-major (columns = K). */
 template <int ROWS>
 __device__ __forceinline__ uint64_t desc_k_major(uint32_t s, int row0, int col0)
 {
-    return make_desc_sw128(s + (col0 / 64) * ROWS * SW128_ROW_BYTES + row0 * SW128_ROW_BYTES + (col0 % 64) * 2,
-                           SW128_LBO_UNUSED, SW128_ATOM_BYTES);
+    return desc_advance(make_desc_sw128(s, SW128_LBO_UNUSED, SW128_ATOM_BYTES),
+                        (uint32_t)((col0 / 64) * ROWS * SW128_ROW_BYTES + row0 * SW128_ROW_BYTES + (col0 % 64) * 2));
 }
 
 /* Descriptor of rows [row0, row0 + 16) (= K) x columns from col0 (a multiple of 64; = M or N) of an
- * sw128 tile of ROWS rows, read MN-major. */
+ * sw128 tile of ROWS rows at s, read MN-major: LBO = the distance between 64-column panels, SBO = 8
+ * rows. */
 template <int ROWS>
 __device__ __forceinline__ uint64_t desc_mn_major(uint32_t s, int row0, int col0)
 {
-    return make_desc_sw128(s + (col0 / 64) * ROWS * SW128_ROW_BYTES + row0 * SW128_ROW_BYTES, ROWS * SW128_ROW_BYTES,
-                           SW128_ATOM_BYTES);
+    return desc_advance(make_desc_sw128(s, ROWS * SW128_ROW_BYTES, SW128_ATOM_BYTES),
+                        (uint32_t)((col0 / 64) * ROWS * SW128_ROW_BYTES + row0 * SW128_ROW_BYTES));
 }
 
 /* Orders this thread's earlier register writes before the next wgmma reads them. */
