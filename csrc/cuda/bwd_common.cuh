@@ -83,13 +83,11 @@ __device__ __forceinline__ void red_add_tile(float *base, int64_t ld, int row, b
     const float s1 = odd ? c[1] : c[3];
     const float r0 = __shfl_xor_sync(FULL_MASK, s0, 1);
     const float r1 = __shfl_xor_sync(FULL_MASK, s1, 1);
-    if (odd) {
-        if (row8_ok)
-            atomicAdd((float4 *)(base + (row + 8) * ld + col - 2), make_float4(r0, r1, c[2], c[3]));
-    } else {
-        if (row_ok)
-            atomicAdd((float4 *)(base + row * ld + col), make_float4(c[0], c[1], r0, r1));
-    }
+    /* one predicated red per lane, no divergent paths: odd lanes row + 8, columns col - 2 .. col + 1 */
+    float *dst = base + (row + (odd ? 8 : 0)) * ld + col - (odd ? 2 : 0);
+    const float4 v = odd ? make_float4(r0, r1, c[2], c[3]) : make_float4(c[0], c[1], r0, r1);
+    if (odd ? row8_ok : row_ok)
+        atomicAdd((float4 *)dst, v);
 #else
     if (row_ok) {
         atomicAdd(base + row * ld + col, c[0]);

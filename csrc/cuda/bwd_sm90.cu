@@ -84,18 +84,22 @@ __host__ __device__ constexpr int dq_parts(int D)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 /* Async copy of a ROWS x D tile (rows [0, rows_valid), columns [0, d) of global memory, row stride
- * `stride` elements) into the sw128 smem tile `s`; everything outside is zero-filled. */
+ * `stride` elements) into the sw128 smem tile `s`; everything outside is zero-filled. Each thread
+ * copies one 16-byte column chunk c of rows r0 + RSTEP * it: RSTEP is a multiple of 8, so those rows
+ * share the swizzle phase and the smem offsets differ by constants. */
 template <typename T, int ROWS, int D>
 __device__ __forceinline__ void load_tile_sw128(uint8_t *s, const T *g, int64_t stride, int rows_valid, int d, int tid)
 {
-    constexpr int CPR = D / CHUNK; /* 16-byte chunks per row */
-    static_assert(ROWS * CPR % SM90_THREADS == 0, "tile copy layout");
+    constexpr int CPR = D / CHUNK, RSTEP = SM90_THREADS / CPR; /* 16-byte chunks per row; rows per pass */
+    static_assert(SM90_THREADS % CPR == 0 && ROWS % RSTEP == 0 && RSTEP % 8 == 0, "tile copy layout");
+    const int r0 = tid / CPR, c = tid % CPR * CHUNK;
+    const uint32_t s0 = smem_u32(s) + sw128_offset(ROWS, r0, c);
+    const T *g0 = g + r0 * stride + c;
+    const bool col_ok = c < d;
 #pragma unroll
-    for (int it = 0; it < ROWS * CPR / SM90_THREADS; ++it) {
-        const int idx = it * SM90_THREADS + tid;
-        const int r = idx / CPR, c = (idx % CPR) * CHUNK;
-        const bool valid = r < rows_valid && c < d;
-        cp_async_16(smem_u32(s + sw128_offset(ROWS, r, c)), valid ? g + r * stride + c : g, valid);
+    for (int it = 0; it < ROWS / RSTEP; ++it) {
+        const bool valid = col_ok && r0 + it * RSTEP < rows_valid;
+        cp_async_16(s0 + it * RSTEP * SW128_ROW_BYTES, valid ? g0 + it * RSTEP * stride : g, valid);
     }
 }
 
