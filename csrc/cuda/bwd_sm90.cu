@@ -17,13 +17,16 @@
  *     computes all 64 columns from its own 64 keys (two partials). The partials go to one of two
  *     smem buffers [NPART][BM][D + 8] fp32 and a third warpgroup, the dQ reducer (setmaxnreg 24;
  *     the MMA warpgroups take 240), sums them and adds them into the fp32 dq_accum with vector
- *     red.add while the MMA warpgroups go on with the next query tile. Handshake per buffer: named
- *     barriers FULL (MMA arrive, reducer sync) and EMPTY (reducer arrive, MMA sync from the third
- *     tile on); the MMA warpgroups meet on named barrier 1, never on __syncthreads.
+ *     red.add while the MMA warpgroups go on with the next query tile. Handshake: after writing tile
+ *     t, the MMA warpgroups meet the reducer on named barrier BAR_DQ (bar.sync on both sides: the
+ *     reducer gets there once it has added tile t - 1, so buffer t % 2 is free again for tile t + 2).
+ *     The MMA warpgroups meet each other on named barrier 1, never on __syncthreads.
  *   dK (times scale) and dV stay in registers until the end: dtype when h == h_kv, else fp32 per query
  *   head into dk_accum / dv_accum for the GQA postprocess. Deterministic mode skips dQ here (the
  *   separate dQ kernel of bwd_sm80.cu computes it) and the reducer idles.
  * Tiles: BN 128 x BM 64, 3 warpgroups (384 threads). D = 128: 216 KB smem; D = 64: 156 KB.
+ *   compute-sanitizer racecheck reports hazards between the dQ buffer stores and the reducer's loads,
+ *   which BAR_DQ orders (bar.sync, all 384 threads); dev/racecheck_probe.cu isolates the pattern.
  *   Shared-memory tiles use the 128-byte swizzled layout of wgmma.cuh; head dims below D are zero-
  *   padded in smem and computed like the others, only global writes are guarded.
  * bwd_main_sm90_d256_kernel, head dims 129..256: 64 keys per CTA, the warpgroups split the columns of
@@ -34,18 +37,25 @@
  * Measured on the H200 (dev/bwd_harness.cu time; bf16, 16k tokens, nheads = 2048/d, whole backward
  * incl. pre/postprocess; bwd FLOPs = 2.5 * 4*B*H*Sq*Sk*D, halved for causal), TFLOP/s:
  *                     s512  s2048  s8192 | causal: s512  s2048  s8192
- *   d64                178   245    271  |         117    207    258
- *   d128               238   332    368  |         155    273    343
- *   d256               179   223    238  |         130    196    238
- *   deterministic mode (dQ by bwd_sm80.cu's dQ kernel), d128 s8192: 229 (causal 213).
- * torch's flash backend (FA2) on this H200: 265/285 (d64 s2k/s8k), 287/307 (d128), 261 (d256 s16k).
+ *   d64                212   309    349  |         134    254    331
+ *   d128               280   415    449  |         171    319    427
+ *   d256               190   242    260  |         140    213    260
+ *   deterministic mode (dQ by bwd_sm80.cu's dQ kernel), d128 s8192: 235 (causal 220); d256: 168.
+ * torch's flash backend (FA2) and cuDNN: benchmarks/results/h200 (ours 1.14-1.44x FA2 at d64/d128 from
+ * s2k, 1.00-1.07x at d256; 0.67-0.86x cuDNN).
  * History (s8192 non-causal, d64/d128): 1. S^T/dP^T then all of P^T, dS^T, then dV, dK: 253/312.
  * 2. dV/dK wgmma issued per 16-query block as soon as its P^T/dS^T is ready: 268/324. Tried: dQ
  * through smem and per-row bulk reduce-adds (cp.reduce.async.bulk) instead of red.add: 263/316.
  * Where the time went in version 2 (one part removed): without the dQ adds 304/406, without the
  * exponentials 278/327, without the whole dQ step (barrier, wgmma, adds) 472/598. 3. the dQ reducer
- * warpgroup (this version): d128 324 -> 368; d64 (now BM 64, two partials) unchanged, 269 -> 271.
- * d256: the mma.sync kernel of bwd_sm80.cu ran at 178; this one 238.
+ * warpgroup: d128 324 -> 368; d64 (now BM 64, two partials) unchanged, 269 -> 271. 4. instruction
+ * count (ncu: issue slots 50-56% busy, ALU the busiest pipe, 1 eligible warp per scheduler; the main
+ * loop was ~1000 SASS instructions per tile, ~480 of them integer): unsigned index math 281/381, then
+ * lse in log2 form once per tile, ld/st.shared by 32-bit address, descriptors advanced by one add,
+ * one compare per masked value and an unmasked copy of the P loop at d64: 344/440 (~830 instructions).
+ * Tried: dQ(m-1) issued under the exponentials of tile m with three Q/dO stages (software pipelined,
+ * one MMA barrier per tile): d64 +1%, and at d128 the extra accumulators serialize the wgmma's (-8%).
+ * d256: the mma.sync kernel of bwd_sm80.cu ran at 178; the first version of this one 238.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -64,10 +74,9 @@
 #define REDUCER_REGS 24  /* ... and of the reducer: what the reducer frees, (168 - 24) * 128, is what the
                           * MMA warpgroups take, (240 - 168) * 256; 168 = the launch cap for 384 threads */
 #define DQ_PAD 8         /* fp32 padding per row of the dQ buffers: conflict-free float2 stores */
-/* named barriers: 0 is __syncthreads (unused); MMA warpgroups only; dQ buffer b full / empty */
+/* named barriers: 0 is __syncthreads (unused); MMA warpgroups only; MMA warpgroups and the dQ reducer */
 #define BAR_MMA 1
-#define BAR_DQ_FULL 2    /* + buffer index */
-#define BAR_DQ_EMPTY 4   /* + buffer index */
+#define BAR_DQ 2
 #define SM90_BN 128   /* keys per CTA */
 #define WG_KEYS 64    /* keys per warpgroup: the M of one wgmma */
 #define DQ_N 64       /* dQ columns per warpgroup (D = 128) or all of them (D = 64) */
@@ -157,21 +166,18 @@ __device__ __forceinline__ uint32_t smem_addr_now(const void *s)
     return r;
 }
 
-/* Named barrier `id` over `count` threads: wait for all of them (sync), or only signal (arrive). */
+/* Named barrier `id` over `count` threads. Only bar.sync is used (no bar.arrive producer/consumer
+ * pairs): compute-sanitizer racecheck orders accesses across bar.sync, and reported the arrive-based
+ * dQ handshake as hazards although PTX orders it too. */
 __device__ __forceinline__ void named_sync(int id, int count)
 {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
-__device__ __forceinline__ void named_arrive(int id, int count)
-{
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
-/* The dQ reducer warpgroup: for each query tile the MMA warpgroups walk, wait until they have written
- * its dQ_partial (BM x D fp32) into buffer (i % 2), add it into dq_accum with vector red.add, and
- * hand the buffer back. The MMA warpgroups never stall on these L2 reductions (they were 20-25% of
- * the time when the MMA warps issued them). */
+/* The dQ reducer warpgroup: for each query tile the MMA warpgroups walk, meet them on BAR_DQ once they
+ * have written its dQ_partial (BM x D fp32) into buffer (i % 2), then add it into dq_accum with vector
+ * red.add. The MMA warpgroups never stall on these L2 reductions (they were 20-25% of the time when
+ * the MMA warps issued them). */
 template <int BM, int D>
 __device__ __forceinline__ void dq_reducer(const float *dQb, float *dqa, int m_first, int num_m, int sq, int d,
                                            int rtid)
@@ -180,7 +186,7 @@ __device__ __forceinline__ void dq_reducer(const float *dQb, float *dqa, int m_f
     const int n = num_m - m_first;
     for (int i = 0; i < n; ++i) {
         const int buf = i & 1, m0 = (m_first + i) * BM;
-        named_sync(BAR_DQ_FULL + buf, SM90_THREADS_ALL);
+        named_sync(BAR_DQ, SM90_THREADS_ALL);
         const uint32_t src = smem_u32(dQb + buf * NPART * BM * DQ_LD); /* [NPART][BM][DQ_LD] */
 #pragma unroll 4
         for (int idx = rtid; idx < BM * V4_PER_ROW; idx += WARPGROUP_THREADS) {
@@ -194,8 +200,6 @@ __device__ __forceinline__ void dq_reducer(const float *dQb, float *dqa, int m_f
                 atomicAdd((float4 *)(dqa + (int64_t)(m0 + r) * d + c), v);
             }
         }
-        if (i + 2 < n) /* the MMA warpgroups refill this buffer at tile i + 2 */
-            named_arrive(BAR_DQ_EMPTY + buf, SM90_THREADS_ALL);
     }
 }
 
@@ -374,9 +378,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
                                                      desc_mn_major<BN>(Ka, dq_key0 + kk * WGMMA_K, dq_col0), kk);
             wgmma_commit();
             wgmma_wait<0>();
-            const int step = m - m_first, buf = step & 1;
-            if (step >= 2) /* the reducer has added tile step - 2 from this buffer */
-                named_sync(BAR_DQ_EMPTY + buf, SM90_THREADS_ALL);
+            const int buf = (m - m_first) & 1; /* the reducer finished tile m - 2 before the BAR_DQ of tile m - 1 */
             const uint32_t dst = smem_addr_now(dQb) + (uint32_t)((((buf * NPART + dq_part) * BM + w * 16 + lane / 4) * DQ_LD +
                                                                   dq_col0 + 2 * lc) * sizeof(float)); /* (DQ_N) */
 #pragma unroll
@@ -384,7 +386,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
                 st_shared_v2_f32(dst + i * 8 * sizeof(float), acc_dq[4 * i], acc_dq[4 * i + 1]);
                 st_shared_v2_f32(dst + (8 * DQ_LD + i * 8) * sizeof(float), acc_dq[4 * i + 2], acc_dq[4 * i + 3]);
             }
-            named_arrive(BAR_DQ_FULL + buf, SM90_THREADS_ALL);
+            named_sync(BAR_DQ, SM90_THREADS_ALL);
         } else {
             wgmma_wait<0>();
         }
