@@ -6,7 +6,7 @@
  *        dev/bwd_harness.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu csrc/cuda/bwd_simple.cu \
  *        -o dev/bin/bwd_harness
  *   (dev/sm90_run.sh builds it and runs everything below on the device.) On a Hopper GPU the main
- *   kernel is bwd_sm90.cu's for d <= 128; FLASHATTN_EXT_DISABLE_SM90=1 selects bwd_sm80.cu's.
+ *   kernel is bwd_sm90.cu's (every head dim); FLASHATTN_EXT_DISABLE_SM90=1 selects bwd_sm80.cu's.
  * Run:
  *   bwd_harness test [DTYPE]   all correctness configs, or those of one dtype (bf16, fp16, fp32,
  *                              fp64); one line each, a summary at the end

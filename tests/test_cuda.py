@@ -225,7 +225,7 @@ def test_misaligned_and_odd_stride_inputs(dtype):
 A100_SMEM = 163 * 1024
 SM86_SMEM = 99 * 1024
 BACKWARD_PATHS = [
-    # On Hopper the backward main kernel is the wgmma one (bwd_sm90.cu) for d <= 128, so the sm80
+    # On Hopper the backward main kernel is the wgmma one (bwd_sm90.cu) at every head dim, so the sm80
     # kernel that A100s run is reachable only with FLASHATTN_EXT_DISABLE_SM90=1 (read once per process).
     pytest.param({"FLASHATTN_EXT_DISABLE_SM90": "1"}, id="sm80-kernel"),
     # The smaller sm80 tiles chosen on GPUs with less shared memory than Hopper's (A100: 163 KB).

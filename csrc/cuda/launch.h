@@ -32,7 +32,7 @@ size_t flash_smem_available(void);
 
 /* Hopper main backward kernel (bwd_sm90.cu), used by flash_bwd_sm80 in place of its own main kernel
  * when flash_bwd_sm90_supported(p): an sm_90a build (FLASHATTN_EXT_SM90A), an sm_90 device, fp16/bf16,
- * d <= 128, and FLASHATTN_EXT_DISABLE_SM90 unset. */
+ * d <= 256, and FLASHATTN_EXT_DISABLE_SM90 unset. */
 int flash_bwd_sm90_supported(const flash_params *p);
 cudaError_t flash_bwd_main_sm90(const flash_params *p, cudaStream_t stream);
 
