@@ -42,7 +42,7 @@
  *   d256               190   242    260  |         140    213    260
  *   deterministic mode (dQ by bwd_sm80.cu's dQ kernel), d128 s8192: 235 (causal 220); d256: 168.
  * torch's flash backend (FA2) and cuDNN: benchmarks/results/h200 (backward, ours 1.14-1.44x FA2 at
- * d64/d128 from s2k, 0.98-1.05x at d256; 0.70-0.86x cuDNN).
+ * d64/d128 from s2k, 0.98-1.05x at d256; 0.68-0.86x cuDNN).
  * History (s8192 non-causal, d64/d128): 1. S^T/dP^T then all of P^T, dS^T, then dV, dK: 253/312.
  * 2. dV/dK wgmma issued per 16-query block as soon as its P^T/dS^T is ready: 268/324. Tried: dQ
  * through smem and per-row bulk reduce-adds (cp.reduce.async.bulk) instead of red.add: 263/316.
