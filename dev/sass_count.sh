@@ -2,7 +2,8 @@
 # Static SASS counts of the Hopper backward kernels, on a machine without a GPU. It compiles
 # csrc/cuda/bwd_sm90.cu (or the file given) for sm_90a and prints ptxas's wgmma serialization
 # warnings (C7510-C7515) and spills. For each bf16 kernel it then counts the instructions of the
-# largest loop, the per-tile main loop, and gives their mix. The instruction count per tile is what
+# largest loop, the per-tile main loop, and gives their mix. The count is static: every path in the
+# loop counts, including a tail or masked copy that most tiles skip. The instruction count per tile is what
 # the ncu profiles showed to be the limit (benchmarks/results/h200/bwd_sm90_2026-11-29b/progress.md).
 # cuobjdump and nvdisasm come from PyPI (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm); they are
 # installed once into dev/bin/sass.
@@ -24,9 +25,9 @@ for line in sys.stdin:
     m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
     if m:
         ins.append((int(m.group(1), 16), m.group(2)))
-best = None  # the largest backward branch = the main loop
+best = None  # the largest conditional backward branch = the main loop (cold blocks jump back unconditionally)
 for addr, text in ins:
-    m = re.search(r"BRA (0x[0-9a-f]+)", text)
+    m = re.search(r"^@!?P\d+ BRA (0x[0-9a-f]+)", text)
     if m and int(m.group(1), 16) < addr and (best is None or addr - int(m.group(1), 16) > best[1] - best[0]):
         best = (int(m.group(1), 16), addr)
 body = [t for a, t in ins if best and best[0] <= a <= best[1]]
