@@ -198,6 +198,7 @@ SAMPLES = [
     Cfg(1, 200, 64, 8, 4, 16, causal=True),
     Cfg(1, 257, 127, 2, 2, 3, causal=True, scale=0.3),
     Cfg(1, 65, 31, 2, 2, 256, causal=True),
+    Cfg(2, 65, 130, 4, 2, 192, causal=True, layout="bhsd"),   # GQA above d128 (Hopper: the d256 wgmma kernel)
     Cfg(2, 200, 130, 4, 4, 8, layout="bhsd"),
     # batch > 1 with strides / custom scales
     Cfg(3, 65, 65, 4, 2, 64, causal=True, layout="kvpacked"),
