@@ -409,28 +409,6 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
 #define D256_COLS 128     /* dK, dV and dQ columns per warpgroup */
 #define D256_DQ_CHUNK 64  /* dQ columns per wgmma pass (keeps its accumulators at 32 registers) */
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* m64n32k16, both operands from shared memory (S^T and dP^T of a warpgroup's 32 queries). */
-template <typename T>
-__device__ __forceinline__ void wgmma_ss_n32(float d[16], uint64_t desc_a, uint64_t desc_b, int accumulate);
-
-#define WGMMA_SS_N32(T, PTXT)                                                                              \
-    template <>                                                                                            \
-    __device__ __forceinline__ void wgmma_ss_n32<T>(float d[16], uint64_t desc_a, uint64_t desc_b, int accumulate) \
-    {                                                                                                      \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                           \
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32." PTXT "." PTXT " {"                        \
-                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"                   \
-                     "}, %16, %17, p, 1, 1, 0, 0;\n}\n"                                                       \
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),   \
-                       "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),            \
-                       "+f"(d[13]), "+f"(d[14]), "+f"(d[15])                                                  \
-                     : "l"(desc_a), "l"(desc_b), "r"(accumulate));                                          \
-    }
-WGMMA_SS_N32(__nv_bfloat16, "bf16")
-WGMMA_SS_N32(__half, "f16")
-#endif
-
 /* One CTA per (64 keys, query head, batch). The dK/dV accumulators of 64 keys x 256 columns do not fit
  * one warpgroup, so the warpgroups split the columns: warpgroup wg owns columns [128 wg, +128) of dK,
  * dV and dQ, and computes S^T, dP^T for all 64 keys x queries [32 wg, +32) of the step. P^T and dS^T
@@ -440,8 +418,8 @@ WGMMA_SS_N32(__half, "f16")
  *              B: dO/Q MN-major)
  *   dQ[:, cols] = dS K[:, cols]   two passes of m64 n64, K = 64 keys (A: dS^T MN-major; B: K MN-major),
  *              added into dq_accum with red.add.
- * smem: K, V 32 KB each, Q/dO 2 stages x 2 x 32 KB, P^T and dS^T 8 KB each: 210 KB. 234 registers.
- * Measured (H200, bf16, 16k tokens): 223 TFLOP/s at s2048, 238 at s8192 (mma.sync kernel: 170, 178). */
+ * smem: K, V 32 KB each, Q/dO 2 stages x 2 x 32 KB, P^T and dS^T 8 KB each: 210 KB. 224 registers.
+ * Measured (H200, bf16, 16k tokens, harness): 242 TFLOP/s at s2048, 260 at s8192 (mma.sync kernel: 170, 178). */
 template <typename T>
 __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(const flash_params p)
 {
@@ -532,11 +510,11 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / WGMMA_K; ++kk)
-            wgmma_ss_n32<T>(s, desc_k_major<BN>(Ka, 0, kk * WGMMA_K), desc_k_major<BM>(Qt, q0, kk * WGMMA_K), kk);
+            wgmma_op<T, D256_QW>::template ss<0, 0>(s, desc_k_major<BN>(Ka, 0, kk * WGMMA_K), desc_k_major<BM>(Qt, q0, kk * WGMMA_K), kk);
         wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < D / WGMMA_K; ++kk)
-            wgmma_ss_n32<T>(dp, desc_k_major<BN>(Va, 0, kk * WGMMA_K), desc_k_major<BM>(dOt, q0, kk * WGMMA_K), kk);
+            wgmma_op<T, D256_QW>::template ss<0, 0>(dp, desc_k_major<BN>(Va, 0, kk * WGMMA_K), desc_k_major<BM>(dOt, q0, kk * WGMMA_K), kk);
         wgmma_commit();
 
         /* P^T, dS^T (masking as in bwd_main_sm90_kernel), to smem for both warpgroups */

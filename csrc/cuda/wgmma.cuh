@@ -105,17 +105,29 @@ __device__ __forceinline__ void fence_proxy_async(void)
 template <typename T, int N>
 struct wgmma_op;
 
-/* The accumulator operands of one wgmma: 32 or 64 fp32 registers of d. */
-#define WGMMA_ACC32(d) \
+/* The accumulator operands of one wgmma: 16, 32 or 64 fp32 registers of d. */
+#define WGMMA_ACC16(d) \
     "+f"((d)[0]), "+f"((d)[1]), "+f"((d)[2]), "+f"((d)[3]), \
     "+f"((d)[4]), "+f"((d)[5]), "+f"((d)[6]), "+f"((d)[7]), \
     "+f"((d)[8]), "+f"((d)[9]), "+f"((d)[10]), "+f"((d)[11]), \
-    "+f"((d)[12]), "+f"((d)[13]), "+f"((d)[14]), "+f"((d)[15]), \
-    "+f"((d)[16]), "+f"((d)[17]), "+f"((d)[18]), "+f"((d)[19]), \
-    "+f"((d)[20]), "+f"((d)[21]), "+f"((d)[22]), "+f"((d)[23]), \
-    "+f"((d)[24]), "+f"((d)[25]), "+f"((d)[26]), "+f"((d)[27]), \
-    "+f"((d)[28]), "+f"((d)[29]), "+f"((d)[30]), "+f"((d)[31])
+    "+f"((d)[12]), "+f"((d)[13]), "+f"((d)[14]), "+f"((d)[15])
+#define WGMMA_ACC32(d) WGMMA_ACC16(d), WGMMA_ACC16((d) + 16)
 #define WGMMA_ACC64(d) WGMMA_ACC32(d), WGMMA_ACC32((d) + 32)
+
+/* wgmma_op<T, 32>: ss only (S^T and dP^T of the d256 kernel, 32 queries per warpgroup). */
+#define WGMMA_OP_N32(T, PTXT) \
+    template <> struct wgmma_op<T, 32> { \
+        template <int TRANS_A, int TRANS_B> \
+        static __device__ __forceinline__ void ss(float d[16], uint64_t desc_a, uint64_t desc_b, int accumulate) \
+        { \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n" \
+                         "wgmma.mma_async.sync.aligned.m64n32k16.f32." PTXT "." PTXT " {" \
+                         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" \
+                         "}, %16, %17, p, 1, 1, %19, %20;\n}\n" \
+                         : WGMMA_ACC16(d) \
+                         : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B)); \
+        } \
+    };
 
 /* wgmma_op<T, N> for one N and dtype: PTXT is the PTX type name (bf16, f16). */
 #define WGMMA_OP_N64(T, PTXT) \
@@ -174,6 +186,8 @@ struct wgmma_op;
         } \
     };
 
+WGMMA_OP_N32(__nv_bfloat16, "bf16")
+WGMMA_OP_N32(__half, "f16")
 WGMMA_OP_N64(__nv_bfloat16, "bf16")
 WGMMA_OP_N64(__half, "f16")
 WGMMA_OP_N128(__nv_bfloat16, "bf16")
