@@ -17,16 +17,15 @@
  *     computes all 64 columns from its own 64 keys (two partials). The partials go to one of two
  *     smem buffers [NPART][BM][D + 8] fp32 and a third warpgroup, the dQ reducer (setmaxnreg 24;
  *     the MMA warpgroups take 240), sums them and adds them into the fp32 dq_accum with vector
- *     red.add while the MMA warpgroups go on with the next query tile. Handshake: after writing tile
- *     t, the MMA warpgroups meet the reducer on named barrier BAR_DQ (bar.sync on both sides: the
- *     reducer gets there once it has added tile t - 1, so buffer t % 2 is free again for tile t + 2).
- *     The MMA warpgroups meet each other on named barrier 1, never on __syncthreads.
+ *     red.add while the MMA warpgroups go on with the next query tile. Handshake per buffer b through
+ *     mbarriers: FULL[b] (every MMA thread arrives after its stores, release; the reducer waits,
+ *     acquire) and EMPTY[b] (every reducer thread arrives after its loads; the MMA warpgroups wait
+ *     before rewriting b, from the third tile on). The MMA warpgroups meet each other on named
+ *     barrier 1, never on __syncthreads.
  *   dK (times scale) and dV stay in registers until the end: dtype when h == h_kv, else fp32 per query
  *   head into dk_accum / dv_accum for the GQA postprocess. Deterministic mode skips dQ here (the
  *   separate dQ kernel of bwd_sm80.cu computes it) and the reducer idles.
  * Tiles: BN 128 x BM 64, 3 warpgroups (384 threads). D = 128: 216 KB smem; D = 64: 156 KB.
- *   compute-sanitizer racecheck reports hazards between the dQ buffer stores and the reducer's loads,
- *   which BAR_DQ orders (bar.sync, all 384 threads); dev/racecheck_probe.cu isolates the pattern.
  *   Shared-memory tiles use the 128-byte swizzled layout of wgmma.cuh; head dims below D are zero-
  *   padded in smem and computed like the others, only global writes are guarded.
  * bwd_main_sm90_d256_kernel, head dims 129..256: 64 keys per CTA, the warpgroups split the columns of
@@ -37,12 +36,12 @@
  * Measured on the H200 (dev/bwd_harness.cu time; bf16, 16k tokens, nheads = 2048/d, whole backward
  * incl. pre/postprocess; bwd FLOPs = 2.5 * 4*B*H*Sq*Sk*D, halved for causal), TFLOP/s:
  *                     s512  s2048  s8192 | causal: s512  s2048  s8192
- *   d64                212   309    349  |         134    254    331
- *   d128               280   415    449  |         171    319    427
- *   d256               190   242    260  |         140    213    260
- *   deterministic mode (dQ by bwd_sm80.cu's dQ kernel), d128 s8192: 235 (causal 220); d256: 168.
- * torch's flash backend (FA2) and cuDNN: benchmarks/results/h200 (backward, ours 1.14-1.44x FA2 at
- * d64/d128 from s2k, 0.98-1.05x at d256; 0.68-0.86x cuDNN).
+ *   d64                206   301    342  |         131    249    323
+ *   d128               284   428    487  |         171    328    439
+ *   d256               197   261    286  |         146    230    284
+ *   deterministic mode (dQ by bwd_sm80.cu's dQ kernel), d128 s8192: 238 (causal 221).
+ * torch's flash backend (FA2) and cuDNN: benchmarks/results/h200 (backward, ours 1.16-1.51x FA2 at
+ * d128, 1.04-1.25x at d64 from s1k, 1.03-1.15x at d256; 0.71-0.87x cuDNN).
  * History (s8192 non-causal, d64/d128): 1. S^T/dP^T then all of P^T, dS^T, then dV, dK: 253/312.
  * 2. dV/dK wgmma issued per 16-query block as soon as its P^T/dS^T is ready: 268/324. Tried: dQ
  * through smem and per-row bulk reduce-adds (cp.reduce.async.bulk) instead of red.add: 263/316.
@@ -56,6 +55,13 @@
  * Tried: dQ(m-1) issued under the exponentials of tile m with three Q/dO stages (software pipelined,
  * one MMA barrier per tile): d64 +1%, and at d128 the extra accumulators serialize the wgmma's (-8%).
  * d256: the mma.sync kernel of bwd_sm80.cu ran at 178; the first version of this one 238.
+ * 5. (d64/d128/d256, s8192; each step alone against step 4) whole tiles loaded without per-chunk
+ * bounds: 348/484/271; warp-uniform descriptor bases (no R2UR per wgmma): 355/465/262; one stmatrix
+ * per 16 x 16 block of dS^T / P^T: 350/475/264; the unmasked P path chosen per 16-query block (d128
+ * too): 348/473/261; d256 dQ chunk 0 before dV/dK: 276 at d256. The dQ handshake moved from bar.sync
+ * to mbarriers: compute-sanitizer racecheck reported the bar.sync version (15 hazards, though PTX
+ * orders it) and reports none with mbarriers; it costs 1-3% (all of step 5 with bar.sync: 347/494/287).
+ * All of step 5 together: 342/487/286 (the table above).
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -74,9 +80,8 @@
 #define REDUCER_REGS 24  /* ... and of the reducer: what the reducer frees, (168 - 24) * 128, is what the
                           * MMA warpgroups take, (240 - 168) * 256; 168 = the launch cap for 384 threads */
 #define DQ_PAD 8         /* fp32 padding per row of the dQ buffers: conflict-free float2 stores */
-/* named barriers: 0 is __syncthreads (unused); MMA warpgroups only; MMA warpgroups and the dQ reducer */
+/* named barrier of the MMA warpgroups (0 is __syncthreads, used once before the roles split) */
 #define BAR_MMA 1
-#define BAR_DQ 2
 #define SM90_BN 128   /* keys per CTA */
 #define WG_KEYS 64    /* keys per warpgroup: the M of one wgmma */
 #define DQ_N 64       /* dQ columns per warpgroup (D = 128) or all of them (D = 64) */
@@ -93,7 +98,8 @@ __host__ __device__ constexpr int dq_parts(int D)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 /* Async copy of a ROWS x D tile (rows [0, rows_valid), columns [0, d) of global memory, row stride
- * `stride` elements) into the sw128 smem tile `s`; everything outside is zero-filled. Each thread
+ * `stride` elements) into the sw128 smem tile `s`; everything outside is zero-filled (tiles that are
+ * whole, the common case, skip the bounds). Each thread
  * copies one 16-byte column chunk c of rows r0 + RSTEP * it: RSTEP is a multiple of 8, so those rows
  * share the swizzle phase and the smem offsets differ by constants. */
 template <typename T, int ROWS, int D>
@@ -104,6 +110,12 @@ __device__ __forceinline__ void load_tile_sw128(uint8_t *s, const T *g, int64_t 
     const int r0 = tid / CPR, c = tid % CPR * CHUNK;
     const uint32_t s0 = smem_u32(s) + sw128_offset(ROWS, r0, c);
     const T *g0 = g + r0 * stride + c;
+    if (rows_valid >= ROWS && d == D) { /* whole tile (uniform branch): no per-chunk bounds or selects */
+#pragma unroll
+        for (int it = 0; it < ROWS / RSTEP; ++it, g0 += RSTEP * stride)
+            cp_async_16(s0 + it * RSTEP * SW128_ROW_BYTES, g0, true);
+        return;
+    }
     const bool col_ok = c < d;
 #pragma unroll
     for (int it = 0; it < ROWS / RSTEP; ++it) {
@@ -113,15 +125,17 @@ __device__ __forceinline__ void load_tile_sw128(uint8_t *s, const T *g, int64_t 
 }
 
 /* Store a 16 x 16 A fragment (acc_to_a layout; rows row0 + [0, 16), columns col0 + [0, 16)) into the
- * sw128 tile of ROWS rows at shared address s. */
+ * sw128 tile of ROWS rows at shared address s, with one stmatrix: a[i] is the 8 x 8 matrix i (rows
+ * + 8 (i % 2), columns + 8 (i / 2)), whose row lane % 8 lane l addresses for matrix l / 8 (each row of
+ * 8 elements is one 16-byte chunk of the swizzled layout). */
 template <int ROWS>
 __device__ __forceinline__ void store_a_frag_sw128(uint32_t s, int row0, int col0, const uint32_t a[4], int lane)
 {
-    const int r = row0 + lane / 4, c = col0 + 2 * (lane % 4);
-    st_shared_b32(s + sw128_offset(ROWS, r, c), a[0]);
-    st_shared_b32(s + sw128_offset(ROWS, r + 8, c), a[1]);
-    st_shared_b32(s + sw128_offset(ROWS, r, c + 8), a[2]);
-    st_shared_b32(s + sw128_offset(ROWS, r + 8, c + 8), a[3]);
+    const int r = row0 + lane % 8 + 8 * (lane / 8 % 2), c = col0 + 8 * (lane / 16);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                     s + sw128_offset(ROWS, r, c)),
+                 "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
+                 : "memory");
 }
 
 /* P^T of one 16-query block (8 accumulator values s8: rows jb, jb + 8 of the thread, queries il, il + 1
@@ -146,6 +160,13 @@ __device__ __forceinline__ void p_block(float s8[8], uint32_t lse_addr, float sl
     }
 }
 
+/* v, which is the same in all lanes of the warp, as the compiler's warp-uniform value (broadcast from
+ * lane 0): descriptor math derived from it runs on the uniform datapath, with no R2UR per wgmma. */
+__device__ __forceinline__ uint32_t warp_uniform(uint32_t v)
+{
+    return __shfl_sync(FULL_MASK, v, 0);
+}
+
 /* This thread's index, re-read at every call (volatile) for the same reason: the addresses derived from
  * it are recomputed in each step of the main loop rather than held in registers across it. */
 __device__ __forceinline__ int tid_now(void)
@@ -166,27 +187,48 @@ __device__ __forceinline__ uint32_t smem_addr_now(const void *s)
     return r;
 }
 
-/* Named barrier `id` over `count` threads. Only bar.sync is used (no bar.arrive producer/consumer
- * pairs): compute-sanitizer racecheck orders accesses across bar.sync, and reported the arrive-based
- * dQ handshake as hazards although PTX orders it too. */
+/* Named barrier `id` over `count` threads. */
 __device__ __forceinline__ void named_sync(int id, int count)
 {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
-/* The dQ reducer warpgroup: for each query tile the MMA warpgroups walk, meet them on BAR_DQ once they
- * have written its dQ_partial (BM x D fp32) into buffer (i % 2), then add it into dq_accum with vector
- * red.add. The MMA warpgroups never stall on these L2 reductions (they were 20-25% of the time when
- * the MMA warps issued them). */
+/* mbarrier (shared address) expecting `count` arrivals per phase. */
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+/* Arrive (release: this thread's earlier memory accesses are ordered before the phase completes). */
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.release.cta.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
+                 : "memory");
+}
+
+/* Wait (acquire) until the phase of parity `parity` has completed: phase k of a barrier is its k-th use. */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity)
+{
+    asm volatile("{\n.reg .pred done;\nwait_%=:\n"
+                 "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra wait_%=;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+
+/* The dQ reducer warpgroup: for each query tile i the MMA warpgroups walk, wait on FULL[i % 2] until
+ * they have written its dQ_partial (BM x D fp32) into buffer i % 2, add it into dq_accum with vector
+ * red.add, and hand the buffer back on EMPTY[i % 2]. The MMA warpgroups never stall on these L2
+ * reductions (they were 20-25% of the time when the MMA warps issued them). */
 template <int BM, int D>
-__device__ __forceinline__ void dq_reducer(const float *dQb, float *dqa, int m_first, int num_m, int sq, int d,
-                                           int rtid)
+__device__ __forceinline__ void dq_reducer(const float *dQb, float *dqa, uint32_t full, uint32_t empty, int m_first,
+                                           int num_m, int sq, int d, int rtid)
 {
     constexpr int DQ_LD = D + DQ_PAD, V4_PER_ROW = D / 4, NPART = dq_parts(D);
     const int n = num_m - m_first;
     for (int i = 0; i < n; ++i) {
         const int buf = i & 1, m0 = (m_first + i) * BM;
-        named_sync(BAR_DQ, SM90_THREADS_ALL);
+        mbar_wait(full + buf * sizeof(uint64_t), (i / 2) & 1);
         const uint32_t src = smem_u32(dQb + buf * NPART * BM * DQ_LD); /* [NPART][BM][DQ_LD] */
 #pragma unroll 4
         for (int idx = rtid; idx < BM * V4_PER_ROW; idx += WARPGROUP_THREADS) {
@@ -200,6 +242,7 @@ __device__ __forceinline__ void dq_reducer(const float *dQb, float *dqa, int m_f
                 atomicAdd((float4 *)(dqa + (int64_t)(m0 + r) * d + c), v);
             }
         }
+        mbar_arrive(empty + buf * sizeof(uint64_t));
     }
 }
 
@@ -226,6 +269,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     float *lse_s = (float *)(dSs + DS_BYTES); /* [2][BM] */
     float *delta_s = lse_s + 2 * BM;          /* [2][BM] */
     float *dQb = delta_s + 2 * BM;            /* [2][NPART][BM][D + DQ_PAD] fp32: dQ_partial, MMA -> reducer */
+    uint64_t *mbar = (uint64_t *)(dQb + 2 * NPART * BM * DQ_LD); /* [2] FULL, [2] EMPTY of the dQ buffers */
 
     const int tid = threadIdx.x;
     const int n0 = blockIdx.x * BN, hq = blockIdx.y, b = blockIdx.z;
@@ -252,10 +296,16 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     }
     const int kvalid = sk - n0; /* keys of the tile that exist */
 
+    const uint32_t full = smem_u32(mbar), empty = full + 2 * sizeof(uint64_t);
+    if (tid < 2) {
+        mbar_init(full + tid * sizeof(uint64_t), SM90_THREADS);
+        mbar_init(empty + tid * sizeof(uint64_t), WARPGROUP_THREADS);
+    }
+    __syncthreads(); /* the mbarriers initialized */
     if (tid >= SM90_THREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REDUCER_REGS));
         if (do_dq)
-            dq_reducer<BM, D>(dQb, dqa, m_first, num_m, sq, d, tid - SM90_THREADS);
+            dq_reducer<BM, D>(dQb, dqa, full, empty, m_first, num_m, sq, d, tid - SM90_THREADS);
     } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(MMA_REGS));
     load_tile_sw128<T, BN, D>(Ks, kg, p.k_s.row, kvalid, d, tid);
@@ -284,7 +334,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
             lse_s[st * BM + tid] = lse_to_log2(lse_s[st * BM + tid]);
         named_sync(BAR_MMA, SM90_THREADS); /* stage st landed; stage st^1 and dS^T no longer read by step m-1 */
         const int tid = tid_now(), lane = tid % WARP_SIZE, lc = lane % 4;
-        const int wg = tid / WARPGROUP_THREADS, w = (tid % WARPGROUP_THREADS) / WARP_SIZE;
+        const int wg = warp_uniform(tid / WARPGROUP_THREADS), w = (tid % WARPGROUP_THREADS) / WARP_SIZE;
         const int key0 = wg * WG_KEYS;                    /* the warpgroup's first key in the tile */
         const int dq_col0 = NPART == 2 ? 0 : wg * DQ_N;   /* the warpgroup's dQ block: columns, */
         const int dq_key0 = NPART == 2 ? key0 : 0;        /* first key (K), */
@@ -297,8 +347,8 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
             load_vec_async<BM, SM90_THREADS>(delta_s + so * BM, deltag + m1, sq - m1, tid);
             cp_async_commit();
         }
-        const uint32_t Qt = smem_addr_now(Qs + st * Q_BYTES), dOt = smem_addr_now(dOs + st * Q_BYTES); /* [BM][D] */
-        const uint32_t Ka = smem_addr_now(Ks), Va = smem_addr_now(Vs), dSa = smem_addr_now(dSs);
+        const uint32_t Qt = warp_uniform(smem_addr_now(Qs + st * Q_BYTES)), dOt = warp_uniform(smem_addr_now(dOs + st * Q_BYTES)); /* [BM][D] */
+        const uint32_t Ka = warp_uniform(smem_addr_now(Ks)), Va = warp_uniform(smem_addr_now(Vs)), dSa = warp_uniform(smem_addr_now(dSs));
         const uint32_t lse_t = smem_addr_now(lse_s + st * BM), delta_t = smem_addr_now(delta_s + st * BM); /* [BM] */
 
         /* S^T = K_wg Q^T, then dP^T = V_wg dO^T: 64 keys x BM queries each */
@@ -327,24 +377,18 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
         const int t = causal ? jb - 2 * lc - diag : INT_MIN;
         const bool row0_out = jb >= kvalid, row8_out = jb + 8 >= kvalid;
         wgmma_wait<1>(); /* S^T */
-        /* two copies of the loop, without masking where no key of the tile is masked; only at D = 64:
-         * at D = 128 the second copy tips ptxas into serializing the wgmma's (too few registers) */
-        if (need_mask || D == 128) {
+        /* masking only in tiles where some key is masked; the branch is per 16-query block so that the
+         * wgmma issue exists once (two copies of the whole loop made ptxas serialize the wgmma's at
+         * D = 128, too few registers) */
 #pragma unroll
-            for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
+        for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
+            if (need_mask)
                 p_block<true>(s + 8 * kq, lse_t + (kq * WGMMA_K + 2 * lc) * sizeof(float), sl2, kq, t, row0_out, row8_out);
-                acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
-                wgmma_fence();
-                wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
-            }
-        } else {
-#pragma unroll
-            for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
+            else
                 p_block<false>(s + 8 * kq, lse_t + (kq * WGMMA_K + 2 * lc) * sizeof(float), sl2, kq, t, row0_out, row8_out);
-                acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
-                wgmma_fence();
-                wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
-            }
+            acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
+            wgmma_fence();
+            wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
         }
         wgmma_commit();
         wgmma_wait<1>(); /* dP^T (dV may still run) */
@@ -378,7 +422,9 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
                                                      desc_mn_major<BN>(Ka, dq_key0 + kk * WGMMA_K, dq_col0), kk);
             wgmma_commit();
             wgmma_wait<0>();
-            const int buf = (m - m_first) & 1; /* the reducer finished tile m - 2 before the BAR_DQ of tile m - 1 */
+            const int step = m - m_first, buf = step & 1;
+            if (step >= 2) /* the reducer has added tile step - 2 from this buffer */
+                mbar_wait(smem_addr_now(mbar) + (2 + buf) * sizeof(uint64_t), (step / 2 - 1) & 1);
             const uint32_t dst = smem_addr_now(dQb) + (uint32_t)((((buf * NPART + dq_part) * BM + w * 16 + lane / 4) * DQ_LD +
                                                                   dq_col0 + 2 * lc) * sizeof(float)); /* (DQ_N) */
 #pragma unroll
@@ -386,7 +432,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
                 st_shared_v2_f32(dst + i * 8 * sizeof(float), acc_dq[4 * i], acc_dq[4 * i + 1]);
                 st_shared_v2_f32(dst + (8 * DQ_LD + i * 8) * sizeof(float), acc_dq[4 * i + 2], acc_dq[4 * i + 3]);
             }
-            named_sync(BAR_DQ, SM90_THREADS_ALL);
+            mbar_arrive(smem_addr_now(mbar) + buf * sizeof(uint64_t));
         } else {
             wgmma_wait<0>();
         }
@@ -409,6 +455,32 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
 #define D256_COLS 128     /* dK, dV and dQ columns per warpgroup */
 #define D256_DQ_CHUNK 64  /* dQ columns per wgmma pass (keeps its accumulators at 32 registers) */
 
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* dQ[:, cc .. cc + 64) = dS K[:, cc .. cc + 64) of the d256 kernel: K = its 64 keys, dS^T (dSa) and K
+ * (Ka) read MN-major. No commit. */
+template <typename T>
+__device__ __forceinline__ void issue_dq_chunk_d256(float (&acc)[D256_DQ_CHUNK / 2], uint32_t dSa, uint32_t Ka, int cc)
+{
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D256_BN / WGMMA_K; ++kk)
+        wgmma_op<T, D256_DQ_CHUNK>::template ss<1, 1>(acc, desc_mn_major<D256_BN>(dSa, kk * WGMMA_K, 0),
+                                                      desc_mn_major<D256_BN>(Ka, kk * WGMMA_K, cc), kk);
+}
+
+/* Add that chunk (this thread's rows row, row + 8) into dq_accum (sq, d) with vector red.add. */
+__device__ __forceinline__ void add_dq_chunk_d256(float *dqa, int d, int sq, int row, int cc,
+                                                  const float (&acc)[D256_DQ_CHUNK / 2], int lc, int lane)
+{
+#pragma unroll
+    for (int i = 0; i < D256_DQ_CHUNK / 8; ++i) {
+        if (cc + i * 8 < d) /* warp-uniform: the shuffles inside need all lanes */
+            red_add_tile(dqa, d, row, row < sq, row + 8 < sq, cc + i * 8 + 2 * lc, acc + 4 * i, lane);
+    }
+}
+#endif
+
 /* One CTA per (64 keys, query head, batch). The dK/dV accumulators of 64 keys x 256 columns do not fit
  * one warpgroup, so the warpgroups split the columns: warpgroup wg owns columns [128 wg, +128) of dK,
  * dV and dQ, and computes S^T, dP^T for all 64 keys x queries [32 wg, +32) of the step. P^T and dS^T
@@ -419,8 +491,8 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
  *   dQ[:, cols] = dS K[:, cols]   two passes of m64 n64, K = 64 keys (A: dS^T MN-major; B: K MN-major),
  *              added into dq_accum with red.add.
  * smem: K, V 32 KB each, Q/dO 2 stages x 2 x 32 KB, P^T and dS^T 8 KB each: 210 KB. 224 registers.
- * Measured (H200, bf16, 16k tokens, harness): 242 TFLOP/s at s2048, 260 at s8192 (mma.sync kernel: 170, 178). */
-template <typename T>
+ * Measured (H200, bf16, 16k tokens, harness): 261 TFLOP/s at s2048, 286 at s8192 (mma.sync kernel: 170, 178). */
+template <typename T, bool DO_DQ>
 __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(const flash_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -445,7 +517,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     const int sq = (int)p.sq, sk = (int)p.sk, d = (int)p.d;
     const float sl2 = p.scale_log2;
     const bool causal = p.causal != 0;
-    const bool do_dq = !p.deterministic;
+    constexpr bool do_dq = DO_DQ; /* a template parameter: ptxas keeps the wgmma pipeline only when
+                                   * the dQ chunk 0 issue is unconditional */
 
     const T *kg = (const T *)p.k + b * p.k_s.batch + hk * p.k_s.head + n0 * p.k_s.row; /* (sk - n0, d) */
     const T *vg = (const T *)p.v + b * p.v_s.batch + hk * p.v_s.head + n0 * p.v_s.row; /* (sk - n0, d) */
@@ -490,7 +563,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
             lse_s[st * BM + tid] = lse_to_log2(lse_s[st * BM + tid]);
         __syncthreads();     /* stage st landed; stage st^1, P^T and dS^T no longer read by step m-1 */
         const int tid = tid_now(), lane = tid % WARP_SIZE, lc = lane % 4;
-        const int wg = tid / WARPGROUP_THREADS, w = (tid % WARPGROUP_THREADS) / WARP_SIZE;
+        const int wg = warp_uniform(tid / WARPGROUP_THREADS), w = (tid % WARPGROUP_THREADS) / WARP_SIZE;
         const int q0 = wg * D256_QW, c0 = wg * D256_COLS; /* the warpgroup's S^T queries, dK/dV/dQ columns */
         if (m + 1 < num_m) {
             const int m1 = m0 + BM, so = st ^ 1;
@@ -500,9 +573,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
             load_vec_async<BM, SM90_THREADS>(delta_s + so * BM, deltag + m1, sq - m1, tid);
             cp_async_commit();
         }
-        const uint32_t Qt = smem_addr_now(Qs + st * Q_BYTES), dOt = smem_addr_now(dOs + st * Q_BYTES); /* [BM][D] */
-        const uint32_t Ka = smem_addr_now(Ks), Va = smem_addr_now(Vs);
-        const uint32_t Pa = smem_addr_now(Ps), dSa = smem_addr_now(dSs);
+        const uint32_t Qt = warp_uniform(smem_addr_now(Qs + st * Q_BYTES)), dOt = warp_uniform(smem_addr_now(dOs + st * Q_BYTES)); /* [BM][D] */
+        const uint32_t Ka = warp_uniform(smem_addr_now(Ks)), Va = warp_uniform(smem_addr_now(Vs));
+        const uint32_t Pa = warp_uniform(smem_addr_now(Ps)), dSa = warp_uniform(smem_addr_now(dSs));
         const uint32_t lse_t = smem_addr_now(lse_s + st * BM), delta_t = smem_addr_now(delta_s + st * BM); /* [BM] */
 
         /* S^T = K Q_wg^T, dP^T = V dO_wg^T: all 64 keys x the warpgroup's 32 queries */
@@ -554,7 +627,16 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         fence_proxy_async();
         __syncthreads(); /* P^T, dS^T of all 64 queries in smem */
 
-        /* dV += P^T dO[:, cols], dK += dS^T Q[:, cols]: K = the 64 queries */
+        /* dQ[:, cols] = dS K[:, cols] in two chunks of 64 columns (K = the 64 keys), around dV += P^T
+         * dO[:, cols] and dK += dS^T Q[:, cols] (K = the 64 queries): the tensor cores run chunk 0, dV,
+         * dK, chunk 1 back to back, and the red.adds of chunk 0 overlap dV and dK. */
+        static_assert(D256_COLS == 2 * D256_DQ_CHUNK, "two dQ chunks");
+        const int row = m0 + w * 16 + lane / 4;
+        float acc_dq[NDQ]; /* overwritten by the first step of each chunk (accumulate = 0) */
+        if (do_dq) {
+            issue_dq_chunk_d256<T>(acc_dq, dSa, Ka, c0);
+            wgmma_commit();
+        }
         wgmma_fence();
 #pragma unroll
         for (int kq = 0; kq < BM / WGMMA_K; ++kq)
@@ -565,27 +647,13 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
             wgmma_op<T, D256_COLS>::template ss<0, 1>(acc_dk, desc_k_major<BN>(dSa, 0, kq * WGMMA_K),
                                                       desc_mn_major<BM>(Qt, kq * WGMMA_K, c0), 1);
         wgmma_commit();
-
         if (do_dq) {
-            /* dQ[:, cols] = dS K[:, cols] in chunks of 64 columns; K = the 64 keys */
-            const int row = m0 + w * 16 + lane / 4;
-#pragma unroll 1
-            for (int ch = 0; ch < D256_COLS / D256_DQ_CHUNK; ++ch) {
-                const int cc = c0 + ch * D256_DQ_CHUNK;
-                float acc_dq[NDQ]; /* overwritten by the first step (accumulate = 0) */
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < BN / WGMMA_K; ++kk)
-                    wgmma_op<T, D256_DQ_CHUNK>::template ss<1, 1>(acc_dq, desc_mn_major<BN>(dSa, kk * WGMMA_K, 0),
-                                                                  desc_mn_major<BN>(Ka, kk * WGMMA_K, cc), kk);
-                wgmma_commit();
-                wgmma_wait<0>();
-#pragma unroll
-                for (int i = 0; i < D256_DQ_CHUNK / 8; ++i) {
-                    if (cc + i * 8 < d) /* warp-uniform: the shuffles inside need all lanes */
-                        red_add_tile(dqa, d, row, row < sq, row + 8 < sq, cc + i * 8 + 2 * lc, acc_dq + 4 * i, lane);
-                }
-            }
+            wgmma_wait<1>(); /* chunk 0 (dV, dK may still run) */
+            add_dq_chunk_d256(dqa, d, sq, row, c0, acc_dq, lc, lane);
+            issue_dq_chunk_d256<T>(acc_dq, dSa, Ka, c0 + D256_DQ_CHUNK);
+            wgmma_commit();
+            wgmma_wait<0>();
+            add_dq_chunk_d256(dqa, d, sq, row, c0 + D256_DQ_CHUNK, acc_dq, lc, lane);
         } else {
             wgmma_wait<0>();
         }
@@ -606,7 +674,7 @@ static cudaError_t launch_main_sm90_d256(const flash_params *p, cudaStream_t str
     const size_t smem = SW128_ATOM_BYTES /* alignment slack */ +
                         (size_t)(2 * D256_BN * 256 + 4 * D256_BM * 256 + 2 * D256_BN * D256_BM) * 2 +
                         4 * D256_BM * sizeof(float);
-    auto kernel = bwd_main_sm90_d256_kernel<T>;
+    auto kernel = p->deterministic ? bwd_main_sm90_d256_kernel<T, false> : bwd_main_sm90_d256_kernel<T, true>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
@@ -619,7 +687,7 @@ template <typename T, int D, int BM>
 static cudaError_t launch_main_sm90(const flash_params *p, cudaStream_t stream)
 {
     const size_t smem = SW128_ATOM_BYTES /* alignment slack */ + (size_t)(2 * SM90_BN * D + 4 * BM * D + SM90_BN * BM) * 2 +
-                        (size_t)(4 * BM + 2 * dq_parts(D) * BM * (D + DQ_PAD)) * sizeof(float);
+                        (size_t)(4 * BM + 2 * dq_parts(D) * BM * (D + DQ_PAD)) * sizeof(float) + 4 * sizeof(uint64_t);
     auto kernel = bwd_main_sm90_kernel<T, D, BM>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
