@@ -36,12 +36,12 @@
  * Measured on the H200 (dev/bwd_harness.cu time; bf16, 16k tokens, nheads = 2048/d, whole backward
  * incl. pre/postprocess; bwd FLOPs = 2.5 * 4*B*H*Sq*Sk*D, halved for causal), TFLOP/s:
  *                     s512  s2048  s8192 | causal: s512  s2048  s8192
- *   d64                206   301    342  |         131    249    323
- *   d128               284   428    487  |         171    328    439
- *   d256               197   261    286  |         146    230    284
- *   deterministic mode (dQ by bwd_sm80.cu's dQ kernel), d128 s8192: 238 (causal 221).
- * torch's flash backend (FA2) and cuDNN: benchmarks/results/h200 (backward, ours 1.16-1.51x FA2 at
- * d128, 1.04-1.25x at d64 from s1k, 1.03-1.15x at d256; 0.71-0.87x cuDNN).
+ *   d64                210   307    348  |         132    254    331
+ *   d128               285   428    488  |         178    339    448
+ *   d256               200   261    286  |         146    229    283
+ *   deterministic mode (dQ by bwd_sm80.cu's dQ kernel), d128 s8192: 239 (causal 223).
+ * torch's flash backend (FA2) and cuDNN: benchmarks/results/h200 (backward, ours 1.16-1.55x FA2 at
+ * d128, 1.06-1.28x at d64 from s1k, 1.03-1.14x at d256; 0.69-0.87x cuDNN).
  * History (s8192 non-causal, d64/d128): 1. S^T/dP^T then all of P^T, dS^T, then dV, dK: 253/312.
  * 2. dV/dK wgmma issued per 16-query block as soon as its P^T/dS^T is ready: 268/324. Tried: dQ
  * through smem and per-row bulk reduce-adds (cp.reduce.async.bulk) instead of red.add: 263/316.
@@ -61,7 +61,8 @@
  * too): 348/473/261; d256 dQ chunk 0 before dV/dK: 276 at d256. The dQ handshake moved from bar.sync
  * to mbarriers: compute-sanitizer racecheck reported the bar.sync version (15 hazards, though PTX
  * orders it) and reports none with mbarriers; it costs 1-3% (all of step 5 with bar.sync: 347/494/287).
- * All of step 5 together: 342/487/286 (the table above).
+ * All of step 5 together: 342/487/286; then at D = 64 the two copies of the P loop again instead of
+ * the per-block branch: 348/488/286 (the table above).
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -377,18 +378,29 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
         const int t = causal ? jb - 2 * lc - diag : INT_MIN;
         const bool row0_out = jb >= kvalid, row8_out = jb + 8 >= kvalid;
         wgmma_wait<1>(); /* S^T */
-        /* masking only in tiles where some key is masked; the branch is per 16-query block so that the
-         * wgmma issue exists once (two copies of the whole loop made ptxas serialize the wgmma's at
-         * D = 128, too few registers) */
+        /* masking only in tiles where some key is masked. D = 64: two copies of the whole loop; D = 128:
+         * one loop branching per 16-query block, so that the wgmma issue exists once (two copies of the
+         * loop made ptxas serialize the wgmma's there, too few registers; at D = 64 the per-block
+         * branch was 1-2% slower than the copies) */
+        if (need_mask || D == 128) {
 #pragma unroll
-        for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
-            if (need_mask)
-                p_block<true>(s + 8 * kq, lse_t + (kq * WGMMA_K + 2 * lc) * sizeof(float), sl2, kq, t, row0_out, row8_out);
-            else
+            for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
+                if (D == 64 || need_mask)
+                    p_block<true>(s + 8 * kq, lse_t + (kq * WGMMA_K + 2 * lc) * sizeof(float), sl2, kq, t, row0_out, row8_out);
+                else
+                    p_block<false>(s + 8 * kq, lse_t + (kq * WGMMA_K + 2 * lc) * sizeof(float), sl2, kq, t, row0_out, row8_out);
+                acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
+                wgmma_fence();
+                wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
+            }
+        } else {
+#pragma unroll
+            for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
                 p_block<false>(s + 8 * kq, lse_t + (kq * WGMMA_K + 2 * lc) * sizeof(float), sl2, kq, t, row0_out, row8_out);
-            acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
-            wgmma_fence();
-            wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
+                acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
+                wgmma_fence();
+                wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
+            }
         }
         wgmma_commit();
         wgmma_wait<1>(); /* dP^T (dV may still run) */
