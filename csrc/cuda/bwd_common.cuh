@@ -47,6 +47,19 @@ __device__ __forceinline__ int clamp_diag(int64_t v)
     return (int)(v < -DIAG_CLAMP ? -DIAG_CLAMP : (v > DIAG_CLAMP ? DIAG_CLAMP : v));
 }
 
+/* The first query tile of BM rows that sees key row n0 (causal: query i sees key j iff
+ * j <= i + causal_offset); num_m when none does, 0 without causal masking. */
+template <int BM>
+__device__ __forceinline__ int first_query_tile(bool causal, int64_t causal_offset, int n0, int sq, int num_m)
+{
+    int m_first = 0;
+    if (causal) {
+        const int64_t first_row = n0 - causal_offset;
+        m_first = first_row <= 0 ? 0 : (first_row >= sq ? num_m : (int)(first_row / BM));
+    }
+    return m_first;
+}
+
 /* Async copy of n fp32 values g[0, n_valid) into s[0, n), zero beyond. */
 template <int N, int NT>
 __device__ __forceinline__ void load_vec_async(float *s, const float *g, int n_valid, int tid)

@@ -207,6 +207,39 @@ __device__ __forceinline__ void store_a_frag(T *s, int ld, int row0, int col0, c
     row_hi[4] = a[3];
 }
 
+/* One k16 step of dV or dK: acc (keys [key0, +16 MT) x columns [col0, +DW)) += A B over the 16
+ * queries from q0. A (keys x queries, P^T or dS^T) goes into a: this warp's own fragments own[.][kq]
+ * when the queries are its own group, else read from the smem tile As [keys][SS]; B (queries x
+ * columns, dO or Q) is read from the smem tile Bs [queries][SD], transposed by ldmatrix. The dV and
+ * dK steps share the caller's a (with a fresh array per call ptxas schedules the d64 kernels
+ * differently). */
+template <typename T, int MT, int QK, int DW, int SS, int SD>
+__device__ __forceinline__ void mma_kv_step(float acc[MT][DW / 8][4], uint32_t a[MT][4], const uint32_t own[MT][QK][4],
+                                            bool use_own, const T *As, const T *Bs, int kq, int key0, int q0, int col0,
+                                            int lane)
+{
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        if (use_own) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r)
+                a[mt][r] = own[mt][kq][r];
+        } else {
+            ldmatrix_x4(a[mt], addr_pat_a(As, SS, key0 + mt * 16, q0, lane));
+        }
+    }
+#pragma unroll
+    for (int np = 0; np < DW / 16; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, addr_pat_a(Bs, SD, q0, col0 + np * 16, lane));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            mma_m16n8k16<T>(acc[mt][2 * np], a[mt], b);
+            mma_m16n8k16<T>(acc[mt][2 * np + 1], a[mt], b + 2);
+        }
+    }
+}
+
 /* One CTA per (key tile of BC keys, query head, batch); walks the query tiles of BR rows that can see
  * the key tile. Warp (wk, wq) = (warp % WK, warp / WK) owns keys [KW*wk, +KW) x queries [QW*wq, +QW)
  * of S^T and dP^T, and keys [KW*wk, +KW) x columns [DW*wq, +DW) of dV and dK: the P^T and dS^T
@@ -253,11 +286,7 @@ __global__ void __launch_bounds__(MAIN_WARPS *WARP_SIZE, 1) bwd_main_kernel(cons
     float *dqa = p.dq_accum + bh * sq * d;                  /* (sq, d) */
 
     const int num_m = (sq + BR - 1) / BR;
-    int m_first = 0;
-    if (causal) {
-        const int64_t first_row = n0 - p.causal_offset; /* first query row that sees key n0 */
-        m_first = first_row <= 0 ? 0 : (first_row >= sq ? num_m : (int)(first_row / BR));
-    }
+    const int m_first = first_query_tile<BR>(causal, p.causal_offset, n0, sq, num_m);
     const int kvalid = sk - n0; /* keys of the tile that exist */
 
     load_tile_async<T, BC, D, NT>(Ks, kg, p.k_s.row, kvalid, d, tid);
@@ -392,46 +421,8 @@ __global__ void __launch_bounds__(MAIN_WARPS *WARP_SIZE, 1) bwd_main_kernel(cons
             for (int kq = 0; kq < QK; ++kq) {
                 const int q0 = g0 + kq * 16;
                 uint32_t a[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    if (j == 0) {
-#pragma unroll
-                        for (int r = 0; r < 4; ++r)
-                            a[mt][r] = pa[mt][kq][r];
-                    } else {
-                        ldmatrix_x4(a[mt], addr_pat_a(Ps, SS, key0 + mt * 16, q0, lane));
-                    }
-                }
-#pragma unroll
-                for (int np = 0; np < DW / 16; ++np) {
-                    uint32_t bo[4];
-                    ldmatrix_x4_trans(bo, addr_pat_a(dOt, SD, q0, col0 + np * 16, lane));
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        mma_m16n8k16<T>(acc_dv[mt][2 * np], a[mt], bo);
-                        mma_m16n8k16<T>(acc_dv[mt][2 * np + 1], a[mt], bo + 2);
-                    }
-                }
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    if (j == 0) {
-#pragma unroll
-                        for (int r = 0; r < 4; ++r)
-                            a[mt][r] = dsa[mt][kq][r];
-                    } else {
-                        ldmatrix_x4(a[mt], addr_pat_a(dSs, SS, key0 + mt * 16, q0, lane));
-                    }
-                }
-#pragma unroll
-                for (int np = 0; np < DW / 16; ++np) {
-                    uint32_t bq[4];
-                    ldmatrix_x4_trans(bq, addr_pat_a(Qt, SD, q0, col0 + np * 16, lane));
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        mma_m16n8k16<T>(acc_dk[mt][2 * np], a[mt], bq);
-                        mma_m16n8k16<T>(acc_dk[mt][2 * np + 1], a[mt], bq + 2);
-                    }
-                }
+                mma_kv_step<T, MT, QK, DW, SS, SD>(acc_dv, a, pa, j == 0, Ps, dOt, kq, key0, q0, col0, lane);
+                mma_kv_step<T, MT, QK, DW, SS, SD>(acc_dk, a, dsa, j == 0, dSs, Qt, kq, key0, q0, col0, lane);
             }
         }
 

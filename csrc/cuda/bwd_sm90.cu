@@ -290,11 +290,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     float *dqa = p.dq_accum + bh * sq * d;                  /* (sq, d) */
 
     const int num_m = (sq + BM - 1) / BM;
-    int m_first = 0;
-    if (causal) {
-        const int64_t first_row = n0 - p.causal_offset; /* first query row that sees key n0 */
-        m_first = first_row <= 0 ? 0 : (first_row >= sq ? num_m : (int)(first_row / BM));
-    }
+    const int m_first = first_query_tile<BM>(causal, p.causal_offset, n0, sq, num_m);
     const int kvalid = sk - n0; /* keys of the tile that exist */
 
     const uint32_t full = smem_u32(mbar), empty = full + 2 * sizeof(uint64_t);
@@ -542,11 +538,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     float *dqa = p.dq_accum + bh * sq * d;                  /* (sq, d) */
 
     const int num_m = (sq + BM - 1) / BM;
-    int m_first = 0;
-    if (causal) {
-        const int64_t first_row = n0 - p.causal_offset; /* first query row that sees key n0 */
-        m_first = first_row <= 0 ? 0 : (first_row >= sq ? num_m : (int)(first_row / BM));
-    }
+    const int m_first = first_query_tile<BM>(causal, p.causal_offset, n0, sq, num_m);
     const int kvalid = sk - n0; /* keys of the tile that exist */
 
     load_tile_sw128<T, BN, D>(Ks, kg, p.k_s.row, kvalid, d, tid);
