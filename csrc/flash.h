@@ -7,10 +7,13 @@
  *   q, o, dout, dq : (b, sq, h,    d)
  *   k, v, dk, dv   : (b, sk, h_kv, d)
  *   lse, delta     : (b, h, sq)   contiguous; float for fp16/bf16/fp32 inputs, double for fp64
- * Causal masking: query row i sees key j iff j <= i + causal_offset.
- *   bottom-right alignment (flash_attn_func):  causal_offset = sk - sq
- *   top-left alignment (torch SDPA is_causal): causal_offset = 0
- * A row that sees no key has out = 0, lse = -inf and zero gradients.
+ * Variants (csrc/mask.h is the one place that interprets these fields):
+ *   mask geometry  key j is visible to query i iff diag_lo <= j - i <= diag_hi (causal in both
+ *                  alignments, sliding windows); tiles outside the band are never loaded.
+ *   score hook     on the scaled score s = scale * q.k, in this order: softcap, ALiBi, attn_mask.
+ *   probability    dropout (Philox by counter, regenerated in the backward), sinks (an extra term
+ *                  of each row's softmax denominator, applied in the forward's epilogue).
+ * A row that sees no key has out = 0, lse = -inf (lse = sink with a sink) and zero gradients.
  */
 #ifndef FLASHATTN_EXT_FLASH_H
 #define FLASHATTN_EXT_FLASH_H
@@ -33,6 +36,17 @@ typedef struct flash_strides {
     int64_t batch, row, head;
 } flash_strides;
 
+/* Strides of one (b, h, sq, sk) tensor, in elements; 0 on a broadcast dimension. */
+typedef struct flash_strides4 {
+    int64_t batch, head, row, col;
+} flash_strides4;
+
+typedef enum flash_mask_kind {
+    FLASH_MASK_NONE = 0,
+    FLASH_MASK_BOOL = 1, /* uint8 0/1 (torch.bool), 1 = the key takes part */
+    FLASH_MASK_ADD = 2,  /* additive, in the dtype of q (-inf = the key is masked) */
+} flash_mask_kind;
+
 typedef struct flash_params {
     /* forward inputs / outputs */
     const void *q;          /* (b, sq, h, d)    */
@@ -46,7 +60,8 @@ typedef struct flash_params {
     void *dq;               /* (b, sq, h, d)    */
     void *dk;               /* (b, sk, h_kv, d) */
     void *dv;               /* (b, sk, h_kv, d) */
-    void *delta;            /* (b, h, sq) contiguous workspace, same type as lse: rowsum(dout * o) */
+    void *delta;            /* (b, h, sq) contiguous workspace, same type as lse: rowsum(dout * o)
+                             * (with dropout o is the dropped output, which is what the formula needs) */
     float *dq_accum;        /* (b, h, sq, d) contiguous fp32 workspace (CUDA half paths) */
     float *dk_accum;        /* (b, sk, h, d) contiguous fp32 workspace, GQA only (CUDA half paths) */
     float *dv_accum;        /* (b, sk, h, d) contiguous fp32 workspace, GQA only (CUDA half paths) */
@@ -59,8 +74,38 @@ typedef struct flash_params {
     double scale;           /* softmax scale applied to q.k */
     float scale_log2;       /* scale * log2(e), for exp2-based kernels */
 
-    int causal;             /* 0 or 1 */
-    int64_t causal_offset;  /* key j visible to query i iff j <= i + causal_offset */
+    /* Mask geometry: key j visible to query i iff diag_lo <= j - i <= diag_hi. The binding clamps
+     * diag_lo to >= -sq and diag_hi to <= sk, so those bounds mean "unbounded" and both fit an int32
+     * (seqlens are < 2^31 on CUDA). causal bottom-right: diag_hi = sk - sq; top-left: diag_hi = 0;
+     * window (left, right): diag_lo = sk - sq - left, diag_hi = sk - sq + right. */
+    int64_t diag_lo, diag_hi;
+
+    /* Score hook (mask.h), applied to s = scale * q.k in this order. has_hook = 1 when any of
+     * softcap, alibi_slopes, mask or dropout is on: the kernels take their general path. */
+    int has_hook;
+    float softcap;                /* > 0: s = softcap * tanh(s / softcap); 0: off */
+    const float *alibi_slopes;    /* (b or 1, h) fp32, or NULL: s -= slope * |j - i - alibi_offset| */
+    int64_t alibi_batch_stride;   /* h when the slopes are per batch, else 0 */
+    int64_t alibi_offset;         /* sk - sq (flash-attn's bottom-right convention) */
+    const void *mask;             /* attn_mask (b, h, sq, sk) read through mask_s, or NULL */
+    flash_mask_kind mask_kind;
+    flash_strides4 mask_s;
+    /* Per-block flags of the mask, blocks of FLASH_MASK_BLOCK x FLASH_MASK_BLOCK (constants.h):
+     * (b, h, ceil(sq / 16), ceil(sk / 16)) uint8 read through mask_blocks_s, bits FLASH_MASK_ANY_*
+     * (mask.h); computed once per call by the binding. NULL iff mask is NULL. */
+    const uint8_t *mask_blocks;
+    flash_strides4 mask_blocks_s;
+    void *dbias;                  /* backward: (b, h, sq, sk) contiguous, lse type, zero-filled by the
+                                   * binding; receives dS (the gradient of an additive mask) where
+                                   * visible, or NULL */
+
+    /* Probability hook. */
+    const void *sink;             /* (h,) in the lse type, or NULL: each row's softmax denominator
+                                   * gains exp(sink[h]) */
+    uint32_t dropout_threshold;   /* 0: no dropout; else an element is kept iff its 16-bit Philox
+                                   * draw is >= this (p rounded to a multiple of 2^-16) */
+    double dropout_scale;         /* 65536 / (65536 - dropout_threshold): kept values are scaled */
+    uint64_t philox_seed, philox_offset;
 
     int deterministic;      /* 1: bitwise reproducible backward */
     flash_dtype dtype;

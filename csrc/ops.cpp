@@ -4,13 +4,17 @@
 // (batch, seqlen_k, nheads_kv, headdim), any strides whose last one is 1; lse (batch, nheads, seqlen_q)
 // in fp32 (fp64 for fp64 inputs). The CUDA backend lives in ops_cuda.cpp.
 #include <Python.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/library.h>
 
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 
+#include "constants.h"
 #include "cpu/flash_cpu.h"
+#include "mask.h"
 #include "ops.h"
 
 namespace flashattn_ext {
@@ -18,7 +22,7 @@ namespace flashattn_ext {
 namespace {
 
 constexpr int64_t kRank = 4;  // (batch, seqlen, nheads, headdim)
-constexpr double kLog2e = 1.4426950408889634;
+constexpr double kDropoutOne = FLASH_DROPOUT_ONE;  // 16-bit dropout draws: uniform on [0, 65536)
 
 flash_dtype to_flash_dtype(at::ScalarType t)
 {
@@ -100,9 +104,170 @@ at::ScalarType lse_dtype(at::ScalarType t)
     return t == at::kDouble ? at::kDouble : at::kFloat;
 }
 
+void check_variants(const Variants &var, const at::Tensor &q, const at::Tensor &k)
+{
+    const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), sk = k.size(1);
+    TORCH_CHECK(var.window_left >= -1 && var.window_right >= -1,
+                "flashattn_ext: window_size values must be >= -1 (-1: unbounded), got (", num(var.window_left), ", ",
+                num(var.window_right), ")");
+    TORCH_CHECK(std::isfinite(var.softcap) && var.softcap >= 0.0,
+                "flashattn_ext: softcap must be finite and >= 0 (0: off), got ", std::to_string(var.softcap));
+    TORCH_CHECK(std::isfinite(var.dropout_p) && var.dropout_p >= 0.0 && var.dropout_p < 1.0,
+                "flashattn_ext: dropout_p must be in [0, 1), got ", std::to_string(var.dropout_p));
+    if (var.alibi_slopes) {
+        const at::Tensor &a = *var.alibi_slopes;
+        TORCH_CHECK(a.scalar_type() == at::kFloat, "flashattn_ext: alibi_slopes must be float32, got ", a.scalar_type());
+        TORCH_CHECK(a.device() == q.device(), "flashattn_ext: alibi_slopes must be on the device of q (",
+                    q.device().str(), "), got ", a.device().str());
+        const bool per_head = a.dim() == 1 && a.size(0) == h;
+        const bool per_batch = a.dim() == 2 && a.size(0) == b && a.size(1) == h;
+        TORCH_CHECK(per_head || per_batch, "flashattn_ext: alibi_slopes must have shape (nheads,) = (", num(h),
+                    ",) or (batch, nheads) = ", shape({b, h}), ", got ", shape(a.sizes()));
+    }
+    if (var.sink) {
+        const at::Tensor &t = *var.sink;
+        TORCH_CHECK(t.scalar_type() == lse_dtype(q.scalar_type()), "flashattn_ext: sink must have dtype ",
+                    lse_dtype(q.scalar_type()), " for ", q.scalar_type(), " inputs, got ", t.scalar_type());
+        TORCH_CHECK(t.device() == q.device(), "flashattn_ext: sink must be on the device of q (", q.device().str(),
+                    "), got ", t.device().str());
+        TORCH_CHECK(t.dim() == 1 && t.size(0) == h, "flashattn_ext: sink must have shape (nheads,) = (", num(h),
+                    ",), got ", shape(t.sizes()));
+    }
+    if (var.attn_mask) {
+        const at::Tensor &m = *var.attn_mask;
+        TORCH_CHECK(m.scalar_type() == at::kBool || m.scalar_type() == q.scalar_type(),
+                    "flashattn_ext: attn_mask must be bool or have the dtype of q (", q.scalar_type(), "), got ",
+                    m.scalar_type());
+        TORCH_CHECK(m.device() == q.device(), "flashattn_ext: attn_mask must be on the device of q (",
+                    q.device().str(), "), got ", m.device().str());
+        TORCH_CHECK(m.dim() == 4 && m.size(0) == b && m.size(1) == h && m.size(2) == sq && m.size(3) == sk,
+                    "flashattn_ext: attn_mask must have shape (batch, nheads, seqlen_q, seqlen_k) = ",
+                    shape({b, h, sq, sk}), " (broadcast dimensions expanded, stride 0), got ", shape(m.sizes()));
+    }
+}
+
+Variants variants_of(bool causal, bool bottom_right, int64_t window_left, int64_t window_right, double softcap,
+                     const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink,
+                     const c10::optional<at::Tensor> &attn_mask, double dropout_p, bool deterministic)
+{
+    Variants var;
+    var.causal = causal;
+    var.bottom_right = bottom_right;
+    var.window_left = window_left;
+    var.window_right = window_right;
+    var.softcap = softcap;
+    var.alibi_slopes = alibi_slopes;
+    var.sink = sink;
+    var.attn_mask = attn_mask;
+    var.dropout_p = dropout_p;
+    var.deterministic = deterministic;
+    return var;
+}
+
+void set_dropout_params(flash_params *p, double dropout_p, const at::Tensor &rng_state)
+{
+    if (dropout_p <= 0.0)
+        return;
+    const double thr = std::round(dropout_p * kDropoutOne);
+    p->dropout_threshold = static_cast<uint32_t>(std::min(std::max(thr, 1.0), kDropoutOne - 1));
+    p->dropout_scale = kDropoutOne / (kDropoutOne - p->dropout_threshold);
+    p->philox_seed = static_cast<uint64_t>(rng_state.data_ptr<int64_t>()[0]);
+    p->philox_offset = static_cast<uint64_t>(rng_state.data_ptr<int64_t>()[1]);
+}
+
+flash_params dropout_mask_params(const at::Tensor &q, const at::Tensor &rng_state, int64_t seqlen_k, double dropout_p)
+{
+    check_rng_state(rng_state);
+    TORCH_CHECK(q.dim() == kRank, "flashattn_ext: q must have 4 dimensions (batch, seqlen, nheads, headdim), got ",
+                num(q.dim()));
+    TORCH_CHECK(seqlen_k >= 0, "flashattn_ext: seqlen_k must be >= 0, got ", num(seqlen_k));
+    TORCH_CHECK(std::isfinite(dropout_p) && dropout_p >= 0.0 && dropout_p < 1.0,
+                "flashattn_ext: dropout_p must be in [0, 1), got ", std::to_string(dropout_p));
+    flash_params p;
+    std::memset(&p, 0, sizeof(p));
+    p.b = q.size(0);
+    p.sq = q.size(1);
+    p.h = q.size(2);
+    p.sk = seqlen_k;
+    set_dropout_params(&p, dropout_p, rng_state);
+    return p;
+}
+
+void check_rng_state(const at::Tensor &rng_state)
+{
+    TORCH_CHECK(rng_state.defined() && rng_state.scalar_type() == at::kLong && rng_state.dim() == 1 &&
+                    rng_state.size(0) == 2 && rng_state.device().is_cpu(),
+                "flashattn_ext: rng_state must be an int64 CPU tensor of shape (2,) (seed, offset) as returned by fwd");
+}
+
+at::Tensor rng_state_from(uint64_t seed, uint64_t offset)
+{
+    at::Tensor t = at::empty({2}, at::TensorOptions().dtype(at::kLong).device(at::kCPU));
+    t.data_ptr<int64_t>()[0] = static_cast<int64_t>(seed);
+    t.data_ptr<int64_t>()[1] = static_cast<int64_t>(offset);
+    return t;
+}
+
+namespace {
+
+// Block flags of the mask (mask.h): (b, h, ceil(sq / B), ceil(sk / B)) uint8 as an expanded view.
+// Broadcast dimensions (stride 0) are reduced once, not per copy; no host synchronization.
+at::Tensor mask_block_flags(const at::Tensor &mask)
+{
+    at::Tensor m = mask;
+    for (int64_t d = 0; d < kRank; ++d)
+        if (m.size(d) > 1 && m.stride(d) == 0)
+            m = m.narrow(d, 0, 1);
+    at::Tensor visible, masked;
+    if (m.scalar_type() == at::kBool) {
+        visible = m;
+        masked = m.logical_not();
+    } else {
+        visible = m > -std::numeric_limits<double>::infinity();
+        masked = m != 0;
+    }
+    // Any-reduction over blocks of FLASH_MASK_BLOCK along the two sequence dimensions (padding is
+    // neither visible nor masked: kernels never look at it).
+    auto blocks = [](at::Tensor t) {
+        t = t.to(at::kByte);
+        for (int64_t d = 2; d < kRank; ++d) {
+            const int64_t n = t.size(d);
+            if (n == 1)
+                continue;
+            const int64_t nb = (n + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK;
+            if (nb * FLASH_MASK_BLOCK != n) {
+                std::vector<int64_t> pad(2 * (kRank - d), 0);  // (left, right) pairs, last dimension first
+                pad[2 * (kRank - 1 - d) + 1] = nb * FLASH_MASK_BLOCK - n;
+                t = at::constant_pad_nd(t, pad, 0);
+            }
+            std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+            sizes[d] = nb;
+            sizes.insert(sizes.begin() + d + 1, FLASH_MASK_BLOCK);
+            t = t.reshape(sizes).amax(d + 1);
+        }
+        return t;
+    };
+    at::Tensor flags = blocks(visible).mul_(FLASH_MASK_ANY_VISIBLE) + blocks(masked).mul_(FLASH_MASK_ANY_MASKED);
+    const int64_t nqb = (mask.size(2) + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK;
+    const int64_t nkb = (mask.size(3) + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK;
+    return flags.contiguous().expand({mask.size(0), mask.size(1), nqb, nkb});
+}
+
+flash_strides4 strides4_of(const at::Tensor &t)
+{
+    flash_strides4 s;
+    s.batch = t.size(0) > 1 ? t.stride(0) : 0;
+    s.head = t.size(1) > 1 ? t.stride(1) : 0;
+    s.row = t.size(2) > 1 ? t.stride(2) : 0;
+    s.col = t.size(3) > 1 ? t.stride(3) : 0;
+    return s;
+}
+
+}  // namespace
+
 flash_params make_params(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
-                         const at::Tensor &lse, double softmax_scale, bool causal, bool bottom_right,
-                         bool deterministic)
+                         const at::Tensor &lse, double softmax_scale, const Variants &var,
+                         const at::Tensor &rng_state, VariantTensors *keep)
 {
     TORCH_INTERNAL_ASSERT(lse.is_contiguous());
     flash_params p;
@@ -124,10 +289,36 @@ flash_params make_params(const at::Tensor &q, const at::Tensor &k, const at::Ten
     p.h_kv = k.size(2);
     p.h_per_kv = p.h / p.h_kv;
     p.scale = softmax_scale;
-    p.scale_log2 = static_cast<float>(softmax_scale * kLog2e);
-    p.causal = causal ? 1 : 0;
-    p.causal_offset = (causal && bottom_right) ? p.sk - p.sq : 0;
-    p.deterministic = deterministic ? 1 : 0;
+    p.scale_log2 = static_cast<float>(softmax_scale * FLASH_LOG2E);
+
+    // Mask geometry: the band diag_lo <= j - i <= diag_hi, aligned at j - i = offset.
+    const int64_t offset = var.bottom_right ? p.sk - p.sq : 0;
+    const int64_t lo = var.window_left >= 0 ? offset - var.window_left : -p.sq;
+    const int64_t hi = var.causal ? offset : (var.window_right >= 0 ? offset + var.window_right : p.sk);
+    p.diag_lo = std::min(std::max(lo, -p.sq), p.sk);
+    p.diag_hi = std::min(std::max(hi, -p.sq), p.sk);
+
+    p.softcap = static_cast<float>(var.softcap);
+    if (var.alibi_slopes) {
+        keep->alibi_slopes = var.alibi_slopes->contiguous();
+        p.alibi_slopes = keep->alibi_slopes.data_ptr<float>();
+        p.alibi_batch_stride = keep->alibi_slopes.dim() == 2 ? p.h : 0;
+        p.alibi_offset = p.sk - p.sq;
+    }
+    if (var.attn_mask) {
+        const at::Tensor &m = *var.attn_mask;
+        p.mask = m.data_ptr();
+        p.mask_kind = m.scalar_type() == at::kBool ? FLASH_MASK_BOOL : FLASH_MASK_ADD;
+        p.mask_s = strides4_of(m);
+        keep->mask_blocks = mask_block_flags(m);
+        p.mask_blocks = keep->mask_blocks.data_ptr<uint8_t>();
+        p.mask_blocks_s = strides4_of(keep->mask_blocks);
+    }
+    if (var.sink)
+        p.sink = var.sink->data_ptr();
+    set_dropout_params(&p, var.dropout_p, rng_state);
+    p.has_hook = (p.softcap > 0.0f || p.alibi_slopes || p.mask || p.dropout_threshold) ? 1 : 0;
+    p.deterministic = var.deterministic ? 1 : 0;
     p.dtype = to_flash_dtype(q.scalar_type());
     return p;
 }
@@ -152,12 +343,20 @@ bool no_work(const at::Tensor &q)
     return q.numel() == 0;
 }
 
-std::tuple<at::Tensor, at::Tensor> fwd_without_keys(const at::Tensor &q, const at::Tensor &v)
+std::tuple<at::Tensor, at::Tensor> fwd_without_keys(const at::Tensor &q, const at::Tensor &v,
+                                                    const c10::optional<at::Tensor> &sink)
 {
     at::Tensor out = at::zeros({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
-    at::Tensor lse = at::full({q.size(0), q.size(2), q.size(1)}, -std::numeric_limits<double>::infinity(),
-                              q.options().dtype(lse_dtype(q.scalar_type())));
+    const auto opts = q.options().dtype(lse_dtype(q.scalar_type()));
+    at::Tensor lse = sink ? sink->view({1, q.size(2), 1}).expand({q.size(0), q.size(2), q.size(1)}).contiguous()
+                          : at::full({q.size(0), q.size(2), q.size(1)}, -std::numeric_limits<double>::infinity(), opts);
     return {out, lse};
+}
+
+at::Tensor make_dmask(const at::Tensor &q, const at::Tensor &k, bool mask_grad)
+{
+    const auto opts = q.options().dtype(lse_dtype(q.scalar_type()));
+    return mask_grad ? at::zeros({q.size(0), q.size(2), q.size(1), k.size(1)}, opts) : at::empty({0}, opts);
 }
 
 namespace {
@@ -174,42 +373,86 @@ void check_cpu_status(flash_cpu_status status, const char *what)
     TORCH_CHECK(status == FLASH_CPU_OK, "flashattn_ext: CPU ", what, " failed with status ", num(status));
 }
 
-std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
-                                           double softmax_scale, bool causal, bool bottom_right, bool deterministic)
+// (seed, offset) for a CPU call: a 64-bit seed from torch's default CPU generator, offset 0.
+at::Tensor draw_rng_state_cpu(double dropout_p)
+{
+    if (dropout_p <= 0.0)
+        return rng_state_from(0, 0);
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    return rng_state_from(at::check_generator<at::CPUGeneratorImpl>(gen)->random64(), 0);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cpu(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                                                       double softmax_scale, bool causal, bool bottom_right,
+                                                       int64_t window_left, int64_t window_right, double softcap,
+                                                       const c10::optional<at::Tensor> &alibi_slopes,
+                                                       const c10::optional<at::Tensor> &sink,
+                                                       const c10::optional<at::Tensor> &attn_mask, double dropout_p,
+                                                       bool deterministic)
 {
     check_qkv(q, k, v);
     check_cpu_dtype(q);
-    if (no_work(q) || k.size(1) == 0)
-        return fwd_without_keys(q, v);
+    const Variants var = variants_of(causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
+                                     attn_mask, dropout_p, deterministic);
+    check_variants(var, q, k);
+    at::Tensor rng_state = draw_rng_state_cpu(dropout_p);
+    if (no_work(q) || k.size(1) == 0) {
+        auto [out, lse] = fwd_without_keys(q, v, sink);
+        return {out, lse, rng_state};
+    }
     at::Tensor out = at::empty(q.sizes(), q.options());
     at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
-    const flash_params p = make_params(q, k, v, out, lse, softmax_scale, causal, bottom_right, deterministic);
+    VariantTensors keep;
+    const flash_params p = make_params(q, k, v, out, lse, softmax_scale, var, rng_state, &keep);
     check_cpu_status(flash_fwd_cpu(&p), "forward");
-    return {out, lse};
+    return {out, lse, rng_state};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor &dout_in, const at::Tensor &q,
-                                                       const at::Tensor &k, const at::Tensor &v,
-                                                       const at::Tensor &out, const at::Tensor &lse_in,
-                                                       double softmax_scale, bool causal, bool bottom_right,
-                                                       bool deterministic)
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
+    const at::Tensor &dout_in, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
+    const at::Tensor &lse_in, const at::Tensor &rng_state, double softmax_scale, bool causal, bool bottom_right,
+    int64_t window_left, int64_t window_right, double softcap, const c10::optional<at::Tensor> &alibi_slopes,
+    const c10::optional<at::Tensor> &sink, const c10::optional<at::Tensor> &attn_mask, double dropout_p,
+    bool deterministic, bool mask_grad)
 {
     check_qkv(q, k, v);
     check_cpu_dtype(q);
     check_bwd_inputs(dout_in, q, out, lse_in);
     check_rank_and_last_stride(out, "out");
+    check_rng_state(rng_state);
+    const Variants var = variants_of(causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
+                                     attn_mask, dropout_p, deterministic);
+    check_variants(var, q, k);
+    TORCH_CHECK(!mask_grad || (attn_mask && attn_mask->scalar_type() != at::kBool),
+                "flashattn_ext: mask_grad needs a floating attn_mask");
+    at::Tensor dmask = make_dmask(q, k, mask_grad);
     if (no_work(q) || k.size(1) == 0)
-        return {at::zeros(q.sizes(), q.options()), at::zeros(k.sizes(), k.options()), at::zeros(v.sizes(), v.options())};
+        return {at::zeros(q.sizes(), q.options()), at::zeros(k.sizes(), k.options()), at::zeros(v.sizes(), v.options()),
+                dmask};
     at::Tensor dq = at::empty(q.sizes(), q.options());
     at::Tensor dk = at::empty(k.sizes(), k.options());
     at::Tensor dv = at::empty(v.sizes(), v.options());
     const at::Tensor dout = dout_in.stride(3) == 1 ? dout_in : dout_in.contiguous();
     const at::Tensor lse = lse_in.contiguous();
     at::Tensor delta = at::empty(lse.sizes(), lse.options());
-    flash_params p = make_params(q, k, v, out, lse, softmax_scale, causal, bottom_right, deterministic);
+    VariantTensors keep;
+    flash_params p = make_params(q, k, v, out, lse, softmax_scale, var, rng_state, &keep);
     set_bwd_params(&p, dout, dq, dk, dv, delta);
+    if (mask_grad)
+        p.dbias = dmask.data_ptr();
     check_cpu_status(flash_bwd_cpu(&p), "backward");
-    return {dq, dk, dv};
+    return {dq, dk, dv, dmask};
+}
+
+at::Tensor dropout_mask_cpu(const at::Tensor &q, const at::Tensor &rng_state, int64_t seqlen_k, double dropout_p)
+{
+    const flash_params p = dropout_mask_params(q, rng_state, seqlen_k, dropout_p);
+    at::Tensor keep = at::empty({p.b, p.h, p.sq, p.sk}, q.options().dtype(at::kBool));
+    if (keep.numel() > 0)
+        check_cpu_status(flash_dropout_mask_cpu(&p, reinterpret_cast<uint8_t *>(keep.data_ptr<bool>())),
+                         "dropout mask");
+    return keep;
 }
 
 }  // namespace
@@ -217,15 +460,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor &dout_in
 TORCH_LIBRARY(flashattn_ext, m)
 {
     m.def("fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool bottom_right, "
-          "bool deterministic) -> (Tensor out, Tensor lse)");
-    m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float softmax_scale, "
-          "bool causal, bool bottom_right, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)");
+          "int window_left, int window_right, float softcap, Tensor? alibi_slopes, Tensor? sink, "
+          "Tensor? attn_mask, float dropout_p, bool deterministic) -> (Tensor out, Tensor lse, Tensor rng_state)");
+    m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor rng_state, "
+          "float softmax_scale, bool causal, bool bottom_right, int window_left, int window_right, float softcap, "
+          "Tensor? alibi_slopes, Tensor? sink, Tensor? attn_mask, float dropout_p, bool deterministic, "
+          "bool mask_grad) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dmask)");
+    m.def("dropout_mask(Tensor q, Tensor rng_state, int seqlen_k, float dropout_p) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(flashattn_ext, CPU, m)
 {
     m.impl("fwd", &fwd_cpu);
     m.impl("bwd", &bwd_cpu);
+    m.impl("dropout_mask", &dropout_mask_cpu);
 }
 
 }  // namespace flashattn_ext

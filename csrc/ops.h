@@ -35,10 +35,52 @@ void check_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Ten
 // dtype of lse / delta for inputs of dtype t: fp64 for fp64 inputs, fp32 otherwise.
 at::ScalarType lse_dtype(at::ScalarType t);
 
-// Zero-filled params with the forward tensors, sizes, scale and causal offset set.
+// The attention variants of one call, as the ops receive them (schema in ops.cpp).
+struct Variants {
+    bool causal = false;
+    bool bottom_right = true;
+    int64_t window_left = -1;  // -1: unbounded
+    int64_t window_right = -1;
+    double softcap = 0.0;
+    c10::optional<at::Tensor> alibi_slopes;  // (h,) or (b, h) fp32
+    c10::optional<at::Tensor> sink;          // (h,) in the lse dtype
+    c10::optional<at::Tensor> attn_mask;     // (b, h, sq, sk), bool or the dtype of q, any strides
+    double dropout_p = 0.0;
+    bool deterministic = false;
+};
+
+Variants variants_of(bool causal, bool bottom_right, int64_t window_left, int64_t window_right, double softcap,
+                     const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink,
+                     const c10::optional<at::Tensor> &attn_mask, double dropout_p, bool deterministic);
+
+// Dropout fields of p from dropout_p and rng_state (mask.h): p rounded to a multiple of 2^-16.
+void set_dropout_params(flash_params *p, double dropout_p, const at::Tensor &rng_state);
+
+// Checked params (sizes and dropout only) of the dropout_mask op for q (batch, seqlen_q, nheads, headdim).
+flash_params dropout_mask_params(const at::Tensor &q, const at::Tensor &rng_state, int64_t seqlen_k, double dropout_p);
+
+// Checks the variant arguments against q (batch, seqlen_q, nheads, headdim) and k, with messages naming
+// the argument.
+void check_variants(const Variants &var, const at::Tensor &q, const at::Tensor &k);
+
+// The tensors that params made by make_params point to beyond the call's inputs (kept alive by the
+// caller until the kernels are done): contiguous alibi slopes and the mask's block flags.
+struct VariantTensors {
+    at::Tensor alibi_slopes, mask_blocks;
+};
+
+// Zero-filled params with the forward tensors, sizes, scale, mask geometry and variants set. The
+// dropout seed and offset are taken from rng_state (int64 (2,) on the CPU); the binding draws them.
 flash_params make_params(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
-                         const at::Tensor &lse, double softmax_scale, bool causal, bool bottom_right,
-                         bool deterministic);
+                         const at::Tensor &lse, double softmax_scale, const Variants &var,
+                         const at::Tensor &rng_state, VariantTensors *keep);
+
+// rng_state of a call: int64 (2,) on the CPU holding (seed, offset); each backend draws them from
+// torch's default generator of its device when dropout_p > 0 (zeros otherwise).
+at::Tensor rng_state_from(uint64_t seed, uint64_t offset);
+
+// Checks an rng_state argument (int64 (2,) on the CPU).
+void check_rng_state(const at::Tensor &rng_state);
 
 // Adds the backward tensors to params made by make_params.
 void set_bwd_params(flash_params *p, const at::Tensor &dout, const at::Tensor &dq, const at::Tensor &dk,
@@ -48,7 +90,11 @@ void set_bwd_params(flash_params *p, const at::Tensor &dout, const at::Tensor &d
 // seqlen_k == 0 has work to do: every row sees no key (out = 0, lse = -inf).
 bool no_work(const at::Tensor &q);
 
-// Result of a forward where no query sees any key: out = 0, lse = -inf.
-std::tuple<at::Tensor, at::Tensor> fwd_without_keys(const at::Tensor &q, const at::Tensor &v);
+// Result of a forward where no query sees any key: out = 0, lse = -inf (the sink with sinks).
+std::tuple<at::Tensor, at::Tensor> fwd_without_keys(const at::Tensor &q, const at::Tensor &v,
+                                                    const c10::optional<at::Tensor> &sink);
+
+// dmask output of bwd: (b, h, sq, sk) in the lse dtype when mask_grad, else an empty (0,) tensor.
+at::Tensor make_dmask(const at::Tensor &q, const at::Tensor &k, bool mask_grad);
 
 }  // namespace flashattn_ext

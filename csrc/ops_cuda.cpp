@@ -6,12 +6,15 @@
 // fp16/bf16 kernels load 16-byte vectors: their inputs need a head dim that is a multiple of 8,
 // strides that are multiples of 8 elements and 16-byte aligned data. Inputs that are not so are
 // padded (head dim) or copied here, the only copies this backend makes.
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <climits>
+#include <mutex>
 
+#include "constants.h"
 #include "cuda/launch.h"
 #include "ops.h"
 
@@ -19,7 +22,9 @@ namespace flashattn_ext {
 
 namespace {
 
-constexpr int64_t kMaxHeadDim = 256;  // largest head dim of the compiled CUDA tile configs
+constexpr int64_t kMaxHeadDim = FLASH_CUDA_MAX_HEAD_DIM;
+// Philox offset advance per call: every call's draws are keyed by distinct (offset, ...) counters.
+constexpr uint64_t kPhiloxOffsetStep = 4;
 constexpr int64_t kVecElems = 8;      // 16-byte vector of fp16/bf16 elements
 constexpr int64_t kVecBytes = 16;
 constexpr int64_t kMaxGridDim = 65535;  // batch and nheads each index a grid dimension (y or z)
@@ -92,14 +97,37 @@ void check_launch(cudaError_t err, const char *what)
     TORCH_CHECK(err == cudaSuccess, "flashattn_ext: CUDA ", what, " kernel failed: ", cudaGetErrorString(err));
 }
 
-std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor &q_in, const at::Tensor &k_in, const at::Tensor &v_in,
-                                            double softmax_scale, bool causal, bool bottom_right, bool deterministic)
+// (seed, offset) from torch's default generator of the current CUDA device, read on the host under the
+// generator's lock (no device synchronization; not capturable in a CUDA graph).
+at::Tensor draw_rng_state_cuda(const at::Tensor &q, double dropout_p)
+{
+    if (dropout_p <= 0.0)
+        return rng_state_from(0, 0);
+    at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(q.device().index());
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    const auto inputs = at::check_generator<at::CUDAGeneratorImpl>(gen)->philox_engine_inputs(kPhiloxOffsetStep);
+    return rng_state_from(inputs.first, inputs.second);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(const at::Tensor &q_in, const at::Tensor &k_in,
+                                                        const at::Tensor &v_in, double softmax_scale, bool causal,
+                                                        bool bottom_right, int64_t window_left, int64_t window_right,
+                                                        double softcap, const c10::optional<at::Tensor> &alibi_slopes,
+                                                        const c10::optional<at::Tensor> &sink,
+                                                        const c10::optional<at::Tensor> &attn_mask, double dropout_p,
+                                                        bool deterministic)
 {
     check_qkv(q_in, k_in, v_in);
     check_cuda_inputs(q_in, k_in);
+    const Variants var = variants_of(causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
+                                     attn_mask, dropout_p, deterministic);
+    check_variants(var, q_in, k_in);
     const c10::cuda::CUDAGuard guard(q_in.device());
-    if (no_work(q_in) || k_in.size(1) == 0)
-        return fwd_without_keys(q_in, v_in);
+    at::Tensor rng_state = draw_rng_state_cuda(q_in, dropout_p);
+    if (no_work(q_in) || k_in.size(1) == 0) {
+        auto [out, lse] = fwd_without_keys(q_in, v_in, sink);
+        return {out, lse, rng_state};
+    }
     const int64_t d = q_in.size(3);
     const int64_t d_kernel = kernel_head_dim(q_in);
     const at::Tensor q = kernel_ready(q_in, d_kernel);
@@ -107,26 +135,35 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor &q_in, const at::Te
     const at::Tensor v = kernel_ready(v_in, d_kernel);
     at::Tensor out = at::empty(q.sizes(), q.options());
     at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
-    const flash_params p = make_params(q, k, v, out, lse, softmax_scale, causal, bottom_right, deterministic);
+    VariantTensors keep;
+    const flash_params p = make_params(q, k, v, out, lse, softmax_scale, var, rng_state, &keep);
     if (is_half(q))
         check_smem(flash_fwd_smem_needed(&p), d, "forward");
     check_launch(flash_fwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "forward");
-    return {unpad(out, d), lse};
+    return {unpad(out, d), lse, rng_state};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor &dout_in, const at::Tensor &q_in,
-                                                        const at::Tensor &k_in, const at::Tensor &v_in,
-                                                        const at::Tensor &out_in, const at::Tensor &lse_in,
-                                                        double softmax_scale, bool causal, bool bottom_right,
-                                                        bool deterministic)
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
+    const at::Tensor &dout_in, const at::Tensor &q_in, const at::Tensor &k_in, const at::Tensor &v_in,
+    const at::Tensor &out_in, const at::Tensor &lse_in, const at::Tensor &rng_state, double softmax_scale, bool causal,
+    bool bottom_right, int64_t window_left, int64_t window_right, double softcap,
+    const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink,
+    const c10::optional<at::Tensor> &attn_mask, double dropout_p, bool deterministic, bool mask_grad)
 {
     check_qkv(q_in, k_in, v_in);
     check_cuda_inputs(q_in, k_in);
     check_bwd_inputs(dout_in, q_in, out_in, lse_in);
+    check_rng_state(rng_state);
+    const Variants var = variants_of(causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
+                                     attn_mask, dropout_p, deterministic);
+    check_variants(var, q_in, k_in);
+    TORCH_CHECK(!mask_grad || (attn_mask && attn_mask->scalar_type() != at::kBool),
+                "flashattn_ext: mask_grad needs a floating attn_mask");
     const c10::cuda::CUDAGuard guard(q_in.device());
+    at::Tensor dmask = make_dmask(q_in, k_in, mask_grad);
     if (no_work(q_in) || k_in.size(1) == 0)
         return {at::zeros(q_in.sizes(), q_in.options()), at::zeros(k_in.sizes(), k_in.options()),
-                at::zeros(v_in.sizes(), v_in.options())};
+                at::zeros(v_in.sizes(), v_in.options()), dmask};
     const int64_t d = q_in.size(3);
     const int64_t d_kernel = kernel_head_dim(q_in);
     const at::Tensor q = kernel_ready(q_in, d_kernel);
@@ -139,8 +176,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor &dout_i
     at::Tensor dk = at::empty(k.sizes(), k.options());
     at::Tensor dv = at::empty(v.sizes(), v.options());
     at::Tensor delta = at::empty(lse.sizes(), lse.options());
-    flash_params p = make_params(q, k, v, out, lse, softmax_scale, causal, bottom_right, deterministic);
+    VariantTensors keep;
+    flash_params p = make_params(q, k, v, out, lse, softmax_scale, var, rng_state, &keep);
     set_bwd_params(&p, dout, dq, dk, dv, delta);
+    if (mask_grad)
+        p.dbias = dmask.data_ptr();
 
     // fp32 workspaces of the tensor-core backward (see csrc/flash.h); freed when this call returns,
     // after the kernels that use them, through the stream-ordered caching allocator.
@@ -158,7 +198,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor &dout_i
         }
     }
     check_launch(flash_bwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "backward");
-    return {unpad(dq, d), unpad(dk, d), unpad(dv, d)};
+    return {unpad(dq, d), unpad(dk, d), unpad(dv, d), dmask};
+}
+
+at::Tensor dropout_mask_cuda(const at::Tensor &q, const at::Tensor &rng_state, int64_t seqlen_k, double dropout_p)
+{
+    const flash_params p = dropout_mask_params(q, rng_state, seqlen_k, dropout_p);
+    const c10::cuda::CUDAGuard guard(q.device());
+    at::Tensor keep = at::empty({p.b, p.h, p.sq, p.sk}, q.options().dtype(at::kBool));
+    if (keep.numel() > 0)
+        check_launch(flash_dropout_mask_cuda(&p, reinterpret_cast<uint8_t *>(keep.data_ptr<bool>()),
+                                             c10::cuda::getCurrentCUDAStream()),
+                     "dropout mask");
+    return keep;
 }
 
 }  // namespace
@@ -167,6 +219,7 @@ TORCH_LIBRARY_IMPL(flashattn_ext, CUDA, m)
 {
     m.impl("fwd", &fwd_cuda);
     m.impl("bwd", &bwd_cuda);
+    m.impl("dropout_mask", &dropout_mask_cuda);
 }
 
 }  // namespace flashattn_ext

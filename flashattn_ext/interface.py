@@ -1,7 +1,9 @@
 """The public functions: flash_attn_func on (batch, seqlen, nheads, headdim) tensors with
 flash-attn's argument order, and scaled_dot_product_attention with torch's signature on
-(batch, nheads, seqlen, headdim) tensors. Both pass views (strides), never copies, to the op."""
+(batch, nheads, seqlen, headdim) tensors. Both check their arguments (errors name them) and pass
+views (strides), never copies, to the op; a broadcast attn_mask travels as an expanded view."""
 import math
+import numbers
 
 import torch
 
@@ -17,11 +19,121 @@ def _default_scale(t):
 
 
 def _check_scale(name, scale):
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"{name} must be a float or None, got {type(scale).__name__}")
     if not math.isfinite(scale):
         raise ValueError(f"{name} must be finite, got {scale}")
     return float(scale)
+
+
+def _lse_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_dropout(fn, dropout_p):
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"{fn}: dropout_p must be a float, got {type(dropout_p).__name__}")
+    if not (0.0 <= dropout_p < 1.0):
+        raise ValueError(f"{fn}: dropout_p must be in [0, 1), got {dropout_p}")
+    return float(dropout_p)
+
+
+def _check_window(window_size):
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise TypeError(f"flash_attn_func: window_size must be a pair (left, right) of ints, got {window_size!r}")
+    for name, w in (("left", left), ("right", right)):
+        if isinstance(w, bool) or not isinstance(w, numbers.Integral):
+            raise TypeError(f"flash_attn_func: window_size {name} must be an int, got {type(w).__name__}")
+        if w < -1:
+            raise ValueError(f"flash_attn_func: window_size values must be >= -1 (-1: unbounded), got {window_size}")
+    return int(left), int(right)
+
+
+def _check_softcap(softcap):
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"flash_attn_func: softcap must be a float, got {type(softcap).__name__}")
+    if not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"flash_attn_func: softcap must be finite and >= 0 (0: off), got {softcap}")
+    return float(softcap)
+
+
+def _check_alibi(alibi_slopes, q):
+    if alibi_slopes is None:
+        return None
+    _check_tensor("alibi_slopes", alibi_slopes)
+    batch, nheads = q.shape[0], q.shape[2]
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"flash_attn_func: alibi_slopes must be float32, got {alibi_slopes.dtype}")
+    if alibi_slopes.device != q.device:
+        raise ValueError(f"flash_attn_func: alibi_slopes must be on the device of q ({q.device}), got {alibi_slopes.device}")
+    if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
+        raise ValueError(
+            f"flash_attn_func: alibi_slopes must have shape (nheads,) = ({nheads},) or (batch, nheads) = "
+            f"({batch}, {nheads}), got {tuple(alibi_slopes.shape)}"
+        )
+    return alibi_slopes
+
+
+def _check_sink(fn, sink, q, nheads):
+    """sink (nheads,) of any floating dtype -> the lse dtype (a differentiable cast)."""
+    if sink is None:
+        return None
+    _check_tensor("sink", sink)
+    if not sink.is_floating_point():
+        raise TypeError(f"{fn}: sink must be a floating-point tensor, got {sink.dtype}")
+    if sink.device != q.device:
+        raise ValueError(f"{fn}: sink must be on the device of q ({q.device}), got {sink.device}")
+    if tuple(sink.shape) != (nheads,):
+        raise ValueError(f"{fn}: sink must have shape (nheads,) = ({nheads},), got {tuple(sink.shape)}")
+    return sink.to(_lse_dtype(q.dtype))
+
+
+def _check_mask(fn, attn_mask, q_dtype, device, shape):
+    """attn_mask broadcastable to shape = (batch, nheads, seqlen_q, seqlen_k) -> an expanded view of it,
+    bool or in q's dtype (a float mask of another dtype is cast, differentiably)."""
+    if attn_mask is None:
+        return None
+    _check_tensor("attn_mask", attn_mask)
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise TypeError(f"{fn}: attn_mask must be bool or floating point, got {attn_mask.dtype}")
+    if attn_mask.device != device:
+        raise ValueError(f"{fn}: attn_mask must be on the device of the query ({device}), got {attn_mask.device}")
+    if attn_mask.dim() > 4:
+        raise ValueError(f"{fn}: attn_mask must have at most 4 dimensions, got shape {tuple(attn_mask.shape)}")
+    try:
+        expanded = attn_mask.expand(shape)
+    except RuntimeError:
+        raise ValueError(
+            f"{fn}: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (batch, nheads, seqlen_q, "
+            f"seqlen_k) = {tuple(shape)}"
+        ) from None
+    if expanded.is_floating_point() and expanded.dtype != q_dtype:
+        expanded = expanded.to(q_dtype)
+    return expanded
+
+
+def _attention(q, k, v, scale, causal, bottom_right, window, softcap, alibi_slopes, sink, mask, dropout_p,
+               deterministic):
+    out, lse, rng_state = torch.ops.flashattn_ext.fwd(
+        q, k, v, scale, bool(causal), bottom_right, window[0], window[1], softcap, alibi_slopes, sink, mask,
+        dropout_p, bool(deterministic),
+    )
+    return out, lse, rng_state
+
+
+def _probs_signed(q, k, v, scale, causal, window, softcap, alibi_slopes, sink, mask, dropout_p, lse, rng_state):
+    """S_dmask for return_attn_probs: P (batch, nheads, seqlen_q, seqlen_k) in float32 (float64 for float64
+    inputs), the entries dropout dropped negated."""
+    from .reference import attention_probs
+
+    p = attention_probs(q, k, v, softmax_scale=scale, causal=causal, window_size=window, softcap=softcap,
+                        alibi_slopes=alibi_slopes, sink=sink, attn_mask=mask, lse=lse)
+    if dropout_p > 0.0:
+        keep = torch.ops.flashattn_ext.dropout_mask(q, rng_state, k.shape[1], dropout_p)
+        p = torch.where(keep, p, -p)
+    return p
 
 
 def flash_attn_func(
@@ -37,35 +149,56 @@ def flash_attn_func(
     deterministic=False,
     return_attn_probs=False,
     return_lse=False,
+    *,
+    sink=None,
+    s_aux=None,
+    attn_mask=None,
 ):
-    """Exact attention softmax(q kᵀ · softmax_scale) v.
+    """Exact attention softmax(q kᵀ · softmax_scale) v with flash-attn's variants.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_kv, headdim), nheads a
     multiple of nheads_kv (GQA/MQA). Any strides with the last one 1. CPU: float32/float64; CUDA:
     float16/bfloat16 (head dim <= 256) and float32/float64.
     softmax_scale: default 1/sqrt(headdim).
     causal: bottom-right aligned as flash-attn >= 2.1: query i sees keys j <= i + seqlen_k - seqlen_q.
-        A query that sees no key gets out = 0 and lse = -inf (and zero gradients).
+    window_size (left, right): query i sees keys i + seqlen_k - seqlen_q - left <= j <= ... + right;
+        -1 = unbounded; with causal=True, right is 0.
+    softcap > 0: scores become softcap * tanh(scores / softcap).
+    alibi_slopes: float32 (nheads,) or (batch, nheads): adds -slope * |i + seqlen_k - seqlen_q - j|.
+    dropout_p: probability of dropping an attention weight (Philox, seeded from torch's generator of q's
+        device); kept weights are scaled by 1 / (1 - p).
+    sink (also accepted as s_aux, transformers' name): (nheads,) logits, one per head, that join every
+        row's softmax denominator without a value (attention sinks); differentiable.
+    attn_mask: bool (True = take part) or additive float, broadcastable to (batch, nheads, seqlen_q,
+        seqlen_k); a float mask that requires grad gets its gradient.
+    A query that sees no key gets out = 0 and lse = -inf (the sink with a sink), zero gradients.
     deterministic: bitwise reproducible backward on CUDA (the CPU backward always is).
-    return_lse: also return lse (batch, nheads, seqlen_q), float32 (float64 for float64 inputs),
-        the natural-log logsumexp of each row of scaled scores; it carries no gradient.
-    dropout_p, window_size, softcap, alibi_slopes, return_attn_probs: flash-attn's arguments for
-    features not built yet; anything but their defaults raises NotImplementedError.
+    return_lse: also return lse (batch, nheads, seqlen_q), float32 (float64 for float64 inputs).
+    return_attn_probs: return (out, lse, S_dmask) as flash-attn, S_dmask (batch, nheads, seqlen_q,
+        seqlen_k) the probabilities with the entries dropout dropped negated (a test aid: it materializes
+        seqlen_q x seqlen_k).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t)
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"flash_attn_func: dropout_p > 0 is not supported yet (got dropout_p={dropout_p})")
-    if tuple(window_size) != (-1, -1):
-        raise NotImplementedError(f"flash_attn_func: window_size is not supported yet (got window_size={window_size})")
-    if softcap != 0.0:
-        raise NotImplementedError(f"flash_attn_func: softcap is not supported yet (got softcap={softcap})")
-    if alibi_slopes is not None:
-        raise NotImplementedError("flash_attn_func: alibi_slopes is not supported yet")
-    if return_attn_probs:
-        raise NotImplementedError("flash_attn_func: return_attn_probs is not supported (use return_lse=True)")
+    if q.dim() != 4:
+        raise ValueError(f"flash_attn_func: q must have 4 dimensions (batch, seqlen, nheads, headdim), got {q.dim()}")
+    if sink is not None and s_aux is not None:
+        raise ValueError("flash_attn_func: pass sink or s_aux, not both")
+    dropout_p = _check_dropout("flash_attn_func", dropout_p)
+    window = _check_window(window_size)
+    softcap = _check_softcap(softcap)
+    alibi_slopes = _check_alibi(alibi_slopes, q)
+    sink = _check_sink("flash_attn_func", s_aux if sink is None else sink, q, q.shape[2])
+    shape = (q.shape[0], q.shape[2], q.shape[1], k.shape[1] if k.dim() == 4 else 0)
+    mask = _check_mask("flash_attn_func", attn_mask, q.dtype, q.device, shape)
     scale = _default_scale(q) if softmax_scale is None else _check_scale("softmax_scale", softmax_scale)
-    out, lse = torch.ops.flashattn_ext.fwd(q, k, v, scale, bool(causal), True, bool(deterministic))
+    out, lse, rng_state = _attention(q, k, v, scale, causal, True, window, softcap, alibi_slopes, sink, mask,
+                                     dropout_p, deterministic)
+    if return_attn_probs:
+        with torch.no_grad():
+            s_dmask = _probs_signed(q, k, v, scale, causal, window, softcap, alibi_slopes, sink, mask, dropout_p,
+                                    lse, rng_state)
+        return out, lse, s_dmask
     return (out, lse) if return_lse else out
 
 
@@ -76,8 +209,10 @@ def scaled_dot_product_attention(
 
     query: (batch, nheads, seqlen_q, headdim); key, value: (batch, nheads_kv, seqlen_k, headdim).
     is_causal is top-left aligned, as in torch: query i sees keys j <= i. nheads != nheads_kv needs
-    enable_gqa=True, as in torch. Returns (batch, nheads, seqlen_q, headdim), a transposed view of a
-    (batch, seqlen_q, nheads, headdim) tensor.
+    enable_gqa=True, as in torch. attn_mask: bool (True = take part) or additive float, broadcastable to
+    (batch, nheads, seqlen_q, seqlen_k); not together with is_causal (as torch). A query row whose keys
+    are all masked gives 0 (torch's math backend gives NaN there). Returns (batch, nheads, seqlen_q,
+    headdim), a transposed view of a (batch, seqlen_q, nheads, headdim) tensor.
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
         _check_tensor(name, t)
@@ -86,19 +221,17 @@ def scaled_dot_product_attention(
                 f"scaled_dot_product_attention: {name} must have 4 dimensions (batch, nheads, seqlen, headdim), "
                 f"got {t.dim()}"
             )
-    if attn_mask is not None:
-        raise NotImplementedError("scaled_dot_product_attention: attn_mask is not supported yet (use is_causal)")
-    if dropout_p != 0.0:
-        raise NotImplementedError(
-            f"scaled_dot_product_attention: dropout_p > 0 is not supported yet (got dropout_p={dropout_p})"
-        )
+    if attn_mask is not None and is_causal:
+        raise ValueError("scaled_dot_product_attention: attn_mask and is_causal=True cannot be combined (as in torch)")
+    dropout_p = _check_dropout("scaled_dot_product_attention", dropout_p)
     if not enable_gqa and query.shape[1] != key.shape[1]:
         raise ValueError(
             f"scaled_dot_product_attention: nheads of query ({query.shape[1]}) and key ({key.shape[1]}) differ; "
             "pass enable_gqa=True for grouped-query attention"
         )
+    shape = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+    mask = _check_mask("scaled_dot_product_attention", attn_mask, query.dtype, query.device, shape)
     softmax_scale = _default_scale(query) if scale is None else _check_scale("scale", scale)
-    out, _ = torch.ops.flashattn_ext.fwd(
-        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale, bool(is_causal), False, False
-    )
+    out, _, _ = _attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale,
+                           is_causal, False, (-1, -1), 0.0, None, None, mask, dropout_p, False)
     return out.transpose(1, 2)

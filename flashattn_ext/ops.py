@@ -1,6 +1,6 @@
-"""torch.library registrations for the C++ ops flashattn_ext::fwd and flashattn_ext::bwd:
-fake (meta) kernels for tracing, and the autograd formula of fwd, which saves q, k, v, out and lse
-only and calls bwd."""
+"""torch.library registrations for the C++ ops flashattn_ext::fwd, ::bwd and ::dropout_mask: fake
+(meta) kernels with shape checks for tracing, and the autograd formula of fwd, which saves q, k, v, out,
+lse, the dropout rng_state and the user's own alibi/sink/mask tensors only, and calls bwd."""
 import torch
 
 
@@ -8,37 +8,90 @@ def _lse_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _check_rank4(name, t):
+    torch._check(t.dim() == 4, lambda: f"flashattn_ext: {name} must have 4 dimensions, got {t.dim()}")
+
+
+def _check_qkv_fake(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_rank4(name, t)
+    torch._check(k.shape[0] == q.shape[0] and v.shape[0] == q.shape[0], lambda: "flashattn_ext: batch sizes differ")
+    torch._check(k.shape[1] == v.shape[1], lambda: "flashattn_ext: seqlen of k and v differ")
+    torch._check(k.shape[2] == v.shape[2], lambda: "flashattn_ext: nheads of k and v differ")
+    torch._check(k.shape[3] == q.shape[3] and v.shape[3] == q.shape[3], lambda: "flashattn_ext: head dims differ")
+
+
+def _check_mask_fake(attn_mask, q, k):
+    if attn_mask is not None:
+        want = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+        torch._check(
+            tuple(attn_mask.shape) == want,
+            lambda: f"flashattn_ext: attn_mask must have shape {want}, got {tuple(attn_mask.shape)}",
+        )
+
+
 @torch.library.register_fake("flashattn_ext::fwd")
-def _fwd_fake(q, k, v, softmax_scale, causal, bottom_right, deterministic):
+def _fwd_fake(q, k, v, softmax_scale, causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
+              attn_mask, dropout_p, deterministic):
+    _check_qkv_fake(q, k, v)
+    _check_mask_fake(attn_mask, q, k)
     batch, seqlen_q, nheads, _ = q.shape
     out = q.new_empty((batch, seqlen_q, nheads, v.shape[-1]))
     lse = q.new_empty((batch, nheads, seqlen_q), dtype=_lse_dtype(q.dtype))
-    return out, lse
+    rng_state = torch.empty((2,), dtype=torch.int64, device="cpu")
+    return out, lse, rng_state
 
 
 @torch.library.register_fake("flashattn_ext::bwd")
-def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, bottom_right, deterministic):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _bwd_fake(dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right, window_left, window_right,
+              softcap, alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad):
+    _check_qkv_fake(q, k, v)
+    _check_mask_fake(attn_mask, q, k)
+    torch._check(dout.shape == q.shape, lambda: "flashattn_ext: dout must have the shape of q")
+    torch._check(out.shape == q.shape, lambda: "flashattn_ext: out must have the shape of q")
+    lse_dtype = _lse_dtype(q.dtype)
+    if mask_grad:
+        dmask = q.new_empty((q.shape[0], q.shape[2], q.shape[1], k.shape[1]), dtype=lse_dtype)
+    else:
+        dmask = q.new_empty((0,), dtype=lse_dtype)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dmask
+
+
+@torch.library.register_fake("flashattn_ext::dropout_mask")
+def _dropout_mask_fake(q, rng_state, seqlen_k, dropout_p):
+    _check_rank4("q", q)
+    return q.new_empty((q.shape[0], q.shape[2], q.shape[1], seqlen_k), dtype=torch.bool)
+
+
+# Positions of fwd's inputs (the schema in csrc/ops.cpp).
+_ALIBI, _SINK, _MASK = 9, 10, 11
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, bottom_right, deterministic = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.softmax_scale = softmax_scale
-    ctx.causal = causal
-    ctx.bottom_right = bottom_right
-    ctx.deterministic = deterministic
-    # The gradient does not flow through lse (returned only for inspection and merging).
-    ctx.mark_non_differentiable(lse)
+    (q, k, v, softmax_scale, causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink, attn_mask,
+     dropout_p, deterministic) = inputs
+    out, lse, rng_state = output
+    ctx.save_for_backward(q, k, v, out, lse, rng_state, alibi_slopes, sink, attn_mask)
+    ctx.args = (softmax_scale, causal, bottom_right, window_left, window_right, softcap, dropout_p, deterministic)
+    # lse and rng_state carry no gradient (returned for inspection, merging and the backward).
+    ctx.mark_non_differentiable(lse, rng_state)
 
 
-def _backward(ctx, dout, _dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.flashattn_ext.bwd(
-        dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.bottom_right, ctx.deterministic
+def _backward(ctx, dout, _dlse, _drng):
+    q, k, v, out, lse, rng_state, alibi_slopes, sink, attn_mask = ctx.saved_tensors
+    softmax_scale, causal, bottom_right, window_left, window_right, softcap, dropout_p, deterministic = ctx.args
+    mask_grad = attn_mask is not None and attn_mask.is_floating_point() and ctx.needs_input_grad[_MASK]
+    dq, dk, dv, dmask = torch.ops.flashattn_ext.bwd(
+        dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right, window_left, window_right, softcap,
+        alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad,
     )
-    return dq, dk, dv, None, None, None, None
+    dsink = None
+    if sink is not None and ctx.needs_input_grad[_SINK]:
+        # d sink_h = -sum_{b,i} P_sink(b, h, i) * delta(b, h, i), P_sink = exp(sink_h - lse), delta = dO . O
+        delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1).transpose(1, 2)  # (batch, nheads, seqlen_q)
+        dsink = -(torch.exp(sink.view(1, -1, 1) - lse) * delta).sum((0, 2))
+    dattn_mask = dmask.to(attn_mask.dtype) if mask_grad else None
+    return dq, dk, dv, None, None, None, None, None, None, None, dsink, dattn_mask, None, None
 
 
 torch.library.register_autograd("flashattn_ext::fwd", _backward, setup_context=_setup_context)

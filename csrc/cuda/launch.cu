@@ -1,17 +1,94 @@
-/* launch.cu: picks the kernel family from the dtype. Tile configurations by head dim are chosen
- * inside each family's file (fwd_sm80.cu, bwd_sm80.cu), next to the measurements that justify them. */
+/* launch.cu: the one dispatcher of the CUDA code. dtype (fp32/fp64 -> CUDA-core kernels, fp16/bf16 ->
+ * tensor-core kernels) -> arch (Hopper with an sm_90a build: the wgmma backward main kernel) -> tile
+ * configuration (large tiles where the device's shared memory allows) -> variant (p->has_hook, chosen
+ * inside each family's launcher from the same field). The kernels' own files hold the tile constants
+ * next to the measurements that justify them. */
+#include <stdlib.h>
+
 #include "launch.h"
+
+/* The current device's opt-in shared memory per CTA, capped by FLASHATTN_EXT_SMEM_LIMIT (bytes; read
+ * once) so that the small configurations can be tested on a large GPU. 0 if the query fails. */
+extern "C" size_t flash_smem_available(void)
+{
+    static long long cap = -1;
+    if (cap < 0) {
+        const char *env = getenv("FLASHATTN_EXT_SMEM_LIMIT");
+        cap = env != NULL && atoll(env) > 0 ? atoll(env) : 0;
+    }
+    int dev = 0, bytes = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return 0;
+    return cap > 0 && (size_t)cap < (size_t)bytes ? (size_t)cap : (size_t)bytes;
+}
+
+/* Hopper main backward kernel: an sm_90a build, an sm_90 device, and FLASHATTN_EXT_DISABLE_SM90 unset
+ * (=1 forces the sm80 kernels on Hopper, for comparisons; read once per process). */
+static int use_sm90(void)
+{
+#ifdef FLASHATTN_EXT_SM90A
+    static int disabled = -1;
+    if (disabled < 0) {
+        const char *env = getenv("FLASHATTN_EXT_DISABLE_SM90");
+        disabled = env != NULL && env[0] != '\0' && env[0] != '0';
+    }
+    int dev = 0, major = 0;
+    if (disabled || cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+        return 0;
+    return major == 9;
+#else
+    return 0;
+#endif
+}
+
+static int is_simple(const flash_params *p)
+{
+    return p->dtype == FLASH_FP32 || p->dtype == FLASH_FP64;
+}
+
+static flash_tiles bwd_tiles(const flash_params *p)
+{
+    return flash_smem_available() >= flash_bwd_sm80_smem(p, FLASH_TILES_LARGE) ? FLASH_TILES_LARGE
+                                                                                  : FLASH_TILES_SMALL;
+}
+
+extern "C" size_t flash_fwd_smem_needed(const flash_params *p)
+{
+    return flash_fwd_sm80_smem(p);
+}
+
+extern "C" size_t flash_bwd_smem_needed(const flash_params *p)
+{
+    return flash_bwd_sm80_smem(p, FLASH_TILES_SMALL);
+}
 
 extern "C" cudaError_t flash_fwd_cuda(const flash_params *p, cudaStream_t stream)
 {
-    if (p->dtype == FLASH_FP32 || p->dtype == FLASH_FP64)
+    if (is_simple(p))
         return flash_fwd_simple(p, stream);
     return flash_fwd_sm80(p, stream);
 }
 
 extern "C" cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream)
 {
-    if (p->dtype == FLASH_FP32 || p->dtype == FLASH_FP64)
+    if (is_simple(p))
         return flash_bwd_simple(p, stream);
-    return flash_bwd_sm80(p, stream);
+    cudaError_t err = flash_bwd_sm80_check(p);
+    if (err != cudaSuccess || p->b == 0 || p->h == 0 || p->sq == 0 || p->sk == 0)
+        return err;
+    const flash_tiles tiles = bwd_tiles(p);
+    if (flash_smem_available() < flash_bwd_sm80_smem(p, tiles))
+        return cudaErrorInvalidConfiguration;
+    if ((err = flash_bwd_sm80_pre(p, stream)) != cudaSuccess)
+        return err;
+    err = use_sm90() ? flash_bwd_main_sm90(p, stream) : flash_bwd_main_sm80(p, tiles, stream);
+    if (err != cudaSuccess)
+        return err;
+    if ((err = flash_bwd_sm80_dq(p, tiles, stream)) != cudaSuccess)
+        return err;
+    if (p->h != p->h_kv)
+        return flash_bwd_sm80_dkv_post(p, stream);
+    return cudaSuccess;
 }

@@ -1,6 +1,9 @@
-/* launch.h: the plain-C entry points of the CUDA kernels, called by the binding (csrc/ops_cuda.cpp).
- * Each launches on `stream`, allocates nothing, never synchronizes the host, and returns the first
- * CUDA error met (cudaSuccess otherwise). The params block is described in csrc/flash.h. */
+/* launch.h: the plain-C entry points of the CUDA code. The binding (csrc/ops_cuda.cpp) calls only
+ * flash_fwd_cuda / flash_bwd_cuda / flash_dropout_mask_cuda and the shared-memory queries; launch.cu, the
+ * one dispatcher, picks dtype -> arch -> tile configuration -> variant and calls the family entry points
+ * below. Each launches on `stream`, allocates nothing, never synchronizes the host, and returns the first
+ * CUDA error met (cudaSuccess otherwise). The params block is described in csrc/flash.h, the variants in
+ * csrc/mask.h. Within a family, p->has_hook selects the general (score / probability hook) kernels. */
 #ifndef FLASHATTN_EXT_LAUNCH_H
 #define FLASHATTN_EXT_LAUNCH_H
 
@@ -12,29 +15,57 @@
 extern "C" {
 #endif
 
-/* Forward: writes o and lse. Dispatches on dtype: fp16/bf16 -> tensor-core kernel (fwd_sm80.cu),
- * fp32/fp64 -> CUDA-core tiled kernel (fwd_simple.cu). */
+/* ---- called by the binding ---- */
+
+/* Forward: writes o and lse. */
 cudaError_t flash_fwd_cuda(const flash_params *p, cudaStream_t stream);
-cudaError_t flash_fwd_sm80(const flash_params *p, cudaStream_t stream);
-cudaError_t flash_fwd_simple(const flash_params *p, cudaStream_t stream);
-
-/* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv; uses the workspaces named in flash.h. */
+/* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv (and dbias if set); uses the workspaces
+ * named in flash.h. */
 cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream);
-cudaError_t flash_bwd_sm80(const flash_params *p, cudaStream_t stream);
-cudaError_t flash_bwd_simple(const flash_params *p, cudaStream_t stream);
+/* keep (b, h, sq, sk) contiguous uint8: 1 where dropout keeps P[b, h, i, j] (mask.h), for
+ * return_attn_probs. */
+cudaError_t flash_dropout_mask_cuda(const flash_params *p, uint8_t *keep, cudaStream_t stream);
 
-/* Shared memory per CTA that the fp16/bf16 forward and backward need at head dim p->d (the backward's
- * smallest tiles), and what the current device offers (opt-in limit, capped by
+/* Shared memory per CTA that the fp16/bf16 forward and backward need at head dim p->d (the smallest
+ * tiles that launch.cu would pick), and what the current device offers (opt-in limit, capped by
  * FLASHATTN_EXT_SMEM_LIMIT); the binding reports a clear error when short. */
 size_t flash_fwd_smem_needed(const flash_params *p);
 size_t flash_bwd_smem_needed(const flash_params *p);
 size_t flash_smem_available(void);
 
-/* Hopper main backward kernel (bwd_sm90.cu), used by flash_bwd_sm80 in place of its own main kernel
- * when flash_bwd_sm90_supported(p): an sm_90a build (FLASHATTN_EXT_SM90A), an sm_90 device, fp16/bf16,
- * d <= 256, and FLASHATTN_EXT_DISABLE_SM90 unset. */
-int flash_bwd_sm90_supported(const flash_params *p);
+/* ---- family entry points, called by launch.cu only ---- */
+
+/* Tile configurations of a family at one head dim: the large ones need sm90's 227 KB of shared
+ * memory, the small ones fit an A100 (and sm86/sm89 up to d = 128). */
+typedef enum flash_tiles {
+    FLASH_TILES_LARGE = 0,
+    FLASH_TILES_SMALL = 1,
+} flash_tiles;
+
+/* fp32 / fp64 on CUDA cores (fwd_simple.cu, bwd_simple.cu, dropout_mask.cu). */
+cudaError_t flash_fwd_simple(const flash_params *p, cudaStream_t stream);
+cudaError_t flash_bwd_simple(const flash_params *p, cudaStream_t stream);
+
+/* fp16 / bf16 forward on mma.sync, sm80+ (fwd_sm80.cu). */
+cudaError_t flash_fwd_sm80(const flash_params *p, cudaStream_t stream);
+size_t flash_fwd_sm80_smem(const flash_params *p);
+
+/* fp16 / bf16 backward, in this order (launch.cu):
+ *   flash_bwd_sm80_pre           delta = rowsum(dout * o), dq_accum = 0              (bwd_sm80.cu)
+ *   flash_bwd_main_sm90 (Hopper) or flash_bwd_main_sm80: dK, dV (and dQ partials into dq_accum unless
+ *                                deterministic)                          (bwd_sm90.cu / bwd_sm80.cu)
+ *   flash_bwd_sm80_dq            deterministic: the dQ kernel; else dq = scale * dq_accum  (bwd_sm80.cu)
+ *   flash_bwd_sm80_dkv_post      GQA only: dk, dv = sums of dk_accum, dv_accum over each group
+ * flash_bwd_sm80_check validates what these kernels require of p (alignment, strides, head dim):
+ * cudaErrorInvalidValue when unmet. flash_bwd_sm80_smem: shared memory of the sm80 main and dQ kernels
+ * with tiles t at head dim p->d. */
+cudaError_t flash_bwd_sm80_check(const flash_params *p);
+size_t flash_bwd_sm80_smem(const flash_params *p, flash_tiles t);
+cudaError_t flash_bwd_sm80_pre(const flash_params *p, cudaStream_t stream);
+cudaError_t flash_bwd_main_sm80(const flash_params *p, flash_tiles t, cudaStream_t stream);
 cudaError_t flash_bwd_main_sm90(const flash_params *p, cudaStream_t stream);
+cudaError_t flash_bwd_sm80_dq(const flash_params *p, flash_tiles t, cudaStream_t stream);
+cudaError_t flash_bwd_sm80_dkv_post(const flash_params *p, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

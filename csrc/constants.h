@@ -1,0 +1,13 @@
+/* constants.h: the numbers every part of the core shares (C CPU code, CUDA kernels, the binding). */
+#ifndef FLASHATTN_EXT_CONSTANTS_H
+#define FLASHATTN_EXT_CONSTANTS_H
+
+#define FLASH_WARP_SIZE 32
+#define FLASH_LOG2E 1.4426950408889634
+#define FLASH_LOG2E_F 1.4426950408889634f
+/* largest head dim of the compiled CUDA kernels (the CPU path has no limit) */
+#define FLASH_CUDA_MAX_HEAD_DIM 256
+/* rows and columns of one block of the attn_mask block flags (mask.h) */
+#define FLASH_MASK_BLOCK 16
+
+#endif

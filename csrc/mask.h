@@ -1,0 +1,281 @@
+/* mask.h: the one mask geometry, score hook and probability hook of every kernel (DESIGN.md 2b).
+ *
+ * Plain C (C11 and CUDA C++), included by csrc/cpu/flash_cpu.c and every csrc/cuda/*.cu; the binding
+ * fills the fields it reads (csrc/flash.h). Everything here is a small inline function; kernels may
+ * fold these formulas into cheaper per-thread forms (one compare per value, log2 units), but derive
+ * them from the functions here and from nothing else.
+ *
+ * Geometry: key j is visible to query i iff diag_lo <= j - i <= diag_hi (both clamped by the binding
+ * to [-sq, sk]). A key tile outside the band of a query tile is never loaded; a "full" tile is wholly
+ * inside the band and inside [0, sk) and needs no per-element test (the attn_mask, if any, is data on
+ * top of this: see the block flags below).
+ *
+ * Score hook, on the scaled score s = scale * q.k (natural-log units), in this order:
+ *   softcap > 0      s = softcap * tanh(s / softcap)       derivative 1 - (s_capped / softcap)^2
+ *   alibi_slopes     s -= slope * |j - i - alibi_offset|   (no gradient)
+ *   mask additive    s += mask[b, h, i, j]                 gradient dS (written to dbias)
+ *   mask bool        s = -inf where mask[b, h, i, j] is 0
+ * The backward's dS = P * (dP - delta) is the gradient of the final s; the gradient of q.k is
+ * dS * softcap_derivative * scale.
+ *
+ * Probability hook:
+ *   dropout  P_ij is kept iff the 16-bit Philox draw of (seed, offset, b * h + hq, i, j) is
+ *            >= dropout_threshold, and a kept P is scaled by dropout_scale. The forward sums the
+ *            undropped P into the row sum l and the dropped P into the output; the backward uses
+ *            the dropped P for dV and multiplies dP by the same keep/scale before dS = P (dP - delta).
+ *   sink     the row's softmax denominator gains exp(sink[hq]): at the forward's end,
+ *            (out, lse) = flash_sink_merge(...). The backward kernels need nothing: P = exp(s - lse)
+ *            with the merged lse is the true probability; d sink is computed from lse and delta
+ *            outside the kernels.
+ */
+#ifndef FLASHATTN_EXT_MASK_H
+#define FLASHATTN_EXT_MASK_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "constants.h"
+#include "flash.h"
+
+#ifdef __CUDACC__
+#define FLASH_HD static __host__ __device__ __forceinline__
+#else
+#define FLASH_HD static inline
+#endif
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Geometry                                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+FLASH_HD int64_t flash_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+FLASH_HD int64_t flash_max64(int64_t a, int64_t b) { return a > b ? a : b; }
+FLASH_HD int64_t flash_cdiv64(int64_t a, int64_t b) { return (a + b - 1) / b; } /* a >= 0, b > 0 */
+
+/* Per-element test. */
+FLASH_HD int flash_visible(const flash_params *p, int64_t i, int64_t j)
+{
+    const int64_t t = j - i;
+    return t >= p->diag_lo && t <= p->diag_hi;
+}
+
+/* True when the band hides nothing (no causal, no window): only the tails need masking. */
+FLASH_HD int flash_band_is_full(const flash_params *p)
+{
+    return p->diag_lo <= -(p->sq - 1) && p->diag_hi >= p->sk - 1;
+}
+
+/* Tiles [first, end) of one axis hold every position visible to the other axis's rows; tiles
+ * [full_first, full_end) are visible to every one of them and lie wholly inside the axis (no
+ * per-element test). first <= full_first <= full_end <= end; no tile at all: first = end = 0. */
+typedef struct flash_tile_range {
+    int64_t first, full_first, full_end, end;
+} flash_tile_range;
+
+/* lo/hi are the band on the tile axis's position minus the other axis's position; [a0, a0 + an) the
+ * other axis's rows (an >= 1), n the length of the tile axis, bn its tile size. */
+FLASH_HD flash_tile_range flash_tiles_in_band(int64_t lo, int64_t hi, int64_t n, int64_t a0, int64_t an, int64_t bn)
+{
+    flash_tile_range r = {0, 0, 0, 0};
+    const int64_t begin = flash_max64(0, a0 + lo);             /* union of the rows' visible ranges */
+    const int64_t end = flash_min64(n, a0 + an - 1 + hi + 1);
+    if (begin >= end)
+        return r;
+    r.first = begin / bn;
+    r.end = flash_cdiv64(end, bn);
+    const int64_t fbegin = flash_max64(0, a0 + an - 1 + lo);   /* intersection of those ranges */
+    const int64_t fend = flash_min64(n, a0 + hi + 1);
+    r.full_first = r.full_end = r.first;
+    if (fbegin < fend) {
+        r.full_first = flash_cdiv64(fbegin, bn);
+        r.full_end = fend / bn;
+        if (r.full_end <= r.full_first)
+            r.full_first = r.full_end = r.first;
+    }
+    return r;
+}
+
+/* Key tiles of width bn for query rows [q0, q0 + qn), qn >= 1 (forward, dQ). */
+FLASH_HD flash_tile_range flash_key_tiles(const flash_params *p, int64_t q0, int64_t qn, int64_t bn)
+{
+    return flash_tiles_in_band(p->diag_lo, p->diag_hi, p->sk, q0, qn, bn);
+}
+
+/* Query tiles of height bm for key rows [k0, k0 + kn), kn >= 1 (dK/dV): i - j in [-hi, -lo]. */
+FLASH_HD flash_tile_range flash_query_tiles(const flash_params *p, int64_t k0, int64_t kn, int64_t bm)
+{
+    return flash_tiles_in_band(-p->diag_hi, -p->diag_lo, p->sq, k0, kn, bm);
+}
+
+/* Tile-local form of the band: inside a tile whose first query row is m0 and first key n0, element
+ * (il, jl) is visible iff flash_tile_diag(diag_lo, m0, n0) <= jl - il <= flash_tile_diag(diag_hi, m0, n0).
+ * Clamped to +-FLASH_DIAG_CLAMP (beyond any tile edge) so it fits an int. */
+#define FLASH_DIAG_CLAMP (1 << 20)
+FLASH_HD int flash_tile_diag(int64_t bound, int64_t m0, int64_t n0)
+{
+    const int64_t v = bound - (n0 - m0);
+    return (int)(v < -FLASH_DIAG_CLAMP ? -FLASH_DIAG_CLAMP : (v > FLASH_DIAG_CLAMP ? FLASH_DIAG_CLAMP : v));
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* attn_mask data: per-block flags                                                                */
+/* ---------------------------------------------------------------------------------------------- */
+
+#define FLASH_MASK_ANY_VISIBLE 1u /* some entry of the block is True / above -inf */
+#define FLASH_MASK_ANY_MASKED 2u  /* some entry of the block is False / not 0 */
+
+/* OR of the flags of the mask blocks covering rows [q0, q0 + qn) x keys [k0, k0 + kn) of (b, hq).
+ * No FLASH_MASK_ANY_VISIBLE: the tile sees nothing (skip it); no FLASH_MASK_ANY_MASKED: the mask is
+ * plain there (do not read it); both: read it. Without a mask: FLASH_MASK_ANY_VISIBLE. */
+FLASH_HD unsigned flash_mask_tile_flags(const flash_params *p, int64_t b, int64_t hq, int64_t q0, int64_t qn,
+                                        int64_t k0, int64_t kn)
+{
+    if (p->mask_blocks == 0)
+        return FLASH_MASK_ANY_VISIBLE;
+    const uint8_t *f = p->mask_blocks + b * p->mask_blocks_s.batch + hq * p->mask_blocks_s.head;
+    unsigned flags = 0;
+    for (int64_t r = q0 / FLASH_MASK_BLOCK; r <= (q0 + qn - 1) / FLASH_MASK_BLOCK; r++)
+        for (int64_t c = k0 / FLASH_MASK_BLOCK; c <= (k0 + kn - 1) / FLASH_MASK_BLOCK; c++)
+            flags |= f[r * p->mask_blocks_s.row + c * p->mask_blocks_s.col];
+    return flags;
+}
+
+/* Element offset of mask[b, hq, i, j]. */
+FLASH_HD int64_t flash_mask_offset(const flash_params *p, int64_t b, int64_t hq, int64_t i, int64_t j)
+{
+    return b * p->mask_s.batch + hq * p->mask_s.head + i * p->mask_s.row + j * p->mask_s.col;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Score hook                                                                                      */
+/* ---------------------------------------------------------------------------------------------- */
+
+FLASH_HD float flash_softcap_f(float s, float cap) { return cap * tanhf(s / cap); }
+FLASH_HD double flash_softcap_d(double s, double cap) { return cap * tanh(s / cap); }
+/* d s_capped / d s, from the capped value c */
+FLASH_HD float flash_softcap_grad_f(float c, float cap) { const float t = c / cap; return 1.0f - t * t; }
+FLASH_HD double flash_softcap_grad_d(double c, double cap) { const double t = c / cap; return 1.0 - t * t; }
+
+/* ALiBi slope of (b, hq); 0 without ALiBi. */
+FLASH_HD float flash_alibi_slope(const flash_params *p, int64_t b, int64_t hq)
+{
+    return p->alibi_slopes ? p->alibi_slopes[b * p->alibi_batch_stride + hq] : 0.0f;
+}
+
+/* The distance ALiBi multiplies by the slope (the bias is -slope * distance). */
+FLASH_HD int64_t flash_alibi_distance(const flash_params *p, int64_t i, int64_t j)
+{
+    const int64_t t = j - i - p->alibi_offset;
+    return t < 0 ? -t : t;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Probability hook: dropout by Philox4x32-10, sinks                                              */
+/* ---------------------------------------------------------------------------------------------- */
+
+#define FLASH_PHILOX_M0 0xD2511F53u
+#define FLASH_PHILOX_M1 0xCD9E8D57u
+#define FLASH_PHILOX_W0 0x9E3779B9u
+#define FLASH_PHILOX_W1 0xBB67AE85u
+#define FLASH_PHILOX_ROUNDS 10
+/* One Philox call gives 4 x 32 bits = 8 draws of 16 bits: keys 8c .. 8c + 7 of one row. */
+#define FLASH_DROPOUT_KEYS_PER_DRAW 8
+#define FLASH_DROPOUT_ONE 65536u /* the 16-bit draws are uniform on [0, FLASH_DROPOUT_ONE) */
+
+FLASH_HD uint32_t flash_mulhi32(uint32_t a, uint32_t b) { return (uint32_t)(((uint64_t)a * b) >> 32); }
+
+/* Philox4x32-10 of the counter (c0, c1, c2, c3) under the key (k0, k1). */
+FLASH_HD void flash_philox(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1,
+                           uint32_t out[4])
+{
+    for (int r = 0; r < FLASH_PHILOX_ROUNDS; r++) {
+        const uint32_t hi0 = flash_mulhi32(FLASH_PHILOX_M0, c0), lo0 = FLASH_PHILOX_M0 * c0;
+        const uint32_t hi1 = flash_mulhi32(FLASH_PHILOX_M1, c2), lo1 = FLASH_PHILOX_M1 * c2;
+        c0 = hi1 ^ c1 ^ k0;
+        c1 = lo1;
+        c2 = hi0 ^ c3 ^ k1;
+        c3 = lo0;
+        k0 += FLASH_PHILOX_W0;
+        k1 += FLASH_PHILOX_W1;
+    }
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
+}
+
+/* The 32 x 4 random bits of keys [8 c, 8 c + 8) of query row i of (batch, query head) bh = b * h + hq:
+ * counter (c, i, bh, offset_lo), key (seed_lo, seed_hi ^ offset_hi). Key j's 16-bit draw is
+ * flash_dropout_draw(bits, j). */
+FLASH_HD void flash_dropout_bits(const flash_params *p, int64_t bh, int64_t i, int64_t c, uint32_t bits[4])
+{
+    flash_philox((uint32_t)c, (uint32_t)i, (uint32_t)bh, (uint32_t)p->philox_offset, (uint32_t)p->philox_seed,
+                 (uint32_t)(p->philox_seed >> 32) ^ (uint32_t)(p->philox_offset >> 32), bits);
+}
+
+FLASH_HD uint32_t flash_dropout_draw(const uint32_t bits[4], int64_t j)
+{
+    return (bits[(j % FLASH_DROPOUT_KEYS_PER_DRAW) / 2] >> (16 * (j & 1))) & 0xffffu;
+}
+
+/* 1 iff P[b, hq, i, j] is kept (always 1 without dropout). One Philox call per element: for
+ * reference-grade kernels; fast kernels call flash_dropout_bits once per 8 keys. */
+FLASH_HD int flash_dropout_keep(const flash_params *p, int64_t bh, int64_t i, int64_t j)
+{
+    if (p->dropout_threshold == 0)
+        return 1;
+    uint32_t bits[4];
+    flash_dropout_bits(p, bh, i, j / FLASH_DROPOUT_KEYS_PER_DRAW, bits);
+    return flash_dropout_draw(bits, j) >= p->dropout_threshold;
+}
+
+/* Sink of query head hq in the lse type, as double; -inf without sinks. */
+FLASH_HD double flash_sink(const flash_params *p, int64_t hq)
+{
+    if (p->sink == 0)
+        return -INFINITY;
+    return p->dtype == FLASH_FP64 ? ((const double *)p->sink)[hq] : (double)((const float *)p->sink)[hq];
+}
+
+/* Forward epilogue of one row with running max m and sum l (natural-log units; l = 0 and m = -inf
+ * when the row saw no key): the factor that turns the unnormalized accumulator into out, and lse.
+ * sink = -inf (no sink) gives factor 1 / l and lse = m + log l; a row that saw no key gives factor 0
+ * and lse = sink. */
+FLASH_HD void flash_row_finish_f(float m, float l, float sink, float *factor, float *lse)
+{
+    if (l == 0.0f) {
+        *factor = 0.0f;
+        *lse = sink;
+        return;
+    }
+    if (sink == -INFINITY) {
+        *factor = 1.0f / l;
+        *lse = m + logf(l);
+        return;
+    }
+    const float mm = m > sink ? m : sink;
+    const float a = expf(m - mm);
+    const float total = l * a + expf(sink - mm);
+    *factor = a / total;
+    *lse = mm + logf(total);
+}
+
+FLASH_HD void flash_row_finish_d(double m, double l, double sink, double *factor, double *lse)
+{
+    if (l == 0.0) {
+        *factor = 0.0;
+        *lse = sink;
+        return;
+    }
+    if (sink == -INFINITY) {
+        *factor = 1.0 / l;
+        *lse = m + log(l);
+        return;
+    }
+    const double mm = m > sink ? m : sink;
+    const double a = exp(m - mm);
+    const double total = l * a + exp(sink - mm);
+    *factor = a / total;
+    *lse = mm + log(total);
+}
+
+#endif
