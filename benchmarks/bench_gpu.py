@@ -23,6 +23,9 @@ backward times torch.autograd.grad alone on a retained graph.
     python benchmarks/bench_gpu.py --quick --time-budget 120         # d64/128/256 at s2k, s8k
     python benchmarks/bench_gpu.py --dry-run --out /tmp/dry          # tiny, on the CPU, ours vs eager
 
+The attention variants (sliding window, softcap, ALiBi, attn_mask, dropout, block-sparse) beside
+FlexAttention and SDPA are measured by bench_variants.py (scripts/gpu_check.sh variants).
+
 Output in --out: results.json (device, versions, every time), results.md (TFLOP/s tables with
 ratios ours ÷ backend, above 1 = ours faster), tflops.png (needs matplotlib: TFLOP/s vs seqlen,
 one panel per head dim and pass, one line per implementation).

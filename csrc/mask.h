@@ -1,6 +1,6 @@
 /* mask.h: the one mask geometry, score hook and probability hook of every kernel (DESIGN.md 2b).
  *
- * Plain C (C11 and CUDA C++), included by csrc/cpu/flash_cpu.c and every csrc/cuda/*.cu; the binding
+ * Plain C (C11 and CUDA C++), included by csrc/cpu/flash_cpu.c and every CUDA kernel file; the binding
  * fills the fields it reads (csrc/flash.h). Everything here is a small inline function; kernels may
  * fold these formulas into cheaper per-thread forms (one compare per value, log2 units), but derive
  * them from the functions here and from nothing else.

@@ -9,6 +9,7 @@ from . import _C  # noqa: F401  (loads the library, which registers torch.ops.fl
 from . import ops  # noqa: F401  (fake kernels and autograd for those ops)
 from . import reference
 from .interface import flash_attn_func, scaled_dot_product_attention
+from .merge import merge_attention_states
 
 __version__ = "0.1.0"
-__all__ = ["flash_attn_func", "scaled_dot_product_attention", "reference"]
+__all__ = ["flash_attn_func", "scaled_dot_product_attention", "merge_attention_states", "reference"]

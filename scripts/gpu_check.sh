@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: build the extension against its torch, run the GPU tests,
 # the sanitizers and the benchmark, writing logs and JSON under $OUT (or ./gpu_out).
-#   scripts/gpu_check.sh [steps...]   steps: build test sanitize bench quickbench (default: build test bench)
-# Env: BENCH_BUDGET (seconds for the benchmark sweep, default 240), PYTEST_ARGS.
+#   scripts/gpu_check.sh [steps...]   steps: build test sanitize bench quickbench variants (default: build test bench)
+# Env: BENCH_BUDGET (seconds for the benchmark sweep, default 240), VARIANTS_BUDGET (seconds for the
+# variant benchmark, default 240), PYTEST_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -50,6 +51,12 @@ for step in $steps; do
     PYTHONUNBUFFERED=1 python3 benchmarks/bench_gpu.py --quick --out "$OUT" --time-budget "${BENCH_BUDGET:-120}" \
       > "$OUT/bench.log" 2>&1 || status=1
     tail -40 "$OUT/bench.log"
+    ;;
+  variants)
+    log "bench_variants"
+    PYTHONUNBUFFERED=1 python3 benchmarks/bench_variants.py --out "$OUT" --time-budget "${VARIANTS_BUDGET:-240}" \
+      > "$OUT/variants.log" 2>&1 || status=1
+    tail -45 "$OUT/variants.log"
     ;;
   *)
     log "unknown step $step"; status=1 ;;

@@ -2,16 +2,23 @@
  * path exists so that torch.autograd.gradcheck runs on the GPU. No atomics, bitwise deterministic,
  * O(N) memory (only delta, b*h*sq values of the input type).
  *
- * Algorithm (scalar type T = float or double; lse and delta are T too):
+ * Algorithm (scalar type T = float or double; lse, delta, an additive attn_mask and dbias are T too;
+ * everything, the score hook included, is computed in T):
  *   1. bwd_simple_delta_kernel: one warp per (b, h, query row): delta_i = dO_i . O_i.
  *   2. bwd_simple_dkv_kernel, grid (key rows / SIMPLE_WARPS, h_kv, b): one warp per key row j,
  *      lane l holding columns l, l+32, ... of k_j, v_j, dk_j, dv_j. It walks the group's query heads
- *      and the query rows that see j, in order:
- *        s = scale q_i.k_j, p = exp(s - lse_i), dp = dO_i.v_j (warp butterfly sums, identical in all
- *        lanes), ds = p (dp - delta_i); dv_j += p dO_i; dk_j += ds q_i;  finally dk_j *= scale.
+ *      and, per head, the query tiles of SIMPLE_TILE rows that flash_query_tiles (mask.h) puts in the
+ *      band of j, minus those whose attn_mask block flags have no visible entry; inside a tile, the
+ *      visible rows i in order (band test skipped in full tiles, mask read only in partial ones):
+ *        s = hook(scale q_i.k_j) (softcap, ALiBi, attn_mask), P = exp(s - lse_i),
+ *        dp = dO_i.v_j (warp butterfly sums, identical in all lanes), with dropout keep/scale z_ij:
+ *        dv_j += z P dO_i; dS = P (z dp - delta_i) (the gradient of s: written to dbias[b, hq, i, j]
+ *        when requested, by this warp's lane 0 only); dk_j += dS softcap'(s) q_i; finally dk_j *= scale.
  *   3. bwd_simple_dq_kernel, grid (query rows / SIMPLE_WARPS, h, b): one warp per query row i, the
- *      keys j <= i + causal_offset in order: dq_i += ds k_j; finally dq_i *= scale.
+ *      key tiles of SIMPLE_TILE keys from flash_key_tiles, likewise: dq_i += dS softcap'(s) k_j;
+ *      finally dq_i *= scale.
  *   Any head dim 1..256 (8 columns per lane at most). Rows with lse = -inf see no key and get 0.
+ *   Sinks need nothing here (lse includes them). Dropout: one Philox call per element (mask.h).
  *
  * Speed is not a goal (each query row is read once per key row); not measured.
  */
@@ -19,30 +26,30 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "../constants.h"
+#include "../mask.h"
 #include "launch.h"
 
-#define WARP_SIZE 32
 #define FULL_MASK 0xffffffffu
-#define SIMPLE_WARPS 4                                /* warps (rows) per block */
-#define SIMPLE_MAX_D 256
-#define SIMPLE_CPL (SIMPLE_MAX_D / WARP_SIZE)         /* columns per lane */
+#define SIMPLE_WARPS 4                                    /* warps (rows) per block */
+#define SIMPLE_CPL (FLASH_CUDA_MAX_HEAD_DIM / FLASH_WARP_SIZE) /* columns per lane */
+#define SIMPLE_TILE FLASH_MASK_BLOCK                      /* rows / keys per band tile: one mask block */
+/* launch-bounds occupancy hint: lets ptxas use more registers, which the main kernels need to avoid spills */
+#define SIMPLE_MIN_BLOCKS 1
 
-__device__ __forceinline__ float simple_exp(float x)
-{
-    return expf(x);
-}
-
-__device__ __forceinline__ double simple_exp(double x)
-{
-    return exp(x);
-}
+__device__ __forceinline__ float simple_exp(float x) { return expf(x); }
+__device__ __forceinline__ double simple_exp(double x) { return exp(x); }
+__device__ __forceinline__ float simple_softcap(float s, float cap) { return flash_softcap_f(s, cap); }
+__device__ __forceinline__ double simple_softcap(double s, double cap) { return flash_softcap_d(s, cap); }
+__device__ __forceinline__ float simple_softcap_grad(float c, float cap) { return flash_softcap_grad_f(c, cap); }
+__device__ __forceinline__ double simple_softcap_grad(double c, double cap) { return flash_softcap_grad_d(c, cap); }
 
 /* Sum over the warp by butterfly: every lane ends with the same value, in a fixed order. */
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v)
 {
 #pragma unroll
-    for (int off = WARP_SIZE / 2; off > 0; off /= 2)
+    for (int off = FLASH_WARP_SIZE / 2; off > 0; off /= 2)
         v += __shfl_xor_sync(FULL_MASK, v, off);
     return v;
 }
@@ -53,7 +60,7 @@ __device__ __forceinline__ void load_row(T x[SIMPLE_CPL], const T *row, int d, i
 {
 #pragma unroll
     for (int c = 0; c < SIMPLE_CPL; ++c) {
-        const int col = lane + WARP_SIZE * c;
+        const int col = lane + FLASH_WARP_SIZE * c;
         x[c] = col < d ? row[col] : (T)0;
     }
 }
@@ -63,7 +70,7 @@ __device__ __forceinline__ void store_row(T *row, const T x[SIMPLE_CPL], T mul, 
 {
 #pragma unroll
     for (int c = 0; c < SIMPLE_CPL; ++c) {
-        const int col = lane + WARP_SIZE * c;
+        const int col = lane + FLASH_WARP_SIZE * c;
         if (col < d)
             row[col] = x[c] * mul;
     }
@@ -79,12 +86,70 @@ __device__ __forceinline__ T dot_row(const T x[SIMPLE_CPL], const T y[SIMPLE_CPL
     return warp_sum(s);
 }
 
+/* The score of one visible element (b, hq, i, j) of the CUDA-core kernels: the hook of mask.h applied
+ * to s = scale * q.k, the dot product qk given. *capped receives the softcapped score (before ALiBi
+ * and the mask), from which the softcap derivative is formed. -inf: the attn_mask hides the element
+ * (read only when read_mask, i.e. in a tile flagged partial). */
+template <typename T>
+__device__ __forceinline__ T hooked_score(const flash_params &p, T qk, T slope, bool read_mask, int64_t b,
+                                          int64_t hq, int64_t i, int64_t j, T *capped)
+{
+    T s = qk * (T)p.scale;
+    if (p.softcap > 0.0f)
+        s = simple_softcap(s, (T)p.softcap);
+    *capped = s;
+    if (p.alibi_slopes)
+        s -= slope * (T)flash_alibi_distance(&p, i, j);
+    if (read_mask) {
+        const int64_t off = flash_mask_offset(&p, b, hq, i, j);
+        if (p.mask_kind == FLASH_MASK_ADD)
+            s += ((const T *)p.mask)[off];
+        else if (((const uint8_t *)p.mask)[off] == 0)
+            s = -INFINITY;
+    }
+    return s;
+}
+
+/* flash_dropout_keep (mask.h) with the draw picked by an unrolled select, so that the Philox words
+ * stay in registers (an indexed array would go to local memory). */
+__device__ __forceinline__ bool simple_dropout_keep(const flash_params &p, int64_t bh, int64_t i, int64_t j)
+{
+    uint32_t bits[4];
+    flash_dropout_bits(&p, bh, i, j / FLASH_DROPOUT_KEYS_PER_DRAW, bits);
+    const int64_t w = j % FLASH_DROPOUT_KEYS_PER_DRAW;
+    uint32_t draw = 0;
+#pragma unroll
+    for (int k = 0; k < FLASH_DROPOUT_KEYS_PER_DRAW; ++k)
+        draw = k == w ? flash_dropout_draw(bits, k) : draw;
+    return draw >= p.dropout_threshold;
+}
+
+/* Everything one visible element contributes, given s = hooked_score(...), its softcapped part, the
+ * row's lse and delta and dp = dO_i . v_j: *pd = the dropped P (dV's weight), the return value
+ * dS * softcap'(capped) (dK's and dQ's weight, before the final scale); *ds = dS. */
+template <typename T>
+__device__ __forceinline__ T element_grad(const flash_params &p, T s, T capped, T lse, T delta, T dp, int64_t bh,
+                                          int64_t i, int64_t j, T *pd, T *ds)
+{
+    const T pv = simple_exp(s - lse);
+    T dpz = dp;
+    *pd = pv;
+    if (p.dropout_threshold) {
+        const bool keep = simple_dropout_keep(p, bh, i, j);
+        const T z = keep ? (T)p.dropout_scale : (T)0;
+        dpz = dp * z;
+        *pd = pv * z;
+    }
+    *ds = pv * (dpz - delta);
+    return p.softcap > 0.0f ? *ds * simple_softcap_grad(capped, (T)p.softcap) : *ds;
+}
+
 /* delta (b, h, sq) = rowsum(dout * o); one warp per row. */
 template <typename T>
-__global__ void __launch_bounds__(SIMPLE_WARPS *WARP_SIZE) bwd_simple_delta_kernel(const flash_params p)
+__global__ void __launch_bounds__(SIMPLE_WARPS *FLASH_WARP_SIZE) bwd_simple_delta_kernel(const flash_params p)
 {
-    const int lane = threadIdx.x % WARP_SIZE;
-    const int64_t row = (int64_t)blockIdx.x * SIMPLE_WARPS + threadIdx.x / WARP_SIZE; /* (b*h + hq)*sq + i */
+    const int lane = threadIdx.x % FLASH_WARP_SIZE;
+    const int64_t row = (int64_t)blockIdx.x * SIMPLE_WARPS + threadIdx.x / FLASH_WARP_SIZE; /* (b*h + hq)*sq + i */
     if (row >= p.b * p.h * p.sq)
         return;
     const int64_t i = row % p.sq, bh = row / p.sq, hq = bh % p.h, b = bh / p.h;
@@ -99,17 +164,17 @@ __global__ void __launch_bounds__(SIMPLE_WARPS *WARP_SIZE) bwd_simple_delta_kern
         ((T *)p.delta)[row] = sum;
 }
 
-/* dk, dv (b, sk, h_kv, d): one warp per key row, summing over the group's query heads. */
+/* dk, dv (b, sk, h_kv, d): one warp per key row, summing over the group's query heads; dbias. */
 template <typename T>
-__global__ void __launch_bounds__(SIMPLE_WARPS *WARP_SIZE) bwd_simple_dkv_kernel(const flash_params p)
+__global__ void __launch_bounds__(SIMPLE_WARPS *FLASH_WARP_SIZE, SIMPLE_MIN_BLOCKS)
+bwd_simple_dkv_kernel(const flash_params p)
 {
-    const int lane = threadIdx.x % WARP_SIZE;
-    const int64_t j = (int64_t)blockIdx.x * SIMPLE_WARPS + threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % FLASH_WARP_SIZE;
+    const int64_t j = (int64_t)blockIdx.x * SIMPLE_WARPS + threadIdx.x / FLASH_WARP_SIZE;
     const int64_t hk = blockIdx.y, b = blockIdx.z;
     if (j >= p.sk)
         return;
     const int d = (int)p.d;
-    const T scale = (T)p.scale;
     T kv[SIMPLE_CPL], vv[SIMPLE_CPL], dk[SIMPLE_CPL], dv[SIMPLE_CPL];
     load_row(kv, (const T *)p.k + b * p.k_s.batch + j * p.k_s.row + hk * p.k_s.head, d, lane);
     load_row(vv, (const T *)p.v + b * p.v_s.batch + j * p.v_s.row + hk * p.v_s.head, d, lane);
@@ -118,69 +183,95 @@ __global__ void __launch_bounds__(SIMPLE_WARPS *WARP_SIZE) bwd_simple_dkv_kernel
         dk[c] = 0;
         dv[c] = 0;
     }
-    /* query i sees key j iff i >= j - causal_offset */
-    int64_t i_first = 0;
-    if (p.causal && j - p.causal_offset > 0)
-        i_first = j - p.causal_offset;
+    const flash_tile_range tiles = flash_query_tiles(&p, j, 1, SIMPLE_TILE);
     for (int64_t g = 0; g < p.h_per_kv; ++g) {
-        const int64_t hq = hk * p.h_per_kv + g;
-        const T *lse = (const T *)p.lse + (b * p.h + hq) * p.sq;     /* (sq) */
-        const T *delta = (const T *)p.delta + (b * p.h + hq) * p.sq; /* (sq) */
-        for (int64_t i = i_first; i < p.sq; ++i) {
-            const T l = lse[i];
-            if (l == (T)-INFINITY)
+        const int64_t hq = hk * p.h_per_kv + g, bh = b * p.h + hq;
+        const T *lse = (const T *)p.lse + bh * p.sq;     /* (sq) */
+        const T *delta = (const T *)p.delta + bh * p.sq; /* (sq) */
+        T *dbias = p.dbias ? (T *)p.dbias + bh * p.sq * p.sk + j : NULL; /* column j of (sq, sk) */
+        const T slope = (T)flash_alibi_slope(&p, b, hq);
+        for (int64_t mt = tiles.first; mt < tiles.end; ++mt) {
+            const int64_t m0 = mt * SIMPLE_TILE, m1 = flash_min64(m0 + SIMPLE_TILE, p.sq);
+            const unsigned flags = flash_mask_tile_flags(&p, b, hq, m0, m1 - m0, j, 1);
+            if (!(flags & FLASH_MASK_ANY_VISIBLE))
                 continue;
-            T qv[SIMPLE_CPL], dov[SIMPLE_CPL];
-            load_row(qv, (const T *)p.q + b * p.q_s.batch + i * p.q_s.row + hq * p.q_s.head, d, lane);
-            load_row(dov, (const T *)p.dout + b * p.do_s.batch + i * p.do_s.row + hq * p.do_s.head, d, lane);
-            const T pv = simple_exp(dot_row(qv, kv) * scale - l);
-            const T ds = pv * (dot_row(dov, vv) - delta[i]);
+            const bool full = mt >= tiles.full_first && mt < tiles.full_end;
+            const bool read_mask = flags & FLASH_MASK_ANY_MASKED;
+            for (int64_t i = m0; i < m1; ++i) {
+                const T l = lse[i];
+                if ((!full && !flash_visible(&p, i, j)) || l == (T)-INFINITY)
+                    continue;
+                T qv[SIMPLE_CPL], dov[SIMPLE_CPL];
+                load_row(qv, (const T *)p.q + b * p.q_s.batch + i * p.q_s.row + hq * p.q_s.head, d, lane);
+                T capped;
+                const T s = hooked_score(p, dot_row(qv, kv), slope, read_mask, b, hq, i, j, &capped);
+                if (s == (T)-INFINITY)
+                    continue; /* masked: P = 0, no gradient */
+                load_row(dov, (const T *)p.dout + b * p.do_s.batch + i * p.do_s.row + hq * p.do_s.head, d, lane);
+                T pd, ds;
+                const T dsc = element_grad(p, s, capped, l, delta[i], dot_row(dov, vv), bh, i, j, &pd, &ds);
+                if (dbias && lane == 0)
+                    dbias[i * p.sk] = ds;
 #pragma unroll
-            for (int c = 0; c < SIMPLE_CPL; ++c) {
-                dv[c] += pv * dov[c];
-                dk[c] += ds * qv[c];
+                for (int c = 0; c < SIMPLE_CPL; ++c) {
+                    dv[c] += pd * dov[c];
+                    dk[c] += dsc * qv[c];
+                }
             }
         }
     }
-    store_row((T *)p.dk + b * p.dk_s.batch + j * p.dk_s.row + hk * p.dk_s.head, dk, scale, d, lane);
+    store_row((T *)p.dk + b * p.dk_s.batch + j * p.dk_s.row + hk * p.dk_s.head, dk, (T)p.scale, d, lane);
     store_row((T *)p.dv + b * p.dv_s.batch + j * p.dv_s.row + hk * p.dv_s.head, dv, (T)1, d, lane);
 }
 
 /* dq (b, sq, h, d): one warp per query row. */
 template <typename T>
-__global__ void __launch_bounds__(SIMPLE_WARPS *WARP_SIZE) bwd_simple_dq_kernel(const flash_params p)
+__global__ void __launch_bounds__(SIMPLE_WARPS *FLASH_WARP_SIZE, SIMPLE_MIN_BLOCKS)
+bwd_simple_dq_kernel(const flash_params p)
 {
-    const int lane = threadIdx.x % WARP_SIZE;
-    const int64_t i = (int64_t)blockIdx.x * SIMPLE_WARPS + threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % FLASH_WARP_SIZE;
+    const int64_t i = (int64_t)blockIdx.x * SIMPLE_WARPS + threadIdx.x / FLASH_WARP_SIZE;
     const int64_t hq = blockIdx.y, b = blockIdx.z, hk = hq / p.h_per_kv;
     if (i >= p.sq)
         return;
     const int d = (int)p.d;
-    const T scale = (T)p.scale;
-    const int64_t row = (b * p.h + hq) * p.sq + i;
+    const int64_t bh = b * p.h + hq, row = bh * p.sq + i;
     const T l = ((const T *)p.lse)[row], delta = ((const T *)p.delta)[row];
+    const T slope = (T)flash_alibi_slope(&p, b, hq);
     T qv[SIMPLE_CPL], dov[SIMPLE_CPL], dq[SIMPLE_CPL];
     load_row(qv, (const T *)p.q + b * p.q_s.batch + i * p.q_s.row + hq * p.q_s.head, d, lane);
     load_row(dov, (const T *)p.dout + b * p.do_s.batch + i * p.do_s.row + hq * p.do_s.head, d, lane);
 #pragma unroll
     for (int c = 0; c < SIMPLE_CPL; ++c)
         dq[c] = 0;
-    int64_t j_end = p.sk; /* keys [0, j_end) are visible */
-    if (p.causal && i + p.causal_offset + 1 < j_end)
-        j_end = i + p.causal_offset + 1;
+    flash_tile_range tiles = flash_key_tiles(&p, i, 1, SIMPLE_TILE);
     if (l == (T)-INFINITY)
-        j_end = 0;
-    for (int64_t j = 0; j < j_end; ++j) {
-        T kv[SIMPLE_CPL], vv[SIMPLE_CPL];
-        load_row(kv, (const T *)p.k + b * p.k_s.batch + j * p.k_s.row + hk * p.k_s.head, d, lane);
-        load_row(vv, (const T *)p.v + b * p.v_s.batch + j * p.v_s.row + hk * p.v_s.head, d, lane);
-        const T pv = simple_exp(dot_row(qv, kv) * scale - l);
-        const T ds = pv * (dot_row(dov, vv) - delta);
+        tiles.first = tiles.end = 0; /* the row sees no key */
+    for (int64_t nt = tiles.first; nt < tiles.end; ++nt) {
+        const int64_t n0 = nt * SIMPLE_TILE, n1 = flash_min64(n0 + SIMPLE_TILE, p.sk);
+        const unsigned flags = flash_mask_tile_flags(&p, b, hq, i, 1, n0, n1 - n0);
+        if (!(flags & FLASH_MASK_ANY_VISIBLE))
+            continue;
+        const bool full = nt >= tiles.full_first && nt < tiles.full_end;
+        const bool read_mask = flags & FLASH_MASK_ANY_MASKED;
+        for (int64_t j = n0; j < n1; ++j) {
+            if (!full && !flash_visible(&p, i, j))
+                continue;
+            T kv[SIMPLE_CPL], vv[SIMPLE_CPL];
+            load_row(kv, (const T *)p.k + b * p.k_s.batch + j * p.k_s.row + hk * p.k_s.head, d, lane);
+            T capped;
+            const T s = hooked_score(p, dot_row(qv, kv), slope, read_mask, b, hq, i, j, &capped);
+            if (s == (T)-INFINITY)
+                continue; /* masked: P = 0, no gradient */
+            load_row(vv, (const T *)p.v + b * p.v_s.batch + j * p.v_s.row + hk * p.v_s.head, d, lane);
+            T pd, ds;
+            const T dsc = element_grad(p, s, capped, l, delta, dot_row(dov, vv), bh, i, j, &pd, &ds);
 #pragma unroll
-        for (int c = 0; c < SIMPLE_CPL; ++c)
-            dq[c] += ds * kv[c];
+            for (int c = 0; c < SIMPLE_CPL; ++c)
+                dq[c] += dsc * kv[c];
+        }
     }
-    store_row((T *)p.dq + b * p.dq_s.batch + i * p.dq_s.row + hq * p.dq_s.head, dq, scale, d, lane);
+    store_row((T *)p.dq + b * p.dq_s.batch + i * p.dq_s.row + hq * p.dq_s.head, dq, (T)p.scale, d, lane);
 }
 
 static unsigned int simple_blocks(int64_t rows)
@@ -193,20 +284,22 @@ static cudaError_t run_bwd_simple(const flash_params *p, cudaStream_t stream)
 {
     cudaError_t err;
     const flash_params pv = *p;
-    const dim3 block(SIMPLE_WARPS * WARP_SIZE);
+    const dim3 block(SIMPLE_WARPS * FLASH_WARP_SIZE);
     bwd_simple_delta_kernel<T><<<simple_blocks(p->b * p->h * p->sq), block, 0, stream>>>(pv);
     if ((err = cudaGetLastError()) != cudaSuccess)
         return err;
-    bwd_simple_dkv_kernel<T><<<dim3(simple_blocks(p->sk), (unsigned int)p->h_kv, (unsigned int)p->b), block, 0, stream>>>(pv);
+    const dim3 dkv_grid(simple_blocks(p->sk), (unsigned int)p->h_kv, (unsigned int)p->b);
+    bwd_simple_dkv_kernel<T><<<dkv_grid, block, 0, stream>>>(pv);
     if ((err = cudaGetLastError()) != cudaSuccess)
         return err;
-    bwd_simple_dq_kernel<T><<<dim3(simple_blocks(p->sq), (unsigned int)p->h, (unsigned int)p->b), block, 0, stream>>>(pv);
+    const dim3 dq_grid(simple_blocks(p->sq), (unsigned int)p->h, (unsigned int)p->b);
+    bwd_simple_dq_kernel<T><<<dq_grid, block, 0, stream>>>(pv);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t flash_bwd_simple(const flash_params *p, cudaStream_t stream)
 {
-    if (p->d < 1 || p->d > SIMPLE_MAX_D || p->h_kv < 1 || p->h % p->h_kv != 0)
+    if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->h_kv < 1 || p->h % p->h_kv != 0)
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0 || p->sq == 0 || p->sk == 0)
         return cudaSuccess;

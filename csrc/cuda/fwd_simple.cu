@@ -1,86 +1,108 @@
 /* fwd_simple.cu: attention forward for fp32 / fp64 on CUDA cores (reference-grade, for gradcheck).
  *
  * Algorithm: one CTA of kRows warps owns kRows query rows of one (batch, head); warp w owns row w, each
- * lane holding head-dim elements lane, lane + 32, ... of q and of the output accumulator. Key / value
- * tiles of kBlockN rows are staged in shared memory by the whole CTA; per tile a warp forms its kBlockN
- * scores (lane partial dot products, shuffle-xor sum), then applies the online softmax in the data
- * type: m' = max(m, s), a = a exp(m - m') + sum_j exp(s_j - m') v_j, l likewise. End: out = a / l,
- * lse = m + log l (in the data type); a row with no visible key gets out = 0, lse = -inf.
- * O(seqlen) memory, any head dim 1..256, strides, GQA (kv head = h / h_per_kv), causal_offset, tails.
- * Speed is not a goal.
+ * lane holding head-dim elements lane, lane + 32, ... of q and of the output accumulator. The CTA visits
+ * only the key tiles of kBlockN keys that flash_key_tiles (mask.h) puts in the band of its rows, minus
+ * those whose attn_mask block flags have no visible entry; each tile is staged in shared memory by the
+ * whole CTA. Per tile a warp forms its kBlockN scores (lane partial dot products, shuffle-xor sum),
+ * applies the score hook (softcap, ALiBi, attn_mask; the mask is read only in tiles flagged partial)
+ * and the per-element band test (skipped in full tiles), then the online softmax in the data type:
+ * m' = max(m, s), l = l exp(m - m') + sum_j exp(s_j - m'), a = a exp(m - m') + sum_j P_j v_j, where
+ * P_j = exp(s_j - m') times the dropout keep / scale (one Philox call per row and tile: kBlockN is one
+ * draw's 8 keys); l sums the undropped values. End: (factor, lse) = flash_row_finish (with the head's
+ * sink, if any), out = a * factor; a row with no visible key gets out = 0, lse = -inf (or the sink).
+ * Everything, the hook included, is computed in the data type T (double hook functions for fp64).
+ * O(seqlen) memory, any head dim 1..256, strides, GQA (kv head = h / h_per_kv), tails.
+ * Speed is not a goal; not measured.
  */
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
 
+#include "../constants.h"
+#include "../mask.h"
 #include "launch.h"
 
-static constexpr int kSimpleWarpSize = 32;
 static constexpr unsigned kSimpleFullMask = 0xffffffffu;
 static constexpr int kRows = 8;                                    /* query rows (= warps) per CTA */
-static constexpr int kBlockN = 8;                                  /* keys per shared-memory tile */
-static constexpr int kSimpleMaxHeadDim = 256;
-static constexpr int kPerLane = kSimpleMaxHeadDim / kSimpleWarpSize; /* head-dim elements per lane */
+static constexpr int kBlockN = FLASH_DROPOUT_KEYS_PER_DRAW; /* keys per shared-memory tile: one dropout draw */
+static constexpr int kPerLane = FLASH_CUDA_MAX_HEAD_DIM / FLASH_WARP_SIZE; /* head-dim elements per lane */
 static constexpr int kSimpleMaxGridYZ = 65535;
+/* launch-bounds occupancy hint: lets ptxas go past 128 registers, which fp64 needs to avoid spills */
+static constexpr int kMinCtasPerSm = 1;
 
 __device__ __forceinline__ float exp_t(float x) { return expf(x); }
 __device__ __forceinline__ double exp_t(double x) { return exp(x); }
-__device__ __forceinline__ float log_t(float x) { return logf(x); }
-__device__ __forceinline__ double log_t(double x) { return log(x); }
+__device__ __forceinline__ float softcap_t(float s, float cap) { return flash_softcap_f(s, cap); }
+__device__ __forceinline__ double softcap_t(double s, double cap) { return flash_softcap_d(s, cap); }
+__device__ __forceinline__ void row_finish_t(float m, float l, float sink, float *factor, float *lse)
+{
+    flash_row_finish_f(m, l, sink, factor, lse);
+}
+__device__ __forceinline__ void row_finish_t(double m, double l, double sink, double *factor, double *lse)
+{
+    flash_row_finish_d(m, l, sink, factor, lse);
+}
 
 template <typename T>
-__global__ void __launch_bounds__(kRows *kSimpleWarpSize) flash_fwd_simple_kernel(const flash_params p)
+__global__ void __launch_bounds__(kRows *FLASH_WARP_SIZE, kMinCtasPerSm)
+flash_fwd_simple_kernel(const flash_params p)
 {
-    __shared__ T sk_tile[kBlockN][kSimpleMaxHeadDim]; /* (kBlockN, d) */
-    __shared__ T sv_tile[kBlockN][kSimpleMaxHeadDim]; /* (kBlockN, d) */
+    __shared__ T sk_tile[kBlockN][FLASH_CUDA_MAX_HEAD_DIM]; /* (kBlockN, d) */
+    __shared__ T sv_tile[kBlockN][FLASH_CUDA_MAX_HEAD_DIM]; /* (kBlockN, d) */
 
     const int tid = threadIdx.x;
-    const int warp = tid / kSimpleWarpSize;
-    const int lane = tid % kSimpleWarpSize;
-    const int head = blockIdx.y;
+    const int warp = tid / FLASH_WARP_SIZE;
+    const int lane = tid % FLASH_WARP_SIZE;
+    const int64_t head = blockIdx.y;
     const int64_t batch = blockIdx.z;
+    const int64_t bh = batch * p.h + head;
     const int64_t kv_head = head / p.h_per_kv;
-    const int sq = (int)p.sq;
-    const int sk = (int)p.sk;
+    const int64_t sq = p.sq;
+    const int64_t sk = p.sk;
     const int d = (int)p.d;
-    const int row0 = blockIdx.x * kRows;
-    const int row = row0 + warp;
+    const int64_t row0 = (int64_t)blockIdx.x * kRows;
+    const int64_t row = row0 + warp;
+    const int qn = (int)flash_min64(kRows, sq - row0); /* rows of the CTA inside [0, sq) */
     const T scale = (T)p.scale;
+    const T softcap = (T)p.softcap;
+    const T slope = (T)flash_alibi_slope(&p, batch, head);
+    const T dropout_scale = (T)p.dropout_scale;
 
     const T *q = (const T *)p.q + batch * p.q_s.batch + head * p.q_s.head;    /* (sq, d), row stride q_s.row */
     const T *k = (const T *)p.k + batch * p.k_s.batch + kv_head * p.k_s.head; /* (sk, d), row stride k_s.row */
     const T *v = (const T *)p.v + batch * p.v_s.batch + kv_head * p.v_s.head; /* (sk, d), row stride v_s.row */
     T *o = (T *)p.o + batch * p.o_s.batch + head * p.o_s.head;                /* (sq, d), row stride o_s.row */
-    T *lse = (T *)p.lse + (batch * p.h + head) * p.sq;                        /* (sq) */
-
-    /* keys [0, n_end) are visible to some row of the CTA; key j is visible to this row iff j < lim */
-    const int last_row = min(row0 + kRows, sq) - 1;
-    int64_t n_end = p.sk;
-    int64_t lim = p.sk;
-    if (p.causal) {
-        n_end = min(max(last_row + p.causal_offset + 1, (int64_t)0), p.sk);
-        lim = min(max(row + p.causal_offset + 1, (int64_t)0), p.sk);
-    }
+    T *lse = (T *)p.lse + bh * sq;                                            /* (sq) */
 
     T qr[kPerLane];
     T acc[kPerLane];
 #pragma unroll
     for (int i = 0; i < kPerLane; i++) {
-        const int c = lane + i * kSimpleWarpSize;
-        qr[i] = (row < sq && c < d) ? q[(int64_t)row * p.q_s.row + c] : (T)0;
+        const int c = lane + i * FLASH_WARP_SIZE;
+        qr[i] = (row < sq && c < d) ? q[row * p.q_s.row + c] : (T)0;
         acc[i] = (T)0;
     }
     T m = -INFINITY;
     T l = 0;
 
-    for (int j0 = 0; j0 < n_end; j0 += kBlockN) {
+    const flash_tile_range tiles = flash_key_tiles(&p, row0, qn, kBlockN);
+    for (int64_t kt = tiles.first; kt < tiles.end; kt++) {
+        const int64_t j0 = kt * kBlockN;
+        const int kn = (int)flash_min64(kBlockN, sk - j0); /* keys of the tile inside [0, sk) */
+        const unsigned flags = flash_mask_tile_flags(&p, batch, head, row0, qn, j0, kn);
+        if (!(flags & FLASH_MASK_ANY_VISIBLE))
+            continue; /* the attn_mask hides the whole tile (uniform over the CTA) */
+        const bool full = kt >= tiles.full_first && kt < tiles.full_end;
+        const bool read_mask = (flags & FLASH_MASK_ANY_MASKED) && row < sq;
+
         __syncthreads(); /* previous tile consumed */
-        for (int idx = tid; idx < kBlockN * d; idx += kRows * kSimpleWarpSize) {
+        for (int idx = tid; idx < kBlockN * d; idx += kRows * FLASH_WARP_SIZE) {
             const int r = idx / d;
             const int c = idx % d;
-            const bool ok = j0 + r < sk;
-            sk_tile[r][c] = ok ? k[(int64_t)(j0 + r) * p.k_s.row + c] : (T)0;
-            sv_tile[r][c] = ok ? v[(int64_t)(j0 + r) * p.v_s.row + c] : (T)0;
+            const bool ok = r < kn;
+            sk_tile[r][c] = ok ? k[(j0 + r) * p.k_s.row + c] : (T)0;
+            sv_tile[r][c] = ok ? v[(j0 + r) * p.v_s.row + c] : (T)0;
         }
         __syncthreads();
 
@@ -91,17 +113,36 @@ __global__ void __launch_bounds__(kRows *kSimpleWarpSize) flash_fwd_simple_kerne
             T dot = 0;
 #pragma unroll
             for (int i = 0; i < kPerLane; i++) {
-                const int c = lane + i * kSimpleWarpSize;
+                const int c = lane + i * FLASH_WARP_SIZE;
                 if (c < d)
                     dot += qr[i] * sk_tile[jj][c];
             }
-            for (int off = kSimpleWarpSize / 2; off > 0; off /= 2)
+            for (int off = FLASH_WARP_SIZE / 2; off > 0; off /= 2)
                 dot += __shfl_xor_sync(kSimpleFullMask, dot, off);
-            s[jj] = (j0 + jj < lim) ? dot * scale : (T)-INFINITY;
-            m_new = max(m_new, s[jj]);
+            const int64_t j = j0 + jj;
+            T sj = -INFINITY;
+            if (full || (jj < kn && flash_visible(&p, row, j))) {
+                sj = dot * scale;
+                if (softcap > (T)0)
+                    sj = softcap_t(sj, softcap);
+                if (p.alibi_slopes)
+                    sj -= slope * (T)flash_alibi_distance(&p, row, j);
+                if (read_mask) {
+                    const int64_t off = flash_mask_offset(&p, batch, head, row, j);
+                    if (p.mask_kind == FLASH_MASK_ADD)
+                        sj += ((const T *)p.mask)[off];
+                    else if (((const uint8_t *)p.mask)[off] == 0)
+                        sj = -INFINITY;
+                }
+            }
+            s[jj] = sj;
+            m_new = max(m_new, sj);
         }
         if (m_new == (T)-INFINITY)
             continue; /* nothing visible to this row yet */
+        uint32_t bits[4] = {0, 0, 0, 0};
+        if (p.dropout_threshold)
+            flash_dropout_bits(&p, bh, row, j0 / FLASH_DROPOUT_KEYS_PER_DRAW, bits); /* key j0 + jj: draw jj */
         const T alpha = exp_t(m - m_new); /* 0 while m = -inf */
         l *= alpha;
 #pragma unroll
@@ -111,11 +152,14 @@ __global__ void __launch_bounds__(kRows *kSimpleWarpSize) flash_fwd_simple_kerne
         for (int jj = 0; jj < kBlockN; jj++) {
             const T pj = exp_t(s[jj] - m_new); /* 0 for masked keys */
             l += pj;
+            T pd = pj;
+            if (p.dropout_threshold)
+                pd = flash_dropout_draw(bits, jj) >= p.dropout_threshold ? pj * dropout_scale : (T)0;
 #pragma unroll
             for (int i = 0; i < kPerLane; i++) {
-                const int c = lane + i * kSimpleWarpSize;
+                const int c = lane + i * FLASH_WARP_SIZE;
                 if (c < d)
-                    acc[i] += pj * sv_tile[jj][c];
+                    acc[i] += pd * sv_tile[jj][c];
             }
         }
         m = m_new;
@@ -123,29 +167,30 @@ __global__ void __launch_bounds__(kRows *kSimpleWarpSize) flash_fwd_simple_kerne
 
     if (row >= sq)
         return;
-    const T inv = l > (T)0 ? (T)1 / l : (T)0;
+    T factor, row_lse;
+    row_finish_t(m, l, (T)flash_sink(&p, head), &factor, &row_lse);
 #pragma unroll
     for (int i = 0; i < kPerLane; i++) {
-        const int c = lane + i * kSimpleWarpSize;
+        const int c = lane + i * FLASH_WARP_SIZE;
         if (c < d)
-            o[(int64_t)row * p.o_s.row + c] = acc[i] * inv;
+            o[row * p.o_s.row + c] = acc[i] * factor;
     }
     if (lane == 0)
-        lse[row] = l > (T)0 ? m + log_t(l) : (T)-INFINITY;
+        lse[row] = row_lse;
 }
 
 template <typename T>
 static cudaError_t launch_simple(const flash_params *p, cudaStream_t stream)
 {
     const dim3 grid((unsigned)((p->sq + kRows - 1) / kRows), (unsigned)p->h, (unsigned)p->b);
-    flash_fwd_simple_kernel<T><<<grid, kRows * kSimpleWarpSize, 0, stream>>>(*p);
+    flash_fwd_simple_kernel<T><<<grid, kRows * FLASH_WARP_SIZE, 0, stream>>>(*p);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t flash_fwd_simple(const flash_params *p, cudaStream_t stream)
 {
-    if (p->d < 1 || p->d > kSimpleMaxHeadDim || p->sq > INT_MAX || p->sk > INT_MAX || p->h > kSimpleMaxGridYZ ||
-        p->b > kSimpleMaxGridYZ || p->h_per_kv < 1)
+    if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->sq > INT_MAX || p->sk > INT_MAX ||
+        p->h > kSimpleMaxGridYZ || p->b > kSimpleMaxGridYZ || p->h_per_kv < 1)
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0 || p->sq == 0)
         return cudaSuccess;
