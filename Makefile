@@ -13,7 +13,7 @@ SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
 $(VENV)/.deps:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)" numpy pytest ninja setuptools wheel
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)" numpy pytest ninja setuptools wheel transformers
 	touch $@
 
 $(VENV)/.built: $(VENV)/.deps $(SOURCES)

@@ -2,9 +2,10 @@
 
 The model is a GPT-style decoder: learned token and position embeddings, pre-LayerNorm blocks of
 causal self-attention and a GELU MLP, a final LayerNorm and a head tied to the token embedding.
-Attention calls flashattn_ext.flash_attn_func(q, k, v, causal=True) directly on the (B, S, H, D)
-views that the fused qkv projection produces: no transpose, no copy (`--attn sdpa` runs
-torch.nn.functional.scaled_dot_product_attention instead, on (B, H, S, D) transposed views).
+Attention is flashattn_ext.nn.Attention(causal=True): a fused qkv projection whose (B, S, H, D) views
+go to flashattn_ext.flash_attn_func with no transpose and no copy (`--attn sdpa`: the same module
+with torch.nn.functional.scaled_dot_product_attention as its core, on (B, H, S, D) transposed views;
+same parameters, same initial weights).
 
 Data: examples/data/shakespeare.txt (Macbeth and The Tempest), 90 % train / 10 % validation.
 On a GPU the model trains in bf16 autocast; on the CPU in fp32 (the default size runs 300 steps in
@@ -24,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import flashattn_ext
+from flashattn_ext.nn import Attention
 
 DATA_PATH = pathlib.Path(__file__).resolve().parent / "data" / "shakespeare.txt"
 VAL_FRACTION = 0.1
@@ -74,32 +75,23 @@ class CharDataset:
         return x.to(device), y.to(device)
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, dmodel, heads, attn):
-        super().__init__()
-        if dmodel % heads:
-            raise ValueError(f"dmodel {dmodel} is not a multiple of heads {heads}")
-        self.heads, self.head_dim, self.attn = heads, dmodel // heads, attn
-        self.qkv = nn.Linear(dmodel, 3 * dmodel)
-        self.proj = nn.Linear(dmodel, dmodel)
+class TorchSDPAAttention(Attention):
+    """flashattn_ext.nn.Attention with torch's scaled_dot_product_attention as its core (--attn sdpa)."""
 
-    def forward(self, x):  # x: (B, S, dmodel)
-        B, S, _ = x.shape
-        q, k, v = self.qkv(x).view(B, S, 3, self.heads, self.head_dim).unbind(2)  # (B, S, H, D) each
-        if self.attn == "flashattn_ext":
-            y = flashattn_ext.flash_attn_func(q, k, v, causal=True)  # (B, S, H, D)
-        else:
-            y = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-            ).transpose(1, 2)  # (B, S, H, D)
-        return self.proj(y.reshape(B, S, -1))
+    def attend(self, q, k, v, attn_mask=None):  # (B, S, H, D) views -> (B, S, H, D)
+        return F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask, is_causal=self.causal
+        ).transpose(1, 2)
+
+
+ATTENTION = {"flashattn_ext": Attention, "sdpa": TorchSDPAAttention}
 
 
 class Block(nn.Module):
     def __init__(self, dmodel, heads, attn):
         super().__init__()
         self.ln1 = nn.LayerNorm(dmodel)
-        self.attn = CausalSelfAttention(dmodel, heads, attn)
+        self.attn = ATTENTION[attn](dmodel, heads, causal=True)
         self.ln2 = nn.LayerNorm(dmodel)
         self.mlp = nn.Sequential(
             nn.Linear(dmodel, MLP_RATIO * dmodel), nn.GELU(), nn.Linear(MLP_RATIO * dmodel, dmodel)
@@ -208,7 +200,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--attn", choices=["flashattn_ext", "sdpa"], default="flashattn_ext")
+    parser.add_argument("--attn", choices=list(ATTENTION), default="flashattn_ext")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq", type=int, default=128)

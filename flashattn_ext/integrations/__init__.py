@@ -1,0 +1,4 @@
+"""Adapters that plug flashattn_ext into other libraries; each imports its library lazily, on use.
+
+    flashattn_ext.integrations.transformers.register()   # Hugging Face transformers
+"""

@@ -1,0 +1,244 @@
+"""Attention modules on flashattn_ext's kernels.
+
+    mha = flashattn_ext.nn.MultiheadAttention(512, 8, batch_first=True)   # torch.nn.MultiheadAttention's API
+    out, _ = mha(x, x, x, key_padding_mask=pad, need_weights=False)
+    attn = flashattn_ext.nn.Attention(512, 8, num_kv_heads=2, rotary=True)   # for new models: (B, S, dim) -> same
+    y = attn(x)
+
+MultiheadAttention takes torch.nn.MultiheadAttention's constructor and forward arguments and has its
+parameters (in_proj_weight (3E, E), in_proj_bias (3E,), out_proj.weight (E, E), out_proj.bias (E,)) with
+the same initialization, so a state dict loads either way and the same seed gives the same weights.
+Attention is a compact self-attention block: one fused qkv projection, grouped-query heads, optional
+rotary position embedding, causal and sliding-window bands, dropout; its forward calls attend(), the
+one method to override to put another kernel under the same parameters.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .interface import flash_attn_func
+
+_NO_WINDOW = (-1, -1)
+
+
+def _visibility(mask, name, dtype):
+    """A torch-convention mask (bool True = masked out, or additive float) -> flashattn_ext's (bool True =
+    takes part, or additive float in dtype)."""
+    if mask.dtype == torch.bool:
+        return ~mask
+    if not mask.is_floating_point():
+        raise TypeError(f"MultiheadAttention: {name} must be bool or floating point, got {mask.dtype}")
+    return mask.to(dtype)
+
+
+def _merge_masks(first, second, dtype):
+    """The conjunction of two visibility masks (bool or additive float), broadcast."""
+    if first is None or second is None:
+        return first if second is None else second
+    if first.dtype == torch.bool and second.dtype == torch.bool:
+        return first & second
+
+    def additive(mask):
+        if mask.dtype != torch.bool:
+            return mask
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, -math.inf)
+
+    return additive(first) + additive(second)
+
+
+class MultiheadAttention(nn.Module):
+    """Drop-in for torch.nn.MultiheadAttention on flashattn_ext's kernels.
+
+    Same constructor, parameters, initialization and forward(query, key, value, key_padding_mask,
+    need_weights, attn_mask, average_attn_weights, is_causal) with torch's conventions: batch_first or
+    (L, N, E) inputs (unbatched (L, E) too), key_padding_mask (N, S) and attn_mask (L, S) or
+    (N * num_heads, L, S), bool True = NOT attended or additive float, both combinable. Returns
+    (attn_output, None).
+    Differences: the attention weights are never materialized, so need_weights defaults to False and
+    need_weights=True raises; add_bias_kv, add_zero_attn and kdim/vdim other than embed_dim raise.
+    is_causal=True needs no attn_mask here (torch requires one as a hint): a square causal mask is
+    applied; given together with attn_mask, it is trusted as torch trusts it (the mask is then the
+    causal one and the kernels skip the tiles above the diagonal). A query that may attend to no key
+    gets 0 (torch gives NaN).
+    """
+
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
+                 kdim=None, vdim=None, batch_first=False, device=None, dtype=None):
+        if embed_dim <= 0 or num_heads <= 0:
+            raise ValueError(f"MultiheadAttention: embed_dim and num_heads must be > 0, got embed_dim={embed_dim} "
+                             f"and num_heads={num_heads}")
+        if embed_dim % num_heads:
+            raise ValueError(f"MultiheadAttention: embed_dim ({embed_dim}) must be divisible by num_heads "
+                             f"({num_heads})")
+        for name, dim in (("kdim", kdim), ("vdim", vdim)):
+            if dim is not None and dim != embed_dim:
+                raise ValueError(f"MultiheadAttention: {name}={dim} differs from embed_dim={embed_dim}: not supported "
+                                 "(use torch.nn.MultiheadAttention)")
+        for name, flag in (("add_bias_kv", add_bias_kv), ("add_zero_attn", add_zero_attn)):
+            if flag:
+                raise ValueError(f"MultiheadAttention: {name}=True is not supported (use torch.nn.MultiheadAttention)")
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.embed_dim = self.kdim = self.vdim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.dropout = dropout
+        self.batch_first = batch_first
+        self.add_zero_attn = False
+        # Read by torch.nn.TransformerEncoder(Layer)'s inference fast path, which would call torch's fused
+        # kernel with these weights: False keeps that path off, so this module's forward runs there too.
+        self._qkv_same_embed_dim = False
+        # Created in torch.nn.MultiheadAttention's order, so one seed gives both modules the same weights.
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **factory))
+        self.register_parameter("q_proj_weight", None)
+        self.register_parameter("k_proj_weight", None)
+        self.register_parameter("v_proj_weight", None)
+        if bias:
+            self.in_proj_bias = nn.Parameter(torch.empty(3 * embed_dim, **factory))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.bias_k = self.bias_v = None
+        self._reset_parameters()
+
+    def _reset_parameters(self):
+        nn.init.xavier_uniform_(self.in_proj_weight)
+        if self.in_proj_bias is not None:
+            nn.init.zeros_(self.in_proj_bias)
+            nn.init.zeros_(self.out_proj.bias)
+
+    def _project(self, query, key, value, same_qkv, same_kv):
+        """q (N, L, H, D), k and v (N, S, H, D), views of the projections; one matmul for the inputs that
+        are one tensor (same_qkv: query, key and value; same_kv: key and value)."""
+        weight, bias, e = self.in_proj_weight, self.in_proj_bias, self.embed_dim
+        bias_q, bias_k, bias_v = (None, None, None) if bias is None else bias.split(e)
+        heads = (self.num_heads, self.head_dim)
+        if same_qkv:
+            return F.linear(query, weight, bias).unflatten(-1, (3, *heads)).unbind(-3)
+        q = F.linear(query, weight[:e], bias_q).unflatten(-1, heads)
+        if same_kv:
+            kv_bias = None if bias is None else bias[e:]
+            k, v = F.linear(key, weight[e:], kv_bias).unflatten(-1, (2, *heads)).unbind(-3)
+            return q, k, v
+        return (q, F.linear(key, weight[e:2 * e], bias_k).unflatten(-1, heads),
+                F.linear(value, weight[2 * e:], bias_v).unflatten(-1, heads))
+
+    def _masks(self, attn_mask, key_padding_mask, batch, seqlen_q, seqlen_k, dtype):
+        """One visibility mask broadcastable to (N, H, L, S), or None."""
+        pad = None
+        if key_padding_mask is not None:
+            if tuple(key_padding_mask.shape) != (batch, seqlen_k):
+                raise ValueError(f"MultiheadAttention: key_padding_mask must have shape (batch, source length) = "
+                                 f"({batch}, {seqlen_k}), got {tuple(key_padding_mask.shape)}")
+            pad = _visibility(key_padding_mask, "key_padding_mask", dtype)[:, None, None, :]
+        mask = None
+        if attn_mask is not None:
+            shapes = {2: (seqlen_q, seqlen_k), 3: (batch * self.num_heads, seqlen_q, seqlen_k)}
+            if tuple(attn_mask.shape) != shapes.get(attn_mask.dim()):
+                raise ValueError(f"MultiheadAttention: attn_mask must have shape (L, S) = {shapes[2]} or "
+                                 f"(batch * num_heads, L, S) = {shapes[3]}, got {tuple(attn_mask.shape)}")
+            mask = _visibility(attn_mask, "attn_mask", dtype)
+            mask = mask.view(batch, self.num_heads, seqlen_q, seqlen_k) if mask.dim() == 3 else mask[None, None]
+        return _merge_masks(pad, mask, dtype)
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=False, attn_mask=None,
+                average_attn_weights=True, is_causal=False):
+        """query (L, N, E) ((N, L, E) with batch_first, (L, E) unbatched), key and value (S, N, E) likewise.
+        Returns (attn_output shaped like query, None). average_attn_weights only matters with weights."""
+        if need_weights:
+            raise ValueError("MultiheadAttention: need_weights=True is not supported: flashattn_ext never "
+                             "materializes the attention weights; pass need_weights=False (or use "
+                             "torch.nn.MultiheadAttention)")
+        same_qkv, same_kv = query is key and key is value, key is value
+        unbatched = query.dim() == 2
+        if unbatched:
+            query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        elif not self.batch_first:  # (L, N, E) -> (N, L, E) views
+            query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+        if query.dim() != 3 or key.dim() != 3 or value.dim() != 3 or query.shape[-1] != self.embed_dim:
+            raise ValueError(f"MultiheadAttention: query, key and value must be (L, N, E) / (N, L, E) with "
+                             f"E = {self.embed_dim}, or (L, E) unbatched; got {tuple(query.shape)}, "
+                             f"{tuple(key.shape)}, {tuple(value.shape)}")
+        batch, seqlen_q, seqlen_k = query.shape[0], query.shape[1], key.shape[1]
+        if is_causal and attn_mask is None and seqlen_q != seqlen_k:
+            raise ValueError(f"MultiheadAttention: is_causal=True without attn_mask needs as many queries as keys, "
+                             f"got {seqlen_q} and {seqlen_k}")
+        causal = is_causal and seqlen_q == seqlen_k
+        q, k, v = self._project(query, key, value, same_qkv, same_kv)
+        mask = self._masks(None if causal else attn_mask, key_padding_mask, batch, seqlen_q, seqlen_k, q.dtype)
+        out = flash_attn_func(q, k, v, dropout_p=self.dropout if self.training else 0.0, causal=causal,
+                              attn_mask=mask)
+        out = self.out_proj(out.flatten(-2))  # (N, L, E)
+        if unbatched:
+            return out.squeeze(0), None
+        return (out if self.batch_first else out.transpose(0, 1)), None
+
+
+def rotary_embedding(x, positions, base):
+    """x (B, S, H, D) rotated by position (rotate-half form, as GPT-NeoX and Llama): pairs (x[d], x[d + D/2])
+    turn by positions * base^(-2d/D). positions: (S,) or (B, S) integers."""
+    half = x.shape[-1] // 2
+    inv_freq = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)  # (D/2,)
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # (S, D/2) or (B, S, D/2)
+    angles = angles[..., None, :]  # broadcast over heads
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class Attention(nn.Module):
+    """Self-attention for new models: x (B, S, dim) -> (B, S, dim).
+
+    qkv: one Linear(dim, (num_heads + 2 * num_kv_heads) * head_dim), output laid out as [q heads | k heads |
+    v heads]; proj: Linear(num_heads * head_dim, dim). num_kv_heads < num_heads: grouped-query attention
+    (a divisor of num_heads; 1: multi-query). head_dim: default dim // num_heads. causal: query i sees keys
+    j <= i. window_size (left, right): i - left <= j <= i + right, -1 unbounded (flash_attn_func's
+    convention; with causal, right is 0: window_size=(w - 1, 0) shows each token its last w tokens, itself
+    included). rotary: rotary position embedding on q and k (rotary_base, rotate-half form) at positions
+    0..S-1 or the `positions` passed to forward. dropout: on the attention weights in training mode.
+    softcap > 0: scores become softcap * tanh(scores / softcap).
+    """
+
+    def __init__(self, dim, num_heads, num_kv_heads=None, head_dim=None, bias=True, causal=True,
+                 window_size=_NO_WINDOW, rotary=False, rotary_base=10000.0, dropout=0.0, softcap=0.0, device=None,
+                 dtype=None):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads:
+            raise ValueError(f"Attention: num_heads ({num_heads}) must be a positive multiple of num_kv_heads "
+                             f"({num_kv_heads})")
+        if head_dim is None:
+            if dim % num_heads:
+                raise ValueError(f"Attention: dim ({dim}) is not a multiple of num_heads ({num_heads}); pass head_dim")
+            head_dim = dim // num_heads
+        if rotary and head_dim % 2:
+            raise ValueError(f"Attention: rotary needs an even head_dim, got {head_dim}")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.causal, self.window_size, self.softcap, self.dropout = causal, tuple(window_size), softcap, dropout
+        self.rotary, self.rotary_base = rotary, rotary_base
+        factory = {"device": device, "dtype": dtype}
+        self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * head_dim, bias=bias, **factory)
+        self.proj = nn.Linear(num_heads * head_dim, dim, bias=bias, **factory)
+
+    def attend(self, q, k, v, attn_mask=None):
+        """The attention core: q (B, S, H, D), k and v (B, S, Hkv, D) -> (B, S, H, D). Override it to run
+        another kernel under the same parameters."""
+        return flash_attn_func(q, k, v, dropout_p=self.dropout if self.training else 0.0, causal=self.causal,
+                               window_size=self.window_size, softcap=self.softcap, attn_mask=attn_mask)
+
+    def forward(self, x, attn_mask=None, positions=None):
+        """x (B, S, dim). attn_mask: bool (True = take part) or additive float, broadcastable to
+        (B, num_heads, S, S), combined with the causal and window bands (e.g. mask[:, None, None, :] for a
+        (B, S) key padding mask). positions: (S,) or (B, S) rotary positions, default 0..S-1."""
+        batch, seqlen, _ = x.shape
+        sizes = [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim]
+        q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in self.qkv(x).split(sizes, dim=-1))
+        if self.rotary:
+            if positions is None:
+                positions = torch.arange(seqlen, device=x.device)
+            q, k = rotary_embedding(q, positions, self.rotary_base), rotary_embedding(k, positions, self.rotary_base)
+        return self.proj(self.attend(q, k, v, attn_mask).flatten(-2))
