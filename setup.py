@@ -1,16 +1,26 @@
-"""Builds the one extension flashattn_ext._C.
+"""Builds the one extension flashattn_ext._C, against the installed torch (build with
+--no-build-isolation: `pip install --no-build-isolation .`, `python -m build --wheel --no-isolation`).
 
 - csrc/cpu/*.c is compiled as real C (cc -std=c11 -O3 -fopenmp) into objects linked into _C.
 - csrc/ops.cpp (schema + CPU backend) is compiled as C++ against libtorch.
 - csrc/ops_cuda.cpp and csrc/cuda/*.cu are added when torch is a CUDA build and a CUDA toolkit is
   found, unless FLASHATTN_EXT_FORCE_CPU=1. FLASHATTN_EXT_CUDA_ARCHS picks the targets
   (default "80;90a": sm_80 machine code, and sm_90a for Hopper).
+- _C uses only CPython's limited API (its one Python symbol is PyInit__C; the ops reach Python through
+  torch's dispatcher), so the wheel is abi3: one wheel per platform and torch version, for every
+  CPython from the version torch's limited-API macro names. libtorch's C++ ABI is not stable across
+  torch releases: the wheel requires the torch minor release it was built against, and its version
+  carries that in a local label (0.1.0+torch2.14.cu130).
+- flashattn_ext/_build_info.py (generated, not tracked) records the torch, CUDA version and archs of
+  the build for `python -m flashattn_ext` and the registry's device checks.
 No network is used.
 """
 import glob
 import os
+import re
 import shutil
 import subprocess
+import sys
 
 from setuptools import setup
 
@@ -33,7 +43,12 @@ def locate_cuda_toolkit():
 
 locate_cuda_toolkit()
 
-import torch  # noqa: E402  (after CUDA_HOME is settled: cpp_extension reads it at import)
+try:
+    import torch  # noqa: E402  (after CUDA_HOME is settled: cpp_extension reads it at import)
+except ImportError:
+    sys.exit("flashattn_ext builds against the installed torch: install torch first, then build without "
+             "build isolation (pip install --no-build-isolation .)")
+from torch.utils import cpp_extension  # noqa: E402
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -41,6 +56,12 @@ C_SOURCES = sorted(glob.glob("csrc/cpu/*.c"))
 C_FLAGS = ["-std=c11", "-O3", "-fopenmp", "-fPIC", "-Wall", "-Wextra", "-Icsrc"]
 CXX_FLAGS = ["-O3", "-fopenmp"]  # the C++ standard is the one torch asks for
 NVCC_FLAGS = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
+# The oldest CPython whose limited API _C uses: torch's choice where it makes one (it then defines
+# Py_LIMITED_API itself for py_limited_api extensions), else 3.9.
+LIMITED_API_HEX = getattr(cpp_extension, "min_supported_cpython", None)
+LIMITED_API = int(LIMITED_API_HEX or "0x03090000", 16)
+ABI3_TAG = f"cp{LIMITED_API >> 24}{(LIMITED_API >> 16) & 0xFF}"
+BUILD_INFO = os.path.join(ROOT, "flashattn_ext", "_build_info.py")
 
 
 def env_flag(name):
@@ -53,9 +74,13 @@ def cuda_enabled():
     return torch.version.cuda is not None and CUDA_HOME is not None
 
 
+def cuda_archs():
+    return [a for a in os.environ.get("FLASHATTN_EXT_CUDA_ARCHS", "80;90a").replace(",", ";").split(";") if a]
+
+
 def gencode_flags():
     """-gencode per arch; with 90a also FLASHATTN_EXT_SM90A, which enables the Hopper (wgmma) kernels."""
-    archs = [a for a in os.environ.get("FLASHATTN_EXT_CUDA_ARCHS", "80;90a").replace(",", ";").split(";") if a]
+    archs = cuda_archs()
     flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     if "90a" in archs:
         flags.append("-DFLASHATTN_EXT_SM90A")
@@ -63,7 +88,9 @@ def gencode_flags():
 
 
 class BuildWithC(BuildExtension):
-    """Compiles the C sources with the C compiler (torch's build would hand them to g++ as C++)."""
+    """Compiles the C sources with the C compiler (torch's build would hand them to g++ as C++), and
+    removes the _C.cpython-*.so an in-place build made before _C became abi3: Python would import it
+    ahead of the new _C.abi3.so."""
 
     def build_extensions(self):
         cc = os.environ.get("CC", "cc")
@@ -77,24 +104,72 @@ class BuildWithC(BuildExtension):
         for ext in self.extensions:
             ext.extra_objects = list(ext.extra_objects or []) + objects
         super().build_extensions()
+        for stale in glob.glob(os.path.join(ROOT, "flashattn_ext", "_C.cpython-*")):
+            os.remove(stale)
 
 
-def extension():
+def extension(with_cuda):
     sources = ["csrc/ops.cpp"]
+    cxx_flags = list(CXX_FLAGS)
+    if LIMITED_API_HEX is None:
+        cxx_flags.append(f"-DPy_LIMITED_API={LIMITED_API:#010x}")
     kwargs = dict(
         name="flashattn_ext._C",
         include_dirs=[os.path.join(ROOT, "csrc")],
         extra_link_args=["-fopenmp"],
+        py_limited_api=True,
     )
-    if cuda_enabled():
+    if with_cuda:
         sources += ["csrc/ops_cuda.cpp"] + sorted(glob.glob("csrc/cuda/*.cu"))
-        kwargs["extra_compile_args"] = {"cxx": CXX_FLAGS, "nvcc": NVCC_FLAGS + gencode_flags()}
+        kwargs["extra_compile_args"] = {"cxx": cxx_flags, "nvcc": NVCC_FLAGS + gencode_flags()}
         return CUDAExtension(sources=sources, **kwargs)
-    kwargs["extra_compile_args"] = {"cxx": CXX_FLAGS}
+    kwargs["extra_compile_args"] = {"cxx": cxx_flags}
     return CppExtension(sources=sources, **kwargs)
 
 
+def torch_release():
+    """"2.14" of torch "2.14.1+cu130"."""
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
+
+def version(with_cuda):
+    """The package version with the build's torch release and CUDA version as a local label."""
+    with open(os.path.join(ROOT, "flashattn_ext", "__init__.py")) as f:
+        base = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+    variant = "cu" + torch.version.cuda.replace(".", "") if with_cuda else "cpu"
+    return f"{base}+torch{torch_release()}.{variant}"
+
+
+def write_build_info(with_cuda):
+    """flashattn_ext/_build_info.py, rewritten only when its content changes."""
+    text = (
+        '"""Written by setup.py: how this copy of flashattn_ext was built (generated, not tracked)."""\n'
+        f"TORCH_VERSION = {torch.__version__!r}  # the torch it was compiled against\n"
+        f"CUDA_VERSION = {torch.version.cuda if with_cuda else None!r}  # None: no CUDA kernels\n"
+        f"CUDA_ARCHS = {tuple(cuda_archs()) if with_cuda else ()!r}  # -gencode targets (sm_XX machine code)\n"
+    )
+    try:
+        with open(BUILD_INFO) as f:
+            if f.read() == text:
+                return
+    except OSError:
+        pass
+    with open(BUILD_INFO, "w") as f:
+        f.write(text)
+
+
+def torch_requirement():
+    """The torch minor release the build links against (its C++ ABI changes between releases)."""
+    major, minor = (int(x) for x in torch_release().split("."))
+    return f"torch>={major}.{minor},<{major}.{minor + 1}"
+
+
+WITH_CUDA = cuda_enabled()
+write_build_info(WITH_CUDA)
 setup(
-    ext_modules=[extension()],
+    version=version(WITH_CUDA),
+    install_requires=[torch_requirement()],
+    ext_modules=[extension(WITH_CUDA)],
     cmdclass={"build_ext": BuildWithC},
+    options={"bdist_wheel": {"py_limited_api": ABI3_TAG}},
 )

@@ -11,6 +11,9 @@ from . import nn  # noqa: F401
 from . import reference
 from .interface import flash_attn_func, scaled_dot_product_attention
 from .merge import merge_attention_states
+from .integrations import torch_registry as _torch_registry
+
+_torch_registry.register()  # "flashattn_ext" in torch's flash-attention registry; activates nothing
 
 __version__ = "0.1.0"
 __all__ = ["flash_attn_func", "scaled_dot_product_attention", "merge_attention_states", "reference"]
