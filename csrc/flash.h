@@ -83,7 +83,7 @@ typedef struct flash_params {
     /* Score hook (mask.h), applied to s = scale * q.k in this order. has_hook = 1 when any of
      * softcap, alibi_slopes, mask or dropout is on: the kernels take their general path. */
     int has_hook;
-    float softcap;                /* > 0: s = softcap * tanh(s / softcap); 0: off */
+    double softcap;               /* > 0: s = softcap * tanh(s / softcap); 0: off (double: exact for fp64) */
     const float *alibi_slopes;    /* (b or 1, h) fp32, or NULL: s -= slope * |j - i - alibi_offset| */
     int64_t alibi_batch_stride;   /* h when the slopes are per batch, else 0 */
     int64_t alibi_offset;         /* sk - sq (flash-attn's bottom-right convention) */

@@ -298,7 +298,7 @@ flash_params make_params(const at::Tensor &q, const at::Tensor &k, const at::Ten
     p.diag_lo = std::min(std::max(lo, -p.sq), p.sk);
     p.diag_hi = std::min(std::max(hi, -p.sq), p.sk);
 
-    p.softcap = static_cast<float>(var.softcap);
+    p.softcap = var.softcap;
     if (var.alibi_slopes) {
         keep->alibi_slopes = var.alibi_slopes->contiguous();
         p.alibi_slopes = keep->alibi_slopes.data_ptr<float>();
@@ -317,7 +317,7 @@ flash_params make_params(const at::Tensor &q, const at::Tensor &k, const at::Ten
     if (var.sink)
         p.sink = var.sink->data_ptr();
     set_dropout_params(&p, var.dropout_p, rng_state);
-    p.has_hook = (p.softcap > 0.0f || p.alibi_slopes || p.mask || p.dropout_threshold) ? 1 : 0;
+    p.has_hook = (p.softcap > 0.0 || p.alibi_slopes || p.mask || p.dropout_threshold) ? 1 : 0;
     p.deterministic = var.deterministic ? 1 : 0;
     p.dtype = to_flash_dtype(q.scalar_type());
     return p;

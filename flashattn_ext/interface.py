@@ -18,7 +18,14 @@ def _default_scale(t):
     return 1.0 / math.sqrt(headdim) if headdim > 0 else 1.0
 
 
+def _symbolic(x):
+    """True for torch.compile's symbolic numbers (dynamic shapes): their checks run in the op instead."""
+    return isinstance(x, (torch.SymFloat, torch.SymInt))
+
+
 def _check_scale(name, scale):
+    if _symbolic(scale):
+        return scale
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"{name} must be a float or None, got {type(scale).__name__}")
     if not math.isfinite(scale):
@@ -31,6 +38,8 @@ def _lse_dtype(dtype):
 
 
 def _check_dropout(fn, dropout_p):
+    if _symbolic(dropout_p):
+        return dropout_p
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
         raise TypeError(f"{fn}: dropout_p must be a float, got {type(dropout_p).__name__}")
     if not (0.0 <= dropout_p < 1.0):
@@ -44,14 +53,18 @@ def _check_window(window_size):
     except (TypeError, ValueError):
         raise TypeError(f"flash_attn_func: window_size must be a pair (left, right) of ints, got {window_size!r}")
     for name, w in (("left", left), ("right", right)):
+        if _symbolic(w):
+            continue
         if isinstance(w, bool) or not isinstance(w, numbers.Integral):
             raise TypeError(f"flash_attn_func: window_size {name} must be an int, got {type(w).__name__}")
         if w < -1:
             raise ValueError(f"flash_attn_func: window_size values must be >= -1 (-1: unbounded), got {window_size}")
-    return int(left), int(right)
+    return tuple(w if _symbolic(w) else int(w) for w in (left, right))
 
 
 def _check_softcap(softcap):
+    if _symbolic(softcap):
+        return softcap
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
         raise TypeError(f"flash_attn_func: softcap must be a float, got {type(softcap).__name__}")
     if not math.isfinite(softcap) or softcap < 0:

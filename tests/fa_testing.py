@@ -1,11 +1,16 @@
 """Shared helpers of the flashattn_ext tests.
 
-* `attention64`: an independent eager float64 reference (scores, mask, softmax, @ v) written here,
-  not imported from the library, so that flashattn_ext.reference.attention_ref is tested too.
+* `attention64`: an independent eager float64 reference (scores, mask, softmax, @ v) with every
+  variant (window, softcap, ALiBi, attn_mask, sink, dropout keep mask) written here, not imported from
+  the library, so that flashattn_ext.reference.attention_ref is tested too.
+* `Var`, `make_variant_tensors`, `variant_reference`, `check_variant_results`: the variants of a call,
+  their tensors, the float64 results with gradients and error scales, and the comparison.
+* `philox_keep_mask`: an independent numpy Philox4x32-10 of the dropout stream documented in csrc/mask.h.
 * `SAMPLES`: the one list of configurations feeding correctness, gradient, opcheck and compile tests.
 * `make_inputs`: builds q, k, v (and dout) for a configuration, in one of several memory layouts.
 * tolerances and comparison helpers (relative L2 error against the float64 reference).
 """
+import contextlib
 import dataclasses
 import math
 import os
@@ -62,43 +67,115 @@ def causal_mask(sq, sk, bottom_right, device="cpu"):
     return j <= i + ((sk - sq) if bottom_right else 0)
 
 
-def attention64(q, k, v, scale=None, causal=False, bottom_right=True):
+def band_mask(sq, sk, causal, bottom_right, window=(-1, -1), device="cpu"):
+    """(sq, sk) bool: key j visible to query i by position. With a = sk - sq (bottom-right) or 0
+    (top-left): a - left <= j - i <= a + right, -1 unbounded, causal meaning right = 0."""
+    left, right = window
+    a = (sk - sq) if bottom_right else 0
+    lo = -math.inf if left < 0 else a - left
+    hi = a if causal else (math.inf if right < 0 else a + right)
+    t = (torch.arange(sk, device=device)[None, :] - torch.arange(sq, device=device)[:, None]).to(torch.float64)
+    return (t >= lo) & (t <= hi)
+
+
+def keep_probability(dropout_p):
+    """Dropout keeps with probability 1 - p_q, p_q = round(p * 65536) / 65536 (16-bit draws)."""
+    return (65536 - int(round(dropout_p * 65536))) / 65536
+
+
+def attention64(q, k, v, scale=None, causal=False, bottom_right=True, *, window=(-1, -1), softcap=0.0,
+                alibi_slopes=None, sink=None, attn_mask=None, dropout_p=0.0, keep=None, internals=False):
     """Eager float64 attention. q: (B, Sq, H, D); k, v: (B, Sk, Hkv, D), H a multiple of Hkv (query
     head h uses kv head h // (H / Hkv)). Returns out (B, Sq, H, D) and lse (B, H, Sq), float64.
-    Rows that see no key give out = 0, lse = -inf, and no NaN in any gradient (the where() calls
-    keep -inf - -inf out of both the forward and the backward graph)."""
+
+    Variants (flash-attn >= 2.6 semantics; see band_mask for causal / window):
+      softcap > 0     s = softcap * tanh(s / softcap) on the scaled score s = scale * q.k
+      alibi_slopes    (H,) or (B, H): s -= slope * |i + Sk - Sq - j|
+      attn_mask       bool (True = take part) or floating, added to s; broadcastable to (B, H, Sq, Sk)
+      sink            (H,): the denominator of every row of head h gains exp(sink[h])
+      keep            (B, H, Sq, Sk) bool keep mask of dropout: P * keep / (1 - p_q) multiplies v
+    Rows that see no key give out = 0, lse = -inf (lse = sink with a sink), and no NaN in any
+    gradient: hidden scores become -inf before exp, the row maximum is taken over visible keys only,
+    and an empty row's zero denominator is replaced by 1.
+    internals=True also returns (detached) p, the probabilities (B, H, Sq, Sk) before dropout, and
+    dcap, the derivative of the final score by scale * q.k (the softcap factor; 1 without softcap)."""
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
     B, Sq, H, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
+    dev = q.device
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    group = H // Hkv
-    qh = q.transpose(1, 2)                                          # (B, H, Sq, D)
-    kh = k.transpose(1, 2).repeat_interleave(group, dim=1)          # (B, H, Sk, D)
-    vh = v.transpose(1, 2).repeat_interleave(group, dim=1)          # (B, H, Sk, D)
-    s = (qh @ kh.transpose(-1, -2)) * scale                         # (B, H, Sq, Sk)
-    if causal:
-        mask = causal_mask(Sq, Sk, bottom_right, q.device)
-    else:
-        mask = torch.ones(Sq, Sk, dtype=torch.bool, device=q.device)
-    row_empty = ~mask.any(-1, keepdim=True)                         # (Sq, 1)
-    neg_inf = torch.tensor(-math.inf, dtype=torch.float64, device=q.device)
-    s_masked = torch.where(mask, s, neg_inf)
-    lse = torch.logsumexp(s_masked.detach(), dim=-1)                # -inf on empty rows
-    s_safe = torch.where(row_empty, torch.zeros((), dtype=torch.float64, device=q.device), s_masked)
-    p = torch.softmax(s_safe, dim=-1)
-    p = torch.where(mask & ~row_empty, p, torch.zeros((), dtype=torch.float64, device=q.device))
-    out = (p @ vh).transpose(1, 2)                                  # (B, Sq, H, D)
+    kv_head = torch.arange(H, device=dev) // (H // Hkv)
+    kx = k.index_select(2, kv_head)                                 # (B, Sk, H, D)
+    vx = v.index_select(2, kv_head)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, kx) * scale              # (B, H, Sq, Sk)
+    dcap = torch.ones((), dtype=torch.float64, device=dev)
+    if softcap > 0:
+        s = torch.tanh(s / softcap) * softcap
+        dcap = 1.0 - (s.detach() / softcap) ** 2                   # 1 - tanh^2 of the uncapped s / softcap
+    if alibi_slopes is not None:
+        slope = alibi_slopes.detach().to(device=dev, dtype=torch.float64)
+        slope = slope.view(1, H, 1, 1) if slope.dim() == 1 else slope.view(B, H, 1, 1)
+        i = torch.arange(Sq, device=dev, dtype=torch.float64)[:, None]
+        j = torch.arange(Sk, device=dev, dtype=torch.float64)[None, :]
+        s = s - slope * (i + (Sk - Sq) - j).abs()
+    vis = band_mask(Sq, Sk, causal, bottom_right, window, dev).expand(B, H, Sq, Sk)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            vis = vis & attn_mask.to(dev)
+        else:
+            s = s + attn_mask.to(device=dev, dtype=torch.float64)
+            vis = vis & (s.detach() > -math.inf)
+    neg_inf = torch.tensor(-math.inf, dtype=torch.float64, device=dev)
+    s_vis = torch.where(vis, s, neg_inf)
+    m = s_vis.detach().amax(-1, keepdim=True)                       # -inf on rows without keys
+    if sink is not None:
+        sink64 = sink.to(device=dev, dtype=torch.float64).view(1, H, 1, 1)
+        m = torch.maximum(m, sink64.detach())
+    m = torch.where(m == -math.inf, torch.zeros_like(m), m)
+    e = torch.exp(s_vis - m)                                        # 0 where hidden
+    denom = e.sum(-1, keepdim=True)
+    if sink is not None:
+        denom = denom + torch.exp(sink64 - m)
+    empty = denom.detach() == 0
+    p = e / torch.where(empty, torch.ones_like(denom), denom)
+    lse = (m + torch.log(denom.detach())).squeeze(-1)               # log 0 = -inf on empty rows
+    p_undropped = p.detach()
+    if keep is not None:
+        p = p * keep.to(dev).to(torch.float64) / keep_probability(dropout_p)
+    out = torch.einsum("bhqk,bkhd->bqhd", p, vx)                    # (B, Sq, H, D)
+    if internals:
+        return out, lse, p_undropped, dcap
     return out, lse
+
+
+# Below this many multiply-adds (B * H * Sq * Sk * D) the reference runs on one thread: torch's
+# intra-op threads cost more than they save on small tensors (4-20x on a busy 2-core machine).
+SMALL_REFERENCE_WORK = 1 << 22
+
+
+@contextlib.contextmanager
+def reference_threads(q, k):
+    """One intra-op thread for a small reference computation on the CPU, restored afterwards."""
+    small = q.shape[0] * q.shape[2] * q.shape[1] * k.shape[1] * max(1, q.shape[3]) < SMALL_REFERENCE_WORK
+    saved = torch.get_num_threads()
+    if small:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if small:
+            torch.set_num_threads(saved)
 
 
 def reference_with_grads(q, k, v, dout, scale=None, causal=False, bottom_right=True):
     """float64 out, lse, dq, dk, dv (all on the CPU) for the given (any dtype/device) inputs."""
-    q64, k64, v64 = (t.detach().cpu().to(torch.float64).requires_grad_() for t in (q, k, v))
-    out, lse = attention64(q64, k64, v64, scale, causal, bottom_right)
-    if dout is None:
-        return out.detach(), lse, None, None, None
-    dq, dk, dv = torch.autograd.grad(out, (q64, k64, v64), dout.detach().cpu().to(torch.float64))
+    with reference_threads(q, k):
+        q64, k64, v64 = (t.detach().cpu().to(torch.float64).requires_grad_() for t in (q, k, v))
+        out, lse = attention64(q64, k64, v64, scale, causal, bottom_right)
+        if dout is None:
+            return out.detach(), lse, None, None, None
+        dq, dk, dv = torch.autograd.grad(out, (q64, k64, v64), dout.detach().cpu().to(torch.float64))
     return out.detach(), lse, dq, dk, dv
 
 
@@ -359,6 +436,365 @@ def natural_grad_norms(q, k, v, dout, scale):
     dk_nat = scale * do64.norm().item() * rms_row(v64) * rms_row(q64)
     dv_nat = do64.norm().item()
     return dq_nat, dk_nat, dv_nat
+
+
+# ----------------------------------------------------------------------------------------------
+# Variants: window, softcap, ALiBi, sinks, attn_mask, dropout
+# ----------------------------------------------------------------------------------------------
+
+MASK_KINDS = (None, "bool", "add")
+MASK_PATTERNS = (
+    "random",   # each entry visible with probability 3/4; one query row (or one key-padding entry) hidden
+    "blocks",   # per MASK_BLOCK x MASK_BLOCK block: empty, plain (True / 0) or random
+    "tiles",    # the same per MASK_TILE x MASK_TILE region: whole kernel tiles empty or plain
+)
+MASK_BLOCK = 16  # FLASH_MASK_BLOCK of csrc/constants.h: the granularity of the binding's block flags
+MASK_TILE = 128  # a multiple of the kernels' query and key tiles (CPU 128 x 64; CUDA 64-128)
+DIM_LETTERS = "bhqk"  # (B, H, Sq, Sk)
+
+
+@dataclasses.dataclass(frozen=True)
+class Var:
+    """The variants of one call, on top of a Cfg (which holds shape, causal, scale and layout).
+
+    window: flash_attn_func's (left, right), -1 unbounded. softcap: 0 off. alibi: None, "h" (slopes
+    (H,)) or "bh" ((B, H)). sink: one learnable logit per query head. mask: None, "bool" or "add"
+    (floating, q's dtype, requires grad). mask_dims: the attn_mask's dimensions right-aligned to
+    (B, H, Sq, Sk): the letter of a dimension at full size, "1" for a broadcast one of size 1 (e.g.
+    "qk": (Sq, Sk); "b11k": key padding). mask_pattern: one of MASK_PATTERNS. dropout: dropout_p."""
+    window: tuple = (-1, -1)
+    softcap: float = 0.0
+    alibi: str = None
+    sink: bool = False
+    mask: str = None
+    mask_dims: str = "bhqk"
+    mask_pattern: str = "random"
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        assert self.alibi in (None, "h", "bh") and self.mask in MASK_KINDS and self.mask_pattern in MASK_PATTERNS
+        dims = self.mask_dims
+        assert 1 <= len(dims) <= 4 and dims[-1] == "k", dims
+        assert all(c in ("1", DIM_LETTERS[4 - len(dims) + i]) for i, c in enumerate(dims)), dims
+        assert self.mask_pattern == "random" or "q" in dims
+        assert 0.0 <= self.dropout < 1.0 and len(self.window) == 2
+
+    @property
+    def id(self):
+        parts = []
+        if tuple(self.window) != (-1, -1):
+            parts.append(f"win{self.window[0]}_{self.window[1]}")
+        if self.softcap:
+            parts.append(f"softcap{self.softcap:g}")
+        if self.alibi:
+            parts.append(f"alibi_{self.alibi}")
+        if self.sink:
+            parts.append("sink")
+        if self.mask:
+            parts.append(f"mask_{self.mask}_{self.mask_dims}" + ("" if self.mask_pattern == "random" else
+                                                                 f"_{self.mask_pattern}"))
+        if self.dropout:
+            parts.append(f"drop{self.dropout:g}")
+        return "-".join(parts) or "dense"
+
+    @property
+    def sdpa_ok(self):
+        """scaled_dot_product_attention takes attn_mask and dropout_p only (and attn_mask not with is_causal)."""
+        return tuple(self.window) == (-1, -1) and not self.softcap and self.alibi is None and not self.sink
+
+
+def mask_shape(cfg, dims):
+    full = dict(zip(DIM_LETTERS, (cfg.b, cfg.h, cfg.sq, cfg.sk)))
+    return tuple(1 if c == "1" else full[c] for c in dims)
+
+
+def mask_visibility(shape, dims, pattern, gen):
+    """(visible, plain): bool patterns of an attn_mask of `shape`: True = takes part; `plain` marks the
+    entries of "blocks"' plain blocks (an additive mask is exactly 0 there)."""
+    sq = shape[dims.index("q")] if "q" in dims else 1
+    sk = shape[-1]
+    plain = torch.zeros(shape, dtype=torch.bool)
+    if pattern in ("blocks", "tiles"):
+        n = MASK_BLOCK if pattern == "blocks" else MASK_TILE
+        nbq, nbk = -(-sq // n), -(-sk // n)
+        kind = torch.randint(0, 5, shape[:-2] + (nbq, nbk), generator=gen)  # 0, 1: empty; 2, 3: plain; 4: random
+        kind = kind.repeat_interleave(n, -2)[..., :sq, :].repeat_interleave(n, -1)[..., :sk]
+        rnd = torch.rand(shape, generator=gen) < 0.75
+        plain = (kind >= 2) & (kind < 4)
+        return torch.where(kind >= 4, rnd, plain), plain
+    if "q" in dims:
+        vis = torch.rand(shape, generator=gen) < 0.75
+        if sq > 1:  # a query row that sees no key
+            vis.select(dims.index("q"), 1).fill_(False)
+        return vis, plain
+    # key padding: a visible prefix of keys per entry of the other dimensions, lengths 0 .. sk (the
+    # first entry unpadded, the last fully padded when there are at least three)
+    lengths = torch.randint(0, sk + 1, shape[:-1], generator=gen).flatten()
+    if lengths.numel() >= 2:
+        lengths[0] = sk
+    if lengths.numel() >= 3:
+        lengths[-1] = 0
+    return torch.arange(sk) < lengths.view(shape[:-1] + (1,)), plain
+
+
+def make_variant_tensors(cfg, var, dtype, device, requires_grad=True, seed=None):
+    """The tensors of var for cfg: {"alibi_slopes", "sink", "attn_mask"} (None where off).
+    alibi_slopes fp32 in [0.05, 0.6); sink in [-1, 3) in the lse dtype (fp64 for fp64 inputs, else
+    fp32), requiring grad; attn_mask bool, or floating in q's dtype (N(0, 1) values, -inf where
+    hidden), requiring grad."""
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{cfg.id}|{var.id}".encode()) if seed is None else seed)
+    t = {"alibi_slopes": None, "sink": None, "attn_mask": None}
+    if var.alibi:
+        shape = (cfg.h,) if var.alibi == "h" else (cfg.b, cfg.h)
+        t["alibi_slopes"] = (0.05 + 0.55 * torch.rand(shape, generator=gen)).to(device)
+    if var.sink:
+        sink_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        sink = -1.0 + 4.0 * torch.rand(cfg.h, generator=gen, dtype=torch.float64)
+        t["sink"] = sink.to(device=device, dtype=sink_dtype).requires_grad_(requires_grad)
+    if var.mask:
+        shape = mask_shape(cfg, var.mask_dims)
+        vis, plain = mask_visibility(shape, var.mask_dims, var.mask_pattern, gen)
+        if var.mask == "bool":
+            t["attn_mask"] = vis.to(device)
+        else:
+            vals = torch.randn(shape, generator=gen, dtype=torch.float64)
+            vals = vals.masked_fill(plain, 0.0).masked_fill(~vis, -math.inf)
+            t["attn_mask"] = vals.to(device=device, dtype=dtype).requires_grad_(requires_grad)
+    return t
+
+
+def variant_grad_inputs(q, k, v, tensors):
+    """The tensors whose gradients the tests compare: q, k, v, then the sink and a floating mask."""
+    extra = [t for name, t in tensors.items() if name in ("sink", "attn_mask") and t is not None and t.requires_grad]
+    return [q, k, v] + extra
+
+
+def variant_grad_names(tensors):
+    """The names of the gradients of variant_grad_inputs: dq, dk, dv, then dsink and dmask."""
+    names = ["dq", "dk", "dv"]
+    if tensors.get("sink") is not None and tensors["sink"].requires_grad:
+        names.append("dsink")
+    m = tensors.get("attn_mask")
+    if m is not None and m.dtype != torch.bool and m.requires_grad:
+        names.append("dmask")
+    return names
+
+
+def variant_reference(q, k, v, dout, cfg, var, tensors, keep=None, bottom_right=True):
+    """float64 CPU results of attention64 for (cfg, var): {"out", "lse"} and, with dout, "dq", "dk", "dv",
+    "dsink" (with a sink), "dmask" (floating mask: the gradient of the mask as given, summed over its
+    broadcast dimensions), and for each gradient g an error scale g + "_rw" (see below).
+
+    Every gradient is a sum of terms (dq_i = scale sum_j dS'_ij k_j, dk_j = scale sum_i dS'_ij q_i,
+    dv_j = sum_i P~_ij dO_i, d mask = sum over broadcast dims of dS, d sink = -sum_i P_sink,i delta_i),
+    and a kernel's rounding errors are relative to the size of those terms, not of their sum, which may
+    cancel (rows that see one key have dS = 0 exactly: dP = delta). *_rw is the root sum of squares of
+    the terms' sizes, with dS_ij = P_ij (dP~_ij - delta_i) sized P_ij (|dP~_ij - delta_i| + |delta_i|)
+    (the operands of the difference every FlashAttention backward forms, delta = dO . O) and delta_i
+    sized |dO_i| |O_i|; dP~ = dO V^T with dropout's keep / (1 - p_q), dS' = dS * the softcap factor.
+    assert_sum_close judges the error relative to max(||g||, RW_FRACTION * ||g_rw||): the plain
+    relative error except where the sum cancels."""
+    with reference_threads(q, k):
+        return _variant_reference(q, k, v, dout, cfg, var, tensors, keep, bottom_right)
+
+
+def _variant_reference(q, k, v, dout, cfg, var, tensors, keep, bottom_right):
+    leaves = [t.detach().cpu().to(torch.float64).requires_grad_() for t in (q, k, v)]
+    B, Sq, H = q.shape[:3]
+    Sk, Hkv = k.shape[1], k.shape[2]
+    sink = tensors.get("sink")
+    sink64 = sink.detach().cpu().to(torch.float64).requires_grad_() if sink is not None else None
+    mask = tensors.get("attn_mask")
+    mask_ref = None
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            mask_ref = mask.cpu()
+        else:  # a full-size leaf: its gradient is the per-element dS
+            mask_ref = mask.detach().cpu().to(torch.float64).expand(B, H, Sq, Sk).clone().requires_grad_()
+    slopes = tensors.get("alibi_slopes")
+    keep = None if keep is None else keep.cpu()
+    out, lse, p, dcap = attention64(*leaves, cfg.scale, cfg.causal, bottom_right, window=tuple(var.window),
+                                    softcap=var.softcap, alibi_slopes=None if slopes is None else slopes.cpu(),
+                                    sink=sink64, attn_mask=mask_ref, dropout_p=var.dropout, keep=keep, internals=True)
+    res = {"out": out.detach(), "lse": lse.detach()}
+    if dout is None:
+        return res
+    do64 = dout.detach().cpu().to(torch.float64)
+    inputs = leaves + ([sink64] if sink64 is not None else []) + (
+        [mask_ref] if mask_ref is not None and mask_ref.requires_grad else [])
+    grads = torch.autograd.grad(out, inputs, do64)
+    res["dq"], res["dk"], res["dv"] = grads[:3]
+
+    # error scales
+    q64, k64, v64 = (t.detach() for t in leaves)
+    o64 = out.detach()
+    scale = default_scale(cfg)
+    group = H // Hkv
+    kv_head = torch.arange(H) // group
+    drop = torch.ones(()) if keep is None else keep.to(torch.float64) / keep_probability(var.dropout)
+    dp = torch.einsum("bqhd,bkhd->bhqk", do64, v64.index_select(2, kv_head)) * drop           # dP~
+    delta = (do64 * o64).sum(-1).transpose(1, 2)[..., None]                                     # (B, H, Sq, 1)
+    ds_size = p * ((dp - delta).abs() + delta.abs())
+    dsc2 = (ds_size * dcap) ** 2
+    qn2 = q64.pow(2).sum(-1).transpose(1, 2)                                                    # (B, H, Sq)
+    kn2 = k64.pow(2).sum(-1).index_select(2, kv_head).transpose(1, 2)                           # (B, H, Sk)
+    don2 = do64.pow(2).sum(-1).transpose(1, 2)
+
+    def per_kv(x):  # (B, H, Sk) summed over the query heads of each kv head -> (B, Sk, Hkv)
+        return x.view(B, Hkv, group, Sk).sum(2).transpose(1, 2)
+
+    res["dq_rw"] = scale * (dsc2 * kn2[:, :, None, :]).sum(-1).sqrt().transpose(1, 2)         # (B, Sq, H)
+    res["dk_rw"] = scale * per_kv((dsc2 * qn2[..., None]).sum(2)).sqrt()                       # (B, Sk, Hkv)
+    res["dv_rw"] = per_kv(((p * drop) ** 2 * don2[..., None]).sum(2)).sqrt()
+    if sink64 is not None:
+        res["dsink"] = grads[3]
+        p_sink = torch.exp(sink64.detach()[None, :, None] - lse.detach())                    # (B, H, Sq)
+        delta_size = don2.sqrt() * o64.pow(2).sum(-1).transpose(1, 2).sqrt()
+        res["dsink_rw"] = (p_sink * delta_size).pow(2).sum((0, 2)).sqrt()
+    if mask_ref is not None and mask_ref.requires_grad:
+        res["dmask"] = grads[-1].sum_to_size(mask.shape)
+        res["dmask_rw"] = ds_size.pow(2).sum_to_size(mask.shape).sqrt()
+    return res
+
+
+def default_scale(cfg):
+    return cfg.scale if cfg.scale is not None else (1.0 / math.sqrt(cfg.d) if cfg.d > 0 else 1.0)
+
+
+def op_fwd_args(q, k, v, cfg, var, tensors, bottom_right=True, deterministic=False):
+    """Positional arguments of torch.ops.flashattn_ext.fwd for (cfg, var); attn_mask as the
+    (B, H, Sq, Sk) expanded view the public functions pass."""
+    mask = tensors.get("attn_mask")
+    if mask is not None:
+        mask = mask.expand(cfg.b, cfg.h, cfg.sq, cfg.sk)
+    return (q, k, v, default_scale(cfg), cfg.causal, bottom_right, int(var.window[0]), int(var.window[1]),
+            float(var.softcap), tensors.get("alibi_slopes"), tensors.get("sink"), mask, float(var.dropout),
+            deterministic)
+
+
+def op_bwd_args(dout, q, k, v, out, lse, rng_state, cfg, var, tensors, bottom_right=True, deterministic=False,
+                mask_grad=None):
+    """Positional arguments of torch.ops.flashattn_ext.bwd matching op_fwd_args."""
+    fwd = op_fwd_args(q, k, v, cfg, var, tensors, bottom_right, deterministic)
+    mask = tensors.get("attn_mask")
+    if mask_grad is None:
+        mask_grad = mask is not None and mask.dtype != torch.bool and mask.requires_grad
+    return (dout, q, k, v, out, lse, rng_state) + fwd[3:] + (bool(mask_grad),)
+
+
+def run_flash(q, k, v, cfg, var, tensors, **kw):
+    """flashattn_ext.flash_attn_func with every variant of var; returns (out, lse) (more with kw)."""
+    import flashattn_ext
+    return flashattn_ext.flash_attn_func(
+        q, k, v, dropout_p=var.dropout, softmax_scale=cfg.scale, causal=cfg.causal, window_size=tuple(var.window),
+        softcap=var.softcap, alibi_slopes=tensors.get("alibi_slopes"), return_lse=True, sink=tensors.get("sink"),
+        attn_mask=tensors.get("attn_mask"), **kw)
+
+
+def run_sdpa(q, k, v, cfg, var, tensors):
+    """flashattn_ext.scaled_dot_product_attention on (B, S, H, D) tensors (transposed to torch's
+    (B, H, S, D) and back); var must be sdpa_ok. is_causal is top-left aligned."""
+    import flashattn_ext
+    assert var.sdpa_ok
+    out = flashattn_ext.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=tensors.get("attn_mask"),
+        dropout_p=var.dropout, is_causal=cfg.causal, scale=cfg.scale, enable_gqa=cfg.h != cfg.hkv)
+    return out.transpose(1, 2)
+
+
+def replay_keep_mask(q, k, v, cfg, var, tensors, seed, bottom_right=True):
+    """The dropout keep mask (B, H, Sq, Sk) of a public call made right after torch.manual_seed(seed):
+    the same seeding, the fwd op (which draws the Philox seed and offset from torch's default
+    generator) and torch.ops.flashattn_ext.dropout_mask of the rng_state it returns."""
+    torch.manual_seed(seed)
+    args = op_fwd_args(*(t.detach() for t in (q, k, v)), cfg, var,
+                       {n: (t.detach() if t is not None else None) for n, t in tensors.items()}, bottom_right)
+    with torch.no_grad():
+        _, _, rng_state = torch.ops.flashattn_ext.fwd(*args)
+    return torch.ops.flashattn_ext.dropout_mask(q.detach(), rng_state, k.shape[1], var.dropout)
+
+
+# Where a gradient's sum cancels, its error is judged against this fraction of the size of its terms
+# (assert_sum_close). Without cancellation ||g_rw|| is 1-3 ||g|| for dq, dk, dv and d mask (the operands
+# of dP - delta exceed their difference), so there the bound is the plain relative error; on rows that
+# see one key (dS = 0 exactly) ||g_rw|| / ||g|| reaches 50 and more.
+RW_FRACTION = 0.25
+
+
+def assert_sum_close(name, got, ref, rw, tol):
+    """A gradient that is a sum of terms (see variant_reference): relative L2 error against
+    max(||ref||, RW_FRACTION * ||rw||), rw being the root sum of squares of the terms' sizes."""
+    got64, ref64, rw64 = _as64(got), _as64(ref), _as64(rw)
+    assert tuple(got.shape) == tuple(ref.shape), f"{name}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    assert torch.isfinite(got64).all(), f"{name}: {int((~torch.isfinite(got64)).sum())} non-finite values"
+    denom = max(ref64.norm().item(), RW_FRACTION * rw64.norm().item())
+    if denom == 0.0:
+        assert (got64 == 0).all(), f"{name}: reference is exactly zero, got nonzero values"
+        return
+    err = (got64 - ref64).norm().item() / denom
+    assert err <= tol, (f"{name}: relative L2 error {err:.3e} > {tol:.1e} (||ref|| {ref64.norm().item():.3e}, "
+                        f"||terms|| {rw64.norm().item():.3e})")
+
+
+def check_variant_results(got, ref, dtype, grad_tol_factor=1.0):
+    """got: {"out", "lse"?, "dq", "dk", "dv", "dsink"?, "dmask"?} against variant_reference's dict: out and
+    lse at the dtype's threshold, each gradient by assert_sum_close with its error scale."""
+    assert_close("out", got["out"], ref["out"], OUT_TOL[dtype])
+    if got.get("lse") is not None:
+        assert_lse_close(got["lse"], ref["lse"], OUT_TOL[dtype])
+    if "dq" not in got:
+        return
+    tol = grad_tol(dtype) * grad_tol_factor
+    for name in ("dq", "dk", "dv", "dsink", "dmask"):
+        if name in ref:
+            assert got.get(name) is not None, f"{name}: no gradient returned"
+            assert_sum_close(name, got[name], ref[name], ref[name + "_rw"], tol)
+
+
+# Philox4x32-10 (Salmon et al., SC'11), the generator of dropout (csrc/mask.h): an independent numpy
+# version of the stream mask.h documents, to check the keep masks bit for bit on every device.
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+PHILOX_ROUNDS = 10
+U32 = 0xFFFFFFFF
+DROPOUT_KEYS_PER_DRAW = 8  # 4 x 32 random bits = 8 draws of 16 bits
+
+
+def philox4x32_10(ctr, key):
+    """ctr: 4 arrays of uint32 values, key: 2; returns the 4 output words (numpy uint64 arrays < 2^32)."""
+    import numpy as np
+    c = [np.asarray(x, dtype=np.uint64) for x in ctr]
+    k0, k1 = (np.asarray(x, dtype=np.uint64) for x in key)
+    m0, m1 = np.uint64(PHILOX_M[0]), np.uint64(PHILOX_M[1])
+    u32, sh = np.uint64(U32), np.uint64(32)
+    for _ in range(PHILOX_ROUNDS):
+        p0, p1 = m0 * c[0], m1 * c[2]  # exact: 32 x 32 -> 64 bits
+        c = [(p1 >> sh) ^ c[1] ^ k0, p1 & u32, (p0 >> sh) ^ c[3] ^ k1, p0 & u32]
+        k0 = (k0 + np.uint64(PHILOX_W[0])) & u32
+        k1 = (k1 + np.uint64(PHILOX_W[1])) & u32
+    return c
+
+
+def philox_keep_mask(seed, offset, batch, nheads, seqlen_q, seqlen_k, dropout_p):
+    """(B, H, Sq, Sk) bool keep mask by mask.h's stream: the 16-bit draw of key j in row i of
+    (b, h) comes from Philox of counter (j // 8, i, b * H + h, offset low word), key (seed low word,
+    seed high word ^ offset high word), 32-bit word (j % 8) // 2, half j % 2; kept iff the draw is
+    >= round(p * 65536)."""
+    import numpy as np
+    threshold = int(round(dropout_p * 65536))
+    bh = np.arange(batch * nheads, dtype=np.uint64)[:, None, None]
+    i = np.arange(seqlen_q, dtype=np.uint64)[None, :, None]
+    j = np.arange(seqlen_k, dtype=np.uint64)
+    c = (j // DROPOUT_KEYS_PER_DRAW)[None, None, :]
+    seed, offset = int(seed) & ((1 << 64) - 1), int(offset) & ((1 << 64) - 1)
+    zero = np.zeros((1, 1, 1), dtype=np.uint64)
+    words = philox4x32_10((c + zero, i + zero, bh + zero, zero + (offset & U32)),
+                          (seed & U32, (seed >> 32) ^ (offset >> 32)))
+    words = np.stack(np.broadcast_arrays(*words))  # (4, BH, Sq, Sk)
+    word = words[(j % DROPOUT_KEYS_PER_DRAW) // 2, :, :, np.arange(seqlen_k)]  # (Sk, BH, Sq)
+    draw = (word >> ((j & 1) * 16)[:, None, None]) & 0xFFFF
+    keep = np.transpose(draw >= threshold, (1, 2, 0)).reshape(batch, nheads, seqlen_q, seqlen_k)
+    return torch.from_numpy(np.ascontiguousarray(keep))
 
 
 # ----------------------------------------------------------------------------------------------

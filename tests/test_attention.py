@@ -373,7 +373,8 @@ def test_gradcheck_sdpa(device, shape):
 @pytest.mark.parametrize("api", ["flash_attn_func", "sdpa"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_saved_tensors(device, api):
-    """Only q, k, v, out and lse are saved for backward, nothing of size seqlen_q * seqlen_k."""
+    """Only q, k, v, out, lse and the dropout rng_state (two int64) are saved for backward, nothing of size
+    seqlen_q * seqlen_k."""
     b, sq, sk, h, hkv, d = 1, 96, 80, 4, 2, 8
     assert sq * sk > b * max(h, hkv) * max(sq, sk) * d  # any S^2-sized tensor is bigger than q/k/v/out
     q = torch.randn(b, sq, h, d, device=device, requires_grad=True)
@@ -393,8 +394,9 @@ def test_saved_tensors(device, api):
         loss = out.sum()
     assert all(n < sq * sk for _, n, _ in saved), saved
     shapes = sorted(s for s, _, _ in saved)
-    expected = sorted([(b, sq, h, d), (b, sk, hkv, d), (b, sk, hkv, d), (b, sq, h, d), (b, h, sq)])
-    assert shapes == expected, f"saved {saved}, expected q, k, v, out, lse of shapes {expected}"
+    expected = sorted([(b, sq, h, d), (b, sk, hkv, d), (b, sk, hkv, d), (b, sq, h, d), (b, h, sq), (2,)])
+    assert shapes == expected, f"saved {saved}, expected q, k, v, out, lse, rng_state of shapes {expected}"
+    assert [dt for s, _, dt in saved if s == (2,)] == [torch.int64]
     assert [dt for s, _, dt in saved if s == (b, h, sq)] == [torch.float32]
     loss.backward()
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))

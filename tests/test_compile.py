@@ -1,5 +1,6 @@
-"""torch.library.opcheck of the two ops and torch.compile(fullgraph=True) of the public functions,
-fed by the SMOKE subset of the one SAMPLES list."""
+"""torch.library.opcheck of the fwd and bwd ops and torch.compile(fullgraph=True) of the public
+functions, fed by the SMOKE subset of the one SAMPLES list (with every variant off; the variants'
+opcheck and compile tests are in test_variants.py)."""
 import pytest
 import torch
 
@@ -9,17 +10,18 @@ from fa_testing import (
     OUT_TOL,
     SMOKE,
     Cfg,
+    Var,
     assert_close,
     assert_lse_close,
     device_dtype_params,
     grad_tol,
     make_inputs,
+    op_bwd_args,
+    op_fwd_args,
     reference_with_grads,
 )
 
-
-def default_scale(cfg):
-    return cfg.scale if cfg.scale is not None else cfg.d ** -0.5
+DENSE = Var()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -32,17 +34,16 @@ def default_scale(cfg):
 def test_opcheck_fwd(device, cfg, bottom_right):
     for requires_grad in (True, False):
         q, k, v, _ = make_inputs(cfg, torch.float64, device, requires_grad=requires_grad)
-        torch.library.opcheck(
-            torch.ops.flashattn_ext.fwd.default, (q, k, v, default_scale(cfg), cfg.causal, bottom_right, False))
+        torch.library.opcheck(torch.ops.flashattn_ext.fwd.default, op_fwd_args(q, k, v, cfg, DENSE, {}, bottom_right))
 
 
 @pytest.mark.parametrize("cfg", SMOKE, ids=lambda c: c.id)
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck_bwd(device, cfg):
     q, k, v, dout = make_inputs(cfg, torch.float64, device, requires_grad=False)
-    out, lse = torch.ops.flashattn_ext.fwd(q, k, v, default_scale(cfg), cfg.causal, True, False)
-    torch.library.opcheck(
-        torch.ops.flashattn_ext.bwd.default, (dout, q, k, v, out, lse, default_scale(cfg), cfg.causal, True, False))
+    out, lse, rng_state = torch.ops.flashattn_ext.fwd(*op_fwd_args(q, k, v, cfg, DENSE, {}))
+    torch.library.opcheck(torch.ops.flashattn_ext.bwd.default,
+                          op_bwd_args(dout, q, k, v, out, lse, rng_state, cfg, DENSE, {}))
 
 
 # ----------------------------------------------------------------------------------------------

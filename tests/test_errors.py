@@ -1,5 +1,7 @@
 """Every bad input raises, with a message naming the argument. C++ checks (TORCH_CHECK) surface as
-RuntimeError; unsupported flash-attn / SDPA features as NotImplementedError."""
+RuntimeError; the Python functions raise ValueError (a bad value) or TypeError (a bad type)."""
+import math
+
 import pytest
 import torch
 
@@ -21,17 +23,25 @@ def qkv(device="cpu", dtype=torch.float32, b=2, sq=5, sk=7, h=4, hkv=2, d=8):
             torch.randn(b, sk, hkv, d, device=device, dtype=dtype))
 
 
+def fwd_args(q, k, v, window=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None, attn_mask=None, dropout_p=0.0):
+    """Positional arguments of the fwd op (scale 0.5, not causal, bottom-right)."""
+    return (q, k, v, 0.5, False, True, window[0], window[1], softcap, alibi_slopes, sink, attn_mask, dropout_p, False)
+
+
 def through_both(fn_args):
     """Runs the bad inputs through the op and through flash_attn_func."""
     q, k, v = fn_args
-    return [lambda: fwd_op(q, k, v, 0.5, False, True, False),
+    return [lambda: fwd_op(*fwd_args(q, k, v)),
             lambda: flashattn_ext.flash_attn_func(q, k, v)]
 
 
-def assert_raises_both(q, k, v, exc, pattern):
-    for call in through_both((q, k, v)):
-        with pytest.raises(exc, match=pattern):
-            call()
+def assert_raises_both(q, k, v, exc, pattern, py_exc=None):
+    """The op raises exc, flash_attn_func py_exc (default: exc)."""
+    op_call, py_call = through_both((q, k, v))
+    with pytest.raises(exc, match=pattern):
+        op_call()
+    with pytest.raises(py_exc or exc, match=pattern):
+        py_call()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -63,7 +73,9 @@ def test_wrong_ndim(device, which):
     q, k, v = qkv(device)
     bad = {"q": q, "k": k, "v": v}
     bad[which] = bad[which][0]  # 3-D
-    assert_raises_both(bad["q"], bad["k"], bad["v"], RuntimeError, mentions(rf"\b{which}\b", "4 dimensions"))
+    # flash_attn_func reads q's shape itself, so it checks q's rank first (ValueError)
+    assert_raises_both(bad["q"], bad["k"], bad["v"], RuntimeError, mentions(rf"\b{which}\b", "4 dimensions"),
+                       py_exc=ValueError if which == "q" else RuntimeError)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -126,39 +138,9 @@ def test_last_dim_stride(device, which):
     assert_raises_both(bad["q"], bad["k"], bad["v"], RuntimeError, mentions(rf"\b{which}\b", "stride"))
 
 
-@pytest.mark.parametrize(
-    "kwargs, name",
-    [
-        (dict(dropout_p=0.1), "dropout_p"),
-        (dict(window_size=(16, 0)), "window_size"),
-        (dict(window_size=(-1, 4)), "window_size"),
-        (dict(softcap=30.0), "softcap"),
-        (dict(alibi_slopes=torch.ones(4)), "alibi_slopes"),
-        (dict(return_attn_probs=True), "return_attn_probs"),
-    ],
-    ids=["dropout_p", "window_left", "window_right", "softcap", "alibi_slopes", "return_attn_probs"],
-)
-def test_flash_attn_func_unsupported_features(kwargs, name):
-    q, k, v = qkv()
-    with pytest.raises(NotImplementedError, match=mentions(name)):
-        flashattn_ext.flash_attn_func(q, k, v, **kwargs)
-
-
 def sdpa_inputs(h=4, hkv=4):
     q, k, v = qkv(h=h, hkv=hkv)
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
-
-def test_sdpa_attn_mask():
-    q, k, v = sdpa_inputs()
-    with pytest.raises(NotImplementedError, match=mentions("attn_mask")):
-        flashattn_ext.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(5, 7, dtype=torch.bool))
-
-
-def test_sdpa_dropout():
-    q, k, v = sdpa_inputs()
-    with pytest.raises(NotImplementedError, match=mentions("dropout_p")):
-        flashattn_ext.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
 
 
 def test_sdpa_gqa_needs_enable_gqa():
@@ -179,11 +161,13 @@ def test_sdpa_wrong_ndim():
 def test_bwd_op_checks(device):
     """The backward op validates what it did not compute itself: dout, out and lse."""
     q, k, v = qkv(device)
-    out, lse = fwd_op(q, k, v, 0.5, False, True, False)
+    out, lse, rng_state = fwd_op(*fwd_args(q, k, v))
     dout = torch.randn_like(out)
+    rest = (0.5, False, True, -1, -1, 0.0, None, None, None, 0.0, False, False)
     args = lambda **kw: [kw.get(n, x) for n, x in  # noqa: E731
-                         (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse))]
-    bwd_op(*args(), 0.5, False, True, False)  # the good call works
+                         (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse),
+                          ("rng_state", rng_state))]
+    bwd_op(*args(), *rest)  # the good call works
     bad_cases = [
         (dict(dout=dout[:, :-1]), "dout"),
         (dict(dout=dout.double()), "dout"),
@@ -191,8 +175,208 @@ def test_bwd_op_checks(device):
         (dict(lse=lse[:, :-1]), "lse"),
         (dict(lse=lse.double()), "lse"),
         (dict(q=q[..., :4]), "head ?dim"),
+        (dict(rng_state=rng_state.int()), "rng_state"),
+        (dict(rng_state=torch.zeros(3, dtype=torch.int64)), "rng_state"),
     ]
     for kw, name in bad_cases:
         with pytest.raises(RuntimeError, match=mentions(name)):
-            bwd_op(*args(**kw), 0.5, False, True, False)
+            bwd_op(*args(**kw), *rest)
+    # mask_grad needs a floating attn_mask
+    for mask in (None, torch.ones(2, 4, 5, 7, dtype=torch.bool, device=device)):
+        with pytest.raises(RuntimeError, match=mentions("mask_grad")):
+            bwd_op(*args(), 0.5, False, True, -1, -1, 0.0, None, None, mask, 0.0, False, True)
+
+
+# ----------------------------------------------------------------------------------------------
+# The variants' arguments
+# ----------------------------------------------------------------------------------------------
+
+PY_ERRORS = (ValueError, TypeError)
+# A device that is not the inputs' without a second real one, for the Python checks (the op itself would
+# dispatch to its fake kernel on a meta argument: its device checks are tested on CUDA).
+OTHER_DEVICE = "meta"
+
+
+def variant_calls(**kw):
+    """flash_attn_func and the fwd op on good q, k, v (b 2, sq 5, sk 7, h 4, hkv 2) with the variant
+    arguments kw (flash_attn_func's names); returns (python call, op call)."""
+    q, k, v = qkv()
+    window = kw.get("window_size", (-1, -1))
+
+    def python():
+        return flashattn_ext.flash_attn_func(q, k, v, **kw)
+
+    def op():
+        return fwd_op(*fwd_args(q, k, v, window, kw.get("softcap", 0.0), kw.get("alibi_slopes"), kw.get("sink"),
+                                kw.get("attn_mask"), kw.get("dropout_p", 0.0)))
+    return python, op
+
+
+def assert_both_raise(name, kw, op_too=True, py_exc=PY_ERRORS):
+    python, op = variant_calls(**kw)
+    with pytest.raises(py_exc, match=mentions(name)):
+        python()
+    if op_too:
+        with pytest.raises(RuntimeError, match=mentions(name)):
+            op()
+
+
+@pytest.mark.parametrize("window", [(-2, 0), (0, -2), (-5, -5), (-2, -1)], ids=str)
+def test_window_below_minus_one(window):
+    assert_both_raise("window", dict(window_size=window), py_exc=ValueError)
+
+
+@pytest.mark.parametrize("window", [(1.5, 2), (3,), 4, (1, 2, 3), (True, 1)], ids=str)
+def test_window_not_a_pair_of_ints(window):
+    python, _ = variant_calls(window_size=window)
+    with pytest.raises(TypeError, match=mentions("window_size")):
+        python()
+
+
+@pytest.mark.parametrize("softcap", [-1.0, -1e-9, math.inf, math.nan], ids=str)
+def test_softcap_negative_or_not_finite(softcap):
+    assert_both_raise("softcap", dict(softcap=softcap), py_exc=ValueError)
+
+
+@pytest.mark.parametrize("shape", [(5,), (2, 4, 1), (3, 4), (1, 4), (4, 2), ()], ids=str)
+def test_alibi_slopes_shape(shape):
+    """(nheads,) = (4,) or (batch, nheads) = (2, 4) only."""
+    assert_both_raise("alibi_slopes", dict(alibi_slopes=torch.ones(shape)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16, torch.int32], ids=str)
+def test_alibi_slopes_dtype(dtype):
+    assert_both_raise("alibi_slopes", dict(alibi_slopes=torch.ones(4, dtype=dtype)))
+
+
+def test_alibi_slopes_device():
+    assert_both_raise("alibi_slopes", dict(alibi_slopes=torch.ones(4, device=OTHER_DEVICE)), op_too=False)
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", ["alibi_slopes", "sink", "attn_mask"])
+def test_variant_tensor_on_cpu_for_cuda_inputs(name):
+    q, k, v = qkv("cuda")
+    t = {"alibi_slopes": torch.ones(4), "sink": torch.zeros(4), "attn_mask": torch.zeros(MASK_SHAPE)}[name]
+    with pytest.raises(PY_ERRORS, match=mentions(name, "device")):
+        flashattn_ext.flash_attn_func(q, k, v, **{name: t})
+    with pytest.raises(RuntimeError, match=mentions(name, "device")):
+        fwd_op(*fwd_args(q, k, v, **{name: t}))
+
+
+def test_alibi_slopes_not_a_tensor():
+    python, _ = variant_calls(alibi_slopes=[1.0, 1.0, 1.0, 1.0])
+    with pytest.raises(TypeError, match=mentions("alibi_slopes")):
+        python()
+
+
+@pytest.mark.parametrize("shape", [(5,), (2,), (1, 4), (2, 4), ()], ids=str)
+def test_sink_shape(shape):
+    """(nheads,) = (4,) only; (2,) is nheads_kv."""
+    for name in ("sink", "s_aux"):
+        python, _ = variant_calls(**{name: torch.zeros(shape)})
+        with pytest.raises(ValueError, match=mentions("sink")):
+            python()
+    _, op = variant_calls(sink=torch.zeros(shape))
+    with pytest.raises(RuntimeError, match=mentions("sink")):
+        op()
+
+
+def test_sink_dtype_and_device():
+    for sink in (torch.zeros(4, dtype=torch.int64), torch.zeros(4, dtype=torch.bool)):
+        python, op = variant_calls(sink=sink)
+        with pytest.raises(TypeError, match=mentions("sink")):
+            python()
+        with pytest.raises(RuntimeError, match=mentions("sink")):
+            op()
+    # the op takes the sink in the lse dtype only (flash_attn_func casts any float dtype)
+    _, op = variant_calls(sink=torch.zeros(4, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match=mentions("sink", "dtype")):
+        op()
+    assert_both_raise("sink", dict(sink=torch.zeros(4, device=OTHER_DEVICE)), op_too=False)
+
+
+def test_sink_and_s_aux_together():
+    python, _ = variant_calls(sink=torch.zeros(4), s_aux=torch.zeros(4))
+    with pytest.raises(ValueError, match=mentions("sink", "s_aux")):
+        python()
+
+
+MASK_SHAPE = (2, 4, 5, 7)  # (batch, nheads, seqlen_q, seqlen_k) of qkv()
+
+
+def mask_calls(mask):
+    """flash_attn_func and SDPA on the inputs of qkv() with attn_mask=mask."""
+    q, k, v = qkv(h=4, hkv=4)
+    return [lambda: flashattn_ext.flash_attn_func(q, k, v, attn_mask=mask),
+            lambda: flashattn_ext.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                               v.transpose(1, 2), attn_mask=mask)]
+
+
+@pytest.mark.parametrize("shape", [(6, 7), (5, 8), (2, 4, 5, 8), (3, 1, 5, 7), (5, 5, 7), (1, 2, 4, 5, 7), (7, 5)],
+                         ids=str)
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32], ids=["bool", "float"])
+def test_attn_mask_shape_does_not_broadcast(shape, dtype):
+    for call in mask_calls(torch.zeros(shape, dtype=dtype)):
+        with pytest.raises(ValueError, match=mentions("attn_mask")):
+            call()
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.int8], ids=str)
+def test_attn_mask_dtype(dtype):
+    for call in mask_calls(torch.zeros(MASK_SHAPE, dtype=dtype)):
+        with pytest.raises(PY_ERRORS, match=mentions("attn_mask")):
+            call()
+
+
+def test_attn_mask_device():
+    for call in mask_calls(torch.zeros(MASK_SHAPE, device=OTHER_DEVICE)):
+        with pytest.raises(PY_ERRORS, match=mentions("attn_mask", "device")):
+            call()
+
+
+def test_attn_mask_checks_of_the_op():
+    """The op takes the (B, H, Sq, Sk) expanded mask, bool or in q's dtype, on q's device."""
+    q, k, v = qkv()
+    bad = [(torch.zeros(5, 7), "shape"), (torch.zeros(2, 4, 5, 6), "shape"),
+           (torch.zeros(MASK_SHAPE, dtype=torch.float64), "dtype"),
+           (torch.zeros(MASK_SHAPE, dtype=torch.int32), "dtype")]
+    for mask, what in bad:
+        with pytest.raises(RuntimeError, match=mentions("attn_mask", what)):
+            fwd_op(*fwd_args(q, k, v, attn_mask=mask))
+
+
+def test_attn_mask_with_is_causal():
+    q, k, v = sdpa_inputs()
+    for mask in (torch.ones(5, 7, dtype=torch.bool), torch.zeros(5, 7)):
+        with pytest.raises(ValueError, match=mentions("attn_mask", "is_causal")):
+            flashattn_ext.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
+
+
+@pytest.mark.parametrize("p", [-0.1, -1e-12, 1.0, 1.5, math.nan, math.inf], ids=str)
+def test_dropout_p_outside_unit_interval(p):
+    assert_both_raise("dropout_p", dict(dropout_p=p), py_exc=ValueError)
+    q, k, v = sdpa_inputs()
+    with pytest.raises(ValueError, match=mentions("dropout_p")):
+        flashattn_ext.scaled_dot_product_attention(q, k, v, dropout_p=p)
+    with pytest.raises(RuntimeError, match=mentions("dropout_p")):
+        torch.ops.flashattn_ext.dropout_mask(q, torch.tensor([1, 2]), 7, p)
+
+
+def test_dropout_p_not_a_number():
+    for p in ("0.1", None, True):
+        python, _ = variant_calls(dropout_p=p)
+        with pytest.raises(TypeError, match=mentions("dropout_p")):
+            python()
+
+
+def test_dropout_mask_op_checks():
+    q = torch.zeros(2, 5, 4, 8)
+    for rng_state in (torch.tensor([1, 2], dtype=torch.int32), torch.tensor([1, 2, 3]), torch.tensor([[1, 2]])):
+        with pytest.raises(RuntimeError, match=mentions("rng_state")):
+            torch.ops.flashattn_ext.dropout_mask(q, rng_state, 7, 0.1)
+    with pytest.raises(RuntimeError, match=mentions("seqlen_k")):
+        torch.ops.flashattn_ext.dropout_mask(q, torch.tensor([1, 2]), -1, 0.1)
+    with pytest.raises(RuntimeError, match=mentions(r"\bq\b", "4 dimensions")):
+        torch.ops.flashattn_ext.dropout_mask(q[0], torch.tensor([1, 2]), 7, 0.1)
 

@@ -1,0 +1,264 @@
+"""Fuzz tests: random shapes (batch, seqlens, nheads / nheads_kv, head dims 1-256), memory layouts per
+tensor (contiguous, (B, H, S, D) transposed, sliced with padding, padded rows, broadcast k/v),
+variants and their combinations, through flash_attn_func and scaled_dot_product_attention, forward and
+backward against the float64 reference of fa_testing.py. The cases come from fixed seeds (40 on the CPU
+in fp32/fp64, 200 on CUDA in every dtype), so a failure is reproducible from its test id; the two
+shapes of issue 10's bug (fp16, head dim 1, transposed inputs) are tested by name."""
+import dataclasses
+import math
+import random
+
+import pytest
+import torch
+
+import flashattn_ext
+from fa_testing import (
+    DTYPE_NAMES,
+    OUT_TOL,
+    Cfg,
+    Var,
+    assert_close,
+    check_variant_results,
+    device_dtype_params,
+    grad_tol,
+    make_variant_tensors,
+    natural_grad_norms,
+    reference_with_grads,
+    replay_keep_mask,
+    requires_cuda,
+    run_flash,
+    run_sdpa,
+    variant_grad_inputs,
+    variant_grad_names,
+    variant_reference,
+)
+
+CPU_SEEDS = range(40)
+CUDA_SEEDS = range(1000, 1200)
+DROPOUT_SEED = 4321
+
+# Work bounds per case (multiply-adds B * H * Sq * Sk * D, and elements of the (B, H, Sq, Sk) scores the
+# float64 reference materializes): the CPU kernels and reference stay at milliseconds per case.
+BUDGET = {"cpu": (1 << 22, 1 << 18), "cuda": (1 << 25, 1 << 21)}
+MAX_SEQLEN = 400
+SPECIAL_HEAD_DIMS = (1, 2, 3, 7, 8, 16, 24, 32, 40, 63, 64, 72, 80, 96, 100, 128, 160, 192, 200, 224, 255, 256)
+TENSOR_LAYOUTS = (
+    "contig",   # (B, S, H, D) contiguous
+    "bhsd",     # a transposed (B, H, S, D) tensor
+    "slice",    # [..., o:o + D] of (B, S, H, D + pad): odd strides, a storage offset (misaligned)
+    "rows",     # [:, o:o + S] of (B, S + pad, H, D): padded rows, a storage offset
+    "bcast",    # k / v only: expanded from (1, S, 1, D) (stride 0 on batch and heads)
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    seed: int
+    device: str
+    dtype: torch.dtype
+    cfg: Cfg
+    var: Var
+    layouts: tuple  # of q, k, v, dout
+    api: str        # "flash" or "sdpa"
+
+    @property
+    def id(self):
+        return (f"{self.seed}-{self.device}-{DTYPE_NAMES[self.dtype]}-{self.api}-{self.cfg.id}-{self.var.id}-"
+                + "/".join(self.layouts))
+
+
+def log_uniform_int(rng, lo, hi):
+    return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+
+
+def draw_case(seed, device):
+    """The case of one seed: every choice drawn from random.Random(seed)."""
+    rng = random.Random(seed)
+    if device == "cpu":
+        dtype = rng.choice((torch.float32, torch.float64))
+    else:
+        dtype = rng.choices((torch.float16, torch.bfloat16, torch.float32, torch.float64), (3, 3, 1, 1))[0]
+    d = rng.choice(SPECIAL_HEAD_DIMS) if rng.random() < 0.4 else rng.randint(1, 256)
+    b = rng.randint(1, 3)
+    hkv = rng.choice((1, 1, 2, 3))
+    h = hkv * rng.choice((1, 2, 4))
+    sq = 1 if rng.random() < 0.1 else log_uniform_int(rng, 1, MAX_SEQLEN)
+    sk = 1 if rng.random() < 0.1 else log_uniform_int(rng, 1, MAX_SEQLEN)
+    macs, elems = BUDGET[device]
+    while b * h * sq * sk * d > macs or b * h * sq * sk > elems:
+        if b > 1:
+            b -= 1
+        elif sq >= sk:
+            sq = max(1, sq // 2)
+        else:
+            sk = max(1, sk // 2)
+    api = "sdpa" if rng.random() < 0.25 else "flash"
+    causal = rng.random() < 0.4
+    # scores of standard deviation <= 2.5: keeps the fp16/bf16 gradients within their tolerance
+    scale = None if rng.random() < 0.5 else rng.uniform(0.1, 2.5) / math.sqrt(d)
+    fields = {}
+    if api == "flash":
+        if rng.random() < 0.3:
+            window = (-1, -1)
+            while window == (-1, -1):
+                window = tuple(-1 if rng.random() < 0.3 else rng.randint(0, max(sq, sk)) for _ in range(2))
+            fields["window"] = window
+        if rng.random() < 0.2:
+            fields["softcap"] = round(rng.uniform(0.5, 30.0), 2)
+        if rng.random() < 0.2:
+            fields["alibi"] = rng.choice(("h", "bh"))
+        if rng.random() < 0.25:
+            fields["sink"] = True
+    if rng.random() < 0.3 and not (api == "sdpa" and causal):
+        fields["mask"] = rng.choice(("bool", "add"))
+        fields["mask_dims"] = rng.choice(("bhqk", "b1qk", "1hqk", "qk", "hqk", "b11k", "1h1k", "k"))
+        if "q" in fields["mask_dims"] and rng.random() < 0.4:
+            fields["mask_pattern"] = "blocks"
+    if rng.random() < 0.25:
+        fields["dropout"] = round(rng.uniform(0.05, 0.6), 3)
+    layouts = tuple(rng.choice(TENSOR_LAYOUTS[:4] if name in ("q", "dout") else TENSOR_LAYOUTS)
+                    for name in ("q", "k", "v", "dout"))
+    cfg = Cfg(b, sq, sk, h, hkv, d, causal=causal, scale=scale)
+    return Case(seed, device, dtype, cfg, Var(**fields), layouts, api)
+
+
+def make_fuzz_inputs(case):
+    """q, k, v (views of leaves that require grad) and dout, each in its own layout."""
+    cfg, dtype, device = case.cfg, case.dtype, case.device
+    gen = torch.Generator().manual_seed(case.seed)
+    B, D = cfg.b, cfg.d
+
+    def build(layout, s, h, requires_grad):
+        if layout == "contig":
+            t = torch.randn(B, s, h, D, generator=gen, dtype=torch.float64)
+            leaf = t.to(device=device, dtype=dtype).requires_grad_(requires_grad)
+            return leaf
+        if layout == "bhsd":
+            leaf = torch.randn(B, h, s, D, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+            return leaf.requires_grad_(requires_grad).transpose(1, 2)
+        if layout == "slice":
+            pad = int(torch.randint(1, 8, (1,), generator=gen))
+            off = int(torch.randint(0, pad + 1, (1,), generator=gen))
+            leaf = torch.randn(B, s, h, D + pad, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+            return leaf.requires_grad_(requires_grad)[..., off:off + D]
+        if layout == "rows":
+            pad = int(torch.randint(1, 5, (1,), generator=gen))
+            off = int(torch.randint(0, pad + 1, (1,), generator=gen))
+            leaf = torch.randn(B, s + pad, h, D, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+            return leaf.requires_grad_(requires_grad)[:, off:off + s]
+        if layout == "bcast":
+            leaf = torch.randn(1, s, 1, D, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+            return leaf.requires_grad_(requires_grad).expand(B, s, h, D)
+        raise AssertionError(layout)
+
+    lq, lk, lv, ldo = case.layouts
+    q = build(lq, cfg.sq, cfg.h, True)
+    k = build(lk, cfg.sk, cfg.hkv, True)
+    v = build(lv, cfg.sk, cfg.hkv, True)
+    dout = build(ldo, cfg.sq, cfg.h, False)
+    return q, k, v, dout
+
+
+def check_case(case):
+    cfg, var, dtype, device = case.cfg, case.var, case.dtype, case.device
+    q, k, v, dout = make_fuzz_inputs(case)
+    t = make_variant_tensors(cfg, var, dtype, device, seed=case.seed)
+    bottom_right = case.api == "flash"
+    keep = replay_keep_mask(q, k, v, cfg, var, t, DROPOUT_SEED, bottom_right) if var.dropout else None
+    torch.manual_seed(DROPOUT_SEED)
+    if case.api == "flash":
+        out, lse = run_flash(q, k, v, cfg, var, t)
+    else:
+        out, lse = run_sdpa(q, k, v, cfg, var, t), None
+    got = dict(zip(variant_grad_names(t), torch.autograd.grad(out, variant_grad_inputs(q, k, v, t), dout)))
+    got.update(out=out, lse=lse)
+    ref = variant_reference(q, k, v, dout, cfg, var, t, keep=keep, bottom_right=bottom_right)
+    check_variant_results(got, ref, dtype)
+
+
+CPU_CASES = [draw_case(s, "cpu") for s in CPU_SEEDS]
+CUDA_CASES = [draw_case(s, "cuda") for s in CUDA_SEEDS]
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: c.id)
+def test_fuzz_cpu(case):
+    check_case(case)
+
+
+@requires_cuda
+@pytest.mark.parametrize("case", CUDA_CASES, ids=lambda c: c.id)
+def test_fuzz_cuda(case):
+    check_case(case)
+
+
+def test_fuzz_cases_cover_the_axes():
+    """The drawn cases span what they are meant to: head dims from 1 to 256, every layout, both APIs,
+    every variant, lengths 1 and > 256, GQA."""
+    for cases in (CPU_CASES, CUDA_CASES):
+        dims = {c.cfg.d for c in cases}
+        assert min(dims) <= 3 and max(dims) >= 200
+        assert {lay for c in cases for lay in c.layouts} == set(TENSOR_LAYOUTS)
+        assert {c.api for c in cases} == {"flash", "sdpa"}
+        assert any(c.cfg.sq == 1 for c in cases) and any(max(c.cfg.sq, c.cfg.sk) > 256 for c in cases)
+        assert any(c.cfg.h != c.cfg.hkv for c in cases) and any(c.cfg.causal for c in cases)
+        for field in ("window", "softcap", "alibi", "sink", "mask", "dropout"):
+            assert any(getattr(c.var, field) not in ((-1, -1), 0.0, None, False) for c in cases), field
+        assert sum(len(c.var.id.split("-")) >= 2 for c in cases) >= len(cases) // 8  # combinations
+    assert {c.dtype for c in CUDA_CASES} == {torch.float16, torch.bfloat16, torch.float32, torch.float64}
+
+
+# ----------------------------------------------------------------------------------------------
+# The shapes of issue 10's bug: fp16 backward, head dim 1, (B, H, S, D)-transposed inputs
+# ----------------------------------------------------------------------------------------------
+
+def check_plain(inputs, dout, out, scale, causal, bottom_right, dtype, layout_of_sdpa=False):
+    """Gradients of out with respect to inputs (q, k, v) against the reference; with layout_of_sdpa the
+    tensors are (B, H, S, D) and are compared as their (B, S, H, D) transposes."""
+    grads = torch.autograd.grad(out, inputs, dout)
+    if layout_of_sdpa:
+        inputs, grads, dout, out = ([x.transpose(1, 2) for x in xs] for xs in (inputs, grads, [dout], [out]))
+        dout, out = dout[0], out[0]
+    q, k, v = inputs
+    ref_out, _, *ref_grads = reference_with_grads(q, k, v, dout, scale, causal, bottom_right)
+    assert_close("out", out, ref_out, OUT_TOL[dtype])
+    for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref_grads, natural_grad_norms(q, k, v, dout, scale)):
+        assert_close(name, g, r, grad_tol(dtype), natural=n)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("device, dtype", device_dtype_params())
+def test_issue_bug_flash_attn_func_head_dim_1(device, dtype, causal):
+    """flash_attn_func on q (1, 1, 4, 1), k/v (1, 65, 4, 1), each the transpose of a (B, H, S, D) tensor."""
+    g = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(1, 4, s, 1, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_()
+               for s in (1, 65, 65))
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    assert qt.shape == (1, 1, 4, 1) and kt.shape == (1, 65, 4, 1)
+    dout = torch.randn(1, 1, 4, 1, generator=g, dtype=torch.float64).to(device, dtype)
+    out = flashattn_ext.flash_attn_func(qt, kt, vt, causal=causal)
+    check_plain((qt, kt, vt), dout, out, None, causal, True, dtype)
+
+
+@pytest.mark.parametrize("device, dtype", device_dtype_params())
+def test_issue_bug_sdpa_head_dim_1(device, dtype):
+    """scaled_dot_product_attention on q (1, 2, 1, 1), k/v (1, 2, 17, 1), is_causal=True, scale=0.5."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 2, s, 1, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_()
+               for s in (1, 17, 17))
+    dout = torch.randn(1, 2, 1, 1, generator=g, dtype=torch.float64).to(device, dtype)
+    out = flashattn_ext.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5)
+    assert out.shape == (1, 2, 1, 1)
+    check_plain((q, k, v), dout, out, 0.5, True, False, dtype, layout_of_sdpa=True)
+
+
+@pytest.mark.parametrize("device, dtype", device_dtype_params())
+def test_issue_bug_shapes_with_variants(device, dtype):
+    """The bug's shapes again with variants on: window, sink, softcap and dropout through flash_attn_func;
+    an additive mask and dropout through SDPA (not causal: a mask excludes is_causal)."""
+    cases = [
+        (Cfg(1, 1, 65, 4, 4, 1, causal=True), Var(window=(30, -1), sink=True, softcap=5.0, dropout=0.2), "flash"),
+        (Cfg(1, 1, 17, 2, 2, 1, scale=0.5), Var(mask="add", mask_dims="b1qk", dropout=0.2), "sdpa"),
+    ]
+    for cfg, var, api in cases:
+        case = Case(0, device, dtype, cfg, var, ("bhsd", "bhsd", "bhsd", "bhsd"), api)
+        check_case(case)
