@@ -7,6 +7,7 @@ import torch  # noqa: F401  (first: _C links against libtorch)
 
 from . import _C  # noqa: F401  (loads the library, which registers torch.ops.flashattn_ext.*)
 from . import ops  # noqa: F401  (fake kernels and autograd for those ops)
+from . import distributed  # noqa: F401
 from . import nn  # noqa: F401
 from . import reference
 from .interface import flash_attn_func, scaled_dot_product_attention
