@@ -49,8 +49,8 @@ void check_cuda_inputs(const at::Tensor &q, const at::Tensor &k)
                 num(INT_MAX));
 }
 
-// All three outer strides are checked, those of size-1 dimensions too: the backward launcher
-// validates every stride it is given.
+// All three outer strides are checked, those of size-1 dimensions too (which the launchers ignore), so
+// that a tensor passed as it is never has an odd stride anywhere.
 bool vector_ready(const at::Tensor &t)
 {
     if (reinterpret_cast<uintptr_t>(t.data_ptr()) % kVecBytes != 0)
@@ -69,8 +69,13 @@ int64_t kernel_head_dim(const at::Tensor &q)
 // t as the kernels take it: head dim zero-padded to d_kernel, vector-aligned for fp16/bf16.
 at::Tensor kernel_ready(const at::Tensor &t, int64_t d_kernel)
 {
-    if (t.size(3) != d_kernel)
-        return at::constant_pad_nd(t, {0, d_kernel - t.size(3)});
+    if (t.size(3) != d_kernel) {
+        // Into a fresh contiguous buffer: constant_pad_nd keeps the input's suggested memory format, which
+        // for a (B, H, S, D)-transposed input with head dim 1 is channels-last (row stride 1).
+        at::Tensor padded = at::zeros({t.size(0), t.size(1), t.size(2), d_kernel}, t.options());
+        padded.narrow(3, 0, t.size(3)).copy_(t);
+        return padded;
+    }
     // A fresh allocation, not t.contiguous(): that returns t itself when t is contiguous but its data
     // pointer is misaligned (a storage offset) or a size-1 dimension has an odd stride.
     if ((is_half(t) && !vector_ready(t)) || (t.size(3) > 1 && t.stride(3) != 1))

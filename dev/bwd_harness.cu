@@ -1,26 +1,37 @@
-/* bwd_harness.cu: torch-free test and benchmark of the backward kernels (bwd_sm80.cu, bwd_sm90.cu,
- * bwd_simple.cu).
+/* bwd_harness.cu: torch-free test and benchmark of the CUDA backward (flash_bwd_cuda of launch.cu:
+ * bwd_sm80.cu, bwd_sm90.cu, bwd_simple.cu), every variant of csrc/mask.h included.
  *
- * Build (here or on the device):
- *   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFLASHATTN_EXT_SM90A -Icsrc -Icsrc/cuda \
- *        dev/bwd_harness.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu csrc/cuda/bwd_simple.cu \
- *        -o dev/bin/bwd_harness
- *   (dev/sm90_run.sh builds it and runs everything below on the device.) On a Hopper GPU the main
- *   kernel is bwd_sm90.cu's (every head dim); FLASHATTN_EXT_DISABLE_SM90=1 selects bwd_sm80.cu's.
+ * Build (here or on the device; dev/sm90_run.sh builds it and runs everything below on the device):
+ *   F="-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFLASHATTN_EXT_SM90A -Icsrc -Icsrc/cuda"
+ *   nvcc $F dev/bwd_harness.cu csrc/cuda/launch.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu \
+ *        csrc/cuda/bwd_simple.cu csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_simple.cu -o dev/bin/bwd_harness
+ *   (launch.cu also dispatches the forward, hence the two forward files.) On a Hopper GPU the main
+ *   kernel is bwd_sm90.cu's (every head dim); FLASHATTN_EXT_DISABLE_SM90=1 selects bwd_sm80.cu's,
+ *   FLASHATTN_EXT_SMEM_LIMIT=$((163 * 1024)) its A100 tiles.
  * Run:
- *   bwd_harness test [DTYPE]   all correctness configs, or those of one dtype (bf16, fp16, fp32,
- *                              fp64); one line each, a summary at the end
- *   bwd_harness small   a few small configs (for compute-sanitizer memcheck / racecheck)
+ *   bwd_harness test [DTYPE [FILTER]]  all correctness configs, or those of one dtype (bf16, fp16,
+ *                              fp32, fp64, or "all"), optionally only those whose line contains FILTER
+ *                              (e.g. "dropout", "mask=", "window"); one line each, a summary at the end
+ *   bwd_harness small   a few small configs, variants included (for compute-sanitizer)
  *   bwd_harness time    bf16 TFLOP/s, 16k tokens, nheads = 2048/d (CUDA events, median of 10)
  *   bwd_harness time1 D SEQLEN CAUSAL DET    one timing config (e.g. under ncu)
+ *   bwd_harness timev   bf16 d128 (d256 for softcap) TFLOP/s of each variant, counted on the visible
+ *                              (i, j) pairs
  *
- * Correctness: random N(0,1) q, k, v, dout rounded to the dtype; a double CPU reference computes the
- * forward (o, lse) and then the backward from those rounded inputs; o and lse are handed to the
- * kernels in the device types. Outputs and workspaces are poisoned with NaN (0xff bytes) first; every
- * logical element must be finite, the padding of strided outputs must still hold the poison, rows
- * that see no key must have dq exactly 0, and the relative L2 errors of dq, dk, dv must be below
- * bf16 1e-2, fp16 2e-3, fp32 1e-5, fp64 1e-12. Deterministic configs must give bitwise identical
- * dq, dk, dv over 5 runs.
+ * Correctness: random N(0,1) q, k, v, dout rounded to the dtype; dev/attn_ref.h (double) computes
+ * the forward (o, lse, with every variant) and then the backward from those rounded inputs; o and lse
+ * are handed to the kernels in the device types. Outputs and workspaces are poisoned with NaN (0xff
+ * bytes) first (dbias is zero-filled, as the binding does); every logical element must be finite, the
+ * padding of strided outputs must still hold the poison, rows that see no key must have dq exactly 0
+ * and keys that no query sees dk = dv = 0 exactly, and the relative L2 errors of dq, dk, dv (and
+ * dbias) must be below bf16 1e-2, fp16 2e-3, fp32 1e-5, fp64 1e-12. Deterministic configs must give
+ * bitwise identical dq, dk, dv (and dbias) over 5 runs.
+ * Variants per config: window (flash-attn's window_size, bottom-right aligned like causal), softcap,
+ * ALiBi slopes per head or per (batch, head), attn_mask bool or additive (random entries with an
+ * all-masked row and key, key padding, or 128 x 128 block-sparse; stored with stride 0 on its
+ * broadcast dimensions and, in strided configs, a padded row stride; block flags computed here as the
+ * binding does), dropout (Philox seed and offset with high bits set), sinks (lse includes them),
+ * dbias (the additive mask's gradient).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -32,10 +43,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "cuda/launch.h"
+#include "attn_ref.h"
 
 #define CHECK_CUDA(call)                                                                             \
     do {                                                                                             \
@@ -52,8 +65,21 @@
 #define TIME_REPS 10
 #define TIME_TOKENS 16384
 #define TIME_HIDDEN 2048
+#define BWD_FLOPS_PER_PAIR (2.5 * 4.0) /* times d: the five matmuls of the backward per (i, j) */
+#define ROW_PAD 8                      /* extra elements per row of strided (b, h, s, d + 8) tensors */
+#define MASK_ROW_PAD 3                 /* extra elements per row of a strided attn_mask */
+#define SPARSE_BLOCK 128               /* block edge of the block-sparse mask pattern */
 
 enum { CAUSAL_NONE = 0, CAUSAL_TOP_LEFT = 1, CAUSAL_BOTTOM_RIGHT = 2 };
+enum { ALIBI_NONE = 0, ALIBI_HEAD = 1, ALIBI_BATCH = 2 };
+enum { MASK_NONE = 0, MASK_BOOL = 1, MASK_ADD = 2 };
+/* attn_mask patterns; PAT_BLOCKS / PAT_SPARSE: 128 x 128 blocks, 40% empty, 40% plain, 20% random
+ * entries / 90% empty, 10% plain */
+enum { PAT_RANDOM = 0, PAT_PADDING = 1, PAT_BLOCKS = 2, PAT_SPARSE = 3 };
+/* broadcast (stride 0) dimensions of the attn_mask */
+enum { BC_B = 1, BC_H = 2, BC_Q = 4, BC_K = 8 };
+/* layouts of the (b, s, h, d) tensors */
+enum { LAYOUT_BSHD = 0, LAYOUT_STRIDED = 1, LAYOUT_ODD_UNIT = 2 };
 
 static const char *dtype_name(flash_dtype t)
 {
@@ -68,6 +94,11 @@ static const char *dtype_name(flash_dtype t)
 static size_t elem_size(flash_dtype t)
 {
     return t == FLASH_FP64 ? 8 : (t == FLASH_FP32 ? 4 : 2);
+}
+
+static flash_dtype lse_type(flash_dtype t)
+{
+    return t == FLASH_FP64 ? FLASH_FP64 : FLASH_FP32;
 }
 
 static double tolerance(flash_dtype t)
@@ -109,37 +140,29 @@ static double round_to(flash_dtype t, double v)
     return load_elem(tmp, 0, t);
 }
 
-/* ---- random numbers --------------------------------------------------------------------------- */
+/* ---- random numbers (one generator per config, so configs can be prepared in parallel) -------- */
 
-static uint64_t rng_state;
+typedef struct rng {
+    uint64_t state;
+} rng;
 
-static double rng_uniform(void) /* (0, 1) */
+static double rng_uniform(rng *r) /* (0, 1) */
 {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return ((rng_state >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    r->state ^= r->state << 13;
+    r->state ^= r->state >> 7;
+    r->state ^= r->state << 17;
+    return ((r->state >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
-static double rng_normal(void)
+static double rng_normal(rng *r)
 {
-    return sqrt(-2.0 * log(rng_uniform())) * cos(6.283185307179586 * rng_uniform());
+    return sqrt(-2.0 * log(rng_uniform(r))) * cos(6.283185307179586 * rng_uniform(r));
 }
 
-/* ---- parallel for on the host ----------------------------------------------------------------- */
-
-template <typename F>
-static void parallel_for(int64_t n, F fn)
+static uint64_t rng_u64(rng *r)
 {
-    const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(n, std::thread::hardware_concurrency()));
-    std::vector<std::thread> th;
-    for (int64_t t = 0; t < nt; ++t)
-        th.emplace_back([=, &fn]() {
-            for (int64_t i = t; i < n; i += nt)
-                fn(i);
-        });
-    for (auto &x : th)
-        x.join();
+    const uint64_t hi = (uint64_t)(rng_uniform(r) * 4294967296.0), lo = (uint64_t)(rng_uniform(r) * 4294967296.0);
+    return hi << 32 | lo;
 }
 
 /* ---- test configuration --------------------------------------------------------------------- */
@@ -147,10 +170,97 @@ static void parallel_for(int64_t n, F fn)
 typedef struct test_cfg {
     flash_dtype dtype;
     int b, h, h_kv, sq, sk, d;
-    int causal;  /* CAUSAL_* */
-    int strided; /* tensors stored as (b, h, s, d + 8): non-contiguous strides, padded rows */
-    int det;     /* deterministic mode, checked over DET_RUNS runs */
+    int causal;                /* CAUSAL_* */
+    int win_left, win_right;   /* flash-attn window_size, -1 = unbounded */
+    int layout;                /* LAYOUT_* */
+    int det;                   /* deterministic mode, checked over DET_RUNS runs */
+    double scale;              /* 0: 1 / sqrt(d) */
+    float softcap;             /* 0: off */
+    int alibi;                 /* ALIBI_* */
+    int mask, mask_pat, mask_bc; /* MASK_*, PAT_*, BC_* bits */
+    double dropout;            /* dropout probability, 0: off */
+    int sink;                  /* per-head sink logits */
+    int dbias;                 /* the additive mask's gradient (needs MASK_ADD) */
 } test_cfg;
+
+static test_cfg make_cfg(flash_dtype t, int b, int h, int h_kv, int sq, int sk, int d, int causal)
+{
+    test_cfg c;
+    memset(&c, 0, sizeof(c));
+    c.dtype = t;
+    c.b = b; c.h = h; c.h_kv = h_kv; c.sq = sq; c.sk = sk; c.d = d;
+    c.causal = causal;
+    c.win_left = c.win_right = -1;
+    return c;
+}
+
+static test_cfg with_layout(test_cfg c, int layout) { c.layout = layout; return c; }
+static test_cfg with_det(test_cfg c) { c.det = 1; return c; }
+static test_cfg with_window(test_cfg c, int left, int right) { c.win_left = left; c.win_right = right; return c; }
+static test_cfg with_softcap(test_cfg c, float cap) { c.softcap = cap; return c; }
+static test_cfg with_alibi(test_cfg c, int kind) { c.alibi = kind; return c; }
+static test_cfg with_mask(test_cfg c, int kind, int pat, int bc) { c.mask = kind; c.mask_pat = pat; c.mask_bc = bc; return c; }
+static test_cfg with_dropout(test_cfg c, double p) { c.dropout = p; return c; }
+static test_cfg with_sink(test_cfg c) { c.sink = 1; return c; }
+static test_cfg with_dbias(test_cfg c) { c.dbias = 1; return c; }
+static test_cfg with_scale(test_cfg c, double s) { c.scale = s; return c; }
+
+static std::string cfg_name(const test_cfg &c)
+{
+    static const char *causal_names[] = {"none", "top-left", "bottom-right"};
+    static const char *alibi_names[] = {"", " alibi=head", " alibi=batch"};
+    static const char *mask_names[] = {"", "bool", "add"};
+    static const char *pat_names[] = {"random", "padding", "blocks", "sparse"};
+    char buf[512];
+    int n = snprintf(buf, sizeof(buf), "%-4s d=%3d b=%d h=%d/%d sq=%4d sk=%4d causal=%-12s", dtype_name(c.dtype), c.d,
+                     c.b, c.h, c.h_kv, c.sq, c.sk, causal_names[c.causal]);
+    if (c.win_left >= 0 || c.win_right >= 0)
+        n += snprintf(buf + n, sizeof(buf) - n, " window=(%d,%d)", c.win_left, c.win_right);
+    if (c.layout == LAYOUT_STRIDED)
+        n += snprintf(buf + n, sizeof(buf) - n, " strided");
+    if (c.layout == LAYOUT_ODD_UNIT)
+        n += snprintf(buf + n, sizeof(buf) - n, " unit-strides-on-size-1");
+    if (c.scale != 0)
+        n += snprintf(buf + n, sizeof(buf) - n, " scale=%g", c.scale);
+    if (c.softcap > 0)
+        n += snprintf(buf + n, sizeof(buf) - n, " softcap=%g", c.softcap);
+    n += snprintf(buf + n, sizeof(buf) - n, "%s", alibi_names[c.alibi]);
+    if (c.mask)
+        n += snprintf(buf + n, sizeof(buf) - n, " mask=%s/%s/bc%s%s%s%s", mask_names[c.mask], pat_names[c.mask_pat],
+                      c.mask_bc & BC_B ? "b" : "", c.mask_bc & BC_H ? "h" : "", c.mask_bc & BC_Q ? "q" : "",
+                      c.mask_bc & BC_K ? "k" : "");
+    if (c.dropout > 0)
+        n += snprintf(buf + n, sizeof(buf) - n, " dropout=%g", c.dropout);
+    if (c.sink)
+        n += snprintf(buf + n, sizeof(buf) - n, " sink");
+    if (c.dbias)
+        n += snprintf(buf + n, sizeof(buf) - n, " dbias");
+    if (c.det)
+        n += snprintf(buf + n, sizeof(buf) - n, " det");
+    return std::string(buf);
+}
+
+/* The band of the binding (csrc/ops.cpp make_params): diag_lo <= j - i <= diag_hi. */
+static void set_band(flash_params *p, const test_cfg &c)
+{
+    const int64_t offset = c.causal == CAUSAL_TOP_LEFT ? 0 : (int64_t)c.sk - c.sq;
+    const int64_t lo = c.win_left >= 0 ? offset - c.win_left : -(int64_t)c.sq;
+    const int64_t hi = c.causal != CAUSAL_NONE ? offset : (c.win_right >= 0 ? offset + c.win_right : (int64_t)c.sk);
+    p->diag_lo = std::min<int64_t>(std::max<int64_t>(lo, -(int64_t)c.sq), c.sk);
+    p->diag_hi = std::min<int64_t>(std::max<int64_t>(hi, -(int64_t)c.sq), c.sk);
+}
+
+/* Dropout fields as the binding sets them (csrc/ops.cpp set_dropout_params). */
+static void set_dropout(flash_params *p, double prob, uint64_t seed, uint64_t offset)
+{
+    if (prob <= 0)
+        return;
+    const double thr = std::round(prob * FLASH_DROPOUT_ONE);
+    p->dropout_threshold = (uint32_t)std::min(std::max(thr, 1.0), (double)FLASH_DROPOUT_ONE - 1);
+    p->dropout_scale = (double)FLASH_DROPOUT_ONE / (FLASH_DROPOUT_ONE - p->dropout_threshold);
+    p->philox_seed = seed;
+    p->philox_offset = offset;
+}
 
 /* Layout of one (b, s, h, d) tensor. */
 typedef struct layout {
@@ -158,20 +268,30 @@ typedef struct layout {
     int64_t elems; /* allocation, in elements */
 } layout;
 
-static layout make_layout(int b, int s, int h, int d, int strided)
+static layout make_layout(int b, int s, int h, int d, int kind)
 {
     layout l;
-    if (strided) {
-        const int64_t dp = d + 8;
+    if (kind == LAYOUT_STRIDED) {
+        const int64_t dp = d + ROW_PAD;
         l.st.row = dp;
         l.st.head = (int64_t)s * dp;
         l.st.batch = (int64_t)h * s * dp;
-    } else {
-        l.st.head = d;
-        l.st.row = (int64_t)h * d;
-        l.st.batch = (int64_t)s * h * d;
+        l.elems = (int64_t)b * l.st.batch;
+        return l;
     }
+    l.st.head = d;
+    l.st.row = (int64_t)h * d;
+    l.st.batch = (int64_t)s * h * d;
     l.elems = (int64_t)b * l.st.batch;
+    if (kind == LAYOUT_ODD_UNIT) { /* what a channels-last padded tensor has: stride 1 on size-1 dims */
+        if (s == 1)
+            l.st.row = 1;
+        if (b == 1)
+            l.st.batch = 1;
+        if (h == 1)
+            l.st.head = 1;
+        l.elems = (int64_t)(b - 1) * l.st.batch + (int64_t)(s - 1) * l.st.row + (int64_t)(h - 1) * l.st.head + d;
+    }
     return l;
 }
 
@@ -181,90 +301,205 @@ static int64_t lidx(int s, int h, int d, int bi, int si, int hi, int di)
     return (((int64_t)bi * s + si) * h + hi) * d + di;
 }
 
-/* ---- double reference ------------------------------------------------------------------------- */
+/* ---- attn_mask -------------------------------------------------------------------------------- */
 
-typedef struct reference {
-    std::vector<double> o, lse, dq, dk, dv;
-} reference;
+/* The mask of one config: compact storage (size 1 on broadcast dimensions) and, if asked for, its
+ * logical expansion as the reference wants it (additive double (b, h, sq, sk), -inf where a bool mask
+ * is False). */
+typedef struct mask_data {
+    int mb, mh, mq, mk;            /* compact sizes */
+    std::vector<double> compact;   /* (mb, mh, mq, mk): additive value, or 1 / 0 for bool */
+    std::vector<double> logical;   /* (b, h, sq, sk) additive */
+} mask_data;
 
-static reference cpu_reference(const test_cfg &c, const std::vector<double> &q, const std::vector<double> &k,
-                               const std::vector<double> &v, const std::vector<double> &dout, int64_t offset,
-                               double scale)
+static double mask_additive(int kind, double v)
 {
-    const int b = c.b, h = c.h, hkv = c.h_kv, sq = c.sq, sk = c.sk, d = c.d, hpk = h / hkv;
-    reference r;
-    r.o.assign((size_t)b * sq * h * d, 0.0);
-    r.lse.assign((size_t)b * h * sq, -INFINITY);
-    r.dq.assign((size_t)b * sq * h * d, 0.0);
-    r.dk.assign((size_t)b * sk * hkv * d, 0.0);
-    r.dv.assign((size_t)b * sk * hkv * d, 0.0);
-    std::vector<double> P((size_t)sq * sk), dS((size_t)sq * sk);
-    auto visible = [&](int64_t i, int64_t j) { return c.causal == CAUSAL_NONE || j <= i + offset; };
-    for (int bi = 0; bi < b; ++bi)
-        for (int hq = 0; hq < h; ++hq) {
-            const int hk = hq / hpk;
-            parallel_for(sq, [&](int64_t i) {
-                double m = -INFINITY;
-                std::vector<double> s(sk);
-                for (int j = 0; j < sk; ++j) {
-                    s[j] = -INFINITY;
-                    if (!visible(i, j))
-                        continue;
-                    double acc = 0;
-                    for (int x = 0; x < d; ++x)
-                        acc += q[lidx(sq, h, d, bi, i, hq, x)] * k[lidx(sk, hkv, d, bi, j, hk, x)];
-                    s[j] = acc * scale;
-                    m = std::max(m, s[j]);
-                }
-                double *o = &r.o[lidx(sq, h, d, bi, i, hq, 0)];
-                if (m == -INFINITY) {
-                    for (int j = 0; j < sk; ++j)
-                        P[i * sk + j] = dS[i * sk + j] = 0;
-                    return;
-                }
-                double sum = 0;
-                for (int j = 0; j < sk; ++j)
-                    sum += s[j] == -INFINITY ? 0 : exp(s[j] - m);
-                const double lse = m + log(sum);
-                r.lse[((int64_t)bi * h + hq) * sq + i] = lse;
-                for (int j = 0; j < sk; ++j) {
-                    const double pv = s[j] == -INFINITY ? 0 : exp(s[j] - lse);
-                    P[i * sk + j] = pv;
-                    if (pv != 0)
-                        for (int x = 0; x < d; ++x)
-                            o[x] += pv * v[lidx(sk, hkv, d, bi, j, hk, x)];
-                }
-                double delta = 0;
-                for (int x = 0; x < d; ++x)
-                    delta += o[x] * dout[lidx(sq, h, d, bi, i, hq, x)];
-                for (int j = 0; j < sk; ++j) {
-                    double dp = 0;
-                    if (P[i * sk + j] != 0)
-                        for (int x = 0; x < d; ++x)
-                            dp += dout[lidx(sq, h, d, bi, i, hq, x)] * v[lidx(sk, hkv, d, bi, j, hk, x)];
-                    dS[i * sk + j] = P[i * sk + j] * (dp - delta);
-                }
-                double *dq = &r.dq[lidx(sq, h, d, bi, i, hq, 0)];
-                for (int j = 0; j < sk; ++j)
-                    if (dS[i * sk + j] != 0)
-                        for (int x = 0; x < d; ++x)
-                            dq[x] += scale * dS[i * sk + j] * k[lidx(sk, hkv, d, bi, j, hk, x)];
-            });
-            parallel_for(sk, [&](int64_t j) {
-                double *dk = &r.dk[lidx(sk, hkv, d, bi, j, hk, 0)];
-                double *dv = &r.dv[lidx(sk, hkv, d, bi, j, hk, 0)];
-                for (int i = 0; i < sq; ++i) {
-                    const double pv = P[i * sk + j], ds = dS[i * sk + j];
-                    if (pv == 0 && ds == 0)
-                        continue;
-                    for (int x = 0; x < d; ++x) {
-                        dk[x] += scale * ds * q[lidx(sq, h, d, bi, i, hq, x)];
-                        dv[x] += pv * dout[lidx(sq, h, d, bi, i, hq, x)];
+    return kind == MASK_BOOL ? (v != 0 ? 0.0 : -INFINITY) : v;
+}
+
+static mask_data make_mask(const test_cfg &c, rng *r, int expand)
+{
+    mask_data m;
+    m.mb = c.mask_bc & BC_B ? 1 : c.b;
+    m.mh = c.mask_bc & BC_H ? 1 : c.h;
+    m.mq = c.mask_bc & BC_Q ? 1 : c.sq;
+    m.mk = c.mask_bc & BC_K ? 1 : c.sk;
+    m.compact.assign((size_t)m.mb * m.mh * m.mq * m.mk, 0.0);
+    const double masked = c.mask == MASK_BOOL ? 0.0 : -INFINITY, plain = c.mask == MASK_BOOL ? 1.0 : 0.0;
+    for (int bi = 0; bi < m.mb; ++bi)
+        for (int hi = 0; hi < m.mh; ++hi)
+            for (int i = 0; i < m.mq; ++i)
+                for (int j = 0; j < m.mk; ++j) {
+                    double v = plain;
+                    if (c.mask_pat == PAT_PADDING) {
+                        const int len = c.sk - (bi + 1) * c.sk / (2 * m.mb + 2); /* keys [len, sk) are padding */
+                        v = j < len ? plain : masked;
+                    } else {
+                        int partial = 1;
+                        if (c.mask_pat == PAT_BLOCKS || c.mask_pat == PAT_SPARSE) {
+                            const uint32_t hsh = (uint32_t)(i / SPARSE_BLOCK) * 2654435761u ^
+                                                 (uint32_t)(j / SPARSE_BLOCK) * 40503u ^ (uint32_t)(bi * 7 + hi);
+                            const uint32_t kind = (hsh ^ (hsh >> 13)) % 10; /* in tenths */
+                            if (c.mask_pat == PAT_SPARSE)
+                                v = kind == 0 ? plain : masked;
+                            else if (kind < 8)
+                                v = kind < 4 ? masked : plain;
+                            partial = c.mask_pat == PAT_BLOCKS && kind >= 8;
+                        }
+                        if (partial) {
+                            const double u = rng_uniform(r);
+                            if (c.mask == MASK_BOOL)
+                                v = u < 0.75 ? plain : masked;
+                            else
+                                v = u < 0.15 ? masked : round_to(c.dtype, 0.5 * rng_normal(r));
+                            if ((c.mask_pat == PAT_RANDOM && m.mq > 2 && i == m.mq / 2) ||
+                                (c.mask_pat == PAT_RANDOM && m.mk > 2 && j == m.mk / 3))
+                                v = masked; /* a row that sees no key, a key that no row sees */
+                        }
                     }
+                    m.compact[(((size_t)bi * m.mh + hi) * m.mq + i) * m.mk + j] = v;
                 }
-            });
-        }
-    return r;
+    if (!expand)
+        return m;
+    m.logical.assign((size_t)c.b * c.h * c.sq * c.sk, 0.0);
+    for (int bi = 0; bi < c.b; ++bi)
+        for (int hi = 0; hi < c.h; ++hi)
+            for (int i = 0; i < c.sq; ++i)
+                for (int j = 0; j < c.sk; ++j) {
+                    const size_t ci = (((size_t)(m.mb == 1 ? 0 : bi) * m.mh + (m.mh == 1 ? 0 : hi)) * m.mq +
+                                       (m.mq == 1 ? 0 : i)) * m.mk + (m.mk == 1 ? 0 : j);
+                    m.logical[(((size_t)bi * c.h + hi) * c.sq + i) * c.sk + j] = mask_additive(c.mask, m.compact[ci]);
+                }
+    return m;
+}
+
+/* Device copies of the mask and its block flags (csrc/ops.cpp mask_block_flags: stride 0 on the
+ * broadcast dimensions, flags of (b or 1, h or 1, blocks of sq or 1, blocks of sk or 1)). */
+typedef struct mask_dev {
+    void *mask;
+    uint8_t *blocks;
+    flash_strides4 mask_s, blocks_s;
+} mask_dev;
+
+static mask_dev upload_mask(const test_cfg &c, const mask_data &m)
+{
+    mask_dev md;
+    const flash_dtype t = c.dtype;
+    const size_t es = c.mask == MASK_BOOL ? 1 : elem_size(t);
+    const int64_t row = m.mk + (c.layout == LAYOUT_STRIDED ? MASK_ROW_PAD : 0);
+    md.mask_s.col = m.mk == 1 ? 0 : 1;
+    md.mask_s.row = m.mq == 1 ? 0 : row;
+    md.mask_s.head = m.mh == 1 ? 0 : (int64_t)m.mq * row;
+    md.mask_s.batch = m.mb == 1 ? 0 : (int64_t)m.mh * m.mq * row;
+    std::vector<unsigned char> host((size_t)m.mb * m.mh * m.mq * row * es, 0);
+    for (int bi = 0; bi < m.mb; ++bi)
+        for (int hi = 0; hi < m.mh; ++hi)
+            for (int i = 0; i < m.mq; ++i)
+                for (int j = 0; j < m.mk; ++j) {
+                    const double v = m.compact[(((size_t)bi * m.mh + hi) * m.mq + i) * m.mk + j];
+                    const int64_t at = (((int64_t)bi * m.mh + hi) * m.mq + i) * row + j;
+                    if (c.mask == MASK_BOOL)
+                        host[at] = v != 0;
+                    else
+                        store_elem(host.data(), at, t, v);
+                }
+    CHECK_CUDA(cudaMalloc(&md.mask, host.size()));
+    CHECK_CUDA(cudaMemcpy(md.mask, host.data(), host.size(), cudaMemcpyHostToDevice));
+
+    const int nqb = (c.sq + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK, nkb = (c.sk + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK;
+    const int fq = m.mq == 1 ? 1 : nqb, fk = m.mk == 1 ? 1 : nkb;
+    std::vector<uint8_t> flags((size_t)m.mb * m.mh * fq * fk, 0);
+    for (int bi = 0; bi < m.mb; ++bi)
+        for (int hi = 0; hi < m.mh; ++hi)
+            for (int i = 0; i < m.mq; ++i)
+                for (int j = 0; j < m.mk; ++j) {
+                    const double v = mask_additive(c.mask, m.compact[(((size_t)bi * m.mh + hi) * m.mq + i) * m.mk + j]);
+                    uint8_t &f = flags[(((size_t)bi * m.mh + hi) * fq + i / FLASH_MASK_BLOCK) * fk + j / FLASH_MASK_BLOCK];
+                    f |= (v > -INFINITY ? FLASH_MASK_ANY_VISIBLE : 0) | (v != 0 ? FLASH_MASK_ANY_MASKED : 0);
+                }
+    md.blocks_s.col = fk == 1 ? 0 : 1;
+    md.blocks_s.row = fq == 1 ? 0 : fk;
+    md.blocks_s.head = m.mh == 1 ? 0 : (int64_t)fq * fk;
+    md.blocks_s.batch = m.mb == 1 ? 0 : (int64_t)m.mh * fq * fk;
+    CHECK_CUDA(cudaMalloc(&md.blocks, flags.size()));
+    CHECK_CUDA(cudaMemcpy(md.blocks, flags.data(), flags.size(), cudaMemcpyHostToDevice));
+    return md;
+}
+
+/* ---- one config's inputs and reference (prepared on host threads) ---------------------------- */
+
+typedef struct prepared {
+    flash_params rp;                          /* reference params (host pointers) */
+    std::vector<double> q, k, v, dout, o, lse, dq, dk, dv, dbias, sink;
+    std::vector<float> slopes;
+    mask_data mask;
+    std::vector<char> empty_row; /* (b, h, sq): sees no key */
+    std::vector<char> empty_key; /* (b, h_kv, sk): seen by no query of its group */
+} prepared;
+
+static void prepare(const test_cfg &c, uint64_t seed, prepared *pr)
+{
+    const flash_dtype t = c.dtype;
+    const int b = c.b, h = c.h, hkv = c.h_kv, sq = c.sq, sk = c.sk, d = c.d;
+    rng r = {seed * 0x9E3779B97F4A7C15ull + 1};
+    flash_params &rp = pr->rp;
+    memset(&rp, 0, sizeof(rp));
+    rp.b = b; rp.h = h; rp.h_kv = hkv; rp.sq = sq; rp.sk = sk; rp.d = d; rp.h_per_kv = h / hkv;
+    rp.scale = c.scale != 0 ? c.scale : 1.0 / sqrt((double)d);
+    rp.scale_log2 = (float)(rp.scale * FLASH_LOG2E);
+    rp.dtype = t;
+    set_band(&rp, c);
+    rp.softcap = c.softcap;
+    if (c.alibi != ALIBI_NONE) {
+        pr->slopes.resize((size_t)(c.alibi == ALIBI_BATCH ? b : 1) * h);
+        for (auto &s : pr->slopes)
+            s = (float)(0.05 + 0.5 * rng_uniform(&r));
+        rp.alibi_slopes = pr->slopes.data();
+        rp.alibi_batch_stride = c.alibi == ALIBI_BATCH ? h : 0;
+        rp.alibi_offset = (int64_t)sk - sq;
+    }
+    set_dropout(&rp, c.dropout, rng_u64(&r) | (1ull << 63), rng_u64(&r) | (1ull << 40));
+    if (c.sink) {
+        pr->sink.resize(h);
+        for (auto &s : pr->sink)
+            s = round_to(lse_type(t), 0.5 + rng_normal(&r));
+    }
+
+    pr->q.resize((size_t)b * sq * h * d);
+    pr->k.resize((size_t)b * sk * hkv * d);
+    pr->v.resize(pr->k.size());
+    pr->dout.resize(pr->q.size());
+    for (auto *x : {&pr->q, &pr->k, &pr->v, &pr->dout})
+        for (auto &e : *x)
+            e = round_to(t, rng_normal(&r));
+    if (c.mask)
+        pr->mask = make_mask(c, &r, 1);
+    const double *mask = c.mask ? pr->mask.logical.data() : NULL;
+    const double *sink = c.sink ? pr->sink.data() : NULL;
+
+    pr->o.resize(pr->q.size());
+    pr->lse.resize((size_t)b * h * sq);
+    ref_forward(&rp, pr->q.data(), pr->k.data(), pr->v.data(), mask, sink, pr->o.data(), pr->lse.data());
+    for (auto &e : pr->lse)
+        e = round_to(lse_type(t), e);
+    pr->dq.resize(pr->q.size());
+    pr->dk.resize(pr->k.size());
+    pr->dv.resize(pr->k.size());
+    if (c.dbias)
+        pr->dbias.resize((size_t)b * h * sq * sk);
+    ref_backward(&rp, pr->q.data(), pr->k.data(), pr->v.data(), mask, sink, pr->dout.data(), pr->dq.data(),
+                 pr->dk.data(), pr->dv.data(), c.dbias ? pr->dbias.data() : NULL, NULL);
+
+    pr->empty_row.assign((size_t)b * h * sq, 1);
+    pr->empty_key.assign((size_t)b * hkv * sk, 1);
+    for (int bi = 0; bi < b; ++bi)
+        for (int hq = 0; hq < h; ++hq)
+            for (int i = 0; i < sq; ++i)
+                for (int j = 0; j < sk; ++j)
+                    if (flash_visible(&rp, i, j) && (!mask || mask[(((size_t)bi * h + hq) * sq + i) * sk + j] > -INFINITY)) {
+                        pr->empty_row[((size_t)bi * h + hq) * sq + i] = 0;
+                        pr->empty_key[((size_t)bi * hkv + hq / (h / hkv)) * sk + j] = 0;
+                    }
 }
 
 /* ---- device tensors --------------------------------------------------------------------------- */
@@ -286,6 +521,22 @@ static void *upload(const std::vector<double> &x, const layout &l, int b, int s,
     return dev;
 }
 
+static void *upload_flat(const void *src, size_t bytes)
+{
+    void *dev;
+    CHECK_CUDA(cudaMalloc(&dev, bytes));
+    CHECK_CUDA(cudaMemcpy(dev, src, bytes, cudaMemcpyHostToDevice));
+    return dev;
+}
+
+static void *upload_typed(const std::vector<double> &x, flash_dtype t)
+{
+    std::vector<unsigned char> host(x.size() * elem_size(t));
+    for (size_t i = 0; i < x.size(); ++i)
+        store_elem(host.data(), i, t, x[i]);
+    return upload_flat(host.data(), host.size());
+}
+
 typedef struct out_check {
     double rel_l2;
     int64_t non_finite; /* logical elements not written (still NaN) or inf */
@@ -294,7 +545,7 @@ typedef struct out_check {
 
 /* Compare device output with layout l against the logical reference. */
 static out_check check_output(const std::vector<unsigned char> &host, const std::vector<double> &ref, const layout &l,
-                              int b, int s, int h, int d, flash_dtype t, int strided)
+                              int b, int s, int h, int d, flash_dtype t, int check_pad)
 {
     out_check r = {0, 0, 0};
     const size_t es = elem_size(t);
@@ -315,7 +566,7 @@ static out_check check_output(const std::vector<unsigned char> &host, const std:
                     den += y * y;
                 }
     r.rel_l2 = den > 0 ? sqrt(num / den) : sqrt(num);
-    if (strided)
+    if (check_pad)
         for (int64_t e = 0; e < l.elems; ++e)
             if (!logical[e])
                 for (size_t byte = 0; byte < es; ++byte)
@@ -326,12 +577,33 @@ static out_check check_output(const std::vector<unsigned char> &host, const std:
     return r;
 }
 
+/* Rows of a (b, s, h, d) output flagged in `which` ((b, h, s) or, for k-side tensors, (b, h_kv, s))
+ * that are not exactly 0. */
+static int64_t nonzero_rows(const std::vector<unsigned char> &host, const std::vector<char> &which, const layout &l,
+                            int b, int s, int h, int d, flash_dtype t)
+{
+    int64_t bad = 0;
+    for (int bi = 0; bi < b; ++bi)
+        for (int hi = 0; hi < h; ++hi)
+            for (int si = 0; si < s; ++si) {
+                if (!which[((size_t)bi * h + hi) * s + si])
+                    continue;
+                for (int x = 0; x < d; ++x)
+                    if (load_elem(host.data(), bi * l.st.batch + si * l.st.row + hi * l.st.head + x, t) != 0.0) {
+                        bad++;
+                        break;
+                    }
+            }
+    return bad;
+}
+
 /* ---- one correctness config ------------------------------------------------------------------- */
 
 typedef struct dev_bufs {
-    void *q, *k, *v, *o, *dout, *lse, *dq, *dk, *dv, *delta;
-    float *dq_accum, *dk_accum, *dv_accum;
-    size_t dq_bytes, dk_bytes, dv_bytes, delta_bytes, dqa_bytes, dkva_bytes;
+    void *q, *k, *v, *o, *dout, *lse, *dq, *dk, *dv, *delta, *dbias, *sink;
+    float *dq_accum, *dk_accum, *dv_accum, *slopes;
+    mask_dev mask;
+    size_t dq_bytes, dk_bytes, dv_bytes, delta_bytes, dqa_bytes, dkva_bytes, dbias_bytes;
 } dev_bufs;
 
 static void poison(const dev_bufs &db)
@@ -346,48 +618,27 @@ static void poison(const dev_bufs &db)
         CHECK_CUDA(cudaMemset(db.dk_accum, POISON_BYTE, db.dkva_bytes));
         CHECK_CUDA(cudaMemset(db.dv_accum, POISON_BYTE, db.dkva_bytes));
     }
+    if (db.dbias)
+        CHECK_CUDA(cudaMemset(db.dbias, 0, db.dbias_bytes)); /* the binding zero-fills it */
 }
 
-static cudaError_t run_bwd(const flash_params *p)
+static int run_test(const test_cfg &c, const prepared &pr)
 {
-    if (p->dtype == FLASH_FP32 || p->dtype == FLASH_FP64)
-        return flash_bwd_simple(p, 0);
-    return flash_bwd_sm80(p, 0);
-}
-
-static int run_test(const test_cfg &c, uint64_t seed)
-{
-    const flash_dtype t = c.dtype;
+    const flash_dtype t = c.dtype, lt = lse_type(t);
     const int b = c.b, h = c.h, hkv = c.h_kv, sq = c.sq, sk = c.sk, d = c.d;
-    const int64_t offset = c.causal == CAUSAL_BOTTOM_RIGHT ? (int64_t)sk - sq : 0;
-    const double scale = 1.0 / sqrt((double)d);
     const int half = t == FLASH_FP16 || t == FLASH_BF16;
 
-    rng_state = seed * 0x9E3779B97F4A7C15ull + 1;
-    std::vector<double> q((size_t)b * sq * h * d), k((size_t)b * sk * hkv * d), v(k.size()), dout(q.size());
-    for (auto *x : {&q, &k, &v, &dout})
-        for (auto &e : *x)
-            e = round_to(t, rng_normal());
-    const reference ref = cpu_reference(c, q, k, v, dout, offset, scale);
-
-    const layout lq = make_layout(b, sq, h, d, c.strided), lk = make_layout(b, sk, hkv, d, c.strided);
+    const layout lq = make_layout(b, sq, h, d, c.layout), lk = make_layout(b, sk, hkv, d, c.layout);
     dev_bufs db;
     memset(&db, 0, sizeof(db));
-    db.q = upload(q, lq, b, sq, h, d, t);
-    db.k = upload(k, lk, b, sk, hkv, d, t);
-    db.v = upload(v, lk, b, sk, hkv, d, t);
-    db.dout = upload(dout, lq, b, sq, h, d, t);
-    db.o = upload(ref.o, lq, b, sq, h, d, t);
-    const flash_dtype lse_t = t == FLASH_FP64 ? FLASH_FP64 : FLASH_FP32;
-    {
-        std::vector<unsigned char> lh(ref.lse.size() * elem_size(lse_t));
-        for (size_t i = 0; i < ref.lse.size(); ++i)
-            store_elem(lh.data(), i, lse_t, ref.lse[i]);
-        CHECK_CUDA(cudaMalloc(&db.lse, lh.size()));
-        CHECK_CUDA(cudaMemcpy(db.lse, lh.data(), lh.size(), cudaMemcpyHostToDevice));
-        db.delta_bytes = lh.size();
-        CHECK_CUDA(cudaMalloc(&db.delta, db.delta_bytes));
-    }
+    db.q = upload(pr.q, lq, b, sq, h, d, t);
+    db.k = upload(pr.k, lk, b, sk, hkv, d, t);
+    db.v = upload(pr.v, lk, b, sk, hkv, d, t);
+    db.dout = upload(pr.dout, lq, b, sq, h, d, t);
+    db.o = upload(pr.o, lq, b, sq, h, d, t);
+    db.lse = upload_typed(pr.lse, lt);
+    db.delta_bytes = pr.lse.size() * elem_size(lt);
+    CHECK_CUDA(cudaMalloc(&db.delta, db.delta_bytes));
     db.dq_bytes = lq.elems * elem_size(t);
     db.dk_bytes = db.dv_bytes = lk.elems * elem_size(t);
     CHECK_CUDA(cudaMalloc(&db.dq, db.dq_bytes));
@@ -402,80 +653,106 @@ static int run_test(const test_cfg &c, uint64_t seed)
             CHECK_CUDA(cudaMalloc(&db.dv_accum, db.dkva_bytes));
         }
     }
+    if (c.dbias) {
+        db.dbias_bytes = (size_t)b * h * sq * sk * elem_size(lt);
+        CHECK_CUDA(cudaMalloc(&db.dbias, db.dbias_bytes));
+    }
 
-    flash_params p;
-    memset(&p, 0, sizeof(p));
+    flash_params p = pr.rp;
     p.q = db.q; p.k = db.k; p.v = db.v; p.o = db.o; p.lse = db.lse; p.dout = db.dout;
     p.dq = db.dq; p.dk = db.dk; p.dv = db.dv; p.delta = db.delta;
     p.dq_accum = db.dq_accum; p.dk_accum = db.dk_accum; p.dv_accum = db.dv_accum;
     p.q_s = p.o_s = p.do_s = p.dq_s = lq.st;
     p.k_s = p.v_s = p.dk_s = p.dv_s = lk.st;
-    p.b = b; p.h = h; p.h_kv = hkv; p.sq = sq; p.sk = sk; p.d = d; p.h_per_kv = h / hkv;
-    p.scale = scale;
-    p.scale_log2 = (float)(scale * 1.4426950408889634);
-    p.causal = c.causal != CAUSAL_NONE;
-    p.causal_offset = offset;
+    if (c.alibi != ALIBI_NONE) {
+        db.slopes = (float *)upload_flat(pr.slopes.data(), pr.slopes.size() * sizeof(float));
+        p.alibi_slopes = db.slopes;
+    }
+    if (c.mask) {
+        db.mask = upload_mask(c, pr.mask);
+        p.mask = db.mask.mask;
+        p.mask_kind = c.mask == MASK_BOOL ? FLASH_MASK_BOOL : FLASH_MASK_ADD;
+        p.mask_s = db.mask.mask_s;
+        p.mask_blocks = db.mask.blocks;
+        p.mask_blocks_s = db.mask.blocks_s;
+    }
+    if (c.sink) {
+        db.sink = upload_typed(pr.sink, lt);
+        p.sink = db.sink;
+    }
+    p.dbias = db.dbias;
+    p.has_hook = (p.softcap > 0 || p.alibi_slopes || p.mask || p.dropout_threshold) ? 1 : 0;
     p.deterministic = c.det;
-    p.dtype = t;
 
-    std::vector<unsigned char> hq(db.dq_bytes), hk(db.dk_bytes), hv(db.dv_bytes);
-    std::vector<unsigned char> hq0, hk0, hv0;
+    std::vector<unsigned char> hq(db.dq_bytes), hk(db.dk_bytes), hv(db.dv_bytes), hb(db.dbias_bytes);
+    std::vector<unsigned char> hq0, hk0, hv0, hb0;
     int nondet = 0;
     const int runs = c.det ? DET_RUNS : 1;
     for (int r = 0; r < runs; ++r) {
         poison(db);
-        CHECK_CUDA(run_bwd(&p));
+        const cudaError_t err = flash_bwd_cuda(&p, 0);
+        if (err != cudaSuccess) {
+            printf("FAIL %s | flash_bwd_cuda: %s\n", cfg_name(c).c_str(), cudaGetErrorString(err));
+            exit(1);
+        }
         CHECK_CUDA(cudaDeviceSynchronize());
         CHECK_CUDA(cudaMemcpy(hq.data(), db.dq, db.dq_bytes, cudaMemcpyDeviceToHost));
         CHECK_CUDA(cudaMemcpy(hk.data(), db.dk, db.dk_bytes, cudaMemcpyDeviceToHost));
         CHECK_CUDA(cudaMemcpy(hv.data(), db.dv, db.dv_bytes, cudaMemcpyDeviceToHost));
+        if (db.dbias)
+            CHECK_CUDA(cudaMemcpy(hb.data(), db.dbias, db.dbias_bytes, cudaMemcpyDeviceToHost));
         if (r == 0) {
-            hq0 = hq; hk0 = hk; hv0 = hv;
-        } else if (hq != hq0 || hk != hk0 || hv != hv0) {
+            hq0 = hq; hk0 = hk; hv0 = hv; hb0 = hb;
+        } else if (hq != hq0 || hk != hk0 || hv != hv0 || hb != hb0) {
             nondet++;
         }
     }
 
-    const out_check eq = check_output(hq, ref.dq, lq, b, sq, h, d, t, c.strided);
-    const out_check ek = check_output(hk, ref.dk, lk, b, sk, hkv, d, t, c.strided);
-    const out_check ev = check_output(hv, ref.dv, lk, b, sk, hkv, d, t, c.strided);
-    /* rows that see no key: dq exactly 0 */
-    int64_t empty_rows = 0, empty_bad = 0;
-    if (c.causal != CAUSAL_NONE)
-        for (int bi = 0; bi < b; ++bi)
-            for (int i = 0; i < sq && i + offset < 0; ++i)
-                for (int hi = 0; hi < h; ++hi) {
-                    empty_rows++;
-                    for (int x = 0; x < d; ++x)
-                        if (load_elem(hq.data(), bi * lq.st.batch + i * lq.st.row + hi * lq.st.head + x, t) != 0.0) {
-                            empty_bad++;
-                            break;
-                        }
-                }
+    const int check_pad = c.layout == LAYOUT_STRIDED;
+    const out_check eq = check_output(hq, pr.dq, lq, b, sq, h, d, t, check_pad);
+    const out_check ek = check_output(hk, pr.dk, lk, b, sk, hkv, d, t, check_pad);
+    const out_check ev = check_output(hv, pr.dv, lk, b, sk, hkv, d, t, check_pad);
+    out_check eb = {0, 0, 0};
+    if (c.dbias) { /* (b, h, sq, sk) seen as (b, sq, h = 1, d = sk) rows; here h is folded into the batch */
+        const layout lb = make_layout(b * h, sq, 1, sk, LAYOUT_BSHD);
+        eb = check_output(hb, pr.dbias, lb, b * h, sq, 1, sk, lt, 0);
+    }
+    int64_t empty_rows = 0, empty_keys = 0;
+    for (char e : pr.empty_row)
+        empty_rows += e;
+    for (char e : pr.empty_key)
+        empty_keys += e;
+    const int64_t rows_bad = nonzero_rows(hq, pr.empty_row, lq, b, sq, h, d, t);
+    const int64_t keys_bad = nonzero_rows(hk, pr.empty_key, lk, b, sk, hkv, d, t) +
+                             nonzero_rows(hv, pr.empty_key, lk, b, sk, hkv, d, t);
 
     const double tol = tolerance(t);
-    const int ok = eq.rel_l2 < tol && ek.rel_l2 < tol && ev.rel_l2 < tol && eq.non_finite + ek.non_finite + ev.non_finite == 0 &&
-                   eq.pad_touched + ek.pad_touched + ev.pad_touched == 0 && empty_bad == 0 && nondet == 0;
-    static const char *causal_names[] = {"none", "top-left", "bottom-right"};
-    printf("%s %-4s d=%3d b=%d h=%d/%d sq=%4d sk=%4d causal=%-12s%s%s | dq %.2e dk %.2e dv %.2e",
-           ok ? "PASS" : "FAIL", dtype_name(t), d, b, h, hkv, sq, sk, causal_names[c.causal], c.strided ? " strided" : "",
-           c.det ? " det" : "", eq.rel_l2, ek.rel_l2, ev.rel_l2);
-    if (empty_rows)
-        printf(" | %lld empty rows", (long long)empty_rows);
+    const int64_t non_finite = eq.non_finite + ek.non_finite + ev.non_finite + eb.non_finite;
+    const int64_t pad = eq.pad_touched + ek.pad_touched + ev.pad_touched;
+    const int ok = eq.rel_l2 < tol && ek.rel_l2 < tol && ev.rel_l2 < tol && eb.rel_l2 < tol && non_finite == 0 &&
+                   pad == 0 && rows_bad == 0 && keys_bad == 0 && nondet == 0;
+    printf("%s %s | dq %.2e dk %.2e dv %.2e", ok ? "PASS" : "FAIL", cfg_name(c).c_str(), eq.rel_l2, ek.rel_l2, ev.rel_l2);
+    if (c.dbias)
+        printf(" dbias %.2e", eb.rel_l2);
+    if (empty_rows || empty_keys)
+        printf(" | empty rows %lld keys %lld", (long long)empty_rows, (long long)empty_keys);
     if (c.det)
         printf(" | %d/%d runs identical", runs - nondet, runs);
-    if (eq.non_finite + ek.non_finite + ev.non_finite)
-        printf(" | non-finite dq %lld dk %lld dv %lld", (long long)eq.non_finite, (long long)ek.non_finite,
-               (long long)ev.non_finite);
-    if (eq.pad_touched + ek.pad_touched + ev.pad_touched)
-        printf(" | padding written %lld", (long long)(eq.pad_touched + ek.pad_touched + ev.pad_touched));
-    if (empty_bad)
-        printf(" | %lld empty rows with dq != 0", (long long)empty_bad);
+    if (non_finite)
+        printf(" | non-finite dq %lld dk %lld dv %lld dbias %lld", (long long)eq.non_finite, (long long)ek.non_finite,
+               (long long)ev.non_finite, (long long)eb.non_finite);
+    if (pad)
+        printf(" | padding written %lld", (long long)pad);
+    if (rows_bad)
+        printf(" | %lld empty rows with dq != 0", (long long)rows_bad);
+    if (keys_bad)
+        printf(" | %lld unseen keys with dk/dv != 0", (long long)keys_bad);
     printf("\n");
     fflush(stdout);
 
-    for (void *x : {db.q, db.k, db.v, db.o, db.dout, db.lse, db.dq, db.dk, db.dv, db.delta, (void *)db.dq_accum,
-                    (void *)db.dk_accum, (void *)db.dv_accum})
+    for (void *x : {db.q, db.k, db.v, db.o, db.dout, db.lse, db.dq, db.dk, db.dv, db.delta, db.dbias, db.sink,
+                    (void *)db.dq_accum, (void *)db.dk_accum, (void *)db.dv_accum, (void *)db.slopes, db.mask.mask,
+                    (void *)db.mask.blocks})
         if (x)
             CHECK_CUDA(cudaFree(x));
     return ok;
@@ -483,50 +760,131 @@ static int run_test(const test_cfg &c, uint64_t seed)
 
 /* ---- config lists ---------------------------------------------------------------------------- */
 
-static std::vector<test_cfg> full_configs(void)
+static void dense_configs(std::vector<test_cfg> &v, flash_dtype t)
 {
-    std::vector<test_cfg> v;
-    const flash_dtype dtypes[] = {FLASH_BF16, FLASH_FP16, FLASH_FP32, FLASH_FP64};
+    const int half = t == FLASH_FP16 || t == FLASH_BF16;
     const int dims[] = {8, 64, 80, 96, 128, 200, 256};
     const int sizes[][2] = {{1, 1},     {17, 17},  {129, 129}, {300, 300},  {1000, 1000},
                             {1, 300},   {17, 129}, {300, 17},  {129, 1000}, {1000, 129}};
     const int nd = sizeof(dims) / sizeof(dims[0]), ns = sizeof(sizes) / sizeof(sizes[0]);
-    for (flash_dtype t : dtypes) {
-        const int half = t == FLASH_FP16 || t == FLASH_BF16;
-        for (int di = 0; di < nd; ++di)
-            for (int si = 0; si < ns; ++si) {
-                const int sq = sizes[si][0], sk = sizes[si][1];
-                const int bsz = sq <= 300 && sk <= 300 ? 2 : 1;
-                v.push_back({t, bsz, 2, 2, sq, sk, dims[di], (si + di) % 3, 0, 0});
-            }
-        /* sq > sk with bottom-right alignment: rows without keys */
-        for (int d : {64, 128, 256}) {
-            v.push_back({t, 1, 2, 2, 300, 17, d, CAUSAL_BOTTOM_RIGHT, 0, 0});
-            v.push_back({t, 1, 2, 2, 1000, 129, d, CAUSAL_BOTTOM_RIGHT, 0, 0});
-            v.push_back({t, 2, 2, 2, 129, 17, d, CAUSAL_TOP_LEFT, 0, 0});
+    for (int di = 0; di < nd; ++di)
+        for (int si = 0; si < ns; ++si) {
+            const int sq = sizes[si][0], sk = sizes[si][1];
+            const int bsz = sq <= 300 && sk <= 300 ? 2 : 1;
+            v.push_back(make_cfg(t, bsz, 2, 2, sq, sk, dims[di], (si + di) % 3));
         }
-        /* GQA 4:1 and 2:1 */
-        for (int d : {64, 128, 256}) {
-            v.push_back({t, 1, 8, 2, 129, 129, d, CAUSAL_BOTTOM_RIGHT, 0, 0});
-            v.push_back({t, 2, 4, 2, 300, 17, d, CAUSAL_TOP_LEFT, 0, 0});
-            v.push_back({t, 1, 8, 2, 17, 300, d, CAUSAL_NONE, 0, 0});
-            v.push_back({t, 1, 4, 2, 300, 1000, d, CAUSAL_BOTTOM_RIGHT, 0, 0});
+    /* sq > sk with bottom-right alignment: rows without keys */
+    for (int d : {64, 128, 256}) {
+        v.push_back(make_cfg(t, 1, 2, 2, 300, 17, d, CAUSAL_BOTTOM_RIGHT));
+        v.push_back(make_cfg(t, 1, 2, 2, 1000, 129, d, CAUSAL_BOTTOM_RIGHT));
+        v.push_back(make_cfg(t, 2, 2, 2, 129, 17, d, CAUSAL_TOP_LEFT));
+    }
+    /* GQA 4:1 and 2:1 */
+    for (int d : {64, 128, 256}) {
+        v.push_back(make_cfg(t, 1, 8, 2, 129, 129, d, CAUSAL_BOTTOM_RIGHT));
+        v.push_back(make_cfg(t, 2, 4, 2, 300, 17, d, CAUSAL_TOP_LEFT));
+        v.push_back(make_cfg(t, 1, 8, 2, 17, 300, d, CAUSAL_NONE));
+        v.push_back(make_cfg(t, 1, 4, 2, 300, 1000, d, CAUSAL_BOTTOM_RIGHT));
+    }
+    /* strided */
+    for (int d : {64, 96, 256}) {
+        v.push_back(with_layout(make_cfg(t, 2, 4, 2, 129, 300, d, CAUSAL_BOTTOM_RIGHT), LAYOUT_STRIDED));
+        v.push_back(with_layout(make_cfg(t, 2, 2, 2, 300, 129, d, CAUSAL_NONE), LAYOUT_STRIDED));
+    }
+    /* deterministic */
+    for (int d : {64, 128, 200, 256}) {
+        v.push_back(with_det(make_cfg(t, 1, 4, 1, 300, 300, d, CAUSAL_BOTTOM_RIGHT)));
+        v.push_back(with_det(make_cfg(t, 2, 2, 2, 129, 1000, d, CAUSAL_NONE)));
+    }
+    /* size-1 dimensions with stride 1 (the head-dim-1 inputs of issue 10, padded to 8 by the binding) */
+    v.push_back(with_layout(make_cfg(t, 1, 4, 4, 1, 65, 8, CAUSAL_NONE), LAYOUT_ODD_UNIT));
+    v.push_back(with_scale(with_layout(make_cfg(t, 1, 2, 2, 1, 17, 8, CAUSAL_TOP_LEFT), LAYOUT_ODD_UNIT), 0.5));
+    v.push_back(with_layout(make_cfg(t, 1, 1, 1, 1, 300, 64, CAUSAL_NONE), LAYOUT_ODD_UNIT));
+    if (!half)
+        for (int d : {1, 33, 255}) {
+            v.push_back(with_layout(make_cfg(t, 2, 4, 2, 129, 300, d, CAUSAL_BOTTOM_RIGHT), LAYOUT_STRIDED));
+            v.push_back(make_cfg(t, 1, 2, 2, 300, 17, d, CAUSAL_TOP_LEFT));
         }
-        /* strided */
-        for (int d : {64, 96, 256}) {
-            v.push_back({t, 2, 4, 2, 129, 300, d, CAUSAL_BOTTOM_RIGHT, 1, 0});
-            v.push_back({t, 2, 2, 2, 300, 129, d, CAUSAL_NONE, 1, 0});
-        }
-        /* deterministic */
-        for (int d : {64, 128, 200, 256}) {
-            v.push_back({t, 1, 4, 1, 300, 300, d, CAUSAL_BOTTOM_RIGHT, 0, 1});
-            v.push_back({t, 2, 2, 2, 129, 1000, d, CAUSAL_NONE, 0, 1});
-        }
-        if (!half)
-            for (int d : {1, 33, 255}) {
-                v.push_back({t, 2, 4, 2, 129, 300, d, CAUSAL_BOTTOM_RIGHT, 1, 0});
-                v.push_back({t, 1, 2, 2, 300, 17, d, CAUSAL_TOP_LEFT, 0, 0});
-            }
+}
+
+static void variant_configs(std::vector<test_cfg> &v, flash_dtype t)
+{
+    /* sliding windows and one-sided bands: tiles outside the band skipped, partial tiles on both edges */
+    for (int d : {64, 128, 256}) {
+        v.push_back(with_window(make_cfg(t, 2, 2, 2, 300, 300, d, CAUSAL_BOTTOM_RIGHT), 40, -1));
+        v.push_back(with_window(make_cfg(t, 1, 2, 2, 1000, 1000, d, CAUSAL_NONE), 100, 50));
+        v.push_back(with_window(make_cfg(t, 1, 2, 2, 129, 1000, d, CAUSAL_NONE), 0, 0));
+        v.push_back(with_window(make_cfg(t, 1, 4, 2, 1000, 129, d, CAUSAL_NONE), 200, -1));
+        v.push_back(with_window(make_cfg(t, 2, 2, 2, 300, 17, d, CAUSAL_NONE), -1, 5));
+        v.push_back(with_window(make_cfg(t, 1, 2, 2, 300, 1000, d, CAUSAL_TOP_LEFT), 130, -1));
+    }
+    v.push_back(with_det(with_window(make_cfg(t, 1, 2, 1, 1000, 1000, 128, CAUSAL_NONE), 300, 10)));
+    v.push_back(with_layout(with_window(make_cfg(t, 2, 2, 2, 129, 300, 96, CAUSAL_NONE), 64, 64), LAYOUT_STRIDED));
+    /* softcap (Gemma-2's 50; a small cap that saturates) */
+    for (int d : {64, 128, 256}) {
+        v.push_back(with_softcap(make_cfg(t, 2, 2, 2, 300, 300, d, CAUSAL_NONE), 1.5f));
+        v.push_back(with_softcap(make_cfg(t, 1, 4, 2, 129, 1000, d, CAUSAL_BOTTOM_RIGHT), 50.f));
+    }
+    v.push_back(with_det(with_softcap(make_cfg(t, 1, 2, 2, 300, 300, 128, CAUSAL_BOTTOM_RIGHT), 2.f)));
+    /* ALiBi per head and per (batch, head) */
+    for (int d : {64, 128, 256}) {
+        v.push_back(with_alibi(make_cfg(t, 2, 4, 2, 300, 300, d, CAUSAL_BOTTOM_RIGHT), ALIBI_HEAD));
+        v.push_back(with_alibi(make_cfg(t, 2, 2, 2, 129, 1000, d, CAUSAL_NONE), ALIBI_BATCH));
+    }
+    v.push_back(with_det(with_alibi(make_cfg(t, 2, 2, 2, 300, 129, 64, CAUSAL_NONE), ALIBI_BATCH)));
+    /* attn_mask: bool / additive x random / padding / block-sparse, broadcast dimensions by stride 0 */
+    for (int d : {64, 128, 256}) {
+        v.push_back(with_mask(make_cfg(t, 2, 2, 2, 129, 300, d, CAUSAL_NONE), MASK_BOOL, PAT_RANDOM, 0));
+        v.push_back(with_mask(make_cfg(t, 2, 2, 2, 300, 129, d, CAUSAL_NONE), MASK_ADD, PAT_RANDOM, BC_B));
+        v.push_back(with_mask(make_cfg(t, 2, 4, 2, 300, 1000, d, CAUSAL_NONE), MASK_BOOL, PAT_PADDING, BC_H | BC_Q));
+        v.push_back(with_mask(make_cfg(t, 1, 2, 2, 1000, 1000, d, CAUSAL_NONE), MASK_BOOL, PAT_BLOCKS, BC_B | BC_H));
+        v.push_back(with_mask(make_cfg(t, 1, 2, 1, 600, 600, d, CAUSAL_NONE), MASK_ADD, PAT_BLOCKS, BC_H));
+    }
+    v.push_back(with_mask(make_cfg(t, 2, 2, 2, 300, 300, 64, CAUSAL_NONE), MASK_ADD, PAT_PADDING, BC_H | BC_Q));
+    v.push_back(with_mask(make_cfg(t, 2, 2, 2, 129, 129, 64, CAUSAL_NONE), MASK_BOOL, PAT_RANDOM, BC_B | BC_H | BC_K));
+    v.push_back(with_layout(with_mask(make_cfg(t, 2, 2, 2, 129, 300, 96, CAUSAL_NONE), MASK_ADD, PAT_RANDOM, BC_H),
+                            LAYOUT_STRIDED));
+    v.push_back(with_det(with_mask(make_cfg(t, 1, 2, 2, 600, 600, 128, CAUSAL_NONE), MASK_BOOL, PAT_BLOCKS, 0)));
+    /* dropout */
+    for (int d : {64, 128, 256}) {
+        v.push_back(with_dropout(make_cfg(t, 2, 2, 2, 300, 300, d, CAUSAL_NONE), 0.17));
+        v.push_back(with_dropout(make_cfg(t, 1, 4, 2, 129, 1000, d, CAUSAL_BOTTOM_RIGHT), 0.5));
+        v.push_back(with_det(with_dropout(make_cfg(t, 1, 2, 2, 300, 129, d, CAUSAL_TOP_LEFT), 0.1)));
+    }
+    /* sinks: lse includes them; rows without keys have lse = sink */
+    for (int d : {64, 128}) {
+        v.push_back(with_sink(make_cfg(t, 2, 2, 2, 300, 300, d, CAUSAL_BOTTOM_RIGHT)));
+        v.push_back(with_sink(make_cfg(t, 1, 2, 2, 300, 17, d, CAUSAL_BOTTOM_RIGHT)));
+    }
+    /* dbias: the additive mask's gradient, in both modes */
+    for (int d : {64, 128, 256}) {
+        v.push_back(with_dbias(with_mask(make_cfg(t, 2, 2, 2, 129, 300, d, CAUSAL_NONE), MASK_ADD, PAT_RANDOM, 0)));
+        v.push_back(with_det(with_dbias(with_mask(make_cfg(t, 1, 4, 2, 300, 129, d, CAUSAL_NONE), MASK_ADD, PAT_BLOCKS, BC_B))));
+    }
+    /* pairs */
+    for (int d : {64, 128}) {
+        v.push_back(with_softcap(with_window(make_cfg(t, 1, 2, 2, 1000, 1000, d, CAUSAL_BOTTOM_RIGHT), 256, -1), 30.f));
+        v.push_back(with_alibi(with_window(make_cfg(t, 2, 2, 2, 300, 300, d, CAUSAL_NONE), 64, 32), ALIBI_HEAD));
+        v.push_back(with_dropout(with_mask(make_cfg(t, 2, 2, 2, 300, 300, d, CAUSAL_NONE), MASK_BOOL, PAT_PADDING, BC_H | BC_Q), 0.2));
+        v.push_back(with_sink(with_window(make_cfg(t, 1, 4, 2, 300, 300, d, CAUSAL_BOTTOM_RIGHT), 50, -1)));
+        v.push_back(with_alibi(with_softcap(make_cfg(t, 2, 2, 2, 129, 300, d, CAUSAL_NONE), 5.f), ALIBI_BATCH));
+        v.push_back(with_dropout(with_window(make_cfg(t, 1, 2, 2, 600, 600, d, CAUSAL_NONE), 100, 100), 0.3));
+        v.push_back(with_alibi(with_mask(make_cfg(t, 2, 2, 2, 300, 129, d, CAUSAL_NONE), MASK_ADD, PAT_RANDOM, BC_H), ALIBI_HEAD));
+        v.push_back(with_mask(make_cfg(t, 1, 2, 2, 300, 300, d, CAUSAL_BOTTOM_RIGHT), MASK_BOOL, PAT_RANDOM, BC_B));
+        v.push_back(with_dbias(with_dropout(with_softcap(with_mask(make_cfg(t, 2, 2, 2, 129, 129, d, CAUSAL_NONE),
+                                                                   MASK_ADD, PAT_RANDOM, 0), 3.f), 0.25)));
+        test_cfg all = with_window(make_cfg(t, 1, 4, 2, 300, 300, d, CAUSAL_NONE), 90, 20);
+        all = with_dropout(with_softcap(with_mask(all, MASK_ADD, PAT_RANDOM, BC_B), 4.f), 0.15);
+        v.push_back(with_det(with_dbias(with_sink(with_alibi(all, ALIBI_BATCH)))));
+    }
+}
+
+static std::vector<test_cfg> full_configs(void)
+{
+    std::vector<test_cfg> v;
+    for (flash_dtype t : {FLASH_BF16, FLASH_FP16, FLASH_FP32, FLASH_FP64}) {
+        dense_configs(v, t);
+        variant_configs(v, t);
     }
     return v;
 }
@@ -534,14 +892,23 @@ static std::vector<test_cfg> full_configs(void)
 static std::vector<test_cfg> small_configs(void)
 {
     std::vector<test_cfg> v;
-    v.push_back({FLASH_BF16, 1, 2, 2, 17, 129, 64, CAUSAL_BOTTOM_RIGHT, 0, 0});
-    v.push_back({FLASH_BF16, 1, 4, 2, 129, 17, 128, CAUSAL_TOP_LEFT, 0, 0});
-    v.push_back({FLASH_FP16, 1, 2, 1, 70, 70, 256, CAUSAL_NONE, 1, 0});
-    v.push_back({FLASH_BF16, 1, 2, 2, 100, 100, 96, CAUSAL_BOTTOM_RIGHT, 0, 1});
-    v.push_back({FLASH_FP16, 1, 2, 2, 40, 200, 200, CAUSAL_BOTTOM_RIGHT, 0, 1});
-    v.push_back({FLASH_FP16, 2, 4, 2, 150, 300, 48, CAUSAL_BOTTOM_RIGHT, 1, 0});
-    v.push_back({FLASH_FP32, 1, 4, 2, 17, 33, 40, CAUSAL_BOTTOM_RIGHT, 1, 0});
-    v.push_back({FLASH_FP64, 1, 2, 2, 20, 9, 8, CAUSAL_TOP_LEFT, 0, 0});
+    v.push_back(make_cfg(FLASH_BF16, 1, 2, 2, 17, 129, 64, CAUSAL_BOTTOM_RIGHT));
+    v.push_back(make_cfg(FLASH_BF16, 1, 4, 2, 129, 17, 128, CAUSAL_TOP_LEFT));
+    v.push_back(with_layout(make_cfg(FLASH_FP16, 1, 2, 1, 70, 70, 256, CAUSAL_NONE), LAYOUT_STRIDED));
+    v.push_back(with_det(make_cfg(FLASH_BF16, 1, 2, 2, 100, 100, 96, CAUSAL_BOTTOM_RIGHT)));
+    v.push_back(with_det(make_cfg(FLASH_FP16, 1, 2, 2, 40, 200, 200, CAUSAL_BOTTOM_RIGHT)));
+    v.push_back(with_layout(make_cfg(FLASH_FP16, 2, 4, 2, 150, 300, 48, CAUSAL_BOTTOM_RIGHT), LAYOUT_STRIDED));
+    v.push_back(with_layout(make_cfg(FLASH_FP32, 1, 4, 2, 17, 33, 40, CAUSAL_BOTTOM_RIGHT), LAYOUT_STRIDED));
+    v.push_back(make_cfg(FLASH_FP64, 1, 2, 2, 20, 9, 8, CAUSAL_TOP_LEFT));
+    v.push_back(with_window(make_cfg(FLASH_BF16, 1, 2, 2, 300, 300, 128, CAUSAL_NONE), 70, 20));
+    v.push_back(with_softcap(with_alibi(make_cfg(FLASH_FP16, 1, 2, 2, 129, 200, 64, CAUSAL_NONE), ALIBI_BATCH), 3.f));
+    v.push_back(with_dbias(with_dropout(with_mask(make_cfg(FLASH_BF16, 1, 4, 2, 150, 260, 64, CAUSAL_NONE), MASK_ADD,
+                                                  PAT_BLOCKS, BC_B), 0.2)));
+    v.push_back(with_det(with_dbias(with_dropout(with_mask(make_cfg(FLASH_FP16, 1, 2, 2, 200, 150, 256, CAUSAL_NONE),
+                                                           MASK_ADD, PAT_RANDOM, 0), 0.3))));
+    v.push_back(with_dropout(with_mask(make_cfg(FLASH_FP32, 1, 2, 2, 40, 70, 32, CAUSAL_NONE), MASK_BOOL, PAT_RANDOM,
+                                       BC_H), 0.2));
+    v.push_back(with_layout(make_cfg(FLASH_FP16, 1, 4, 4, 1, 65, 8, CAUSAL_NONE), LAYOUT_ODD_UNIT));
     return v;
 }
 
@@ -565,12 +932,14 @@ __global__ void fill_f32(float *x, int64_t n, float val)
         x[i] = val;
 }
 
-static void time_config(int d, int s, int causal, int det)
+/* One timing config: bf16, b x s tokens, h heads of d; c carries the variant (c.b, c.h, c.sq, c.sk,
+ * c.d are used; masks are broadcast over heads). TFLOP/s counted on the visible (i, j) pairs. */
+static void time_variant(const test_cfg &c, const char *label)
 {
-    const int b = TIME_TOKENS / s, h = TIME_HIDDEN / d;
+    const int b = c.b, h = c.h, s = c.sq, d = c.d;
     const int64_t n = (int64_t)b * s * h * d;
     __nv_bfloat16 *q, *k, *v, *o, *dout, *dq, *dk, *dv;
-    float *lse, *delta, *dqa;
+    float *lse, *delta, *dqa, *slopes = NULL, *dbias = NULL;
     for (__nv_bfloat16 **x : {&q, &k, &v, &o, &dout, &dq, &dk, &dv})
         CHECK_CUDA(cudaMalloc(x, n * sizeof(__nv_bfloat16)));
     CHECK_CUDA(cudaMalloc(&lse, (size_t)b * h * s * sizeof(float)));
@@ -584,44 +953,118 @@ static void time_config(int d, int s, int causal, int det)
 
     flash_params p;
     memset(&p, 0, sizeof(p));
-    const layout l = make_layout(b, s, h, d, 0);
+    const layout l = make_layout(b, s, h, d, LAYOUT_BSHD);
     p.q = q; p.k = k; p.v = v; p.o = o; p.lse = lse; p.dout = dout;
     p.dq = dq; p.dk = dk; p.dv = dv; p.delta = delta; p.dq_accum = dqa;
     p.q_s = p.k_s = p.v_s = p.o_s = p.do_s = p.dq_s = p.dk_s = p.dv_s = l.st;
     p.b = b; p.h = h; p.h_kv = h; p.sq = s; p.sk = s; p.d = d; p.h_per_kv = 1;
     p.scale = 1.0 / sqrt((double)d);
-    p.scale_log2 = (float)(p.scale * 1.4426950408889634);
-    p.causal = causal;
-    p.causal_offset = 0;
-    p.deterministic = det;
+    p.scale_log2 = (float)(p.scale * FLASH_LOG2E);
+    set_band(&p, c);
+    p.softcap = c.softcap;
+    rng r = {12345};
+    if (c.alibi != ALIBI_NONE) {
+        std::vector<float> hs(h);
+        for (int i = 0; i < h; ++i)
+            hs[i] = powf(2.f, -8.f * (i + 1) / h);
+        slopes = (float *)upload_flat(hs.data(), hs.size() * sizeof(float));
+        p.alibi_slopes = slopes;
+        p.alibi_offset = 0;
+    }
+    set_dropout(&p, c.dropout, 7, 11);
+    mask_dev md;
+    memset(&md, 0, sizeof(md));
+    mask_data m;
+    if (c.mask) {
+        m = make_mask(c, &r, 0);
+        md = upload_mask(c, m);
+        p.mask = md.mask;
+        p.mask_kind = c.mask == MASK_BOOL ? FLASH_MASK_BOOL : FLASH_MASK_ADD;
+        p.mask_s = md.mask_s;
+        p.mask_blocks = md.blocks;
+        p.mask_blocks_s = md.blocks_s;
+    }
+    if (c.dbias) {
+        CHECK_CUDA(cudaMalloc(&dbias, (size_t)b * h * s * s * sizeof(float)));
+        p.dbias = dbias;
+    }
+    p.has_hook = (p.softcap > 0 || p.alibi_slopes || p.mask || p.dropout_threshold) ? 1 : 0;
+    p.deterministic = c.det;
     p.dtype = FLASH_BF16;
+
+    /* visible pairs: the band, and the mask (broadcast over heads) */
+    double pairs = 0;
+    for (int bi = 0; bi < b; ++bi)
+        for (int i = 0; i < s; ++i) {
+            const int64_t lo = std::max<int64_t>(0, i + p.diag_lo), hi = std::min<int64_t>(s - 1, i + p.diag_hi);
+            if (!c.mask) {
+                pairs += hi >= lo ? (double)(hi - lo + 1) * h : 0;
+                continue;
+            }
+            for (int64_t j = lo; j <= hi; ++j) {
+                const size_t ci = (((size_t)(m.mb == 1 ? 0 : bi) * m.mh) * m.mq + (m.mq == 1 ? 0 : i)) * m.mk + (m.mk == 1 ? 0 : j);
+                pairs += mask_additive(c.mask, m.compact[ci]) > -INFINITY ? h : 0;
+            }
+        }
 
     cudaEvent_t e0, e1;
     CHECK_CUDA(cudaEventCreate(&e0));
     CHECK_CUDA(cudaEventCreate(&e1));
     std::vector<float> ms;
-    for (int r = 0; r < TIME_WARMUP + TIME_REPS; ++r) {
+    for (int rep = 0; rep < TIME_WARMUP + TIME_REPS; ++rep) {
         CHECK_CUDA(cudaEventRecord(e0));
-        CHECK_CUDA(flash_bwd_sm80(&p, 0));
+        CHECK_CUDA(flash_bwd_cuda(&p, 0));
         CHECK_CUDA(cudaEventRecord(e1));
         CHECK_CUDA(cudaEventSynchronize(e1));
-        float t;
-        CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
-        if (r >= TIME_WARMUP)
-            ms.push_back(t);
+        float tm;
+        CHECK_CUDA(cudaEventElapsedTime(&tm, e0, e1));
+        if (rep >= TIME_WARMUP)
+            ms.push_back(tm);
     }
     std::sort(ms.begin(), ms.end());
     const double med = ms[ms.size() / 2];
-    const double flops = 2.5 * 4.0 * b * h * (double)s * s * d / (causal ? 2.0 : 1.0);
-    printf("bf16 d=%3d seqlen=%5d b=%2d h=%2d causal=%d det=%d : %8.3f ms  %6.1f TFLOP/s\n", d, s, b, h, causal, det, med,
-           flops / (med * 1e-3) / 1e12);
+    const double flops = BWD_FLOPS_PER_PAIR * d * pairs;
+    printf("bf16 d=%3d seqlen=%5d b=%2d h=%2d %-28s: %8.3f ms  %6.1f TFLOP/s (visible %.3f)\n", d, s, b, h, label, med,
+           flops / (med * 1e-3) / 1e12, pairs / ((double)b * h * s * s));
     fflush(stdout);
     CHECK_CUDA(cudaEventDestroy(e0));
     CHECK_CUDA(cudaEventDestroy(e1));
     for (void *x : {(void *)q, (void *)k, (void *)v, (void *)o, (void *)dout, (void *)dq, (void *)dk, (void *)dv,
-                    (void *)lse, (void *)delta, (void *)dqa})
-        CHECK_CUDA(cudaFree(x));
+                    (void *)lse, (void *)delta, (void *)dqa, (void *)slopes, (void *)dbias, md.mask, (void *)md.blocks})
+        if (x)
+            CHECK_CUDA(cudaFree(x));
 }
+
+static void time_config(int d, int s, int causal, int det)
+{
+    test_cfg c = make_cfg(FLASH_BF16, TIME_TOKENS / s, TIME_HIDDEN / d, TIME_HIDDEN / d, s, s, d,
+                          causal ? CAUSAL_TOP_LEFT : CAUSAL_NONE);
+    c.det = det;
+    char label[64];
+    snprintf(label, sizeof(label), "causal=%d det=%d", causal, det);
+    time_variant(c, label);
+}
+
+static void time_variants(void)
+{
+    const int s = 8192, b = TIME_TOKENS / s, h = 16;
+    const test_cfg dense = make_cfg(FLASH_BF16, b, h, h, s, s, 128, CAUSAL_NONE);
+    const test_cfg causal = make_cfg(FLASH_BF16, b, h, h, s, s, 128, CAUSAL_BOTTOM_RIGHT);
+    time_variant(dense, "dense");
+    time_variant(causal, "causal");
+    time_variant(with_window(make_cfg(FLASH_BF16, 1, h, h, 2 * s, 2 * s, 128, CAUSAL_BOTTOM_RIGHT), 4096, -1),
+                 "causal window 4096 (s16k)");
+    time_variant(with_softcap(dense, 50.f), "softcap 50");
+    time_variant(with_softcap(make_cfg(FLASH_BF16, b, 8, 8, s, s, 256, CAUSAL_NONE), 50.f), "softcap 50 (d256)");
+    time_variant(with_alibi(causal, ALIBI_HEAD), "alibi causal");
+    time_variant(with_mask(dense, MASK_BOOL, PAT_PADDING, BC_H | BC_Q), "padding mask (bool)");
+    time_variant(with_mask(dense, MASK_BOOL, PAT_SPARSE, BC_B | BC_H), "block-sparse 10% (bool)");
+    time_variant(with_dropout(dense, 0.1), "dropout 0.1");
+    time_variant(with_det(dense), "dense det");
+    time_variant(with_det(with_dropout(dense, 0.1)), "dropout 0.1 det");
+}
+
+/* ---- main ------------------------------------------------------------------------------------ */
 
 int main(int argc, char **argv)
 {
@@ -639,14 +1082,38 @@ int main(int argc, char **argv)
         time_config(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
         return 0;
     }
-    const std::vector<test_cfg> cfgs = !strcmp(mode, "small") ? small_configs() : full_configs();
-    const char *only = argc > 2 ? argv[2] : NULL; /* optional dtype filter, e.g. "bf16" */
-    int pass = 0, ran = 0;
-    for (size_t i = 0; i < cfgs.size(); ++i) {
-        if (only && strcmp(only, dtype_name(cfgs[i].dtype)))
+    if (!strcmp(mode, "timev")) {
+        time_variants();
+        return 0;
+    }
+    const std::vector<test_cfg> all = !strcmp(mode, "small") ? small_configs() : full_configs();
+    const char *only = argc > 2 && strcmp(argv[2], "all") ? argv[2] : NULL; /* dtype filter, e.g. "bf16" */
+    const char *filter = argc > 3 ? argv[3] : NULL;                        /* substring of the config line */
+    std::vector<test_cfg> cfgs;
+    std::vector<uint64_t> seeds;
+    for (size_t i = 0; i < all.size(); ++i) {
+        if (only && strcmp(only, dtype_name(all[i].dtype)))
             continue;
-        ran++;
-        pass += run_test(cfgs[i], i + 1);
+        if (filter && cfg_name(all[i]).find(filter) == std::string::npos)
+            continue;
+        cfgs.push_back(all[i]);
+        seeds.push_back(i + 1);
+    }
+    /* references on host threads, a batch at a time; the GPU runs each batch in order */
+    const size_t batch = std::max<size_t>(1, std::thread::hardware_concurrency());
+    int pass = 0, ran = 0;
+    for (size_t first = 0; first < cfgs.size(); first += batch) {
+        const size_t n = std::min(batch, cfgs.size() - first);
+        std::vector<prepared> prep(n);
+        std::vector<std::thread> th;
+        for (size_t i = 0; i < n; ++i)
+            th.emplace_back([&, i]() { prepare(cfgs[first + i], seeds[first + i], &prep[i]); });
+        for (auto &x : th)
+            x.join();
+        for (size_t i = 0; i < n; ++i) {
+            ran++;
+            pass += run_test(cfgs[first + i], prep[i]);
+        }
     }
     printf("SUMMARY: %d/%d configs passed\n", pass, ran);
     return pass == ran ? 0 : 1;

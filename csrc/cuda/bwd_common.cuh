@@ -9,16 +9,14 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "../constants.h"
 #include "../flash.h"
 #include "ptx.cuh"
 
-#define WARP_SIZE 32
+#define WARP_SIZE FLASH_WARP_SIZE
 #define FULL_MASK 0xffffffffu
 /* elements of a 16-bit type per 16-byte cp.async */
 #define CHUNK 8
-#define LOG2E_F 1.4426950408889634f
-/* |diag| clamp for the causal test; any value beyond the largest tile edge behaves the same */
-#define DIAG_CLAMP (1 << 20)
 
 template <typename T>
 __device__ __forceinline__ float2 unpack2(uint32_t v);
@@ -39,25 +37,7 @@ __device__ __forceinline__ float2 unpack2<__half>(uint32_t v)
  * +inf so that exp2(s - inf) = 0 without ever forming inf - inf. */
 __device__ __forceinline__ float lse_to_log2(float lse)
 {
-    return lse == -INFINITY ? INFINITY : lse * LOG2E_F;
-}
-
-__device__ __forceinline__ int clamp_diag(int64_t v)
-{
-    return (int)(v < -DIAG_CLAMP ? -DIAG_CLAMP : (v > DIAG_CLAMP ? DIAG_CLAMP : v));
-}
-
-/* The first query tile of BM rows that sees key row n0 (causal: query i sees key j iff
- * j <= i + causal_offset); num_m when none does, 0 without causal masking. */
-template <int BM>
-__device__ __forceinline__ int first_query_tile(bool causal, int64_t causal_offset, int n0, int sq, int num_m)
-{
-    int m_first = 0;
-    if (causal) {
-        const int64_t first_row = n0 - causal_offset;
-        m_first = first_row <= 0 ? 0 : (first_row >= sq ? num_m : (int)(first_row / BM));
-    }
-    return m_first;
+    return lse == -INFINITY ? INFINITY : lse * FLASH_LOG2E_F;
 }
 
 /* Async copy of n fp32 values g[0, n_valid) into s[0, n), zero beyond. */
@@ -121,7 +101,7 @@ __device__ __forceinline__ void store_kv_grad(const flash_params &p, const float
                                               void *out, const flash_strides &os, float *accum, int b, int hq,
                                               int j0, int c0)
 {
-    const int lane = threadIdx.x % WARP_SIZE;
+    const int lane = threadIdx.x % FLASH_WARP_SIZE;
     const int lr = lane / 4, lc = lane % 4;
     const int sk = (int)p.sk, d = (int)p.d;
     const int64_t hk = hq / p.h_per_kv;

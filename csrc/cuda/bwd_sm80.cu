@@ -1,12 +1,14 @@
 /* bwd_sm80.cu: FlashAttention-2 backward for fp16/bf16 on mma.sync m16n8k16 (fp32 accumulators),
- * sm80 and later. On Hopper (sm_90a builds) its main kernel is replaced by bwd_sm90.cu's (all head dims);
- * preprocess, postprocess and the deterministic dQ kernel are this file's on every GPU.
+ * sm80 and later. launch.cu calls its entry points in order (launch.h); on Hopper (sm_90a builds) the
+ * main kernel is bwd_sm90.cu's, the preprocess, the deterministic dQ kernel and the postprocess are
+ * this file's on every GPU.
  *
  * Algorithm (nothing of size sq x sk is ever stored):
  *   1. bwd_preprocess_kernel: delta_i = rowsum(dO_i * O_i) in fp32; zeroes the dq_accum row.
  *   2. bwd_main_kernel, grid (key tiles, h, b): a CTA owns BC keys of one query head. K and V of the
- *      tile are loaded once (cp.async); the CTA walks the query tiles of BR rows that can see the tile
- *      (causal: from the first visible one), Q/dO/lse/delta double-buffered through cp.async:
+ *      tile are loaded once (cp.async); the CTA walks the query tiles of BR rows that the band of
+ *      mask.h lets see the tile (flash_query_tiles: [first, end); tiles in [full_first, full_end)
+ *      take the unmasked path), Q/dO/lse/delta double-buffered through cp.async:
  *        S^T  = K Q^T                      P^T = exp2(S^T * scale*log2e - lse*log2e), 0 where masked
  *        dP^T - delta = V dO^T - delta     dS^T = P^T o (dP^T - delta)  (accumulated onto -delta)
  *        P^T, dS^T -> smem once            (and kept in registers by the warp that computed them)
@@ -18,8 +20,18 @@
  *   3. bwd_dq_post_kernel: dq = dq_accum * scale in the dtype; bwd_dkv_post_kernel (GQA only):
  *      dk/dv = sum over the h/h_kv query heads of dk_accum/dv_accum, in a fixed order.
  *   Deterministic mode (p->deterministic): the main kernel skips dQ; bwd_dq_kernel, grid (query
- *   tiles, h, b), walks the key tiles in order recomputing S, P, dP, dS, keeps dQ in registers and
- *   writes dq directly. Bitwise reproducible; costs S and dP twice.
+ *   tiles, h, b), walks the key tiles of flash_key_tiles in order recomputing S, P, dP, dS, keeps dQ
+ *   in registers and writes dq directly. Bitwise reproducible; costs S and dP twice.
+ *   Variants (HOOK = p->has_hook, a template parameter of the main and dQ kernels; HOOK = false is
+ *   the dense path, band geometry only): where P is recomputed from S, the score hook of mask.h
+ *   (softcap with tanhf, ALiBi, attn_mask read only in tiles whose block flags say partial; tiles
+ *   whose flags say empty are never loaded), then dropout: the 16-bit Philox draws of each (query
+ *   row, 8-key block) are computed once per CTA step by one of the 8 (main kernel) or 4 (dQ kernel)
+ *   lanes that hold them, as one keep bit per key, and exchanged by __shfl_sync; dV uses
+ *   keep*dropout_scale*P, dS = P o (keep*dropout_scale*dP - delta). dS (the gradient of an additive
+ *   mask) is written to p->dbias by the main kernel only; then dS times the softcap derivative
+ *   feeds dK and dQ. The uniform conditions are hoisted out of the per-element loops (see
+ *   hook_tile); only partial mask tiles and dbias take a per-element slow path.
  *
  * Warps' roles (main kernel, 8 warps in a WK x WQ grid, WQ = 8 / WK): warp (wk, wq) computes S^T and
  * dP^T for keys [KW*wk, +KW) x queries [QW*wq, +QW) of the tile (KW = BC/WK, QW = BR/WQ), and owns
@@ -28,53 +40,56 @@
  * come from its registers, the other WQ-1 groups from smem, where each warp stores its tile once.
  * dQ: the warps split the BR x D output into DQ_WM row groups x 8/DQ_WM column groups, in chunks
  * of DQC columns. Operand traffic (ldmatrix.x4 per mma) at D=128: S^T and dP^T 0.5, dV and dK 0.31,
- * dQ 0.5 -- 0.43 overall, against 0.6 for the previous layout (warp w owning 16 keys for all
- * queries), whose ncu profile was bound by shared memory. dQ kernel: warp w owns query rows
- * [16w, 16w+16) of the tile and all BCQ keys of each key tile.
+ * dQ 0.5 -- 0.43 overall. dQ kernel: warp w owns query rows [16w, 16w+16) of the tile and all BCQ
+ * keys of each key tile.
  * Between the smem loads and the mma's of the main kernel there are no branches (ptxas then keeps
  * several ldmatrix in flight ahead of the mma's that use them): columns past d are zero in smem and
  * are computed like the others, only the global writes are guarded; head dims other than 64/128/256
  * pay for this with the work of the padding (e.g. 25% of it at d=96).
  *
- * Tiles (D = head dim rounded up to 64/128/256; smem rows padded by 16 bytes so that ldmatrix and
- * the fragment stores are bank-conflict free; warp tiles keys x queries for S^T, keys x columns
- * for dK/dV, rows x columns for dQ):
+ * Tiles (bwd_tiles_d*_* below; D = head dim rounded up to 64/128/256; smem rows padded by 16 bytes so
+ * that ldmatrix and the fragment stores are bank-conflict free; warp tiles keys x queries for S^T,
+ * keys x columns for dK/dV, rows x columns for dQ):
  *   D=64 : BC=128 x BR=128, WK=4: S^T 32x64, dK/dV 32x32, dQ 32x32; 178 KB smem.
  *   D=128: BC=128 x BR=64,  WK=4: S^T 32x32, dK/dV 32x64, dQ 32x32; 173 KB smem.
  *   D=256: BC=64  x BR=64,  WK=2: S^T 32x16, dK/dV 32x64, dQ 32x64 in two chunks of 32; 217 KB smem
  *          (the dK/dV accumulators of 128 keys would not fit in registers).
  *   dQ kernel (deterministic mode): D=64/128 BRQ=128 x BCQ=64, 8 warps; D=256 BRQ=64 x BCQ=32, 4 warps.
- *   These need sm90's 227 KB. With less (run_bwd_dtype asks the device): D=64 BC=64 x BR=64, WK=2
+ *   These need sm90's 227 KB (FLASH_TILES_LARGE). FLASH_TILES_SMALL: D=64 BC=64 x BR=64, WK=2
  *   (75 KB); D=128 BC=64 x BR=32, WK=4, dQ kernel 64 x 32 (80 KB); D=256 BC=64 x BR=32, WK=4 (142 KB):
  *   A100 (163 KB) runs all three, sm86/sm89 (99 KB) d <= 128 only.
- * All kernels: no register spills for sm_80 and sm_90a (ptxas -v; the main kernel needs the lane and
- * warp index re-read in each step, see lane_now); one CTA of 8 warps per SM. The smem sizes exceed
- * the 163 KB of sm_80 (A100) at D=128 and beyond; they fit sm_90 (227 KB).
- * Requirements (checked, cudaErrorInvalidValue otherwise): d % 8 == 0, d <= 256, 16-byte aligned
- * base pointers, batch/row/head strides multiples of 8 elements.
+ * Dense kernels (HOOK = false): no register spills for sm_80 and sm_90a (ptxas -v; the main kernel
+ * needs the lane and warp index re-read in each step, see lane_now); the HOOK kernels with the large
+ * tiles spill a little (main kernel d64 / d128 and dQ kernel d128 / d256: 8-300 bytes of spill loads,
+ * mostly in the slow per-element path), those with the small tiles not at all. One CTA of 8 warps
+ * per SM.
+ * Requirements (flash_bwd_sm80_check, cudaErrorInvalidValue otherwise): d % 8 == 0, d <= 256,
+ * 16-byte aligned base pointers, batch/row/head strides multiples of 8 elements wherever that
+ * dimension has more than one index.
  *
- * Measured on the H200 (dev/bwd_harness.cu time; bf16, 16k tokens, nheads = 2048/d, CUDA events,
- * median of 10, whole backward incl. pre/postprocess; bwd FLOPs = 2.5 * 4*B*H*Sq*Sk*D, halved for
- * causal), TFLOP/s:
+ * Measured on the H200 (dev/bwd_harness.cu time / timev, FLASHATTN_EXT_DISABLE_SM90=1; bf16, 16k
+ * tokens, nheads = 2048/d, CUDA events, median of 10, whole backward incl. pre/postprocess; bwd FLOPs
+ * = 2.5 * 4 * D per visible (i, j) pair), TFLOP/s:
  *                     s512  s2048  s8192 | causal: s512  s2048  s8192
- *   d64                151   197    213  |         102    170    206
- *   d128               182   238    258  |         122    199    242
- *   d256               141   168    177  |         105    149    177
- *   deterministic mode, d128 s8192: 182 (causal 171).
+ *   d64                154   201    217  |         104    174    210
+ *   d128               186   241    261  |         126    203    244
+ *   d256               146   174    183  |         109    155    184
+ *   deterministic mode, d128 s8192: 196 (causal 182).
+ *   Variants (HOOK kernels), d128 s8192 b2 h16: softcap 50 190 (d256: 153), ALiBi causal 197, bool
+ *   padding mask (25% of the keys) 177, block-sparse mask (10% of 128 x 128 blocks) 95, dropout 0.1
+ *   191 (deterministic 124); causal window 4096 at s16k (dense path) 246; dense 258, causal 244.
  * torch's flash backend (FA2) on this H200: 276 (d64 s8k), 251 (d128 s2k), 296 (d128 s8k), 257 (d256).
- * History (whole backward, s8192 d64/d128/d256, non-causal): 1. warp owns 16 keys (all queries),
- * DQM=16: 200/208/163. 2. DQM=32: 205/218/171. 3. D=64 with 32 keys per warp, BC=256: 263 at d64
- * (ncu d128 s2048: smem pipe 71% busy, tensor 31%). 4. 2D warp grid, P^T/dS^T through smem, no
- * branches in the mma loops: 213/258/177
- * (d64 loses to version 3's 256-key tile, 261, but that one needs 214 KB of smem at d64).
+ * History: benchmarks/results/h200/history_bwd_sm80.md.
  */
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 
-#include "launch.h"
+#include "../constants.h"
+#include "../mask.h"
 #include "bwd_common.cuh"
+#include "launch.h"
 #include "ptx.cuh"
 
 
@@ -85,6 +100,19 @@
 #define PRE_WARPS 8        /* rows per block of the preprocess kernel */
 #define POST_THREADS 256   /* threads per block of the postprocess kernels */
 #define MAIN_WARPS 8       /* warps per CTA of the main kernel */
+#define MAX_GRID_YZ 65535  /* heads and batches index grid dimensions y and z */
+
+/* Tile configurations (see the header): D head dim (padded); main kernel: BC keys per CTA, BR queries
+ * per pipeline stage, WK warps along the keys of S^T (MAIN_WARPS / WK along its queries), DQ_WM warps
+ * along the rows of dQ, DQC dQ columns per chunk; BRQ x BCQ the tile of the deterministic dQ kernel.
+ * The large ones need the 227 KB per CTA of sm90; the small ones fit the A100's 163 KB and, up to
+ * d = 128, the 99 KB of sm86/sm89 (not measured: no such GPU here). */
+struct bwd_tiles_d64_large  { static constexpr int D = 64,  BC = 128, BR = 128, WK = 4, DQ_WM = 4, DQC = 32, BRQ = 128, BCQ = 64; };
+struct bwd_tiles_d64_small  { static constexpr int D = 64,  BC = 64,  BR = 64,  WK = 2, DQ_WM = 2, DQC = 16, BRQ = 128, BCQ = 64; };
+struct bwd_tiles_d128_large { static constexpr int D = 128, BC = 128, BR = 64,  WK = 4, DQ_WM = 2, DQC = 32, BRQ = 128, BCQ = 64; };
+struct bwd_tiles_d128_small { static constexpr int D = 128, BC = 64,  BR = 32,  WK = 4, DQ_WM = 2, DQC = 32, BRQ = 64,  BCQ = 32; };
+struct bwd_tiles_d256_large { static constexpr int D = 256, BC = 64,  BR = 64,  WK = 2, DQ_WM = 2, DQC = 32, BRQ = 64,  BCQ = 32; };
+struct bwd_tiles_d256_small { static constexpr int D = 256, BC = 64,  BR = 32,  WK = 4, DQ_WM = 2, DQC = 32, BRQ = 64,  BCQ = 32; };
 
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -137,14 +165,150 @@ __device__ __forceinline__ void load_tile_async(T *s, const T *g, int64_t stride
 }
 
 /* ------------------------------------------------------------------------------------------------ */
+/* variant helpers (HOOK kernels only)                                                              */
+
+/* attn_mask flags (mask.h) of query rows [q0, q0 + qn) x keys [k0, k0 + kn) (qn, kn >= 1), computed
+ * by the whole warp: lane l takes rows [q0 + 16 l, +16), the warp ORs the lanes' flags. */
+__device__ __forceinline__ unsigned warp_mask_tile_flags(const flash_params &p, int b, int hq, int q0, int qn, int k0,
+                                                         int kn)
+{
+    if (p.mask_blocks == NULL)
+        return FLASH_MASK_ANY_VISIBLE;
+    unsigned f = 0;
+    for (int r = (threadIdx.x % FLASH_WARP_SIZE) * FLASH_MASK_BLOCK; r < qn; r += FLASH_WARP_SIZE * FLASH_MASK_BLOCK)
+        f |= flash_mask_tile_flags(&p, b, hq, q0 + r, min(FLASH_MASK_BLOCK, qn - r), k0, kn);
+    return __reduce_or_sync(FULL_MASK, f);
+}
+
+/* The first tile t' in [t, end) whose attn_mask flags show a visible entry (end if none). Tiles of
+ * `tile` positions along the queries (along_queries, the main kernel: the key tile is [other0,
+ * +other_n)) or along the keys (the dQ kernel: the query tile is [other0, +other_n)); `len` is the
+ * length of the tiled axis. Uniform over the CTA. */
+__device__ __forceinline__ int next_visible_tile(const flash_params &p, int b, int hq, int t, int end, int tile, int len,
+                                                 int other0, int other_n, bool along_queries)
+{
+    for (; t < end; ++t) {
+        const int t0 = t * tile, tn = min(tile, len - t0);
+        const unsigned f = along_queries ? warp_mask_tile_flags(p, b, hq, t0, tn, other0, other_n)
+                                         : warp_mask_tile_flags(p, b, hq, other0, other_n, t0, tn);
+        if (f & FLASH_MASK_ANY_VISIBLE)
+            return t;
+    }
+    return end;
+}
+
+/* Float forms of flash_params fields that the HOOK kernels use per element, computed once by the
+ * launcher and passed as a second kernel parameter, so that they are read from constant memory where
+ * used instead of occupying registers across the main loops. */
+typedef struct hook_consts {
+    float softcap_arg;   /* scale / softcap: tanh's argument per unit of q.k; 0 without softcap */
+    float score_mul;     /* the final score per unit of that pass's output: softcap, or scale */
+    float grad_mul;      /* 1 with softcap, else 0: the derivative is 1 - grad_mul * th^2 */
+    float dropout_scale; /* (float)p->dropout_scale; 1 without dropout */
+} hook_consts;
+
+static hook_consts make_hook_consts(const flash_params *p)
+{
+    hook_consts hc;
+    const int softcap = p->softcap > 0.f;
+    hc.softcap_arg = softcap ? (float)(p->scale / p->softcap) : 0.f;
+    hc.score_mul = softcap ? p->softcap : (float)p->scale;
+    hc.grad_mul = softcap ? 1.f : 0.f;
+    hc.dropout_scale = p->dropout_threshold != 0 ? (float)p->dropout_scale : 1.f;
+    return hc;
+}
+
+/* Keep bits of the 8 keys [8c, 8c + 8) of query row i of (b, hq) = bh: bit k for key 8c + k, whose
+ * draw is flash_dropout_draw(bits, 8c + k) (that function reads only (8c + k) % 8 = k). */
+__device__ __forceinline__ uint32_t dropout_keep_byte(const flash_params &p, int64_t bh, int64_t i, int64_t c)
+{
+    uint32_t bits[4];
+    flash_dropout_bits(&p, bh, i, c, bits);
+    uint32_t byte = 0;
+#pragma unroll
+    for (int k = 0; k < FLASH_DROPOUT_KEYS_PER_DRAW; ++k)
+        byte |= (uint32_t)(flash_dropout_draw(bits, k) >= p.dropout_threshold) << k;
+    return byte;
+}
+
+/* The score and probability hooks of mask.h, folded for the HOOK kernels into passes over a warp's
+ * fragments whose uniform conditions sit outside the per-element loops:
+ *   1. softcap on: s = th = tanhf(q.k * scale / softcap) (flash_softcap_f; tanhf, not tanh.approx).
+ *   2. dropout on: dP *= dropout_scale.
+ *   3. per element, branch-free: x = score_mul * s (= softcap * th, or scale * q.k), minus
+ *      slope * |abase + (jl - il)| (flash_alibi_distance from the tile's base, exact below 2^24;
+ *      slope = 0 without ALiBi); P = exp2(x log2e - lse log2e), 0 outside the band;
+ *      dS = P (keep dP - delta), times 1 - grad_mul th^2 (flash_softcap_grad_f: 1 - (capped /
+ *      softcap)^2 = 1 - th^2). Tiles whose attn_mask flags say partial, and dbias, take the slow
+ *      copy of step 3, which also reads the mask entry (vis cleared / x += entry) and writes dS
+ *      (before the softcap factor) to dbias. */
+typedef struct hook_tile {
+    float slope, abase;
+    bool slow;      /* the mask is read in this tile, or dbias is written */
+    bool read_mask; /* the tile's flags say partial */
+} hook_tile;
+
+/* flags: the tile's attn_mask block flags. */
+__device__ __forceinline__ hook_tile make_hook_tile(const flash_params &p, int b, int hq, int m0, int n0, unsigned flags,
+                                                    bool dbias)
+{
+    hook_tile h;
+    h.slope = flash_alibi_slope(&p, b, hq);
+    h.abase = (float)((int64_t)n0 - m0 - p.alibi_offset);
+    h.read_mask = (flags & FLASH_MASK_ANY_MASKED) != 0;
+    h.slow = h.read_mask || dbias;
+    return h;
+}
+
+/* Step 3 for one element (see above): s (th or q.k) becomes keep * P, dp (dropout_scale * dP) the
+ * dS that feeds dK and dQ. vis: inside the band and the tile; (il, jl) local to the tile (m0, n0);
+ * dbias: this element's dbias entry or NULL (SLOW only). */
+template <typename T, bool SLOW>
+__device__ __forceinline__ void hook_element(const flash_params &p, const hook_consts &hc, const hook_tile &h, float &s,
+                                             float &dp, bool vis, bool kept, float l2, float dl, int b, int hq, int il,
+                                             int jl, int m0, int n0, float *dbias)
+{
+    float x = hc.score_mul * s;
+    x -= h.slope * fabsf(h.abase + (float)(jl - il));
+    if (SLOW && h.read_mask && vis) {
+        const int64_t off = flash_mask_offset(&p, b, hq, m0 + il, n0 + jl);
+        if (p.mask_kind == FLASH_MASK_BOOL)
+            vis = ((const uint8_t *)p.mask)[off] != 0;
+        else
+            x += (float)((const T *)p.mask)[off];
+    }
+    const float pv = vis ? exp2_approx(fmaf(x, FLASH_LOG2E_F, -l2)) : 0.f;
+    float ds = pv * ((kept ? dp : 0.f) - dl);
+    if (SLOW && dbias != NULL)
+        *dbias = ds;
+    dp = ds * fmaf(-hc.grad_mul * s, s, 1.f);
+    s = kept ? pv : 0.f;
+}
+
+/* Steps 1 and 2 on n fragment values. */
+__device__ __forceinline__ void hook_prepass(const flash_params &p, const hook_consts &hc, float *s, float *dp, int n)
+{
+    if (p.softcap > 0.f) {
+#pragma unroll
+        for (int k = 0; k < n; ++k)
+            s[k] = tanhf(s[k] * hc.softcap_arg);
+    }
+    if (p.dropout_threshold != 0) {
+#pragma unroll
+        for (int k = 0; k < n; ++k)
+            dp[k] *= hc.dropout_scale;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ */
 /* preprocess: delta = rowsum(dO * O), zero dq_accum                                                */
 
 /* One warp per (b, h, query row); lane l reads 8 consecutive elements at column 8l (+256). */
 template <typename T>
-__global__ void __launch_bounds__(PRE_WARPS *WARP_SIZE) bwd_preprocess_kernel(const flash_params p)
+__global__ void __launch_bounds__(PRE_WARPS *FLASH_WARP_SIZE) bwd_preprocess_kernel(const flash_params p)
 {
-    const int lane = threadIdx.x % WARP_SIZE;
-    const int64_t row = (int64_t)blockIdx.x * PRE_WARPS + threadIdx.x / WARP_SIZE; /* (b*h + hq)*sq + i */
+    const int lane = threadIdx.x % FLASH_WARP_SIZE;
+    const int64_t row = (int64_t)blockIdx.x * PRE_WARPS + threadIdx.x / FLASH_WARP_SIZE; /* (b*h + hq)*sq + i */
     if (row >= p.b * p.h * p.sq)
         return;
     const int64_t i = row % p.sq, bh = row / p.sq, hq = bh % p.h, b = bh / p.h;
@@ -152,7 +316,7 @@ __global__ void __launch_bounds__(PRE_WARPS *WARP_SIZE) bwd_preprocess_kernel(co
     const T *o = (const T *)p.o + b * p.o_s.batch + i * p.o_s.row + hq * p.o_s.head;      /* (d) */
     const T *dout = (const T *)p.dout + b * p.do_s.batch + i * p.do_s.row + hq * p.do_s.head; /* (d) */
     float sum = 0.f;
-    for (int c = lane * CHUNK; c < d; c += WARP_SIZE * CHUNK) {
+    for (int c = lane * CHUNK; c < d; c += FLASH_WARP_SIZE * CHUNK) {
         const uint4 ov = *(const uint4 *)(o + c), dv = *(const uint4 *)(dout + c);
         const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
 #pragma unroll
@@ -162,13 +326,13 @@ __global__ void __launch_bounds__(PRE_WARPS *WARP_SIZE) bwd_preprocess_kernel(co
         }
     }
 #pragma unroll
-    for (int off = WARP_SIZE / 2; off > 0; off /= 2)
+    for (int off = FLASH_WARP_SIZE / 2; off > 0; off /= 2)
         sum += __shfl_xor_sync(FULL_MASK, sum, off);
     if (lane == 0)
         ((float *)p.delta)[row] = sum;
     if (!p.deterministic) {
         float4 *acc = (float4 *)(p.dq_accum + row * d); /* (d / 4) */
-        for (int c = lane; c < d / 4; c += WARP_SIZE)
+        for (int c = lane; c < d / 4; c += FLASH_WARP_SIZE)
             acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 }
@@ -191,7 +355,24 @@ __device__ __forceinline__ int warp_now(void)
 {
     int r;
     asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(r));
-    return r / WARP_SIZE;
+    return r / FLASH_WARP_SIZE;
+}
+
+/* The CTA's query head and batch (blockIdx.y, .z) read the same way, for the HOOK code inside the main
+ * loops: the addresses derived from them (attn_mask flags and entries, ALiBi slopes, dbias) are then
+ * recomputed where used instead of being hoisted out of the loop and spilled. */
+__device__ __forceinline__ int head_now(void)
+{
+    int r;
+    asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(r));
+    return r;
+}
+
+__device__ __forceinline__ int batch_now(void)
+{
+    int r;
+    asm volatile("mov.u32 %0, %%ctaid.z;\n" : "=r"(r));
+    return r;
 }
 
 /* Store a 16 x 16 A fragment (layout of acc_to_a) at rows row0 + [0, 16), columns col0 + [0, 16) of a
@@ -240,17 +421,117 @@ __device__ __forceinline__ void mma_kv_step(float acc[MT][DW / 8][4], uint32_t a
     }
 }
 
-/* One CTA per (key tile of BC keys, query head, batch); walks the query tiles of BR rows that can see
- * the key tile. Warp (wk, wq) = (warp % WK, warp / WK) owns keys [KW*wk, +KW) x queries [QW*wq, +QW)
- * of S^T and dP^T, and keys [KW*wk, +KW) x columns [DW*wq, +DW) of dV and dK: the P^T and dS^T
- * operands of its own queries come from its registers, those of the other WQ-1 query groups from
- * shared memory. dQ: warp (warp % DQ_WM, warp / DQ_WM) owns rows [DQM*., +DQM) x columns [DQN*., +DQN)
- * of the tile, in chunks of DQC columns. Columns past d are zero in smem and computed like the others
- * (no branches between the loads and the mma's); only the global writes are guarded. */
-template <typename T, int D, int BC, int BR, int WK, int DQ_WM, int DQC>
-__global__ void __launch_bounds__(MAIN_WARPS *WARP_SIZE, 1) bwd_main_kernel(const flash_params p)
+/* Dropout in the main kernel. The (query, 8-key block) pairs of a warp's S^T tile that the 8 lanes of
+ * one lc hold are numbered P = (2 t + (e & 1)) * NB + 2 mt + (e >> 1) for fragment element (mt, t, e)
+ * (NB = KW / 8 key blocks); lane lr of the group draws pairs [NPL lr, +NPL), one Philox call each,
+ * whose 8 keep bits go to byte u % 4 of word u / 4 of `mine` (u = pair - NPL lr). The element
+ * (mt, t, e) is key 8 (block) + lr, so it takes bit lr of pair P from lane P / NPL of its group. */
+template <int MT, int QW>
+struct main_dropout {
+    static constexpr int NB = MT * 2, NP = NB * QW / 4, NPL = NP / 8, NWD = (NPL + 3) / 4;
+    static constexpr int NSRC = 2 * NB / NPL; /* source lanes of the pairs of one t */
+    static_assert(NP % 8 == 0 && (2 * NB) % NPL == 0, "dropout pairs per lane");
+};
+
+template <int MT, int QW>
+__device__ __forceinline__ void main_dropout_draw(const flash_params &p, uint32_t (&mine)[main_dropout<MT, QW>::NWD],
+                                                  int b, int hq, int m0, int n0, int key0, int qry0, int lr, int lc)
 {
-    constexpr int NT = MAIN_WARPS * WARP_SIZE, SD = D + SMEM_PAD, SS = BR + SMEM_PAD;
+    typedef main_dropout<MT, QW> DR;
+    const int64_t bh = (int64_t)b * p.h + hq;
+#pragma unroll
+    for (int w = 0; w < DR::NWD; ++w)
+        mine[w] = 0;
+#pragma unroll
+    for (int u = 0; u < DR::NPL; ++u) {
+        const int pair = lr * DR::NPL + u, qi = pair / DR::NB, bi = pair % DR::NB;
+        const int i = m0 + qry0 + (qi / 2) * 8 + 2 * lc + qi % 2;
+        mine[u / 4] |= dropout_keep_byte(p, bh, i, (n0 + key0) / 8 + bi) << (8 * (u % 4));
+    }
+}
+
+/* HOOK variant of the main kernel's P^T / dS^T step on the warp's S^T and dP^T fragments (s: the raw
+ * q.k, dp: dP^T, not yet minus delta): s becomes keep*P^T (for dV, whose dropout_scale factor is
+ * applied to the dV accumulators at the end), dp the dS^T that feeds dK and dQ. Fragment element
+ * (mt, t, e): key jl = key0 + 16 mt + lr + 8 (e >> 1), query ie = qry0 + 8 t + 2 lc + (e & 1), local
+ * to the tile (m0, n0). mine: main_dropout_draw's words. */
+template <typename T, bool SLOW, int MT, int QW>
+__device__ __forceinline__ void hook_p_ds_main_pass(const flash_params &p, const hook_consts &hc, const hook_tile &ht,
+                                                    float (&s)[MT][QW / 8][4], float (&dp)[MT][QW / 8][4],
+                                                    const uint32_t (&mine)[main_dropout<MT, QW>::NWD],
+                                                    const float *lse_t, const float *delta_t, int b, int hq, int m0,
+                                                    int n0, int key0, int qry0, int lr, int lc, bool need_mask, int lo,
+                                                    int band)
+{
+    typedef main_dropout<MT, QW> DR;
+    const int sq = (int)p.sq, sk = (int)p.sk, qvalid = sq - m0, kvalid = sk - n0;
+    const bool dropout = p.dropout_threshold != 0;
+#pragma unroll
+    for (int t = 0; t < QW / 8; ++t) {
+        uint32_t keep[DR::NSRC][DR::NWD]; /* the words of source lanes [NSRC t, +NSRC) of the group */
+#pragma unroll
+        for (int k = 0; k < DR::NSRC; ++k)
+#pragma unroll
+            for (int w = 0; w < DR::NWD; ++w)
+                keep[k][w] = ~0u;
+        if (dropout) {
+#pragma unroll
+            for (int k = 0; k < DR::NSRC; ++k)
+#pragma unroll
+                for (int w = 0; w < DR::NWD; ++w)
+                    keep[k][w] = __shfl_sync(FULL_MASK, mine[w], (t * DR::NSRC + k) * 4 + lc);
+        }
+        const int il = qry0 + t * 8 + 2 * lc;
+        const float2 lse2 = *(const float2 *)(lse_t + il), dl2 = *(const float2 *)(delta_t + il);
+        const float l2[2] = {lse_to_log2(lse2.x), lse_to_log2(lse2.y)}, dl[2] = {dl2.x, dl2.y};
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int jl = key0 + mt * 16 + lr + 8 * (e >> 1), ie = il + (e & 1);
+                const bool vis =
+                    !need_mask || (jl < kvalid && ie < qvalid && (unsigned)(jl - ie - lo) <= (unsigned)band);
+                const int P = (2 * t + (e & 1)) * DR::NB + 2 * mt + (e >> 1), u = P % DR::NPL;
+                const bool kept = (keep[P / DR::NPL - t * DR::NSRC][u / 4] >> (8 * (u % 4) + lr)) & 1u;
+                float *db = NULL;
+                if (SLOW && p.dbias != NULL && jl < kvalid && ie < qvalid)
+                    db = (float *)p.dbias + (((int64_t)b * p.h + hq) * sq + m0 + ie) * sk + n0 + jl;
+                hook_element<T, SLOW>(p, hc, ht, s[mt][t][e], dp[mt][t][e], vis, kept, l2[e & 1], dl[e & 1], b, hq, ie,
+                                      jl, m0, n0, db);
+            }
+    }
+}
+
+template <typename T, int MT, int QW>
+__device__ __forceinline__ void hook_p_ds_main(const flash_params &p, const hook_consts &hc, float (&s)[MT][QW / 8][4],
+                                               float (&dp)[MT][QW / 8][4],
+                                               const uint32_t (&mine)[main_dropout<MT, QW>::NWD], const float *lse_t,
+                                               const float *delta_t, int b, int hq, int m0, int n0, int key0, int qry0,
+                                               int lr, int lc, bool need_mask, int lo, int band, unsigned flags)
+{
+    const hook_tile ht = make_hook_tile(p, b, hq, m0, n0, flags, p.dbias != NULL);
+    hook_prepass(p, hc, &s[0][0][0], &dp[0][0][0], MT * QW / 2);
+    if (ht.slow)
+        hook_p_ds_main_pass<T, true, MT, QW>(p, hc, ht, s, dp, mine, lse_t, delta_t, b, hq, m0, n0, key0, qry0, lr, lc,
+                                             need_mask, lo, band);
+    else
+        hook_p_ds_main_pass<T, false, MT, QW>(p, hc, ht, s, dp, mine, lse_t, delta_t, b, hq, m0, n0, key0, qry0, lr, lc,
+                                              need_mask, lo, band);
+}
+
+/* One CTA per (key tile of BC keys, query head, batch); walks the query tiles of BR rows that the band
+ * lets see the key tile. Warp (wk, wq) = (warp % WK, warp / WK) owns keys [KW*wk, +KW) x queries
+ * [QW*wq, +QW) of S^T and dP^T, and keys [KW*wk, +KW) x columns [DW*wq, +DW) of dV and dK: the P^T
+ * and dS^T operands of its own queries come from its registers, those of the other WQ-1 query groups
+ * from shared memory. dQ: warp (warp % DQ_WM, warp / DQ_WM) owns rows [DQM*., +DQM) x columns
+ * [DQN*., +DQN) of the tile, in chunks of DQC columns. Columns past d are zero in smem and computed
+ * like the others (no branches between the loads and the mma's); only the global writes are guarded.
+ * HOOK: the score / probability hook of mask.h (hook_p_ds_main), attn_mask-empty tiles skipped. */
+template <typename T, int D, int BC, int BR, int WK, int DQ_WM, int DQC, bool HOOK>
+__global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
+    bwd_main_kernel(const __grid_constant__ flash_params p, const hook_consts hc)
+{
+    constexpr int NT = MAIN_WARPS * FLASH_WARP_SIZE, SD = D + SMEM_PAD, SS = BR + SMEM_PAD;
     constexpr int WQ = MAIN_WARPS / WK;                    /* warps along the queries of S^T */
     constexpr int KW = BC / WK, QW = BR / WQ, DW = D / WQ; /* warp tile edges */
     constexpr int MT = KW / 16, QK = QW / 16;              /* m16 key tiles, k16 query steps */
@@ -273,7 +554,6 @@ __global__ void __launch_bounds__(MAIN_WARPS *WARP_SIZE, 1) bwd_main_kernel(cons
     const int64_t hk = hq / p.h_per_kv;
     const int sq = (int)p.sq, sk = (int)p.sk, d = (int)p.d;
     const float sl2 = p.scale_log2;
-    const bool causal = p.causal != 0;
     const bool do_dq = !p.deterministic;
 
     const T *kg = (const T *)p.k + b * p.k_s.batch + hk * p.k_s.head + n0 * p.k_s.row; /* (sk - n0, d) */
@@ -285,14 +565,17 @@ __global__ void __launch_bounds__(MAIN_WARPS *WARP_SIZE, 1) bwd_main_kernel(cons
     const float *deltag = (const float *)p.delta + bh * sq; /* (sq) */
     float *dqa = p.dq_accum + bh * sq * d;                  /* (sq, d) */
 
-    const int num_m = (sq + BR - 1) / BR;
-    const int m_first = first_query_tile<BR>(causal, p.causal_offset, n0, sq, num_m);
-    const int kvalid = sk - n0; /* keys of the tile that exist */
+    const int kvalid = sk - n0, kn = kvalid < BC ? kvalid : BC; /* keys of the tile that exist */
+    const flash_tile_range qt = flash_query_tiles(&p, n0, kn, BR);
+    const int m_end = (int)qt.end, full_first = (int)qt.full_first, full_end = (int)qt.full_end;
+    int m = (int)qt.first;
+    if constexpr (HOOK)
+        m = next_visible_tile(p, b, hq, m, m_end, BR, sq, n0, kn, true);
 
     load_tile_async<T, BC, D, NT>(Ks, kg, p.k_s.row, kvalid, d, tid);
     load_tile_async<T, BC, D, NT>(Vs, vg, p.v_s.row, kvalid, d, tid);
-    if (m_first < num_m) {
-        const int m0 = m_first * BR;
+    if (m < m_end) {
+        const int m0 = m * BR;
         load_tile_async<T, BR, D, NT>(Qs, qg + m0 * p.q_s.row, p.q_s.row, sq - m0, d, tid);
         load_tile_async<T, BR, D, NT>(dOs, dog + m0 * p.do_s.row, p.do_s.row, sq - m0, d, tid);
         load_vec_async<BR, NT>(lse_s, lseg + m0, sq - m0, tid);
@@ -311,17 +594,20 @@ __global__ void __launch_bounds__(MAIN_WARPS *WARP_SIZE, 1) bwd_main_kernel(cons
                 acc_dk[mt][t][e] = 0.f;
             }
 
-    for (int m = m_first; m < num_m; ++m) {
-        const int st = (m - m_first) & 1, m0 = m * BR;
+    for (int st = 0; m < m_end; st ^= 1) {
+        const int m0 = m * BR;
+        int m_next = m + 1;
+        if constexpr (HOOK)
+            m_next = next_visible_tile(p, batch_now(), head_now(), m_next, m_end, BR, sq, n0, kn, true);
         const int lane = lane_now(), warp = warp_now();
         const int lr = lane / 4, lc = lane % 4; /* accumulator fragment: row lr (+8), columns 2*lc, +1 */
         const int wk = warp % WK, wq = warp / WK;
         const int key0 = wk * KW, qry0 = wq * QW, col0 = wq * DW; /* the warp's first key, query, dK/dV column */
 
         cp_async_wait<0>();
-        __syncthreads(); /* stage st landed; stage st^1, P^T and dS^T no longer read by step m-1 */
-        if (m + 1 < num_m) {
-            const int m1 = m0 + BR, so = st ^ 1;
+        __syncthreads(); /* stage st landed; stage st^1, P^T and dS^T no longer read by the previous step */
+        if (m_next < m_end) {
+            const int m1 = m_next * BR, so = st ^ 1;
             load_tile_async<T, BR, D, NT>(Qs + so * BR * SD, qg + m1 * p.q_s.row, p.q_s.row, sq - m1, d, tid);
             load_tile_async<T, BR, D, NT>(dOs + so * BR * SD, dog + m1 * p.do_s.row, p.do_s.row, sq - m1, d, tid);
             load_vec_async<BR, NT>(lse_s + so * BR, lseg + m1, sq - m1, tid);
@@ -330,13 +616,17 @@ __global__ void __launch_bounds__(MAIN_WARPS *WARP_SIZE, 1) bwd_main_kernel(cons
         }
         const T *Qt = Qs + st * BR * SD, *dOt = dOs + st * BR * SD; /* [BR][SD] */
         const float *lse_t = lse_s + st * BR, *delta_t = delta_s + st * BR;
+        uint32_t drop[main_dropout<MT, QW>::NWD] = {}; /* HOOK, dropout: drawn before the mma's take the registers */
+        if constexpr (HOOK)
+            if (p.dropout_threshold != 0)
+                main_dropout_draw<MT, QW>(p, drop, batch_now(), head_now(), m0, n0, key0, qry0, lr, lc);
 
-        /* S^T = K Q^T and dP^T - delta = V dO^T - delta (accumulated onto -delta) on the warp's KW keys
-         * x QW queries */
+        /* S^T = K Q^T and dP^T - delta = V dO^T - delta (accumulated onto -delta; HOOK: onto 0) on the
+         * warp's KW keys x QW queries */
         float s[MT][QW / 8][4], dp[MT][QW / 8][4];
 #pragma unroll
         for (int t = 0; t < QW / 8; ++t) {
-            const float2 dl = *(const float2 *)(delta_t + qry0 + t * 8 + 2 * lc);
+            const float2 dl = HOOK ? make_float2(0.f, 0.f) : *(const float2 *)(delta_t + qry0 + t * 8 + 2 * lc);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -377,29 +667,37 @@ __global__ void __launch_bounds__(MAIN_WARPS *WARP_SIZE, 1) bwd_main_kernel(cons
         }
 
         /* P^T = exp2(S^T * scale*log2e - lse*log2e), dS^T = P^T o (dP^T - delta). Key jl (local) is
-         * visible to query il (local) iff jl - il <= diag; keys past sk are masked too (their
-         * zero-filled K would give s = 0). Both go to smem for the other warps of the key group (and
-         * dS^T for dQ), and stay in registers as A fragments (k = queries) for this warp. */
-        const int diag = clamp_diag((int64_t)m0 + p.causal_offset - n0);
-        const bool need_mask = (causal && BC - 1 > diag) || kvalid < BC;
+         * visible to query il (local) iff lo <= jl - il <= lo + band (mask.h's flash_tile_diag of the
+         * band); keys past sk are masked too (their zero-filled K would give s = 0). Both go to smem
+         * for the other warps of the key group (and dS^T for dQ), and stay in registers as A
+         * fragments (k = queries) for this warp. */
+        const int lo = flash_tile_diag(p.diag_lo, m0, n0), band = flash_tile_diag(p.diag_hi, m0, n0) - lo;
+        const bool need_mask = m < full_first || m >= full_end || kvalid < BC;
+        if constexpr (HOOK) {
+            const int bn = batch_now(), hn = head_now();
+            const unsigned flags = warp_mask_tile_flags(p, bn, hn, m0, min(BR, sq - m0), n0, kn);
+            hook_p_ds_main<T, MT, QW>(p, hc, s, dp, drop, lse_t, delta_t, bn, hn, m0, n0, key0, qry0, lr, lc, need_mask, lo,
+                                      band, flags);
+        } else {
 #pragma unroll
-        for (int t = 0; t < QW / 8; ++t) {
-            const int il = qry0 + t * 8 + 2 * lc;
-            const float2 lse2 = *(const float2 *)(lse_t + il);
-            const float l2[2] = {lse_to_log2(lse2.x), lse_to_log2(lse2.y)};
+            for (int t = 0; t < QW / 8; ++t) {
+                const int il = qry0 + t * 8 + 2 * lc;
+                const float2 lse2 = *(const float2 *)(lse_t + il);
+                const float l2[2] = {lse_to_log2(lse2.x), lse_to_log2(lse2.y)};
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
+                for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float pv = exp2_approx(fmaf(s[mt][t][e], sl2, -l2[e & 1]));
-                    if (need_mask) {
-                        const int jl = key0 + mt * 16 + lr + 8 * (e >> 1), ie = il + (e & 1);
-                        if (jl >= kvalid || (causal && jl - ie > diag))
-                            pv = 0.f;
+                    for (int e = 0; e < 4; ++e) {
+                        float pv = exp2_approx(fmaf(s[mt][t][e], sl2, -l2[e & 1]));
+                        if (need_mask) {
+                            const int jl = key0 + mt * 16 + lr + 8 * (e >> 1), ie = il + (e & 1);
+                            if (jl >= kvalid || (unsigned)(jl - ie - lo) > (unsigned)band)
+                                pv = 0.f;
+                        }
+                        s[mt][t][e] = pv;
+                        dp[mt][t][e] *= pv;
                     }
-                    s[mt][t][e] = pv;
-                    dp[mt][t][e] *= pv;
-                }
+            }
         }
         uint32_t pa[MT][QK][4], dsa[MT][QK][4];
 #pragma unroll
@@ -468,35 +766,111 @@ __global__ void __launch_bounds__(MAIN_WARPS *WARP_SIZE, 1) bwd_main_kernel(cons
                 }
             }
         }
+        m = m_next;
     }
     cp_async_wait<0>(); /* K/V still in flight when no query tile sees the key tile */
 
     const int warp = warp_now();
     const int key0 = (warp % WK) * KW, col0 = (warp / WK) * DW;
-    store_kv_grad<T, MT, DW>(p, acc_dv, 1.f, p.dv, p.dv_s, p.dv_accum, b, hq, n0 + key0, col0);
+    const float dv_mul = HOOK ? hc.dropout_scale : 1.f;
+    store_kv_grad<T, MT, DW>(p, acc_dv, dv_mul, p.dv, p.dv_s, p.dv_accum, b, hq, n0 + key0, col0);
     store_kv_grad<T, MT, DW>(p, acc_dk, (float)p.scale, p.dk, p.dk_s, p.dk_accum, b, hq, n0 + key0, col0);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
 /* deterministic dQ kernel                                                                          */
 
-template <typename T, int D, int BRQ, int BCQ>
-__global__ void __launch_bounds__(BRQ / 16 * WARP_SIZE, 1) bwd_dq_kernel(const flash_params p)
+/* Dropout in the dQ kernel. The (row, 8-key block) pairs that the 4 lanes of one lr hold are numbered
+ * P = (e >> 1) * NB + t for fragment element (t, e) (NB = BCQ / 8); lane lc of the group draws pairs
+ * [NPL lc, +NPL), whose keep bits go to byte u of its word (u = pair - NPL lc). The element (t, e) is
+ * key 8 t + 2 lc + (e & 1): bit 2 lc + (e & 1) of pair P, from lane P / NPL of its group. */
+template <int BCQ>
+struct dq_dropout {
+    static constexpr int NB = BCQ / 8, NP = 2 * NB, NPL = NP / 4;
+    static_assert(NP % 4 == 0 && NPL <= 4, "dropout pairs per lane: one word");
+};
+
+template <int BCQ>
+__device__ __forceinline__ uint32_t dq_dropout_draw(const flash_params &p, int b, int hq, int m0, int n0, int warp, int lr,
+                                                    int lc)
 {
-    constexpr int NW = BRQ / 16, NT = NW * WARP_SIZE, SD = D + SMEM_PAD;
+    typedef dq_dropout<BCQ> DR;
+    const int64_t bh = (int64_t)b * p.h + hq;
+    uint32_t mine = 0;
+#pragma unroll
+    for (int u = 0; u < DR::NPL; ++u) {
+        const int pair = lc * DR::NPL + u;
+        const int i = m0 + warp * 16 + lr + 8 * (pair / DR::NB);
+        mine |= dropout_keep_byte(p, bh, i, n0 / 8 + pair % DR::NB) << (8 * u);
+    }
+    return mine;
+}
+
+/* HOOK variant of the dQ kernel's P / dS step on the warp's S and dP fragments (s: the raw q.k, dp:
+ * dP, not yet minus delta): dp becomes the dS that feeds dQ. Fragment element (t, e): query row
+ * il = 16 warp + lr + 8 (e >> 1), key jl = 8 t + 2 lc + (e & 1), local to the tile (m0, n0). mine:
+ * dq_dropout_draw's word. dbias is not written here (the main kernel does). */
+template <typename T, bool SLOW, int BCQ>
+__device__ __forceinline__ void hook_p_ds_dq_pass(const flash_params &p, const hook_consts &hc, const hook_tile &ht,
+                                                  float (&s)[BCQ / 8][4], float (&dp)[BCQ / 8][4], const uint32_t keep[4],
+                                                  const float l2[2], const float dl[2], int b, int hq, int m0, int n0,
+                                                  int warp, int lr, int lc, bool need_mask, int lo, int band)
+{
+    typedef dq_dropout<BCQ> DR;
+    const int sq = (int)p.sq, kvalid = (int)p.sk - n0;
+#pragma unroll
+    for (int t = 0; t < BCQ / 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int h8 = e >> 1, jl = t * 8 + 2 * lc + (e & 1), il = warp * 16 + lr + 8 * h8;
+            const bool vis =
+                m0 + il < sq && (!need_mask || (jl < kvalid && (unsigned)(jl - il - lo) <= (unsigned)band));
+            const int P = h8 * DR::NB + t;
+            const bool kept = (keep[P / DR::NPL] >> (8 * (P % DR::NPL) + 2 * lc + (e & 1))) & 1u;
+            hook_element<T, SLOW>(p, hc, ht, s[t][e], dp[t][e], vis, kept, l2[h8], dl[h8], b, hq, il, jl, m0, n0, NULL);
+        }
+}
+
+template <typename T, int BCQ>
+__device__ __forceinline__ void hook_p_ds_dq(const flash_params &p, const hook_consts &hc, float (&s)[BCQ / 8][4],
+                                             float (&dp)[BCQ / 8][4], uint32_t mine, const float l2[2], const float dl[2],
+                                             int b, int hq, int m0, int n0, int warp, int lr, int lc, bool need_mask,
+                                             int lo, int band, unsigned flags)
+{
+    const hook_tile ht = make_hook_tile(p, b, hq, m0, n0, flags, false);
+    uint32_t keep[4] = {~0u, ~0u, ~0u, ~0u}; /* [source lane of the group] */
+    if (p.dropout_threshold != 0) {
+#pragma unroll
+        for (int src = 0; src < 4; ++src)
+            keep[src] = __shfl_sync(FULL_MASK, mine, lr * 4 + src);
+    }
+    hook_prepass(p, hc, &s[0][0], &dp[0][0], BCQ / 2);
+    if (ht.slow)
+        hook_p_ds_dq_pass<T, true, BCQ>(p, hc, ht, s, dp, keep, l2, dl, b, hq, m0, n0, warp, lr, lc, need_mask, lo, band);
+    else
+        hook_p_ds_dq_pass<T, false, BCQ>(p, hc, ht, s, dp, keep, l2, dl, b, hq, m0, n0, warp, lr, lc, need_mask, lo, band);
+}
+
+/* One CTA per (query tile of BRQ rows, query head, batch), BRQ/16 warps; walks the key tiles of BCQ
+ * keys that flash_key_tiles gives, in order (HOOK: attn_mask-empty tiles skipped), K/V
+ * double-buffered. */
+template <typename T, int D, int BRQ, int BCQ, bool HOOK>
+__global__ void __launch_bounds__(BRQ / 16 * FLASH_WARP_SIZE, 1)
+    bwd_dq_kernel(const __grid_constant__ flash_params p, const hook_consts hc)
+{
+    constexpr int NW = BRQ / 16, NT = NW * FLASH_WARP_SIZE, SD = D + SMEM_PAD;
     extern __shared__ __align__(16) uint8_t smem[];
     T *Qs = (T *)smem;              /* [BRQ][SD]     */
     T *dOs = Qs + BRQ * SD;         /* [BRQ][SD]     */
     T *Ks = dOs + BRQ * SD;         /* [2][BCQ][SD]  */
     T *Vs = Ks + 2 * BCQ * SD;      /* [2][BCQ][SD]  */
 
-    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
+    const int tid = threadIdx.x, warp = tid / FLASH_WARP_SIZE, lane = tid % FLASH_WARP_SIZE;
     const int lr = lane / 4, lc = lane % 4;
     const int m0 = blockIdx.x * BRQ, hq = blockIdx.y, b = blockIdx.z;
     const int64_t hk = hq / p.h_per_kv;
     const int sq = (int)p.sq, sk = (int)p.sk, d = (int)p.d;
     const float sl2 = p.scale_log2;
-    const bool causal = p.causal != 0;
 
     const T *qg = (const T *)p.q + b * p.q_s.batch + hq * p.q_s.head + m0 * p.q_s.row;       /* (sq - m0, d) */
     const T *dog = (const T *)p.dout + b * p.do_s.batch + hq * p.do_s.head + m0 * p.do_s.row; /* (sq - m0, d) */
@@ -513,17 +887,19 @@ __global__ void __launch_bounds__(BRQ / 16 * WARP_SIZE, 1) bwd_dq_kernel(const f
         dl[h8] = i < sq ? ((const float *)p.delta)[bh * sq + i] : 0.f;
     }
 
-    int n_tiles = (sk + BCQ - 1) / BCQ;
-    if (causal) {
-        const int64_t last = (int64_t)m0 + BRQ - 1 + p.causal_offset; /* last key any row of the tile sees */
-        n_tiles = last < 0 ? 0 : (int)((last < sk - 1 ? last : sk - 1) / BCQ + 1);
-    }
+    const int qn = sq - m0 < BRQ ? sq - m0 : BRQ; /* rows of the tile that exist */
+    const flash_tile_range kt = flash_key_tiles(&p, m0, qn, BCQ);
+    const int n_end = (int)kt.end, full_first = (int)kt.full_first, full_end = (int)kt.full_end;
+    int n = (int)kt.first;
+    if constexpr (HOOK)
+        n = next_visible_tile(p, b, hq, n, n_end, BCQ, sk, m0, qn, false);
 
     load_tile_async<T, BRQ, D, NT>(Qs, qg, p.q_s.row, sq - m0, d, tid);
     load_tile_async<T, BRQ, D, NT>(dOs, dog, p.do_s.row, sq - m0, d, tid);
-    if (n_tiles > 0) {
-        load_tile_async<T, BCQ, D, NT>(Ks, kg, p.k_s.row, sk, d, tid);
-        load_tile_async<T, BCQ, D, NT>(Vs, vg, p.v_s.row, sk, d, tid);
+    if (n < n_end) {
+        const int n0 = n * BCQ;
+        load_tile_async<T, BCQ, D, NT>(Ks, kg + n0 * p.k_s.row, p.k_s.row, sk - n0, d, tid);
+        load_tile_async<T, BCQ, D, NT>(Vs, vg + n0 * p.v_s.row, p.v_s.row, sk - n0, d, tid);
     }
     cp_async_commit();
 
@@ -534,10 +910,13 @@ __global__ void __launch_bounds__(BRQ / 16 * WARP_SIZE, 1) bwd_dq_kernel(const f
         for (int e = 0; e < 4; ++e)
             acc[t][e] = 0.f;
 
-    for (int n = 0; n < n_tiles; ++n) {
-        const int st = n & 1, n0 = n * BCQ;
-        if (n + 1 < n_tiles) {
-            const int n1 = n0 + BCQ, so = st ^ 1;
+    for (int st = 0; n < n_end; st ^= 1) {
+        const int n0 = n * BCQ;
+        int n_next = n + 1;
+        if constexpr (HOOK)
+            n_next = next_visible_tile(p, batch_now(), head_now(), n_next, n_end, BCQ, sk, m0, qn, false);
+        if (n_next < n_end) {
+            const int n1 = n_next * BCQ, so = st ^ 1;
             load_tile_async<T, BCQ, D, NT>(Ks + so * BCQ * SD, kg + n1 * p.k_s.row, p.k_s.row, sk - n1, d, tid);
             load_tile_async<T, BCQ, D, NT>(Vs + so * BCQ * SD, vg + n1 * p.v_s.row, p.v_s.row, sk - n1, d, tid);
             cp_async_commit();
@@ -547,6 +926,10 @@ __global__ void __launch_bounds__(BRQ / 16 * WARP_SIZE, 1) bwd_dq_kernel(const f
         }
         __syncthreads();
         const T *Kt = Ks + st * BCQ * SD, *Vt = Vs + st * BCQ * SD; /* [BCQ][SD] */
+        uint32_t drop = 0; /* HOOK, dropout: drawn before the mma's take the registers */
+        if constexpr (HOOK)
+            if (p.dropout_threshold != 0)
+                drop = dq_dropout_draw<BCQ>(p, batch_now(), head_now(), m0, n0, warp, lr, lc);
 
         /* S = Q_w K^T, dP = dO_w V^T: 16 queries x BCQ keys per warp */
         float s[BCQ / 8][4], dp[BCQ / 8][4];
@@ -580,22 +963,28 @@ __global__ void __launch_bounds__(BRQ / 16 * WARP_SIZE, 1) bwd_dq_kernel(const f
             }
         }
 
-        /* dS = P o (dP - delta); query il (local) sees key jl (local) iff jl - il <= diag */
-        const int diag = clamp_diag((int64_t)m0 + p.causal_offset - n0);
+        /* dS = P o (dP - delta); query il (local) sees key jl (local) iff lo <= jl - il <= lo + band */
+        const int lo = flash_tile_diag(p.diag_lo, m0, n0), band = flash_tile_diag(p.diag_hi, m0, n0) - lo;
         const int kvalid = sk - n0;
-        const bool need_mask = (causal && BCQ - 1 > diag) || kvalid < BCQ;
+        const bool need_mask = n < full_first || n >= full_end;
+        if constexpr (HOOK) {
+            const int bn = batch_now(), hn = head_now();
+            const unsigned flags = warp_mask_tile_flags(p, bn, hn, m0, qn, n0, min(BCQ, kvalid));
+            hook_p_ds_dq<T, BCQ>(p, hc, s, dp, drop, l2, dl, bn, hn, m0, n0, warp, lr, lc, need_mask, lo, band, flags);
+        } else {
 #pragma unroll
-        for (int t = 0; t < BCQ / 8; ++t)
+            for (int t = 0; t < BCQ / 8; ++t)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float pv = exp2_approx(fmaf(s[t][e], sl2, -l2[e >> 1]));
-                if (need_mask) {
-                    const int jl = t * 8 + 2 * lc + (e & 1), il = warp * 16 + lr + 8 * (e >> 1);
-                    if (jl >= kvalid || (causal && jl - il > diag))
-                        pv = 0.f;
+                for (int e = 0; e < 4; ++e) {
+                    float pv = exp2_approx(fmaf(s[t][e], sl2, -l2[e >> 1]));
+                    if (need_mask) {
+                        const int jl = t * 8 + 2 * lc + (e & 1), il = warp * 16 + lr + 8 * (e >> 1);
+                        if (jl >= kvalid || (unsigned)(jl - il - lo) > (unsigned)band)
+                            pv = 0.f;
+                    }
+                    dp[t][e] = pv * (dp[t][e] - dl[e >> 1]);
                 }
-                dp[t][e] = pv * (dp[t][e] - dl[e >> 1]);
-            }
+        }
 
         /* dQ += dS K */
 #pragma unroll
@@ -613,6 +1002,7 @@ __global__ void __launch_bounds__(BRQ / 16 * WARP_SIZE, 1) bwd_dq_kernel(const f
             }
         }
         __syncthreads(); /* this K/V stage is free for the prefetch after next */
+        n = n_next;
     }
     cp_async_wait<0>();
 
@@ -709,113 +1099,82 @@ static constexpr size_t dq_smem_bytes(int D, int BRQ, int BCQ)
     return (size_t)(2 * BRQ * (D + SMEM_PAD) + 4 * BCQ * (D + SMEM_PAD)) * 2;
 }
 
-/* Tile parameters: D head dim (padded); main kernel: BC keys per CTA, BR queries per pipeline stage,
- * WK warps along the keys of S^T (MAIN_WARPS / WK along its queries), DQ_WM warps along the rows of
- * dQ, DQC dQ columns per chunk; BRQ x BCQ the tile of the deterministic dQ kernel. */
-template <typename T, int D, int BC, int BR, int WK, int DQ_WM, int DQC, int BRQ, int BCQ>
-static cudaError_t run_bwd(const flash_params *p, cudaStream_t stream)
+template <typename C>
+static constexpr size_t tiles_smem_bytes(void)
 {
-    cudaError_t err;
-    const flash_params pv = *p;
+    return main_smem_bytes(C::D, C::BC, C::BR) > dq_smem_bytes(C::D, C::BRQ, C::BCQ)
+               ? main_smem_bytes(C::D, C::BC, C::BR)
+               : dq_smem_bytes(C::D, C::BRQ, C::BCQ);
+}
 
-    bwd_preprocess_kernel<T><<<blocks_for(p->b * p->h * p->sq, PRE_WARPS), PRE_WARPS * WARP_SIZE, 0, stream>>>(pv);
-    if ((err = cudaGetLastError()) != cudaSuccess)
+template <typename T, typename C>
+static cudaError_t launch_main(const flash_params *p, cudaStream_t stream)
+{
+    const size_t smem = main_smem_bytes(C::D, C::BC, C::BR);
+    auto kernel = p->has_hook ? bwd_main_kernel<T, C::D, C::BC, C::BR, C::WK, C::DQ_WM, C::DQC, true>
+                              : bwd_main_kernel<T, C::D, C::BC, C::BR, C::WK, C::DQ_WM, C::DQC, false>;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess)
         return err;
+    const dim3 grid(blocks_for(p->sk, C::BC), (unsigned int)p->h, (unsigned int)p->b);
+    kernel<<<grid, MAIN_WARPS * FLASH_WARP_SIZE, smem, stream>>>(*p, make_hook_consts(p));
+    return cudaGetLastError();
+}
 
-    if (flash_bwd_sm90_supported(p)) {
-        if ((err = flash_bwd_main_sm90(p, stream)) != cudaSuccess)
-            return err;
-    } else {
-        const size_t smem = main_smem_bytes(D, BC, BR);
-        auto kernel = bwd_main_kernel<T, D, BC, BR, WK, DQ_WM, DQC>;
-        if ((err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
-            return err;
-        const dim3 grid(blocks_for(p->sk, BC), (unsigned int)p->h, (unsigned int)p->b);
-        kernel<<<grid, MAIN_WARPS * WARP_SIZE, smem, stream>>>(pv);
-        if ((err = cudaGetLastError()) != cudaSuccess)
-            return err;
-    }
-    if (p->deterministic) {
-        const size_t smem = dq_smem_bytes(D, BRQ, BCQ);
-        auto kernel = bwd_dq_kernel<T, D, BRQ, BCQ>;
-        if ((err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
-            return err;
-        const dim3 grid(blocks_for(p->sq, BRQ), (unsigned int)p->h, (unsigned int)p->b);
-        kernel<<<grid, BRQ / 16 * WARP_SIZE, smem, stream>>>(pv);
-    } else {
-        bwd_dq_post_kernel<T><<<blocks_for(p->b * p->h * p->sq * (p->d / CHUNK), POST_THREADS), POST_THREADS, 0, stream>>>(pv);
-    }
-    if ((err = cudaGetLastError()) != cudaSuccess)
+template <typename T, typename C>
+static cudaError_t launch_dq(const flash_params *p, cudaStream_t stream)
+{
+    const size_t smem = dq_smem_bytes(C::D, C::BRQ, C::BCQ);
+    auto kernel = p->has_hook ? bwd_dq_kernel<T, C::D, C::BRQ, C::BCQ, true> : bwd_dq_kernel<T, C::D, C::BRQ, C::BCQ, false>;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess)
         return err;
-
-    if (p->h != p->h_kv) {
-        bwd_dkv_post_kernel<T><<<blocks_for(p->b * p->sk * p->h_kv * (p->d / CHUNK), POST_THREADS), POST_THREADS, 0, stream>>>(pv);
-        if ((err = cudaGetLastError()) != cudaSuccess)
-            return err;
-    }
-    return cudaSuccess;
+    const dim3 grid(blocks_for(p->sq, C::BRQ), (unsigned int)p->h, (unsigned int)p->b);
+    kernel<<<grid, C::BRQ / 16 * FLASH_WARP_SIZE, smem, stream>>>(*p, make_hook_consts(p));
+    return cudaGetLastError();
 }
 
+/* The two tiled kernels of this file. */
+typedef enum bwd_part { BWD_PART_MAIN, BWD_PART_DQ } bwd_part;
 
-/* Tile configurations per head dim: the large ones measured above (they need the 227 KB per CTA of
- * sm90) when the device allows them, else smaller ones that fit the A100's 163 KB and, up to d = 128,
- * the 99 KB of sm86/sm89 (not measured: no such GPU here). */
-#define BWD_D64_LARGE 64, 128, 128, 4, 4, 32, 128, 64
-#define BWD_D64_SMALL 64, 64, 64, 2, 2, 16, 128, 64
-#define BWD_D128_LARGE 128, 128, 64, 4, 2, 32, 128, 64
-#define BWD_D128_SMALL 128, 64, 32, 4, 2, 32, 64, 32
-#define BWD_D256_LARGE 256, 64, 64, 2, 2, 32, 64, 32
-#define BWD_D256_SMALL 256, 64, 32, 4, 2, 32, 64, 32
-
-template <int D, int BC, int BR, int WK, int DQ_WM, int DQC, int BRQ, int BCQ>
-static constexpr size_t config_smem_bytes(void)
+template <typename T, typename C>
+static cudaError_t launch_part(const flash_params *p, bwd_part part, cudaStream_t stream)
 {
-    return main_smem_bytes(D, BC, BR) > dq_smem_bytes(D, BRQ, BCQ) ? main_smem_bytes(D, BC, BR)
-                                                                   : dq_smem_bytes(D, BRQ, BCQ);
+    return part == BWD_PART_MAIN ? launch_main<T, C>(p, stream) : launch_dq<T, C>(p, stream);
 }
 
-/* The current device's opt-in shared memory per CTA, capped by FLASHATTN_EXT_SMEM_LIMIT (bytes; read
- * once) so that the small configurations can be tested on a large GPU. 0 if the query fails. Also
- * what the binding checks the forward's needs against. */
-extern "C" size_t flash_smem_available(void)
-{
-    static long long cap = -1;
-    if (cap < 0) {
-        const char *env = getenv("FLASHATTN_EXT_SMEM_LIMIT");
-        cap = env != NULL && atoll(env) > 0 ? atoll(env) : 0;
-    }
-    int dev = 0, bytes = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-        return 0;
-    return cap > 0 && (size_t)cap < (size_t)bytes ? (size_t)cap : (size_t)bytes;
-}
-
-extern "C" size_t flash_bwd_smem_needed(const flash_params *p)
-{
-    if (p->d <= 64)
-        return config_smem_bytes<BWD_D64_SMALL>();
-    if (p->d <= 128)
-        return config_smem_bytes<BWD_D128_SMALL>();
-    return config_smem_bytes<BWD_D256_SMALL>();
-}
-
-
+/* Tile configuration for head dim p->d and tiles t. */
 template <typename T>
-static cudaError_t run_bwd_dtype(const flash_params *p, cudaStream_t stream)
+static cudaError_t launch_tiles(const flash_params *p, flash_tiles t, bwd_part part, cudaStream_t stream)
 {
-    const size_t limit = flash_smem_available();
+    const bool large = t == FLASH_TILES_LARGE;
     if (p->d <= 64)
-        return limit >= config_smem_bytes<BWD_D64_LARGE>() ? run_bwd<T, BWD_D64_LARGE>(p, stream)
-                                                           : run_bwd<T, BWD_D64_SMALL>(p, stream);
+        return large ? launch_part<T, bwd_tiles_d64_large>(p, part, stream)
+                     : launch_part<T, bwd_tiles_d64_small>(p, part, stream);
     if (p->d <= 128)
-        return limit >= config_smem_bytes<BWD_D128_LARGE>() ? run_bwd<T, BWD_D128_LARGE>(p, stream)
-                                                            : run_bwd<T, BWD_D128_SMALL>(p, stream);
-    if (limit >= config_smem_bytes<BWD_D256_LARGE>())
-        return run_bwd<T, BWD_D256_LARGE>(p, stream);
-    if (limit >= config_smem_bytes<BWD_D256_SMALL>())
-        return run_bwd<T, BWD_D256_SMALL>(p, stream);
-    return cudaErrorInvalidConfiguration;
+        return large ? launch_part<T, bwd_tiles_d128_large>(p, part, stream)
+                     : launch_part<T, bwd_tiles_d128_small>(p, part, stream);
+    return large ? launch_part<T, bwd_tiles_d256_large>(p, part, stream)
+                 : launch_part<T, bwd_tiles_d256_small>(p, part, stream);
+}
+
+static cudaError_t launch_dtype(const flash_params *p, flash_tiles t, bwd_part part, cudaStream_t stream)
+{
+    if (p->dtype == FLASH_BF16)
+        return launch_tiles<__nv_bfloat16>(p, t, part, stream);
+    if (p->dtype == FLASH_FP16)
+        return launch_tiles<__half>(p, t, part, stream);
+    return cudaErrorInvalidValue;
+}
+
+extern "C" size_t flash_bwd_sm80_smem(const flash_params *p, flash_tiles t)
+{
+    const bool large = t == FLASH_TILES_LARGE;
+    if (p->d <= 64)
+        return large ? tiles_smem_bytes<bwd_tiles_d64_large>() : tiles_smem_bytes<bwd_tiles_d64_small>();
+    if (p->d <= 128)
+        return large ? tiles_smem_bytes<bwd_tiles_d128_large>() : tiles_smem_bytes<bwd_tiles_d128_small>();
+    return large ? tiles_smem_bytes<bwd_tiles_d256_large>() : tiles_smem_bytes<bwd_tiles_d256_small>();
 }
 
 static int aligned16(const void *ptr)
@@ -823,28 +1182,86 @@ static int aligned16(const void *ptr)
     return ((uintptr_t)ptr % 16) == 0;
 }
 
-static int strides_ok(const flash_strides *s)
+/* The strides of a (b, s, h, d) tensor that the kernels multiply by a non-zero index (a dimension of
+ * size 1 is only ever indexed by 0, so its stride is never used) are multiples of CHUNK elements. */
+static int strides_ok(const flash_strides *s, int64_t b, int64_t rows, int64_t heads)
 {
-    return s->batch % CHUNK == 0 && s->row % CHUNK == 0 && s->head % CHUNK == 0;
+    return (b <= 1 || s->batch % CHUNK == 0) && (rows <= 1 || s->row % CHUNK == 0) && (heads <= 1 || s->head % CHUNK == 0);
 }
 
-extern "C" cudaError_t flash_bwd_sm80(const flash_params *p, cudaStream_t stream)
+extern "C" cudaError_t flash_bwd_sm80_check(const flash_params *p)
 {
-    if (p->d % CHUNK != 0 || p->d > 256 || p->h_kv < 1 || p->h % p->h_kv != 0)
+    if ((p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16) || p->d < 1 || p->d % CHUNK != 0 ||
+        p->d > FLASH_CUDA_MAX_HEAD_DIM || p->h_kv < 1 || p->h % p->h_kv != 0 || p->h_per_kv != p->h / p->h_kv ||
+        p->sq > INT_MAX || p->sk > INT_MAX || p->h > MAX_GRID_YZ || p->b > MAX_GRID_YZ)
         return cudaErrorInvalidValue;
-    const void *ptrs[] = {p->q, p->k, p->v, p->o, p->dout, p->dq, p->dk, p->dv, p->dq_accum};
+    /* the dense kernels know nothing of the variants; the HOOK kernels read the mask through its flags */
+    const int variant = p->softcap != 0.f || p->alibi_slopes != NULL || p->mask != NULL || p->dbias != NULL ||
+                        p->dropout_threshold != 0;
+    if ((variant && !p->has_hook) || (p->mask == NULL) != (p->mask_blocks == NULL) ||
+        (p->mask != NULL && p->mask_kind != FLASH_MASK_BOOL && p->mask_kind != FLASH_MASK_ADD))
+        return cudaErrorInvalidValue;
+    const void *ptrs[] = {p->q, p->k, p->v, p->o, p->dout, p->dq, p->dk, p->dv};
     for (unsigned int i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); ++i)
         if (!aligned16(ptrs[i]))
             return cudaErrorInvalidValue;
-    const flash_strides *ss[] = {&p->q_s, &p->k_s, &p->v_s, &p->o_s, &p->do_s, &p->dq_s, &p->dk_s, &p->dv_s};
-    for (unsigned int i = 0; i < sizeof(ss) / sizeof(ss[0]); ++i)
-        if (!strides_ok(ss[i]))
+    if ((!p->deterministic && !aligned16(p->dq_accum)) ||
+        (p->h != p->h_kv && (!aligned16(p->dk_accum) || !aligned16(p->dv_accum) || p->dk_accum == NULL ||
+                             p->dv_accum == NULL)))
+        return cudaErrorInvalidValue;
+    const flash_strides *qside[] = {&p->q_s, &p->o_s, &p->do_s, &p->dq_s};
+    const flash_strides *kside[] = {&p->k_s, &p->v_s, &p->dk_s, &p->dv_s};
+    for (unsigned int i = 0; i < sizeof(qside) / sizeof(qside[0]); ++i)
+        if (!strides_ok(qside[i], p->b, p->sq, p->h) || !strides_ok(kside[i], p->b, p->sk, p->h_kv))
             return cudaErrorInvalidValue;
-    if (p->b == 0 || p->h == 0 || p->sq == 0 || p->sk == 0 || p->d == 0)
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t flash_bwd_sm80_pre(const flash_params *p, cudaStream_t stream)
+{
+    const unsigned int blocks = blocks_for(p->b * p->h * p->sq, PRE_WARPS);
+    if (blocks == 0)
         return cudaSuccess;
     if (p->dtype == FLASH_BF16)
-        return run_bwd_dtype<__nv_bfloat16>(p, stream);
-    if (p->dtype == FLASH_FP16)
-        return run_bwd_dtype<__half>(p, stream);
-    return cudaErrorInvalidValue;
+        bwd_preprocess_kernel<__nv_bfloat16><<<blocks, PRE_WARPS * FLASH_WARP_SIZE, 0, stream>>>(*p);
+    else if (p->dtype == FLASH_FP16)
+        bwd_preprocess_kernel<__half><<<blocks, PRE_WARPS * FLASH_WARP_SIZE, 0, stream>>>(*p);
+    else
+        return cudaErrorInvalidValue;
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t flash_bwd_main_sm80(const flash_params *p, flash_tiles t, cudaStream_t stream)
+{
+    return launch_dtype(p, t, BWD_PART_MAIN, stream);
+}
+
+extern "C" cudaError_t flash_bwd_sm80_dq(const flash_params *p, flash_tiles t, cudaStream_t stream)
+{
+    if (p->deterministic)
+        return launch_dtype(p, t, BWD_PART_DQ, stream);
+    const unsigned int blocks = blocks_for(p->b * p->h * p->sq * (p->d / CHUNK), POST_THREADS);
+    if (blocks == 0)
+        return cudaSuccess;
+    if (p->dtype == FLASH_BF16)
+        bwd_dq_post_kernel<__nv_bfloat16><<<blocks, POST_THREADS, 0, stream>>>(*p);
+    else if (p->dtype == FLASH_FP16)
+        bwd_dq_post_kernel<__half><<<blocks, POST_THREADS, 0, stream>>>(*p);
+    else
+        return cudaErrorInvalidValue;
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t flash_bwd_sm80_dkv_post(const flash_params *p, cudaStream_t stream)
+{
+    const unsigned int blocks = blocks_for(p->b * p->sk * p->h_kv * (p->d / CHUNK), POST_THREADS);
+    if (p->h == p->h_kv || blocks == 0)
+        return cudaSuccess;
+    if (p->dtype == FLASH_BF16)
+        bwd_dkv_post_kernel<__nv_bfloat16><<<blocks, POST_THREADS, 0, stream>>>(*p);
+    else if (p->dtype == FLASH_FP16)
+        bwd_dkv_post_kernel<__half><<<blocks, POST_THREADS, 0, stream>>>(*p);
+    else
+        return cudaErrorInvalidValue;
+    return cudaGetLastError();
 }
