@@ -1,9 +1,13 @@
-/* cpu_check.c: checks csrc/cpu/flash_cpu.c (fwd: out, lse; bwd: dq, dk, dv) in fp32 and fp64
- * against a naive O(sq * sk) double-precision reference, then (with the argument "bench") times it.
+/* cpu_check.c: checks csrc/cpu/flash_cpu.c (fwd: out, lse; bwd: dq, dk, dv, dbias, and the sink
+ * gradient formed from its lse and delta) in fp32 and fp64 against the naive double-precision
+ * reference dev/attn_ref.h, dense and with every variant (band, softcap, ALiBi, bool / additive
+ * attn_mask with broadcast strides, dropout, sinks) alone and in pairs; checks
+ * flash_dropout_mask_cpu; then (with the argument "bench") times it.
  *
  *   gcc -std=c11 -O2 -fopenmp -Icsrc dev/cpu_check.c csrc/cpu/flash_cpu.c -lm -o /tmp/cpu_check
  *   /tmp/cpu_check            # all checks; exit status 1 on any failure
- *   /tmp/cpu_check bench      # checks, then b1 h8 d64 fp32 timings
+ *   /tmp/cpu_check bench      # checks, then b1 h8 d64 fp32 timings, dense and with variants: wall
+ *                             # time and process CPU time (OMP_NUM_THREADS=1: single-thread time)
  * Add -DFLASH_CPU_TILE_K=2 (and e.g. -DFLASH_CPU_TILE_Q=5) to run every check with tiny tiles; the
  * seed case then is exactly scores [0,0 | 10,10], values [0,0 | 1,1] with a key tile of 2.
  */
@@ -13,8 +17,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cpu/flash_cpu.h"
+#include "attn_ref.h"
 
 #define TOL_FP32 1e-5
 #define TOL_FP64 1e-12
@@ -22,15 +28,47 @@
 #define SEED_TOL 1e-6
 #define LARGE_Q 100.0 /* d = 1, scale 1: scores q * k of magnitude 1e4 */
 #define BENCH_REPS 3
+#define UNBOUNDED (-1) /* window side without a bound */
+#define DROPOUT_SEED 0x243F6A8885A308D3ull
+#define DROPOUT_OFFSET 0x13198A2E00000007ull /* high half nonzero: exercises the key's xor */
+#define DROPOUT_SIGMAS 6.0                   /* bound on the keep rate's deviation */
+#define MASK_PATTERN_BLOCK 64                /* block side of the block-structured masks */
+#define EMPTY_ROW_PERIOD 5                   /* rows i % 5 == 2 see no key in the *_EMPTY_ROWS masks */
 
 enum init { INIT_RANDOM, INIT_SEED, INIT_LARGE };
 enum causal { NONCAUSAL, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT };
+enum mask_type {
+    MASK_NONE,
+    MASK_BOOL_RANDOM,     /* 70% True */
+    MASK_BOOL_BLOCKS,     /* 64 x 64 blocks all False / all True / random */
+    MASK_BOOL_PADDING,    /* key j < a per-batch length */
+    MASK_BOOL_EMPTY_ROWS, /* random, some rows all False */
+    MASK_ADD_RANDOM,      /* values in [-2, 2), 20% -inf */
+    MASK_ADD_BLOCKS,      /* 64 x 64 blocks all -inf / all 0 / random */
+    MASK_ADD_EMPTY_ROWS,  /* random, some rows all -inf */
+};
+/* Broadcast dimensions of the mask (stride 0), or-ed. */
+enum { BCAST_BATCH = 1, BCAST_HEAD = 2, BCAST_ROW = 4, BCAST_COL = 8 };
+enum alibi { ALIBI_NONE, ALIBI_PER_HEAD, ALIBI_PER_BATCH };
+
+typedef struct variant {
+    int64_t left, right; /* window sizes, UNBOUNDED or >= 0 (right ignored under causal) */
+    float softcap;
+    enum alibi alibi;
+    enum mask_type mask;
+    int bcast;
+    double dropout;
+    int sink;
+} variant;
+
+#define NO_VARIANT ((variant){UNBOUNDED, UNBOUNDED, 0, ALIBI_NONE, MASK_NONE, 0, 0, 0})
 
 typedef struct config {
     int64_t b, h, h_kv, sq, sk, d;
     enum causal causal;
     int strided; /* 1: every tensor is a (b, h, s, d) buffer addressed as (b, s, h, d) */
     enum init init;
+    variant v;
 } config;
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
@@ -42,43 +80,42 @@ static double uniform(void) /* [-1, 1) */
     return (double)(rng_state >> 11) / (double)(1ull << 52) - 1.0;
 }
 
-/* A (b, s, heads, d) tensor: double values (what the reference reads), the typed copy the kernel
- * reads or writes, and its strides. */
+static size_t esize(flash_dtype dt) { return dt == FLASH_FP32 ? sizeof(float) : sizeof(double); }
+
+static double get(const void *data, flash_dtype dt, int64_t i)
+{
+    return dt == FLASH_FP32 ? ((const float *)data)[i] : ((const double *)data)[i];
+}
+
+/* Element i = x rounded to the dtype; returns the rounded value. */
+static double set(void *data, flash_dtype dt, int64_t i, double x)
+{
+    if (dt == FLASH_FP32)
+        return ((float *)data)[i] = (float)x;
+    return ((double *)data)[i] = x;
+}
+
+static void *typed_alloc(int64_t n, flash_dtype dt, double fill)
+{
+    void *data = malloc((size_t)(n > 0 ? n : 1) * esize(dt));
+    for (int64_t i = 0; i < n; i++)
+        set(data, dt, i, fill);
+    return data;
+}
+
+/* A (b, s, heads, d) tensor of the kernel's type (NaN until written) and its strides. */
 typedef struct tensor {
-    int64_t n, s, heads;
-    double *ref;
+    int64_t b, s, heads, d, n;
     void *data;
     flash_strides st;
 } tensor;
 
-static double get(const tensor *t, flash_dtype dt, int64_t i)
-{
-    return dt == FLASH_FP32 ? ((float *)t->data)[i] : ((double *)t->data)[i];
-}
-
 static void tensor_init(tensor *t, const config *c, int64_t s, int64_t heads, flash_dtype dt)
 {
-    t->s = s;
-    t->heads = heads;
-    t->n = c->b * s * heads * c->d;
-    t->ref = calloc((size_t)t->n, sizeof(double));
-    t->data = malloc((size_t)t->n * (dt == FLASH_FP32 ? sizeof(float) : sizeof(double)));
+    *t = (tensor){c->b, s, heads, c->d, c->b * s * heads * c->d, NULL, {0, 0, 0}};
+    t->data = typed_alloc(t->n, dt, NAN);
     t->st = c->strided ? (flash_strides){heads * s * c->d, c->d, s * c->d}
                        : (flash_strides){s * heads * c->d, heads * c->d, c->d};
-    for (int64_t i = 0; i < t->n; i++)
-        if (dt == FLASH_FP32)
-            ((float *)t->data)[i] = NAN;
-        else
-            ((double *)t->data)[i] = NAN;
-}
-
-/* Element i = x, rounded to the kernel's type; the reference sees the rounded value. */
-static void tensor_set(tensor *t, flash_dtype dt, int64_t i, double x)
-{
-    if (dt == FLASH_FP32)
-        ((float *)t->data)[i] = (float)(t->ref[i] = (float)x);
-    else
-        ((double *)t->data)[i] = t->ref[i] = x;
 }
 
 static int64_t at(const tensor *t, int64_t bi, int64_t si, int64_t hi)
@@ -86,65 +123,25 @@ static int64_t at(const tensor *t, int64_t bi, int64_t si, int64_t hi)
     return bi * t->st.batch + si * t->st.row + hi * t->st.head;
 }
 
-/* Naive reference, one query row at a time: out, lse, dq, and dk, dv accumulated over all rows. */
-static void reference(const config *c, double scale, int64_t off, const tensor *q, const tensor *k,
-                      const tensor *v, const tensor *dout, double *o, double *lse, double *dq,
-                      double *dk, double *dv)
+/* The tensor as contiguous (b, s, heads, d) doubles (what the reference reads and returns). */
+static double *contiguous(const tensor *t, flash_dtype dt)
 {
-    double *pr = malloc((size_t)c->sk * sizeof(double)), *dp = malloc((size_t)c->sk * sizeof(double));
-    const int64_t d = c->d, group = c->h / c->h_kv;
-    memset(dk, 0, (size_t)k->n * sizeof(double));
-    memset(dv, 0, (size_t)v->n * sizeof(double));
-    for (int64_t bi = 0; bi < c->b; bi++)
-        for (int64_t hq = 0; hq < c->h; hq++)
-            for (int64_t i = 0; i < c->sq; i++) {
-                const int64_t hk = hq / group, qi = at(q, bi, i, hq);
-                int64_t n_vis = c->causal ? i + off + 1 : c->sk;
-                n_vis = n_vis < 0 ? 0 : n_vis > c->sk ? c->sk : n_vis;
-                double m = -INFINITY, l = 0, delta = 0;
-                for (int64_t j = 0; j < n_vis; j++) {
-                    pr[j] = 0;
-                    for (int64_t x = 0; x < d; x++)
-                        pr[j] += q->ref[qi + x] * k->ref[at(k, bi, j, hk) + x];
-                    pr[j] *= scale;
-                    m = fmax(m, pr[j]);
-                }
-                for (int64_t j = 0; j < n_vis; j++)
-                    l += (pr[j] = exp(pr[j] - m));
-                lse[(bi * c->h + hq) * c->sq + i] = n_vis ? m + log(l) : -INFINITY;
-                for (int64_t x = 0; x < d; x++)
-                    o[qi + x] = dq[qi + x] = 0;
-                for (int64_t j = 0; j < n_vis; j++) {
-                    const int64_t vj = at(v, bi, j, hk);
-                    pr[j] /= l;
-                    dp[j] = 0;
-                    for (int64_t x = 0; x < d; x++) {
-                        o[qi + x] += pr[j] * v->ref[vj + x];
-                        dp[j] += dout->ref[qi + x] * v->ref[vj + x];
-                    }
-                    delta += pr[j] * dp[j];
-                }
-                for (int64_t j = 0; j < n_vis; j++) {
-                    const double ds = pr[j] * (dp[j] - delta);
-                    const int64_t kj = at(k, bi, j, hk);
-                    for (int64_t x = 0; x < d; x++) {
-                        dq[qi + x] += scale * ds * k->ref[kj + x];
-                        dk[kj + x] += scale * ds * q->ref[qi + x];
-                        dv[kj + x] += pr[j] * dout->ref[qi + x];
-                    }
-                }
-            }
-    free(pr);
-    free(dp);
+    double *out = malloc((size_t)t->n * sizeof(double));
+    for (int64_t bi = 0; bi < t->b; bi++)
+        for (int64_t si = 0; si < t->s; si++)
+            for (int64_t hi = 0; hi < t->heads; hi++)
+                for (int64_t x = 0; x < t->d; x++)
+                    out[((bi * t->s + si) * t->heads + hi) * t->d + x] = get(t->data, dt, at(t, bi, si, hi) + x);
+    return out;
 }
 
-/* max |got - want| / max |want| over the n elements (-inf must match exactly); 1 on a NaN. */
-static double rel_err(const void *got, flash_dtype dt, const double *want, int64_t n)
+/* max |got - want| / max |want| over the n elements (infinities must match exactly); 1 on a NaN. */
+static double rel_err(const double *got, const double *want, int64_t n)
 {
     double err = 0, norm = 0;
     for (int64_t i = 0; i < n; i++) {
-        const double g = dt == FLASH_FP32 ? ((const float *)got)[i] : ((const double *)got)[i];
-        if (isnan(g) || (isinf(want[i]) != isinf(g)) || (isinf(g) && g != want[i]))
+        const double g = got[i];
+        if (isnan(g) || isnan(want[i]) || (isinf(want[i]) != isinf(g)) || (isinf(g) && g != want[i]))
             return 1;
         if (!isinf(g)) {
             err = fmax(err, fabs(g - want[i]));
@@ -168,11 +165,110 @@ static double init_value(const config *c, int which, int64_t si)
     return 2 * uniform();
 }
 
+/* The band of c as the binding sets it (flash.h): aligned bottom-right, or top-left under
+ * CAUSAL_TOP_LEFT; clamped to [-sq, sk]. */
+static void band(const config *c, int64_t *lo, int64_t *hi)
+{
+    const int64_t off = c->causal == CAUSAL_TOP_LEFT ? 0 : c->sk - c->sq;
+    *lo = c->v.left == UNBOUNDED ? -c->sq : off - c->v.left;
+    *hi = c->causal != NONCAUSAL ? off : c->v.right == UNBOUNDED ? c->sk : off + c->v.right;
+    *lo = *lo < -c->sq ? -c->sq : *lo;
+    *hi = *hi > c->sk ? c->sk : *hi;
+}
+
+/* Mask entry (as a bool: 1 = takes part; or additive) at compact position (bi, hi, i, j). */
+static double mask_value(const config *c, int64_t bi, int64_t hi, int64_t i, int64_t j)
+{
+    const int is_bool = c->v.mask <= MASK_BOOL_EMPTY_ROWS;
+    const double random = is_bool ? (uniform() > -0.4) : (uniform() < -0.6 ? -INFINITY : 2 * uniform());
+    const double none = is_bool ? 0 : -INFINITY, plain = is_bool ? 1 : 0;
+    switch (c->v.mask) {
+    case MASK_BOOL_BLOCKS:
+    case MASK_ADD_BLOCKS: {
+        const int64_t kind = (i / MASK_PATTERN_BLOCK * 2 + j / MASK_PATTERN_BLOCK + bi + hi) % 3;
+        return kind == 0 ? none : kind == 1 ? plain : random;
+    }
+    case MASK_BOOL_PADDING:
+        return j < c->sk - (c->sk * 2 / 3) * bi % c->sk ? 1 : 0;
+    case MASK_BOOL_EMPTY_ROWS:
+    case MASK_ADD_EMPTY_ROWS:
+        return i % EMPTY_ROW_PERIOD == 2 ? none : random;
+    default:
+        return random;
+    }
+}
+
+/* The attn_mask of c in the layout the binding passes: storage of the broadcast shape, strides 0
+ * on the broadcast dimensions, block flags (mask.h) of that shape, and the expanded additive
+ * (b, h, sq, sk) double mask the reference reads. */
+typedef struct mask_data {
+    void *data; /* uint8 (bool) or the dtype (additive) */
+    uint8_t *blocks;
+    flash_strides4 s, blocks_s;
+    double *expanded;
+} mask_data;
+
+static void mask_init(mask_data *m, const config *c, flash_dtype dt)
+{
+    const int is_bool = c->v.mask <= MASK_BOOL_EMPTY_ROWS;
+    const int64_t mb = c->v.bcast & BCAST_BATCH ? 1 : c->b, mh = c->v.bcast & BCAST_HEAD ? 1 : c->h;
+    const int64_t mr = c->v.bcast & BCAST_ROW ? 1 : c->sq, mc = c->v.bcast & BCAST_COL ? 1 : c->sk;
+    const int64_t n = mb * mh * mr * mc;
+    m->s = (flash_strides4){mb == 1 ? 0 : mh * mr * mc, mh == 1 ? 0 : mr * mc, mr == 1 ? 0 : mc, mc == 1 ? 0 : 1};
+    m->data = is_bool ? malloc((size_t)n) : typed_alloc(n, dt, 0);
+    for (int64_t e = 0; e < n; e++) {
+        const double x = mask_value(c, e / (mh * mr * mc), e / (mr * mc) % mh, e / mc % mr, e % mc);
+        if (is_bool)
+            ((uint8_t *)m->data)[e] = (uint8_t)x;
+        else
+            set(m->data, dt, e, x);
+    }
+    const int64_t nbr = mr == 1 ? 1 : flash_cdiv64(c->sq, FLASH_MASK_BLOCK);
+    const int64_t nbc = mc == 1 ? 1 : flash_cdiv64(c->sk, FLASH_MASK_BLOCK);
+    m->blocks = calloc((size_t)(mb * mh * nbr * nbc), 1);
+    m->blocks_s = (flash_strides4){mb == 1 ? 0 : mh * nbr * nbc, mh == 1 ? 0 : nbr * nbc, nbr == 1 ? 0 : nbc,
+                                   nbc == 1 ? 0 : 1};
+    m->expanded = malloc((size_t)(c->b * c->h * c->sq * c->sk) * sizeof(double));
+    for (int64_t bi = 0; bi < c->b; bi++)
+        for (int64_t hi = 0; hi < c->h; hi++)
+            for (int64_t i = 0; i < c->sq; i++)
+                for (int64_t j = 0; j < c->sk; j++) {
+                    const int64_t off = bi * m->s.batch + hi * m->s.head + i * m->s.row + j * m->s.col;
+                    const double x = is_bool ? ((uint8_t *)m->data)[off] : get(m->data, dt, off);
+                    const int visible = is_bool ? x != 0 : x > -INFINITY, masked = is_bool ? x == 0 : x != 0;
+                    m->expanded[((bi * c->h + hi) * c->sq + i) * c->sk + j] = is_bool ? (x != 0 ? 0 : -INFINITY) : x;
+                    m->blocks[bi * m->blocks_s.batch + hi * m->blocks_s.head +
+                              i / FLASH_MASK_BLOCK * m->blocks_s.row + j / FLASH_MASK_BLOCK * m->blocks_s.col] |=
+                        (uint8_t)((visible ? FLASH_MASK_ANY_VISIBLE : 0) | (masked ? FLASH_MASK_ANY_MASKED : 0));
+                }
+}
+
+static void variant_name(const config *c, char *buf, size_t n)
+{
+    static const char *masks[] = {"", "bool", "bool-blocks", "bool-padding", "bool-emptyrows",
+                                  "add", "add-blocks", "add-emptyrows"};
+    const variant *v = &c->v;
+    int w = snprintf(buf, n, "%s", c->causal == NONCAUSAL ? "" : c->causal == CAUSAL_TOP_LEFT ? "causal-tl "
+                                                                                               : "causal-br ");
+    if (v->left != UNBOUNDED || (v->right != UNBOUNDED && c->causal == NONCAUSAL))
+        w += snprintf(buf + w, n - w, "win(%lld,%lld) ", (long long)v->left, (long long)v->right);
+    if (v->softcap > 0)
+        w += snprintf(buf + w, n - w, "softcap%g ", v->softcap);
+    if (v->alibi)
+        w += snprintf(buf + w, n - w, "alibi%s ", v->alibi == ALIBI_PER_BATCH ? "(b,h)" : "(h)");
+    if (v->mask)
+        w += snprintf(buf + w, n - w, "mask-%s%s%s%s%s ", masks[v->mask], v->bcast & BCAST_BATCH ? " b0" : "",
+                      v->bcast & BCAST_HEAD ? " h0" : "", v->bcast & BCAST_ROW ? " r0" : "", v->bcast & BCAST_COL ? " c0" : "");
+    if (v->dropout > 0)
+        w += snprintf(buf + w, n - w, "dropout%g ", v->dropout);
+    if (v->sink)
+        snprintf(buf + w, n - w, "sink ");
+}
+
 static int run_case(const config *c, flash_dtype dt, const char *what)
 {
     const double scale = c->init == INIT_RANDOM ? 1 / sqrt((double)c->d) : 1;
-    const int64_t off = c->causal == CAUSAL_BOTTOM_RIGHT ? c->sk - c->sq : 0;
-    const size_t esize = dt == FLASH_FP32 ? sizeof(float) : sizeof(double);
+    const variant *var = &c->v;
     tensor q, k, v, dout, o, dq, dk, dv;
     tensor_init(&q, c, c->sq, c->h, dt);
     tensor_init(&k, c, c->sk, c->h_kv, dt);
@@ -188,130 +284,369 @@ static int run_case(const config *c, flash_dtype dt, const char *what)
             for (int64_t si = 0; si < inputs[w]->s; si++)
                 for (int64_t hi = 0; hi < inputs[w]->heads; hi++)
                     for (int64_t x = 0; x < c->d; x++)
-                        tensor_set(inputs[w], dt, at(inputs[w], bi, si, hi) + x,
-                                   init_value(c, w, si));
-    const int64_t n_rows = c->b * c->h * c->sq;
-    void *lse = malloc((size_t)n_rows * esize), *delta = malloc((size_t)n_rows * esize);
-    double *lse_ref = malloc((size_t)n_rows * sizeof(double));
-    for (int64_t r = 0; r < n_rows; r++) /* NaN until written */
-        if (dt == FLASH_FP32)
-            ((float *)lse)[r] = NAN;
-        else
-            ((double *)lse)[r] = NAN;
+                        set(inputs[w]->data, dt, at(inputs[w], bi, si, hi) + x, init_value(c, w, si));
+    const int64_t n_rows = c->b * c->h * c->sq, n_scores = n_rows * c->sk;
+    void *lse = typed_alloc(n_rows, dt, NAN), *delta = typed_alloc(n_rows, dt, NAN);
     flash_params p = {
         .q = q.data, .k = k.data, .v = v.data, .o = o.data, .lse = lse, .dout = dout.data,
         .dq = dq.data, .dk = dk.data, .dv = dv.data, .delta = delta,
         .q_s = q.st, .k_s = k.st, .v_s = v.st, .o_s = o.st, .do_s = dout.st, .dq_s = dq.st,
         .dk_s = dk.st, .dv_s = dv.st, .b = c->b, .h = c->h, .h_kv = c->h_kv, .sq = c->sq,
-        .sk = c->sk, .d = c->d, .h_per_kv = c->h / c->h_kv, .scale = scale,
-        .causal = c->causal != NONCAUSAL, .causal_offset = off, .dtype = dt,
+        .sk = c->sk, .d = c->d, .h_per_kv = c->h / c->h_kv, .scale = scale, .dtype = dt,
     };
+    band(c, &p.diag_lo, &p.diag_hi);
+
+    /* variants */
+    float *slopes = malloc((size_t)(c->b * c->h) * sizeof(float));
+    for (int64_t e = 0; e < c->b * c->h; e++)
+        slopes[e] = (float)(0.55 + 0.45 * uniform());
+    if (var->alibi) {
+        p.alibi_slopes = slopes;
+        p.alibi_batch_stride = var->alibi == ALIBI_PER_BATCH ? c->h : 0;
+        p.alibi_offset = c->sk - c->sq;
+    }
+    p.softcap = var->softcap;
+    mask_data mask = {NULL, NULL, {0, 0, 0, 0}, {0, 0, 0, 0}, NULL};
+    void *dbias = NULL;
+    if (var->mask) {
+        mask_init(&mask, c, dt);
+        p.mask = mask.data;
+        p.mask_kind = var->mask <= MASK_BOOL_EMPTY_ROWS ? FLASH_MASK_BOOL : FLASH_MASK_ADD;
+        p.mask_s = mask.s;
+        p.mask_blocks = mask.blocks;
+        p.mask_blocks_s = mask.blocks_s;
+        if (p.mask_kind == FLASH_MASK_ADD)
+            p.dbias = dbias = typed_alloc(n_scores, dt, 0);
+    }
+    void *sink = typed_alloc(c->h, dt, 0);
+    double *sink_ref = malloc((size_t)c->h * sizeof(double));
+    for (int64_t hi = 0; hi < c->h; hi++)
+        sink_ref[hi] = set(sink, dt, hi, 0.5 + 1.5 * uniform());
+    if (var->sink)
+        p.sink = sink;
+    if (var->dropout > 0) {
+        p.dropout_threshold = (uint32_t)llround(var->dropout * FLASH_DROPOUT_ONE);
+        p.dropout_scale = (double)FLASH_DROPOUT_ONE / (FLASH_DROPOUT_ONE - p.dropout_threshold);
+        p.philox_seed = DROPOUT_SEED;
+        p.philox_offset = DROPOUT_OFFSET;
+    }
+    p.has_hook = p.softcap > 0 || p.alibi_slopes || p.mask || p.dropout_threshold;
+
     int fail = flash_fwd_cpu(&p) != FLASH_CPU_OK || flash_bwd_cpu(&p) != FLASH_CPU_OK;
-    reference(c, scale, off, &q, &k, &v, &dout, o.ref, lse_ref, dq.ref, dk.ref, dv.ref);
-    const double err[5] = {rel_err(o.data, dt, o.ref, o.n), rel_err(lse, dt, lse_ref, n_rows),
-                           rel_err(dq.data, dt, dq.ref, dq.n), rel_err(dk.data, dt, dk.ref, dk.n),
-                           rel_err(dv.data, dt, dv.ref, dv.n)};
+
+    double *qr = contiguous(&q, dt), *kr = contiguous(&k, dt), *vr = contiguous(&v, dt);
+    double *dor = contiguous(&dout, dt);
+    double *o_ref = malloc((size_t)o.n * sizeof(double)), *lse_ref = malloc((size_t)n_rows * sizeof(double));
+    double *dq_ref = malloc((size_t)dq.n * sizeof(double)), *dk_ref = malloc((size_t)dk.n * sizeof(double));
+    double *dv_ref = malloc((size_t)dv.n * sizeof(double));
+    double *dbias_ref = dbias ? malloc((size_t)n_scores * sizeof(double)) : NULL;
+    double *dsink_ref = malloc((size_t)c->h * sizeof(double));
+    const double *sink_arg = var->sink ? sink_ref : NULL;
+    ref_forward(&p, qr, kr, vr, mask.expanded, sink_arg, o_ref, lse_ref);
+    ref_backward(&p, qr, kr, vr, mask.expanded, sink_arg, dor, dq_ref, dk_ref, dv_ref, dbias_ref,
+                 var->sink ? dsink_ref : NULL);
+
+    double *og = contiguous(&o, dt), *dqg = contiguous(&dq, dt), *dkg = contiguous(&dk, dt);
+    double *dvg = contiguous(&dv, dt), *lseg = malloc((size_t)n_rows * sizeof(double));
+    for (int64_t r = 0; r < n_rows; r++)
+        lseg[r] = get(lse, dt, r);
+    double err[7] = {rel_err(og, o_ref, o.n), rel_err(lseg, lse_ref, n_rows), rel_err(dqg, dq_ref, dq.n),
+                     rel_err(dkg, dk_ref, dk.n), rel_err(dvg, dv_ref, dv.n), 0, 0};
+    if (dbias) {
+        double *dbg = malloc((size_t)n_scores * sizeof(double));
+        for (int64_t e = 0; e < n_scores; e++)
+            dbg[e] = get(dbias, dt, e);
+        err[5] = rel_err(dbg, dbias_ref, n_scores);
+        free(dbg);
+    }
+    if (var->sink) { /* the binding's formula: dsink[h] = -sum_{b, i} exp(sink - lse) * delta */
+        double *dsink = calloc((size_t)c->h, sizeof(double));
+        for (int64_t r = 0; r < n_rows; r++)
+            dsink[r / c->sq % c->h] -= exp(sink_ref[r / c->sq % c->h] - get(lse, dt, r)) * get(delta, dt, r);
+        err[6] = rel_err(dsink, dsink_ref, c->h);
+        free(dsink);
+    }
     const double tol = dt == FLASH_FP32 ? TOL_FP32 : TOL_FP64;
     /* The seed case checks the forward; its gradients are ill-conditioned (dP - delta cancels to
      * ~5e-5 of dP, amplifying rounding ~2e4x) and need only be finite. */
     double worst = 0;
-    for (int e = 0; e < 5; e++)
+    for (int e = 0; e < 7; e++)
         worst = fmax(worst, c->init == INIT_SEED && e >= 2 ? (err[e] < 1 ? 0 : err[e]) : err[e]);
     fail |= !(worst <= tol);
     if (c->init == INIT_SEED)
-        fail |= !(fabs(get(&o, dt, 0) - SEED_EXPECTED) < SEED_TOL);
-    int64_t empty_rows = 0; /* rows that see no key: out and dq exactly 0 (lse -inf: rel_err) */
-    for (int64_t r = 0; r < n_rows; r++)
-        if (lse_ref[r] == -INFINITY) {
-            const int64_t bi = r / (c->h * c->sq), hq = r / c->sq % c->h, i = r % c->sq;
-            empty_rows++;
-            for (int64_t x = 0; x < c->d; x++)
-                fail |= get(&o, dt, at(&o, bi, i, hq) + x) != 0 || get(&dq, dt, at(&dq, bi, i, hq) + x) != 0;
-        }
-    char note[64] = "";
+        fail |= !(fabs(get(o.data, dt, 0) - SEED_EXPECTED) < SEED_TOL);
+    int64_t empty_rows = 0; /* rows that see no key: out and dq exactly 0 */
+    for (int64_t r = 0; r < n_rows; r++) {
+        const int64_t bi = r / (c->h * c->sq), hq = r / c->sq % c->h, i = r % c->sq;
+        int64_t seen = 0;
+        for (int64_t j = 0; j < c->sk; j++)
+            seen += flash_visible(&p, i, j) && (!mask.expanded || mask.expanded[r * c->sk + j] > -INFINITY);
+        if (seen)
+            continue;
+        empty_rows++;
+        for (int64_t x = 0; x < c->d; x++)
+            fail |= get(o.data, dt, at(&o, bi, i, hq) + x) != 0 || get(dq.data, dt, at(&dq, bi, i, hq) + x) != 0;
+    }
+    char note[64] = "", name[160];
+    variant_name(c, name, sizeof name);
     if (empty_rows)
         snprintf(note, sizeof note, " [%lld rows see no key]", (long long)empty_rows);
-    printf("%s %s b%lld h%lld/%lld sq%lld sk%lld d%lld %s%s: out %.1e lse %.1e dq %.1e dk %.1e "
-           "dv %.1e%s\n", fail ? "FAIL" : "ok  ", dt == FLASH_FP32 ? "fp32" : "fp64", (long long)c->b,
-           (long long)c->h, (long long)c->h_kv, (long long)c->sq, (long long)c->sk,
-           (long long)c->d, c->causal == NONCAUSAL ? "" : c->causal == CAUSAL_TOP_LEFT
-           ? "causal-tl " : "causal-br ", what, err[0], err[1], err[2], err[3], err[4], note);
+    printf("%s %s b%lld h%lld/%lld sq%lld sk%lld d%lld %s%s: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e",
+           fail ? "FAIL" : "ok  ", dt == FLASH_FP32 ? "fp32" : "fp64", (long long)c->b, (long long)c->h,
+           (long long)c->h_kv, (long long)c->sq, (long long)c->sk, (long long)c->d, name, what, err[0], err[1],
+           err[2], err[3], err[4]);
+    if (dbias)
+        printf(" dbias %.1e", err[5]);
+    if (var->sink)
+        printf(" dsink %.1e", err[6]);
+    printf("%s\n", note);
+
     tensor *all[8] = {&q, &k, &v, &dout, &o, &dq, &dk, &dv};
-    for (int w = 0; w < 8; w++) {
-        free(all[w]->ref);
+    for (int w = 0; w < 8; w++)
         free(all[w]->data);
-    }
+    double *refs[] = {qr, kr, vr, dor, o_ref, lse_ref, dq_ref, dk_ref, dv_ref, dbias_ref, dsink_ref,
+                      og, dqg, dkg, dvg, lseg, sink_ref, mask.expanded};
+    for (size_t e = 0; e < sizeof refs / sizeof *refs; e++)
+        free(refs[e]);
+    free(mask.data);
+    free(mask.blocks);
+    free(dbias);
+    free(sink);
+    free(slopes);
     free(lse);
     free(delta);
-    free(lse_ref);
     return fail;
 }
 
-static void bench(int64_t s, int causal)
+/* flash_dropout_mask_cpu: equal to flash_dropout_keep everywhere, its keep rate 1 - p within
+ * DROPOUT_SIGMAS standard deviations, all ones without dropout, different for another seed. */
+static int check_dropout_mask(void)
+{
+    const int64_t b = 2, h = 3, sq = 67, sk = 301, n = b * h * sq * sk;
+    const double drop = 0.17;
+    flash_params p = {.b = b, .h = h, .sq = sq, .sk = sk, .philox_seed = DROPOUT_SEED, .philox_offset = DROPOUT_OFFSET};
+    uint8_t *keep = malloc((size_t)n), *other = malloc((size_t)n);
+    int fail = flash_dropout_mask_cpu(&p, keep) != FLASH_CPU_OK;
+    for (int64_t e = 0; e < n; e++)
+        fail |= keep[e] != 1;
+    p.dropout_threshold = (uint32_t)llround(drop * FLASH_DROPOUT_ONE);
+    fail |= flash_dropout_mask_cpu(&p, keep) != FLASH_CPU_OK;
+    int64_t kept = 0, mismatches = 0, differ = 0;
+    for (int64_t e = 0; e < n; e++) {
+        kept += keep[e];
+        mismatches += keep[e] != flash_dropout_keep(&p, e / (sq * sk), e / sk % sq, e % sk);
+    }
+    p.philox_seed++;
+    fail |= flash_dropout_mask_cpu(&p, other) != FLASH_CPU_OK;
+    for (int64_t e = 0; e < n; e++)
+        differ += keep[e] != other[e];
+    const double keep_p = 1 - (double)p.dropout_threshold / FLASH_DROPOUT_ONE, rate = (double)kept / (double)n;
+    const double sigma = sqrt(keep_p * (1 - keep_p) / (double)n);
+    fail |= mismatches != 0 || fabs(rate - keep_p) > DROPOUT_SIGMAS * sigma || differ == 0;
+    printf("%s dropout mask b%lld h%lld sq%lld sk%lld p %.2f: keep rate %.5f (expected %.5f, sigma %.1e), "
+           "%lld mismatches with flash_dropout_keep, %lld differ for seed + 1\n", fail ? "FAIL" : "ok  ",
+           (long long)b, (long long)h, (long long)sq, (long long)sk, drop, rate, keep_p, sigma,
+           (long long)mismatches, (long long)differ);
+    free(keep);
+    free(other);
+    return fail;
+}
+
+/* b1 h8 d64 fp32 timing of one configuration: the band (lo, hi) and the variant fields of extra. */
+static void bench(int64_t s, int64_t lo, int64_t hi, const flash_params *extra, const char *what)
 {
     const int64_t h = 8, d = 64, n = s * h * d;
     float *buf = malloc((size_t)(8 * n + 2 * s * h) * sizeof(float));
     for (int64_t i = 0; i < 8 * n + 2 * s * h; i++)
         buf[i] = (float)uniform();
     const flash_strides st = {s * h * d, h * d, d};
-    flash_params p = {
-        .q = buf, .k = buf + n, .v = buf + 2 * n, .o = buf + 3 * n, .dout = buf + 4 * n,
-        .dq = buf + 5 * n, .dk = buf + 6 * n, .dv = buf + 7 * n, .lse = buf + 8 * n,
-        .delta = buf + 8 * n + s * h, .q_s = st, .k_s = st, .v_s = st, .o_s = st, .do_s = st,
-        .dq_s = st, .dk_s = st, .dv_s = st, .b = 1, .h = h, .h_kv = h, .h_per_kv = 1, .sq = s,
-        .sk = s, .d = d, .scale = 1 / sqrt((double)d), .causal = causal, .dtype = FLASH_FP32,
-    };
-    double best_fwd = INFINITY, best_bwd = INFINITY;
+    flash_params p = *extra;
+    p.q = buf, p.k = buf + n, p.v = buf + 2 * n, p.o = buf + 3 * n, p.dout = buf + 4 * n;
+    p.dq = buf + 5 * n, p.dk = buf + 6 * n, p.dv = buf + 7 * n, p.lse = buf + 8 * n, p.delta = buf + 8 * n + s * h;
+    p.q_s = p.k_s = p.v_s = p.o_s = p.do_s = p.dq_s = p.dk_s = p.dv_s = st;
+    p.b = 1, p.h = h, p.h_kv = h, p.h_per_kv = 1, p.sq = s, p.sk = s, p.d = d, p.scale = 1 / sqrt((double)d);
+    p.diag_lo = lo, p.diag_hi = hi, p.dtype = FLASH_FP32;
+    double best_fwd = INFINITY, best_bwd = INFINITY, cpu_fwd = INFINITY, cpu_bwd = INFINITY;
     for (int r = 0; r < BENCH_REPS; r++) {
         const double t0 = omp_get_wtime();
+        const clock_t c0 = clock();
         flash_fwd_cpu(&p);
         const double t1 = omp_get_wtime();
+        const clock_t c1 = clock();
         flash_bwd_cpu(&p);
         const double t2 = omp_get_wtime();
+        const clock_t c2 = clock();
         best_fwd = fmin(best_fwd, t1 - t0);
         best_bwd = fmin(best_bwd, t2 - t1);
+        cpu_fwd = fmin(cpu_fwd, (double)(c1 - c0) / CLOCKS_PER_SEC);
+        cpu_bwd = fmin(cpu_bwd, (double)(c2 - c1) / CLOCKS_PER_SEC);
     }
-    const double flop = 4.0 * h * s * s * d / (causal ? 2 : 1);
-    printf("bench b1 h8 s%lld d64 fp32%s: fwd %.1f ms (%.0f GFLOP/s)  bwd %.1f ms (%.0f GFLOP/s)\n",
-           (long long)s, causal ? " causal" : "", best_fwd * 1e3, flop / best_fwd * 1e-9,
-           best_bwd * 1e3, 2.5 * flop / best_bwd * 1e-9);
+    double visible = 0; /* (query, key) pairs in the band */
+    for (int64_t i = 0; i < s; i++)
+        visible += (double)(flash_min64(s - 1, i + hi) - flash_max64(0, i + lo) + 1);
+    const double flop = 4.0 * h * visible * d;
+    printf("bench b1 h8 s%lld d64 fp32 %s: fwd %.1f ms (%.0f GFLOP/s, cpu %.1f ms)  bwd %.1f ms (%.0f GFLOP/s, "
+           "cpu %.1f ms)\n", (long long)s, what, best_fwd * 1e3, flop / best_fwd * 1e-9, cpu_fwd * 1e3,
+           best_bwd * 1e3, 2.5 * flop / best_bwd * 1e-9, cpu_bwd * 1e3);
     free(buf);
 }
+
+static void bench_all(void)
+{
+    const flash_params none = {0};
+    for (int64_t s = 1024; s <= 8192; s *= 2) {
+        bench(s, -s, s, &none, "dense");
+        bench(s, -s, 0, &none, "causal");
+    }
+    const int64_t s = 2048, window = 256;
+    bench(s, -window, 0, &none, "causal window 256");
+    flash_params v = none;
+    v.has_hook = 1, v.softcap = 30;
+    bench(s, -s, s, &v, "softcap");
+    static float slopes[8] = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f, 0.0078125f, 0.00390625f};
+    v = none, v.has_hook = 1, v.alibi_slopes = slopes, v.alibi_offset = 0;
+    bench(s, -s, 0, &v, "causal alibi");
+    v = none, v.has_hook = 1, v.dropout_threshold = FLASH_DROPOUT_ONE / 10;
+    v.dropout_scale = (double)FLASH_DROPOUT_ONE / (FLASH_DROPOUT_ONE - v.dropout_threshold);
+    bench(s, -s, s, &v, "dropout 0.1");
+    static const float sink[8] = {0};
+    v = none, v.sink = sink;
+    bench(s, -s, 0, &v, "causal sink");
+}
+
+/* Variant cases: each variant alone, pairs, every one at once, over tails, GQA, both alignments. */
+static int variant_cases(config *cases, const char **names)
+{
+    const variant none = NO_VARIANT;
+    variant w = none, sc = none, al = none, alb = none, dr = none, sk = none;
+    w.left = 17, w.right = 5;
+    sc.softcap = 1.5f;
+    al.alibi = ALIBI_PER_HEAD;
+    alb.alibi = ALIBI_PER_BATCH;
+    dr.dropout = 0.2;
+    sk.sink = 1;
+    int n = 0;
+#define ADD(name_, b_, h_, hkv_, sq_, sk_, d_, causal_, strided_, var_)                                  \
+    do {                                                                                               \
+        names[n] = name_;                                                                              \
+        cases[n++] = (config){b_, h_, hkv_, sq_, sk_, d_, causal_, strided_, INIT_RANDOM, var_};         \
+    } while (0)
+    /* windows: both sides, one side, a zero width, with causal, rows outside the keys */
+    static const int64_t windows[][2] = {{17, 5}, {0, 0}, {40, UNBOUNDED}, {UNBOUNDED, 3}, {3, 70}, {200, 0}};
+    for (size_t i = 0; i < sizeof windows / sizeof *windows; i++) {
+        variant x = none;
+        x.left = windows[i][0], x.right = windows[i][1];
+        ADD("window", 1, 2, 1, 130, 257, 64, NONCAUSAL, 0, x);
+        ADD("window", 1, 2, 2, 257, 65, 64, NONCAUSAL, 0, x);
+    }
+    variant wc = none;
+    wc.left = 30;
+    ADD("window", 2, 2, 1, 200, 131, 64, CAUSAL_BOTTOM_RIGHT, 0, wc);
+    ADD("window", 2, 2, 1, 131, 200, 64, CAUSAL_TOP_LEFT, 0, wc);
+    /* softcap, ALiBi, sinks, dropout alone */
+    ADD("softcap", 1, 2, 1, 130, 257, 64, NONCAUSAL, 0, sc);
+    ADD("softcap", 2, 4, 2, 65, 130, 80, CAUSAL_BOTTOM_RIGHT, 1, sc);
+    ADD("alibi", 2, 4, 2, 130, 65, 64, CAUSAL_BOTTOM_RIGHT, 0, al);
+    ADD("alibi", 2, 4, 4, 63, 257, 64, NONCAUSAL, 0, alb);
+    ADD("sink", 2, 4, 2, 130, 65, 64, CAUSAL_BOTTOM_RIGHT, 0, sk);
+    ADD("sink", 1, 3, 1, 65, 130, 32, NONCAUSAL, 0, sk);
+    ADD("dropout", 2, 2, 1, 130, 257, 64, NONCAUSAL, 0, dr);
+    ADD("dropout", 1, 4, 2, 257, 130, 64, CAUSAL_TOP_LEFT, 1, dr);
+    /* masks: every kind, broadcast strides, rows fully masked */
+    static const struct {
+        enum mask_type type;
+        int bcast;
+    } masks[] = {{MASK_BOOL_RANDOM, 0}, {MASK_BOOL_RANDOM, BCAST_BATCH | BCAST_HEAD},
+                 {MASK_BOOL_BLOCKS, 0}, {MASK_BOOL_PADDING, BCAST_HEAD | BCAST_ROW},
+                 {MASK_BOOL_EMPTY_ROWS, BCAST_HEAD}, {MASK_BOOL_EMPTY_ROWS, BCAST_HEAD | BCAST_COL},
+                 {MASK_ADD_RANDOM, 0}, {MASK_ADD_RANDOM, BCAST_BATCH}, {MASK_ADD_RANDOM, BCAST_ROW},
+                 {MASK_ADD_BLOCKS, 0}, {MASK_ADD_BLOCKS, BCAST_HEAD}, {MASK_ADD_EMPTY_ROWS, 0}};
+    for (size_t i = 0; i < sizeof masks / sizeof *masks; i++) {
+        variant x = none;
+        x.mask = masks[i].type, x.bcast = masks[i].bcast;
+        ADD("mask", 2, 2, 1, 257, 300, 64, NONCAUSAL, 0, x);
+        ADD("mask", 2, 4, 2, 65, 31, 64, NONCAUSAL, 1, x);
+    }
+    variant mb = none;
+    mb.mask = MASK_ADD_BLOCKS;
+    ADD("mask", 2, 2, 1, 257, 300, 64, CAUSAL_BOTTOM_RIGHT, 0, mb);
+    ADD("mask", 2, 2, 1, 300, 257, 64, CAUSAL_TOP_LEFT, 0, mb);
+    /* pairs */
+    variant x;
+    x = w, x.softcap = sc.softcap;
+    ADD("window+softcap", 1, 2, 1, 130, 257, 64, NONCAUSAL, 0, x);
+    x = w, x.alibi = ALIBI_PER_HEAD;
+    ADD("window+alibi", 2, 2, 1, 257, 130, 64, NONCAUSAL, 0, x);
+    x = dr, x.mask = MASK_ADD_RANDOM;
+    ADD("mask+dropout", 2, 2, 2, 130, 257, 64, NONCAUSAL, 0, x);
+    x = dr, x.mask = MASK_BOOL_PADDING, x.bcast = BCAST_HEAD | BCAST_ROW;
+    ADD("mask+dropout", 2, 4, 1, 257, 130, 64, NONCAUSAL, 1, x);
+    x = w, x.sink = 1;
+    ADD("sink+window", 2, 2, 1, 130, 257, 64, NONCAUSAL, 0, x);
+    x = wc, x.sink = 1;
+    ADD("sink+window", 1, 2, 1, 257, 130, 64, CAUSAL_BOTTOM_RIGHT, 0, x);
+    x = sc, x.alibi = ALIBI_PER_BATCH;
+    ADD("softcap+alibi", 2, 2, 1, 130, 130, 64, CAUSAL_BOTTOM_RIGHT, 0, x);
+    x = sc, x.dropout = dr.dropout;
+    ADD("softcap+dropout", 1, 2, 1, 130, 257, 64, NONCAUSAL, 0, x);
+    x = sk, x.mask = MASK_ADD_EMPTY_ROWS;
+    ADD("mask+sink", 2, 2, 1, 130, 65, 64, NONCAUSAL, 0, x);
+    x = w, x.dropout = dr.dropout;
+    ADD("window+dropout", 1, 2, 2, 257, 257, 64, NONCAUSAL, 0, x);
+    x = sc, x.mask = MASK_ADD_BLOCKS;
+    ADD("softcap+mask", 2, 2, 1, 257, 300, 64, NONCAUSAL, 0, x);
+    x = al, x.mask = MASK_BOOL_EMPTY_ROWS;
+    ADD("alibi+mask", 2, 2, 1, 130, 257, 64, CAUSAL_BOTTOM_RIGHT, 0, x);
+    /* everything at once, GQA, tails, strides, odd head dims */
+    x = w, x.softcap = 2.5f, x.alibi = ALIBI_PER_BATCH, x.mask = MASK_ADD_RANDOM, x.bcast = BCAST_HEAD;
+    x.dropout = 0.3, x.sink = 1;
+    ADD("all", 2, 4, 2, 130, 257, 64, NONCAUSAL, 1, x);
+    ADD("all", 2, 4, 1, 257, 63, 3, NONCAUSAL, 0, x);
+    x.left = 11, x.mask = MASK_BOOL_EMPTY_ROWS;
+    ADD("all", 2, 4, 4, 65, 130, 96, CAUSAL_BOTTOM_RIGHT, 0, x);
+    ADD("all", 1, 2, 1, 7, 1, 64, CAUSAL_TOP_LEFT, 0, x);
+#undef ADD
+    return n;
+}
+
+#define MAX_CASES 256
 
 int main(int argc, char **argv)
 {
     static const int64_t lengths[] = {1, 7, 63, 64, 65, 130, 257};
     static const int64_t pairs[][2] = {{63, 130}, {7, 257}, {1, 65}, {130, 63}, {257, 7}, {65, 1}};
     static const int64_t dims[] = {1, 3, 64, 80, 96, 128, 256};
-    config cases[128];
-    const char *names[128];
+    static config cases[MAX_CASES];
+    static const char *names[MAX_CASES];
+    const variant none = NO_VARIANT;
     int n = 0;
     for (size_t i = 0; i < sizeof lengths / sizeof *lengths; i++)
         for (int cz = NONCAUSAL; cz <= CAUSAL_TOP_LEFT; cz++) {
             names[n] = "length";
-            cases[n++] = (config){1, 2, 1, lengths[i], lengths[i], 64, cz, 0, INIT_RANDOM};
+            cases[n++] = (config){1, 2, 1, lengths[i], lengths[i], 64, cz, 0, INIT_RANDOM, none};
         }
     for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++)
         for (int cz = NONCAUSAL; cz <= CAUSAL_BOTTOM_RIGHT; cz++) {
             names[n] = pairs[i][0] < pairs[i][1] ? "sq<sk" : "sq>sk";
-            cases[n++] = (config){1, 2, 2, pairs[i][0], pairs[i][1], 64, cz, 0, INIT_RANDOM};
+            cases[n++] = (config){1, 2, 2, pairs[i][0], pairs[i][1], 64, cz, 0, INIT_RANDOM, none};
         }
     for (int64_t group = 1; group <= 4; group *= 2) {
         names[n] = "gqa";
-        cases[n++] = (config){2, 4, 4 / group, 65, 130, 64, CAUSAL_BOTTOM_RIGHT, 0, INIT_RANDOM};
+        cases[n++] = (config){2, 4, 4 / group, 65, 130, 64, CAUSAL_BOTTOM_RIGHT, 0, INIT_RANDOM, none};
     }
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++) {
         names[n] = "headdim";
-        cases[n++] = (config){1, 2, 1, 130, 65, dims[i], CAUSAL_BOTTOM_RIGHT, 0, INIT_RANDOM};
+        cases[n++] = (config){1, 2, 1, 130, 65, dims[i], CAUSAL_BOTTOM_RIGHT, 0, INIT_RANDOM, none};
     }
     names[n] = "strided";
-    cases[n++] = (config){2, 4, 2, 63, 130, 80, NONCAUSAL, 1, INIT_RANDOM};
+    cases[n++] = (config){2, 4, 2, 63, 130, 80, NONCAUSAL, 1, INIT_RANDOM, none};
     names[n] = "strided";
-    cases[n++] = (config){2, 4, 1, 130, 63, 64, CAUSAL_BOTTOM_RIGHT, 1, INIT_RANDOM};
+    cases[n++] = (config){2, 4, 1, 130, 63, 64, CAUSAL_BOTTOM_RIGHT, 1, INIT_RANDOM, none};
     names[n] = "seed";
-    cases[n++] = (config){1, 1, 1, 1, 2 * FLASH_CPU_TILE_K, 1, NONCAUSAL, 0, INIT_SEED};
+    cases[n++] = (config){1, 1, 1, 1, 2 * FLASH_CPU_TILE_K, 1, NONCAUSAL, 0, INIT_SEED, none};
     names[n] = "scores~1e4";
-    cases[n++] = (config){1, 1, 1, 65, 130, 1, NONCAUSAL, 0, INIT_LARGE};
+    cases[n++] = (config){1, 1, 1, 65, 130, 1, NONCAUSAL, 0, INIT_LARGE, none};
+    n += variant_cases(cases + n, names + n);
 
     printf("tiles: %d query x %d key rows, %d OpenMP threads\n", FLASH_CPU_TILE_Q,
            FLASH_CPU_TILE_K, omp_get_max_threads());
@@ -319,10 +654,10 @@ int main(int argc, char **argv)
     for (int i = 0; i < n; i++)
         for (int dt = FLASH_FP32; dt <= FLASH_FP64; dt++, runs++)
             failures += run_case(&cases[i], (flash_dtype)dt, names[i]);
+    failures += check_dropout_mask();
+    runs++;
     printf("%s: %d of %d checks failed\n", failures ? "FAIL" : "PASS", failures, runs);
     if (argc > 1 && strcmp(argv[1], "bench") == 0)
-        for (int64_t s = 1024; s <= 8192; s *= 2)
-            for (int causal = 0; causal <= 1; causal++)
-                bench(s, causal);
+        bench_all();
     return failures != 0;
 }

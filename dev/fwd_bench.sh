@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # fwd_bench.sh: on the GPU machine, from the repo root: build the forward harness (default tile configs),
-# run its correctness checks and its bf16 benchmark, then build and time alternative tile configs.
+# run its correctness checks, its bf16 benchmark and its variant benchmark, then build and time
+# alternative tile configs.
 #   bash dev/fwd_bench.sh [VARIANT ...]
-#   VARIANT: D64|D128|D256=head_dim,block_m,block_n,warps,q_in_regs,min_ctas_per_sm
-#            e.g. D128=128,64,64,4,true,2   (see the FWD_CFG_* macros in csrc/cuda/fwd_sm80.cu)
+#   VARIANT: D64|D128|D256=head_dim,block_m,block_n,warps,q_in_regs,min_ctas_per_sm   (dense kernels)
+#            H64|H128|H256=...                                     (HOOK kernels, block_n % 32 == 0)
+#            e.g. D128=128,64,64,4,true,2  H128=128,128,64,4,false,1
+#            (see the FWD_CFG_* / FWD_HOOK_CFG_* macros in csrc/cuda/fwd_sm80.cu)
 set -uo pipefail
 ARCH="-gencode=arch=compute_90a,code=sm_90a"
 SRC="dev/fwd_harness.cu csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_simple.cu"
@@ -17,24 +20,36 @@ build() { # name, extra nvcc flags...
         { echo "build $name failed"; grep -m5 error "$BIN/$name.log"; }
 }
 
+macro() { # D128 -> FWD_CFG_D128, H128 -> FWD_HOOK_CFG_D128
+    case $1 in
+    H*) echo "FWD_HOOK_CFG_D${1#H}" ;;
+    *) echo "FWD_CFG_$1" ;;
+    esac
+}
+
 build default &
 i=0
 for v in "$@"; do
     cfg=${v#*=}
-    build "v$i" "-DFWD_CFG_${v%%=*}=${cfg//,/\\,}" &
+    build "v$i" "-D$(macro "${v%%=*}")=${cfg//,/\\,}" &
     i=$((i + 1))
 done
 wait
 
-echo "== registers / spills (default build, half kernels)"
-grep -A2 "flash_fwd_sm80_kernel" "$BIN/default.log" | grep -E "registers|spill" | sort | uniq -c
+echo "== registers / spills (default build, half kernels; Lb0 dense, Lb1 HOOK)"
+grep -A2 "flash_fwd_sm80_kernel" "$BIN/default.log" | grep -E "Compiling|registers|spill" |
+    sed -E 's/.*kernelI(.*)EEv12.*/\1/' | paste - - - | sort | uniq -c
 "$BIN/default" check || echo "CHECK FAILED"
 "$BIN/default" bench
+"$BIN/default" variants
 i=0
 for v in "$@"; do
     cfg=${v#*=}
     d=${cfg%%,*}
-    echo "== variant $v: $(grep -A2 "bfloat16Li${d}E" "$BIN/v$i.log" | grep -E "registers|spill" | tr -s ' \n' ' ')"
-    [ -x "$BIN/v$i" ] && "$BIN/v$i" bench "$d" | tail -n +3
+    hook=$([ "${v:0:1}" = H ] && echo 1 || echo 0)
+    echo "== variant $v: $(grep -A2 "bfloat16Lb${hook}ELi${d}E" "$BIN/v$i.log" | grep -E "registers|spill" | tr -s ' \n' ' ')"
+    if [ -x "$BIN/v$i" ]; then
+        if [ "$hook" = 1 ]; then "$BIN/v$i" variants "$d" | tail -n +3; else "$BIN/v$i" bench "$d" | tail -n +3; fi
+    fi
     i=$((i + 1))
 done

@@ -2,10 +2,16 @@
  *
  * Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc dev/fwd_harness.cu \
  *            csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_simple.cu -o /tmp/fwd_harness
- * Run:   /tmp/fwd_harness check [t] every correctness case (or those of dtype t), relative L2 error of out
- *                                   and lse against a double CPU reference; exit 1 on any failure
- *        /tmp/fwd_harness bench [d] bf16 TFLOP/s, 16k tokens, nheads = 2048 / d, d 64/128/256 (or only
- *                                   d), seqlen 512/2048/8192, causal and not (median of kTimedRuns)
+ * Run:   /tmp/fwd_harness check [t]     every correctness case (or those of dtype t), relative L2 error of
+ *                                       out and lse against dev/attn_ref.h (double); exit 1 on any failure
+ *        /tmp/fwd_harness bench [d]     bf16 TFLOP/s, 16k tokens, nheads = 2048 / d, d 64/128/256 (or only
+ *                                       d), seqlen 512/2048/8192, causal and not (median of kTimedRuns)
+ *        /tmp/fwd_harness variants [d]  bf16 TFLOP/s of each variant (window, softcap, ALiBi, masks,
+ *                                       dropout, sink) beside the dense kernel, d 128 (or d), 16k tokens;
+ *                                       TFLOP/s count the visible (query, key) pairs only
+ * Cases cover the band (full, causal both alignments, sliding windows), softcap, ALiBi (per head and per
+ * batch), bool and additive attn_mask (random, key padding, block-sparse, rows with no visible key;
+ * broadcast dimensions, strided / transposed storage; block flags), dropout, sinks, and pairs of them.
  * Outputs are poisoned with NaN bytes before every run: every valid element must be overwritten and
  * every padding element (strided outputs) left untouched.
  */
@@ -21,8 +27,10 @@
 #include <algorithm>
 #include <vector>
 
+#include "attn_ref.h"
 #include "cuda/launch.h"
 #include "flash.h"
+#include "mask.h"
 
 #define CUDA_CHECK(x)                                                                                 \
     do {                                                                                              \
@@ -34,12 +42,15 @@
     } while (0)
 
 static const unsigned char kPoison = 0xff; /* all-ones bytes: NaN in every float format */
-static const double kLog2e = 1.4426950408889634;
 static const int kWarmupRuns = 3;
 static const int kTimedRuns = 20;
 static const int kBenchTokens = 16384;
 static const int kBenchHidden = 2048;
 static const int64_t kBigGap = (int64_t)1 << 31;
+static const uint64_t kSeed = 0x0123456789abcdefull;   /* Philox seed and offset: both 32-bit halves used */
+static const uint64_t kOffset = 0x00000005fedcba98ull;
+static const int kSparseRows = 128; /* block-sparse masks: blocks of kSparseRows x kSparseCols */
+static const int kSparseCols = 64;
 
 enum input_mode {
     MODE_NORMAL = 0, /* uniform(-1, 1) */
@@ -47,16 +58,73 @@ enum input_mode {
     MODE_HUGE,       /* uniform(-16, 16), scale 10: scores of magnitude ~1e4 */
 };
 
+enum band_kind {
+    BAND_FULL = 0,
+    BAND_CAUSAL_TL, /* j <= i */
+    BAND_CAUSAL_BR, /* j <= i + sk - sq */
+    BAND_WINDOW,    /* flash-attn window (left, right), -1 unbounded, bottom-right aligned */
+};
+
+enum mask_pattern {
+    MASKP_RANDOM = 0, /* bool: True w.p. 0.7; additive: uniform(-2, 2), 20% -inf */
+    MASKP_KEYPAD,     /* per batch, keys >= len_b hidden (the usual padding mask; broadcast over rows) */
+    MASKP_BLOCKS,     /* blocks of kSparseRows x kSparseCols, each hidden / plain / random */
+    MASKP_EMPTY_ROWS, /* random, plus every row i % 7 == 3 wholly hidden */
+};
+
+/* attn_mask storage: broadcast flags and layout */
+#define MASK_BCAST_B 1 /* (1, h, ., .) */
+#define MASK_BCAST_H 2 /* (., 1, ., .) */
+#define MASK_BCAST_ROW 4 /* (., ., 1, sk) */
+#define MASK_COLMAJOR 8 /* stored (b, h, sk, sq) and viewed transposed: col stride != 1 */
+
+typedef struct variant {
+    int band, left, right;  /* BAND_WINDOW: (left, right) */
+    float softcap;
+    int alibi;              /* 0 none, 1 slopes (h,), 2 slopes (b, h) */
+    int mask_kind;          /* flash_mask_kind */
+    int mask_pattern;
+    int mask_layout;        /* MASK_* flags */
+    double dropout;         /* probability of dropping */
+    int sink;
+    int force_hook;         /* has_hook = 1 even with no hook field set */
+} variant;
+
 typedef struct test_case {
     flash_dtype dtype;
     int b, h, h_kv, sq, sk, d;
-    int causal, bottom_right;
+    variant v;
     int row_pad;     /* extra elements per row (row stride = h * d + row_pad) */
     int bhsd;        /* (b, h, s, d) memory layout viewed as (b, s, h, d) */
     int mode;
     double scale;    /* 0: 1/sqrt(d) */
     int big;         /* batches kBigGap elements apart on the device: offsets past 2^31 elements */
 } test_case;
+
+static test_case mk(flash_dtype t, int b, int h, int h_kv, int sq, int sk, int d, int band)
+{
+    test_case c;
+    memset(&c, 0, sizeof(c));
+    c.dtype = t;
+    c.b = b;
+    c.h = h;
+    c.h_kv = h_kv;
+    c.sq = sq;
+    c.sk = sk;
+    c.d = d;
+    c.v.band = band;
+    c.v.left = c.v.right = -1;
+    c.mode = MODE_NORMAL;
+    return c;
+}
+
+static test_case window(test_case c, int left, int right)
+{
+    c.v.band = BAND_WINDOW;
+    c.v.left = left;
+    c.v.right = right;
+    return c;
+}
 
 static size_t dtype_size(flash_dtype t)
 {
@@ -160,47 +228,6 @@ static size_t dense_index(const test_case *c, int s_len, int h_len, int b, int s
     return (((size_t)b * s_len + s) * h_len + h) * c->d + i;
 }
 
-/* Double reference: out (b, sq, h, d) dense, lse (b, h, sq). */
-static void reference(const test_case *c, double scale, const tensor *q, const tensor *k, const tensor *v,
-                      std::vector<double> *out, std::vector<double> *lse)
-{
-    const int per_kv = c->h / c->h_kv;
-    const int64_t off = c->bottom_right ? (int64_t)c->sk - c->sq : 0;
-    std::vector<double> s(c->sk);
-    out->assign((size_t)c->b * c->sq * c->h * c->d, 0.0);
-    lse->assign((size_t)c->b * c->h * c->sq, -INFINITY);
-    for (int b = 0; b < c->b; b++)
-        for (int h = 0; h < c->h; h++)
-            for (int i = 0; i < c->sq; i++) {
-                const int kh = h / per_kv;
-                int64_t lim = c->sk;
-                if (c->causal)
-                    lim = std::min<int64_t>(std::max<int64_t>(i + off + 1, 0), c->sk);
-                if (lim == 0)
-                    continue;
-                double m = -INFINITY;
-                for (int j = 0; j < lim; j++) {
-                    double dot = 0;
-                    for (int e = 0; e < c->d; e++)
-                        dot += q->val[dense_index(c, c->sq, c->h, b, i, h, e)] *
-                               k->val[dense_index(c, c->sk, c->h_kv, b, j, kh, e)];
-                    s[j] = dot * scale;
-                    m = std::max(m, s[j]);
-                }
-                double l = 0;
-                double *o = &(*out)[dense_index(c, c->sq, c->h, b, i, h, 0)];
-                for (int j = 0; j < lim; j++) {
-                    const double pj = exp(s[j] - m);
-                    l += pj;
-                    for (int e = 0; e < c->d; e++)
-                        o[e] += pj * v->val[dense_index(c, c->sk, c->h_kv, b, j, kh, e)];
-                }
-                for (int e = 0; e < c->d; e++)
-                    o[e] /= l;
-                (*lse)[((size_t)b * c->h + h) * c->sq + i] = m + log(l);
-            }
-}
-
 static void fill_inputs(const test_case *c, tensor *q, tensor *k, tensor *v)
 {
     const double amp = c->mode == MODE_HUGE ? 16.0 : 1.0;
@@ -231,6 +258,166 @@ static void fill_inputs(const test_case *c, tensor *q, tensor *k, tensor *v)
     }
 }
 
+/* The band of flash_params from the case's band kind (the binding's formulas), clamped to [-sq, sk]. */
+static void band_fill(flash_params *p, const variant *v, int64_t sq, int64_t sk)
+{
+    int64_t lo = -sq, hi = sk;
+    if (v->band == BAND_CAUSAL_TL)
+        hi = 0;
+    else if (v->band == BAND_CAUSAL_BR)
+        hi = sk - sq;
+    else if (v->band == BAND_WINDOW) {
+        if (v->left >= 0)
+            lo = sk - sq - v->left;
+        if (v->right >= 0)
+            hi = sk - sq + v->right;
+    }
+    p->diag_lo = std::max<int64_t>(-sq, std::min<int64_t>(lo, sk));
+    p->diag_hi = std::max<int64_t>(-sq, std::min<int64_t>(hi, sk));
+}
+
+/* Variant inputs of one case: ALiBi slopes, attn_mask (device storage, block flags, and the expanded
+ * additive double copy the reference reads), sinks; with their device buffers. */
+typedef struct variant_data {
+    std::vector<float> slopes;
+    std::vector<double> mask;   /* (b, h, sq, sk) additive, -inf = hidden */
+    std::vector<double> sink;   /* (h,) */
+    void *slopes_dev, *mask_dev, *blocks_dev, *sink_dev;
+} variant_data;
+
+/* Fills the variant fields of p (device pointers) and vd. */
+static void variants_fill(flash_params *p, const test_case *c, variant_data *vd)
+{
+    const variant *v = &c->v;
+    const int b = c->b, h = c->h, sq = c->sq, sk = c->sk;
+    vd->slopes_dev = vd->mask_dev = vd->blocks_dev = vd->sink_dev = NULL;
+    p->softcap = v->softcap;
+    p->alibi_offset = (int64_t)sk - sq;
+    if (v->alibi) {
+        const int ab = v->alibi == 2 ? b : 1;
+        vd->slopes.resize((size_t)ab * h);
+        for (int i = 0; i < ab * h; i++)
+            vd->slopes[i] = (float)(pow(2.0, -8.0 * (i % h + 1) / h) * (1 + 0.25 * (i / h)));
+        CUDA_CHECK(cudaMalloc(&vd->slopes_dev, vd->slopes.size() * sizeof(float)));
+        CUDA_CHECK(cudaMemcpy(vd->slopes_dev, vd->slopes.data(), vd->slopes.size() * sizeof(float),
+                              cudaMemcpyHostToDevice));
+        p->alibi_slopes = (const float *)vd->slopes_dev;
+        p->alibi_batch_stride = v->alibi == 2 ? h : 0;
+    }
+    if (v->mask_kind != FLASH_MASK_NONE) {
+        const int mb = v->mask_layout & MASK_BCAST_B ? 1 : b;
+        const int mh = v->mask_layout & MASK_BCAST_H ? 1 : h;
+        const int mr = v->mask_layout & MASK_BCAST_ROW ? 1 : sq;
+        const bool additive = v->mask_kind == FLASH_MASK_ADD;
+        /* the stored mask (mb, mh, mr, sk), values as double additive */
+        std::vector<double> m((size_t)mb * mh * mr * sk);
+        std::vector<int> blk_state((size_t)mb * mh * (sq / kSparseRows + 1) * (sk / kSparseCols + 1));
+        for (size_t i = 0; i < blk_state.size(); i++)
+            blk_state[i] = (int)(uniform(0, 3)); /* 0 hidden, 1 plain, 2 random */
+        for (int bi = 0; bi < mb; bi++)
+            for (int hi = 0; hi < mh; hi++)
+                for (int r = 0; r < mr; r++)
+                    for (int j = 0; j < sk; j++) {
+                        const int len = sk - (bi * 37 + hi * 11) % (sk / 2 + 1);
+                        double x;
+                        bool vis;
+                        switch (v->mask_pattern) {
+                        case MASKP_KEYPAD: vis = j < len; x = 0; break;
+                        case MASKP_BLOCKS: {
+                            const int st = blk_state[(((size_t)bi * mh + hi) * (sq / kSparseRows + 1) +
+                                                      r / kSparseRows) * (sk / kSparseCols + 1) + j / kSparseCols];
+                            vis = st == 1 || (st == 2 && uniform(0, 1) < 0.7);
+                            x = st == 2 ? uniform(-2, 2) : 0;
+                            break;
+                        }
+                        default:
+                            vis = uniform(0, 1) < (additive ? 0.8 : 0.7);
+                            x = uniform(-2, 2);
+                            if (v->mask_pattern == MASKP_EMPTY_ROWS && r % 7 == 3)
+                                vis = false;
+                        }
+                        m[(((size_t)bi * mh + hi) * mr + r) * sk + j] = vis ? (additive ? x : 0.0) : -INFINITY;
+                    }
+        /* device storage, rounded to the element type */
+        const size_t es = additive ? dtype_size(c->dtype) : 1;
+        std::vector<unsigned char> host(m.size() * es);
+        const bool colmajor = v->mask_layout & MASK_COLMAJOR;
+        for (int bi = 0; bi < mb; bi++)
+            for (int hi = 0; hi < mh; hi++)
+                for (int r = 0; r < mr; r++)
+                    for (int j = 0; j < sk; j++) {
+                        const size_t at = (((size_t)bi * mh + hi) * mr + r) * sk + j;
+                        const size_t to = colmajor ? (((size_t)bi * mh + hi) * sk + j) * mr + r : at;
+                        if (additive)
+                            m[at] = store_elem(host.data(), to, c->dtype, m[at]);
+                        else
+                            host[to] = m[at] == 0.0;
+                    }
+        CUDA_CHECK(cudaMalloc(&vd->mask_dev, host.size()));
+        CUDA_CHECK(cudaMemcpy(vd->mask_dev, host.data(), host.size(), cudaMemcpyHostToDevice));
+        p->mask = vd->mask_dev;
+        p->mask_kind = (flash_mask_kind)v->mask_kind;
+        p->mask_s.col = colmajor ? mr : 1;
+        p->mask_s.row = mr == 1 ? 0 : colmajor ? 1 : sk;
+        p->mask_s.head = mh == 1 ? 0 : (int64_t)mr * sk;
+        p->mask_s.batch = mb == 1 ? 0 : (int64_t)mh * mr * sk;
+        /* expanded copy for the reference, and the block flags (mb, mh, nr, nc) */
+        vd->mask.resize((size_t)b * h * sq * sk);
+        const int nr = (sq + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK, nc = (sk + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK;
+        std::vector<uint8_t> blocks((size_t)mb * mh * nr * nc, 0);
+        for (int bi = 0; bi < b; bi++)
+            for (int hi = 0; hi < h; hi++)
+                for (int i = 0; i < sq; i++)
+                    for (int j = 0; j < sk; j++) {
+                        const int sb = mb == 1 ? 0 : bi, sh = mh == 1 ? 0 : hi, sr = mr == 1 ? 0 : i;
+                        const double x = m[(((size_t)sb * mh + sh) * mr + sr) * sk + j];
+                        vd->mask[(((size_t)bi * h + hi) * sq + i) * sk + j] = x;
+                        uint8_t &f = blocks[(((size_t)sb * mh + sh) * nr + i / FLASH_MASK_BLOCK) * nc + j / FLASH_MASK_BLOCK];
+                        if (x != -INFINITY)
+                            f |= FLASH_MASK_ANY_VISIBLE;
+                        if (x != 0.0)
+                            f |= FLASH_MASK_ANY_MASKED;
+                    }
+        CUDA_CHECK(cudaMalloc(&vd->blocks_dev, blocks.size()));
+        CUDA_CHECK(cudaMemcpy(vd->blocks_dev, blocks.data(), blocks.size(), cudaMemcpyHostToDevice));
+        p->mask_blocks = (const uint8_t *)vd->blocks_dev;
+        p->mask_blocks_s.col = 1;
+        p->mask_blocks_s.row = nc;
+        p->mask_blocks_s.head = mh == 1 ? 0 : (int64_t)nr * nc;
+        p->mask_blocks_s.batch = mb == 1 ? 0 : (int64_t)mh * nr * nc;
+    }
+    if (v->dropout > 0) {
+        p->dropout_threshold = (uint32_t)llround(v->dropout * FLASH_DROPOUT_ONE);
+        p->dropout_scale = (double)FLASH_DROPOUT_ONE / (FLASH_DROPOUT_ONE - p->dropout_threshold);
+        p->philox_seed = kSeed;
+        p->philox_offset = kOffset;
+    }
+    if (v->sink) {
+        vd->sink.resize(h);
+        const size_t es = c->dtype == FLASH_FP64 ? 8 : 4;
+        std::vector<unsigned char> host(h * es);
+        for (int i = 0; i < h; i++) {
+            const double x = i == 0 ? 8.0 : uniform(-2, 2); /* head 0: a sink that dominates */
+            if (es == 8)
+                ((double *)host.data())[i] = vd->sink[i] = x;
+            else
+                vd->sink[i] = ((float *)host.data())[i] = (float)x;
+        }
+        CUDA_CHECK(cudaMalloc(&vd->sink_dev, host.size()));
+        CUDA_CHECK(cudaMemcpy(vd->sink_dev, host.data(), host.size(), cudaMemcpyHostToDevice));
+        p->sink = vd->sink_dev;
+    }
+    p->has_hook = v->force_hook || p->softcap > 0 || p->alibi_slopes || p->mask || p->dropout_threshold;
+}
+
+static void variants_free(variant_data *vd)
+{
+    void *bufs[] = {vd->slopes_dev, vd->mask_dev, vd->blocks_dev, vd->sink_dev};
+    for (void *x : bufs)
+        if (x)
+            CUDA_CHECK(cudaFree(x));
+}
+
 static cudaError_t run_fwd(const flash_params *p, cudaStream_t stream)
 {
     if (p->dtype == FLASH_FP32 || p->dtype == FLASH_FP64)
@@ -259,10 +446,34 @@ static void params_fill(flash_params *p, const test_case *c, double scale, const
     p->d = c->d;
     p->h_per_kv = c->h / c->h_kv;
     p->scale = scale;
-    p->scale_log2 = (float)(scale * kLog2e);
-    p->causal = c->causal;
-    p->causal_offset = c->bottom_right ? (int64_t)c->sk - c->sq : 0;
+    p->scale_log2 = (float)(scale * FLASH_LOG2E);
+    band_fill(p, &c->v, c->sq, c->sk);
     p->dtype = c->dtype;
+}
+
+static void describe(char *buf, size_t n, const test_case *c)
+{
+    const variant *v = &c->v;
+    const char *band[] = {"full", "causal-tl", "causal-br", "window"};
+    const char *pat[] = {"random", "keypad", "blocks", "emptyrows"};
+    int at = snprintf(buf, n, "%s", band[v->band]);
+    if (v->band == BAND_WINDOW)
+        at += snprintf(buf + at, n - at, "(%d,%d)", v->left, v->right);
+    if (v->softcap > 0)
+        at += snprintf(buf + at, n - at, " cap%g", v->softcap);
+    if (v->alibi)
+        at += snprintf(buf + at, n - at, " alibi%s", v->alibi == 2 ? "(b,h)" : "(h)");
+    if (v->mask_kind)
+        at += snprintf(buf + at, n - at, " %s-%s%s%s%s%s", v->mask_kind == FLASH_MASK_BOOL ? "bool" : "add",
+                       pat[v->mask_pattern], v->mask_layout & MASK_BCAST_B ? " B1" : "",
+                       v->mask_layout & MASK_BCAST_H ? " H1" : "", v->mask_layout & MASK_BCAST_ROW ? " R1" : "",
+                       v->mask_layout & MASK_COLMAJOR ? " colmajor" : "");
+    if (v->dropout > 0)
+        at += snprintf(buf + at, n - at, " drop%g", v->dropout);
+    if (v->sink)
+        at += snprintf(buf + at, n - at, " sink");
+    if (v->force_hook)
+        at += snprintf(buf + at, n - at, " hook");
 }
 
 /* Runs one case; returns 1 when it passes. */
@@ -288,14 +499,20 @@ static int check_case(const test_case *c)
 
     flash_params p;
     params_fill(&p, c, scale, &q, &k, &v, &o, lse_dev);
+    variant_data vd;
+    variants_fill(&p, c, &vd);
     CUDA_CHECK(run_fwd(&p, 0));
     CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<unsigned char> lse_host(lse_elems * lse_es);
     tensor_copy(&o, c, 0);
     CUDA_CHECK(cudaMemcpy(lse_host.data(), lse_dev, lse_host.size(), cudaMemcpyDeviceToHost));
 
-    std::vector<double> ref_o, ref_lse;
-    reference(c, scale, &q, &k, &v, &ref_o, &ref_lse);
+    /* the reference reads p's scalars and, through mask.h, the host ALiBi slopes */
+    flash_params hp = p;
+    hp.alibi_slopes = vd.slopes.empty() ? NULL : vd.slopes.data();
+    std::vector<double> ref_o((size_t)c->b * c->sq * c->h * c->d), ref_lse(lse_elems);
+    ref_forward(&hp, q.val.data(), k.val.data(), v.val.data(), vd.mask.empty() ? NULL : vd.mask.data(),
+                vd.sink.empty() ? NULL : vd.sink.data(), ref_o.data(), ref_lse.data());
 
     /* every valid element written, every padding element untouched */
     std::vector<unsigned char> valid(o.elems, 0);
@@ -334,11 +551,12 @@ static int check_case(const test_case *c)
     const double rel_l = nl > 0 ? sqrt(el / nl) : sqrt(el);
     const double tol = threshold(c->dtype);
     const int ok = unwritten == 0 && clobbered == 0 && inf_mismatch == 0 && rel_o <= tol && rel_l <= tol;
-    printf("%-4s b%-2d h%-2d/%-2d sq%-5d sk%-5d d%-3d %-6s%-3s pad%-3d %-4s%s %-8s | out %.2e lse %.2e | %s",
-           dtype_name(c->dtype), c->b, c->h, c->h_kv, c->sq, c->sk, c->d, c->causal ? "causal" : "full",
-           c->causal ? (c->bottom_right ? "br" : "tl") : "", c->row_pad, c->bhsd ? "bhsd" : "bshd", c->big ? "+4G" : "",
-           c->mode == MODE_LATE_MAX ? "late-max" : c->mode == MODE_HUGE ? "huge" : "normal", rel_o, rel_l,
-           ok ? "ok" : "FAIL");
+    char desc[256];
+    describe(desc, sizeof(desc), c);
+    printf("%-4s b%-2d h%-2d/%-2d sq%-5d sk%-5d d%-3d pad%-3d %-4s%s %-8s %-40s | out %.2e lse %.2e | %s",
+           dtype_name(c->dtype), c->b, c->h, c->h_kv, c->sq, c->sk, c->d, c->row_pad, c->bhsd ? "bhsd" : "bshd",
+           c->big ? "+4G" : "", c->mode == MODE_LATE_MAX ? "late-max" : c->mode == MODE_HUGE ? "huge" : "normal",
+           desc, rel_o, rel_l, ok ? "ok" : "FAIL");
     if (c->scale != 0)
         printf(" (scale %g)", c->scale);
     if (!ok)
@@ -349,6 +567,7 @@ static int check_case(const test_case *c)
     CUDA_CHECK(cudaFree(v.dev));
     CUDA_CHECK(cudaFree(o.dev));
     CUDA_CHECK(cudaFree(lse_dev));
+    variants_free(&vd);
     return ok;
 }
 
@@ -369,7 +588,130 @@ static int check_rejects(void)
         printf("reject %s d%d: %s\n", dtype_name(bad[i].t), bad[i].d, e == cudaErrorInvalidValue ? "ok" : "FAIL");
         ok &= e == cudaErrorInvalidValue;
     }
+    /* a hook field without has_hook (the dense kernel would silently ignore it) */
+    flash_params p;
+    memset(&p, 0, sizeof(p));
+    p.dtype = FLASH_BF16;
+    p.b = p.h = p.h_kv = p.h_per_kv = 1;
+    p.sq = p.sk = 1;
+    p.d = 64;
+    p.softcap = 1.0f;
+    const cudaError_t e = run_fwd(&p, 0);
+    printf("reject bf16 softcap without has_hook: %s\n", e == cudaErrorInvalidValue ? "ok" : "FAIL");
+    ok &= e == cudaErrorInvalidValue;
     return ok;
+}
+
+/* The variant cases of one dtype: every variant alone, with tails / GQA / each head-dim config, and pairs. */
+static void variant_cases(std::vector<test_case> *cases, flash_dtype t, bool half)
+{
+    const int dims[] = {64, 128, 256};
+    const int nd = half ? 3 : 1;
+    for (int di = 0; di < nd; di++) {
+        const int d = half ? dims[di] : 40;
+        test_case c;
+        /* sliding windows: start tile > 0, masked tiles on both sides, rows with no key (sq > sk) */
+        cases->push_back(window(mk(t, 1, 2, 2, 1000, 1000, d, 0), 100, 50));
+        cases->push_back(window(mk(t, 1, 2, 2, 700, 900, d, 0), 256, 0));
+        cases->push_back(window(mk(t, 1, 2, 1, 900, 300, d, 0), 40, 10));
+        cases->push_back(window(mk(t, 2, 2, 2, 333, 555, d, 0), -1, 70));
+        cases->push_back(window(mk(t, 1, 2, 2, 513, 513, d, 0), 0, 0));
+        c = window(mk(t, 1, 2, 2, 600, 600, d, 0), 100, 50);
+        c.v.force_hook = 1; /* the HOOK kernel's key order, nothing else */
+        cases->push_back(c);
+        /* softcap */
+        c = mk(t, 1, 2, 2, 300, 450, d, BAND_CAUSAL_BR);
+        c.v.softcap = 50;
+        cases->push_back(c);
+        c = mk(t, 1, 2, 2, 150, 333, d, BAND_FULL);
+        c.v.softcap = 5;
+        c.mode = MODE_HUGE;
+        c.scale = 10.0;
+        cases->push_back(c);
+        /* ALiBi per head, per batch */
+        c = mk(t, 2, 4, 2, 257, 300, d, BAND_CAUSAL_BR);
+        c.v.alibi = 1;
+        cases->push_back(c);
+        c = mk(t, 2, 2, 2, 300, 200, d, BAND_FULL);
+        c.v.alibi = 2;
+        cases->push_back(c);
+        /* attn_mask: bool and additive, patterns, broadcast, layouts */
+        const int kinds[] = {FLASH_MASK_BOOL, FLASH_MASK_ADD};
+        for (int kind : kinds) {
+            c = mk(t, 2, 2, 2, 200, 320, d, BAND_FULL);
+            c.v.mask_kind = kind;
+            c.v.mask_pattern = MASKP_RANDOM;
+            cases->push_back(c);
+            c.v.mask_pattern = MASKP_EMPTY_ROWS;
+            c.v.mask_layout = MASK_BCAST_H;
+            cases->push_back(c);
+            c = mk(t, 3, 2, 1, 300, 700, d, BAND_FULL);
+            c.v.mask_kind = kind;
+            c.v.mask_pattern = MASKP_KEYPAD;
+            c.v.mask_layout = MASK_BCAST_H | MASK_BCAST_ROW;
+            cases->push_back(c);
+            c = mk(t, 1, 2, 2, 600, 640, d, BAND_FULL);
+            c.v.mask_kind = kind;
+            c.v.mask_pattern = MASKP_BLOCKS;
+            c.v.mask_layout = MASK_BCAST_B;
+            cases->push_back(c);
+            c = mk(t, 2, 2, 2, 130, 203, d, BAND_CAUSAL_BR);
+            c.v.mask_kind = kind;
+            c.v.mask_pattern = MASKP_RANDOM;
+            c.v.mask_layout = MASK_COLMAJOR;
+            cases->push_back(c);
+        }
+        /* dropout, alone and with tails / GQA */
+        c = mk(t, 2, 4, 2, 300, 333, d, BAND_FULL);
+        c.v.dropout = 0.17;
+        cases->push_back(c);
+        c = mk(t, 1, 2, 2, 257, 129, d, BAND_CAUSAL_TL);
+        c.v.dropout = 0.5;
+        cases->push_back(c);
+        /* sinks: dense kernel, HOOK kernel, rows with no key (lse = sink) */
+        c = mk(t, 1, 3, 3, 200, 300, d, BAND_CAUSAL_BR);
+        c.v.sink = 1;
+        cases->push_back(c);
+        c = window(mk(t, 1, 3, 3, 400, 200, d, 0), 30, 0);
+        c.v.sink = 1;
+        cases->push_back(c);
+        /* pairs */
+        c = window(mk(t, 1, 2, 2, 700, 700, d, 0), 128, 0);
+        c.v.softcap = 30;
+        cases->push_back(c);
+        c = window(mk(t, 2, 2, 2, 500, 600, d, 0), 64, 64);
+        c.v.alibi = 1;
+        cases->push_back(c);
+        c = mk(t, 2, 2, 2, 400, 500, d, BAND_FULL);
+        c.v.mask_kind = FLASH_MASK_BOOL;
+        c.v.mask_pattern = MASKP_KEYPAD;
+        c.v.mask_layout = MASK_BCAST_H | MASK_BCAST_ROW;
+        c.v.dropout = 0.1;
+        cases->push_back(c);
+        c = window(mk(t, 1, 2, 2, 600, 600, d, 0), 200, 0);
+        c.v.sink = 1;
+        c.v.softcap = 20;
+        cases->push_back(c);
+        c = mk(t, 2, 2, 2, 250, 380, d, BAND_CAUSAL_BR);
+        c.v.softcap = 10;
+        c.v.alibi = 2;
+        c.v.mask_kind = FLASH_MASK_ADD;
+        c.v.mask_pattern = MASKP_BLOCKS;
+        cases->push_back(c);
+        c = mk(t, 1, 4, 1, 300, 300, d, BAND_CAUSAL_BR);
+        c.v.mask_kind = FLASH_MASK_ADD;
+        c.v.mask_pattern = MASKP_EMPTY_ROWS;
+        c.v.dropout = 0.25;
+        c.v.sink = 1;
+        c.row_pad = 8;
+        cases->push_back(c);
+        c = window(mk(t, 2, 2, 2, 190, 190, d, 0), 50, 20);
+        c.v.alibi = 1;
+        c.v.dropout = 0.3;
+        c.bhsd = 1;
+        c.scale = -0.2;
+        cases->push_back(c);
+    }
 }
 
 static int run_checks(const char *only_dtype)
@@ -380,48 +722,86 @@ static int run_checks(const char *only_dtype)
         /* every head-dim config and padded head dims */
         const int dims[] = {8, 40, 64, 80, 96, 128, 200, 256};
         for (int d : dims)
-            cases.push_back({t, 2, 3, 3, 200, 300, d, 0, 0, 0, 0, MODE_NORMAL, 0, 0});
+            cases.push_back(mk(t, 2, 3, 3, 200, 300, d, BAND_FULL));
         /* tails, full and causal both alignments */
         const int tails[][2] = {{1, 1}, {17, 17}, {127, 129}, {129, 127}, {1000, 1000}, {1, 1000}, {1000, 17},
                                 {300, 100}};
+        const int bands[] = {BAND_FULL, BAND_CAUSAL_TL, BAND_CAUSAL_BR};
         for (auto &sz : tails)
-            for (int causal = 0; causal < 2; causal++)
-                for (int br = 0; br < 1 + causal; br++) {
-                    const int d = sz[0] == 1000 && sz[1] == 1000 ? 64 : 128;
-                    cases.push_back({t, 1, 2, 2, sz[0], sz[1], d, causal, br, 0, 0, MODE_NORMAL, 0, 0});
-                }
-        cases.push_back({t, 1, 2, 2, 257, 383, 256, 1, 1, 0, 0, MODE_NORMAL, 0, 0});
-        cases.push_back({t, 1, 2, 2, 383, 257, 256, 1, 1, 0, 0, MODE_NORMAL, 0, 0});
-        cases.push_back({t, 1, 2, 2, 200, 450, 80, 1, 0, 0, 0, MODE_NORMAL, 0, 0});
+            for (int band : bands) {
+                const int d = sz[0] == 1000 && sz[1] == 1000 ? 64 : 128;
+                cases.push_back(mk(t, 1, 2, 2, sz[0], sz[1], d, band));
+            }
+        cases.push_back(mk(t, 1, 2, 2, 257, 383, 256, BAND_CAUSAL_BR));
+        cases.push_back(mk(t, 1, 2, 2, 383, 257, 256, BAND_CAUSAL_BR));
+        cases.push_back(mk(t, 1, 2, 2, 200, 450, 80, BAND_CAUSAL_TL));
         /* GQA 4:1, strided rows, (b, h, s, d) layout */
-        cases.push_back({t, 2, 8, 2, 150, 222, 64, 1, 1, 0, 0, MODE_NORMAL, 0, 0});
-        cases.push_back({t, 2, 8, 2, 130, 130, 128, 0, 0, 24, 0, MODE_NORMAL, 0, 0});
-        cases.push_back({t, 2, 4, 4, 100, 260, 96, 1, 1, 16, 0, MODE_NORMAL, 0, 0});
-        cases.push_back({t, 2, 4, 1, 190, 190, 64, 1, 0, 8, 1, MODE_NORMAL, 0, 0});
-        /* row max in the last key tile; scores of magnitude 1e4; negative scale */
-        cases.push_back({t, 1, 2, 2, 64, 512, 128, 0, 0, 0, 0, MODE_LATE_MAX, 0, 0});
-        cases.push_back({t, 1, 2, 2, 64, 300, 64, 0, 0, 0, 0, MODE_LATE_MAX, 0, 0});
-        cases.push_back({t, 1, 2, 2, 64, 200, 256, 0, 0, 0, 0, MODE_LATE_MAX, 0, 0});
-        cases.push_back({t, 1, 2, 2, 150, 333, 128, 0, 0, 0, 0, MODE_HUGE, 10.0, 0});
-        cases.push_back({t, 1, 2, 2, 150, 333, 64, 1, 1, 0, 0, MODE_HUGE, 10.0, 0});
-        cases.push_back({t, 1, 2, 2, 100, 140, 128, 1, 1, 0, 0, MODE_NORMAL, -0.2, 0});
-        cases.push_back({t, 2, 2, 1, 100, 130, 64, 1, 1, 0, 0, MODE_NORMAL, 0, 1});
+        test_case c = mk(t, 2, 8, 2, 150, 222, 64, BAND_CAUSAL_BR);
+        cases.push_back(c);
+        c = mk(t, 2, 8, 2, 130, 130, 128, BAND_FULL);
+        c.row_pad = 24;
+        cases.push_back(c);
+        c = mk(t, 2, 4, 4, 100, 260, 96, BAND_CAUSAL_BR);
+        c.row_pad = 16;
+        cases.push_back(c);
+        c = mk(t, 2, 4, 1, 190, 190, 64, BAND_CAUSAL_TL);
+        c.row_pad = 8;
+        c.bhsd = 1;
+        cases.push_back(c);
+        /* row max in the last key tile; scores of magnitude 1e4; negative scale; offsets past 2^31 */
+        const int late_dims[][2] = {{128, 512}, {64, 300}, {256, 200}};
+        for (auto &ld : late_dims) {
+            c = mk(t, 1, 2, 2, 64, ld[1], ld[0], BAND_FULL);
+            c.mode = MODE_LATE_MAX;
+            cases.push_back(c);
+        }
+        c = mk(t, 1, 2, 2, 150, 333, 128, BAND_FULL);
+        c.mode = MODE_HUGE;
+        c.scale = 10.0;
+        cases.push_back(c);
+        c = mk(t, 1, 2, 2, 150, 333, 64, BAND_CAUSAL_BR);
+        c.mode = MODE_HUGE;
+        c.scale = 10.0;
+        cases.push_back(c);
+        c = mk(t, 1, 2, 2, 100, 140, 128, BAND_CAUSAL_BR);
+        c.scale = -0.2;
+        cases.push_back(c);
+        c = mk(t, 2, 2, 1, 100, 130, 64, BAND_CAUSAL_BR);
+        c.big = 1;
+        cases.push_back(c);
+        c.v.mask_kind = FLASH_MASK_BOOL;
+        c.v.dropout = 0.2;
+        cases.push_back(c);
+        variant_cases(&cases, t, true);
     }
     const flash_dtype fulls[] = {FLASH_FP32, FLASH_FP64};
     for (flash_dtype t : fulls) {
         const int dims[] = {1, 3, 8, 33, 64, 200, 256};
         for (int d : dims)
-            cases.push_back({t, 2, 3, 3, 70, 90, d, 0, 0, 0, 0, MODE_NORMAL, 0, 0});
+            cases.push_back(mk(t, 2, 3, 3, 70, 90, d, BAND_FULL));
         const int tails[][2] = {{1, 1}, {17, 17}, {127, 129}, {1, 300}, {300, 100}};
+        const int bands[] = {BAND_FULL, BAND_CAUSAL_TL, BAND_CAUSAL_BR};
         for (auto &sz : tails)
-            for (int causal = 0; causal < 2; causal++)
-                for (int br = 0; br < 1 + causal; br++)
-                    cases.push_back({t, 1, 2, 2, sz[0], sz[1], 48, causal, br, 0, 0, MODE_NORMAL, 0, 0});
-        cases.push_back({t, 2, 8, 2, 60, 77, 40, 1, 1, 5, 0, MODE_NORMAL, 0, 0});
-        cases.push_back({t, 2, 4, 1, 50, 50, 24, 1, 0, 3, 1, MODE_NORMAL, 0, 0});
-        cases.push_back({t, 1, 2, 2, 40, 200, 64, 0, 0, 0, 0, MODE_LATE_MAX, 0, 0});
-        cases.push_back({t, 1, 2, 2, 50, 90, 64, 1, 1, 0, 0, MODE_HUGE, 10.0, 0});
-        cases.push_back({t, 2, 2, 1, 40, 50, 16, 1, 1, 0, 0, MODE_NORMAL, 0, 1});
+            for (int band : bands)
+                cases.push_back(mk(t, 1, 2, 2, sz[0], sz[1], 48, band));
+        test_case c = mk(t, 2, 8, 2, 60, 77, 40, BAND_CAUSAL_BR);
+        c.row_pad = 5;
+        cases.push_back(c);
+        c = mk(t, 2, 4, 1, 50, 50, 24, BAND_CAUSAL_TL);
+        c.row_pad = 3;
+        c.bhsd = 1;
+        cases.push_back(c);
+        c = mk(t, 1, 2, 2, 40, 200, 64, BAND_FULL);
+        c.mode = MODE_LATE_MAX;
+        cases.push_back(c);
+        c = mk(t, 1, 2, 2, 50, 90, 64, BAND_CAUSAL_BR);
+        c.mode = MODE_HUGE;
+        c.scale = 10.0;
+        cases.push_back(c);
+        c = mk(t, 2, 2, 1, 40, 50, 16, BAND_CAUSAL_BR);
+        c.big = 1;
+        cases.push_back(c);
+        variant_cases(&cases, t, false);
     }
     int passed = 0, failed = 0;
     for (const test_case &c : cases)
@@ -443,22 +823,84 @@ __global__ void fill_random_bf16(__nv_bfloat16 *x, size_t n, uint32_t seed)
     }
 }
 
-static void run_bench(int only_d)
-{
-    const size_t n = (size_t)kBenchTokens * kBenchHidden;
+/* bf16 inputs of kBenchTokens x kBenchHidden, shared by the benchmarks */
+typedef struct bench_buffers {
     __nv_bfloat16 *q, *k, *v, *o;
     float *lse;
-    CUDA_CHECK(cudaMalloc(&q, n * 2));
-    CUDA_CHECK(cudaMalloc(&k, n * 2));
-    CUDA_CHECK(cudaMalloc(&v, n * 2));
-    CUDA_CHECK(cudaMalloc(&o, n * 2));
-    CUDA_CHECK(cudaMalloc(&lse, (size_t)kBenchTokens * kBenchHidden / 8 * sizeof(float)));
-    fill_random_bf16<<<1024, 256>>>(q, n, 1);
-    fill_random_bf16<<<1024, 256>>>(k, n, 2);
-    fill_random_bf16<<<1024, 256>>>(v, n, 3);
+} bench_buffers;
+
+static void bench_alloc(bench_buffers *bb)
+{
+    const size_t n = (size_t)kBenchTokens * kBenchHidden;
+    CUDA_CHECK(cudaMalloc(&bb->q, n * 2));
+    CUDA_CHECK(cudaMalloc(&bb->k, n * 2));
+    CUDA_CHECK(cudaMalloc(&bb->v, n * 2));
+    CUDA_CHECK(cudaMalloc(&bb->o, n * 2));
+    CUDA_CHECK(cudaMalloc(&bb->lse, (size_t)kBenchTokens * kBenchHidden / 8 * sizeof(float)));
+    fill_random_bf16<<<1024, 256>>>(bb->q, n, 1);
+    fill_random_bf16<<<1024, 256>>>(bb->k, n, 2);
+    fill_random_bf16<<<1024, 256>>>(bb->v, n, 3);
+}
+
+static void bench_free(bench_buffers *bb)
+{
+    CUDA_CHECK(cudaFree(bb->q));
+    CUDA_CHECK(cudaFree(bb->k));
+    CUDA_CHECK(cudaFree(bb->v));
+    CUDA_CHECK(cudaFree(bb->o));
+    CUDA_CHECK(cudaFree(bb->lse));
+}
+
+/* Dense bf16 params over the bench buffers: seqlen s, head dim d, full band. */
+static void bench_params(flash_params *p, const bench_buffers *bb, int s, int d)
+{
+    memset(p, 0, sizeof(*p));
+    p->q = bb->q;
+    p->k = bb->k;
+    p->v = bb->v;
+    p->o = bb->o;
+    p->lse = bb->lse;
+    p->q_s.head = p->k_s.head = p->v_s.head = p->o_s.head = d;
+    p->q_s.row = p->k_s.row = p->v_s.row = p->o_s.row = kBenchHidden;
+    p->q_s.batch = p->k_s.batch = p->v_s.batch = p->o_s.batch = (int64_t)s * kBenchHidden;
+    p->b = kBenchTokens / s;
+    p->h = p->h_kv = kBenchHidden / d;
+    p->h_per_kv = 1;
+    p->sq = p->sk = s;
+    p->d = d;
+    p->scale = 1.0 / sqrt((double)d);
+    p->scale_log2 = (float)(p->scale * FLASH_LOG2E);
+    p->diag_lo = -s;
+    p->diag_hi = s;
+    p->dtype = FLASH_BF16;
+}
+
+/* Median milliseconds of kTimedRuns forward calls. */
+static double time_fwd(const flash_params *p)
+{
     cudaEvent_t start, stop;
     CUDA_CHECK(cudaEventCreate(&start));
     CUDA_CHECK(cudaEventCreate(&stop));
+    std::vector<float> ms(kTimedRuns);
+    for (int i = 0; i < kWarmupRuns; i++)
+        CUDA_CHECK(flash_fwd_sm80(p, 0));
+    for (int i = 0; i < kTimedRuns; i++) {
+        CUDA_CHECK(cudaEventRecord(start));
+        CUDA_CHECK(flash_fwd_sm80(p, 0));
+        CUDA_CHECK(cudaEventRecord(stop));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        CUDA_CHECK(cudaEventElapsedTime(&ms[i], start, stop));
+    }
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+    std::sort(ms.begin(), ms.end());
+    return ms[kTimedRuns / 2];
+}
+
+static void run_bench(int only_d)
+{
+    bench_buffers bb;
+    bench_alloc(&bb);
     const int dims[] = {64, 128, 256};
     const int seqs[] = {512, 2048, 8192};
     printf("bf16 fwd TFLOP/s (16k tokens, nheads = 2048 / d)\n");
@@ -468,57 +910,152 @@ static void run_bench(int only_d)
             for (int s : seqs) {
                 if (only_d && d != only_d)
                     continue;
-                test_case c = {FLASH_BF16, kBenchTokens / s, kBenchHidden / d, kBenchHidden / d, s, s, d, causal,
-                               1, 0, 0, MODE_NORMAL, 0, 0};
                 flash_params p;
-                memset(&p, 0, sizeof(p));
-                p.q = q;
-                p.k = k;
-                p.v = v;
-                p.o = o;
-                p.lse = lse;
-                p.q_s.head = p.k_s.head = p.v_s.head = p.o_s.head = d;
-                p.q_s.row = p.k_s.row = p.v_s.row = p.o_s.row = kBenchHidden;
-                p.q_s.batch = p.k_s.batch = p.v_s.batch = p.o_s.batch = (int64_t)s * kBenchHidden;
-                p.b = c.b;
-                p.h = p.h_kv = c.h;
-                p.h_per_kv = 1;
-                p.sq = p.sk = s;
-                p.d = d;
-                p.scale = 1.0 / sqrt((double)d);
-                p.scale_log2 = (float)(p.scale * kLog2e);
-                p.causal = causal;
-                p.dtype = FLASH_BF16;
-                std::vector<float> ms(kTimedRuns);
-                for (int i = 0; i < kWarmupRuns; i++)
-                    CUDA_CHECK(flash_fwd_sm80(&p, 0));
-                for (int i = 0; i < kTimedRuns; i++) {
-                    CUDA_CHECK(cudaEventRecord(start));
-                    CUDA_CHECK(flash_fwd_sm80(&p, 0));
-                    CUDA_CHECK(cudaEventRecord(stop));
-                    CUDA_CHECK(cudaEventSynchronize(stop));
-                    CUDA_CHECK(cudaEventElapsedTime(&ms[i], start, stop));
-                }
-                std::sort(ms.begin(), ms.end());
-                const double t = ms[kTimedRuns / 2] * 1e-3;
-                const double flops = 4.0 * c.b * c.h * (double)s * s * d / (causal ? 2 : 1);
+                bench_params(&p, &bb, s, d);
+                if (causal)
+                    p.diag_hi = 0;
+                const double t = time_fwd(&p) * 1e-3;
+                const double flops = 4.0 * p.b * p.h * (double)s * s * d / (causal ? 2 : 1);
                 printf("%-5d %-6d %-7s %-9.3f %.1f\n", d, s, causal ? "yes" : "no", t * 1e3, flops / t * 1e-12);
             }
-    CUDA_CHECK(cudaFree(q));
-    CUDA_CHECK(cudaFree(k));
-    CUDA_CHECK(cudaFree(v));
-    CUDA_CHECK(cudaFree(o));
-    CUDA_CHECK(cudaFree(lse));
+    bench_free(&bb);
+}
+
+/* (query, key) pairs inside the band of p, summed over the rows: the visible work without a mask. */
+static double band_pairs(const flash_params *p)
+{
+    double n = 0;
+    for (int64_t i = 0; i < p->sq; i++) {
+        const int64_t lo = std::max<int64_t>(0, i + p->diag_lo), hi = std::min<int64_t>(p->sk - 1, i + p->diag_hi);
+        n += hi >= lo ? (double)(hi - lo + 1) : 0;
+    }
+    return n;
+}
+
+enum bench_variant {
+    BV_DENSE = 0, BV_HOOK, BV_WINDOW, BV_SOFTCAP, BV_ALIBI, BV_DROPOUT, BV_PAD_MASK, BV_SPARSE, BV_SINK, BV_COUNT
+};
+
+static void run_variant_bench(int only_d)
+{
+    static const char *names[BV_COUNT] = {"dense",         "hook (no field)",        "causal window 4096",
+                                          "softcap 50",    "alibi causal",           "dropout 0.1",
+                                          "bool pad 25%",  "block-sparse 10% 128^2", "sink"};
+    bench_buffers bb;
+    bench_alloc(&bb);
+    const int dims[] = {64, 128, 256};
+    const int seqs[] = {8192, 16384};
+    printf("bf16 fwd variants, TFLOP/s on the visible pairs (16k tokens, nheads = 2048 / d)\n");
+    printf("%-5s %-6s %-26s %-9s %s\n", "d", "seq", "variant", "ms", "TFLOP/s");
+    for (int d : dims)
+        for (int s : seqs)
+            for (int bv = 0; bv < BV_COUNT; bv++) {
+                if ((only_d && d != only_d) || (!only_d && d != 128))
+                    continue;
+                flash_params p;
+                bench_params(&p, &bb, s, d);
+                void *mask = NULL, *blocks = NULL, *sink = NULL;
+                float *slopes = NULL;
+                double visible_frac = 1.0;
+                switch (bv) {
+                case BV_HOOK: p.has_hook = 1; break;
+                case BV_WINDOW: p.diag_hi = 0; p.diag_lo = -4096; break;
+                case BV_SOFTCAP: p.softcap = 50; break;
+                case BV_ALIBI: {
+                    std::vector<float> sl(p.h);
+                    for (int i = 0; i < p.h; i++)
+                        sl[i] = (float)pow(2.0, -8.0 * (i + 1) / p.h);
+                    CUDA_CHECK(cudaMalloc(&slopes, p.h * sizeof(float)));
+                    CUDA_CHECK(cudaMemcpy(slopes, sl.data(), p.h * sizeof(float), cudaMemcpyHostToDevice));
+                    p.alibi_slopes = slopes;
+                    p.alibi_offset = 0;
+                    p.diag_hi = 0;
+                    break;
+                }
+                case BV_DROPOUT:
+                    p.dropout_threshold = (uint32_t)llround(0.1 * FLASH_DROPOUT_ONE);
+                    p.dropout_scale = (double)FLASH_DROPOUT_ONE / (FLASH_DROPOUT_ONE - p.dropout_threshold);
+                    p.philox_seed = kSeed;
+                    p.philox_offset = kOffset;
+                    break;
+                case BV_PAD_MASK:
+                case BV_SPARSE: {
+                    /* pad: (b, 1, 1, sk), the last 25% of keys hidden; sparse: (1, 1, s, s), 10% of the
+                     * 128 x 128 blocks visible */
+                    const bool pad = bv == BV_PAD_MASK;
+                    const int rows = pad ? 1 : s, nb = pad ? (int)p.b : 1;
+                    const int nr = (rows + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK, nc = s / FLASH_MASK_BLOCK;
+                    const int big = 128 / FLASH_MASK_BLOCK;
+                    std::vector<uint8_t> m((size_t)nb * rows * s), f((size_t)nb * nr * nc);
+                    std::vector<uint8_t> vis_blk((size_t)(s / 128 + 1) * (s / 128 + 1));
+                    for (auto &x : vis_blk)
+                        x = uniform(0, 1) < 0.1;
+                    for (int bi = 0; bi < nb; bi++)
+                        for (int r = 0; r < rows; r++)
+                            for (int j = 0; j < s; j++)
+                                m[((size_t)bi * rows + r) * s + j] =
+                                    pad ? j < s - s / 4 : vis_blk[(size_t)(r / 128) * (s / 128 + 1) + j / 128];
+                    for (int bi = 0; bi < nb; bi++)
+                        for (int r = 0; r < nr; r++)
+                            for (int c = 0; c < nc; c++) {
+                                const bool v = pad ? c * FLASH_MASK_BLOCK < s - s / 4
+                                                   : vis_blk[(size_t)(r / big) * (s / 128 + 1) + c / big];
+                                f[((size_t)bi * nr + r) * nc + c] = v ? FLASH_MASK_ANY_VISIBLE : FLASH_MASK_ANY_MASKED;
+                            }
+                    double vis = 0;
+                    for (uint8_t x : m)
+                        vis += x;
+                    visible_frac = vis / m.size();
+                    CUDA_CHECK(cudaMalloc(&mask, m.size()));
+                    CUDA_CHECK(cudaMemcpy(mask, m.data(), m.size(), cudaMemcpyHostToDevice));
+                    CUDA_CHECK(cudaMalloc(&blocks, f.size()));
+                    CUDA_CHECK(cudaMemcpy(blocks, f.data(), f.size(), cudaMemcpyHostToDevice));
+                    p.mask = mask;
+                    p.mask_kind = FLASH_MASK_BOOL;
+                    p.mask_s.col = 1;
+                    p.mask_s.row = pad ? 0 : s;
+                    p.mask_s.head = 0;
+                    p.mask_s.batch = pad ? s : 0;
+                    p.mask_blocks = (const uint8_t *)blocks;
+                    p.mask_blocks_s.col = 1;
+                    p.mask_blocks_s.row = pad ? 0 : nc;
+                    p.mask_blocks_s.head = 0;
+                    p.mask_blocks_s.batch = pad ? nc : 0;
+                    break;
+                }
+                case BV_SINK: {
+                    std::vector<float> sv(p.h, 1.0f);
+                    CUDA_CHECK(cudaMalloc(&sink, p.h * sizeof(float)));
+                    CUDA_CHECK(cudaMemcpy(sink, sv.data(), p.h * sizeof(float), cudaMemcpyHostToDevice));
+                    p.sink = sink;
+                    break;
+                }
+                default: break;
+                }
+                p.has_hook |= p.softcap > 0 || p.alibi_slopes || p.mask || p.dropout_threshold;
+                const double t = time_fwd(&p) * 1e-3;
+                const double flops = 4.0 * p.b * p.h * band_pairs(&p) * visible_frac * d;
+                printf("%-5d %-6d %-26s %-9.3f %.1f\n", d, s, names[bv], t * 1e3, flops / t * 1e-12);
+                void *bufs[] = {mask, blocks, sink, slopes};
+                for (void *x : bufs)
+                    if (x)
+                        CUDA_CHECK(cudaFree(x));
+            }
+    bench_free(&bb);
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || (strcmp(argv[1], "check") && strcmp(argv[1], "bench"))) {
-        fprintf(stderr, "usage: %s check [bf16|fp16|fp32|fp64] | bench [head dim]\n", argv[0]);
+    if (argc < 2 || (strcmp(argv[1], "check") && strcmp(argv[1], "bench") && strcmp(argv[1], "variants"))) {
+        fprintf(stderr, "usage: %s check [bf16|fp16|fp32|fp64] | bench [head dim] | variants [head dim]\n", argv[0]);
         return 2;
     }
     if (!strcmp(argv[1], "bench")) {
         run_bench(argc > 2 ? atoi(argv[2]) : 0);
+        return 0;
+    }
+    if (!strcmp(argv[1], "variants")) {
+        run_variant_bench(argc > 2 ? atoi(argv[2]) : 0);
         return 0;
     }
     return run_checks(argc > 2 ? argv[2] : NULL) ? 0 : 1;

@@ -1,12 +1,23 @@
-/* flash_cpu.c: exact FlashAttention forward and backward on the CPU, C11 + OpenMP, fp32 and fp64.
+/* flash_cpu.c: exact FlashAttention forward and backward on the CPU, C11 + OpenMP, fp32 and fp64,
+ * with every variant of flash_params (csrc/mask.h: band, softcap, ALiBi, attn_mask, dropout, sinks).
  *
  * Algorithm (DESIGN.md section 1). Forward: one task per (batch, head, query tile) streams over the
  * key tiles with the online softmax (running max m, sum l, unnormalized accumulator acc; a new max
- * rescales both l and acc by exp(m_old - m_new)); out = acc / l, lse = m + log(l). Backward:
- * delta = rowsum(dout * o), then pass 1, one task per (batch, kv head, key tile), owns its dK, dV rows
- * and loops over every query head of its GQA group and every query tile that sees the key tile;
- * pass 2, one task per (batch, head, query tile), accumulates dQ. P = exp(S * scale - lse) is
- * recomputed in both passes. No buffer of size sq * sk exists; nothing is written by two tasks.
+ * rescales both l and acc by exp(m_old - m_new)); the epilogue (flash_row_finish_*, which adds the
+ * sink) gives out and lse. Backward: delta = rowsum(dout * o), then pass 1, one task per (batch, kv
+ * head, key tile), owns its dK, dV rows (and the dbias columns of its keys) and loops over every
+ * query head of its GQA group and every query tile that sees the key tile; pass 2, one task per
+ * (batch, head, query tile), accumulates dQ. P = exp(S - lse) is recomputed in both passes. No buffer
+ * of size sq * sk exists; nothing is written by two tasks.
+ *
+ * Geometry (mask.h): a task visits only the keys (queries) of the band, taken with flash_key_tiles /
+ * flash_query_tiles at a tile size of 1, in tiles that start at the first visible one; a tile wholly
+ * inside the band skips the per-element test, and a tile whose attn_mask block flags lack
+ * FLASH_MASK_ANY_VISIBLE is skipped. Variants (p->has_hook), each a separate per-tile pass between
+ * the dense passes: the score hook (softcap, ALiBi, attn_mask, read only where the block flags have
+ * FLASH_MASK_ANY_MASKED) on the scaled scores; dropout (one Philox call per 8 keys of a row) on P
+ * after the row sum in the forward, on dP and then on P in the backward; dS times the softcap
+ * derivative after dbias = dS is stored. Without variants the passes are those of the dense kernel.
  *
  * Tiles: FLASH_CPU_TILE_Q = 128 query rows x FLASH_CPU_TILE_K = 64 key rows (flash_cpu.h); a tail
  * tile is zero padded. All matrix products go through one register-blocked kernel (gemm below,
@@ -17,7 +28,7 @@
  * streamed tiles are copied into compact buffers (cheaper than gemm reads at large row strides).
  *
  * Parallelization: `omp for schedule(dynamic)` over the tasks, the heaviest causal tiles first; each
- * thread owns one workspace of 8 tile buffers carved from a single allocation made before the
+ * thread owns one workspace of 9 tile buffers carved from a single allocation made before the
  * parallel region. The hot loops are compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2) and the
  * baseline (target_clones, picked at load time), with floating-point contraction into FMA enabled for
  * this file (gcc turns it off under -std=c11). exp in fp32 is a branch-free polynomial (below) that
@@ -39,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../mask.h"
 #include "flash_cpu.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -69,7 +81,6 @@
 #define EXPF_ARG_MIN (-87.0f)
 #define EXPF_ARG_MAX 88.0f
 #define EXPF_ROUND_MAGIC 12582912.0f /* 1.5 * 2^23: (t + magic) - magic rounds t to an integer */
-#define EXPF_LOG2E 1.44269504088896341f
 #define EXPF_LN2_HI 0.693145751953125f /* ln 2 = LN2_HI + LN2_LO, LN2_HI with few mantissa bits */
 #define EXPF_LN2_LO 1.42860682030941723212e-6f
 #define FLOAT_EXPONENT_BIAS 127
@@ -78,7 +89,7 @@
 static inline float expf_poly(float x)
 {
     const float xc = x < EXPF_ARG_MIN ? EXPF_ARG_MIN : (x > EXPF_ARG_MAX ? EXPF_ARG_MAX : x);
-    const float n = (xc * EXPF_LOG2E + EXPF_ROUND_MAGIC) - EXPF_ROUND_MAGIC;
+    const float n = (xc * FLASH_LOG2E_F + EXPF_ROUND_MAGIC) - EXPF_ROUND_MAGIC;
     const float r = (xc - n * EXPF_LN2_HI) - n * EXPF_LN2_LO;
     const float er = 1.0f + r * (1.0f + r * (1.0f / 2 + r * (1.0f / 6 + r * (1.0f / 24 +
                      r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))));
@@ -88,50 +99,26 @@ static inline float expf_poly(float x)
     return x < EXPF_ARG_MIN ? 0.0f : er * two_n;
 }
 
-static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-static inline int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return min64(max64(x, lo), hi); }
+static inline int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return flash_min64(flash_max64(x, lo), hi); }
 
 /* One tile: query rows [q0, q0 + qn) against key rows [k0, k0 + kn). */
 typedef struct tile {
     int64_t q0, qn, k0, kn;
 } tile;
 
-/* Keys of the tile seen by tile query row i: tile columns [0, result). */
-static int64_t visible_keys(const flash_params *p, const tile *t, int64_t i)
+/* 1 when the tile's scores need the score hook: softcap, ALiBi, or attn_mask data to read. */
+static int hooked_scores(const flash_params *p, unsigned mask_flags)
 {
-    if (i >= t->qn)
-        return 0;
-    if (!p->causal)
-        return t->kn;
-    return clamp64(t->q0 + i + p->causal_offset + 1 - t->k0, 0, t->kn);
+    return p->softcap > 0 || p->alibi_slopes != NULL || (mask_flags & FLASH_MASK_ANY_MASKED) != 0;
 }
 
-/* Queries of the tile that see tile key row j: tile rows [result, t->qn), or none if j >= kn. */
-static int64_t first_visible_query(const flash_params *p, const tile *t, int64_t j)
-{
-    if (j >= t->kn)
-        return t->qn;
-    if (!p->causal)
-        return 0;
-    return clamp64(t->k0 + j - p->causal_offset - t->q0, 0, t->qn);
-}
-
-/* Keys [0, result) are seen by at least one of the query rows [q0, q0 + qn). */
-static int64_t key_end(const flash_params *p, int64_t q0, int64_t qn)
-{
-    return p->causal ? clamp64(q0 + qn + p->causal_offset, 0, p->sk) : p->sk;
-}
-
-/* Per-thread workspace elements for head dim d: 8 tile buffers (see the workspace struct). */
+/* Per-thread workspace elements for head dim d: one tile buffer (see the workspace struct). */
 static int64_t tile_buffer_elems(int64_t d, int64_t elem_size)
 {
     const int64_t dm = ROUND_UP(d, FLASH_CPU_MR);
     const int64_t side = dm > TILE_MAX_NR ? dm : TILE_MAX_NR;
     return ROUND_UP(TILE_MAX_NR * side, FLASH_CPU_ALIGN_BYTES / elem_size);
 }
-
-static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* Query-tile task -> (batch, head, tile's first row); the last query tiles (the heaviest under
  * causal masking) come first. */
@@ -140,35 +127,48 @@ static void query_task(const flash_params *p, int64_t task, int64_t *bi, int64_t
     const int64_t n_bh = p->b * p->h;
     *bi = task % n_bh / p->h;
     *hq = task % p->h;
-    *q0 = (ceil_div(p->sq, FLASH_CPU_TILE_Q) - 1 - task / n_bh) * FLASH_CPU_TILE_Q;
+    *q0 = (flash_cdiv64(p->sq, FLASH_CPU_TILE_Q) - 1 - task / n_bh) * FLASH_CPU_TILE_Q;
 }
 
 /* Each thread's workspace: FLASH_CPU_TILE_BUFFERS buffers of tile_buffer_elems elements. */
-#define FLASH_CPU_TILE_BUFFERS 8
+#define FLASH_CPU_TILE_BUFFERS 9
 
 /* The type-generic part below the #else: compiled twice, by this file including itself with T (the
- * element type), FN(name) (name with a type suffix), EXP and LOG defined. */
+ * element type), FN(name) (name with a type suffix), EXP, LOG, SOFTCAP, SOFTCAP_GRAD and ROW_FINISH
+ * defined. */
 #define FLASH_CPU_GENERIC_PASS
 
 #define T float
 #define FN(name) name##_f32
 #define EXP expf_poly
 #define LOG logf
+#define SOFTCAP flash_softcap_f
+#define SOFTCAP_GRAD flash_softcap_grad_f
+#define ROW_FINISH flash_row_finish_f
 #include "flash_cpu.c"
 #undef T
 #undef FN
 #undef EXP
 #undef LOG
+#undef SOFTCAP
+#undef SOFTCAP_GRAD
+#undef ROW_FINISH
 
 #define T double
 #define FN(name) name##_f64
 #define EXP exp
 #define LOG log
+#define SOFTCAP flash_softcap_d
+#define SOFTCAP_GRAD flash_softcap_grad_d
+#define ROW_FINISH flash_row_finish_d
 #include "flash_cpu.c"
 #undef T
 #undef FN
 #undef EXP
 #undef LOG
+#undef SOFTCAP
+#undef SOFTCAP_GRAD
+#undef ROW_FINISH
 
 flash_cpu_status flash_fwd_cpu(const flash_params *p)
 {
@@ -192,6 +192,29 @@ flash_cpu_status flash_bwd_cpu(const flash_params *p)
     default:
         return FLASH_CPU_ERR_DTYPE;
     }
+}
+
+flash_cpu_status flash_dropout_mask_cpu(const flash_params *p, uint8_t *keep)
+{
+    const int64_t rows = p->b * p->h * p->sq;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) { /* r = (b * h + hq) * sq + i */
+        const int64_t bh = r / p->sq, i = r % p->sq;
+        uint8_t *row = keep + r * p->sk;
+        for (int64_t j0 = 0; j0 < p->sk; j0 += FLASH_DROPOUT_KEYS_PER_DRAW) {
+            const int64_t j_end = flash_min64(p->sk, j0 + FLASH_DROPOUT_KEYS_PER_DRAW);
+            uint32_t bits[4];
+            if (p->dropout_threshold == 0) {
+                for (int64_t j = j0; j < j_end; j++)
+                    row[j] = 1;
+                continue;
+            }
+            flash_dropout_bits(p, bh, i, j0 / FLASH_DROPOUT_KEYS_PER_DRAW, bits);
+            for (int64_t j = j0; j < j_end; j++)
+                row[j] = flash_dropout_draw(bits, j) >= p->dropout_threshold;
+        }
+    }
+    return FLASH_CPU_OK;
 }
 
 #else /* FLASH_CPU_GENERIC_PASS: the type-generic part */
@@ -275,7 +298,7 @@ static void FN(mask_outside)(T *restrict row, int64_t lo, int64_t hi, int64_t n,
 {
     for (int64_t x = 0; x < lo; x++)
         row[x] = value;
-    for (int64_t x = max64(lo, hi); x < n; x++)
+    for (int64_t x = flash_max64(lo, hi); x < n; x++)
         row[x] = value;
 }
 
@@ -363,24 +386,114 @@ FLASH_CPU_SIMD static void FN(dscores_by_row)(T *restrict ds, const T *restrict 
 }
 
 /* Sets the entries of the S^T tile s (km key rows x qp query columns, leading dim TILE_Q_NR) of tile
- * t that are masked (or padding) to value. */
-static void FN(mask_tile_t)(T *s, int64_t km, int64_t qp, const flash_params *p, const tile *t,
-                            T value)
+ * t that lie outside the band (or in the padding) to value. Key row j sees the tile's queries u with
+ * lo <= j - u <= hi (flash_tile_diag). */
+static void FN(mask_band_t)(T *s, int64_t km, int64_t qp, const flash_params *p, const tile *t, T value)
 {
-    for (int64_t j = 0; j < km; j++)
-        FN(mask_outside)(s + j * TILE_Q_NR, first_visible_query(p, t, j), t->qn, qp, value);
+    const int64_t lo = flash_tile_diag(p->diag_lo, t->q0, t->k0), hi = flash_tile_diag(p->diag_hi, t->q0, t->k0);
+    for (int64_t j = 0; j < km; j++) {
+        const int64_t end = j < t->kn ? clamp64(j - lo + 1, 0, t->qn) : 0;
+        FN(mask_outside)(s + j * TILE_Q_NR, clamp64(j - hi, 0, end), end, qp, value);
+    }
 }
 
 /* Sets the entries of the S tile s (qm query rows x kp key columns, leading dim TILE_K_NR) of tile t
- * that are masked (or padding) to value. */
-static void FN(mask_tile)(T *s, int64_t qm, int64_t kp, const flash_params *p, const tile *t, T value)
+ * that lie outside the band (or in the padding) to value. Query row i sees the tile's keys jl with
+ * lo <= jl - i <= hi. */
+static void FN(mask_band)(T *s, int64_t qm, int64_t kp, const flash_params *p, const tile *t, T value)
 {
-    for (int64_t i = 0; i < qm; i++)
-        FN(mask_outside)(s + i * TILE_K_NR, 0, visible_keys(p, t, i), kp, value);
+    const int64_t lo = flash_tile_diag(p->diag_lo, t->q0, t->k0), hi = flash_tile_diag(p->diag_hi, t->q0, t->k0);
+    for (int64_t i = 0; i < qm; i++) {
+        const int64_t end = i < t->qn ? clamp64(i + hi + 1, 0, t->kn) : 0;
+        FN(mask_outside)(s + i * TILE_K_NR, clamp64(i + lo, 0, end), end, kp, value);
+    }
+}
+
+/* The score hook (mask.h) of one element: x (an unscaled q.k) of query row i, key j of (bi, hq) ->
+ * the final score; *grad receives the softcap derivative when the softcap is on. */
+static inline T FN(hook_one)(const flash_params *p, T x, T scale, T slope, int read_mask, int64_t bi, int64_t hq,
+                             int64_t i, int64_t j, T *grad)
+{
+    x *= scale;
+    if (p->softcap > 0) {
+        x = SOFTCAP(x, (T)p->softcap);
+        *grad = SOFTCAP_GRAD(x, (T)p->softcap);
+    }
+    if (p->alibi_slopes)
+        x -= slope * (T)flash_alibi_distance(p, i, j);
+    if (read_mask) {
+        const int64_t off = flash_mask_offset(p, bi, hq, i, j);
+        if (p->mask_kind == FLASH_MASK_ADD)
+            x += ((const T *)p->mask)[off];
+        else if (!((const uint8_t *)p->mask)[off])
+            x = -INFINITY;
+    }
+    return x;
+}
+
+/* Applies the score hook to the tile's elements (query il < qn, key jl < kn) of a score buffer whose
+ * element (il, jl) is s[il * qs + jl * ks] (S^T: qs = 1; S: ks = 1): s = hook(scale * s). grad, in
+ * the same layout, receives the softcap derivatives (unused without softcap). The padding is left
+ * as it is. */
+static void FN(score_hook)(T *restrict s, int64_t qs, int64_t ks, const flash_params *p, const tile *t, int64_t bi,
+                           int64_t hq, T scale, unsigned mask_flags, T *restrict grad)
+{
+    const T slope = (T)flash_alibi_slope(p, bi, hq);
+    const int read_mask = (mask_flags & FLASH_MASK_ANY_MASKED) != 0;
+    if (qs == 1) {
+        for (int64_t jl = 0; jl < t->kn; jl++)
+            for (int64_t il = 0; il < t->qn; il++) {
+                const int64_t e = il + jl * ks;
+                s[e] = FN(hook_one)(p, s[e], scale, slope, read_mask, bi, hq, t->q0 + il, t->k0 + jl, grad + e);
+            }
+    } else {
+        for (int64_t il = 0; il < t->qn; il++)
+            for (int64_t jl = 0; jl < t->kn; jl++) {
+                const int64_t e = il * qs + jl;
+                s[e] = FN(hook_one)(p, s[e], scale, slope, read_mask, bi, hq, t->q0 + il, t->k0 + jl, grad + e);
+            }
+    }
+}
+
+/* Dropout of the tile's elements (query il < qn, key jl < kn) of a buffer laid out as in score_hook:
+ * x = x * dropout_scale where kept, 0 where dropped (mask.h: one Philox call per 8 keys of a row). */
+static void FN(dropout_tile)(T *restrict x, int64_t qs, int64_t ks, const flash_params *p, const tile *t, int64_t bh)
+{
+    const T keep_scale = (T)p->dropout_scale;
+    for (int64_t il = 0; il < t->qn; il++) {
+        const int64_t i = t->q0 + il;
+        for (int64_t j0 = t->k0 / FLASH_DROPOUT_KEYS_PER_DRAW * FLASH_DROPOUT_KEYS_PER_DRAW; j0 < t->k0 + t->kn;
+             j0 += FLASH_DROPOUT_KEYS_PER_DRAW) {
+            uint32_t bits[4];
+            flash_dropout_bits(p, bh, i, j0 / FLASH_DROPOUT_KEYS_PER_DRAW, bits);
+            const int64_t j_end = flash_min64(j0 + FLASH_DROPOUT_KEYS_PER_DRAW, t->k0 + t->kn);
+            for (int64_t j = flash_max64(j0, t->k0); j < j_end; j++) {
+                T *e = x + il * qs + (j - t->k0) * ks;
+                *e = flash_dropout_draw(bits, j) >= p->dropout_threshold ? *e * keep_scale : 0;
+            }
+        }
+    }
+}
+
+/* ds *= grad on the tile's elements (query il < qn, key jl < kn), both laid out as in score_hook. */
+static void FN(softcap_backward)(T *restrict ds, const T *restrict grad, int64_t qs, int64_t ks, const tile *t)
+{
+    for (int64_t il = 0; il < t->qn; il++)
+        for (int64_t jl = 0; jl < t->kn; jl++)
+            ds[il * qs + jl * ks] *= grad[il * qs + jl * ks];
+}
+
+/* dbias[b, hq, i, j] = dS for the tile's elements; ds is an S-layout tile (leading dim TILE_K_NR). */
+static void FN(store_dbias)(const flash_params *p, const T *restrict ds, const tile *t, int64_t bi, int64_t hq)
+{
+    T *dbias = (T *)p->dbias + ((bi * p->h + hq) * p->sq + t->q0) * p->sk + t->k0;
+    for (int64_t il = 0; il < t->qn; il++)
+        for (int64_t jl = 0; jl < t->kn; jl++)
+            dbias[il * p->sk + jl] = ds[il * TILE_K_NR + jl];
 }
 
 typedef struct FN(workspace) {
-    T *q, *dout, *k, *v, *s, *ds, *acc, *acc2; /* tile buffers; the layout is per pass */
+    T *q, *dout, *k, *v, *s, *ds, *acc, *acc2, *grad; /* tile buffers; the layout is per pass */
 } FN(workspace);
 
 /* Forward task: one (batch, head, query tile), working on S^T = K Q^T (keys x queries):
@@ -394,7 +507,7 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
     int64_t bi, hq, q0;
     query_task(p, task, &bi, &hq, &q0);
     const int64_t hk = hq / p->h_per_kv;
-    tile t = {q0, min64(FLASH_CPU_TILE_Q, p->sq - q0), 0, 0};
+    tile t = {q0, flash_min64(FLASH_CPU_TILE_Q, p->sq - q0), 0, 0};
     const int64_t qp = ROUND_UP(t.qn, FLASH_CPU_NR);
     const T *q = (const T *)p->q + bi * p->q_s.batch + q0 * p->q_s.row + hq * p->q_s.head;
     const T *k = (const T *)p->k + bi * p->k_s.batch + hk * p->k_s.head; /* (sk, d) */
@@ -409,35 +522,41 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
         l[u] = 0;
     }
     FN(zero_tile)(w->acc, TILE_Q_NR, dm, qp);
-    const int64_t k_end = key_end(p, q0, t.qn);
-    for (t.k0 = 0; t.k0 < k_end; t.k0 += FLASH_CPU_TILE_K) {
-        t.kn = min64(FLASH_CPU_TILE_K, k_end - t.k0);
+    const flash_tile_range keys = flash_key_tiles(p, q0, t.qn, 1); /* in keys, not tiles */
+    for (t.k0 = keys.first; t.k0 < keys.end; t.k0 += FLASH_CPU_TILE_K) {
+        t.kn = flash_min64(FLASH_CPU_TILE_K, keys.end - t.k0);
+        const unsigned flags = flash_mask_tile_flags(p, bi, hq, t.q0, t.qn, t.k0, t.kn);
+        if (!(flags & FLASH_MASK_ANY_VISIBLE))
+            continue;
         const int64_t km = ROUND_UP(t.kn, FLASH_CPU_MR);
+        const int full = t.k0 >= keys.full_first && t.k0 + t.kn <= keys.full_end && km == t.kn;
         FN(load_rows)(w->k, dm, km, dm, k + t.k0 * p->k_s.row, p->k_s.row, t.kn, d);
         FN(load_rows)(w->v, dm, t.kn, dm, v + t.k0 * p->v_s.row, p->v_s.row, t.kn, d);
         FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
-        FN(mask_tile_t)(w->s, km, qp, p, &t, -INFINITY);
+        if (p->has_hook && hooked_scores(p, flags))
+            FN(score_hook)(w->s, 1, TILE_Q_NR, p, &t, bi, hq, 1, flags, w->grad);
+        if (!full)
+            FN(mask_band_t)(w->s, km, qp, p, &t, -INFINITY);
         FN(softmax_step)(w->s, km, qp, w->acc, dm, m, l);
+        if (p->dropout_threshold)
+            FN(dropout_tile)(w->s, 1, TILE_Q_NR, p, &t, bi * p->h + hq);
         FN(gemm)(dm, qp, t.kn, w->v, 1, dm, w->s, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
     }
+    const T sink = (T)flash_sink(p, hq);
     for (int64_t u = 0; u < t.qn; u++) {
         T *orow = o + u * p->o_s.row;
-        if (l[u] == 0) { /* the row sees no key (then m = -inf too) */
-            for (int64_t c = 0; c < d; c++)
-                orow[c] = 0;
-            lse[u] = -INFINITY;
-        } else {
-            for (int64_t c = 0; c < d; c++)
-                orow[c] = w->acc[c * TILE_Q_NR + u] / l[u];
-            lse[u] = m[u] + LOG(l[u]);
-        }
+        T factor;
+        ROW_FINISH(m[u], l[u], sink, &factor, lse + u);
+        for (int64_t c = 0; c < d; c++)
+            orow[c] = w->acc[c * TILE_Q_NR + u] * factor;
     }
 }
 
 /* dK/dV task: one (batch, kv head, key tile), working on S = Q K^T (queries x keys):
  *   w->k, w->v  (d, TILE_K_NR)    K^T and V^T of the tile
  *   w->q, w->dout (TILE_Q, dm)    Q and dO tile rows
- *   w->s        (TILE_Q, TILE_K_NR)  S (unscaled), then P;  w->ds  dP, then dS
+ *   w->s        (TILE_Q, TILE_K_NR)  S (unscaled), then P, then the dropped P;  w->ds  dP, then dS
+ *   w->grad     (TILE_Q, TILE_K_NR)  softcap derivatives
  *   w->acc      (dm, TILE_K_NR)   dK^T / scale;  w->acc2 (dm, TILE_K_NR) dV^T */
 static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
 {
@@ -445,7 +564,7 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
     const int64_t n_bh = p->b * p->h_kv;
     const int64_t bi = task % n_bh / p->h_kv, hk = task % p->h_kv;
     tile t = {0, 0, task / n_bh * FLASH_CPU_TILE_K, 0};
-    t.kn = min64(FLASH_CPU_TILE_K, p->sk - t.k0);
+    t.kn = flash_min64(FLASH_CPU_TILE_K, p->sk - t.k0);
     const int64_t kp = ROUND_UP(t.kn, FLASH_CPU_NR);
     const int64_t k_off = bi * p->k_s.batch + t.k0 * p->k_s.row + hk * p->k_s.head;
     const int64_t v_off = bi * p->v_s.batch + t.k0 * p->v_s.row + hk * p->v_s.head;
@@ -455,25 +574,40 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
     FN(load_transposed)(w->v, TILE_K_NR, kp, (const T *)p->v + v_off, p->v_s.row, t.kn, d, 1);
     FN(zero_tile)(w->acc, TILE_K_NR, dm, kp);
     FN(zero_tile)(w->acc2, TILE_K_NR, dm, kp);
-    /* Query i sees key k0 iff i >= k0 - causal_offset. */
-    const int64_t q_begin = p->causal ? clamp64(t.k0 - p->causal_offset, 0, p->sq) : 0;
+    const flash_tile_range rows = flash_query_tiles(p, t.k0, t.kn, 1); /* in query rows, not tiles */
     for (int64_t hq = hk * p->h_per_kv; hq < (hk + 1) * p->h_per_kv; hq++) {
         const T *q = (const T *)p->q + bi * p->q_s.batch + hq * p->q_s.head;       /* (sq, d) */
         const T *dout = (const T *)p->dout + bi * p->do_s.batch + hq * p->do_s.head; /* (sq, d) */
         const T *lse = (const T *)p->lse + (bi * p->h + hq) * p->sq;
         const T *dl = (const T *)p->delta + (bi * p->h + hq) * p->sq;
-        for (t.q0 = q_begin; t.q0 < p->sq; t.q0 += FLASH_CPU_TILE_Q) {
-            t.qn = min64(FLASH_CPU_TILE_Q, p->sq - t.q0);
+        for (t.q0 = rows.first; t.q0 < rows.end; t.q0 += FLASH_CPU_TILE_Q) {
+            t.qn = flash_min64(FLASH_CPU_TILE_Q, rows.end - t.q0);
+            const unsigned flags = flash_mask_tile_flags(p, bi, hq, t.q0, t.qn, t.k0, t.kn);
+            if (!(flags & FLASH_MASK_ANY_VISIBLE))
+                continue;
             const int64_t qm = ROUND_UP(t.qn, FLASH_CPU_MR);
+            const int full = t.q0 >= rows.full_first && t.q0 + t.qn <= rows.full_end;
+            const int hooked = p->has_hook && hooked_scores(p, flags);
             FN(load_rows)(w->q, dm, qm, dm, q + t.q0 * p->q_s.row, p->q_s.row, t.qn, d);
             FN(load_rows)(w->dout, dm, qm, dm, dout + t.q0 * p->do_s.row, p->do_s.row, t.qn, d);
             FN(load_row_stats)(lse_eff, delta, qm, lse + t.q0, dl + t.q0, t.qn);
             FN(gemm)(qm, kp, d, w->q, dm, 1, w->k, TILE_K_NR, w->s, TILE_K_NR, 0);
-            FN(probs_by_row)(w->s, qm, kp, TILE_K_NR, (T)p->scale, lse_eff);
-            FN(mask_tile)(w->s, qm, kp, p, &t, 0);
-            FN(gemm)(dm, kp, t.qn, w->dout, 1, dm, w->s, TILE_K_NR, w->acc2, TILE_K_NR, 1);
+            if (hooked)
+                FN(score_hook)(w->s, TILE_K_NR, 1, p, &t, bi, hq, (T)p->scale, flags, w->grad);
+            FN(probs_by_row)(w->s, qm, kp, TILE_K_NR, hooked ? 1 : (T)p->scale, lse_eff);
+            if (!full)
+                FN(mask_band)(w->s, qm, kp, p, &t, 0);
             FN(gemm)(qm, kp, d, w->dout, dm, 1, w->v, TILE_K_NR, w->ds, TILE_K_NR, 0);
+            if (p->dropout_threshold)
+                FN(dropout_tile)(w->ds, TILE_K_NR, 1, p, &t, bi * p->h + hq);
             FN(dscores_by_row)(w->ds, w->s, qm, kp, TILE_K_NR, delta);
+            if (p->dbias)
+                FN(store_dbias)(p, w->ds, &t, bi, hq);
+            if (hooked && p->softcap > 0)
+                FN(softcap_backward)(w->ds, w->grad, TILE_K_NR, 1, &t);
+            if (p->dropout_threshold)
+                FN(dropout_tile)(w->s, TILE_K_NR, 1, p, &t, bi * p->h + hq);
+            FN(gemm)(dm, kp, t.qn, w->dout, 1, dm, w->s, TILE_K_NR, w->acc2, TILE_K_NR, 1);
             FN(gemm)(dm, kp, t.qn, w->q, 1, dm, w->ds, TILE_K_NR, w->acc, TILE_K_NR, 1);
         }
     }
@@ -487,6 +621,7 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
  *   w->q, w->dout (d, TILE_Q_NR)  Q^T, dO^T
  *   w->k, w->v    (TILE_K, dm)    K and V tile rows
  *   w->s  (TILE_K, TILE_Q_NR)     S^T (unscaled), then P^T;  w->ds  dP^T, then dS^T
+ *   w->grad (TILE_K, TILE_Q_NR)   softcap derivatives
  *   w->acc (dm, TILE_Q_NR)        dQ^T / scale */
 static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
 {
@@ -494,7 +629,7 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
     int64_t bi, hq, q0;
     query_task(p, task, &bi, &hq, &q0);
     const int64_t hk = hq / p->h_per_kv;
-    tile t = {q0, min64(FLASH_CPU_TILE_Q, p->sq - q0), 0, 0};
+    tile t = {q0, flash_min64(FLASH_CPU_TILE_Q, p->sq - q0), 0, 0};
     const int64_t qp = ROUND_UP(t.qn, FLASH_CPU_NR);
     const T *q = (const T *)p->q + bi * p->q_s.batch + q0 * p->q_s.row + hq * p->q_s.head;
     const T *dout = (const T *)p->dout + bi * p->do_s.batch + q0 * p->do_s.row + hq * p->do_s.head;
@@ -509,17 +644,29 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
     FN(load_row_stats)(lse_eff, delta, qp, (const T *)p->lse + row_off,
                        (const T *)p->delta + row_off, t.qn);
     FN(zero_tile)(w->acc, TILE_Q_NR, dm, qp);
-    const int64_t k_end = key_end(p, q0, t.qn);
-    for (t.k0 = 0; t.k0 < k_end; t.k0 += FLASH_CPU_TILE_K) {
-        t.kn = min64(FLASH_CPU_TILE_K, k_end - t.k0);
+    const flash_tile_range keys = flash_key_tiles(p, q0, t.qn, 1); /* in keys, not tiles */
+    for (t.k0 = keys.first; t.k0 < keys.end; t.k0 += FLASH_CPU_TILE_K) {
+        t.kn = flash_min64(FLASH_CPU_TILE_K, keys.end - t.k0);
+        const unsigned flags = flash_mask_tile_flags(p, bi, hq, t.q0, t.qn, t.k0, t.kn);
+        if (!(flags & FLASH_MASK_ANY_VISIBLE))
+            continue;
         const int64_t km = ROUND_UP(t.kn, FLASH_CPU_MR);
+        const int full = t.k0 >= keys.full_first && t.k0 + t.kn <= keys.full_end;
+        const int hooked = p->has_hook && hooked_scores(p, flags);
         FN(load_rows)(w->k, dm, km, dm, k + t.k0 * p->k_s.row, p->k_s.row, t.kn, d);
         FN(load_rows)(w->v, dm, km, dm, v + t.k0 * p->v_s.row, p->v_s.row, t.kn, d);
         FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
-        FN(probs_by_column)(w->s, km, qp, TILE_Q_NR, (T)p->scale, lse_eff);
-        FN(mask_tile_t)(w->s, km, qp, p, &t, 0);
+        if (hooked)
+            FN(score_hook)(w->s, 1, TILE_Q_NR, p, &t, bi, hq, (T)p->scale, flags, w->grad);
+        FN(probs_by_column)(w->s, km, qp, TILE_Q_NR, hooked ? 1 : (T)p->scale, lse_eff);
+        if (!full)
+            FN(mask_band_t)(w->s, km, qp, p, &t, 0);
         FN(gemm)(km, qp, d, w->v, dm, 1, w->dout, TILE_Q_NR, w->ds, TILE_Q_NR, 0);
+        if (p->dropout_threshold)
+            FN(dropout_tile)(w->ds, 1, TILE_Q_NR, p, &t, bi * p->h + hq);
         FN(dscores_by_column)(w->ds, w->s, km, qp, TILE_Q_NR, delta);
+        if (hooked && p->softcap > 0)
+            FN(softcap_backward)(w->ds, w->grad, 1, TILE_Q_NR, &t);
         FN(gemm)(dm, qp, t.kn, w->k, 1, dm, w->ds, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
     }
     FN(store_transposed)(dq, p->dq_s.row, w->acc, TILE_Q_NR, t.qn, d, (T)p->scale);
@@ -541,8 +688,9 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
 #pragma omp parallel num_threads(n_threads)
     {
         T *base = pool + omp_get_thread_num() * FLASH_CPU_TILE_BUFFERS * buf;
-        const FN(workspace) w = {base, base + buf, base + 2 * buf, base + 3 * buf,
-                                 base + 4 * buf, base + 5 * buf, base + 6 * buf, base + 7 * buf};
+        const FN(workspace) w = {base,           base + buf,     base + 2 * buf,
+                                 base + 3 * buf, base + 4 * buf, base + 5 * buf,
+                                 base + 6 * buf, base + 7 * buf, base + 8 * buf};
 #pragma omp for schedule(dynamic)
         for (int64_t task = 0; task < n_tasks; task++)
             run_task(p, &w, task);
@@ -553,7 +701,7 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
 
 static flash_cpu_status FN(fwd)(const flash_params *p)
 {
-    return FN(run_tasks)(p, p->b * p->h * ceil_div(p->sq, FLASH_CPU_TILE_Q), FN(fwd_task));
+    return FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(fwd_task));
 }
 
 /* delta[b][h][i] = dot(dout_i, o_i), in the data type. */
@@ -576,10 +724,10 @@ static flash_cpu_status FN(bwd)(const flash_params *p)
 {
     FN(delta_rows)(p);
     const flash_cpu_status st =
-        FN(run_tasks)(p, p->b * p->h_kv * ceil_div(p->sk, FLASH_CPU_TILE_K), FN(dkdv_task));
+        FN(run_tasks)(p, p->b * p->h_kv * flash_cdiv64(p->sk, FLASH_CPU_TILE_K), FN(dkdv_task));
     if (st != FLASH_CPU_OK)
         return st;
-    return FN(run_tasks)(p, p->b * p->h * ceil_div(p->sq, FLASH_CPU_TILE_Q), FN(dq_task));
+    return FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(dq_task));
 }
 
 #endif /* FLASH_CPU_GENERIC_PASS */

@@ -1,9 +1,10 @@
 /* flash_cpu.h: the C11 CPU entry points (csrc/cpu/flash_cpu.c), called by the binding (csrc/ops.cpp).
  *
- * Both functions dispatch on p->dtype: FLASH_FP32 (float data, float lse/delta) and FLASH_FP64
- * (double data, double lse/delta); other dtypes return FLASH_CPU_ERR_DTYPE. They run on the OpenMP
- * threads the runtime gives, allocate only O(tile * d) workspace per thread, and return the first
- * error met (FLASH_CPU_OK otherwise). Layouts, strides and causal_offset: see csrc/flash.h.
+ * flash_fwd_cpu and flash_bwd_cpu dispatch on p->dtype: FLASH_FP32 (float data, float lse/delta) and
+ * FLASH_FP64 (double data, double lse/delta); other dtypes return FLASH_CPU_ERR_DTYPE. They run on the
+ * OpenMP threads the runtime gives, allocate only O(tile * d) workspace per thread, and return the
+ * first error met (FLASH_CPU_OK otherwise). Every variant of flash_params is supported (band,
+ * softcap, ALiBi, attn_mask, dropout, sinks: csrc/mask.h); layouts and strides: see csrc/flash.h.
  */
 #ifndef FLASHATTN_EXT_FLASH_CPU_H
 #define FLASHATTN_EXT_FLASH_CPU_H
@@ -34,8 +35,15 @@ flash_cpu_status flash_fwd_cpu(const flash_params *p);
 
 /* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv (every element, zeros included).
  * p->delta must point to a caller-allocated (b, h, sq) contiguous buffer of the lse type; it is
- * overwritten with rowsum(dout * o). dq_accum, dk_accum, dv_accum are not used. */
+ * overwritten with rowsum(dout * o). dq_accum, dk_accum, dv_accum are not used. With p->dbias set
+ * (zero-filled by the caller), its visible entries receive dS, the gradient of an additive mask;
+ * the gradient of the sinks is left to the caller (from lse and delta). */
 flash_cpu_status flash_bwd_cpu(const flash_params *p);
+
+/* The dropout mask of p (dropout_threshold, philox_seed, philox_offset): keep (b, h, sq, sk)
+ * contiguous, 1 where flash_dropout_keep (mask.h) keeps the element, else 0; all 1 without dropout.
+ * The same bits as every kernel's dropout, whatever the band or attn_mask. */
+flash_cpu_status flash_dropout_mask_cpu(const flash_params *p, uint8_t *keep);
 
 #ifdef __cplusplus
 }

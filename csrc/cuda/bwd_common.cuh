@@ -1,5 +1,5 @@
 /* bwd_common.cuh: pieces shared by the backward kernels of bwd_sm80.cu and bwd_sm90.cu: constants,
- * the lse/causal helpers, accumulator repacking, the dQ reduction into the fp32 accumulator, and the
+ * the lse helper, accumulator repacking, the dQ reduction into the fp32 accumulator, and the
  * dK/dV epilogue. Fragment layouts are those of ptx.cuh (mma.sync m16n8k16; wgmma uses the same
  * per-warp layouts). */
 #ifndef FLASHATTN_EXT_BWD_COMMON_CUH

@@ -1,12 +1,14 @@
 /* bwd_sm90.cu: the main backward kernels on Hopper tensor cores (wgmma, sm_90a), fp16/bf16, head dims
- * up to 256. Preprocess (delta, zeroed dq_accum) and postprocess (dq cast, GQA reduction) are the
- * kernels of bwd_sm80.cu, which calls flash_bwd_main_sm90 in place of its own main kernel when
- * flash_bwd_sm90_supported says so.
+ * up to 256 (flash_bwd_main_sm90, called by launch.cu between bwd_sm80.cu's preprocess and
+ * postprocess). Each kernel has a dense variant (HOOK = false: the band geometry of mask.h only) and a
+ * general one (HOOK = true, chosen by p->has_hook: softcap, ALiBi, attn_mask, dropout, dbias as
+ * runtime branches).
  *
  * bwd_main_sm90_kernel, head dims up to 128. Per CTA = (key tile of BN = 128 keys, query head, batch);
  * nothing of size sq x sk stored:
- *   K, V of the tile are loaded once (cp.async); the CTA walks the query tiles of BM rows that can see
- *   the tile (causal: from the first one that does), Q, dO, lse, delta double-buffered through cp.async.
+ *   K, V of the tile are loaded once (cp.async); the CTA walks the query tiles of BM rows that the band
+ *   lets see the tile (flash_query_tiles; the HOOK variant also skips tiles whose attn_mask blocks
+ *   see nothing), Q, dO, lse, delta double-buffered through cp.async.
  *   Warpgroup wg (threads 128 wg .. +127) owns keys [64 wg, +64) of the tile, the M of its wgmma's:
  *     S^T  = K_wg Q^T      wgmma SS, m64 n=BM, K = d       P^T  = exp2(S^T scale log2e - lse log2e)
  *     dP^T = V_wg dO^T     wgmma SS                         dS^T = P^T o (dP^T - delta)
@@ -25,11 +27,22 @@
  *   dK (times scale) and dV stay in registers until the end: dtype when h == h_kv, else fp32 per query
  *   head into dk_accum / dv_accum for the GQA postprocess. Deterministic mode skips dQ here (the
  *   separate dQ kernel of bwd_sm80.cu computes it) and the reducer idles.
- * Tiles: BN 128 x BM 64, 3 warpgroups (384 threads). D = 128: 216 KB smem; D = 64: 156 KB.
- *   Shared-memory tiles use the 128-byte swizzled layout of wgmma.cuh; head dims below D are zero-
- *   padded in smem and computed like the others, only global writes are guarded.
+ *   Masking: query tiles inside the band and the key range (flash_query_tiles' full tiles) take an
+ *   unmasked copy of the P step; the others test each value against the band's upper bound and the key
+ *   tail with one compare, and against the lower bound only in tiles that it cuts.
+ * Tiles: BN 128 x BM 64, 3 warpgroups (384 threads). D = 128: 216 KB smem; D = 64: 156 KB (HOOK: + 1 KB
+ *   of dropout keep bits). Shared-memory tiles use the 128-byte swizzled layout of wgmma.cuh; head
+ *   dims below D are zero-padded in smem and computed like the others, only global writes are guarded.
  * bwd_main_sm90_d256_kernel, head dims 129..256: 64 keys per CTA, the warpgroups split the columns of
  *   dK, dV and dQ; see its own comment.
+ * HOOK variant, per element of S^T (keys x queries: row = key j, column = query i), in the P step:
+ *   s = softcap tanh(scale q.k / softcap) (tanh.approx.f32), - slope |j - i - alibi_offset|, + the
+ *   additive mask or -inf where the bool mask is 0 (read only in tiles flagged FLASH_MASK_ANY_MASKED),
+ *   kept in the units of the exponent's one multiply; dropout keep bits by Philox, one call per 8 keys
+ *   of a query row, made per warp into shared memory while the S^T wgmma's run; dV takes keep * P^T
+ *   (dropout_scale applied to dV at the end); then P^T times the softcap derivative. In the dS step:
+ *   dP^T times keep * dropout_scale, dS^T = P^T (dP^T - delta); with dbias (dS^T before the softcap
+ *   factor, written to p.dbias) the derivative waits in dS^T's shared memory (fp16) instead.
  * Requirements: as bwd_sm80.cu (d % 8 == 0, 16-byte aligned pointers and strides), plus an sm_90
  *   device with an sm_90a build (FLASHATTN_EXT_SM90A).
  *
@@ -41,33 +54,16 @@
  *   d256               200   261    286  |         146    229    283
  *   deterministic mode (dQ by bwd_sm80.cu's dQ kernel), d128 s8192: 239 (causal 223).
  * torch's flash backend (FA2) and cuDNN: benchmarks/results/h200 (backward, ours 1.16-1.55x FA2 at
- * d128, 1.06-1.28x at d64 from s1k, 1.03-1.14x at d256; 0.69-0.87x cuDNN).
- * History (s8192 non-causal, d64/d128): 1. S^T/dP^T then all of P^T, dS^T, then dV, dK: 253/312.
- * 2. dV/dK wgmma issued per 16-query block as soon as its P^T/dS^T is ready: 268/324. Tried: dQ
- * through smem and per-row bulk reduce-adds (cp.reduce.async.bulk) instead of red.add: 263/316.
- * Where the time went in version 2 (one part removed): without the dQ adds 304/406, without the
- * exponentials 278/327, without the whole dQ step (barrier, wgmma, adds) 472/598. 3. the dQ reducer
- * warpgroup: d128 324 -> 368; d64 (now BM 64, two partials) unchanged, 269 -> 271. 4. instruction
- * count (ncu: issue slots 50-56% busy, ALU the busiest pipe, 1 eligible warp per scheduler; the main
- * loop was ~1000 SASS instructions per tile, ~480 of them integer): unsigned index math 281/381, then
- * lse in log2 form once per tile, ld/st.shared by 32-bit address, descriptors advanced by one add,
- * one compare per masked value and an unmasked copy of the P loop at d64: 344/440 (~830 instructions).
- * Tried: dQ(m-1) issued under the exponentials of tile m with three Q/dO stages (software pipelined,
- * one MMA barrier per tile): d64 +1%, and at d128 the extra accumulators serialize the wgmma's (-8%).
- * d256: the mma.sync kernel of bwd_sm80.cu ran at 178; the first version of this one 238.
- * 5. (d64/d128/d256, s8192; each step alone against step 4) whole tiles loaded without per-chunk
- * bounds: 348/484/271; warp-uniform descriptor bases (no R2UR per wgmma): 355/465/262; one stmatrix
- * per 16 x 16 block of dS^T / P^T: 350/475/264; the unmasked P path chosen per 16-query block (d128
- * too): 348/473/261; d256 dQ chunk 0 before dV/dK: 276 at d256. The dQ handshake moved from bar.sync
- * to mbarriers: compute-sanitizer racecheck reported the bar.sync version (15 hazards, though PTX
- * orders it) and reports none with mbarriers; it costs 1-3% (all of step 5 with bar.sync: 347/494/287).
- * All of step 5 together: 342/487/286; then at D = 64 the two copies of the P loop again instead of
- * the per-block branch: 348/488/286 (the table above).
+ * d128, 1.06-1.28x at d64 from s1k, 1.03-1.14x at d256; 0.69-0.87x cuDNN). The steps that led here:
+ * benchmarks/results/h200/history_bwd_sm90.md.
  */
 #include <cuda_runtime.h>
+#include <limits.h>
+#include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 
+#include "../constants.h"
+#include "../mask.h"
 #include "bwd_common.cuh"
 #include "launch.h"
 #include "ptx.cuh"
@@ -77,6 +73,7 @@
 #define WARPGROUP_THREADS 128
 #define SM90_THREADS (SM90_WARPGROUPS * WARPGROUP_THREADS)     /* the two MMA warpgroups */
 #define SM90_THREADS_ALL (SM90_THREADS + WARPGROUP_THREADS)     /* + the dQ reducer warpgroup */
+#define SM90_MMA_WARPS (SM90_THREADS / FLASH_WARP_SIZE)
 #define MMA_REGS 240     /* registers per thread of the MMA warpgroups (setmaxnreg) ... */
 #define REDUCER_REGS 24  /* ... and of the reducer: what the reducer frees, (168 - 24) * 128, is what the
                           * MMA warpgroups take, (240 - 168) * 256; 168 = the launch cap for 384 threads */
@@ -87,6 +84,14 @@
 #define WG_KEYS 64    /* keys per warpgroup: the M of one wgmma */
 #define DQ_N 64       /* dQ columns per warpgroup (D = 128) or all of them (D = 64) */
 #define WGMMA_K 16    /* K of one wgmma step */
+#define WARP_KEYS 16  /* keys (rows of S^T) per warp */
+
+/* Dropout keep bits of one warp (HOOK): its WARP_KEYS keys (two groups of FLASH_DROPOUT_KEYS_PER_DRAW,
+ * one Philox call each per query) x NQW queries, one byte per (group, query), bit b = key 8 g + b. */
+__host__ __device__ constexpr int keep_warp_bytes(int nqw)
+{
+    return WARP_KEYS / FLASH_DROPOUT_KEYS_PER_DRAW * nqw;
+}
 
 /* dQ_partial = dS K per tile: at D = 128 the warpgroups split its columns (one partial, 64 columns
  * each, K = all BN keys); at D = 64 each computes all 64 columns from its own 64 keys (two partials,
@@ -94,6 +99,80 @@
 __host__ __device__ constexpr int dq_parts(int D)
 {
     return D == 64 ? 2 : 1;
+}
+
+/* Layout of the 8 accumulator values s8 of one 16-query block kq of a thread (wgmma D fragment of S^T,
+ * n8 blocks 2 kq and 2 kq + 1): value v = 4 h + e is key jb + 8 (e >> 1) (jb = the thread's first key
+ * row) and query 16 kq + 8 h + 2 lc + (e & 1) (lc = lane % 4). jl - il for value v is therefore
+ * (jb - 2 lc) - block_c(kq, v), and the band tests become one compare per value against a per-thread
+ * constant. */
+__host__ __device__ constexpr int block_c(int kq, int v)
+{
+    return 8 * (2 * kq + v / 4) + (v & 1) - 8 * ((v & 3) >> 1);
+}
+/* query of value v relative to the thread's first query (2 lc) of the block's tile */
+__host__ __device__ constexpr int block_qi(int kq, int v)
+{
+    return 16 * kq + 8 * (v / 4) + (v & 1);
+}
+/* key of value v relative to jb */
+__host__ __device__ constexpr int block_kj(int v)
+{
+    return 8 * ((v & 3) >> 1);
+}
+
+/* The band [lo, hi] of flash_tile_diag for the query tiles m0 of key tile n0, in a per-CTA part and
+ * a cheap per-tile part: band_tile_hi(band_cta_hi(p, n0), m0) and band_tile_lo(band_cta_lo(p, n0), m0)
+ * equal flash_tile_diag(p.diag_hi / p.diag_lo, m0, n0) in every tile that flash_query_tiles yields
+ * (there hi >= -(BM - 1) and lo <= BN - 1: the tile meets the union of its keys' visible query ranges),
+ * and stay within [-FLASH_DIAG_CLAMP, FLASH_DIAG_CLAMP] without overflowing an int. */
+__host__ __device__ __forceinline__ int band_cta_hi(const flash_params &p, int n0)
+{
+    return (int)flash_max64(flash_min64(p.diag_hi - n0, FLASH_DIAG_CLAMP), INT_MIN);
+}
+
+__host__ __device__ __forceinline__ int band_cta_lo(const flash_params &p, int n0)
+{
+    return (int)flash_max64(p.diag_lo - n0, INT_MIN); /* <= sk - n0 */
+}
+
+__host__ __device__ __forceinline__ int band_tile_hi(int hb, int m0)
+{
+    const int cap = FLASH_DIAG_CLAMP - m0;
+    return m0 + (hb < cap ? hb : cap);
+}
+
+__host__ __device__ __forceinline__ int band_tile_lo(int lb, int m0)
+{
+    const int v = lb + m0;
+    return v > -FLASH_DIAG_CLAMP ? v : -FLASH_DIAG_CLAMP;
+}
+
+/* Byte (g, q) of a warp's dropout keep bits (dropout_keep_bytes: key group g, query q of NQW), and the
+ * word of 16-query block kq for the threads with lane % 4 = lc: its byte 2 h + (e & 1) is query
+ * 16 kq + 8 h + 2 lc + (e & 1). */
+template <int NQW>
+__host__ __device__ constexpr int keep_byte_index(int g, int q)
+{
+    return g * NQW + (q / 2 % 4) * (NQW / 4) + (q / 8) * 2 + q % 2;
+}
+
+template <int NQW>
+__host__ __device__ constexpr int keep_word_index(int g, int kq, int lc)
+{
+    return g * NQW + lc * (NQW / 4) + 4 * kq;
+}
+
+/* Key group of value v (block_c layout) and its bit in that group's word, shifted right by the
+ * thread's key in the group (lane / 4 % 8). */
+__host__ __device__ constexpr int keep_group(int v)
+{
+    return (v & 3) >> 1;
+}
+
+__host__ __device__ constexpr int keep_shift(int v)
+{
+    return 8 * (2 * (v / 4) + (v & 1));
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -125,40 +204,98 @@ __device__ __forceinline__ void load_tile_sw128(uint8_t *s, const T *g, int64_t 
     }
 }
 
-/* Store a 16 x 16 A fragment (acc_to_a layout; rows row0 + [0, 16), columns col0 + [0, 16)) into the
- * sw128 tile of ROWS rows at shared address s, with one stmatrix: a[i] is the 8 x 8 matrix i (rows
- * + 8 (i % 2), columns + 8 (i / 2)), whose row lane % 8 lane l addresses for matrix l / 8 (each row of
- * 8 elements is one 16-byte chunk of the swizzled layout). */
+/* Q, dO (BM x D) and lse, delta (BM) of query tile m0 into one stage (cp.async, no commit). */
+template <typename T, int BM, int D>
+__device__ __forceinline__ void load_query_tile(uint8_t *qs, uint8_t *dos, float *lse_s, float *delta_s,
+                                                const flash_params &p, const T *qg, const T *dog, const float *lseg,
+                                                const float *deltag, int sq, int d, int m0, int tid)
+{
+    load_tile_sw128<T, BM, D>(qs, qg + m0 * p.q_s.row, p.q_s.row, sq - m0, d, tid);
+    load_tile_sw128<T, BM, D>(dos, dog + m0 * p.do_s.row, p.do_s.row, sq - m0, d, tid);
+    load_vec_async<BM, SM90_THREADS>(lse_s, lseg + m0, sq - m0, tid);
+    load_vec_async<BM, SM90_THREADS>(delta_s, deltag + m0, sq - m0, tid);
+}
+
+/* A 16 x 16 A fragment (acc_to_a layout; rows row0 + [0, 16), columns col0 + [0, 16)) of the sw128 tile
+ * of ROWS rows at shared address s moves with one stmatrix / ldmatrix: a[i] is the 8 x 8 matrix i
+ * (rows + 8 (i % 2), columns + 8 (i / 2)), whose row lane % 8 lane l addresses for matrix l / 8 (each
+ * row of 8 elements is one 16-byte chunk of the swizzled layout). This is lane's address. */
+template <int ROWS>
+__device__ __forceinline__ uint32_t a_frag_addr_sw128(uint32_t s, int row0, int col0, int lane)
+{
+    const int r = row0 + lane % 8 + 8 * (lane / 8 % 2), c = col0 + 8 * (lane / 16);
+    return s + sw128_offset(ROWS, r, c);
+}
+
+/* Store the fragment there. */
 template <int ROWS>
 __device__ __forceinline__ void store_a_frag_sw128(uint32_t s, int row0, int col0, const uint32_t a[4], int lane)
 {
-    const int r = row0 + lane % 8 + 8 * (lane / 8 % 2), c = col0 + 8 * (lane / 16);
     asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                     s + sw128_offset(ROWS, r, c)),
+                     a_frag_addr_sw128<ROWS>(s, row0, col0, lane)),
                  "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
                  : "memory");
 }
 
-/* P^T of one 16-query block (8 accumulator values s8: rows jb, jb + 8 of the thread, queries il, il + 1
- * and il + 8, il + 9 with il = 16 kq + 2 lc) from S^T: exp2(S^T scale*log2e - lse*log2e), lse2 read at
- * lse_addr (the stage's log2-scaled lse of query il). MASK: 0 where the key is past sk (row0_out,
- * row8_out: jb, jb + 8 >= kvalid) or, causal, jl - il > diag, written as t > 8 i + (e & 1) - 8 (e >> 1)
- * with t = jb - 2 lc - diag per thread (INT_MIN without causal), one compare per value. */
+/* The inverse: the fragment that store_a_frag_sw128 wrote there (ldmatrix with the same addresses). */
+template <int ROWS>
+__device__ __forceinline__ void load_a_frag_sw128(uint32_t s, int row0, int col0, uint32_t a[4], int lane)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                 : "r"(a_frag_addr_sw128<ROWS>(s, row0, col0, lane))
+                 : "memory");
+}
+
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr)
+{
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void st_shared_u8(uint32_t addr, uint32_t v)
+{
+    asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+/* What a thread needs to turn one tile's S^T values into P^T. t = jb - 2 lc - hi, u = jb - 2 lc - lo
+ * with the tile-local band [lo, hi] of flash_tile_diag (and the warpgroup's first query q0 folded in);
+ * row0_out / row8_out: the keys jb, jb + 8 are past sk. */
+struct p_tile {
+    uint32_t lse;   /* shared address of the stage's log2 lse at the thread's first query */
+    float mul;      /* the factor of S^T in the exponent: scale log2e; HOOK: hook_tile.mul */
+    int t, u;
+    bool row0_out, row8_out;
+};
+
+/* P^T of one 16-query block (8 values s8, layout of block_c) from S^T: exp2(S^T mul - lse2). MASK: 0
+ * where the key is past sk or jl - il > hi (t > block_c: one compare per value). */
 template <bool MASK>
-__device__ __forceinline__ void p_block(float s8[8], uint32_t lse_addr, float sl2, int kq, int t, bool row0_out,
-                                        bool row8_out)
+__device__ __forceinline__ void p_block(float s8[8], int kq, const p_tile &pt)
 {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) { /* i = 2 kq + h: queries il + 8 h */
-        const float2 l2 = ld_shared_v2_f32(lse_addr + h * 8 * sizeof(float));
+    for (int h = 0; h < 2; ++h) { /* n8 block 2 kq + h: queries + 8 h */
+        const float2 l2 = ld_shared_v2_f32(pt.lse + (16 * kq + 8 * h) * sizeof(float));
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            float pv = exp2_approx(fmaf(s8[4 * h + e], sl2, -((e & 1) ? l2.y : l2.x)));
-            if (MASK && ((e >> 1 ? row8_out : row0_out) || t > 8 * (2 * kq + h) + (e & 1) - 8 * (e >> 1)))
+            const int v = 4 * h + e;
+            float pv = exp2_approx(fmaf(s8[v], pt.mul, -((e & 1) ? l2.y : l2.x)));
+            if (MASK && ((e >> 1 ? pt.row8_out : pt.row0_out) || pt.t > block_c(kq, v)))
                 pv = 0.f;
-            s8[4 * h + e] = pv;
+            s8[v] = pv;
         }
     }
+}
+
+/* The band's lower bound on the same block: 0 where jl - il < lo (u < block_c). Only in tiles that
+ * the lower bound cuts, so that elsewhere (the causal diagonal) the test stays one compare. */
+__device__ __forceinline__ void p_block_lo(float s8[8], int kq, int u)
+{
+#pragma unroll
+    for (int v = 0; v < 8; ++v)
+        if (u < block_c(kq, v))
+            s8[v] = 0.f;
 }
 
 /* v, which is the same in all lanes of the warp, as the compiler's warp-uniform value (broadcast from
@@ -185,6 +322,15 @@ __device__ __forceinline__ uint32_t smem_addr_now(const void *s)
 {
     uint32_t r;
     asm volatile("mov.u32 %0, %1;\n" : "=r"(r) : "r"(smem_u32(s)));
+    return r;
+}
+
+/* x, computed here once (volatile: never rematerialized later from its inputs, which ptxas otherwise
+ * does for the band constants in every masked block of the P loop). */
+__device__ __forceinline__ int computed_here(int x)
+{
+    int r;
+    asm volatile("mov.b32 %0, %1;\n" : "=r"(r) : "r"(x));
     return r;
 }
 
@@ -217,18 +363,305 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity)
                  : "memory");
 }
 
-/* The dQ reducer warpgroup: for each query tile i the MMA warpgroups walk, wait on FULL[i % 2] until
- * they have written its dQ_partial (BM x D fp32) into buffer i % 2, add it into dq_accum with vector
- * red.add, and hand the buffer back on EMPTY[i % 2]. The MMA warpgroups never stall on these L2
- * reductions (they were 20-25% of the time when the MMA warps issued them). */
-template <int BM, int D>
-__device__ __forceinline__ void dq_reducer(const float *dQb, float *dqa, uint32_t full, uint32_t empty, int m_first,
-                                           int num_m, int sq, int d, int rtid)
+/* ------------------------------------------------------------------------------------------------ */
+/* The HOOK variant's pieces                                                                        */
+
+/* The attn_mask block flags of the query tiles of one key tile (flash_mask_tile_flags): one mask block
+ * per lane, lane (r, c) = block row m BM / 16 + r, column n0 / 16 + c of query tile m, ORed over the
+ * warp. */
+struct mask_walk {
+    const uint8_t *f;    /* the lane's block of query tile 0; NULL: no mask, or no block for this lane */
+    int64_t tile_stride; /* elements from one query tile's blocks to the next's */
+    int q16;             /* the lane's first query row within a tile */
+};
+
+template <int BM, int BN>
+__device__ __forceinline__ mask_walk mask_walk_init(const flash_params &p, int b, int hq, int n0, int kn)
+{
+    constexpr int RB = BM / FLASH_MASK_BLOCK, CB = BN / FLASH_MASK_BLOCK;
+    static_assert(RB * CB <= FLASH_WARP_SIZE && BM % FLASH_MASK_BLOCK == 0 && BN % FLASH_MASK_BLOCK == 0,
+                  "one mask block per lane");
+    const int lane = threadIdx.x % FLASH_WARP_SIZE, r = lane / CB, c = lane % CB;
+    mask_walk mw;
+    mw.f = 0;
+    mw.tile_stride = RB * p.mask_blocks_s.row;
+    mw.q16 = r * FLASH_MASK_BLOCK;
+    if (p.mask_blocks != 0 && r < RB && c * FLASH_MASK_BLOCK < kn)
+        mw.f = p.mask_blocks + b * p.mask_blocks_s.batch + hq * p.mask_blocks_s.head + r * p.mask_blocks_s.row +
+               (n0 / FLASH_MASK_BLOCK + c) * p.mask_blocks_s.col;
+    return mw;
+}
+
+/* The first query tile >= m (and < m_end) whose attn_mask blocks see something, and its flags
+ * (FLASH_MASK_ANY_VISIBLE alone without a mask). Every lane of the warp must call it. */
+template <int BM>
+__device__ __forceinline__ int next_visible_tile(const flash_params &p, const mask_walk &mw, int m, int m_end,
+                                                 unsigned &flags)
+{
+    flags = FLASH_MASK_ANY_VISIBLE;
+    if (p.mask_blocks == 0)
+        return m;
+    for (; m < m_end; ++m) {
+        unsigned f = 0;
+        if (mw.f != 0 && (int64_t)m * BM + mw.q16 < p.sq)
+            f = mw.f[m * mw.tile_stride];
+        flags = __reduce_or_sync(FULL_MASK, f);
+        if (flags & FLASH_MASK_ANY_VISIBLE)
+            break;
+    }
+    return m;
+}
+
+/* The query tile from m on that the CTA walks (dense: m itself). */
+template <bool HOOK, int BM>
+__device__ __forceinline__ int next_query_tile(const flash_params &p, const mask_walk &mw, int m, int m_end,
+                                               unsigned &flags)
+{
+    flags = FLASH_MASK_ANY_VISIBLE;
+    return HOOK ? next_visible_tile<BM>(p, mw, m, m_end, flags) : m;
+}
+
+/* Writes the dropout keep bits of one warp and query tile: keys kw + [0, WARP_KEYS) (kw a multiple of 8)
+ * x queries i0 + [0, NQW). Lane l makes the Philox calls of queries l + 32 k for both key groups g
+ * and stores byte (g, q) at g NQW + ((q / 2) % 4) (NQW / 4) + (q / 8) 2 + q % 2: then the 4 bytes of
+ * the 16-query block kq of the thread with lc = q / 2 % 4 are one word (keep_word). */
+template <int NQW>
+__device__ __forceinline__ void dropout_keep_bytes(const flash_params &p, int64_t bh, int64_t i0, int64_t kw,
+                                                   uint32_t region, int lane)
+{
+    constexpr int GROUPS = WARP_KEYS / FLASH_DROPOUT_KEYS_PER_DRAW;
+    static_assert(NQW % FLASH_WARP_SIZE == 0 && GROUPS == 2, "keep-bit layout");
+    __syncwarp(); /* the previous tile's words have been read */
+#pragma unroll
+    for (int c = 0; c < GROUPS * NQW / FLASH_WARP_SIZE; ++c) {
+        const int g = c % GROUPS, q = lane + FLASH_WARP_SIZE * (c / GROUPS);
+        uint32_t bits[4];
+        flash_dropout_bits(&p, bh, i0 + q, kw / FLASH_DROPOUT_KEYS_PER_DRAW + g, bits);
+        uint32_t byte = 0;
+#pragma unroll
+        for (int k = 0; k < FLASH_DROPOUT_KEYS_PER_DRAW; ++k)
+            byte |= (uint32_t)(flash_dropout_draw(bits, k) >= p.dropout_threshold) << k;
+        st_shared_u8(region + keep_byte_index<NQW>(g, q), byte);
+    }
+    __syncwarp(); /* the bytes are visible to the warp */
+}
+
+/* The keep word of 16-query block kq, key group g for the thread (lane): byte 2 h + (e & 1) holds
+ * queries 16 kq + 8 h + 2 lc + (e & 1), shifted so that bit 8 (2 h + (e & 1)) is the thread's key. */
+template <int NQW>
+__device__ __forceinline__ uint32_t keep_word(uint32_t region, int g, int kq, int lane)
+{
+    const int lc = lane % 4;
+    return ld_shared_u32(region + keep_word_index<NQW>(g, kq, lc)) >> (lane / 4 % 8);
+}
+
+/* The keep bit of value v (block_c layout) in the block's two words. */
+__device__ __forceinline__ bool keep_bit(const uint32_t w[2], int v)
+{
+    return (w[keep_group(v)] >> keep_shift(v)) & 1u;
+}
+
+__device__ __forceinline__ float elem_to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float elem_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+/* The softcap's tanh (mask.h's flash_softcap_f, with the hardware approximation). */
+__device__ __forceinline__ float softcap_tanh(float x)
+{
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* The HOOK variant's per-thread state (values in the block_c layout of the thread's first key jb and
+ * first query qf of the tile). The hooked S^T values s8 stay in units of `mul`: the exponent is
+ * s8 mul - lse2, as in the dense P step, so that the plain score needs no extra multiply. */
+struct hook_tile {
+    /* per CTA (hook_cta_init) */
+    float cap_in;        /* softcap: s8 = tanh(cap_in q.k), cap_in = scale / softcap, mul = softcap log2e;
+                          * 0: off, s8 = q.k, mul = scale log2e, or (scale <= 0, where the bool mask's
+                          * -inf would flip sign) s8 = scale log2e q.k, mul = 1 */
+    bool prescale;
+    float mul;
+    float alibi;         /* - slope log2e / mul: s8 += alibi |dist0 - block_c| */
+    float madd;          /* log2e / mul: s8 += madd * the additive mask */
+    bool stash_g;        /* softcap with dbias: the derivative waits in shared memory for dS^T; without
+                          * dbias, P^T is multiplied by it at once (dS^T = P^T g (dP^T - delta)) */
+    bool dropout;
+    /* per query tile (hook_tile_set); the pointers into the attn_mask and dbias are formed where they
+     * are used (fewer registers held across the P step) */
+    int m0, n0, jb, qf;  /* the tile's first query and key, the thread's first key and query in it */
+    bool read_mask;      /* the tile's attn_mask blocks are partial: read it */
+    bool row0_out, row8_out;
+    uint32_t keep;       /* dropout: shared address of this warp's keep bytes */
+    uint32_t gstash;     /* stash_g: shared address of the tile holding the derivative (dS^T's) */
+    int g_row0, g_col0;  /* this warp's rows in it and the warpgroup's first query */
+};
+
+__device__ __forceinline__ void hook_cta_init(hook_tile &hk, const flash_params &p, int b, int hq)
+{
+    const bool cap = p.softcap > 0.f;
+    hk.prescale = !cap && !(p.scale_log2 > 0.f);
+    hk.cap_in = cap ? (float)p.scale / p.softcap : 0.f;
+    hk.mul = cap ? p.softcap * FLASH_LOG2E_F : (hk.prescale ? 1.f : p.scale_log2);
+    hk.madd = FLASH_LOG2E_F / hk.mul;
+    hk.alibi = -flash_alibi_slope(&p, b, hq) * hk.madd;
+    hk.stash_g = cap && p.dbias != 0;
+    hk.dropout = p.dropout_threshold != 0;
+}
+
+/* The per-tile part (fields as in the struct; flags: the tile's attn_mask flags). */
+__device__ __forceinline__ void hook_tile_set(hook_tile &hk, int m0, int n0, int jb, int qf, unsigned flags,
+                                              int kvalid, uint32_t keep, uint32_t gstash, int g_row0, int g_col0)
+{
+    hk.m0 = m0;
+    hk.n0 = n0;
+    hk.jb = jb;
+    hk.qf = qf;
+    hk.read_mask = (flags & FLASH_MASK_ANY_MASKED) != 0;
+    hk.row0_out = jb >= kvalid;
+    hk.row8_out = jb + 8 >= kvalid;
+    hk.keep = keep;
+    hk.gstash = gstash;
+    hk.g_row0 = g_row0;
+    hk.g_col0 = g_col0;
+}
+
+/* Value v of block kq exists: its query is below sq and its key below sk. */
+__device__ __forceinline__ bool elem_exists(const hook_tile &hk, const flash_params &p, int kq, int v)
+{
+    return hk.m0 + hk.qf + block_qi(kq, v) < p.sq && !((v & 3) >> 1 ? hk.row8_out : hk.row0_out);
+}
+
+/* The score hook on one block (mask.h's order: softcap, ALiBi, attn_mask): S^T values q.k -> s8 in
+ * units of mul; g8 receives the softcap derivative 1 - tanh^2 (flash_softcap_grad_f). */
+template <typename T>
+__device__ __forceinline__ void hook_scores(float s8[8], float g8[8], int kq, const hook_tile &hk,
+                                            const flash_params &p)
+{
+    if (hk.cap_in != 0.f) {
+#pragma unroll
+        for (int v = 0; v < 8; ++v) {
+            const float th = softcap_tanh(s8[v] * hk.cap_in);
+            g8[v] = fmaf(-th, th, 1.f);
+            s8[v] = th;
+        }
+    } else if (hk.prescale) {
+#pragma unroll
+        for (int v = 0; v < 8; ++v)
+            s8[v] *= p.scale_log2;
+    }
+    const int64_t i = (int64_t)hk.m0 + hk.qf, j = (int64_t)hk.n0 + hk.jb; /* the thread's first element */
+    if (hk.alibi != 0.f) {
+        const float dist0 = (float)(j - i - p.alibi_offset);
+#pragma unroll
+        for (int v = 0; v < 8; ++v)
+            s8[v] = fmaf(hk.alibi, fabsf(dist0 - (float)block_c(kq, v)), s8[v]);
+    }
+    if (hk.read_mask) {
+        const int64_t off = flash_mask_offset(&p, blockIdx.z, blockIdx.y, i, j);
+        if (p.mask_kind == FLASH_MASK_BOOL) {
+            const uint8_t *mk = (const uint8_t *)p.mask + off;
+#pragma unroll
+            for (int v = 0; v < 8; ++v)
+                if (elem_exists(hk, p, kq, v) && __ldg(mk + block_qi(kq, v) * p.mask_s.row + block_kj(v) * p.mask_s.col) == 0)
+                    s8[v] = -INFINITY;
+        } else {
+            const T *mk = (const T *)p.mask + off;
+#pragma unroll
+            for (int v = 0; v < 8; ++v)
+                if (elem_exists(hk, p, kq, v))
+                    s8[v] = fmaf(elem_to_float(__ldg(mk + block_qi(kq, v) * p.mask_s.row + block_kj(v) * p.mask_s.col)),
+                                 hk.madd, s8[v]);
+        }
+    }
+}
+
+/* After p_block: the A fragment of dV's wgmma (keep * P^T with dropout, whose scale is applied to dV
+ * at the end; else P^T), then the softcap derivative: into P^T (s8 = P^T g) or into the stash. */
+template <typename T, int NQW, int ROWS>
+__device__ __forceinline__ void hook_p(uint32_t a[4], float s8[8], const float g8[8], int kq, const hook_tile &hk,
+                                       int lane)
+{
+    if (hk.dropout) {
+        const uint32_t w[2] = {keep_word<NQW>(hk.keep, 0, kq, lane), keep_word<NQW>(hk.keep, 1, kq, lane)};
+        float pk[8];
+#pragma unroll
+        for (int v = 0; v < 8; ++v)
+            pk[v] = keep_bit(w, v) ? s8[v] : 0.f;
+        acc_to_a<T>(a, pk, pk + 4);
+    } else {
+        acc_to_a<T>(a, s8, s8 + 4);
+    }
+    if (hk.cap_in != 0.f) {
+        if (hk.stash_g) {
+            uint32_t ga[4];
+            acc_to_a<__half>(ga, g8, g8 + 4);
+            store_a_frag_sw128<ROWS>(hk.gstash, hk.g_row0, hk.g_col0 + kq * WGMMA_K, ga, lane);
+        } else {
+#pragma unroll
+            for (int v = 0; v < 8; ++v)
+                s8[v] *= g8[v];
+        }
+    }
+}
+
+/* dP^T (8 values of block kq) times keep * dropout_scale, before dS^T = P^T (dP^T - delta). */
+template <int NQW>
+__device__ __forceinline__ void hook_dp(float dp8[8], int kq, const hook_tile &hk, const flash_params &p, int lane)
+{
+    if (hk.dropout) {
+        const uint32_t w[2] = {keep_word<NQW>(hk.keep, 0, kq, lane), keep_word<NQW>(hk.keep, 1, kq, lane)};
+#pragma unroll
+        for (int v = 0; v < 8; ++v)
+            dp8[v] = keep_bit(w, v) ? dp8[v] * (float)p.dropout_scale : 0.f;
+    }
+}
+
+/* dS^T (8 values of block kq): written to dbias, then times the stashed softcap derivative. */
+template <int ROWS>
+__device__ __forceinline__ void hook_ds(float ds8[8], int kq, const hook_tile &hk, const flash_params &p, int lane)
+{
+    if (p.dbias != 0) {
+        float *db = (float *)p.dbias + ((((int64_t)blockIdx.z * p.h + blockIdx.y) * p.sq + hk.m0 + hk.qf) * p.sk +
+                                        hk.n0 + hk.jb); /* the thread's first element */
+#pragma unroll
+        for (int v = 0; v < 8; ++v)
+            if (elem_exists(hk, p, kq, v))
+                db[block_qi(kq, v) * p.sk + block_kj(v)] = ds8[v];
+    }
+    if (hk.stash_g) {
+        uint32_t ga[4];
+        __syncwarp(); /* the other lanes' stash stores (hook_p) are visible */
+        load_a_frag_sw128<ROWS>(hk.gstash, hk.g_row0, hk.g_col0 + kq * WGMMA_K, ga, lane);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 g = unpack2<__half>(ga[i]);
+            ds8[2 * i] *= g.x;
+            ds8[2 * i + 1] *= g.y;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+
+/* The dQ reducer warpgroup: for each query tile the MMA warpgroups walk (the same sequence, step i),
+ * wait on FULL[i % 2] until they have written its dQ_partial (BM x D fp32) into buffer i % 2, add it
+ * into dq_accum with vector red.add, and hand the buffer back on EMPTY[i % 2]. The MMA warpgroups never
+ * stall on these L2 reductions (they were 20-25% of the time when the MMA warps issued them). */
+template <bool HOOK, int BM, int D>
+__device__ __forceinline__ void dq_reducer(const flash_params &p, const float *dQb, float *dqa, uint32_t full,
+                                           uint32_t empty, int b, int hq, int n0, int kn, int m_first, int m_end,
+                                           int rtid)
 {
     constexpr int DQ_LD = D + DQ_PAD, V4_PER_ROW = D / 4, NPART = dq_parts(D);
-    const int n = num_m - m_first;
-    for (int i = 0; i < n; ++i) {
-        const int buf = i & 1, m0 = (m_first + i) * BM;
+    const int sq = (int)p.sq, d = (int)p.d;
+    mask_walk mw;
+    if (HOOK)
+        mw = mask_walk_init<BM, SM90_BN>(p, b, hq, n0, kn);
+    unsigned flags;
+    int m = next_query_tile<HOOK, BM>(p, mw, m_first, m_end, flags);
+    for (int i = 0; m < m_end; ++i, m = next_query_tile<HOOK, BM>(p, mw, m + 1, m_end, flags)) {
+        const int buf = i & 1, m0 = m * BM;
         mbar_wait(full + buf * sizeof(uint64_t), (i / 2) & 1);
         const uint32_t src = smem_u32(dQb + buf * NPART * BM * DQ_LD); /* [NPART][BM][DQ_LD] */
 #pragma unroll 4
@@ -249,7 +682,7 @@ __device__ __forceinline__ void dq_reducer(const float *dQb, float *dqa, uint32_
 
 #endif
 
-template <typename T, int D, int BM>
+template <typename T, int D, int BM, bool HOOK>
 __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(const flash_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -271,13 +704,12 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     float *delta_s = lse_s + 2 * BM;          /* [2][BM] */
     float *dQb = delta_s + 2 * BM;            /* [2][NPART][BM][D + DQ_PAD] fp32: dQ_partial, MMA -> reducer */
     uint64_t *mbar = (uint64_t *)(dQb + 2 * NPART * BM * DQ_LD); /* [2] FULL, [2] EMPTY of the dQ buffers */
+    uint8_t *keep_s = (uint8_t *)(mbar + 4);  /* HOOK: [SM90_MMA_WARPS][keep_warp_bytes(BM)] dropout keep bits */
 
     const int tid = threadIdx.x;
     const int n0 = blockIdx.x * BN, hq = blockIdx.y, b = blockIdx.z;
     const int64_t hk = hq / p.h_per_kv;
     const int sq = (int)p.sq, sk = (int)p.sk, d = (int)p.d;
-    const float sl2 = p.scale_log2;
-    const bool causal = p.causal != 0;
     const bool do_dq = !p.deterministic;
 
     const T *kg = (const T *)p.k + b * p.k_s.batch + hk * p.k_s.head + n0 * p.k_s.row; /* (sk - n0, d) */
@@ -289,9 +721,11 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     const float *deltag = (const float *)p.delta + bh * sq; /* (sq) */
     float *dqa = p.dq_accum + bh * sq * d;                  /* (sq, d) */
 
-    const int num_m = (sq + BM - 1) / BM;
-    const int m_first = first_query_tile<BM>(causal, p.causal_offset, n0, sq, num_m);
-    const int kvalid = sk - n0; /* keys of the tile that exist */
+    const int kvalid = sk - n0, kn = kvalid < BN ? kvalid : BN; /* keys of the tile that exist */
+    const flash_tile_range qt = flash_query_tiles(&p, n0, kn, BM);
+    const int m_first = (int)qt.first, m_end = (int)qt.end;
+    const int full_first = (int)qt.full_first, full_end = (int)qt.full_end;
+    const int hb = band_cta_hi(p, n0), lb = band_cta_lo(p, n0);
 
     const uint32_t full = smem_u32(mbar), empty = full + 2 * sizeof(uint64_t);
     if (tid < 2) {
@@ -302,18 +736,18 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     if (tid >= SM90_THREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REDUCER_REGS));
         if (do_dq)
-            dq_reducer<BM, D>(dQb, dqa, full, empty, m_first, num_m, sq, d, tid - SM90_THREADS);
+            dq_reducer<HOOK, BM, D>(p, dQb, dqa, full, empty, b, hq, n0, kn, m_first, m_end, tid - SM90_THREADS);
     } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(MMA_REGS));
     load_tile_sw128<T, BN, D>(Ks, kg, p.k_s.row, kvalid, d, tid);
     load_tile_sw128<T, BN, D>(Vs, vg, p.v_s.row, kvalid, d, tid);
-    if (m_first < num_m) {
-        const int m0 = m_first * BM;
-        load_tile_sw128<T, BM, D>(Qs, qg + m0 * p.q_s.row, p.q_s.row, sq - m0, d, tid);
-        load_tile_sw128<T, BM, D>(dOs, dog + m0 * p.do_s.row, p.do_s.row, sq - m0, d, tid);
-        load_vec_async<BM, SM90_THREADS>(lse_s, lseg + m0, sq - m0, tid);
-        load_vec_async<BM, SM90_THREADS>(delta_s, deltag + m0, sq - m0, tid);
-    }
+    mask_walk mw; /* HOOK: the attn_mask flags of the query tiles */
+    if (HOOK)
+        mw = mask_walk_init<BM, BN>(p, b, hq, n0, kn);
+    unsigned flags; /* of the current tile */
+    int m = next_query_tile<HOOK, BM>(p, mw, m_first, m_end, flags);
+    if (m < m_end)
+        load_query_tile<T, BM, D>(Qs, dOs, lse_s, delta_s, p, qg, dog, lseg, deltag, sq, d, m * BM, tid);
     cp_async_commit();
 
     float acc_dv[NDKV], acc_dk[NDKV];
@@ -322,26 +756,29 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
         acc_dv[i] = 0.f;
         acc_dk[i] = 0.f;
     }
+    hook_tile hkt;
+    if (HOOK)
+        hook_cta_init(hkt, p, b, hq);
 
-    for (int m = m_first; m < num_m; ++m) {
-        const int st = (m - m_first) & 1, m0 = m * BM;
+    for (int walked = 0; m < m_end; ++walked) {
+        const int step = HOOK ? walked : m - m_first; /* tiles walked before this one */
+        const int st = step & 1, m0 = m * BM;
         cp_async_wait<0>();
         fence_proxy_async(); /* the landed tiles are read by wgmma */
         if (tid < BM)        /* lse -> its log2-domain form, by the thread that loaded it */
             lse_s[st * BM + tid] = lse_to_log2(lse_s[st * BM + tid]);
-        named_sync(BAR_MMA, SM90_THREADS); /* stage st landed; stage st^1 and dS^T no longer read by step m-1 */
-        const int tid = tid_now(), lane = tid % WARP_SIZE, lc = lane % 4;
-        const int wg = warp_uniform(tid / WARPGROUP_THREADS), w = (tid % WARPGROUP_THREADS) / WARP_SIZE;
+        named_sync(BAR_MMA, SM90_THREADS); /* stage st landed; stage st^1 and dS^T no longer read by step-1 */
+        const int tid = tid_now(), lane = tid % FLASH_WARP_SIZE, lc = lane % 4;
+        const int wg = warp_uniform(tid / WARPGROUP_THREADS), w = (tid % WARPGROUP_THREADS) / FLASH_WARP_SIZE;
         const int key0 = wg * WG_KEYS;                    /* the warpgroup's first key in the tile */
         const int dq_col0 = NPART == 2 ? 0 : wg * DQ_N;   /* the warpgroup's dQ block: columns, */
         const int dq_key0 = NPART == 2 ? key0 : 0;        /* first key (K), */
         const int dq_part = NPART == 2 ? wg : 0;          /* partial */
-        if (m + 1 < num_m) {
-            const int m1 = m0 + BM, so = st ^ 1;
-            load_tile_sw128<T, BM, D>(Qs + so * Q_BYTES, qg + m1 * p.q_s.row, p.q_s.row, sq - m1, d, tid);
-            load_tile_sw128<T, BM, D>(dOs + so * Q_BYTES, dog + m1 * p.do_s.row, p.do_s.row, sq - m1, d, tid);
-            load_vec_async<BM, SM90_THREADS>(lse_s + so * BM, lseg + m1, sq - m1, tid);
-            load_vec_async<BM, SM90_THREADS>(delta_s + so * BM, deltag + m1, sq - m1, tid);
+        int m_next = m + 1; /* the next tile the CTA walks, its flags; HOOK: found under the wgmma's below */
+        unsigned flags_next = FLASH_MASK_ANY_VISIBLE;
+        if (!HOOK && m_next < m_end) {
+            load_query_tile<T, BM, D>(Qs + (st ^ 1) * Q_BYTES, dOs + (st ^ 1) * Q_BYTES, lse_s + (st ^ 1) * BM,
+                                      delta_s + (st ^ 1) * BM, p, qg, dog, lseg, deltag, sq, d, m_next * BM, tid);
             cp_async_commit();
         }
         const uint32_t Qt = warp_uniform(smem_addr_now(Qs + st * Q_BYTES)), dOt = warp_uniform(smem_addr_now(dOs + st * Q_BYTES)); /* [BM][D] */
@@ -362,17 +799,38 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
                                                desc_k_major<BM>(dOt, 0, kk * WGMMA_K), kk);
         wgmma_commit();
 
-        /* P^T = exp2(S^T * scale*log2e - lse*log2e), 0 where masked (key jl, query il of the tile:
-         * visible iff jl - il <= diag; keys past sk too, their zero-filled K would give s = 0), then
-         * dS^T = P^T o (dP^T - delta). Each 16-query block kq goes to the tensor cores as soon as it is
-         * ready (dV += P^T dO, dK += dS^T Q; K = the queries; dO and Q read MN-major), so the
-         * exponentials of block kq+1 overlap the wgmma's of block kq and of dP^T. */
-        const int diag = clamp_diag((int64_t)m0 + p.causal_offset - n0);
-        const bool need_mask = (causal && BN - 1 > diag) || kvalid < BN;
+        const int jb = key0 + w * WARP_KEYS + lane / 4; /* the thread's first key row in the tile */
+        if (HOOK) {
+            /* under the S^T, dP^T wgmma's: the next tile's loads (after its search through the mask
+             * flags), this tile's dropout keep bits and hook state */
+            m_next = next_query_tile<HOOK, BM>(p, mw, m + 1, m_end, flags_next);
+            if (m_next < m_end) {
+                load_query_tile<T, BM, D>(Qs + (st ^ 1) * Q_BYTES, dOs + (st ^ 1) * Q_BYTES, lse_s + (st ^ 1) * BM,
+                                          delta_s + (st ^ 1) * BM, p, qg, dog, lseg, deltag, sq, d, m_next * BM, tid);
+                cp_async_commit();
+            }
+            const uint32_t keep = smem_addr_now(keep_s) + tid / FLASH_WARP_SIZE * keep_warp_bytes(BM);
+            if (hkt.dropout)
+                dropout_keep_bytes<BM>(p, bh, m0, n0 + key0 + w * WARP_KEYS, keep, lane);
+            hook_tile_set(hkt, m0, n0, jb, 2 * lc, flags, kvalid, keep, dSa, key0 + w * WARP_KEYS, 0);
+        }
+
+        /* P^T = exp2(S^T * scale*log2e - lse*log2e) (HOOK: of the hooked score), 0 outside the band and
+         * for keys past sk (their zero-filled K would give s = 0), then dS^T = P^T o (dP^T - delta).
+         * Each 16-query block kq goes to the tensor cores as soon as it is ready (dV += P^T dO,
+         * dK += dS^T Q; K = the queries; dO and Q read MN-major), so the exponentials of block kq+1
+         * overlap the wgmma's of block kq and of dP^T. */
+        const bool need_mask = m < full_first || m >= full_end || kvalid < BN;
+        const int hi = band_tile_hi(hb, m0), lo = band_tile_lo(lb, m0);
+        const bool need_lo = key0 - (BM - 1) < lo; /* the lower bound cuts the warpgroup's part */
+        p_tile pt;
+        pt.lse = lse_t + 2 * lc * sizeof(float);
+        pt.mul = HOOK ? hkt.mul : p.scale_log2;
+        pt.t = computed_here(jb - 2 * lc - hi);
+        pt.u = computed_here(jb - 2 * lc - lo);
+        pt.row0_out = jb >= kvalid;
+        pt.row8_out = jb + 8 >= kvalid;
         uint32_t pa[BM / WGMMA_K][4], dsa[BM / WGMMA_K][4];
-        const int jb = key0 + w * 16 + lane / 4; /* the thread's first key row in the tile */
-        const int t = causal ? jb - 2 * lc - diag : INT_MIN;
-        const bool row0_out = jb >= kvalid, row8_out = jb + 8 >= kvalid;
         wgmma_wait<1>(); /* S^T */
         /* masking only in tiles where some key is masked. D = 64: two copies of the whole loop; D = 128:
          * one loop branching per 16-query block, so that the wgmma issue exists once (two copies of the
@@ -381,19 +839,34 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
         if (need_mask || D == 128) {
 #pragma unroll
             for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
-                if (D == 64 || need_mask)
-                    p_block<true>(s + 8 * kq, lse_t + (kq * WGMMA_K + 2 * lc) * sizeof(float), sl2, kq, t, row0_out, row8_out);
+                float g8[8]; /* HOOK: the softcap derivative */
+                if (HOOK)
+                    hook_scores<T>(s + 8 * kq, g8, kq, hkt, p);
+                if (D == 64 || need_mask) {
+                    p_block<true>(s + 8 * kq, kq, pt);
+                    if (need_lo)
+                        p_block_lo(s + 8 * kq, kq, pt.u);
+                } else {
+                    p_block<false>(s + 8 * kq, kq, pt);
+                }
+                if (HOOK)
+                    hook_p<T, BM, BN>(pa[kq], s + 8 * kq, g8, kq, hkt, lane);
                 else
-                    p_block<false>(s + 8 * kq, lse_t + (kq * WGMMA_K + 2 * lc) * sizeof(float), sl2, kq, t, row0_out, row8_out);
-                acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
+                    acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
                 wgmma_fence();
                 wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
             }
         } else {
 #pragma unroll
             for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
-                p_block<false>(s + 8 * kq, lse_t + (kq * WGMMA_K + 2 * lc) * sizeof(float), sl2, kq, t, row0_out, row8_out);
-                acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
+                float g8[8]; /* HOOK: the softcap derivative */
+                if (HOOK)
+                    hook_scores<T>(s + 8 * kq, g8, kq, hkt, p);
+                p_block<false>(s + 8 * kq, kq, pt);
+                if (HOOK)
+                    hook_p<T, BM, BN>(pa[kq], s + 8 * kq, g8, kq, hkt, lane);
+                else
+                    acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
                 wgmma_fence();
                 wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
             }
@@ -402,6 +875,8 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
         wgmma_wait<1>(); /* dP^T (dV may still run) */
 #pragma unroll
         for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
+            if (HOOK)
+                hook_dp<BM>(dp + 8 * kq, kq, hkt, p, lane);
 #pragma unroll
             for (int i = 2 * kq; i < 2 * kq + 2; ++i) {
                 const float2 dl = ld_shared_v2_f32(delta_t + (i * 8 + 2 * lc) * sizeof(float));
@@ -409,9 +884,11 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
                 for (int e = 0; e < 4; ++e)
                     dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? dl.y : dl.x));
             }
+            if (HOOK)
+                hook_ds<BN>(dp + 8 * kq, kq, hkt, p, lane);
             acc_to_a<T>(dsa[kq], dp + 8 * kq, dp + 8 * kq + 4);
             if (do_dq)
-                store_a_frag_sw128<BN>(dSa, key0 + w * 16, kq * WGMMA_K, dsa[kq], lane);
+                store_a_frag_sw128<BN>(dSa, key0 + w * WARP_KEYS, kq * WGMMA_K, dsa[kq], lane);
             wgmma_fence();
             wgmma_op<T, D>::template rs<1>(acc_dk, dsa[kq], desc_mn_major<BM>(Qt, kq * WGMMA_K, 0), 1);
         }
@@ -430,7 +907,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
                                                      desc_mn_major<BN>(Ka, dq_key0 + kk * WGMMA_K, dq_col0), kk);
             wgmma_commit();
             wgmma_wait<0>();
-            const int step = m - m_first, buf = step & 1;
+            const int buf = step & 1;
             if (step >= 2) /* the reducer has added tile step - 2 from this buffer */
                 mbar_wait(smem_addr_now(mbar) + (2 + buf) * sizeof(uint64_t), (step / 2 - 1) & 1);
             const uint32_t dst = smem_addr_now(dQb) + (uint32_t)((((buf * NPART + dq_part) * BM + w * 16 + lane / 4) * DQ_LD +
@@ -444,11 +921,14 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
         } else {
             wgmma_wait<0>();
         }
+        m = m_next;
+        flags = flags_next;
     }
     cp_async_wait<0>(); /* K/V still in flight when no query tile sees the key tile */
 
-    const int j0 = n0 + (tid / WARPGROUP_THREADS) * WG_KEYS + (tid % WARPGROUP_THREADS) / WARP_SIZE * 16;
-    store_kv_grad<T, 1, D>(p, (const float(*)[D / 8][4])acc_dv, 1.f, p.dv, p.dv_s, p.dv_accum, b, hq, j0, 0);
+    const int j0 = n0 + (tid / WARPGROUP_THREADS) * WG_KEYS + (tid % WARPGROUP_THREADS) / FLASH_WARP_SIZE * WARP_KEYS;
+    const float dv_mul = HOOK && p.dropout_threshold != 0 ? (float)p.dropout_scale : 1.f;
+    store_kv_grad<T, 1, D>(p, (const float(*)[D / 8][4])acc_dv, dv_mul, p.dv, p.dv_s, p.dv_accum, b, hq, j0, 0);
     store_kv_grad<T, 1, D>(p, (const float(*)[D / 8][4])acc_dk, (float)p.scale, p.dk, p.dk_s, p.dk_accum, b, hq, j0, 0);
     }
 #endif
@@ -498,9 +978,12 @@ __device__ __forceinline__ void add_dq_chunk_d256(float *dqa, int d, int sq, int
  *              B: dO/Q MN-major)
  *   dQ[:, cols] = dS K[:, cols]   two passes of m64 n64, K = 64 keys (A: dS^T MN-major; B: K MN-major),
  *              added into dq_accum with red.add.
+ * The query tiles, masks and hooks are those of bwd_main_sm90_kernel (the warpgroup's 32 queries take
+ * the place of its 64 keys). DO_DQ (dense: !deterministic; HOOK: always) is a template parameter:
+ * ptxas keeps the wgmma pipeline only when the dQ chunk 0 issue is unconditional.
  * smem: K, V 32 KB each, Q/dO 2 stages x 2 x 32 KB, P^T and dS^T 8 KB each: 210 KB. 224 registers.
  * Measured (H200, bf16, 16k tokens, harness): 261 TFLOP/s at s2048, 286 at s8192 (mma.sync kernel: 170, 178). */
-template <typename T, bool DO_DQ>
+template <typename T, bool DO_DQ, bool HOOK>
 __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(const flash_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -518,15 +1001,16 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     uint8_t *dSs = Ps + PT_BYTES;             /* [BN][BM] sw128: dS^T of the current step */
     float *lse_s = (float *)(dSs + PT_BYTES); /* [2][BM] */
     float *delta_s = lse_s + 2 * BM;          /* [2][BM] */
+    uint8_t *keep_s = (uint8_t *)(delta_s + 2 * BM); /* HOOK: [SM90_MMA_WARPS][keep_warp_bytes(D256_QW)] */
 
     const int tid = threadIdx.x;
     const int n0 = blockIdx.x * BN, hq = blockIdx.y, b = blockIdx.z;
     const int64_t hk = hq / p.h_per_kv;
     const int sq = (int)p.sq, sk = (int)p.sk, d = (int)p.d;
-    const float sl2 = p.scale_log2;
-    const bool causal = p.causal != 0;
-    constexpr bool do_dq = DO_DQ; /* a template parameter: ptxas keeps the wgmma pipeline only when
-                                   * the dQ chunk 0 issue is unconditional */
+    static_assert(DO_DQ || !HOOK, "the HOOK kernel always issues the dQ wgmma's");
+    /* HOOK: one kernel for both modes, so the dQ wgmma's are always issued and deterministic mode only
+     * skips their red.adds (a runtime condition around the issue would serialize the wgmma's) */
+    const bool do_dq = HOOK ? !p.deterministic : DO_DQ;
 
     const T *kg = (const T *)p.k + b * p.k_s.batch + hk * p.k_s.head + n0 * p.k_s.row; /* (sk - n0, d) */
     const T *vg = (const T *)p.v + b * p.v_s.batch + hk * p.v_s.head + n0 * p.v_s.row; /* (sk - n0, d) */
@@ -537,19 +1021,21 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     const float *deltag = (const float *)p.delta + bh * sq; /* (sq) */
     float *dqa = p.dq_accum + bh * sq * d;                  /* (sq, d) */
 
-    const int num_m = (sq + BM - 1) / BM;
-    const int m_first = first_query_tile<BM>(causal, p.causal_offset, n0, sq, num_m);
-    const int kvalid = sk - n0; /* keys of the tile that exist */
+    const int kvalid = sk - n0, kn = kvalid < BN ? kvalid : BN; /* keys of the tile that exist */
+    const flash_tile_range qt = flash_query_tiles(&p, n0, kn, BM);
+    const int m_first = (int)qt.first, m_end = (int)qt.end;
+    const int full_first = (int)qt.full_first, full_end = (int)qt.full_end;
+    const int hb = band_cta_hi(p, n0), lb = band_cta_lo(p, n0);
 
     load_tile_sw128<T, BN, D>(Ks, kg, p.k_s.row, kvalid, d, tid);
     load_tile_sw128<T, BN, D>(Vs, vg, p.v_s.row, kvalid, d, tid);
-    if (m_first < num_m) {
-        const int m0 = m_first * BM;
-        load_tile_sw128<T, BM, D>(Qs, qg + m0 * p.q_s.row, p.q_s.row, sq - m0, d, tid);
-        load_tile_sw128<T, BM, D>(dOs, dog + m0 * p.do_s.row, p.do_s.row, sq - m0, d, tid);
-        load_vec_async<BM, SM90_THREADS>(lse_s, lseg + m0, sq - m0, tid);
-        load_vec_async<BM, SM90_THREADS>(delta_s, deltag + m0, sq - m0, tid);
-    }
+    mask_walk mw; /* HOOK: the attn_mask flags of the query tiles */
+    if (HOOK)
+        mw = mask_walk_init<BM, BN>(p, b, hq, n0, kn);
+    unsigned flags; /* of the current tile */
+    int m = next_query_tile<HOOK, BM>(p, mw, m_first, m_end, flags);
+    if (m < m_end)
+        load_query_tile<T, BM, D>(Qs, dOs, lse_s, delta_s, p, qg, dog, lseg, deltag, sq, d, m * BM, tid);
     cp_async_commit();
 
     float acc_dv[NDKV], acc_dk[NDKV];
@@ -558,23 +1044,27 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         acc_dv[i] = 0.f;
         acc_dk[i] = 0.f;
     }
+    hook_tile hkt;
+    if (HOOK)
+        hook_cta_init(hkt, p, b, hq);
 
-    for (int m = m_first; m < num_m; ++m) {
-        const int st = (m - m_first) & 1, m0 = m * BM;
+    for (int walked = 0; m < m_end; ++walked) {
+        const int step = HOOK ? walked : m - m_first; /* tiles walked before this one */
+        const int st = step & 1, m0 = m * BM;
         cp_async_wait<0>();
         fence_proxy_async(); /* the landed tiles are read by wgmma */
         if (tid < BM)        /* lse -> its log2-domain form, by the thread that loaded it */
             lse_s[st * BM + tid] = lse_to_log2(lse_s[st * BM + tid]);
-        __syncthreads();     /* stage st landed; stage st^1, P^T and dS^T no longer read by step m-1 */
-        const int tid = tid_now(), lane = tid % WARP_SIZE, lc = lane % 4;
-        const int wg = warp_uniform(tid / WARPGROUP_THREADS), w = (tid % WARPGROUP_THREADS) / WARP_SIZE;
+        __syncthreads();     /* stage st landed; stage st^1, P^T and dS^T no longer read by step-1 */
+        const int tid = tid_now(), lane = tid % FLASH_WARP_SIZE, lc = lane % 4;
+        const int wg = warp_uniform(tid / WARPGROUP_THREADS), w = (tid % WARPGROUP_THREADS) / FLASH_WARP_SIZE;
         const int q0 = wg * D256_QW, c0 = wg * D256_COLS; /* the warpgroup's S^T queries, dK/dV/dQ columns */
-        if (m + 1 < num_m) {
-            const int m1 = m0 + BM, so = st ^ 1;
-            load_tile_sw128<T, BM, D>(Qs + so * Q_BYTES, qg + m1 * p.q_s.row, p.q_s.row, sq - m1, d, tid);
-            load_tile_sw128<T, BM, D>(dOs + so * Q_BYTES, dog + m1 * p.do_s.row, p.do_s.row, sq - m1, d, tid);
-            load_vec_async<BM, SM90_THREADS>(lse_s + so * BM, lseg + m1, sq - m1, tid);
-            load_vec_async<BM, SM90_THREADS>(delta_s + so * BM, deltag + m1, sq - m1, tid);
+        int m_next = m + 1; /* the next tile the CTA walks, its flags; HOOK: found under the wgmma's below */
+        unsigned flags_next = FLASH_MASK_ANY_VISIBLE;
+        if (!HOOK && m_next < m_end) {
+            const int so = st ^ 1;
+            load_query_tile<T, BM, D>(Qs + so * Q_BYTES, dOs + so * Q_BYTES, lse_s + so * BM, delta_s + so * BM, p, qg,
+                                      dog, lseg, deltag, sq, d, m_next * BM, tid);
             cp_async_commit();
         }
         const uint32_t Qt = warp_uniform(smem_addr_now(Qs + st * Q_BYTES)), dOt = warp_uniform(smem_addr_now(dOs + st * Q_BYTES)); /* [BM][D] */
@@ -594,39 +1084,83 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
             wgmma_op<T, D256_QW>::template ss<0, 0>(dp, desc_k_major<BN>(Va, 0, kk * WGMMA_K), desc_k_major<BM>(dOt, q0, kk * WGMMA_K), kk);
         wgmma_commit();
 
+        const int jb = w * WARP_KEYS + lane / 4; /* the thread's first key row */
+        if (HOOK) {
+            m_next = next_query_tile<HOOK, BM>(p, mw, m + 1, m_end, flags_next);
+            if (m_next < m_end) {
+                const int so = st ^ 1;
+                load_query_tile<T, BM, D>(Qs + so * Q_BYTES, dOs + so * Q_BYTES, lse_s + so * BM, delta_s + so * BM, p,
+                                          qg, dog, lseg, deltag, sq, d, m_next * BM, tid);
+                cp_async_commit();
+            }
+            const uint32_t keep = smem_addr_now(keep_s) + tid / FLASH_WARP_SIZE * keep_warp_bytes(D256_QW);
+            if (hkt.dropout)
+                dropout_keep_bytes<D256_QW>(p, bh, m0 + q0, n0 + w * WARP_KEYS, keep, lane);
+            hook_tile_set(hkt, m0, n0, jb, q0 + 2 * lc, flags, kvalid, keep, dSa, w * WARP_KEYS, q0);
+        }
+
         /* P^T, dS^T (masking as in bwd_main_sm90_kernel), to smem for both warpgroups */
-        const int diag = clamp_diag((int64_t)m0 + p.causal_offset - n0);
-        const bool need_mask = (causal && BN - 1 > diag) || kvalid < BN;
-        const int jb = w * 16 + lane / 4; /* the thread's first key row */
-        const int t = causal ? jb - 2 * lc - diag - q0 : INT_MIN;
-        const bool row0_out = jb >= kvalid, row8_out = jb + 8 >= kvalid;
+        const bool need_mask = m < full_first || m >= full_end || kvalid < BN;
+        const int hi = band_tile_hi(hb, m0), lo = band_tile_lo(lb, m0);
+        const bool need_lo = -(q0 + D256_QW - 1) < lo; /* the lower bound cuts the warpgroup's part */
+        p_tile pt;
+        pt.lse = lse_t + (q0 + 2 * lc) * sizeof(float);
+        pt.mul = HOOK ? hkt.mul : p.scale_log2;
+        pt.t = computed_here(jb - 2 * lc - hi - q0);
+        pt.u = computed_here(jb - 2 * lc - lo - q0);
+        pt.row0_out = jb >= kvalid;
+        pt.row8_out = jb + 8 >= kvalid;
         wgmma_wait<1>(); /* S^T */
-        if (need_mask) {
+        float g8[D256_QW / WGMMA_K][8]; /* HOOK: the softcap derivative */
+        if (HOOK) {
 #pragma unroll
             for (int kq = 0; kq < D256_QW / WGMMA_K; ++kq)
-                p_block<true>(s + 8 * kq, lse_t + (q0 + kq * WGMMA_K + 2 * lc) * sizeof(float), sl2, kq, t, row0_out,
-                              row8_out);
+                hook_scores<T>(s + 8 * kq, g8[kq], kq, hkt, p);
+        }
+        if (need_mask) {
+#pragma unroll
+            for (int kq = 0; kq < D256_QW / WGMMA_K; ++kq) {
+                p_block<true>(s + 8 * kq, kq, pt);
+                if (need_lo)
+                    p_block_lo(s + 8 * kq, kq, pt.u);
+            }
         } else {
 #pragma unroll
             for (int kq = 0; kq < D256_QW / WGMMA_K; ++kq)
-                p_block<false>(s + 8 * kq, lse_t + (q0 + kq * WGMMA_K + 2 * lc) * sizeof(float), sl2, kq, t, row0_out,
-                               row8_out);
+                p_block<false>(s + 8 * kq, kq, pt);
+        }
+        if (HOOK) { /* P^T to smem now: hook_p folds the softcap derivative into s */
+#pragma unroll
+            for (int kq = 0; kq < D256_QW / WGMMA_K; ++kq) {
+                uint32_t a[4];
+                hook_p<T, D256_QW, BN>(a, s + 8 * kq, g8[kq], kq, hkt, lane);
+                store_a_frag_sw128<BN>(Pa, w * WARP_KEYS, q0 + kq * WGMMA_K, a, lane);
+            }
         }
         wgmma_wait<0>(); /* dP^T */
 #pragma unroll
-        for (int i = 0; i < D256_QW / 8; ++i) {
-            const float2 dl = ld_shared_v2_f32(delta_t + (q0 + i * 8 + 2 * lc) * sizeof(float));
+        for (int kq = 0; kq < D256_QW / WGMMA_K; ++kq) {
+            if (HOOK)
+                hook_dp<D256_QW>(dp + 8 * kq, kq, hkt, p, lane);
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? dl.y : dl.x));
+            for (int i = 2 * kq; i < 2 * kq + 2; ++i) {
+                const float2 dl = ld_shared_v2_f32(delta_t + (q0 + i * 8 + 2 * lc) * sizeof(float));
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? dl.y : dl.x));
+            }
+            if (HOOK)
+                hook_ds<BN>(dp + 8 * kq, kq, hkt, p, lane);
         }
 #pragma unroll
         for (int kq = 0; kq < D256_QW / WGMMA_K; ++kq) {
             uint32_t a[4];
-            acc_to_a<T>(a, s + 8 * kq, s + 8 * kq + 4);
-            store_a_frag_sw128<BN>(Pa, w * 16, q0 + kq * WGMMA_K, a, lane);
+            if (!HOOK) {
+                acc_to_a<T>(a, s + 8 * kq, s + 8 * kq + 4);
+                store_a_frag_sw128<BN>(Pa, w * WARP_KEYS, q0 + kq * WGMMA_K, a, lane);
+            }
             acc_to_a<T>(a, dp + 8 * kq, dp + 8 * kq + 4);
-            store_a_frag_sw128<BN>(dSa, w * 16, q0 + kq * WGMMA_K, a, lane);
+            store_a_frag_sw128<BN>(dSa, w * WARP_KEYS, q0 + kq * WGMMA_K, a, lane);
         }
         fence_proxy_async();
         __syncthreads(); /* P^T, dS^T of all 64 queries in smem */
@@ -637,7 +1171,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         static_assert(D256_COLS == 2 * D256_DQ_CHUNK, "two dQ chunks");
         const int row = m0 + w * 16 + lane / 4;
         float acc_dq[NDQ]; /* overwritten by the first step of each chunk (accumulate = 0) */
-        if (do_dq) {
+        if (DO_DQ) {
             issue_dq_chunk_d256<T>(acc_dq, dSa, Ka, c0);
             wgmma_commit();
         }
@@ -651,34 +1185,51 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
             wgmma_op<T, D256_COLS>::template ss<0, 1>(acc_dk, desc_k_major<BN>(dSa, 0, kq * WGMMA_K),
                                                       desc_mn_major<BM>(Qt, kq * WGMMA_K, c0), 1);
         wgmma_commit();
-        if (do_dq) {
+        if (DO_DQ) {
             wgmma_wait<1>(); /* chunk 0 (dV, dK may still run) */
-            add_dq_chunk_d256(dqa, d, sq, row, c0, acc_dq, lc, lane);
+            if (do_dq)
+                add_dq_chunk_d256(dqa, d, sq, row, c0, acc_dq, lc, lane);
             issue_dq_chunk_d256<T>(acc_dq, dSa, Ka, c0 + D256_DQ_CHUNK);
             wgmma_commit();
             wgmma_wait<0>();
-            add_dq_chunk_d256(dqa, d, sq, row, c0 + D256_DQ_CHUNK, acc_dq, lc, lane);
+            if (do_dq)
+                add_dq_chunk_d256(dqa, d, sq, row, c0 + D256_DQ_CHUNK, acc_dq, lc, lane);
         } else {
             wgmma_wait<0>();
         }
+        m = m_next;
+        flags = flags_next;
     }
     cp_async_wait<0>(); /* K/V still in flight when no query tile sees the key tile */
 
-    const int j0 = n0 + (tid % WARPGROUP_THREADS) / WARP_SIZE * 16, c0 = tid / WARPGROUP_THREADS * D256_COLS;
-    store_kv_grad<T, 1, D256_COLS>(p, (const float(*)[D256_COLS / 8][4])acc_dv, 1.f, p.dv, p.dv_s, p.dv_accum, b, hq,
-                                   j0, c0);
+    const int j0 = n0 + (tid % WARPGROUP_THREADS) / FLASH_WARP_SIZE * WARP_KEYS, c0 = tid / WARPGROUP_THREADS * D256_COLS;
+    const float dv_mul = HOOK && p.dropout_threshold != 0 ? (float)p.dropout_scale : 1.f;
+    store_kv_grad<T, 1, D256_COLS>(p, (const float(*)[D256_COLS / 8][4])acc_dv, dv_mul, p.dv, p.dv_s, p.dv_accum, b,
+                                   hq, j0, c0);
     store_kv_grad<T, 1, D256_COLS>(p, (const float(*)[D256_COLS / 8][4])acc_dk, (float)p.scale, p.dk, p.dk_s,
                                    p.dk_accum, b, hq, j0, c0);
 #endif
 }
 
-template <typename T>
+/* Dynamic shared memory of the kernels (their layouts above, plus the 1024-byte alignment slack). */
+static size_t smem_main_sm90(int D, int BM, bool hook)
+{
+    return SW128_ATOM_BYTES + (size_t)(2 * SM90_BN * D + 4 * BM * D + SM90_BN * BM) * 2 +
+           (size_t)(4 * BM + 2 * dq_parts(D) * BM * (D + DQ_PAD)) * sizeof(float) + 4 * sizeof(uint64_t) +
+           (hook ? (size_t)SM90_MMA_WARPS * keep_warp_bytes(BM) : 0);
+}
+
+static size_t smem_main_sm90_d256(bool hook)
+{
+    return SW128_ATOM_BYTES + (size_t)(2 * D256_BN * 256 + 4 * D256_BM * 256 + 2 * D256_BN * D256_BM) * 2 +
+           4 * D256_BM * sizeof(float) + (hook ? (size_t)SM90_MMA_WARPS * keep_warp_bytes(D256_QW) : 0);
+}
+
+template <typename T, bool DO_DQ, bool HOOK>
 static cudaError_t launch_main_sm90_d256(const flash_params *p, cudaStream_t stream)
 {
-    const size_t smem = SW128_ATOM_BYTES /* alignment slack */ +
-                        (size_t)(2 * D256_BN * 256 + 4 * D256_BM * 256 + 2 * D256_BN * D256_BM) * 2 +
-                        4 * D256_BM * sizeof(float);
-    auto kernel = p->deterministic ? bwd_main_sm90_d256_kernel<T, false> : bwd_main_sm90_d256_kernel<T, true>;
+    const size_t smem = smem_main_sm90_d256(HOOK);
+    auto kernel = bwd_main_sm90_d256_kernel<T, DO_DQ, HOOK>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
@@ -687,12 +1238,11 @@ static cudaError_t launch_main_sm90_d256(const flash_params *p, cudaStream_t str
     return cudaGetLastError();
 }
 
-template <typename T, int D, int BM>
+template <typename T, int D, int BM, bool HOOK>
 static cudaError_t launch_main_sm90(const flash_params *p, cudaStream_t stream)
 {
-    const size_t smem = SW128_ATOM_BYTES /* alignment slack */ + (size_t)(2 * SM90_BN * D + 4 * BM * D + SM90_BN * BM) * 2 +
-                        (size_t)(4 * BM + 2 * dq_parts(D) * BM * (D + DQ_PAD)) * sizeof(float) + 4 * sizeof(uint64_t);
-    auto kernel = bwd_main_sm90_kernel<T, D, BM>;
+    const size_t smem = smem_main_sm90(D, BM, HOOK);
+    auto kernel = bwd_main_sm90_kernel<T, D, BM, HOOK>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
@@ -701,36 +1251,26 @@ static cudaError_t launch_main_sm90(const flash_params *p, cudaStream_t stream)
     return cudaGetLastError();
 }
 
-extern "C" int flash_bwd_sm90_supported(const flash_params *p)
+/* Head dim -> kernel, p->has_hook -> variant (and, dense at d > 128, deterministic -> DO_DQ). */
+template <typename T>
+static cudaError_t launch_main_sm90_dtype(const flash_params *p, cudaStream_t stream)
 {
-#ifdef FLASHATTN_EXT_SM90A
-    static int disabled = -1; /* FLASHATTN_EXT_DISABLE_SM90=1 forces the sm80 kernels (for comparisons) */
-    if (disabled < 0) {
-        const char *env = getenv("FLASHATTN_EXT_DISABLE_SM90");
-        disabled = env != NULL && env[0] != '\0' && env[0] != '0';
+    if (p->d > 128) {
+        if (p->has_hook)
+            return launch_main_sm90_d256<T, true, true>(p, stream);
+        return p->deterministic ? launch_main_sm90_d256<T, false, false>(p, stream)
+                                : launch_main_sm90_d256<T, true, false>(p, stream);
     }
-    int dev = 0, major = 0;
-    if (disabled || p->d > 256 || (p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16))
-        return 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-        return 0;
-    return major == 9;
-#else
-    (void)p;
-    return 0;
-#endif
+    if (p->d > 64)
+        return p->has_hook ? launch_main_sm90<T, 128, 64, true>(p, stream) : launch_main_sm90<T, 128, 64, false>(p, stream);
+    return p->has_hook ? launch_main_sm90<T, 64, 64, true>(p, stream) : launch_main_sm90<T, 64, 64, false>(p, stream);
 }
 
 extern "C" cudaError_t flash_bwd_main_sm90(const flash_params *p, cudaStream_t stream)
 {
-    if (p->d > 128)
-        return p->dtype == FLASH_BF16 ? launch_main_sm90_d256<__nv_bfloat16>(p, stream)
-                                      : launch_main_sm90_d256<__half>(p, stream);
     if (p->dtype == FLASH_BF16)
-        return p->d <= 64 ? launch_main_sm90<__nv_bfloat16, 64, 64>(p, stream)
-                          : launch_main_sm90<__nv_bfloat16, 128, 64>(p, stream);
+        return launch_main_sm90_dtype<__nv_bfloat16>(p, stream);
     if (p->dtype == FLASH_FP16)
-        return p->d <= 64 ? launch_main_sm90<__half, 64, 64>(p, stream) : launch_main_sm90<__half, 128, 64>(p, stream);
+        return launch_main_sm90_dtype<__half>(p, stream);
     return cudaErrorInvalidValue;
 }

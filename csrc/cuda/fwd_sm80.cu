@@ -1,24 +1,37 @@
 /* fwd_sm80.cu: FlashAttention-2 forward for fp16 / bf16 on tensor cores (mma.sync), sm80 and later.
  *
  * Algorithm. One CTA owns kBlockM query rows of one (batch, head); its warps split those rows (each
- * warp kBlockM / kNWarps rows = one or two m16 tiles), never the keys, so no cross-warp merge. K and V
- * tiles of kBlockN rows stream through shared memory with cp.async: K is double buffered (K_{j+1} is
- * in flight during all of tile j); V too when two V buffers fit the sm80 limit, else V_j loads during
- * S_j and the softmax (one more __syncthreads per tile). Per key tile, per warp:
+ * warp kBlockM / kNWarps rows = one or two m16 tiles), never the keys, so no cross-warp merge. The CTA
+ * visits the key tiles [first, end) of kBlockN keys that flash_key_tiles (mask.h) puts in the band of
+ * its rows, in increasing order (the HOOK kernels skip tiles whose attn_mask block flags have no
+ * visible entry). K and V tiles stream through shared memory with cp.async: K is double buffered (the
+ * next tile's K is in flight during all of the current one); V too when two V buffers fit the sm80
+ * limit, else V loads during S and the softmax (one more __syncthreads per tile). Per tile, per warp:
  *   S = Q K^T        mma.sync m16n8k16, fp32 accumulators; Q fragments from registers (ldmatrix once)
  *                    or from shared memory per k step (configs short of registers); K by ldmatrix
  *                    (K rows are the n dimension of S).
- *   mask             only on tiles that need it: past seqlen_k, or crossing the causal diagonal
- *                    (query i sees key j iff j <= i + causal_offset); a run-time branch per tile.
- *   online softmax   fp32, base 2 with log2(e) folded into the scale: one FFMA + one EX2 per score;
- *                    row max over the 4 lanes of a quad by shuffle-xor; O and the row sum rescaled by
- *                    exp2(m_old - m_new); the row sum stays per lane until the end.
+ *   score hook       HOOK kernels only: s = scale q.k, softcap (tanh.approx.f32), ALiBi, attn_mask
+ *                    (read only in tiles whose block flags say partial), in log2 units (mask.h order).
+ *   mask             tiles outside [full_first, full_end) only: keys past seqlen_k or outside the band
+ *                    diag_lo <= j - i <= diag_hi, three compares per value against flash_tile_diag.
+ *   online softmax   fp32, base 2 (log2(e) folded into the scale: one FFMA + one EX2 per score); row
+ *                    max over the 4 lanes of a quad by shuffle-xor; O and the row sum rescaled by
+ *                    exp2(m_old - m_new); the row sum stays per lane until the end. A row whose max is
+ *                    still -inf exponentiates against 0, so it stays all zeros, never NaN.
+ *   dropout          HOOK kernels only, after the row sum (which keeps the undropped P): P = 0 where
+ *                    the Philox draw is below the threshold; the keep scale goes into the epilogue.
  *   O += P V         the S accumulators of two adjacent n8 tiles repack in registers (pack2) into one
  *                    k16 A fragment; V by ldmatrix.trans.
- * End: O / l and lse = (m + log2 l) ln 2, through this warp's own rows of the Q buffer to 16-byte
- * global stores. A row with no visible key has l = 0: it writes O = 0 and lse = -inf.
- * Key tiles past the last one visible to the CTA's last row are never loaded; query tiles run in
- * reverse order so the heaviest causal tiles are scheduled first.
+ * End: (factor, lse) per row, factor 1 / l and lse = (m + log2 l) ln 2, or with a sink
+ * flash_row_finish_f (mask.h); O * factor through this warp's own rows of the Q buffer to 16-byte
+ * global stores. A row with no visible key has l = 0: it writes O = 0 and lse = -inf (the sink).
+ * Query tiles run in reverse order so the heaviest causal tiles are scheduled first.
+ *
+ * Key order inside a tile (key_row below): the dense kernels keep S column c of n8 tile nt = key
+ * 8 nt + c. The HOOK kernels permute the keys of each 32 so that the 8 values a lane holds in four
+ * consecutive n8 tiles (columns 2 q, 2 q + 1) are the 8 keys of one dropout draw: one Philox call per
+ * (row, 8 keys) in one lane, no exchange across the quad. K and V rows follow the same order through
+ * the ldmatrix row addresses, so the permutation costs nothing; it needs kBlockN % 32 == 0.
  *
  * Shared memory: Q (kBlockM, kHeadDim) | K[2] (kBlockN, kHeadDim) | V[1 or 2] (kBlockN, kHeadDim),
  * 16-bit rows; the 16-byte chunk c of row r is stored at chunk c ^ (r % 8), so cp.async stores,
@@ -29,29 +42,33 @@
  * A negative softmax scale negates Q in shared memory once and runs with |scale| (the max-subtraction
  * needs a positive factor); a zero scale runs with FLT_MIN (masked -inf scores stay -inf).
  *
- * Configs (FWD_CFG_*), chosen on the H200 with dev/fwd_bench.sh; bf16, 16k tokens, nheads = 2048 / d,
- * TFLOP/s = 4 B H Sq Sk D / t (halved for causal), non-causal | causal at seqlen 512 / 2k / 8k:
+ * Configs (FWD_CFG_* dense, FWD_HOOK_CFG_* general), chosen on the H200 with dev/fwd_bench.sh; bf16,
+ * 16k tokens, nheads = 2048 / d, TFLOP/s = 4 B H Sq Sk D / t (halved for causal), non-causal | causal
+ * at seqlen 512 / 2k / 8k:
  *   d <= 64 : 128 x 64, 4 warps, Q in registers, 2 x V    267 313 326 | 180 271 309
  *   d <= 128: 128 x 48, 4 warps, Q from smem,    2 x V    295 356 377 | 199 293 335
  *   d <= 256: 128 x 64, 8 warps, Q from smem,    1 x V    267 313 327 | 183 256 294
- * (torch's FA2 backend on the same H200: ~307 d64, 339-353 d128, 324 d256.) All use 240-255
- * registers, no spills on sm_80 or sm_90a; 2 CTAs (8 warps) per SM at d <= 128, 1 CTA at d256.
- * Where the time goes: 2 warps per scheduler with no overlap inside a warp between its mma, softmax
- * and loads (registers allow no more); at d256 16-row warps re-read K, V and Q from shared memory.
- * Runners-up: d64 128x80 (+2% at 8k, -6% at 512), d128 128x64 (-3%, spills), d128 128x32 (-5%),
- * d256 128x48 (-4%), 64-row CTAs (-5 to -15%), 8-warp CTAs at d <= 128 (-2 to -10%).
+ * (torch's FA2 backend on the same H200: ~307 d64, 339-353 d128, 324 d256.) The HOOK kernels use the
+ * same tiles except d <= 128: 128 x 32 (the key permutation needs kBlockN % 32 == 0, and 128 x 64
+ * spills). Registers and history: benchmarks/results/h200/history_fwd_sm80.md. 2 CTAs (8 warps) per
+ * SM at d <= 128, 1 CTA at d256. Where the time goes: 2 warps per scheduler with no overlap inside a
+ * warp between its mma, softmax and loads (registers allow no more); at d256 16-row warps re-read K,
+ * V and Q from shared memory.
  * Build: nvcc -std=c++17 -O3 -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a
  */
 #include <float.h>
 #include <limits.h>
 #include <stdint.h>
 
+#include "../constants.h"
+#include "../mask.h"
 #include "launch.h"
 #include "ptx.cuh"
 
 /* Tile configs: head dim, block M, block N, warps, Q fragments kept in registers, minimum CTAs per SM
  * (register cap for __launch_bounds__). Overridable with -D for tuning (dev/fwd_bench.sh); the
- * defaults are the measured best. */
+ * defaults are the measured best. FWD_CFG_*: the dense kernels; FWD_HOOK_CFG_*: the general ones
+ * (block N a multiple of kPermKeys). */
 #ifndef FWD_CFG_D64
 #define FWD_CFG_D64 64, 128, 64, 4, true, 1
 #endif
@@ -61,8 +78,16 @@
 #ifndef FWD_CFG_D256
 #define FWD_CFG_D256 256, 128, 64, 8, false, 1
 #endif
+#ifndef FWD_HOOK_CFG_D64
+#define FWD_HOOK_CFG_D64 64, 128, 64, 4, true, 1
+#endif
+#ifndef FWD_HOOK_CFG_D128
+#define FWD_HOOK_CFG_D128 128, 128, 32, 4, false, 1
+#endif
+#ifndef FWD_HOOK_CFG_D256
+#define FWD_HOOK_CFG_D256 256, 128, 64, 8, false, 1
+#endif
 
-static constexpr int kWarpSize = 32;
 static constexpr unsigned kFullMask = 0xffffffffu;
 static constexpr int kMmaM = 16;              /* m16n8k16 */
 static constexpr int kMmaN = 8;
@@ -73,23 +98,41 @@ static constexpr int kSwizzleMask = 7;        /* 8 chunks of 16 bytes span all 3
 static constexpr int kSwizzleSpanShift = 7;   /* log2(8 chunks x 16 bytes) */
 static constexpr int kElemBytes = 2;          /* fp16 / bf16 */
 static constexpr int kQuadLanes = 4;          /* lanes sharing one accumulator row */
-static constexpr int kMaxHeadDim = 256;
+static constexpr int kHalfRows = 8;           /* accumulator rows lane / 4 and lane / 4 + 8 */
+static constexpr int kPermTiles = 4;          /* HOOK key order: n8 tiles per permuted group */
+static constexpr int kPermKeys = kPermTiles * kMmaN; /* keys per permuted group */
 static constexpr int kMaxGridYZ = 65535;
 static constexpr size_t kDefaultSmemBytes = 48 * 1024;
 static constexpr size_t kSm80MaxSmemBytes = 163 * 1024; /* A100 opt-in limit per CTA */
 static constexpr uint32_t kSignBits2 = 0x80008000u; /* sign bits of two packed 16-bit floats */
-static constexpr float kLn2 = 0.693147180559945309f;
+static constexpr uint32_t kLowHalf = 0xffffu;       /* low 16 bits (of a Philox word: the even key's draw) */
+static constexpr int kHalfBits = 16;
+static constexpr float kLn2 = (float)(1.0 / FLASH_LOG2E);
+
+static_assert(FLASH_DROPOUT_KEYS_PER_DRAW == 2 * kPermTiles && FLASH_DROPOUT_KEYS_PER_DRAW == kMmaN,
+              "one draw = the 2 values a lane holds in each of kPermTiles n8 tiles");
+
+/* Swizzle key of a tile row: chunk c of row r is stored at chunk c ^ swz_key(r). Natural tiles (Q, and K /
+ * V of the dense kernels): r % 8, so that 8 consecutive rows (one ldmatrix matrix) hit 8 different
+ * chunk columns. K / V tiles of the HOOK kernels (kPerm): (r ^ (r >> 2)) % 8, which does the same for
+ * the 8 rows key_row(x, 0..7) one matrix reads in the permuted order (there r % 8 takes only two
+ * values: 4-way bank conflicts). Both keys are XOR-linear in r. */
+template <bool kPerm>
+__host__ __device__ constexpr int swz_key(int row)
+{
+    return (kPerm ? row ^ (row >> 2) : row) & kSwizzleMask;
+}
 
 /* Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile of kHeadDim-wide rows. */
-template <int kHeadDim>
+template <int kHeadDim, bool kPerm = false>
 __device__ __forceinline__ uint32_t swz(int row, int chunk)
 {
-    return (uint32_t)(row * kHeadDim * kElemBytes) + ((uint32_t)(chunk ^ (row & kSwizzleMask)) << kChunkShift);
+    return (uint32_t)(row * kHeadDim * kElemBytes) + ((uint32_t)(chunk ^ swz_key<kPerm>(row)) << kChunkShift);
 }
 
 /* cp.async rows [row0, row0 + kRows) of one (batch, head) slice into a swizzled tile at `tile`.
  * base: (nrows, d) with row stride row_stride. Rows >= nrows and chunks past d are zero-filled. */
-template <typename T, int kHeadDim, int kRows, int kThreads>
+template <typename T, int kHeadDim, int kRows, int kThreads, bool kPerm = false>
 __device__ __forceinline__ void load_tile(uint32_t tile, const T *base, int64_t row_stride, int row0, int nrows,
                                           int d, int tid)
 {
@@ -104,7 +147,7 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const T *base, int64_t 
 #pragma unroll
     for (int i = 0; i < kRows / kRowStep; i++) {
         const bool ok = chunk_ok && row0 + row + i * kRowStep < nrows;
-        cp_async_16(tile + swz<kHeadDim>(row + i * kRowStep, chunk), ok ? (const void *)src : (const void *)base, ok);
+        cp_async_16(tile + swz<kHeadDim, kPerm>(row + i * kRowStep, chunk), ok ? (const void *)src : (const void *)base, ok);
         src += kRowStep * row_stride;
     }
 }
@@ -129,17 +172,48 @@ __device__ __forceinline__ void negate_tile(unsigned char *tile, int tid)
     }
 }
 
-/* ldmatrix address of chunk pair `pair` (chunks 2 pair, 2 pair + 1) given the lane's address of pair 0
- * in a swizzled tile whose rows start on 128-byte boundaries. */
-__device__ __forceinline__ uint32_t chunk_pair(uint32_t lane_addr, int pair)
+/* ldmatrix address of chunk pair `pair` (chunks 2 pair, 2 pair + 1) of the row row_off rows below the
+ * lane's row, given the lane's address of pair 0 in a swizzled tile whose rows start on 128-byte
+ * boundaries. row_off is a compile-time constant whose bits below 8 the lane's row never has (see
+ * key_row): the row's swizzle key is then the lane's XOR swz_key(row_off), one LOP3 and an immediate
+ * per ldmatrix. */
+template <uint32_t kRowBytes, bool kPerm = false>
+__device__ __forceinline__ uint32_t tile_addr(uint32_t lane_addr, int row_off, int pair)
 {
     constexpr int kPairsPerSwizzle = (kSwizzleMask + 1) / 2;
-    return (lane_addr ^ ((uint32_t)(2 * (pair % kPairsPerSwizzle)) << kChunkShift)) +
+    return ((lane_addr + (uint32_t)row_off * kRowBytes) ^
+            ((uint32_t)((2 * (pair % kPairsPerSwizzle)) ^ swz_key<kPerm>(row_off)) << kChunkShift)) +
            ((uint32_t)(pair / kPairsPerSwizzle) << kSwizzleSpanShift);
 }
 
-/* V buffers: two (V_{j+1} loads during tile j) unless that overflows the sm80 shared-memory limit;
- * then one, V_j loading during S_j and the softmax. */
+/* Key (row of the K / V tile) behind column c of n8 tile nt of S. Dense order: 8 nt + c. Permuted
+ * (HOOK kernels): in each group of kPermTiles n8 tiles, tile u's column c is key 8 (c / 2) + 2 u + c % 2
+ * of the group, so lane q's columns 2 q, 2 q + 1 of the four tiles are the group's keys 8 q .. 8 q + 7
+ * in order (tile u holds keys 8 q + 2 u, 8 q + 2 u + 1). key_row(nt, 2 q + e) = key_row(0, 2 q) +
+ * key_row(nt, e) in both orders; key_row(x, lr) for x < 2, lr < 8 and key_row(2 n, 0) never share a bit
+ * (tile_addr). */
+template <bool kPerm>
+__host__ __device__ constexpr int key_row(int nt, int c)
+{
+    return kPerm ? kPermKeys * (nt / kPermTiles) + kMmaN * (c / 2) + 2 * (nt % kPermTiles) + c % 2 : kMmaN * nt + c;
+}
+
+/* ldmatrix lane offset in a K tile (v = false: matrix lane / 8 = n8 tile (lane / 16) and chunk
+ * (lane / 8 % 2) of S = Q K^T) or a V tile (v = true: k half (lane / 8 % 2) and chunk (lane / 16) of
+ * O += P V); the matrix row lane % 8 is key key_row(n8 tile or k half, lane % 8), whose swizzle key
+ * the offset carries. Add key_row(2 step, 0) rows per step (tile_addr). */
+template <bool kPerm, uint32_t kRowBytes>
+__device__ __forceinline__ uint32_t kv_lane_offset(int lane, bool v)
+{
+    const int lr = lane % 8;
+    const int mi = lane / 8;
+    const int row = key_row<kPerm>(v ? mi & 1 : mi >> 1, lr);
+    const int chunk = v ? mi >> 1 : mi & 1;
+    return (uint32_t)row * kRowBytes + ((uint32_t)(chunk ^ swz_key<kPerm>(row)) << kChunkShift);
+}
+
+/* V buffers: two (the next tile's V loads during the current one) unless that overflows the sm80
+ * shared-memory limit; then one, V loading during S and the softmax. */
 __host__ __device__ constexpr int fwd_v_stages(int head_dim, int block_m, int block_n)
 {
     return (size_t)(block_m + 4 * block_n) * head_dim * kElemBytes <= kSm80MaxSmemBytes ? 2 : 1;
@@ -161,15 +235,274 @@ __device__ __forceinline__ const T *kv_slice(const void *base, flash_strides st,
     return (const T *)base + (int64_t)batch * st.batch + (int64_t)kv_head * st.head;
 }
 
-__device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi)
+/* tanh.approx.f32 (MUFU.TANH, sm75+): maximum relative error about 1.1e-5 over all floats, so the
+ * softcapped score cap * tanh(x) is off by at most 1.1e-5 cap (5.6e-4 at cap 50) in absolute terms.
+ * The backward kernels must recompute the softcap with this same instruction. */
+__device__ __forceinline__ float tanh_approx(float x)
 {
-    return x < lo ? lo : (x > hi ? hi : x);
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs, int kMinBlocks>
-__global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80_kernel(const flash_params p)
+/* flash_mask_tile_flags (mask.h) of key tile j for query rows [row0, row0 + qn), spread over the lanes
+ * (lane = one FLASH_MASK_BLOCK block; both tile edges are block-aligned) and OR-reduced, so every warp
+ * holds the CTA's flags. */
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ unsigned key_tile_flags(const flash_params &p, int batch, int head, int row0, int qn,
+                                                   int j, int lane)
 {
-    constexpr int kThreads = kNWarps * kWarpSize;
+    constexpr int kBlockRows = kBlockM / FLASH_MASK_BLOCK;
+    constexpr int kBlockCols = kBlockN / FLASH_MASK_BLOCK;
+    static_assert(kBlockM % FLASH_MASK_BLOCK == 0 && kBlockN % FLASH_MASK_BLOCK == 0 &&
+                      kBlockRows * kBlockCols <= FLASH_WARP_SIZE,
+                  "one mask block per lane");
+    if (p.mask_blocks == nullptr)
+        return FLASH_MASK_ANY_VISIBLE;
+    const int br = lane / kBlockCols;
+    const int bc = lane % kBlockCols;
+    const int k0 = j * kBlockN;
+    unsigned f = 0;
+    if (br < kBlockRows && br * FLASH_MASK_BLOCK < qn && k0 + bc * FLASH_MASK_BLOCK < p.sk) {
+        const flash_strides4 s = p.mask_blocks_s;
+        f = __ldg(p.mask_blocks + batch * s.batch + head * s.head + (int64_t)(row0 / FLASH_MASK_BLOCK + br) * s.row +
+                  (int64_t)(k0 / FLASH_MASK_BLOCK + bc) * s.col);
+    }
+    return __reduce_or_sync(kFullMask, f);
+}
+
+/* The first key tile in [j, n_end) with a visible attn_mask entry (n_end if none), and its flags. */
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ int next_visible_tile(const flash_params &p, int batch, int head, int row0, int qn, int j,
+                                                 int n_end, int lane, unsigned *flags)
+{
+    for (; j < n_end; j++) {
+        *flags = key_tile_flags<kBlockM, kBlockN>(p, batch, head, row0, qn, j, lane);
+        if (*flags & FLASH_MASK_ANY_VISIBLE)
+            break;
+    }
+    return j;
+}
+
+/* Band and seqlen_k mask of one tile: s = -inf outside diag_lo <= j - i <= diag_hi or at j >= sk, one
+ * pass per edge the tile crosses (lo_edge, hi_edge, tail: uniform over the CTA). The thread's first row
+ * is r_t, its first key c_t; its value (t, nt, 2 h + e) sits key_row(nt, e) keys and t * 16 + h * 8 rows
+ * further, so flash_tile_diag(bound, r_t, c_t) makes each test one compare against a constant. */
+template <int kMT, int kNT, bool kPerm>
+__device__ __forceinline__ void mask_band(float (&s)[kMT][kNT][4], const flash_params &p, int r_t, int c_t,
+                                          bool lo_edge, bool hi_edge, bool tail)
+{
+    if (lo_edge) {
+        const int lo = flash_tile_diag(p.diag_lo, r_t, c_t);
+#pragma unroll
+        for (int t = 0; t < kMT; t++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int nt = 0; nt < kNT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+                        if (key_row<kPerm>(nt, e) - t * kMmaM - h * kHalfRows < lo)
+                            s[t][nt][2 * h + e] = -INFINITY;
+    }
+    if (hi_edge) {
+        const int hi = flash_tile_diag(p.diag_hi, r_t, c_t);
+#pragma unroll
+        for (int t = 0; t < kMT; t++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int nt = 0; nt < kNT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+                        if (key_row<kPerm>(nt, e) - t * kMmaM - h * kHalfRows > hi)
+                            s[t][nt][2 * h + e] = -INFINITY;
+    }
+    if (tail) {
+        const int kvalid = (int)p.sk - c_t;
+#pragma unroll
+        for (int t = 0; t < kMT; t++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int nt = 0; nt < kNT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+                        if (key_row<kPerm>(nt, e) >= kvalid)
+                            s[t][nt][2 * h + e] = -INFINITY;
+    }
+}
+
+__device__ __forceinline__ float bits_to_float(__half, uint32_t b) { return __half2float(__ushort_as_half((unsigned short)b)); }
+__device__ __forceinline__ float bits_to_float(__nv_bfloat16, uint32_t b)
+{
+    return __bfloat162float(__ushort_as_bfloat16((unsigned short)b));
+}
+
+/* 8 consecutive mask elements of kBits bits each, packed into 32-bit words (element k at bits
+ * kBits (k % per word) of word k / per word): one vector load when vec, else 8 scalar loads of
+ * min(key0 + k, sk - 1) through col_stride. row: the row's first element. */
+template <int kBits>
+__device__ __forceinline__ void load_mask8(uint32_t (&w)[kBits / 4], const unsigned char *row, int key0, int last_key,
+                                           int64_t col_stride, bool vec)
+{
+    constexpr int kBytes = kBits / 8;
+    constexpr int kPerWord = 32 / kBits;
+    if (vec) {
+        if constexpr (kBits == 16) {
+            const uint4 x = *(const uint4 *)(row + kBytes * key0);
+            w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
+        } else {
+            const uint2 x = *(const uint2 *)(row + key0);
+            w[0] = x.x, w[1] = x.y;
+        }
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < kBits / 4; i++)
+        w[i] = 0;
+#pragma unroll
+    for (int k = 0; k < FLASH_DROPOUT_KEYS_PER_DRAW; k++) {
+        const unsigned char *at = row + kBytes * (min(key0 + k, last_key) * col_stride);
+        const uint32_t x = kBits == 16 ? (uint32_t)*(const unsigned short *)at : (uint32_t)*at;
+        w[k / kPerWord] |= x << (kBits * (k % kPerWord));
+    }
+}
+
+/* attn_mask of one tile (mask.h) in the permuted key order (HOOK kernels), on log2-unit scores:
+ * additive s += log2(e) mask[b, hq, i, j], bool s = -inf where mask[b, hq, i, j] == 0. Lane q's values
+ * of row i in n8-tile group g are the 8 consecutive keys c_t + 32 g + k, k = 2 u + e at (4 g + u, e):
+ * one vector load when the keys are contiguous and aligned (mask_s.col == 1, the row starts a multiple
+ * of 8 elements) and the tile lies inside sk; else 8 scalar loads, with rows past sq and keys past sk
+ * reading the last row / key (their values are never used) so that every read stays inside the mask.
+ * The empty asm with a memory clobber confines each group's loads (registers). */
+template <typename T, int kMT, int kNT>
+__device__ __forceinline__ void apply_attn_mask(float (&s)[kMT][kNT][4], const flash_params &p, int batch, int head,
+                                                int r_t, int c_t, bool tile_in_sk)
+{
+    constexpr int kKeys = FLASH_DROPOUT_KEYS_PER_DRAW; /* one group's keys per lane */
+    constexpr int kAddBits = 8 * sizeof(T);
+    constexpr int kBoolBits = 8;
+    const bool additive = p.mask_kind == FLASH_MASK_ADD;
+    const int64_t es = additive ? (int64_t)sizeof(T) : 1;
+    const unsigned char *base = (const unsigned char *)p.mask;
+    const bool vec = tile_in_sk && p.mask_s.col == 1 && p.mask_s.row % kKeys == 0 &&
+                     ((uintptr_t)(base + es * flash_mask_offset(&p, batch, head, 0, 0)) % (kKeys * es)) == 0;
+#pragma unroll
+    for (int t = 0; t < kMT; t++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t i = min(r_t + t * kMmaM + h * kHalfRows, (int)p.sq - 1);
+            const unsigned char *row = base + es * flash_mask_offset(&p, batch, head, i, 0);
+#pragma unroll
+            for (int g = 0; g < kNT / kPermTiles; g++) {
+                int64_t col_stride = p.mask_s.col;
+                asm volatile("" : "+l"(col_stride) : : "memory");
+                const int key0 = c_t + g * kPermKeys;
+                if (additive) {
+                    uint32_t w[kAddBits / 4];
+                    load_mask8<kAddBits>(w, row, key0, (int)p.sk - 1, col_stride, vec);
+#pragma unroll
+                    for (int k = 0; k < kKeys; k++) {
+                        float &y = s[t][g * kPermTiles + k / 2][2 * h + k % 2];
+                        y = fmaf(bits_to_float(T(), w[k / 2] >> (kAddBits * (k % 2))), FLASH_LOG2E_F, y);
+                    }
+                } else {
+                    uint32_t w[kBoolBits / 4];
+                    load_mask8<kBoolBits>(w, row, key0, (int)p.sk - 1, col_stride, vec);
+#pragma unroll
+                    for (int k = 0; k < kKeys; k++) {
+                        if (((w[k / 4] >> (kBoolBits * (k % 4))) & ((1u << kBoolBits) - 1)) == 0)
+                            s[t][g * kPermTiles + k / 2][2 * h + k % 2] = -INFINITY;
+                    }
+                }
+            }
+        }
+}
+
+/* The score hook of one tile (mask.h, in its order), turning q.k into the final score in log2 units:
+ * x = log2(e) s with s = scale q.k, softcap: s = cap tanh(s / cap) (folded: x = c tanh(q.k scale_log2 / c),
+ * c = cap log2(e)), ALiBi: x -= log2(e) slope |j - i - alibi_offset|, then the attn_mask where the tile's
+ * block flags say partial (tile_in_sk: the tile ends at or before sk). scale_log2 = |scale| log2(e) (Q
+ * holds the sign). Permuted key order (key_row<true>). */
+template <typename T, int kMT, int kNT>
+__device__ __forceinline__ void score_hook(float (&s)[kMT][kNT][4], const flash_params &p, float scale_log2,
+                                           unsigned flags, int batch, int head, int r_t, int c_t, bool tile_in_sk)
+{
+    if (p.softcap > 0.f) {
+        const float cap = p.softcap * FLASH_LOG2E_F;
+        const float pre = scale_log2 / cap;
+#pragma unroll
+        for (int t = 0; t < kMT; t++)
+#pragma unroll
+            for (int nt = 0; nt < kNT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[t][nt][e] = cap * tanh_approx(s[t][nt][e] * pre);
+    } else {
+#pragma unroll
+        for (int t = 0; t < kMT; t++)
+#pragma unroll
+            for (int nt = 0; nt < kNT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[t][nt][e] *= scale_log2;
+    }
+    if (p.alibi_slopes != nullptr) {
+        const float slope = flash_alibi_slope(&p, batch, head) * FLASH_LOG2E_F;
+        /* j - i - alibi_offset of the thread's first value; + (key_row - row offset) per value */
+        const float a0 = (float)((int64_t)c_t - r_t - p.alibi_offset);
+#pragma unroll
+        for (int t = 0; t < kMT; t++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int nt = 0; nt < kNT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float dist = fabsf(a0 + (float)(key_row<true>(nt, e) - t * kMmaM - h * kHalfRows));
+                        s[t][nt][2 * h + e] = fmaf(-slope, dist, s[t][nt][2 * h + e]);
+                    }
+    }
+    if (flags & FLASH_MASK_ANY_MASKED)
+        apply_attn_mask<T, kMT, kNT>(s, p, batch, head, r_t, c_t, tile_in_sk);
+}
+
+/* Dropout of one tile's P (permuted key order): lane q's values of row i in the n8 tiles of group g are
+ * keys c_t + 32 g .. + 7 (c_t = tile start + 8 q), one flash_dropout_bits call; value (nt = 4 g + u, e) is
+ * key 2 u + e of that draw, i.e. flash_dropout_draw's word u, half e. Dropped values become 0. */
+template <int kMT, int kNT>
+__device__ __forceinline__ void apply_dropout(float (&s)[kMT][kNT][4], const flash_params &p, int64_t bh, int r_t,
+                                              int c_t)
+{
+    static_assert(kNT % kPermTiles == 0, "permuted key order");
+    const uint32_t thr = p.dropout_threshold;
+    const uint32_t thr_hi = thr << kHalfBits; /* draw of the odd key >= thr iff word >= thr << 16 */
+    const int64_t c0 = c_t / FLASH_DROPOUT_KEYS_PER_DRAW;
+#pragma unroll
+    for (int t = 0; t < kMT; t++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int g = 0; g < kNT / kPermTiles; g++) {
+                uint32_t w[kPermTiles];
+                flash_dropout_bits(&p, bh, r_t + t * kMmaM + h * kHalfRows, c0 + g * kPermTiles, w);
+#pragma unroll
+                for (int u = 0; u < kPermTiles; u++) {
+                    float *x = &s[t][g * kPermTiles + u][2 * h];
+                    x[0] = (w[u] & kLowHalf) >= thr ? x[0] : 0.f;
+                    x[1] = w[u] >= thr_hi ? x[1] : 0.f;
+                }
+            }
+}
+
+/* HOOK: the general kernel (score hook, attn_mask tile skipping, dropout, permuted key order); else the
+ * dense one (band geometry only). Both apply sinks in the epilogue. */
+template <typename T, bool HOOK, int kHeadDim, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs, int kMinBlocks>
+__global__ void __launch_bounds__(kNWarps *FLASH_WARP_SIZE, kMinBlocks)
+flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
+{
+    constexpr int kThreads = kNWarps * FLASH_WARP_SIZE;
     constexpr int kWarpRows = kBlockM / kNWarps; /* query rows per warp */
     constexpr int kMT = kWarpRows / kMmaM;       /* m16 tiles per warp */
     constexpr int kNT = kBlockN / kMmaN;         /* n8 tiles of S */
@@ -182,9 +515,11 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
     constexpr int kVStages = fwd_v_stages(kHeadDim, kBlockM, kBlockN);
     static_assert(sizeof(T) == kElemBytes, "16-bit types only");
     static_assert(kWarpRows % kMmaM == 0 && kBlockN % kMmaK == 0, "tile shape");
+    static_assert(!HOOK || kBlockN % kPermKeys == 0, "the HOOK key order permutes groups of kPermKeys keys");
     static_assert(kChunks % (kSwizzleMask + 1) == 0, "swizzle needs rows of at least 128 bytes");
-    static_assert((kWarpRows * kChunks) % kWarpSize == 0, "epilogue split");
+    static_assert((kWarpRows * kChunks) % FLASH_WARP_SIZE == 0, "epilogue split");
     static_assert(fwd_smem_bytes(kHeadDim, kBlockM, kBlockN) <= kSm80MaxSmemBytes, "tile exceeds sm80 shared memory");
+    static_assert(kKVBytes <= kLowHalf + 1, "K / V lane offsets packed in 16 bits");
 
     /* sQ (kBlockM, kHeadDim) | sK[2] (kBlockN, kHeadDim) | sV[kVStages] (kBlockN, kHeadDim), swizzled */
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -193,8 +528,8 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
     const uint32_t sV = sK + 2 * kKVBytes;
 
     const int tid = threadIdx.x;
-    const int warp = tid / kWarpSize;
-    const int lane = tid % kWarpSize;
+    const int warp = tid / FLASH_WARP_SIZE;
+    const int lane = tid % FLASH_WARP_SIZE;
     const int m_block = gridDim.x - 1 - blockIdx.x;
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
@@ -209,26 +544,28 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
     T *o = (T *)p.o + (int64_t)batch * p.o_s.batch + (int64_t)head * p.o_s.head;
     float *lse = (float *)p.lse + ((int64_t)batch * p.h + head) * p.sq;
 
-    /* Key tiles [0, n_tiles) hold a key visible to some row of this CTA; [0, n_full) need no mask. */
-    const int last_row = min(row0 + kBlockM, sq) - 1;
-    int n_end = sk;
-    int n_full = sk / kBlockN;
-    if (p.causal) {
-        n_end = (int)clamp64(last_row + p.causal_offset + 1, 0, sk);
-        n_full = min(n_full, (int)(clamp64(row0 + p.causal_offset + 1, 0, sk) / kBlockN));
-    }
-    const int n_tiles = (n_end + kBlockN - 1) / kBlockN;
-    const int diag_max = (int)clamp64(p.causal_offset, -sq, sk); /* causal: visible iff col - row <= diag_max */
+    /* Key tiles [first, n_end) hold a key visible to some row of this CTA; [full_first, full_end) need
+     * no band / tail mask. HOOK: j and flags step over tiles the attn_mask hides. */
+    const int qn = min(kBlockM, sq - row0);
+    const flash_tile_range kt = flash_key_tiles(&p, row0, qn, kBlockN);
+    const int full_first = (int)kt.full_first;
+    const int full_end = (int)kt.full_end;
+    const int n_end = (int)kt.end;
+    int j = (int)kt.first;
+    unsigned flags = FLASH_MASK_ANY_VISIBLE;
+    if constexpr (HOOK)
+        j = next_visible_tile<kBlockM, kBlockN>(p, batch, head, row0, qn, j, n_end, lane, &flags);
     const float scale = fmaxf(fabsf(p.scale_log2), FLT_MIN);
+    const float sm_scale = HOOK ? 1.f : scale; /* HOOK scores are already in log2 units */
 
     load_tile<T, kHeadDim, kBlockM, kThreads>(sQ, q, p.q_s.row, row0, sq, d, tid);
     cp_async_commit();
-    if (n_tiles > 0) {
-        load_tile<T, kHeadDim, kBlockN, kThreads>(sK, kv_slice<T>(p.k, p.k_s, batch, kv_head), p.k_s.row, 0, sk, d,
-                                                  tid);
+    if (j < n_end) {
+        load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sK, kv_slice<T>(p.k, p.k_s, batch, kv_head), p.k_s.row,
+                                                  j * kBlockN, sk, d, tid);
         if constexpr (kVStages == 2)
-            load_tile<T, kHeadDim, kBlockN, kThreads>(sV, kv_slice<T>(p.v, p.v_s, batch, kv_head), p.v_s.row, 0, sk,
-                                                      d, tid);
+            load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sV, kv_slice<T>(p.v, p.v_s, batch, kv_head), p.v_s.row,
+                                                      j * kBlockN, sk, d, tid);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -236,15 +573,14 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
         negate_tile<kHeadDim, kBlockM, kThreads>(smem, tid);
     __syncthreads();
 
-    /* ldmatrix lane addressing: matrix lane / 8 takes its row lane % 8, which is also the row's swizzle
-     * key. Rows start on 128-byte boundaries (the dynamic smem base is 1024-aligned), so chunk 2 kk + c
-     * of a row sits at row + ((c ^ key) << 4) XOR ((2 kk % 8) << 4), plus 128 bytes per 8 chunks:
-     * chunk_pair() below, one LOP3 and an immediate offset per ldmatrix. */
+    /* ldmatrix lane addressing: matrix lane / 8 takes its row lane % 8. Q rows are natural; K and V
+     * rows follow key_row (kv_lane_offset), whose swizzle key the lane's address carries (tile_addr). */
     const int lr = lane % 8;
     const int mi = lane / 8;
     const uint32_t q_lane = sQ + (warp * kWarpRows + (mi & 1) * 8 + lr) * kRowBytes + (((mi >> 1) ^ lr) << kChunkShift);
-    const uint32_t k_lane = ((mi >> 1) * 8 + lr) * kRowBytes + (((mi & 1) ^ lr) << kChunkShift);
-    const uint32_t v_lane = ((mi & 1) * 8 + lr) * kRowBytes + (((mi >> 1) ^ lr) << kChunkShift);
+    /* K lane offset | V lane offset << 16: one register through the loop */
+    const uint32_t kv_lane =
+        kv_lane_offset<HOOK, kRowBytes>(lane, false) | (kv_lane_offset<HOOK, kRowBytes>(lane, true) << kHalfBits);
 
     uint32_t qf[kQInRegs ? kMT : 1][kQInRegs ? kQK : 1][4];
     if constexpr (kQInRegs) {
@@ -252,11 +588,11 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
         for (int t = 0; t < kMT; t++)
 #pragma unroll
             for (int kk = 0; kk < kQK; kk++)
-                ldmatrix_x4(qf[t][kk], chunk_pair(q_lane + t * kMmaM * kRowBytes, kk));
+                ldmatrix_x4(qf[t][kk], tile_addr<kRowBytes>(q_lane, t * kMmaM, kk));
     }
 
     float acc[kMT][kDT][4];   /* O accumulators: rows lane/4 (+8), cols 2*(lane%4) (+1) of each n8 tile */
-    float m_run[kMT][2];      /* running max of the raw scores of rows lane/4 and lane/4 + 8 */
+    float m_run[kMT][2];      /* running max of the scores (raw q.k; HOOK: final, log2 units) of rows lane/4, +8 */
     float l_run[kMT][2];      /* this lane's part of the running row sum */
 #pragma unroll
     for (int t = 0; t < kMT; t++) {
@@ -272,25 +608,36 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
         }
     }
 
-    for (int j = 0; j < n_tiles; j++) {
+    int stage = 0; /* K (and V) buffer of tile j */
+    while (j < n_end) {
+        int j_next = j + 1;
+        unsigned flags_next = FLASH_MASK_ANY_VISIBLE;
+        if constexpr (HOOK)
+            j_next = next_visible_tile<kBlockM, kBlockN>(p, batch, head, row0, qn, j_next, n_end, lane, &flags_next);
         cp_async_wait<0>();
-        __syncthreads(); /* K_j (and V_j) landed; every warp is done with tile j - 1's buffers */
+        __syncthreads(); /* K_j (and V_j) landed; every warp is done with the previous tile's buffers */
         if constexpr (kVStages == 1) {
-            load_tile<T, kHeadDim, kBlockN, kThreads>(sV, kv_slice<T>(p.v, p.v_s, batch, kv_head), p.v_s.row,
+            load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sV, kv_slice<T>(p.v, p.v_s, batch, kv_head), p.v_s.row,
                                                       j * kBlockN, sk, d, tid);
             cp_async_commit();
         }
-        if (j + 1 < n_tiles) {
-            const uint32_t next = ((j + 1) & 1) * kKVBytes;
-            load_tile<T, kHeadDim, kBlockN, kThreads>(sK + next, kv_slice<T>(p.k, p.k_s, batch, kv_head), p.k_s.row,
-                                                      (j + 1) * kBlockN, sk, d, tid);
+        if (j_next < n_end) {
+            const uint32_t next = (stage ^ 1) * kKVBytes;
+            load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sK + next, kv_slice<T>(p.k, p.k_s, batch, kv_head), p.k_s.row,
+                                                      j_next * kBlockN, sk, d, tid);
             if constexpr (kVStages == 2)
-                load_tile<T, kHeadDim, kBlockN, kThreads>(sV + next, kv_slice<T>(p.v, p.v_s, batch, kv_head),
-                                                          p.v_s.row, (j + 1) * kBlockN, sk, d, tid);
+                load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sV + next, kv_slice<T>(p.v, p.v_s, batch, kv_head),
+                                                          p.v_s.row, j_next * kBlockN, sk, d, tid);
         }
         cp_async_commit();
-        const uint32_t kb = sK + (j & 1) * kKVBytes + k_lane;
-        const uint32_t vb = sV + (kVStages == 2 ? (j & 1) * kKVBytes : 0) + v_lane;
+        /* Per-thread values unpacked / rebuilt per tile (the empty asms stop hoisting): kept apart through
+         * the loop, they and what derives from them spill at kHeadDim 128. */
+        uint32_t kv_t = kv_lane;
+        int tid_t = tid;
+        asm volatile("" : "+r"(kv_t), "+r"(tid_t));
+        const int lane_t = tid_t % FLASH_WARP_SIZE;
+        const uint32_t kb = sK + stage * kKVBytes + (kv_t & kLowHalf);
+        const uint32_t vb = sV + (kVStages == 2 ? stage * kKVBytes : 0) + (kv_t >> kHalfBits);
 
         /* S = Q K^T */
         float s[kMT][kNT][4];
@@ -311,13 +658,13 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
                     for (int e = 0; e < 4; e++)
                         a[t][e] = qf[t][kk][e];
                 } else {
-                    ldmatrix_x4(a[t], chunk_pair(q_lane + t * kMmaM * kRowBytes, kk));
+                    ldmatrix_x4(a[t], tile_addr<kRowBytes>(q_lane, t * kMmaM, kk));
                 }
             }
 #pragma unroll
             for (int np = 0; np < kNT / 2; np++) {
                 uint32_t b[4];
-                ldmatrix_x4(b, chunk_pair(kb + np * 2 * kMmaN * kRowBytes, kk));
+                ldmatrix_x4(b, tile_addr<kRowBytes, HOOK>(kb, key_row<HOOK>(2 * np, 0), kk));
 #pragma unroll
                 for (int t = 0; t < kMT; t++) {
                     mma_m16n8k16<T>(s[t][2 * np], a[t], b);
@@ -326,27 +673,20 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
             }
         }
 
-        /* mask keys past seqlen_k and past the causal diagonal (only tiles that cross either); written
-         * with col - row so that no per-row limit stays live across the loop */
-        if (j >= n_full) {
-            const int col0 = j * kBlockN + 2 * (lane % kQuadLanes);
-            const int diag0 = col0 - (row0 + warp * kWarpRows + lane / kQuadLanes);
-#pragma unroll
-            for (int t = 0; t < kMT; t++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int nt = 0; nt < kNT; nt++)
-#pragma unroll
-                        for (int e = 0; e < 2; e++) {
-                            const int col = col0 + nt * kMmaN + e;
-                            const int diag = diag0 + nt * kMmaN + e - t * kMmaM - h * 8;
-                            if (col >= sk || (p.causal && diag > diag_max))
-                                s[t][nt][2 * h + e] = -INFINITY;
-                        }
+        /* the thread's first row r_t and key c_t of this tile; its other values sit at constant offsets */
+        const int r_t = row0 + (tid_t / FLASH_WARP_SIZE) * kWarpRows + lane_t / kQuadLanes;
+        const int c_t = j * kBlockN + key_row<HOOK>(0, 2 * (lane_t % kQuadLanes));
+        if constexpr (HOOK)
+            score_hook<T, kMT, kNT>(s, p, scale, flags, batch, head, r_t, c_t, (int64_t)(j + 1) * kBlockN <= sk);
+        if (j < full_first || j >= full_end) {
+            /* which edges the tile crosses: keys below the last row's band, above the first row's, past sk */
+            const int64_t k0 = (int64_t)j * kBlockN;
+            mask_band<kMT, kNT, HOOK>(s, p, r_t, c_t, k0 < row0 + qn - 1 + p.diag_lo,
+                                      k0 + kBlockN - 1 > row0 + p.diag_hi, k0 + kBlockN > p.sk);
         }
 
-        /* online softmax: P = exp2(S * scale - m * scale), rescale O and l by exp2((m_old - m) * scale) */
+        /* online softmax: P = exp2(S * sm_scale - m * sm_scale), rescale O and l by
+         * exp2((m_old - m) * sm_scale) */
 #pragma unroll
         for (int t = 0; t < kMT; t++)
 #pragma unroll
@@ -357,15 +697,15 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
                     mx = fmaxf(mx, fmaxf(s[t][nt][2 * h], s[t][nt][2 * h + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
-                const float ms = mx == -INFINITY ? 0.f : mx * scale;
-                const float alpha = exp2_approx(m_run[t][h] * scale - ms); /* 0 while m_old = -inf */
+                const float ms = mx == -INFINITY ? 0.f : mx * sm_scale;
+                const float alpha = exp2_approx(m_run[t][h] * sm_scale - ms); /* 0 while m_old = -inf */
                 m_run[t][h] = mx;
                 float sum = 0.f;
 #pragma unroll
                 for (int nt = 0; nt < kNT; nt++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        const float pe = exp2_approx(fmaf(s[t][nt][2 * h + e], scale, -ms));
+                        const float pe = exp2_approx(fmaf(s[t][nt][2 * h + e], sm_scale, -ms));
                         s[t][nt][2 * h + e] = pe;
                         sum += pe;
                     }
@@ -376,9 +716,13 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
                     acc[t][dt][2 * h + 1] *= alpha;
                 }
             }
+        if constexpr (HOOK) {
+            if (p.dropout_threshold != 0)
+                apply_dropout<kMT, kNT>(s, p, (int64_t)batch * p.h + head, r_t, c_t);
+        }
 
         if constexpr (kVStages == 1) {
-            cp_async_wait<1>(); /* V_j landed; K_{j+1} may still be in flight */
+            cp_async_wait<1>(); /* V_j landed; the next K may still be in flight */
             __syncthreads();
         }
 
@@ -396,7 +740,7 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
 #pragma unroll
             for (int dp = 0; dp < kDT / 2; dp++) {
                 uint32_t b[4];
-                ldmatrix_x4_trans(b, chunk_pair(vb + kk * kMmaK * kRowBytes, dp));
+                ldmatrix_x4_trans(b, tile_addr<kRowBytes, HOOK>(vb, key_row<HOOK>(2 * kk, 0), dp));
 #pragma unroll
                 for (int t = 0; t < kMT; t++) {
                     mma_m16n8k16<T>(acc[t][2 * dp], a[t], b);
@@ -404,9 +748,19 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
                 }
             }
         }
+        j = j_next;
+        flags = flags_next;
+        stage ^= 1;
     }
 
-    /* epilogue: O / l into this warp's rows of sQ (only this warp ever read them), then to global */
+    /* epilogue: O * factor into this warp's rows of sQ (only this warp ever read them), then to global.
+     * m in natural units is m_run * sm_scale * ln 2. */
+    const float sink = p.sink != nullptr ? ((const float *)p.sink)[head] : -INFINITY;
+    float keep_scale = 1.f;
+    if constexpr (HOOK) {
+        if (p.dropout_threshold != 0)
+            keep_scale = (float)p.dropout_scale;
+    }
     __syncwarp();
 #pragma unroll
     for (int t = 0; t < kMT; t++)
@@ -415,19 +769,26 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
             float l = l_run[t][h];
             l += __shfl_xor_sync(kFullMask, l, 1);
             l += __shfl_xor_sync(kFullMask, l, 2);
-            const float inv = l > 0.f ? 1.f / l : 0.f;
-            const int r = warp * kWarpRows + t * kMmaM + h * 8 + lane / kQuadLanes;
+            float factor, row_lse;
+            if (p.sink == nullptr) {
+                factor = l > 0.f ? 1.f / l : 0.f;
+                row_lse = l > 0.f ? (m_run[t][h] * sm_scale + log2f(l)) * kLn2 : -INFINITY;
+            } else {
+                flash_row_finish_f(m_run[t][h] * sm_scale * kLn2, l, sink, &factor, &row_lse);
+            }
+            factor *= keep_scale;
+            const int r = warp * kWarpRows + t * kMmaM + h * kHalfRows + lane / kQuadLanes;
             if (lane % kQuadLanes == 0 && row0 + r < sq)
-                lse[row0 + r] = l > 0.f ? (m_run[t][h] * scale + log2f(l)) * kLn2 : -INFINITY;
+                lse[row0 + r] = row_lse;
 #pragma unroll
             for (int dt = 0; dt < kDT; dt++)
                 *(uint32_t *)(smem + swz<kHeadDim>(r, dt) + (lane % kQuadLanes) * sizeof(uint32_t)) =
-                    pack2<T>(acc[t][dt][2 * h] * inv, acc[t][dt][2 * h + 1] * inv);
+                    pack2<T>(acc[t][dt][2 * h] * factor, acc[t][dt][2 * h + 1] * factor);
         }
     __syncwarp();
 #pragma unroll
-    for (int i = 0; i < kWarpRows * kChunks / kWarpSize; i++) {
-        const int idx = i * kWarpSize + lane;
+    for (int i = 0; i < kWarpRows * kChunks / FLASH_WARP_SIZE; i++) {
+        const int idx = i * FLASH_WARP_SIZE + lane;
         const int r = warp * kWarpRows + idx / kChunks;
         const int chunk = idx % kChunks;
         if (row0 + r < sq && chunk * kChunkElems < d)
@@ -436,12 +797,12 @@ __global__ void __launch_bounds__(kNWarps *kWarpSize, kMinBlocks) flash_fwd_sm80
     }
 }
 
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs, int kMinBlocks>
+template <typename T, bool HOOK, int kHeadDim, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs, int kMinBlocks>
 static cudaError_t launch_fwd(const flash_params *p, cudaStream_t stream)
 {
     const size_t smem_bytes = fwd_smem_bytes(kHeadDim, kBlockM, kBlockN);
     void (*kernel)(const flash_params) =
-        flash_fwd_sm80_kernel<T, kHeadDim, kBlockM, kBlockN, kNWarps, kQInRegs, kMinBlocks>;
+        flash_fwd_sm80_kernel<T, HOOK, kHeadDim, kBlockM, kBlockN, kNWarps, kQInRegs, kMinBlocks>;
     if (smem_bytes > kDefaultSmemBytes) {
         const cudaError_t err =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes);
@@ -449,18 +810,25 @@ static cudaError_t launch_fwd(const flash_params *p, cudaStream_t stream)
             return err;
     }
     const dim3 grid((unsigned)((p->sq + kBlockM - 1) / kBlockM), (unsigned)p->h, (unsigned)p->b);
-    kernel<<<grid, kNWarps * kWarpSize, smem_bytes, stream>>>(*p);
+    kernel<<<grid, kNWarps * FLASH_WARP_SIZE, smem_bytes, stream>>>(*p);
     return cudaGetLastError();
 }
 
 template <typename T>
 static cudaError_t dispatch_head_dim(const flash_params *p, cudaStream_t stream)
 {
+    if (p->has_hook) {
+        if (p->d <= 64)
+            return launch_fwd<T, true, FWD_HOOK_CFG_D64>(p, stream);
+        if (p->d <= 128)
+            return launch_fwd<T, true, FWD_HOOK_CFG_D128>(p, stream);
+        return launch_fwd<T, true, FWD_HOOK_CFG_D256>(p, stream);
+    }
     if (p->d <= 64)
-        return launch_fwd<T, FWD_CFG_D64>(p, stream);
+        return launch_fwd<T, false, FWD_CFG_D64>(p, stream);
     if (p->d <= 128)
-        return launch_fwd<T, FWD_CFG_D128>(p, stream);
-    return launch_fwd<T, FWD_CFG_D256>(p, stream);
+        return launch_fwd<T, false, FWD_CFG_D128>(p, stream);
+    return launch_fwd<T, false, FWD_CFG_D256>(p, stream);
 }
 
 template <int kHeadDim, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs, int kMinBlocks>
@@ -469,8 +837,15 @@ static constexpr size_t config_smem_bytes(void)
     return fwd_smem_bytes(kHeadDim, kBlockM, kBlockN);
 }
 
-extern "C" size_t flash_fwd_smem_needed(const flash_params *p)
+extern "C" size_t flash_fwd_sm80_smem(const flash_params *p)
 {
+    if (p->has_hook) {
+        if (p->d <= 64)
+            return config_smem_bytes<FWD_HOOK_CFG_D64>();
+        if (p->d <= 128)
+            return config_smem_bytes<FWD_HOOK_CFG_D128>();
+        return config_smem_bytes<FWD_HOOK_CFG_D256>();
+    }
     if (p->d <= 64)
         return config_smem_bytes<FWD_CFG_D64>();
     if (p->d <= 128)
@@ -480,8 +855,11 @@ extern "C" size_t flash_fwd_smem_needed(const flash_params *p)
 
 extern "C" cudaError_t flash_fwd_sm80(const flash_params *p, cudaStream_t stream)
 {
-    if (p->d < 1 || p->d > kMaxHeadDim || p->d % kChunkElems != 0 || p->sq > INT_MAX || p->sk > INT_MAX ||
-        p->h > kMaxGridYZ || p->b > kMaxGridYZ || p->h_per_kv < 1)
+    const int hook_fields = p->softcap > 0.f || p->alibi_slopes != NULL || p->mask != NULL || p->dropout_threshold != 0;
+    if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->d % kChunkElems != 0 || p->sq > INT_MAX ||
+        p->sk > INT_MAX || p->h > kMaxGridYZ || p->b > kMaxGridYZ || p->h_per_kv < 1 ||
+        (hook_fields && !p->has_hook) || (p->mask != NULL && p->mask_kind != FLASH_MASK_BOOL &&
+                                          p->mask_kind != FLASH_MASK_ADD))
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0 || p->sq == 0)
         return cudaSuccess;
