@@ -1,0 +1,136 @@
+"""flash-attn's function names, mapped onto flashattn_ext.flash_attn_func.
+
+Supported: flash_attn_func, flash_attn_qkvpacked_func, flash_attn_kvpacked_func (the packed forms
+are unbound into strided q, k, v views, so the gradients flow back into the packed tensor).
+Not supported by flashattn_ext: the varlen functions (cu_seqlens), flash_attn_with_kvcache (cache
+append, rotary, paged blocks, split-KV); calling them skips the calling test with that reason.
+
+Return values follow flash-attn: out, or with return_attn_probs=True (out, softmax_lse, S_dmask),
+where S_dmask is None without dropout (flash-attn returns no probabilities then either) and, with
+dropout, flashattn_ext's S_dmask: the normalized probabilities P of shape (batch, nheads, seqlen_q,
+seqlen_k), the dropped entries negated. flash-attn's own S_dmask is unnormalized, blockwise, and
+padded to rounded sequence lengths; the adapter plugin (dev/fa_compat/fa_compat_plugin.py) swaps the
+test file's two helpers that decode it for ones that read this convention.
+
+FA_BACKEND=eager routes the supported functions to dev/fa_compat/eager_backend.py, a plain torch
+implementation of the same contract, to check the adapter itself apart from flashattn_ext's kernels.
+"""
+import os
+
+import pytest
+import torch
+
+if os.environ.get("FA_BACKEND", "flashattn_ext") == "eager":
+    import eager_backend as _backend
+else:
+    import flashattn_ext as _backend
+
+
+CPU_HALF_DTYPES = (torch.float16, torch.bfloat16)  # flashattn_ext's CPU kernels take float32/float64
+
+
+def _window(window_size):
+    """flash-attn's tests pass the window as a tensor of two ints; flashattn_ext takes Python ints."""
+    return (int(window_size[0]), int(window_size[1]))
+
+
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """q (batch, seqlen_q, nheads, headdim); k, v (batch, seqlen_k, nheads_k, headdim).
+
+    float16/bfloat16 on the CPU (dev/run_fa_tests.sh cpu): computed in float32 and rounded back to
+    the input dtype, as a half-precision kernel with float32 accumulation would (the casts are
+    differentiable, so the gradients come back in the input dtype too)."""
+    dtype = q.dtype
+    if q.device.type == "cpu" and dtype in CPU_HALF_DTYPES:
+        q, k, v = q.float(), k.float(), v.float()
+    args = dict(
+        dropout_p=dropout_p,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        window_size=_window(window_size),
+        softcap=float(softcap),
+        alibi_slopes=alibi_slopes,
+        deterministic=deterministic,
+    )
+    if not return_attn_probs:
+        return _backend.flash_attn_func(q, k, v, **args).to(dtype)
+    if dropout_p > 0.0:
+        out, lse, s_dmask = _backend.flash_attn_func(q, k, v, return_attn_probs=True, **args)
+        return out.to(dtype), lse, s_dmask.to(dtype)
+    out, lse = _backend.flash_attn_func(q, k, v, return_lse=True, **args)
+    return out.to(dtype), lse, None
+
+
+def flash_attn_qkvpacked_func(
+    qkv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """qkv (batch, seqlen, 3, nheads, headdim)."""
+    q, k, v = qkv.unbind(dim=2)
+    return flash_attn_func(
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs
+    )
+
+
+def flash_attn_kvpacked_func(
+    q,
+    kv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """q (batch, seqlen_q, nheads, headdim); kv (batch, seqlen_k, 2, nheads_k, headdim)."""
+    k, v = kv.unbind(dim=2)
+    return flash_attn_func(
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs
+    )
+
+
+VARLEN_REASON = "flashattn_ext has no variable-length (cu_seqlens) interface"
+KVCACHE_REASON = "flashattn_ext has no KV-cache interface (cache append, rotary, paged blocks, split-KV)"
+
+
+def _unsupported(reason):
+    def function(*args, **kwargs):
+        pytest.skip(f"not supported: {reason}")
+
+    return function
+
+
+flash_attn_varlen_func = _unsupported(VARLEN_REASON)
+flash_attn_varlen_kvpacked_func = _unsupported(VARLEN_REASON)
+flash_attn_varlen_qkvpacked_func = _unsupported(VARLEN_REASON)
+flash_attn_with_kvcache = _unsupported(KVCACHE_REASON)
+
+
+def _get_block_size_n(device, head_dim, is_dropout, is_causal):
+    """flash-attn's S_dmask block width, used only by the test file's normalize_flash_attn_S, which the
+    adapter plugin replaces (flashattn_ext's S_dmask is already normalized: no blocks to undo)."""
+    raise NotImplementedError(
+        "flashattn_ext's S_dmask has no blocks; run the tests with dev/run_fa_tests.sh, whose plugin "
+        "replaces normalize_flash_attn_S"
+    )
