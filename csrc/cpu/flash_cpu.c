@@ -13,11 +13,12 @@
  * Geometry (mask.h): a task visits only the keys (queries) of the band, taken with flash_key_tiles /
  * flash_query_tiles at a tile size of 1, in tiles that start at the first visible one; a tile wholly
  * inside the band skips the per-element test, and a tile whose attn_mask block flags lack
- * FLASH_MASK_ANY_VISIBLE is skipped. Variants (p->has_hook), each a separate per-tile pass between
- * the dense passes: the score hook (softcap, ALiBi, attn_mask, read only where the block flags have
- * FLASH_MASK_ANY_MASKED) on the scaled scores; dropout (one Philox call per 8 keys of a row) on P
- * after the row sum in the forward, on dP and then on P in the backward; dS times the softcap
- * derivative after dbias = dS is stored. Without variants the passes are those of the dense kernel.
+ * FLASH_MASK_ANY_VISIBLE is skipped. Variants (p->has_hook), each a separate per-tile pass so that
+ * the dense passes stay as they are: the score hook on the scaled scores (softcap through the
+ * vectorizable fp32 tanh below, ALiBi, then the attn_mask, read only where the block flags have
+ * FLASH_MASK_ANY_MASKED); dropout on P after the row sum in the forward, on dP in dQ, fused with dS
+ * in dK/dV (Philox across the contiguous query axis); dS times the softcap derivative after dbias = dS
+ * is stored. Sinks enter the forward's epilogue only.
  *
  * Tiles: FLASH_CPU_TILE_Q = 128 query rows x FLASH_CPU_TILE_K = 64 key rows (flash_cpu.h); a tail
  * tile is zero padded. All matrix products go through one register-blocked kernel (gemm below,
@@ -41,6 +42,10 @@
  * Two threads, wall time, interleaved in one torch process on the loaded machine, s1024..8192: both
  * beat torch 2.14 eager matmul + softmax + matmul at every length (s2048: 232 / 772 vs 676 / 1006);
  * against torch SDPA, forward takes 0.7-1.25x and backward 0.6-1.25x its time.
+ * Variants, b1 h8 s1024 d64 fp32 causal, single-thread CPU time relative to causal alone (fwd / bwd,
+ * +-15% on the loaded machine): sink 1.0 / 1.0, softcap 1.2 / 1.2, ALiBi 1.0 / 1.2, dropout 0.1
+ * 1.25 / 1.5, window 256 0.6 / 0.5 (work scales with the band), a bool padding mask hiding the last
+ * quarter of the keys 0.92 of the instructions (the skipped tiles).
  */
 #ifndef FLASH_CPU_GENERIC_PASS
 
@@ -99,6 +104,14 @@ static inline float expf_poly(float x)
     return x < EXPF_ARG_MIN ? 0.0f : er * two_n;
 }
 
+/* fp32 tanh from expf_poly: (e^2y - 1) / (e^2y + 1), vectorizable; absolute error < 1e-7 (the
+ * softcap of mask.h in a cheaper form). Beyond |y| = EXPF_ARG_MAX / 2 it gives +-1. */
+static inline float tanhf_exp(float y)
+{
+    const float e = expf_poly(2 * y);
+    return (e - 1) / (e + 1);
+}
+
 static inline int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return flash_min64(flash_max64(x, lo), hi); }
 
 /* One tile: query rows [q0, q0 + qn) against key rows [k0, k0 + kn). */
@@ -111,6 +124,26 @@ static int hooked_scores(const flash_params *p, unsigned mask_flags)
 {
     return p->softcap > 0 || p->alibi_slopes != NULL || (mask_flags & FLASH_MASK_ANY_MASKED) != 0;
 }
+
+/* The Philox bits (mask.h flash_dropout_bits) of key group c for query rows [i0, i0 + n): bits[w][r]
+ * is word w of row i0 + r. One loop across the rows, which vectorizes. */
+static inline void dropout_group_bits(const flash_params *p, int64_t bh, int64_t i0, int64_t n, int64_t c,
+                                      uint32_t bits[4][TILE_Q_NR])
+{
+    for (int64_t r = 0; r < n; r++) {
+        uint32_t b[4];
+        flash_dropout_bits(p, bh, i0 + r, c, b);
+        for (int w = 0; w < 4; w++)
+            bits[w][r] = b[w];
+    }
+}
+
+/* Tile-local form of flash_dropout_draw: key j's word is bits[dropout_word(j)], its draw
+ * (word >> dropout_shift(j)) & DROPOUT_DRAW_MASK. */
+#define DROPOUT_DRAW_BITS 16
+#define DROPOUT_DRAW_MASK (FLASH_DROPOUT_ONE - 1u)
+static inline int dropout_word(int64_t j) { return (int)(j % FLASH_DROPOUT_KEYS_PER_DRAW) / 2; }
+static inline int dropout_shift(int64_t j) { return DROPOUT_DRAW_BITS * (int)(j & 1); }
 
 /* Per-thread workspace elements for head dim d: one tile buffer (see the workspace struct). */
 static int64_t tile_buffer_elems(int64_t d, int64_t elem_size)
@@ -134,7 +167,7 @@ static void query_task(const flash_params *p, int64_t task, int64_t *bi, int64_t
 #define FLASH_CPU_TILE_BUFFERS 9
 
 /* The type-generic part below the #else: compiled twice, by this file including itself with T (the
- * element type), FN(name) (name with a type suffix), EXP, LOG, SOFTCAP, SOFTCAP_GRAD and ROW_FINISH
+ * element type), FN(name) (name with a type suffix), EXP, LOG, TANH, FABS, SOFTCAP_GRAD and ROW_FINISH
  * defined. */
 #define FLASH_CPU_GENERIC_PASS
 
@@ -142,7 +175,8 @@ static void query_task(const flash_params *p, int64_t task, int64_t *bi, int64_t
 #define FN(name) name##_f32
 #define EXP expf_poly
 #define LOG logf
-#define SOFTCAP flash_softcap_f
+#define TANH tanhf_exp
+#define FABS fabsf
 #define SOFTCAP_GRAD flash_softcap_grad_f
 #define ROW_FINISH flash_row_finish_f
 #include "flash_cpu.c"
@@ -150,7 +184,8 @@ static void query_task(const flash_params *p, int64_t task, int64_t *bi, int64_t
 #undef FN
 #undef EXP
 #undef LOG
-#undef SOFTCAP
+#undef TANH
+#undef FABS
 #undef SOFTCAP_GRAD
 #undef ROW_FINISH
 
@@ -158,7 +193,8 @@ static void query_task(const flash_params *p, int64_t task, int64_t *bi, int64_t
 #define FN(name) name##_f64
 #define EXP exp
 #define LOG log
-#define SOFTCAP flash_softcap_d
+#define TANH tanh
+#define FABS fabs
 #define SOFTCAP_GRAD flash_softcap_grad_d
 #define ROW_FINISH flash_row_finish_d
 #include "flash_cpu.c"
@@ -166,7 +202,8 @@ static void query_task(const flash_params *p, int64_t task, int64_t *bi, int64_t
 #undef FN
 #undef EXP
 #undef LOG
-#undef SOFTCAP
+#undef TANH
+#undef FABS
 #undef SOFTCAP_GRAD
 #undef ROW_FINISH
 
@@ -409,73 +446,132 @@ static void FN(mask_band)(T *s, int64_t qm, int64_t kp, const flash_params *p, c
     }
 }
 
-/* The score hook (mask.h) of one element: x (an unscaled q.k) of query row i, key j of (bi, hq) ->
- * the final score; *grad receives the softcap derivative when the softcap is on. */
-static inline T FN(hook_one)(const flash_params *p, T x, T scale, T slope, int read_mask, int64_t bi, int64_t hq,
-                             int64_t i, int64_t j, T *grad)
+/* The passes of the score hook on a rows x cols score block (leading dim ld). s = softcap(scale * s);
+ * grad = its derivative. */
+FLASH_CPU_SIMD static void FN(softcap_pass)(T *restrict s, T *restrict grad, int64_t rows, int64_t cols,
+                                            int64_t ld, T scale, T cap)
 {
-    x *= scale;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            const T x = cap * TANH(scale * s[r * ld + c] / cap); /* flash_softcap_* */
+            s[r * ld + c] = x;
+            grad[r * ld + c] = SOFTCAP_GRAD(x, cap);
+        }
+}
+
+FLASH_CPU_SIMD static void FN(scale_pass)(T *restrict s, int64_t rows, int64_t cols, int64_t ld, T scale)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            s[r * ld + c] *= scale;
+}
+
+/* s = scale * s - slope * |base + r - c|: flash_alibi_distance of element (r, c), with base =
+ * j - i - alibi_offset at element (0, 0) for S^T and its negation for S (|t| = |-t|). */
+FLASH_CPU_SIMD static void FN(alibi_pass)(T *restrict s, int64_t rows, int64_t cols, int64_t ld, T scale,
+                                          T slope, int64_t base)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const T row_base = (T)(base + r);
+        for (int32_t c = 0; c < (int32_t)cols; c++) /* cols <= a tile side: an int32 converts in SIMD */
+            s[r * ld + c] = scale * s[r * ld + c] - slope * FABS(row_base - (T)c);
+    }
+}
+
+/* attn_mask: s += mask (additive) or s = -inf where the mask is False (bool), read through mask_s. */
+static void FN(mask_pass)(T *restrict s, int64_t rows, int64_t cols, int64_t ld, const flash_params *p,
+                          const tile *t, int transposed, int64_t bi, int64_t hq)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t i0 = transposed ? t->q0 : t->q0 + r, j0 = transposed ? t->k0 + r : t->k0;
+        const int64_t base = flash_mask_offset(p, bi, hq, i0, j0);
+        const int64_t step = transposed ? p->mask_s.row : p->mask_s.col; /* along a row of s */
+        T *restrict srow = s + r * ld;
+        if (p->mask_kind == FLASH_MASK_ADD) {
+            const T *m = (const T *)p->mask + base;
+            for (int64_t c = 0; c < cols; c++)
+                srow[c] += m[c * step];
+        } else {
+            const uint8_t *m = (const uint8_t *)p->mask + base;
+            for (int64_t c = 0; c < cols; c++)
+                srow[c] = m[c * step] ? srow[c] : -INFINITY;
+        }
+    }
+}
+
+/* The score hook (mask.h) on the tile's elements of a score buffer s (leading dim ld): S^T
+ * (transposed = 1: rows are the tile's keys, columns its queries) or S (rows queries, columns keys).
+ * s = hook(scale * s) in mask.h's order; grad (same layout) receives the softcap derivatives (unused
+ * without softcap). Each part is its own elementwise pass so that all but the mask's vectorize. */
+static void FN(score_hook)(T *s, int64_t ld, int transposed, const flash_params *p, const tile *t, int64_t bi,
+                           int64_t hq, T scale, unsigned mask_flags, T *grad)
+{
+    const int64_t rows = transposed ? t->kn : t->qn, cols = transposed ? t->qn : t->kn;
     if (p->softcap > 0) {
-        x = SOFTCAP(x, (T)p->softcap);
-        *grad = SOFTCAP_GRAD(x, (T)p->softcap);
+        FN(softcap_pass)(s, grad, rows, cols, ld, scale, (T)p->softcap);
+        scale = 1;
     }
-    if (p->alibi_slopes)
-        x -= slope * (T)flash_alibi_distance(p, i, j);
-    if (read_mask) {
-        const int64_t off = flash_mask_offset(p, bi, hq, i, j);
-        if (p->mask_kind == FLASH_MASK_ADD)
-            x += ((const T *)p->mask)[off];
-        else if (!((const uint8_t *)p->mask)[off])
-            x = -INFINITY;
+    if (p->alibi_slopes) {
+        const int64_t base = t->k0 - t->q0 - p->alibi_offset;
+        FN(alibi_pass)(s, rows, cols, ld, scale, (T)flash_alibi_slope(p, bi, hq), transposed ? base : -base);
+    } else if (scale != 1) {
+        FN(scale_pass)(s, rows, cols, ld, scale);
     }
-    return x;
+    if (mask_flags & FLASH_MASK_ANY_MASKED)
+        FN(mask_pass)(s, rows, cols, ld, p, t, transposed, bi, hq);
 }
 
-/* Applies the score hook to the tile's elements (query il < qn, key jl < kn) of a score buffer whose
- * element (il, jl) is s[il * qs + jl * ks] (S^T: qs = 1; S: ks = 1): s = hook(scale * s). grad, in
- * the same layout, receives the softcap derivatives (unused without softcap). The padding is left
- * as it is. */
-static void FN(score_hook)(T *restrict s, int64_t qs, int64_t ks, const flash_params *p, const tile *t, int64_t bi,
-                           int64_t hq, T scale, unsigned mask_flags, T *restrict grad)
-{
-    const T slope = (T)flash_alibi_slope(p, bi, hq);
-    const int read_mask = (mask_flags & FLASH_MASK_ANY_MASKED) != 0;
-    if (qs == 1) {
-        for (int64_t jl = 0; jl < t->kn; jl++)
-            for (int64_t il = 0; il < t->qn; il++) {
-                const int64_t e = il + jl * ks;
-                s[e] = FN(hook_one)(p, s[e], scale, slope, read_mask, bi, hq, t->q0 + il, t->k0 + jl, grad + e);
-            }
-    } else {
-        for (int64_t il = 0; il < t->qn; il++)
-            for (int64_t jl = 0; jl < t->kn; jl++) {
-                const int64_t e = il * qs + jl;
-                s[e] = FN(hook_one)(p, s[e], scale, slope, read_mask, bi, hq, t->q0 + il, t->k0 + jl, grad + e);
-            }
-    }
-}
-
-/* Dropout of the tile's elements (query il < qn, key jl < kn) of a buffer laid out as in score_hook:
- * x = x * dropout_scale where kept, 0 where dropped (mask.h: one Philox call per 8 keys of a row). */
-static void FN(dropout_tile)(T *restrict x, int64_t qs, int64_t ks, const flash_params *p, const tile *t, int64_t bh)
+/* dK/dV pass with dropout, on an S tile (query rows il < qn, key columns jl < kn, leading dim
+ * TILE_K_NR), replacing dscores_by_row: with f = dropout_scale where kept, 0 where dropped (mask.h),
+ * ds = dP -> dS = P * (f * dP - delta) and pr = P -> f * P (the dropped P that dV needs). The Philox
+ * calls of one group of 8 keys run across the query rows (dropout_group_bits). */
+FLASH_CPU_SIMD static void FN(dscores_dropout_by_row)(T *restrict ds, T *restrict pr, const flash_params *p,
+                                                      const tile *t, int64_t bh, const T *restrict delta)
 {
     const T keep_scale = (T)p->dropout_scale;
-    for (int64_t il = 0; il < t->qn; il++) {
-        const int64_t i = t->q0 + il;
-        for (int64_t j0 = t->k0 / FLASH_DROPOUT_KEYS_PER_DRAW * FLASH_DROPOUT_KEYS_PER_DRAW; j0 < t->k0 + t->kn;
-             j0 += FLASH_DROPOUT_KEYS_PER_DRAW) {
-            uint32_t bits[4];
-            flash_dropout_bits(p, bh, i, j0 / FLASH_DROPOUT_KEYS_PER_DRAW, bits);
-            const int64_t j_end = flash_min64(j0 + FLASH_DROPOUT_KEYS_PER_DRAW, t->k0 + t->kn);
-            for (int64_t j = flash_max64(j0, t->k0); j < j_end; j++) {
-                T *e = x + il * qs + (j - t->k0) * ks;
-                *e = flash_dropout_draw(bits, j) >= p->dropout_threshold ? *e * keep_scale : 0;
+    const uint32_t threshold = p->dropout_threshold;
+    uint32_t bits[4][TILE_Q_NR];
+    for (int64_t j0 = t->k0 / FLASH_DROPOUT_KEYS_PER_DRAW * FLASH_DROPOUT_KEYS_PER_DRAW; j0 < t->k0 + t->kn;
+         j0 += FLASH_DROPOUT_KEYS_PER_DRAW) {
+        dropout_group_bits(p, bh, t->q0, t->qn, j0 / FLASH_DROPOUT_KEYS_PER_DRAW, bits);
+        const int64_t j_end = flash_min64(j0 + FLASH_DROPOUT_KEYS_PER_DRAW, t->k0 + t->kn);
+        for (int64_t j = flash_max64(j0, t->k0); j < j_end; j++) {
+            const uint32_t *word = bits[dropout_word(j)];
+            const int shift = dropout_shift(j);
+            for (int64_t il = 0; il < t->qn; il++) {
+                const int64_t e = il * TILE_K_NR + (j - t->k0);
+                const T f = ((word[il] >> shift) & DROPOUT_DRAW_MASK) >= threshold ? keep_scale : 0;
+                ds[e] = pr[e] * (f * ds[e] - delta[il]);
+                pr[e] *= f;
             }
         }
     }
 }
 
-/* ds *= grad on the tile's elements (query il < qn, key jl < kn), both laid out as in score_hook. */
+/* Dropout of the tile's elements of an S^T tile x (key rows jl < kn, query columns il < qn, leading
+ * dim TILE_Q_NR): x = x * dropout_scale where kept, 0 where dropped (mask.h: one Philox call per 8
+ * keys of a row), the calls of one group of 8 keys across the query columns (dropout_group_bits). */
+FLASH_CPU_SIMD static void FN(dropout_columns)(T *restrict x, const flash_params *p, const tile *t, int64_t bh)
+{
+    const T keep_scale = (T)p->dropout_scale;
+    const uint32_t threshold = p->dropout_threshold;
+    uint32_t bits[4][TILE_Q_NR];
+    for (int64_t j0 = t->k0 / FLASH_DROPOUT_KEYS_PER_DRAW * FLASH_DROPOUT_KEYS_PER_DRAW; j0 < t->k0 + t->kn;
+         j0 += FLASH_DROPOUT_KEYS_PER_DRAW) {
+        dropout_group_bits(p, bh, t->q0, t->qn, j0 / FLASH_DROPOUT_KEYS_PER_DRAW, bits);
+        const int64_t j_end = flash_min64(j0 + FLASH_DROPOUT_KEYS_PER_DRAW, t->k0 + t->kn);
+        for (int64_t j = flash_max64(j0, t->k0); j < j_end; j++) {
+            const uint32_t *word = bits[dropout_word(j)];
+            const int shift = dropout_shift(j);
+            T *restrict row = x + (j - t->k0) * TILE_Q_NR;
+            for (int64_t il = 0; il < t->qn; il++)
+                row[il] = ((word[il] >> shift) & DROPOUT_DRAW_MASK) >= threshold ? row[il] * keep_scale : 0;
+        }
+    }
+}
+
+/* ds *= grad on the tile's elements (query il < qn, key jl < kn), of buffers whose element (il, jl) is
+ * at il * qs + jl * ks (S^T: qs = 1; S: ks = 1). */
 static void FN(softcap_backward)(T *restrict ds, const T *restrict grad, int64_t qs, int64_t ks, const tile *t)
 {
     for (int64_t il = 0; il < t->qn; il++)
@@ -534,12 +630,12 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
         FN(load_rows)(w->v, dm, t.kn, dm, v + t.k0 * p->v_s.row, p->v_s.row, t.kn, d);
         FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
         if (p->has_hook && hooked_scores(p, flags))
-            FN(score_hook)(w->s, 1, TILE_Q_NR, p, &t, bi, hq, 1, flags, w->grad);
+            FN(score_hook)(w->s, TILE_Q_NR, 1, p, &t, bi, hq, 1, flags, w->grad);
         if (!full)
             FN(mask_band_t)(w->s, km, qp, p, &t, -INFINITY);
         FN(softmax_step)(w->s, km, qp, w->acc, dm, m, l);
         if (p->dropout_threshold)
-            FN(dropout_tile)(w->s, 1, TILE_Q_NR, p, &t, bi * p->h + hq);
+            FN(dropout_columns)(w->s, p, &t, bi * p->h + hq);
         FN(gemm)(dm, qp, t.kn, w->v, 1, dm, w->s, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
     }
     const T sink = (T)flash_sink(p, hq);
@@ -555,7 +651,8 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
 /* dK/dV task: one (batch, kv head, key tile), working on S = Q K^T (queries x keys):
  *   w->k, w->v  (d, TILE_K_NR)    K^T and V^T of the tile
  *   w->q, w->dout (TILE_Q, dm)    Q and dO tile rows
- *   w->s        (TILE_Q, TILE_K_NR)  S (unscaled), then P, then the dropped P;  w->ds  dP, then dS
+ *   w->s        (TILE_Q, TILE_K_NR)  S (unscaled), then P (with dropout: then the dropped P);
+ *   w->ds       (TILE_Q, TILE_K_NR)  dP, then dS
  *   w->grad     (TILE_Q, TILE_K_NR)  softcap derivatives
  *   w->acc      (dm, TILE_K_NR)   dK^T / scale;  w->acc2 (dm, TILE_K_NR) dV^T */
 static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
@@ -593,20 +690,19 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
             FN(load_row_stats)(lse_eff, delta, qm, lse + t.q0, dl + t.q0, t.qn);
             FN(gemm)(qm, kp, d, w->q, dm, 1, w->k, TILE_K_NR, w->s, TILE_K_NR, 0);
             if (hooked)
-                FN(score_hook)(w->s, TILE_K_NR, 1, p, &t, bi, hq, (T)p->scale, flags, w->grad);
+                FN(score_hook)(w->s, TILE_K_NR, 0, p, &t, bi, hq, (T)p->scale, flags, w->grad);
             FN(probs_by_row)(w->s, qm, kp, TILE_K_NR, hooked ? 1 : (T)p->scale, lse_eff);
             if (!full)
                 FN(mask_band)(w->s, qm, kp, p, &t, 0);
             FN(gemm)(qm, kp, d, w->dout, dm, 1, w->v, TILE_K_NR, w->ds, TILE_K_NR, 0);
             if (p->dropout_threshold)
-                FN(dropout_tile)(w->ds, TILE_K_NR, 1, p, &t, bi * p->h + hq);
-            FN(dscores_by_row)(w->ds, w->s, qm, kp, TILE_K_NR, delta);
+                FN(dscores_dropout_by_row)(w->ds, w->s, p, &t, bi * p->h + hq, delta);
+            else
+                FN(dscores_by_row)(w->ds, w->s, qm, kp, TILE_K_NR, delta);
             if (p->dbias)
                 FN(store_dbias)(p, w->ds, &t, bi, hq);
             if (hooked && p->softcap > 0)
                 FN(softcap_backward)(w->ds, w->grad, TILE_K_NR, 1, &t);
-            if (p->dropout_threshold)
-                FN(dropout_tile)(w->s, TILE_K_NR, 1, p, &t, bi * p->h + hq);
             FN(gemm)(dm, kp, t.qn, w->dout, 1, dm, w->s, TILE_K_NR, w->acc2, TILE_K_NR, 1);
             FN(gemm)(dm, kp, t.qn, w->q, 1, dm, w->ds, TILE_K_NR, w->acc, TILE_K_NR, 1);
         }
@@ -657,13 +753,13 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
         FN(load_rows)(w->v, dm, km, dm, v + t.k0 * p->v_s.row, p->v_s.row, t.kn, d);
         FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
         if (hooked)
-            FN(score_hook)(w->s, 1, TILE_Q_NR, p, &t, bi, hq, (T)p->scale, flags, w->grad);
+            FN(score_hook)(w->s, TILE_Q_NR, 1, p, &t, bi, hq, (T)p->scale, flags, w->grad);
         FN(probs_by_column)(w->s, km, qp, TILE_Q_NR, hooked ? 1 : (T)p->scale, lse_eff);
         if (!full)
             FN(mask_band_t)(w->s, km, qp, p, &t, 0);
         FN(gemm)(km, qp, d, w->v, dm, 1, w->dout, TILE_Q_NR, w->ds, TILE_Q_NR, 0);
         if (p->dropout_threshold)
-            FN(dropout_tile)(w->ds, 1, TILE_Q_NR, p, &t, bi * p->h + hq);
+            FN(dropout_columns)(w->ds, p, &t, bi * p->h + hq);
         FN(dscores_by_column)(w->ds, w->s, km, qp, TILE_Q_NR, delta);
         if (hooked && p->softcap > 0)
             FN(softcap_backward)(w->ds, w->grad, 1, TILE_Q_NR, &t);
