@@ -33,6 +33,10 @@ __device__ __forceinline__ float2 unpack2<__half>(uint32_t v)
     return __half22float2(*(__half2 *)&v);
 }
 
+/* One fp16 / bf16 element as float (torch builds with __CUDA_NO_HALF_CONVERSIONS__: no implicit casts). */
+__device__ __forceinline__ float half_to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float half_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
 /* lse (natural log) -> the log2-domain subtrahend of the exponent; -inf (row sees no key) maps to
  * +inf so that exp2(s - inf) = 0 without ever forming inf - inf. */
 __device__ __forceinline__ float lse_to_log2(float lse)

@@ -275,7 +275,7 @@ __device__ __forceinline__ void hook_element(const flash_params &p, const hook_c
         if (p.mask_kind == FLASH_MASK_BOOL)
             vis = ((const uint8_t *)p.mask)[off] != 0;
         else
-            x += (float)((const T *)p.mask)[off];
+            x += half_to_float(((const T *)p.mask)[off]);
     }
     const float pv = vis ? exp2_approx(fmaf(x, FLASH_LOG2E_F, -l2)) : 0.f;
     float ds = pv * ((kept ? dp : 0.f) - dl);
