@@ -56,6 +56,7 @@ enum input_mode {
     MODE_NORMAL = 0, /* uniform(-1, 1) */
     MODE_LATE_MAX,   /* all queries close to u, the last 8 keys equal u: the row max arrives in the last tile */
     MODE_HUGE,       /* uniform(-16, 16), scale 10: scores of magnitude ~1e4 */
+    MODE_IDENTITY_V, /* v[j] = unit vector j (sk <= d): out[i][j] is P_ij itself, each dropout / mask bit shows */
 };
 
 enum band_kind {
@@ -252,8 +253,9 @@ static void fill_inputs(const test_case *c, tensor *q, tensor *k, tensor *v)
                         xk = s >= c->sk - 8 ? u[e] : 0.1 * xk;
                     k->val[dense_index(c, c->sk, c->h_kv, b, s, h, e)] =
                         store_elem(k->host.data(), offset_of(k, b, s, h, e), c->dtype, xk);
+                    const double xv = c->mode == MODE_IDENTITY_V ? (s == e ? 1.0 : 0.0) : uniform(-1, 1);
                     v->val[dense_index(c, c->sk, c->h_kv, b, s, h, e)] =
-                        store_elem(v->host.data(), offset_of(v, b, s, h, e), c->dtype, uniform(-1, 1));
+                        store_elem(v->host.data(), offset_of(v, b, s, h, e), c->dtype, xv);
                 }
     }
 }
@@ -363,7 +365,8 @@ static void variants_fill(flash_params *p, const test_case *c, variant_data *vd)
         p->mask_s.batch = mb == 1 ? 0 : (int64_t)mh * mr * sk;
         /* expanded copy for the reference, and the block flags (mb, mh, nr, nc) */
         vd->mask.resize((size_t)b * h * sq * sk);
-        const int nr = (sq + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK, nc = (sk + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK;
+        const int nr = (sq + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK;
+        const int nc = (sk + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK;
         std::vector<uint8_t> blocks((size_t)mb * mh * nr * nc, 0);
         for (int bi = 0; bi < b; bi++)
             for (int hi = 0; hi < h; hi++)
@@ -372,7 +375,8 @@ static void variants_fill(flash_params *p, const test_case *c, variant_data *vd)
                         const int sb = mb == 1 ? 0 : bi, sh = mh == 1 ? 0 : hi, sr = mr == 1 ? 0 : i;
                         const double x = m[(((size_t)sb * mh + sh) * mr + sr) * sk + j];
                         vd->mask[(((size_t)bi * h + hi) * sq + i) * sk + j] = x;
-                        uint8_t &f = blocks[(((size_t)sb * mh + sh) * nr + i / FLASH_MASK_BLOCK) * nc + j / FLASH_MASK_BLOCK];
+                        uint8_t &f =
+                            blocks[(((size_t)sb * mh + sh) * nr + i / FLASH_MASK_BLOCK) * nc + j / FLASH_MASK_BLOCK];
                         if (x != -INFINITY)
                             f |= FLASH_MASK_ANY_VISIBLE;
                         if (x != 0.0)
@@ -555,7 +559,10 @@ static int check_case(const test_case *c)
     describe(desc, sizeof(desc), c);
     printf("%-4s b%-2d h%-2d/%-2d sq%-5d sk%-5d d%-3d pad%-3d %-4s%s %-8s %-40s | out %.2e lse %.2e | %s",
            dtype_name(c->dtype), c->b, c->h, c->h_kv, c->sq, c->sk, c->d, c->row_pad, c->bhsd ? "bhsd" : "bshd",
-           c->big ? "+4G" : "", c->mode == MODE_LATE_MAX ? "late-max" : c->mode == MODE_HUGE ? "huge" : "normal",
+           c->big ? "+4G" : "", c->mode == MODE_LATE_MAX  ? "late-max"
+           : c->mode == MODE_HUGE   ? "huge"
+           : c->mode == MODE_IDENTITY_V ? "v=I"
+                                        : "normal",
            desc, rel_o, rel_l, ok ? "ok" : "FAIL");
     if (c->scale != 0)
         printf(" (scale %g)", c->scale);
@@ -619,9 +626,12 @@ static void variant_cases(std::vector<test_case> *cases, flash_dtype t, bool hal
         c = window(mk(t, 1, 2, 2, 600, 600, d, 0), 100, 50);
         c.v.force_hook = 1; /* the HOOK kernel's key order, nothing else */
         cases->push_back(c);
-        /* softcap */
+        /* softcap: realistic cap, and caps the scores reach (scale 1: |s| ~ 3) */
         c = mk(t, 1, 2, 2, 300, 450, d, BAND_CAUSAL_BR);
         c.v.softcap = 50;
+        cases->push_back(c);
+        c.v.softcap = 2;
+        c.scale = 1.0;
         cases->push_back(c);
         c = mk(t, 1, 2, 2, 150, 333, d, BAND_FULL);
         c.v.softcap = 5;
@@ -661,6 +671,15 @@ static void variant_cases(std::vector<test_case> *cases, flash_dtype t, bool hal
             c.v.mask_layout = MASK_COLMAJOR;
             cases->push_back(c);
         }
+        /* every dropout keep bit and mask entry visible in out (v = I, sk <= d) */
+        c = mk(t, 2, 2, 1, 200, half ? d : 40, d, BAND_FULL);
+        c.mode = MODE_IDENTITY_V;
+        c.v.dropout = 0.3;
+        cases->push_back(c);
+        c.v.mask_kind = FLASH_MASK_BOOL;
+        c.v.mask_pattern = MASKP_RANDOM;
+        c.v.band = BAND_CAUSAL_BR;
+        cases->push_back(c);
         /* dropout, alone and with tails / GQA */
         c = mk(t, 2, 4, 2, 300, 333, d, BAND_FULL);
         c.v.dropout = 0.17;
@@ -677,7 +696,7 @@ static void variant_cases(std::vector<test_case> *cases, flash_dtype t, bool hal
         cases->push_back(c);
         /* pairs */
         c = window(mk(t, 1, 2, 2, 700, 700, d, 0), 128, 0);
-        c.v.softcap = 30;
+        c.v.softcap = 1.5;
         cases->push_back(c);
         c = window(mk(t, 2, 2, 2, 500, 600, d, 0), 64, 64);
         c.v.alibi = 1;
@@ -690,10 +709,10 @@ static void variant_cases(std::vector<test_case> *cases, flash_dtype t, bool hal
         cases->push_back(c);
         c = window(mk(t, 1, 2, 2, 600, 600, d, 0), 200, 0);
         c.v.sink = 1;
-        c.v.softcap = 20;
+        c.v.softcap = 1;
         cases->push_back(c);
         c = mk(t, 2, 2, 2, 250, 380, d, BAND_CAUSAL_BR);
-        c.v.softcap = 10;
+        c.v.softcap = 0.8;
         c.v.alibi = 2;
         c.v.mask_kind = FLASH_MASK_ADD;
         c.v.mask_pattern = MASKP_BLOCKS;

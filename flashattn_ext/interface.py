@@ -28,7 +28,7 @@ def _check_scale(name, scale):
         return scale
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"{name} must be a float or None, got {type(scale).__name__}")
-    if not math.isfinite(scale):
+    if not -math.inf < scale < math.inf:  # comparisons, not math.isfinite: torch.compile traces them
         raise ValueError(f"{name} must be finite, got {scale}")
     return float(scale)
 
@@ -67,7 +67,7 @@ def _check_softcap(softcap):
         return softcap
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
         raise TypeError(f"flash_attn_func: softcap must be a float, got {type(softcap).__name__}")
-    if not math.isfinite(softcap) or softcap < 0:
+    if not 0 <= softcap < math.inf:
         raise ValueError(f"flash_attn_func: softcap must be finite and >= 0 (0: off), got {softcap}")
     return float(softcap)
 

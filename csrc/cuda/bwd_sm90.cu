@@ -30,7 +30,7 @@
  *   Masking: query tiles inside the band and the key range (flash_query_tiles' full tiles) take an
  *   unmasked copy of the P step; the others test each value against the band's upper bound and the key
  *   tail with one compare, and against the lower bound only in tiles that it cuts.
- * Tiles: BN 128 x BM 64, 3 warpgroups (384 threads). D = 128: 216 KB smem; D = 64: 156 KB (HOOK: + 1 KB
+ * Tiles: BN 128 x BM 64, 3 warpgroups (384 threads). D = 128: 214 KB smem; D = 64: 154 KB (HOOK: + 1 KB
  *   of dropout keep bits). Shared-memory tiles use the 128-byte swizzled layout of wgmma.cuh; head
  *   dims below D are zero-padded in smem and computed like the others, only global writes are guarded.
  * bwd_main_sm90_d256_kernel, head dims 129..256: 64 keys per CTA, the warpgroups split the columns of
@@ -54,8 +54,9 @@
  *   d256               200   261    286  |         146    229    283
  *   deterministic mode (dQ by bwd_sm80.cu's dQ kernel), d128 s8192: 239 (causal 223).
  * torch's flash backend (FA2) and cuDNN: benchmarks/results/h200 (backward, ours 1.16-1.55x FA2 at
- * d128, 1.06-1.28x at d64 from s1k, 1.03-1.14x at d256; 0.69-0.87x cuDNN). The steps that led here:
- * benchmarks/results/h200/history_bwd_sm90.md.
+ * d128, 1.06-1.28x at d64 from s1k, 1.03-1.14x at d256; 0.69-0.87x cuDNN). Measured before the
+ * variants of issue 10 (the dense path's instructions per tile are unchanged: see the history,
+ * benchmarks/results/h200/history_bwd_sm90.md, which also holds the steps that led here).
  */
 #include <cuda_runtime.h>
 #include <limits.h>
@@ -366,46 +367,32 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity)
 /* ------------------------------------------------------------------------------------------------ */
 /* The HOOK variant's pieces                                                                        */
 
-/* The attn_mask block flags of the query tiles of one key tile (flash_mask_tile_flags): one mask block
- * per lane, lane (r, c) = block row m BM / 16 + r, column n0 / 16 + c of query tile m, ORed over the
- * warp. */
-struct mask_walk {
-    const uint8_t *f;    /* the lane's block of query tile 0; NULL: no mask, or no block for this lane */
-    int64_t tile_stride; /* elements from one query tile's blocks to the next's */
-    int q16;             /* the lane's first query row within a tile */
-};
-
+/* The first query tile >= m (and < m_end) whose attn_mask blocks see something, and its flags
+ * (FLASH_MASK_ANY_VISIBLE alone without a mask): flash_mask_tile_flags of query tile m x this CTA's key
+ * tile (blockIdx.x, BN keys), one mask block per lane (lane (r, c): block row m BM / 16 + r, column
+ * n0 / 16 + c), ORed over the warp. Every lane of the warp must call it. Everything is derived from p
+ * and the block index at each call, so that no state is held across the main loop (the dQ reducer has
+ * 24 registers). */
 template <int BM, int BN>
-__device__ __forceinline__ mask_walk mask_walk_init(const flash_params &p, int b, int hq, int n0, int kn)
+__device__ __forceinline__ int next_visible_tile(const flash_params &p, int m, int m_end, unsigned &flags)
 {
     constexpr int RB = BM / FLASH_MASK_BLOCK, CB = BN / FLASH_MASK_BLOCK;
     static_assert(RB * CB <= FLASH_WARP_SIZE && BM % FLASH_MASK_BLOCK == 0 && BN % FLASH_MASK_BLOCK == 0,
                   "one mask block per lane");
-    const int lane = threadIdx.x % FLASH_WARP_SIZE, r = lane / CB, c = lane % CB;
-    mask_walk mw;
-    mw.f = 0;
-    mw.tile_stride = RB * p.mask_blocks_s.row;
-    mw.q16 = r * FLASH_MASK_BLOCK;
-    if (p.mask_blocks != 0 && r < RB && c * FLASH_MASK_BLOCK < kn)
-        mw.f = p.mask_blocks + b * p.mask_blocks_s.batch + hq * p.mask_blocks_s.head + r * p.mask_blocks_s.row +
-               (n0 / FLASH_MASK_BLOCK + c) * p.mask_blocks_s.col;
-    return mw;
-}
-
-/* The first query tile >= m (and < m_end) whose attn_mask blocks see something, and its flags
- * (FLASH_MASK_ANY_VISIBLE alone without a mask). Every lane of the warp must call it. */
-template <int BM>
-__device__ __forceinline__ int next_visible_tile(const flash_params &p, const mask_walk &mw, int m, int m_end,
-                                                 unsigned &flags)
-{
     flags = FLASH_MASK_ANY_VISIBLE;
     if (p.mask_blocks == 0)
         return m;
+    const int lane = threadIdx.x % FLASH_WARP_SIZE, r = lane / CB, c = lane % CB;
+    const int64_t n0 = (int64_t)blockIdx.x * BN;
+    const bool lane_ok = r < RB && n0 + c * FLASH_MASK_BLOCK < p.sk;
+    const flash_strides4 &fs = p.mask_blocks_s;
+    const uint8_t *f = p.mask_blocks + blockIdx.z * fs.batch + blockIdx.y * fs.head + r * fs.row +
+                       (n0 / FLASH_MASK_BLOCK + c) * fs.col; /* the lane's block of query tile 0 */
     for (; m < m_end; ++m) {
-        unsigned f = 0;
-        if (mw.f != 0 && (int64_t)m * BM + mw.q16 < p.sq)
-            f = mw.f[m * mw.tile_stride];
-        flags = __reduce_or_sync(FULL_MASK, f);
+        unsigned fl = 0;
+        if (lane_ok && (int64_t)m * BM + r * FLASH_MASK_BLOCK < p.sq)
+            fl = f[(int64_t)m * RB * fs.row];
+        flags = __reduce_or_sync(FULL_MASK, fl);
         if (flags & FLASH_MASK_ANY_VISIBLE)
             break;
     }
@@ -413,12 +400,11 @@ __device__ __forceinline__ int next_visible_tile(const flash_params &p, const ma
 }
 
 /* The query tile from m on that the CTA walks (dense: m itself). */
-template <bool HOOK, int BM>
-__device__ __forceinline__ int next_query_tile(const flash_params &p, const mask_walk &mw, int m, int m_end,
-                                               unsigned &flags)
+template <bool HOOK, int BM, int BN>
+__device__ __forceinline__ int next_query_tile(const flash_params &p, int m, int m_end, unsigned &flags)
 {
     flags = FLASH_MASK_ANY_VISIBLE;
-    return HOOK ? next_visible_tile<BM>(p, mw, m, m_end, flags) : m;
+    return HOOK ? next_visible_tile<BM, BN>(p, m, m_end, flags) : m;
 }
 
 /* Writes the dropout keep bits of one warp and query tile: keys kw + [0, WARP_KEYS) (kw a multiple of 8)
@@ -461,9 +447,6 @@ __device__ __forceinline__ bool keep_bit(const uint32_t w[2], int v)
     return (w[keep_group(v)] >> keep_shift(v)) & 1u;
 }
 
-__device__ __forceinline__ float elem_to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float elem_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
 /* The softcap's tanh (mask.h's flash_softcap_f, with the hardware approximation). */
 __device__ __forceinline__ float softcap_tanh(float x)
 {
@@ -484,12 +467,14 @@ struct hook_tile {
     float mul;
     float alibi;         /* - slope log2e / mul: s8 += alibi |dist0 - block_c| */
     float madd;          /* log2e / mul: s8 += madd * the additive mask */
-    bool stash_g;        /* softcap with dbias: the derivative waits in shared memory for dS^T; without
-                          * dbias, P^T is multiplied by it at once (dS^T = P^T g (dP^T - delta)) */
+    bool stash_g;        /* softcap: the derivative g waits in shared memory for dS^T (always where
+                          * holding it across the P step costs spills, and with dbias, which needs dS^T
+                          * without it); else P^T is multiplied by it at once (dS^T = P^T g (dP^T - delta)) */
     bool dropout;
     /* per query tile (hook_tile_set); the pointers into the attn_mask and dbias are formed where they
      * are used (fewer registers held across the P step) */
     int m0, n0, jb, qf;  /* the tile's first query and key, the thread's first key and query in it */
+    float dist0;         /* ALiBi: j - i - alibi_offset of the thread's first element */
     bool read_mask;      /* the tile's attn_mask blocks are partial: read it */
     bool row0_out, row8_out;
     uint32_t keep;       /* dropout: shared address of this warp's keep bytes */
@@ -497,7 +482,7 @@ struct hook_tile {
     int g_row0, g_col0;  /* this warp's rows in it and the warpgroup's first query */
 };
 
-__device__ __forceinline__ void hook_cta_init(hook_tile &hk, const flash_params &p, int b, int hq)
+__device__ __forceinline__ void hook_cta_init(hook_tile &hk, const flash_params &p, int b, int hq, bool stash)
 {
     const bool cap = p.softcap > 0.f;
     hk.prescale = !cap && !(p.scale_log2 > 0.f);
@@ -505,14 +490,16 @@ __device__ __forceinline__ void hook_cta_init(hook_tile &hk, const flash_params 
     hk.mul = cap ? p.softcap * FLASH_LOG2E_F : (hk.prescale ? 1.f : p.scale_log2);
     hk.madd = FLASH_LOG2E_F / hk.mul;
     hk.alibi = -flash_alibi_slope(&p, b, hq) * hk.madd;
-    hk.stash_g = cap && p.dbias != 0;
+    hk.stash_g = cap && (stash || p.dbias != 0);
     hk.dropout = p.dropout_threshold != 0;
 }
 
 /* The per-tile part (fields as in the struct; flags: the tile's attn_mask flags). */
-__device__ __forceinline__ void hook_tile_set(hook_tile &hk, int m0, int n0, int jb, int qf, unsigned flags,
-                                              int kvalid, uint32_t keep, uint32_t gstash, int g_row0, int g_col0)
+__device__ __forceinline__ void hook_tile_set(hook_tile &hk, const flash_params &p, int m0, int n0, int jb, int qf,
+                                              unsigned flags, int kvalid, uint32_t keep, uint32_t gstash, int g_row0,
+                                              int g_col0)
 {
+    hk.dist0 = (float)((int64_t)n0 + jb - m0 - qf - p.alibi_offset);
     hk.m0 = m0;
     hk.n0 = n0;
     hk.jb = jb;
@@ -533,10 +520,10 @@ __device__ __forceinline__ bool elem_exists(const hook_tile &hk, const flash_par
 }
 
 /* The score hook on one block (mask.h's order: softcap, ALiBi, attn_mask): S^T values q.k -> s8 in
- * units of mul; g8 receives the softcap derivative 1 - tanh^2 (flash_softcap_grad_f). */
-template <typename T>
+ * units of mul; the softcap derivative 1 - tanh^2 (flash_softcap_grad_f) goes to the stash or to g8. */
+template <typename T, int ROWS>
 __device__ __forceinline__ void hook_scores(float s8[8], float g8[8], int kq, const hook_tile &hk,
-                                            const flash_params &p)
+                                            const flash_params &p, int lane)
 {
     if (hk.cap_in != 0.f) {
 #pragma unroll
@@ -545,6 +532,11 @@ __device__ __forceinline__ void hook_scores(float s8[8], float g8[8], int kq, co
             g8[v] = fmaf(-th, th, 1.f);
             s8[v] = th;
         }
+        if (hk.stash_g) {
+            uint32_t ga[4];
+            acc_to_a<__half>(ga, g8, g8 + 4);
+            store_a_frag_sw128<ROWS>(hk.gstash, hk.g_row0, hk.g_col0 + kq * WGMMA_K, ga, lane);
+        }
     } else if (hk.prescale) {
 #pragma unroll
         for (int v = 0; v < 8; ++v)
@@ -552,10 +544,9 @@ __device__ __forceinline__ void hook_scores(float s8[8], float g8[8], int kq, co
     }
     const int64_t i = (int64_t)hk.m0 + hk.qf, j = (int64_t)hk.n0 + hk.jb; /* the thread's first element */
     if (hk.alibi != 0.f) {
-        const float dist0 = (float)(j - i - p.alibi_offset);
 #pragma unroll
         for (int v = 0; v < 8; ++v)
-            s8[v] = fmaf(hk.alibi, fabsf(dist0 - (float)block_c(kq, v)), s8[v]);
+            s8[v] = fmaf(hk.alibi, fabsf(hk.dist0 - (float)block_c(kq, v)), s8[v]);
     }
     if (hk.read_mask) {
         const int64_t off = flash_mask_offset(&p, blockIdx.z, blockIdx.y, i, j);
@@ -570,15 +561,16 @@ __device__ __forceinline__ void hook_scores(float s8[8], float g8[8], int kq, co
 #pragma unroll
             for (int v = 0; v < 8; ++v)
                 if (elem_exists(hk, p, kq, v))
-                    s8[v] = fmaf(elem_to_float(__ldg(mk + block_qi(kq, v) * p.mask_s.row + block_kj(v) * p.mask_s.col)),
+                    s8[v] = fmaf(half_to_float(__ldg(mk + block_qi(kq, v) * p.mask_s.row + block_kj(v) * p.mask_s.col)),
                                  hk.madd, s8[v]);
         }
     }
 }
 
 /* After p_block: the A fragment of dV's wgmma (keep * P^T with dropout, whose scale is applied to dV
- * at the end; else P^T), then the softcap derivative: into P^T (s8 = P^T g) or into the stash. */
-template <typename T, int NQW, int ROWS>
+ * at the end; else P^T), then P^T times the softcap derivative g8 unless it waits in the stash (always
+ * with STASH, the kernels' hook_cta_init(stash = true)). */
+template <typename T, int NQW, bool STASH>
 __device__ __forceinline__ void hook_p(uint32_t a[4], float s8[8], const float g8[8], int kq, const hook_tile &hk,
                                        int lane)
 {
@@ -592,16 +584,10 @@ __device__ __forceinline__ void hook_p(uint32_t a[4], float s8[8], const float g
     } else {
         acc_to_a<T>(a, s8, s8 + 4);
     }
-    if (hk.cap_in != 0.f) {
-        if (hk.stash_g) {
-            uint32_t ga[4];
-            acc_to_a<__half>(ga, g8, g8 + 4);
-            store_a_frag_sw128<ROWS>(hk.gstash, hk.g_row0, hk.g_col0 + kq * WGMMA_K, ga, lane);
-        } else {
+    if (!STASH && hk.cap_in != 0.f && !hk.stash_g) {
 #pragma unroll
-            for (int v = 0; v < 8; ++v)
-                s8[v] *= g8[v];
-        }
+        for (int v = 0; v < 8; ++v)
+            s8[v] *= g8[v];
     }
 }
 
@@ -631,7 +617,7 @@ __device__ __forceinline__ void hook_ds(float ds8[8], int kq, const hook_tile &h
     }
     if (hk.stash_g) {
         uint32_t ga[4];
-        __syncwarp(); /* the other lanes' stash stores (hook_p) are visible */
+        __syncwarp(); /* the other lanes' stash stores (hook_scores) are visible */
         load_a_frag_sw128<ROWS>(hk.gstash, hk.g_row0, hk.g_col0 + kq * WGMMA_K, ga, lane);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -650,18 +636,14 @@ __device__ __forceinline__ void hook_ds(float ds8[8], int kq, const hook_tile &h
  * stall on these L2 reductions (they were 20-25% of the time when the MMA warps issued them). */
 template <bool HOOK, int BM, int D>
 __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *dQb, float *dqa, uint32_t full,
-                                           uint32_t empty, int b, int hq, int n0, int kn, int m_first, int m_end,
-                                           int rtid)
+                                           uint32_t empty, int m_first, int m_end, int rtid)
 {
     constexpr int DQ_LD = D + DQ_PAD, V4_PER_ROW = D / 4, NPART = dq_parts(D);
     const int sq = (int)p.sq, d = (int)p.d;
-    mask_walk mw;
-    if (HOOK)
-        mw = mask_walk_init<BM, SM90_BN>(p, b, hq, n0, kn);
     unsigned flags;
-    int m = next_query_tile<HOOK, BM>(p, mw, m_first, m_end, flags);
-    for (int i = 0; m < m_end; ++i, m = next_query_tile<HOOK, BM>(p, mw, m + 1, m_end, flags)) {
-        const int buf = i & 1, m0 = m * BM;
+    int m = next_query_tile<HOOK, BM, SM90_BN>(p, m_first, m_end, flags); /* HOOK: the walked tiles */
+    for (int i = 0; HOOK ? m < m_end : i < m_end - m_first; ++i) {
+        const int buf = i & 1, m0 = (HOOK ? m : m_first + i) * BM;
         mbar_wait(full + buf * sizeof(uint64_t), (i / 2) & 1);
         const uint32_t src = smem_u32(dQb + buf * NPART * BM * DQ_LD); /* [NPART][BM][DQ_LD] */
 #pragma unroll 4
@@ -677,6 +659,8 @@ __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *d
             }
         }
         mbar_arrive(empty + buf * sizeof(uint64_t));
+        if (HOOK)
+            m = next_query_tile<HOOK, BM, SM90_BN>(p, m + 1, m_end, flags);
     }
 }
 
@@ -736,16 +720,13 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     if (tid >= SM90_THREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REDUCER_REGS));
         if (do_dq)
-            dq_reducer<HOOK, BM, D>(p, dQb, dqa, full, empty, b, hq, n0, kn, m_first, m_end, tid - SM90_THREADS);
+            dq_reducer<HOOK, BM, D>(p, dQb, dqa, full, empty, m_first, m_end, tid - SM90_THREADS);
     } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(MMA_REGS));
     load_tile_sw128<T, BN, D>(Ks, kg, p.k_s.row, kvalid, d, tid);
     load_tile_sw128<T, BN, D>(Vs, vg, p.v_s.row, kvalid, d, tid);
-    mask_walk mw; /* HOOK: the attn_mask flags of the query tiles */
-    if (HOOK)
-        mw = mask_walk_init<BM, BN>(p, b, hq, n0, kn);
-    unsigned flags; /* of the current tile */
-    int m = next_query_tile<HOOK, BM>(p, mw, m_first, m_end, flags);
+    unsigned flags; /* attn_mask flags of the current tile (HOOK) */
+    int m = next_query_tile<HOOK, BM, BN>(p, m_first, m_end, flags);
     if (m < m_end)
         load_query_tile<T, BM, D>(Qs, dOs, lse_s, delta_s, p, qg, dog, lseg, deltag, sq, d, m * BM, tid);
     cp_async_commit();
@@ -758,7 +739,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     }
     hook_tile hkt;
     if (HOOK)
-        hook_cta_init(hkt, p, b, hq);
+        hook_cta_init(hkt, p, b, hq, D == 128);
 
     for (int walked = 0; m < m_end; ++walked) {
         const int step = HOOK ? walked : m - m_first; /* tiles walked before this one */
@@ -803,7 +784,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
         if (HOOK) {
             /* under the S^T, dP^T wgmma's: the next tile's loads (after its search through the mask
              * flags), this tile's dropout keep bits and hook state */
-            m_next = next_query_tile<HOOK, BM>(p, mw, m + 1, m_end, flags_next);
+            m_next = next_query_tile<HOOK, BM, BN>(p, m + 1, m_end, flags_next);
             if (m_next < m_end) {
                 load_query_tile<T, BM, D>(Qs + (st ^ 1) * Q_BYTES, dOs + (st ^ 1) * Q_BYTES, lse_s + (st ^ 1) * BM,
                                           delta_s + (st ^ 1) * BM, p, qg, dog, lseg, deltag, sq, d, m_next * BM, tid);
@@ -812,7 +793,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
             const uint32_t keep = smem_addr_now(keep_s) + tid / FLASH_WARP_SIZE * keep_warp_bytes(BM);
             if (hkt.dropout)
                 dropout_keep_bytes<BM>(p, bh, m0, n0 + key0 + w * WARP_KEYS, keep, lane);
-            hook_tile_set(hkt, m0, n0, jb, 2 * lc, flags, kvalid, keep, dSa, key0 + w * WARP_KEYS, 0);
+            hook_tile_set(hkt, p, m0, n0, jb, 2 * lc, flags, kvalid, keep, dSa, key0 + w * WARP_KEYS, 0);
         }
 
         /* P^T = exp2(S^T * scale*log2e - lse*log2e) (HOOK: of the hooked score), 0 outside the band and
@@ -822,7 +803,8 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
          * overlap the wgmma's of block kq and of dP^T. */
         const bool need_mask = m < full_first || m >= full_end || kvalid < BN;
         const int hi = band_tile_hi(hb, m0), lo = band_tile_lo(lb, m0);
-        const bool need_lo = key0 - (BM - 1) < lo; /* the lower bound cuts the warpgroup's part */
+        const int last_q = min(BM, sq - m0) - 1;   /* the tile's last query that exists */
+        const bool need_lo = key0 - last_q < lo;   /* the lower bound cuts the warpgroup's part */
         p_tile pt;
         pt.lse = lse_t + 2 * lc * sizeof(float);
         pt.mul = HOOK ? hkt.mul : p.scale_log2;
@@ -841,7 +823,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
             for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
                 float g8[8]; /* HOOK: the softcap derivative */
                 if (HOOK)
-                    hook_scores<T>(s + 8 * kq, g8, kq, hkt, p);
+                    hook_scores<T, BN>(s + 8 * kq, g8, kq, hkt, p, lane);
                 if (D == 64 || need_mask) {
                     p_block<true>(s + 8 * kq, kq, pt);
                     if (need_lo)
@@ -850,7 +832,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
                     p_block<false>(s + 8 * kq, kq, pt);
                 }
                 if (HOOK)
-                    hook_p<T, BM, BN>(pa[kq], s + 8 * kq, g8, kq, hkt, lane);
+                    hook_p<T, BM, D == 128>(pa[kq], s + 8 * kq, g8, kq, hkt, lane);
                 else
                     acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
                 wgmma_fence();
@@ -861,10 +843,10 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
             for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
                 float g8[8]; /* HOOK: the softcap derivative */
                 if (HOOK)
-                    hook_scores<T>(s + 8 * kq, g8, kq, hkt, p);
+                    hook_scores<T, BN>(s + 8 * kq, g8, kq, hkt, p, lane);
                 p_block<false>(s + 8 * kq, kq, pt);
                 if (HOOK)
-                    hook_p<T, BM, BN>(pa[kq], s + 8 * kq, g8, kq, hkt, lane);
+                    hook_p<T, BM, D == 128>(pa[kq], s + 8 * kq, g8, kq, hkt, lane);
                 else
                     acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
                 wgmma_fence();
@@ -937,6 +919,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
 /* ------------------------------------------------------------------------------------------------ */
 /* D = 256 (head dims 129..256)                                                                     */
 
+#define D256_D FLASH_CUDA_MAX_HEAD_DIM /* the head dim computed (head dims 129..256, zero-padded) */
 #define D256_BN 64        /* keys per CTA: the M of every key-side wgmma, shared by both warpgroups */
 #define D256_BM 64        /* queries per step */
 #define D256_QW 32        /* S^T / dP^T queries per warpgroup */
@@ -981,13 +964,14 @@ __device__ __forceinline__ void add_dq_chunk_d256(float *dqa, int d, int sq, int
  * The query tiles, masks and hooks are those of bwd_main_sm90_kernel (the warpgroup's 32 queries take
  * the place of its 64 keys). DO_DQ (dense: !deterministic; HOOK: always) is a template parameter:
  * ptxas keeps the wgmma pipeline only when the dQ chunk 0 issue is unconditional.
- * smem: K, V 32 KB each, Q/dO 2 stages x 2 x 32 KB, P^T and dS^T 8 KB each: 210 KB. 224 registers.
+ * smem: K, V 32 KB each, Q/dO 2 stages x 2 x 32 KB, P^T and dS^T 8 KB each: 210 KB (HOOK: + 512 bytes
+ * of dropout keep bits). 198 registers (deterministic 190, HOOK 238).
  * Measured (H200, bf16, 16k tokens, harness): 261 TFLOP/s at s2048, 286 at s8192 (mma.sync kernel: 170, 178). */
 template <typename T, bool DO_DQ, bool HOOK>
 __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(const flash_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int D = 256, BN = D256_BN, BM = D256_BM;
+    constexpr int D = D256_D, BN = D256_BN, BM = D256_BM;
     constexpr int K_BYTES = BN * D * 2, Q_BYTES = BM * D * 2, PT_BYTES = BN * BM * 2;
     constexpr int NS = D256_QW / 2, NDKV = D256_COLS / 2, NDQ = D256_DQ_CHUNK / 2; /* accumulator regs */
 
@@ -1029,11 +1013,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
 
     load_tile_sw128<T, BN, D>(Ks, kg, p.k_s.row, kvalid, d, tid);
     load_tile_sw128<T, BN, D>(Vs, vg, p.v_s.row, kvalid, d, tid);
-    mask_walk mw; /* HOOK: the attn_mask flags of the query tiles */
-    if (HOOK)
-        mw = mask_walk_init<BM, BN>(p, b, hq, n0, kn);
-    unsigned flags; /* of the current tile */
-    int m = next_query_tile<HOOK, BM>(p, mw, m_first, m_end, flags);
+    unsigned flags; /* attn_mask flags of the current tile (HOOK) */
+    int m = next_query_tile<HOOK, BM, BN>(p, m_first, m_end, flags);
     if (m < m_end)
         load_query_tile<T, BM, D>(Qs, dOs, lse_s, delta_s, p, qg, dog, lseg, deltag, sq, d, m * BM, tid);
     cp_async_commit();
@@ -1046,7 +1027,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     }
     hook_tile hkt;
     if (HOOK)
-        hook_cta_init(hkt, p, b, hq);
+        hook_cta_init(hkt, p, b, hq, false);
 
     for (int walked = 0; m < m_end; ++walked) {
         const int step = HOOK ? walked : m - m_first; /* tiles walked before this one */
@@ -1086,7 +1067,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
 
         const int jb = w * WARP_KEYS + lane / 4; /* the thread's first key row */
         if (HOOK) {
-            m_next = next_query_tile<HOOK, BM>(p, mw, m + 1, m_end, flags_next);
+            m_next = next_query_tile<HOOK, BM, BN>(p, m + 1, m_end, flags_next);
             if (m_next < m_end) {
                 const int so = st ^ 1;
                 load_query_tile<T, BM, D>(Qs + so * Q_BYTES, dOs + so * Q_BYTES, lse_s + so * BM, delta_s + so * BM, p,
@@ -1096,13 +1077,14 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
             const uint32_t keep = smem_addr_now(keep_s) + tid / FLASH_WARP_SIZE * keep_warp_bytes(D256_QW);
             if (hkt.dropout)
                 dropout_keep_bytes<D256_QW>(p, bh, m0 + q0, n0 + w * WARP_KEYS, keep, lane);
-            hook_tile_set(hkt, m0, n0, jb, q0 + 2 * lc, flags, kvalid, keep, dSa, w * WARP_KEYS, q0);
+            hook_tile_set(hkt, p, m0, n0, jb, q0 + 2 * lc, flags, kvalid, keep, dSa, w * WARP_KEYS, q0);
         }
 
         /* P^T, dS^T (masking as in bwd_main_sm90_kernel), to smem for both warpgroups */
         const bool need_mask = m < full_first || m >= full_end || kvalid < BN;
         const int hi = band_tile_hi(hb, m0), lo = band_tile_lo(lb, m0);
-        const bool need_lo = -(q0 + D256_QW - 1) < lo; /* the lower bound cuts the warpgroup's part */
+        const int last_q = min(q0 + D256_QW, sq - m0) - 1; /* the warpgroup's last query that exists */
+        const bool need_lo = -last_q < lo;                 /* the lower bound cuts the warpgroup's part */
         p_tile pt;
         pt.lse = lse_t + (q0 + 2 * lc) * sizeof(float);
         pt.mul = HOOK ? hkt.mul : p.scale_log2;
@@ -1115,7 +1097,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         if (HOOK) {
 #pragma unroll
             for (int kq = 0; kq < D256_QW / WGMMA_K; ++kq)
-                hook_scores<T>(s + 8 * kq, g8[kq], kq, hkt, p);
+                hook_scores<T, BN>(s + 8 * kq, g8[kq], kq, hkt, p, lane);
         }
         if (need_mask) {
 #pragma unroll
@@ -1133,7 +1115,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
 #pragma unroll
             for (int kq = 0; kq < D256_QW / WGMMA_K; ++kq) {
                 uint32_t a[4];
-                hook_p<T, D256_QW, BN>(a, s + 8 * kq, g8[kq], kq, hkt, lane);
+                hook_p<T, D256_QW, false>(a, s + 8 * kq, g8[kq], kq, hkt, lane);
                 store_a_frag_sw128<BN>(Pa, w * WARP_KEYS, q0 + kq * WGMMA_K, a, lane);
             }
         }
@@ -1186,14 +1168,13 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
                                                       desc_mn_major<BM>(Qt, kq * WGMMA_K, c0), 1);
         wgmma_commit();
         if (DO_DQ) {
+            const int dq_rows = do_dq ? sq : 0; /* rows added into dq_accum: none in deterministic mode */
             wgmma_wait<1>(); /* chunk 0 (dV, dK may still run) */
-            if (do_dq)
-                add_dq_chunk_d256(dqa, d, sq, row, c0, acc_dq, lc, lane);
+            add_dq_chunk_d256(dqa, d, dq_rows, row, c0, acc_dq, lc, lane);
             issue_dq_chunk_d256<T>(acc_dq, dSa, Ka, c0 + D256_DQ_CHUNK);
             wgmma_commit();
             wgmma_wait<0>();
-            if (do_dq)
-                add_dq_chunk_d256(dqa, d, sq, row, c0 + D256_DQ_CHUNK, acc_dq, lc, lane);
+            add_dq_chunk_d256(dqa, d, dq_rows, row, c0 + D256_DQ_CHUNK, acc_dq, lc, lane);
         } else {
             wgmma_wait<0>();
         }
@@ -1221,7 +1202,7 @@ static size_t smem_main_sm90(int D, int BM, bool hook)
 
 static size_t smem_main_sm90_d256(bool hook)
 {
-    return SW128_ATOM_BYTES + (size_t)(2 * D256_BN * 256 + 4 * D256_BM * 256 + 2 * D256_BN * D256_BM) * 2 +
+    return SW128_ATOM_BYTES + (size_t)(2 * D256_BN * D256_D + 4 * D256_BM * D256_D + 2 * D256_BN * D256_BM) * 2 +
            4 * D256_BM * sizeof(float) + (hook ? (size_t)SM90_MMA_WARPS * keep_warp_bytes(D256_QW) : 0);
 }
 

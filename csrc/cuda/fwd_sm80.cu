@@ -3,57 +3,63 @@
  * Algorithm. One CTA owns kBlockM query rows of one (batch, head); its warps split those rows (each
  * warp kBlockM / kNWarps rows = one or two m16 tiles), never the keys, so no cross-warp merge. The CTA
  * visits the key tiles [first, end) of kBlockN keys that flash_key_tiles (mask.h) puts in the band of
- * its rows, in increasing order (the HOOK kernels skip tiles whose attn_mask block flags have no
+ * its rows, in increasing order (the HOOK kernels also skip tiles whose attn_mask block flags have no
  * visible entry). K and V tiles stream through shared memory with cp.async: K is double buffered (the
  * next tile's K is in flight during all of the current one); V too when two V buffers fit the sm80
  * limit, else V loads during S and the softmax (one more __syncthreads per tile). Per tile, per warp:
  *   S = Q K^T        mma.sync m16n8k16, fp32 accumulators; Q fragments from registers (ldmatrix once)
  *                    or from shared memory per k step (configs short of registers); K by ldmatrix
  *                    (K rows are the n dimension of S).
- *   score hook       HOOK kernels only: s = scale q.k, softcap (tanh.approx.f32), ALiBi, attn_mask
- *                    (read only in tiles whose block flags say partial), in log2 units (mask.h order).
+ *   score hook       HOOK kernels only (score_hook): softcap (tanh.approx.f32), ALiBi, attn_mask (read
+ *                    only in tiles whose block flags say partial), in mask.h's order, kept in the raw
+ *                    units of q.k so that the softmax below is shared.
  *   mask             tiles outside [full_first, full_end) only: keys past seqlen_k or outside the band
- *                    diag_lo <= j - i <= diag_hi, three compares per value against flash_tile_diag.
+ *                    diag_lo <= j - i <= diag_hi (flash_visible: dense kernels one unsigned compare per
+ *                    value; HOOK kernels one pass per crossed edge against flash_tile_diag).
  *   online softmax   fp32, base 2 (log2(e) folded into the scale: one FFMA + one EX2 per score); row
  *                    max over the 4 lanes of a quad by shuffle-xor; O and the row sum rescaled by
  *                    exp2(m_old - m_new); the row sum stays per lane until the end. A row whose max is
  *                    still -inf exponentiates against 0, so it stays all zeros, never NaN.
  *   dropout          HOOK kernels only, after the row sum (which keeps the undropped P): P = 0 where
- *                    the Philox draw is below the threshold; the keep scale goes into the epilogue.
+ *                    the key's Philox draw is below the threshold; the keep scale goes into the
+ *                    epilogue's factor.
  *   O += P V         the S accumulators of two adjacent n8 tiles repack in registers (pack2) into one
  *                    k16 A fragment; V by ldmatrix.trans.
- * End: (factor, lse) per row, factor 1 / l and lse = (m + log2 l) ln 2, or with a sink
- * flash_row_finish_f (mask.h); O * factor through this warp's own rows of the Q buffer to 16-byte
- * global stores. A row with no visible key has l = 0: it writes O = 0 and lse = -inf (the sink).
+ * End: per row (factor, lse) = flash_row_finish_f (mask.h; factor 1 / l, lse = (m + log2 l) ln 2 without
+ * a sink), O * factor through this warp's own rows of the Q buffer to 16-byte global stores. A row with
+ * no visible key has l = 0: it writes O = 0 and lse = -inf (the sink with one).
  * Query tiles run in reverse order so the heaviest causal tiles are scheduled first.
  *
- * Key order inside a tile (key_row below): the dense kernels keep S column c of n8 tile nt = key
- * 8 nt + c. The HOOK kernels permute the keys of each 32 so that the 8 values a lane holds in four
- * consecutive n8 tiles (columns 2 q, 2 q + 1) are the 8 keys of one dropout draw: one Philox call per
- * (row, 8 keys) in one lane, no exchange across the quad. K and V rows follow the same order through
- * the ldmatrix row addresses, so the permutation costs nothing; it needs kBlockN % 32 == 0.
+ * Key order inside a tile (key_row): the dense kernels keep S column c of n8 tile nt = key 8 nt + c.
+ * The HOOK kernels permute the keys of each 32 so that the 8 values a lane holds in four consecutive
+ * n8 tiles (columns 2 q, 2 q + 1) are the 8 keys of one dropout draw: one Philox call per (row, 8 keys)
+ * in one lane, no exchange across the quad, and 8 consecutive attn_mask entries (one vector load). K
+ * and V rows follow the same order through the ldmatrix row addresses (and a swizzle that keeps those
+ * conflict-free, swz_key), so the permutation costs nothing; it needs kBlockN % 32 == 0.
  *
  * Shared memory: Q (kBlockM, kHeadDim) | K[2] (kBlockN, kHeadDim) | V[1 or 2] (kBlockN, kHeadDim),
- * 16-bit rows; the 16-byte chunk c of row r is stored at chunk c ^ (r % 8), so cp.async stores,
+ * 16-bit rows; the 16-byte chunk c of row r is stored at chunk c ^ swz_key(r), so cp.async stores,
  * ldmatrix (plain and .trans) and the epilogue's row writes are free of bank conflicts. Head dims
  * below the config's kHeadDim are zero-filled on load and masked on store; rows past the end are
  * zero-filled. Every config fits the A100's 163 KB.
  *
  * A negative softmax scale negates Q in shared memory once and runs with |scale| (the max-subtraction
- * needs a positive factor); a zero scale runs with FLT_MIN (masked -inf scores stay -inf).
+ * needs a positive factor); a zero scale runs with FLT_MIN (HOOK: kHookMinScaleLog2).
  *
- * Configs (FWD_CFG_* dense, FWD_HOOK_CFG_* general), chosen on the H200 with dev/fwd_bench.sh; bf16,
+ * Configs (FWD_CFG_* dense, FWD_HOOK_CFG_* HOOK), chosen on the H200 with dev/fwd_bench.sh; bf16,
  * 16k tokens, nheads = 2048 / d, TFLOP/s = 4 B H Sq Sk D / t (halved for causal), non-causal | causal
- * at seqlen 512 / 2k / 8k:
- *   d <= 64 : 128 x 64, 4 warps, Q in registers, 2 x V    267 313 326 | 180 271 309
- *   d <= 128: 128 x 48, 4 warps, Q from smem,    2 x V    295 356 377 | 199 293 335
- *   d <= 256: 128 x 64, 8 warps, Q from smem,    1 x V    267 313 327 | 183 256 294
+ * at seqlen 512 / 2k / 8k (dev/fwd_harness.cu bench):
+ *   d <= 64 : 128 x 64, 4 warps, Q in registers, 2 x V    272 311 323 | 181 266 299
+ *   d <= 128: 128 x 48, 4 warps, Q from smem,    2 x V    299 362 380 | 196 287 327
+ *   d <= 256: 128 x 64, 8 warps, Q from smem,    1 x V    270 317 332 | 186 260 299
  * (torch's FA2 backend on the same H200: ~307 d64, 339-353 d128, 324 d256.) The HOOK kernels use the
- * same tiles except d <= 128: 128 x 32 (the key permutation needs kBlockN % 32 == 0, and 128 x 64
- * spills). Registers and history: benchmarks/results/h200/history_fwd_sm80.md. 2 CTAs (8 warps) per
- * SM at d <= 128, 1 CTA at d256. Where the time goes: 2 warps per scheduler with no overlap inside a
- * warp between its mma, softmax and loads (registers allow no more); at d256 16-row warps re-read K,
- * V and Q from shared memory.
+ * same tiles except d <= 128: 128 x 32 (kBlockN % 32; 128 x 64 spills). HOOK TFLOP/s on the visible
+ * pairs, d128 s8k (dev/fwd_harness.cu variants): no hook field 314, softcap 50 287, ALiBi causal 267,
+ * dropout 0.1 231, 25% key padding 298, 10% block-sparse 164; sliding window 4096 (dense kernel) 340.
+ * 2 CTAs (8 warps) per SM at d <= 128, 1 CTA at d256. Where the time goes: 2 warps per scheduler with
+ * no overlap inside a warp between its mma, softmax and loads (registers allow no more); at d256
+ * 16-row warps re-read K, V and Q from shared memory. History: benchmarks/results/h200/
+ * history_fwd_sm80.md.
  * Build: nvcc -std=c++17 -O3 -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a
  */
 #include <float.h>
@@ -108,6 +114,9 @@ static constexpr uint32_t kSignBits2 = 0x80008000u; /* sign bits of two packed 1
 static constexpr uint32_t kLowHalf = 0xffffu;       /* low 16 bits (of a Philox word: the even key's draw) */
 static constexpr int kHalfBits = 16;
 static constexpr float kLn2 = (float)(1.0 / FLASH_LOG2E);
+/* smallest |scale_log2| of the HOOK kernels (a zero scale runs with it): their raw-unit hook divides by
+ * it (score_hook), which must stay far from float overflow */
+static constexpr float kHookMinScaleLog2 = 1e-20f;
 
 static_assert(FLASH_DROPOUT_KEYS_PER_DRAW == 2 * kPermTiles && FLASH_DROPOUT_KEYS_PER_DRAW == kMmaN,
               "one draw = the 2 values a lane holds in each of kPermTiles n8 tiles");
@@ -147,7 +156,8 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const T *base, int64_t 
 #pragma unroll
     for (int i = 0; i < kRows / kRowStep; i++) {
         const bool ok = chunk_ok && row0 + row + i * kRowStep < nrows;
-        cp_async_16(tile + swz<kHeadDim, kPerm>(row + i * kRowStep, chunk), ok ? (const void *)src : (const void *)base, ok);
+        cp_async_16(tile + swz<kHeadDim, kPerm>(row + i * kRowStep, chunk), ok ? (const void *)src : (const void *)base,
+                    ok);
         src += kRowStep * row_stride;
     }
 }
@@ -271,21 +281,73 @@ __device__ __forceinline__ unsigned key_tile_flags(const flash_params &p, int ba
     return __reduce_or_sync(kFullMask, f);
 }
 
-/* The first key tile in [j, n_end) with a visible attn_mask entry (n_end if none), and its flags. */
+/* The first key tile in [j, n_end) with a visible attn_mask entry (n_end if none), and its flags. Tile
+ * j by key_tile_flags; past a hidden one, 32 tiles at a time, one per lane (flash_mask_tile_flags) and a
+ * ballot, so that block-sparse masks skip runs of hidden tiles quickly. Uniform over the CTA. */
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ int next_visible_tile(const flash_params &p, int batch, int head, int row0, int qn, int j,
                                                  int n_end, int lane, unsigned *flags)
 {
-    for (; j < n_end; j++) {
-        *flags = key_tile_flags<kBlockM, kBlockN>(p, batch, head, row0, qn, j, lane);
-        if (*flags & FLASH_MASK_ANY_VISIBLE)
-            break;
+    if (j >= n_end)
+        return j;
+    *flags = key_tile_flags<kBlockM, kBlockN>(p, batch, head, row0, qn, j, lane);
+    if (*flags & FLASH_MASK_ANY_VISIBLE)
+        return j;
+    for (j++; j < n_end; j += FLASH_WARP_SIZE) {
+        const int64_t k0 = (int64_t)(j + lane) * kBlockN;
+        const unsigned f = j + lane < n_end
+                               ? flash_mask_tile_flags(&p, batch, head, row0, qn, k0, flash_min64(kBlockN, p.sk - k0))
+                               : 0u;
+        const unsigned visible = __ballot_sync(kFullMask, f & FLASH_MASK_ANY_VISIBLE);
+        if (visible != 0) {
+            const int first = __ffs(visible) - 1;
+            *flags = __shfl_sync(kFullMask, f, first);
+            return j + first;
+        }
     }
-    return j;
+    return n_end;
 }
 
-/* Band and seqlen_k mask of one tile: s = -inf outside diag_lo <= j - i <= diag_hi or at j >= sk, one
- * pass per edge the tile crosses (lo_edge, hi_edge, tail: uniform over the CTA). The thread's first row
+/* Band and seqlen_k mask of one tile of a dense kernel (natural key order): s = -inf at keys >= sk or
+ * outside diag_lo <= j - i <= diag_hi (flash_visible), the band test as one unsigned compare per value
+ * of j - i - diag_lo against diag_hi - diag_lo (a tile exists only if diag_lo <= diag_hi, and both
+ * fit an int). col0: the thread's first key, diag0: its first key minus its first row. */
+template <int kMT, int kNT>
+__device__ __forceinline__ void mask_band_dense(float (&s)[kMT][kNT][4], const flash_params &p, int col0, int diag0)
+{
+    const unsigned from_lo0 = (unsigned)diag0 - (unsigned)(int)p.diag_lo;
+    const unsigned band = (unsigned)(int)p.diag_hi - (unsigned)(int)p.diag_lo;
+    const int sk = (int)p.sk;
+#pragma unroll
+    for (int t = 0; t < kMT; t++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int nt = 0; nt < kNT; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int col = col0 + nt * kMmaN + e;
+                    const unsigned from_lo = from_lo0 + (unsigned)(nt * kMmaN + e - t * kMmaM - h * kHalfRows);
+                    if (col >= sk || from_lo > band)
+                        s[t][nt][2 * h + e] = -INFINITY;
+                }
+}
+
+/* The thread's first row r_t and first key c_t of key tile j: its accumulator value (t, nt, 2 h + e)
+ * is row r_t + 16 t + 8 h, key c_t + key_row(nt, e). Rebuilt from tid at each use (the empty asm stops
+ * hoisting): kept through the main loop, they and what derives from them spill at kHeadDim 128. */
+template <int kWarpRows, int kBlockN, bool kPerm>
+__device__ __forceinline__ void thread_origin(int tid, int row0, int j, int *r_t, int *c_t)
+{
+    unsigned t = (unsigned)tid;
+    asm volatile("" : "+r"(t));
+    const unsigned lane = t % FLASH_WARP_SIZE;
+    *r_t = row0 + (int)(t / FLASH_WARP_SIZE) * kWarpRows + (int)(lane / kQuadLanes);
+    *c_t = j * kBlockN + key_row<kPerm>(0, 2 * (int)(lane % kQuadLanes));
+}
+
+/* Band and seqlen_k mask of one tile of a HOOK kernel: s = -inf outside diag_lo <= j - i <= diag_hi or
+ * at j >= sk, one pass per edge the tile crosses (lo_edge, hi_edge, tail: uniform over the CTA). The thread's first row
  * is r_t, its first key c_t; its value (t, nt, 2 h + e) sits key_row(nt, e) keys and t * 16 + h * 8 rows
  * further, so flash_tile_diag(bound, r_t, c_t) makes each test one compare against a constant. */
 template <int kMT, int kNT, bool kPerm>
@@ -333,7 +395,11 @@ __device__ __forceinline__ void mask_band(float (&s)[kMT][kNT][4], const flash_p
     }
 }
 
-__device__ __forceinline__ float bits_to_float(__half, uint32_t b) { return __half2float(__ushort_as_half((unsigned short)b)); }
+/* The 16-bit float in the low half of b. */
+__device__ __forceinline__ float bits_to_float(__half, uint32_t b)
+{
+    return __half2float(__ushort_as_half((unsigned short)b));
+}
 __device__ __forceinline__ float bits_to_float(__nv_bfloat16, uint32_t b)
 {
     return __bfloat162float(__ushort_as_bfloat16((unsigned short)b));
@@ -369,8 +435,8 @@ __device__ __forceinline__ void load_mask8(uint32_t (&w)[kBits / 4], const unsig
     }
 }
 
-/* attn_mask of one tile (mask.h) in the permuted key order (HOOK kernels), on log2-unit scores:
- * additive s += log2(e) mask[b, hq, i, j], bool s = -inf where mask[b, hq, i, j] == 0. Lane q's values
+/* attn_mask of one tile (mask.h) in the permuted key order (HOOK kernels), on raw scores (score_hook):
+ * additive x += to_raw mask[b, hq, i, j], bool x = -inf where mask[b, hq, i, j] == 0. Lane q's values
  * of row i in n8-tile group g are the 8 consecutive keys c_t + 32 g + k, k = 2 u + e at (4 g + u, e):
  * one vector load when the keys are contiguous and aligned (mask_s.col == 1, the row starts a multiple
  * of 8 elements) and the tile lies inside sk; else 8 scalar loads, with rows past sq and keys past sk
@@ -378,7 +444,7 @@ __device__ __forceinline__ void load_mask8(uint32_t (&w)[kBits / 4], const unsig
  * The empty asm with a memory clobber confines each group's loads (registers). */
 template <typename T, int kMT, int kNT>
 __device__ __forceinline__ void apply_attn_mask(float (&s)[kMT][kNT][4], const flash_params &p, int batch, int head,
-                                                int r_t, int c_t, bool tile_in_sk)
+                                                int r_t, int c_t, bool tile_in_sk, float to_raw)
 {
     constexpr int kKeys = FLASH_DROPOUT_KEYS_PER_DRAW; /* one group's keys per lane */
     constexpr int kAddBits = 8 * sizeof(T);
@@ -405,7 +471,7 @@ __device__ __forceinline__ void apply_attn_mask(float (&s)[kMT][kNT][4], const f
 #pragma unroll
                     for (int k = 0; k < kKeys; k++) {
                         float &y = s[t][g * kPermTiles + k / 2][2 * h + k % 2];
-                        y = fmaf(bits_to_float(T(), w[k / 2] >> (kAddBits * (k % 2))), FLASH_LOG2E_F, y);
+                        y = fmaf(bits_to_float(T(), w[k / 2] >> (kAddBits * (k % 2))), to_raw, y);
                     }
                 } else {
                     uint32_t w[kBoolBits / 4];
@@ -420,36 +486,30 @@ __device__ __forceinline__ void apply_attn_mask(float (&s)[kMT][kNT][4], const f
         }
 }
 
-/* The score hook of one tile (mask.h, in its order), turning q.k into the final score in log2 units:
- * x = log2(e) s with s = scale q.k, softcap: s = cap tanh(s / cap) (folded: x = c tanh(q.k scale_log2 / c),
- * c = cap log2(e)), ALiBi: x -= log2(e) slope |j - i - alibi_offset|, then the attn_mask where the tile's
- * block flags say partial (tile_in_sk: the tile ends at or before sk). scale_log2 = |scale| log2(e) (Q
- * holds the sign). Permuted key order (key_row<true>). */
+/* The score hook of one tile (mask.h, in its order) on the raw scores x = q.k, keeping the kernel's
+ * units: the final score s (natural log units) is x * scale_log2 * ln 2, scale_log2 = |scale| log2(e)
+ * (Q holds the sign), so the dense softmax applies unchanged. Softcap s = cap tanh(scale q.k / cap):
+ * x = c tanh(x / c) with c = cap / |scale|; ALiBi s -= slope |j - i - alibi_offset|: x -= slope / |scale|
+ * |...|; then the attn_mask where the tile's block flags say partial (additive: x += mask / |scale|,
+ * i.e. mask log2(e) / scale_log2; tile_in_sk: the tile ends at or before sk). Permuted key order. */
 template <typename T, int kMT, int kNT>
 __device__ __forceinline__ void score_hook(float (&s)[kMT][kNT][4], const flash_params &p, float scale_log2,
                                            unsigned flags, int batch, int head, int r_t, int c_t, bool tile_in_sk)
 {
+    const float to_raw = FLASH_LOG2E_F / scale_log2; /* natural units -> raw units: 1 / |scale| */
     if (p.softcap > 0.f) {
-        const float cap = p.softcap * FLASH_LOG2E_F;
-        const float pre = scale_log2 / cap;
+        const float cap = p.softcap * to_raw;
+        const float inv_cap = 1.f / cap;
 #pragma unroll
         for (int t = 0; t < kMT; t++)
 #pragma unroll
             for (int nt = 0; nt < kNT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    s[t][nt][e] = cap * tanh_approx(s[t][nt][e] * pre);
-    } else {
-#pragma unroll
-        for (int t = 0; t < kMT; t++)
-#pragma unroll
-            for (int nt = 0; nt < kNT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    s[t][nt][e] *= scale_log2;
+                    s[t][nt][e] = cap * tanh_approx(s[t][nt][e] * inv_cap);
     }
     if (p.alibi_slopes != nullptr) {
-        const float slope = flash_alibi_slope(&p, batch, head) * FLASH_LOG2E_F;
+        const float slope = flash_alibi_slope(&p, batch, head) * to_raw;
         /* j - i - alibi_offset of the thread's first value; + (key_row - row offset) per value */
         const float a0 = (float)((int64_t)c_t - r_t - p.alibi_offset);
 #pragma unroll
@@ -465,7 +525,7 @@ __device__ __forceinline__ void score_hook(float (&s)[kMT][kNT][4], const flash_
                     }
     }
     if (flags & FLASH_MASK_ANY_MASKED)
-        apply_attn_mask<T, kMT, kNT>(s, p, batch, head, r_t, c_t, tile_in_sk);
+        apply_attn_mask<T, kMT, kNT>(s, p, batch, head, r_t, c_t, tile_in_sk, to_raw);
 }
 
 /* Dropout of one tile's P (permuted key order): lane q's values of row i in the n8 tiles of group g are
@@ -555,17 +615,17 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
     unsigned flags = FLASH_MASK_ANY_VISIBLE;
     if constexpr (HOOK)
         j = next_visible_tile<kBlockM, kBlockN>(p, batch, head, row0, qn, j, n_end, lane, &flags);
-    const float scale = fmaxf(fabsf(p.scale_log2), FLT_MIN);
-    const float sm_scale = HOOK ? 1.f : scale; /* HOOK scores are already in log2 units */
+    const float scale = fmaxf(fabsf(p.scale_log2), HOOK ? kHookMinScaleLog2 : FLT_MIN);
 
     load_tile<T, kHeadDim, kBlockM, kThreads>(sQ, q, p.q_s.row, row0, sq, d, tid);
     cp_async_commit();
     if (j < n_end) {
-        load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sK, kv_slice<T>(p.k, p.k_s, batch, kv_head), p.k_s.row,
-                                                  j * kBlockN, sk, d, tid);
+        const uint32_t buf = HOOK ? 0 : (j & 1) * kKVBytes;
+        load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sK + buf, kv_slice<T>(p.k, p.k_s, batch, kv_head),
+                                                        p.k_s.row, j * kBlockN, sk, d, tid);
         if constexpr (kVStages == 2)
-            load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sV, kv_slice<T>(p.v, p.v_s, batch, kv_head), p.v_s.row,
-                                                      j * kBlockN, sk, d, tid);
+            load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sV + buf, kv_slice<T>(p.v, p.v_s, batch, kv_head),
+                                                            p.v_s.row, j * kBlockN, sk, d, tid);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -578,9 +638,11 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
     const int lr = lane % 8;
     const int mi = lane / 8;
     const uint32_t q_lane = sQ + (warp * kWarpRows + (mi & 1) * 8 + lr) * kRowBytes + (((mi >> 1) ^ lr) << kChunkShift);
-    /* K lane offset | V lane offset << 16: one register through the loop */
-    const uint32_t kv_lane =
-        kv_lane_offset<HOOK, kRowBytes>(lane, false) | (kv_lane_offset<HOOK, kRowBytes>(lane, true) << kHalfBits);
+    /* K and V lane offsets: two registers through the loop in the dense kernels; the HOOK kernels, short
+     * of registers, pack them into one (kv_lane, unpacked per tile) */
+    const uint32_t k_lane = kv_lane_offset<HOOK, kRowBytes>(lane, false);
+    const uint32_t v_lane = kv_lane_offset<HOOK, kRowBytes>(lane, true);
+    const uint32_t kv_lane = k_lane | (v_lane << kHalfBits);
 
     uint32_t qf[kQInRegs ? kMT : 1][kQInRegs ? kQK : 1][4];
     if constexpr (kQInRegs) {
@@ -592,7 +654,7 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
     }
 
     float acc[kMT][kDT][4];   /* O accumulators: rows lane/4 (+8), cols 2*(lane%4) (+1) of each n8 tile */
-    float m_run[kMT][2];      /* running max of the scores (raw q.k; HOOK: final, log2 units) of rows lane/4, +8 */
+    float m_run[kMT][2];      /* running max of the raw scores (q.k; HOOK: after the hook) of rows lane/4, +8 */
     float l_run[kMT][2];      /* this lane's part of the running row sum */
 #pragma unroll
     for (int t = 0; t < kMT; t++) {
@@ -608,8 +670,12 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
         }
     }
 
-    int stage = 0; /* K (and V) buffer of tile j */
+    /* K (and V) buffer of tile j: the dense kernels, whose tiles are consecutive, use j & 1 (the prologue
+     * loaded the first one there); the HOOK kernels, which skip tiles, toggle it */
+    int stage = 0;
     while (j < n_end) {
+        if constexpr (!HOOK)
+            stage = j & 1;
         int j_next = j + 1;
         unsigned flags_next = FLASH_MASK_ANY_VISIBLE;
         if constexpr (HOOK)
@@ -618,26 +684,23 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
         __syncthreads(); /* K_j (and V_j) landed; every warp is done with the previous tile's buffers */
         if constexpr (kVStages == 1) {
             load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sV, kv_slice<T>(p.v, p.v_s, batch, kv_head), p.v_s.row,
-                                                      j * kBlockN, sk, d, tid);
+                                                            j * kBlockN, sk, d, tid);
             cp_async_commit();
         }
         if (j_next < n_end) {
             const uint32_t next = (stage ^ 1) * kKVBytes;
-            load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sK + next, kv_slice<T>(p.k, p.k_s, batch, kv_head), p.k_s.row,
-                                                      j_next * kBlockN, sk, d, tid);
+            load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sK + next, kv_slice<T>(p.k, p.k_s, batch, kv_head),
+                                                            p.k_s.row, j_next * kBlockN, sk, d, tid);
             if constexpr (kVStages == 2)
                 load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sV + next, kv_slice<T>(p.v, p.v_s, batch, kv_head),
-                                                          p.v_s.row, j_next * kBlockN, sk, d, tid);
+                                                                p.v_s.row, j_next * kBlockN, sk, d, tid);
         }
         cp_async_commit();
-        /* Per-thread values unpacked / rebuilt per tile (the empty asms stop hoisting): kept apart through
-         * the loop, they and what derives from them spill at kHeadDim 128. */
         uint32_t kv_t = kv_lane;
-        int tid_t = tid;
-        asm volatile("" : "+r"(kv_t), "+r"(tid_t));
-        const int lane_t = tid_t % FLASH_WARP_SIZE;
-        const uint32_t kb = sK + stage * kKVBytes + (kv_t & kLowHalf);
-        const uint32_t vb = sV + (kVStages == 2 ? stage * kKVBytes : 0) + (kv_t >> kHalfBits);
+        if constexpr (HOOK)
+            asm volatile("" : "+r"(kv_t)); /* unpack here, not before the loop */
+        const uint32_t kb = sK + stage * kKVBytes + (HOOK ? kv_t & kLowHalf : k_lane);
+        const uint32_t vb = sV + (kVStages == 2 ? stage * kKVBytes : 0) + (HOOK ? kv_t >> kHalfBits : v_lane);
 
         /* S = Q K^T */
         float s[kMT][kNT][4];
@@ -673,20 +736,25 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
             }
         }
 
-        /* the thread's first row r_t and key c_t of this tile; its other values sit at constant offsets */
-        const int r_t = row0 + (tid_t / FLASH_WARP_SIZE) * kWarpRows + lane_t / kQuadLanes;
-        const int c_t = j * kBlockN + key_row<HOOK>(0, 2 * (lane_t % kQuadLanes));
-        if constexpr (HOOK)
+        /* score hook (HOOK), then the band / seqlen_k mask of tiles outside [full_first, full_end) */
+        const bool masked = j < full_first || j >= full_end;
+        int r_t = 0, c_t = 0; /* HOOK: the thread's first row and key of this tile (thread_origin) */
+        if constexpr (HOOK) {
+            thread_origin<kWarpRows, kBlockN, HOOK>(tid, row0, j, &r_t, &c_t);
             score_hook<T, kMT, kNT>(s, p, scale, flags, batch, head, r_t, c_t, (int64_t)(j + 1) * kBlockN <= sk);
-        if (j < full_first || j >= full_end) {
-            /* which edges the tile crosses: keys below the last row's band, above the first row's, past sk */
-            const int64_t k0 = (int64_t)j * kBlockN;
-            mask_band<kMT, kNT, HOOK>(s, p, r_t, c_t, k0 < row0 + qn - 1 + p.diag_lo,
-                                      k0 + kBlockN - 1 > row0 + p.diag_hi, k0 + kBlockN > p.sk);
+            if (masked) {
+                /* the edges the tile crosses: keys below its last row's band, above its first row's, past sk */
+                const int64_t k0 = (int64_t)j * kBlockN;
+                mask_band<kMT, kNT, HOOK>(s, p, r_t, c_t, k0 < row0 + qn - 1 + p.diag_lo,
+                                          k0 + kBlockN - 1 > row0 + p.diag_hi, k0 + kBlockN > p.sk);
+            }
+        } else if (masked) {
+            const int col0 = j * kBlockN + 2 * (lane % kQuadLanes);
+            mask_band_dense<kMT, kNT>(s, p, col0, col0 - (row0 + warp * kWarpRows + lane / kQuadLanes));
         }
 
-        /* online softmax: P = exp2(S * sm_scale - m * sm_scale), rescale O and l by
-         * exp2((m_old - m) * sm_scale) */
+        /* online softmax: P = exp2(S * scale - m * scale), rescale O and l by
+         * exp2((m_old - m) * scale) */
 #pragma unroll
         for (int t = 0; t < kMT; t++)
 #pragma unroll
@@ -697,15 +765,15 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
                     mx = fmaxf(mx, fmaxf(s[t][nt][2 * h], s[t][nt][2 * h + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
-                const float ms = mx == -INFINITY ? 0.f : mx * sm_scale;
-                const float alpha = exp2_approx(m_run[t][h] * sm_scale - ms); /* 0 while m_old = -inf */
+                const float ms = mx == -INFINITY ? 0.f : mx * scale;
+                const float alpha = exp2_approx(m_run[t][h] * scale - ms); /* 0 while m_old = -inf */
                 m_run[t][h] = mx;
                 float sum = 0.f;
 #pragma unroll
                 for (int nt = 0; nt < kNT; nt++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        const float pe = exp2_approx(fmaf(s[t][nt][2 * h + e], sm_scale, -ms));
+                        const float pe = exp2_approx(fmaf(s[t][nt][2 * h + e], scale, -ms));
                         s[t][nt][2 * h + e] = pe;
                         sum += pe;
                     }
@@ -750,12 +818,15 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
         }
         j = j_next;
         flags = flags_next;
-        stage ^= 1;
+        if constexpr (HOOK)
+            stage ^= 1;
     }
 
     /* epilogue: O * factor into this warp's rows of sQ (only this warp ever read them), then to global.
-     * m in natural units is m_run * sm_scale * ln 2. */
-    const float sink = p.sink != nullptr ? ((const float *)p.sink)[head] : -INFINITY;
+     * m in natural units is m_run * scale * ln 2. */
+    int sink_head = head;
+    asm volatile("" : "+r"(sink_head)); /* load the sink here, not before the main loop (registers) */
+    const float sink = p.sink != nullptr ? ((const float *)p.sink)[sink_head] : -INFINITY;
     float keep_scale = 1.f;
     if constexpr (HOOK) {
         if (p.dropout_threshold != 0)
@@ -772,9 +843,9 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
             float factor, row_lse;
             if (p.sink == nullptr) {
                 factor = l > 0.f ? 1.f / l : 0.f;
-                row_lse = l > 0.f ? (m_run[t][h] * sm_scale + log2f(l)) * kLn2 : -INFINITY;
+                row_lse = l > 0.f ? (m_run[t][h] * scale + log2f(l)) * kLn2 : -INFINITY;
             } else {
-                flash_row_finish_f(m_run[t][h] * sm_scale * kLn2, l, sink, &factor, &row_lse);
+                flash_row_finish_f(m_run[t][h] * scale * kLn2, l, sink, &factor, &row_lse);
             }
             factor *= keep_scale;
             const int r = warp * kWarpRows + t * kMmaM + h * kHalfRows + lane / kQuadLanes;
@@ -855,11 +926,15 @@ extern "C" size_t flash_fwd_sm80_smem(const flash_params *p)
 
 extern "C" cudaError_t flash_fwd_sm80(const flash_params *p, cudaStream_t stream)
 {
-    const int hook_fields = p->softcap > 0.f || p->alibi_slopes != NULL || p->mask != NULL || p->dropout_threshold != 0;
+    /* the dense kernels ignore the hook fields; the HOOK kernels read the mask through its block flags */
+    const bool hook_fields =
+        p->softcap > 0.f || p->alibi_slopes != NULL || p->mask != NULL || p->dropout_threshold != 0;
+    const bool mask_ok = p->mask == NULL ? p->mask_blocks == NULL
+                                         : p->mask_blocks != NULL &&
+                                               (p->mask_kind == FLASH_MASK_BOOL || p->mask_kind == FLASH_MASK_ADD);
     if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->d % kChunkElems != 0 || p->sq > INT_MAX ||
         p->sk > INT_MAX || p->h > kMaxGridYZ || p->b > kMaxGridYZ || p->h_per_kv < 1 ||
-        (hook_fields && !p->has_hook) || (p->mask != NULL && p->mask_kind != FLASH_MASK_BOOL &&
-                                          p->mask_kind != FLASH_MASK_ADD))
+        (hook_fields && !p->has_hook) || !mask_ok)
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0 || p->sq == 0)
         return cudaSuccess;
