@@ -24,8 +24,8 @@
  *   in registers and writes dq directly. Bitwise reproducible; costs S and dP twice.
  *   Variants (HOOK = p->has_hook, a template parameter of the main and dQ kernels; HOOK = false is
  *   the dense path, band geometry only): where P is recomputed from S, the score hook of mask.h
- *   (softcap with tanhf, ALiBi, attn_mask read only in tiles whose block flags say partial; tiles
- *   whose flags say empty are never loaded), then dropout: the 16-bit Philox draws of each (query
+ *   (softcap with tanh_approx as the forward, ALiBi, attn_mask read only in tiles whose block flags say
+ *   partial; tiles whose flags say empty are never loaded), then dropout: the 16-bit Philox draws of each (query
  *   row, 8-key block) are computed once per CTA step by one of the 8 (main kernel) or 4 (dQ kernel)
  *   lanes that hold them, as one keep bit per key, and exchanged by __shfl_sync; dV uses
  *   keep*dropout_scale*P, dS = P o (keep*dropout_scale*dP - delta). dS (the gradient of an additive
@@ -233,7 +233,7 @@ __device__ __forceinline__ uint32_t dropout_keep_byte(const flash_params &p, int
 
 /* The score and probability hooks of mask.h, folded for the HOOK kernels into passes over a warp's
  * fragments whose uniform conditions sit outside the per-element loops:
- *   1. softcap on: s = th = tanhf(q.k * scale / softcap) (flash_softcap_f; tanhf, not tanh.approx).
+ *   1. softcap on: s = th = tanh_approx(q.k * scale / softcap) (flash_softcap_f with the forward's tanh.approx).
  *   2. dropout on: dP *= dropout_scale.
  *   3. per element, branch-free: x = score_mul * s (= softcap * th, or scale * q.k), minus
  *      slope * |abase + (jl - il)| (flash_alibi_distance from the tile's base, exact below 2^24;
@@ -291,7 +291,7 @@ __device__ __forceinline__ void hook_prepass(const flash_params &p, const hook_c
     if (p.softcap > 0.f) {
 #pragma unroll
         for (int k = 0; k < n; ++k)
-            s[k] = tanhf(s[k] * hc.softcap_arg);
+            s[k] = tanh_approx(s[k] * hc.softcap_arg);
     }
     if (p.dropout_threshold != 0) {
 #pragma unroll

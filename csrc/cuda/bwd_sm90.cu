@@ -447,14 +447,6 @@ __device__ __forceinline__ bool keep_bit(const uint32_t w[2], int v)
     return (w[keep_group(v)] >> keep_shift(v)) & 1u;
 }
 
-/* The softcap's tanh (mask.h's flash_softcap_f, with the hardware approximation). */
-__device__ __forceinline__ float softcap_tanh(float x)
-{
-    float y;
-    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
 /* The HOOK variant's per-thread state (values in the block_c layout of the thread's first key jb and
  * first query qf of the tile). The hooked S^T values s8 stay in units of `mul`: the exponent is
  * s8 mul - lse2, as in the dense P step, so that the plain score needs no extra multiply. */
@@ -528,7 +520,7 @@ __device__ __forceinline__ void hook_scores(float s8[8], float g8[8], int kq, co
     if (hk.cap_in != 0.f) {
 #pragma unroll
         for (int v = 0; v < 8; ++v) {
-            const float th = softcap_tanh(s8[v] * hk.cap_in);
+            const float th = tanh_approx(s8[v] * hk.cap_in);
             g8[v] = fmaf(-th, th, 1.f);
             s8[v] = th;
         }

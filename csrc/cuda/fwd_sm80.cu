@@ -245,16 +245,6 @@ __device__ __forceinline__ const T *kv_slice(const void *base, flash_strides st,
     return (const T *)base + (int64_t)batch * st.batch + (int64_t)kv_head * st.head;
 }
 
-/* tanh.approx.f32 (MUFU.TANH, sm75+): maximum relative error about 1.1e-5 over all floats, so the
- * softcapped score cap * tanh(x) is off by at most 1.1e-5 cap (5.6e-4 at cap 50) in absolute terms.
- * The backward kernels must recompute the softcap with this same instruction. */
-__device__ __forceinline__ float tanh_approx(float x)
-{
-    float y;
-    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
 /* flash_mask_tile_flags (mask.h) of key tile j for query rows [row0, row0 + qn), spread over the lanes
  * (lane = one FLASH_MASK_BLOCK block; both tile edges are block-aligned) and OR-reduced, so every warp
  * holds the CTA's flags. */

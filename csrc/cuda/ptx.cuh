@@ -44,11 +44,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void *ptr)
 
 /* Shared-memory loads and stores by 32-bit shared address: ld/st.shared directly, where a generic
  * pointer would cost an address conversion per access. volatile: kept in order with the barriers and wgmma's. */
-__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v)
-{
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-
 __device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y)
 {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
@@ -83,20 +78,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t smem_a
                  : "r"(smem_addr));
 }
 
-__device__ __forceinline__ void ldmatrix_x2(uint32_t r[2], uint32_t smem_addr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-                 : "=r"(r[0]), "=r"(r[1])
-                 : "r"(smem_addr));
-}
-
-__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t r[2], uint32_t smem_addr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
-                 : "=r"(r[0]), "=r"(r[1])
-                 : "r"(smem_addr));
-}
-
 /* 16-byte global -> shared copy, bypassing L1. valid == false writes 16 zero bytes and reads nothing
  * (src-size 0), so tails are predicated without branches; gmem must still be a mapped address. */
 __device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void *gmem, bool valid)
@@ -121,6 +102,16 @@ __device__ __forceinline__ float exp2_approx(float x)
 {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* tanh.approx.f32 (MUFU.TANH, sm75+): maximum relative error about 1.1e-5 over all floats (measured on
+ * the H200), so a softcapped score cap * tanh(x) is off by at most 1.1e-5 cap. Every tensor-core kernel's
+ * softcap uses it, so that the backward recomputes exactly the forward's scores. */
+__device__ __forceinline__ float tanh_approx(float x)
+{
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
 
