@@ -115,16 +115,16 @@ def _check_mask(fn, attn_mask, q_dtype, device, shape):
         raise ValueError(f"{fn}: attn_mask must be on the device of the query ({device}), got {attn_mask.device}")
     if attn_mask.dim() > 4:
         raise ValueError(f"{fn}: attn_mask must have at most 4 dimensions, got shape {tuple(attn_mask.shape)}")
+    # Cast before expanding: a cast of the expanded view would materialize (batch, nheads, seqlen_q, seqlen_k).
+    if attn_mask.is_floating_point() and attn_mask.dtype != q_dtype:
+        attn_mask = attn_mask.to(q_dtype)
     try:
-        expanded = attn_mask.expand(shape)
+        return attn_mask.expand(shape)
     except RuntimeError:
         raise ValueError(
             f"{fn}: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (batch, nheads, seqlen_q, "
             f"seqlen_k) = {tuple(shape)}"
         ) from None
-    if expanded.is_floating_point() and expanded.dtype != q_dtype:
-        expanded = expanded.to(q_dtype)
-    return expanded
 
 
 def _attention(q, k, v, scale, causal, bottom_right, window, softcap, alibi_slopes, sink, mask, dropout_p,

@@ -48,12 +48,6 @@ static int is_simple(const flash_params *p)
     return p->dtype == FLASH_FP32 || p->dtype == FLASH_FP64;
 }
 
-static flash_tiles bwd_tiles(const flash_params *p)
-{
-    return flash_smem_available() >= flash_bwd_sm80_smem(p, FLASH_TILES_LARGE) ? FLASH_TILES_LARGE
-                                                                                  : FLASH_TILES_SMALL;
-}
-
 extern "C" size_t flash_fwd_smem_needed(const flash_params *p)
 {
     return flash_fwd_sm80_smem(p);
@@ -78,8 +72,9 @@ extern "C" cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream
     cudaError_t err = flash_bwd_sm80_check(p);
     if (err != cudaSuccess || p->b == 0 || p->h == 0 || p->sq == 0 || p->sk == 0)
         return err;
-    const flash_tiles tiles = bwd_tiles(p);
-    if (flash_smem_available() < flash_bwd_sm80_smem(p, tiles))
+    const size_t smem = flash_smem_available();
+    const flash_tiles tiles = smem >= flash_bwd_sm80_smem(p, FLASH_TILES_LARGE) ? FLASH_TILES_LARGE : FLASH_TILES_SMALL;
+    if (smem < flash_bwd_sm80_smem(p, tiles))
         return cudaErrorInvalidConfiguration;
     if ((err = flash_bwd_sm80_pre(p, stream)) != cudaSuccess)
         return err;
