@@ -6,7 +6,13 @@
  * Layouts (element strides, int64; the last dimension of every tensor has stride 1):
  *   q, o, dout, dq : (b, sq, h,    d)
  *   k, v, dk, dv   : (b, sk, h_kv, d)
- *   lse, delta     : (b, h, sq)   contiguous; float for fp16/bf16/fp32 inputs, double for fp64
+ *   lse, delta     : (b, h, sq)   read through lse_batch / lse_head (row stride 1); float for
+ *                    fp16/bf16/fp32 inputs, double for fp64
+ * Variable-length batches (cu_seqlens_q != NULL, flash_attn_varlen_func): b sequences packed along
+ * the row dimension, batch strides 0; sequence s owns query rows [cu_seqlens_q[s], cu_seqlens_q[s+1])
+ * and key rows [cu_seqlens_k[s], cu_seqlens_k[s+1]); sq / sk are max_seqlen_q / max_seqlen_k (the
+ * grid), lse / delta are (h, total_q). Kernels see one sequence through flash_seq_of (mask.h), which
+ * gives its lengths, first rows and band; nothing else reads cu_seqlens or seqused_k.
  * Variants (csrc/mask.h is the one place that interprets these fields):
  *   mask geometry  key j is visible to query i iff diag_lo <= j - i <= diag_hi (causal in both
  *                  alignments, sliding windows); tiles outside the band are never loaded.
@@ -71,23 +77,36 @@ typedef struct flash_params {
     int64_t b, h, h_kv, sq, sk, d;
     int64_t h_per_kv;       /* h / h_kv */
 
+    /* lse / delta element (b, hq, i) is at b * lse_batch + hq * lse_head + flash_seq.lse_row0 + i:
+     * dense (h * sq, sq), varlen (0, total_q). dq_accum has d floats per lse element, same order. */
+    int64_t lse_batch, lse_head;
+
+    /* Variable-length batches and per-sequence key counts (mask.h flash_seq_of reads these). */
+    const int32_t *cu_seqlens_q;  /* (b + 1) on the kernels' device, or NULL: dense batch */
+    const int32_t *cu_seqlens_k;  /* (b + 1), non-NULL iff cu_seqlens_q is */
+    const int32_t *seqused_k;     /* (b) or NULL: sequence s uses only its first seqused_k[s] keys */
+    int64_t total_q, total_k;     /* rows of q and k (varlen); contents of the index tensors are
+                                   * clamped to them, so bad offsets never address outside */
+
     double scale;           /* softmax scale applied to q.k */
     float scale_log2;       /* scale * log2(e), for exp2-based kernels */
 
-    /* Mask geometry: key j visible to query i iff diag_lo <= j - i <= diag_hi. The binding clamps
-     * diag_lo to >= -sq and diag_hi to <= sk, so those bounds mean "unbounded" and both fit an int32
-     * (seqlens are < 2^31 on CUDA). causal bottom-right: diag_hi = sk - sq; top-left: diag_hi = 0;
-     * window (left, right): diag_lo = sk - sq - left, diag_hi = sk - sq + right. */
-    int64_t diag_lo, diag_hi;
+    /* Mask geometry, per sequence (mask.h flash_seq_of turns it into the band diag_lo <= j - i <=
+     * diag_hi of one sequence's lengths sq_s, sk_s): aligned at offset = band_bottom_right ? sk_s - sq_s
+     * : 0, diag_lo = offset - band_left, diag_hi = offset + band_right; a negative band_left /
+     * band_right is unbounded. causal: band_right = 0; window (left, right): those values. */
+    int64_t band_left, band_right;
+    int band_bottom_right;
 
     /* Score hook (mask.h), applied to s = scale * q.k in this order. has_hook = 1 when any of
      * softcap, alibi_slopes, mask or dropout is on: the kernels take their general path. */
     int has_hook;
     double softcap;               /* > 0: s = softcap * tanh(s / softcap); 0: off (double: exact for fp64) */
-    const float *alibi_slopes;    /* (b or 1, h) fp32, or NULL: s -= slope * |j - i - alibi_offset| */
+    const float *alibi_slopes;    /* (b or 1, h) fp32, or NULL: s -= slope * |j - i - (sk_s - sq_s)|
+                                   * (flash-attn's bottom-right convention, per sequence) */
     int64_t alibi_batch_stride;   /* h when the slopes are per batch, else 0 */
-    int64_t alibi_offset;         /* sk - sq (flash-attn's bottom-right convention) */
-    const void *mask;             /* attn_mask (b, h, sq, sk) read through mask_s, or NULL */
+    const void *mask;             /* attn_mask (b, h, sq, sk) read through mask_s, or NULL (always
+                                   * NULL in a varlen batch, as are mask_blocks and dbias) */
     flash_mask_kind mask_kind;
     flash_strides4 mask_s;
     /* Per-block flags of the mask, blocks of FLASH_MASK_BLOCK x FLASH_MASK_BLOCK (constants.h):

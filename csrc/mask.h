@@ -5,8 +5,8 @@
  * fold these formulas into cheaper per-thread forms (one compare per value, log2 units), but derive
  * them from the functions here and from nothing else.
  *
- * Geometry: key j is visible to query i iff diag_lo <= j - i <= diag_hi (both clamped by the binding
- * to [-sq, sk]). A key tile outside the band of a query tile is never loaded; a "full" tile is wholly
+ * Geometry: per sequence (flash_seq_of: one of a varlen batch, or any of a dense one), key j is
+ * visible to query i iff diag_lo <= j - i <= diag_hi (both clamped to [-sq, sk]). A key tile outside the band of a query tile is never loaded; a "full" tile is wholly
  * inside the band and inside [0, sk) and needs no per-element test (the attn_mask, if any, is data on
  * top of this: see the block flags below).
  *
@@ -51,17 +51,76 @@ FLASH_HD int64_t flash_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 FLASH_HD int64_t flash_max64(int64_t a, int64_t b) { return a > b ? a : b; }
 FLASH_HD int64_t flash_cdiv64(int64_t a, int64_t b) { return (a + b - 1) / b; } /* a >= 0, b > 0 */
 
+/* One sequence of the batch as the kernels see it: a dense batch's every sequence has the lengths
+ * sq, sk of flash_params and first rows 0; a varlen batch's sequence s has its cu_seqlens slice. */
+typedef struct flash_seq {
+    int64_t sq, sk;            /* its query and key counts (sk: seqused_k where given) */
+    int64_t q_row0, k_row0;    /* its first row in the row dimension of q/o/dout/dq and k/v/dk/dv:
+                                * element (b, i, hq, c) of q is at b * q_s.batch + (q_row0 + i) *
+                                * q_s.row + hq * q_s.head + c (varlen: q_s.batch = 0) */
+    int64_t k_batch;           /* the batch index of its k/v/dk/dv (b) */
+    int64_t lse_row0;          /* see flash_lse_offset */
+    int64_t diag_lo, diag_hi;  /* key j visible to query i iff diag_lo <= j - i <= diag_hi, both
+                                * clamped to [-sq, sk] (so they fit an int32 on CUDA) */
+    int64_t alibi_offset;      /* sk - sq */
+} flash_seq;
+
+FLASH_HD int64_t flash_clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+/* Sequence b of the batch. Index contents are clamped (to [0, total], lengths to max_seqlen and
+ * seqused_k to the sequence's keys): a bad cu_seqlens or seqused_k gives wrong rows, never an access
+ * outside q/k/v. */
+FLASH_HD flash_seq flash_seq_of(const flash_params *p, int64_t b)
+{
+    flash_seq s;
+    s.k_batch = b;
+    if (p->cu_seqlens_q) {
+        const int64_t q0 = flash_clamp64(p->cu_seqlens_q[b], 0, p->total_q);
+        const int64_t k0 = flash_clamp64(p->cu_seqlens_k[b], 0, p->total_k);
+        s.q_row0 = s.lse_row0 = q0;
+        s.k_row0 = k0;
+        s.sq = flash_min64(flash_clamp64(p->cu_seqlens_q[b + 1], q0, p->total_q) - q0, p->sq);
+        s.sk = flash_min64(flash_clamp64(p->cu_seqlens_k[b + 1], k0, p->total_k) - k0, p->sk);
+    } else {
+        s.q_row0 = s.k_row0 = s.lse_row0 = 0;
+        s.sq = p->sq;
+        s.sk = p->sk;
+    }
+    if (p->seqused_k)
+        s.sk = flash_clamp64(p->seqused_k[b], 0, s.sk);
+    const int64_t offset = p->band_bottom_right ? s.sk - s.sq : 0;
+    const int64_t lo = p->band_left >= 0 ? offset - p->band_left : -s.sq;
+    const int64_t hi = p->band_right >= 0 ? offset + p->band_right : s.sk;
+    s.diag_lo = flash_clamp64(lo, -s.sq, s.sk);
+    s.diag_hi = flash_clamp64(hi, -s.sq, s.sk);
+    s.alibi_offset = s.sk - s.sq;
+    return s;
+}
+
+/* Offset of lse / delta element (b, hq, 0) of sequence s (row i: + i; dq_accum: times d). */
+FLASH_HD int64_t flash_lse_offset(const flash_params *p, const flash_seq *s, int64_t b, int64_t hq)
+{
+    return b * p->lse_batch + hq * p->lse_head + s->lse_row0;
+}
+
+/* Row of key j of sequence s (batch b) in the GQA workspaces dk_accum / dv_accum, (rows, h, d):
+ * dense rows = b * sk + j, varlen k_row0 + j. */
+FLASH_HD int64_t flash_kaccum_row(const flash_params *p, const flash_seq *s, int64_t b, int64_t j)
+{
+    return (p->cu_seqlens_q ? 0 : b * p->sk) + s->k_row0 + j;
+}
+
 /* Per-element test. */
-FLASH_HD int flash_visible(const flash_params *p, int64_t i, int64_t j)
+FLASH_HD int flash_visible(const flash_seq *s, int64_t i, int64_t j)
 {
     const int64_t t = j - i;
-    return t >= p->diag_lo && t <= p->diag_hi;
+    return t >= s->diag_lo && t <= s->diag_hi;
 }
 
 /* True when the band hides nothing (no causal, no window): only the tails need masking. */
-FLASH_HD int flash_band_is_full(const flash_params *p)
+FLASH_HD int flash_band_is_full(const flash_seq *s)
 {
-    return p->diag_lo <= -(p->sq - 1) && p->diag_hi >= p->sk - 1;
+    return s->diag_lo <= -(s->sq - 1) && s->diag_hi >= s->sk - 1;
 }
 
 /* Tiles [first, end) of one axis hold every position visible to the other axis's rows; tiles
@@ -94,16 +153,16 @@ FLASH_HD flash_tile_range flash_tiles_in_band(int64_t lo, int64_t hi, int64_t n,
     return r;
 }
 
-/* Key tiles of width bn for query rows [q0, q0 + qn), qn >= 1 (forward, dQ). */
-FLASH_HD flash_tile_range flash_key_tiles(const flash_params *p, int64_t q0, int64_t qn, int64_t bn)
+/* Key tiles of width bn for query rows [q0, q0 + qn), qn >= 1, of sequence s (forward, dQ). */
+FLASH_HD flash_tile_range flash_key_tiles(const flash_seq *s, int64_t q0, int64_t qn, int64_t bn)
 {
-    return flash_tiles_in_band(p->diag_lo, p->diag_hi, p->sk, q0, qn, bn);
+    return flash_tiles_in_band(s->diag_lo, s->diag_hi, s->sk, q0, qn, bn);
 }
 
 /* Query tiles of height bm for key rows [k0, k0 + kn), kn >= 1 (dK/dV): i - j in [-hi, -lo]. */
-FLASH_HD flash_tile_range flash_query_tiles(const flash_params *p, int64_t k0, int64_t kn, int64_t bm)
+FLASH_HD flash_tile_range flash_query_tiles(const flash_seq *s, int64_t k0, int64_t kn, int64_t bm)
 {
-    return flash_tiles_in_band(-p->diag_hi, -p->diag_lo, p->sq, k0, kn, bm);
+    return flash_tiles_in_band(-s->diag_hi, -s->diag_lo, s->sq, k0, kn, bm);
 }
 
 /* Tile-local form of the band: inside a tile whose first query row is m0 and first key n0, element
@@ -162,9 +221,9 @@ FLASH_HD float flash_alibi_slope(const flash_params *p, int64_t b, int64_t hq)
 }
 
 /* The distance ALiBi multiplies by the slope (the bias is -slope * distance). */
-FLASH_HD int64_t flash_alibi_distance(const flash_params *p, int64_t i, int64_t j)
+FLASH_HD int64_t flash_alibi_distance(const flash_seq *s, int64_t i, int64_t j)
 {
-    const int64_t t = j - i - p->alibi_offset;
+    const int64_t t = j - i - s->alibi_offset;
     return t < 0 ? -t : t;
 }
 
