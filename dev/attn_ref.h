@@ -9,9 +9,11 @@
  *          and expands broadcast dimensions)
  *   sink   NULL or (h,)                    dsink NULL or (h,)
  *   dbias  NULL or (b, h, sq, sk): the gradient of the additive mask, dS where visible, else 0
- * From p it reads b, h, h_kv, sq, sk, d, scale, diag_lo, diag_hi, softcap, alibi_slopes,
- * alibi_batch_stride, alibi_offset, dropout_threshold, dropout_scale, philox_seed, philox_offset;
- * it ignores every pointer, stride and dtype field of p.
+ * From p it reads b, h, h_kv, sq, sk, d, scale, band_left, band_right, band_bottom_right, softcap,
+ * alibi_slopes, alibi_batch_stride, dropout_threshold, dropout_scale, philox_seed, philox_offset;
+ * it ignores every other pointer, stride and dtype field of p. p is a dense batch (cu_seqlens_q and
+ * seqused_k NULL): a harness checks one sequence of a varlen batch against this reference run on
+ * that sequence alone, as a batch of one (dropout: a batch index of the sequence's own).
  * A row that sees no key: out 0, lse -inf (sink with a sink), zero gradients.
  */
 #ifndef FLASHATTN_EXT_DEV_ATTN_REF_H
@@ -34,11 +36,12 @@ static double ref_row_scores(const flash_params *p, const double *q, const doubl
     const int64_t d = p->d, hk = hq / (p->h / p->h_kv);
     const double *qi = q + ((bi * p->sq + i) * p->h + hq) * d;
     const double slope = (double)flash_alibi_slope(p, bi, hq);
+    const flash_seq seq = flash_seq_of(p, bi);
     double m = sink ? sink[hq] : -INFINITY;
     for (int64_t j = 0; j < p->sk; j++) {
         s[j] = -INFINITY;
         capped[j] = 0;
-        if (!flash_visible(p, i, j))
+        if (!flash_visible(&seq, i, j))
             continue;
         const double *kj = k + ((bi * p->sk + j) * p->h_kv + hk) * d;
         double x = 0;
@@ -48,7 +51,7 @@ static double ref_row_scores(const flash_params *p, const double *q, const doubl
         if (p->softcap > 0)
             x = flash_softcap_d(x, (double)p->softcap);
         capped[j] = x;
-        x -= slope * (double)flash_alibi_distance(p, i, j);
+        x -= slope * (double)flash_alibi_distance(&seq, i, j);
         if (mask)
             x += mask[((bi * p->h + hq) * p->sq + i) * p->sk + j];
         s[j] = x;
