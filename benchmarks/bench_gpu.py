@@ -27,8 +27,9 @@ The attention variants (sliding window, softcap, ALiBi, attn_mask, dropout, bloc
 FlexAttention and SDPA are measured by bench_variants.py (scripts/gpu_check.sh variants).
 
 Output in --out: results.json (device, versions, every time), results.md (TFLOP/s tables with
-ratios ours ÷ backend, above 1 = ours faster), tflops.png (needs matplotlib: TFLOP/s vs seqlen,
-one panel per head dim and pass, one line per implementation).
+ratios ours ÷ backend, above 1 = ours faster), tflops.png (plot_results.py, needs matplotlib: TFLOP/s
+vs seqlen, one panel per head dim, pass and mask, one line per implementation; `python
+benchmarks/plot_results.py DIR` redraws it from DIR/results.json).
 """
 import argparse
 import contextlib
@@ -46,6 +47,7 @@ import torch.nn.functional as F
 
 import flashattn_ext
 from bench_cpu import eager_attention
+from plot_results import plot
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
 import train_lm  # noqa: E402
@@ -348,42 +350,6 @@ def markdown(report):
             lines.append(f"| {name} | {cell(result['ms_per_step'], '.1f')} | {cell(result['first_loss'], '.4f')} "
                          f"| {cell(result['final_loss'], '.4f')} |")
     return "\n".join(lines) + "\n"
-
-
-def plot(report, path):
-    """TFLOP/s vs seqlen: rows fwd/bwd × non-causal/causal, one column per head dim. False: no matplotlib."""
-    try:
-        import matplotlib
-    except ImportError:
-        return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    headdims = sorted({point["headdim"] for point in report["points"]})
-    passes = [name for name in ("fwd", "bwd") if name in report["sweep"]["passes"]]
-    rows = [(name, causal) for name in passes for causal in (False, True)]
-    fig, axes = plt.subplots(len(rows), len(headdims), figsize=(5 * len(headdims), 3.5 * len(rows)),
-                             squeeze=False)
-    for (name, causal), row in zip(rows, axes):
-        for headdim, ax in zip(headdims, row):
-            points = [p for p in report["points"] if p["headdim"] == headdim and p["causal"] == causal]
-            for impl in report["sweep"]["impls"]:
-                xy = [(p["seqlen"], p["tflops"][impl][name]) for p in points if p["tflops"][impl][name] is not None]
-                if xy:
-                    ax.plot(*zip(*xy), marker="o", label=impl)
-            ax.set_xscale("log", base=2)
-            ax.set_xticks([p["seqlen"] for p in points], [str(p["seqlen"]) for p in points])
-            ax.set_ylim(bottom=0)
-            ax.set_title(f"{name} d{headdim} {'causal' if causal else 'non-causal'}")
-            ax.set_xlabel("seqlen")
-            ax.set_ylabel("TFLOP/s")
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize="small")
-    fig.suptitle(f"{report['environment']['gpu'] or 'CPU (dry run)'}, {report['sweep']['dtype']}")
-    fig.tight_layout(rect=(0, 0, 1, 0.97))  # room for the suptitle
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
 
 
 def main():
