@@ -85,6 +85,11 @@ typedef struct flash_params {
     const int32_t *cu_seqlens_q;  /* (b + 1) on the kernels' device, or NULL: dense batch */
     const int32_t *cu_seqlens_k;  /* (b + 1), non-NULL iff cu_seqlens_q is */
     const int32_t *seqused_k;     /* (b) or NULL: sequence s uses only its first seqused_k[s] keys */
+    const int32_t *k_batch_idx;   /* (b) or NULL, dense only: sequence s reads batch k_batch_idx[s] of
+                                   * k / v (flash_attn_with_kvcache's cache_batch_idx) */
+    const int32_t *k_leftpad;     /* (b) or NULL, dense only: sequence s's keys are rows [k_leftpad[s],
+                                   * seqused_k[s] or sk) (cache_leftpad) */
+    int64_t k_batches;            /* batch size of k / v (k_batch_idx entries are clamped to it) */
     int64_t total_q, total_k;     /* rows of q and k (varlen); contents of the index tensors are
                                    * clamped to them, so bad offsets never address outside */
 

@@ -58,7 +58,7 @@ typedef struct flash_seq {
     int64_t q_row0, k_row0;    /* its first row in the row dimension of q/o/dout/dq and k/v/dk/dv:
                                 * element (b, i, hq, c) of q is at b * q_s.batch + (q_row0 + i) *
                                 * q_s.row + hq * q_s.head + c (varlen: q_s.batch = 0) */
-    int64_t k_batch;           /* the batch index of its k/v/dk/dv (b) */
+    int64_t k_batch;           /* the batch index of its k/v/dk/dv (b; k_batch_idx[b] where given) */
     int64_t lse_row0;          /* see flash_lse_offset */
     int64_t diag_lo, diag_hi;  /* key j visible to query i iff diag_lo <= j - i <= diag_hi, both
                                 * clamped to [-sq, sk] (so they fit an int32 on CUDA) */
@@ -67,9 +67,9 @@ typedef struct flash_seq {
 
 FLASH_HD int64_t flash_clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
-/* Sequence b of the batch. Index contents are clamped (to [0, total], lengths to max_seqlen and
- * seqused_k to the sequence's keys): a bad cu_seqlens or seqused_k gives wrong rows, never an access
- * outside q/k/v. */
+/* Sequence b of the batch. Index contents are clamped (to [0, total], lengths to max_seqlen,
+ * seqused_k and k_leftpad to the sequence's keys, k_batch_idx to k's batches): a bad index tensor
+ * gives wrong rows, never an access outside q/k/v. */
 FLASH_HD flash_seq flash_seq_of(const flash_params *p, int64_t b)
 {
     flash_seq s;
@@ -81,13 +81,17 @@ FLASH_HD flash_seq flash_seq_of(const flash_params *p, int64_t b)
         s.k_row0 = k0;
         s.sq = flash_min64(flash_clamp64(p->cu_seqlens_q[b + 1], q0, p->total_q) - q0, p->sq);
         s.sk = flash_min64(flash_clamp64(p->cu_seqlens_k[b + 1], k0, p->total_k) - k0, p->sk);
+        if (p->seqused_k)
+            s.sk = flash_clamp64(p->seqused_k[b], 0, s.sk);
     } else {
-        s.q_row0 = s.k_row0 = s.lse_row0 = 0;
+        s.q_row0 = s.lse_row0 = 0;
         s.sq = p->sq;
-        s.sk = p->sk;
+        const int64_t k_end = p->seqused_k ? flash_clamp64(p->seqused_k[b], 0, p->sk) : p->sk;
+        s.k_row0 = p->k_leftpad ? flash_clamp64(p->k_leftpad[b], 0, k_end) : 0;
+        s.sk = k_end - s.k_row0;
+        if (p->k_batch_idx)
+            s.k_batch = flash_clamp64(p->k_batch_idx[b], 0, p->k_batches - 1);
     }
-    if (p->seqused_k)
-        s.sk = flash_clamp64(p->seqused_k[b], 0, s.sk);
     const int64_t offset = p->band_bottom_right ? s.sk - s.sq : 0;
     const int64_t lo = p->band_left >= 0 ? offset - p->band_left : -s.sq;
     const int64_t hi = p->band_right >= 0 ? offset + p->band_right : s.sk;
