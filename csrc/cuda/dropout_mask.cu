@@ -5,6 +5,7 @@
  * (mask.h), for every (i, j) whatever the band or attn_mask (the caller combines them). One thread per
  * FLASH_DROPOUT_KEYS_PER_DRAW keys of one row: one flash_dropout_bits call gives all their draws.
  * Grid-stride loop over the b * h * sq * ceil(sk / 8) groups. Speed is not a goal; not measured.
+ * Dense batches only: a varlen p (cu_seqlens_q set) is refused with cudaErrorInvalidValue.
  */
 #include <stdint.h>
 
@@ -36,6 +37,8 @@ flash_dropout_mask_kernel(const flash_params p, uint8_t *keep /* (b, h, sq, sk) 
 
 extern "C" cudaError_t flash_dropout_mask_cuda(const flash_params *p, uint8_t *keep, cudaStream_t stream)
 {
+    if (p->cu_seqlens_q != NULL)
+        return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0 || p->sq == 0 || p->sk == 0)
         return cudaSuccess;
     const int64_t groups = p->b * p->h * p->sq * flash_cdiv64(p->sk, FLASH_DROPOUT_KEYS_PER_DRAW);

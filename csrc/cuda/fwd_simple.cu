@@ -13,6 +13,8 @@
  * sink, if any), out = a * factor; a row with no visible key gets out = 0, lse = -inf (or the sink).
  * Everything, the hook included, is computed in the data type T (double hook functions for fp64).
  * O(seqlen) memory, any head dim 1..256, strides, GQA (kv head = h / h_per_kv), tails.
+ * Varlen batches: the CTA works on its sequence (flash_seq_of: lengths, first rows, band) and leaves at
+ * once when its rows start past the sequence's sq; no row outside the sequence is read or written.
  * Speed is not a goal; not measured.
  */
 #include <limits.h>
@@ -58,10 +60,13 @@ flash_fwd_simple_kernel(const flash_params p)
     const int64_t batch = blockIdx.z;
     const int64_t bh = batch * p.h + head;
     const int64_t kv_head = head / p.h_per_kv;
-    const int64_t sq = p.sq;
-    const int64_t sk = p.sk;
-    const int d = (int)p.d;
     const int64_t row0 = (int64_t)blockIdx.x * kRows;
+    const flash_seq seq = flash_seq_of(&p, batch); /* rows and keys below are the sequence's own */
+    if (row0 >= seq.sq)
+        return; /* a varlen grid spans the longest sequence */
+    const int64_t sq = seq.sq;
+    const int64_t sk = seq.sk;
+    const int d = (int)p.d;
     const int64_t row = row0 + warp;
     const int qn = (int)flash_min64(kRows, sq - row0); /* rows of the CTA inside [0, sq) */
     const T scale = (T)p.scale;
@@ -69,11 +74,12 @@ flash_fwd_simple_kernel(const flash_params p)
     const T slope = (T)flash_alibi_slope(&p, batch, head);
     const T dropout_scale = (T)p.dropout_scale;
 
-    const T *q = (const T *)p.q + batch * p.q_s.batch + head * p.q_s.head;    /* (sq, d), row stride q_s.row */
-    const T *k = (const T *)p.k + batch * p.k_s.batch + kv_head * p.k_s.head; /* (sk, d), row stride k_s.row */
-    const T *v = (const T *)p.v + batch * p.v_s.batch + kv_head * p.v_s.head; /* (sk, d), row stride v_s.row */
-    T *o = (T *)p.o + batch * p.o_s.batch + head * p.o_s.head;                /* (sq, d), row stride o_s.row */
-    T *lse = (T *)p.lse + bh * sq;                                            /* (sq) */
+    /* (sq, d) with row stride q_s.row / o_s.row, (sk, d) with k_s.row / v_s.row, (sq) */
+    const T *q = (const T *)p.q + batch * p.q_s.batch + head * p.q_s.head + seq.q_row0 * p.q_s.row;
+    const T *k = (const T *)p.k + seq.k_batch * p.k_s.batch + kv_head * p.k_s.head + seq.k_row0 * p.k_s.row;
+    const T *v = (const T *)p.v + seq.k_batch * p.v_s.batch + kv_head * p.v_s.head + seq.k_row0 * p.v_s.row;
+    T *o = (T *)p.o + batch * p.o_s.batch + head * p.o_s.head + seq.q_row0 * p.o_s.row;
+    T *lse = (T *)p.lse + flash_lse_offset(&p, &seq, batch, head);
 
     T qr[kPerLane];
     T acc[kPerLane];
@@ -86,7 +92,7 @@ flash_fwd_simple_kernel(const flash_params p)
     T m = -INFINITY;
     T l = 0;
 
-    const flash_tile_range tiles = flash_key_tiles(&p, row0, qn, kBlockN);
+    const flash_tile_range tiles = flash_key_tiles(&seq, row0, qn, kBlockN);
     for (int64_t kt = tiles.first; kt < tiles.end; kt++) {
         const int64_t j0 = kt * kBlockN;
         const int kn = (int)flash_min64(kBlockN, sk - j0); /* keys of the tile inside [0, sk) */
@@ -121,12 +127,12 @@ flash_fwd_simple_kernel(const flash_params p)
                 dot += __shfl_xor_sync(kSimpleFullMask, dot, off);
             const int64_t j = j0 + jj;
             T sj = -INFINITY;
-            if (full || (jj < kn && flash_visible(&p, row, j))) {
+            if (full || (jj < kn && flash_visible(&seq, row, j))) {
                 sj = dot * scale;
                 if (softcap > (T)0)
                     sj = softcap_t(sj, softcap);
                 if (p.alibi_slopes)
-                    sj -= slope * (T)flash_alibi_distance(&p, row, j);
+                    sj -= slope * (T)flash_alibi_distance(&seq, row, j);
                 if (read_mask) {
                     const int64_t off = flash_mask_offset(&p, batch, head, row, j);
                     if (p.mask_kind == FLASH_MASK_ADD)
@@ -189,8 +195,10 @@ static cudaError_t launch_simple(const flash_params *p, cudaStream_t stream)
 
 extern "C" cudaError_t flash_fwd_simple(const flash_params *p, cudaStream_t stream)
 {
+    /* the attn_mask is dense-only (its indices are the batch's) */
     if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->sq > INT_MAX || p->sk > INT_MAX ||
-        p->h > kSimpleMaxGridYZ || p->b > kSimpleMaxGridYZ || p->h_per_kv < 1)
+        p->h > kSimpleMaxGridYZ || p->b > kSimpleMaxGridYZ || p->h_per_kv < 1 ||
+        (p->cu_seqlens_q != NULL && p->mask != NULL))
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0 || p->sq == 0)
         return cudaSuccess;

@@ -29,6 +29,10 @@
  * a sink), O * factor through this warp's own rows of the Q buffer to 16-byte global stores. A row with
  * no visible key has l = 0: it writes O = 0 and lse = -inf (the sink with one).
  * Query tiles run in reverse order so the heaviest causal tiles are scheduled first.
+ * Varlen batches: grid (max_seqlen_q tiles, h, b); a CTA reads its sequence once (flash_seq_of), leaves at
+ * once when its tile starts past the sequence's sq, and keeps its slice pointers, lengths and band in shared
+ * memory (no registers through the loop: its SASS is no longer than before varlen); loads zero-fill past
+ * the sequence's own sq / sk.
  *
  * Key order inside a tile (key_row): the dense kernels keep S column c of n8 tile nt = key 8 nt + c.
  * The HOOK kernels permute the keys of each 32 so that the 8 values a lane holds in four consecutive
@@ -222,32 +226,42 @@ __device__ __forceinline__ uint32_t kv_lane_offset(int lane, bool v)
     return (uint32_t)row * kRowBytes + ((uint32_t)(chunk ^ swz_key<kPerm>(row)) << kChunkShift);
 }
 
+/* What the main loop and the epilogue read of the CTA's (sequence, head), in shared memory and loaded at
+ * each use: kept in registers through the loop, these (and the 64-bit K / V pointers) spill at kHeadDim
+ * 128. k, v, o, lse: row 0 of its (sk, d) / (sq, d) slices and (sq) lse; the rest from its flash_seq. */
+typedef struct fwd_seq_consts {
+    const void *k, *v;
+    void *o;
+    float *lse;
+    int sq, sk, diag_lo, diag_hi, alibi_offset;
+} fwd_seq_consts;
+
 /* V buffers: two (the next tile's V loads during the current one) unless that overflows the sm80
  * shared-memory limit; then one, V loading during S and the softmax. */
 __host__ __device__ constexpr int fwd_v_stages(int head_dim, int block_m, int block_n)
 {
-    return (size_t)(block_m + 4 * block_n) * head_dim * kElemBytes <= kSm80MaxSmemBytes ? 2 : 1;
+    return (size_t)(block_m + 4 * block_n) * head_dim * kElemBytes + sizeof(fwd_seq_consts) <= kSm80MaxSmemBytes
+               ? 2
+               : 1;
 }
 
-/* Dynamic shared memory of one CTA: Q, two K buffers, V buffers. */
-__host__ __device__ constexpr size_t fwd_smem_bytes(int head_dim, int block_m, int block_n)
+/* Shared memory of the tiles: Q, two K buffers, V buffers. */
+__host__ __device__ constexpr size_t fwd_tile_bytes(int head_dim, int block_m, int block_n)
 {
     return (size_t)(block_m + (2 + fwd_v_stages(head_dim, block_m, block_n)) * block_n) * head_dim * kElemBytes;
 }
 
-/* Start of the (sk, d) slice of K or V for (batch, kv_head). Rebuilt at every tile load: the empty asm
- * hides the indices from loop-invariant hoisting, which would keep two 64-bit pointers live through
- * the main loop (they spill at kHeadDim 128 on sm80). */
-template <typename T>
-__device__ __forceinline__ const T *kv_slice(const void *base, flash_strides st, int batch, int kv_head)
+/* Dynamic shared memory of one CTA: the tiles, then the sequence's constants (no static shared memory,
+ * whose 1 KB alignment padding would cost occupancy). */
+__host__ __device__ constexpr size_t fwd_smem_bytes(int head_dim, int block_m, int block_n)
 {
-    asm volatile("" : "+r"(batch), "+r"(kv_head));
-    return (const T *)base + (int64_t)batch * st.batch + (int64_t)kv_head * st.head;
+    return fwd_tile_bytes(head_dim, block_m, block_n) + sizeof(fwd_seq_consts);
 }
 
 /* flash_mask_tile_flags (mask.h) of key tile j for query rows [row0, row0 + qn), spread over the lanes
  * (lane = one FLASH_MASK_BLOCK block; both tile edges are block-aligned) and OR-reduced, so every warp
- * holds the CTA's flags. */
+ * holds the CTA's flags. The attn_mask is dense-only: its blocks are bounded by p.sk (blocks past a
+ * seqused_k only widen the flags of the last tile, whose tail is masked anyway). */
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ unsigned key_tile_flags(const flash_params &p, int batch, int head, int row0, int qn,
                                                    int j, int lane)
@@ -299,15 +313,15 @@ __device__ __forceinline__ int next_visible_tile(const flash_params &p, int batc
 }
 
 /* Band and seqlen_k mask of one tile of a dense kernel (natural key order): s = -inf at keys >= sk or
- * outside diag_lo <= j - i <= diag_hi (flash_visible), the band test as one unsigned compare per value
- * of j - i - diag_lo against diag_hi - diag_lo (a tile exists only if diag_lo <= diag_hi, and both
- * fit an int). col0: the thread's first key, diag0: its first key minus its first row. */
+ * outside diag_lo <= j - i <= diag_hi (flash_visible of the sequence), the band test as one unsigned
+ * compare per value of j - i - diag_lo against diag_hi - diag_lo (a tile exists only if diag_lo <=
+ * diag_hi, and both fit an int). col0: the thread's first key, diag0: its first key minus its first row. */
 template <int kMT, int kNT>
-__device__ __forceinline__ void mask_band_dense(float (&s)[kMT][kNT][4], const flash_params &p, int col0, int diag0)
+__device__ __forceinline__ void mask_band_dense(float (&s)[kMT][kNT][4], int diag_lo, int diag_hi, int sk, int col0,
+                                                int diag0)
 {
-    const unsigned from_lo0 = (unsigned)diag0 - (unsigned)(int)p.diag_lo;
-    const unsigned band = (unsigned)(int)p.diag_hi - (unsigned)(int)p.diag_lo;
-    const int sk = (int)p.sk;
+    const unsigned from_lo0 = (unsigned)diag0 - (unsigned)diag_lo;
+    const unsigned band = (unsigned)diag_hi - (unsigned)diag_lo;
 #pragma unroll
     for (int t = 0; t < kMT; t++)
 #pragma unroll
@@ -337,15 +351,16 @@ __device__ __forceinline__ void thread_origin(int tid, int row0, int j, int *r_t
 }
 
 /* Band and seqlen_k mask of one tile of a HOOK kernel: s = -inf outside diag_lo <= j - i <= diag_hi or
- * at j >= sk, one pass per edge the tile crosses (lo_edge, hi_edge, tail: uniform over the CTA). The thread's first row
- * is r_t, its first key c_t; its value (t, nt, 2 h + e) sits key_row(nt, e) keys and t * 16 + h * 8 rows
- * further, so flash_tile_diag(bound, r_t, c_t) makes each test one compare against a constant. */
+ * at j >= sk (the sequence's), one pass per edge the tile crosses (lo_edge, hi_edge, tail: uniform over
+ * the CTA). The thread's first row is r_t, its first key c_t; its value (t, nt, 2 h + e) sits key_row(nt, e)
+ * keys and t * 16 + h * 8 rows further, so flash_tile_diag(bound, r_t, c_t) makes each test one compare
+ * against a constant. */
 template <int kMT, int kNT, bool kPerm>
-__device__ __forceinline__ void mask_band(float (&s)[kMT][kNT][4], const flash_params &p, int r_t, int c_t,
+__device__ __forceinline__ void mask_band(float (&s)[kMT][kNT][4], int diag_lo, int diag_hi, int sk, int r_t, int c_t,
                                           bool lo_edge, bool hi_edge, bool tail)
 {
     if (lo_edge) {
-        const int lo = flash_tile_diag(p.diag_lo, r_t, c_t);
+        const int lo = flash_tile_diag(diag_lo, r_t, c_t);
 #pragma unroll
         for (int t = 0; t < kMT; t++)
 #pragma unroll
@@ -358,7 +373,7 @@ __device__ __forceinline__ void mask_band(float (&s)[kMT][kNT][4], const flash_p
                             s[t][nt][2 * h + e] = -INFINITY;
     }
     if (hi_edge) {
-        const int hi = flash_tile_diag(p.diag_hi, r_t, c_t);
+        const int hi = flash_tile_diag(diag_hi, r_t, c_t);
 #pragma unroll
         for (int t = 0; t < kMT; t++)
 #pragma unroll
@@ -371,7 +386,7 @@ __device__ __forceinline__ void mask_band(float (&s)[kMT][kNT][4], const flash_p
                             s[t][nt][2 * h + e] = -INFINITY;
     }
     if (tail) {
-        const int kvalid = (int)p.sk - c_t;
+        const int kvalid = sk - c_t;
 #pragma unroll
         for (int t = 0; t < kMT; t++)
 #pragma unroll
@@ -479,12 +494,14 @@ __device__ __forceinline__ void apply_attn_mask(float (&s)[kMT][kNT][4], const f
 /* The score hook of one tile (mask.h, in its order) on the raw scores x = q.k, keeping the kernel's
  * units: the final score s (natural log units) is x * scale_log2 * ln 2, scale_log2 = |scale| log2(e)
  * (Q holds the sign), so the dense softmax applies unchanged. Softcap s = cap tanh(scale q.k / cap):
- * x = c tanh(x / c) with c = cap / |scale|; ALiBi s -= slope |j - i - alibi_offset|: x -= slope / |scale|
- * |...|; then the attn_mask where the tile's block flags say partial (additive: x += mask / |scale|,
- * i.e. mask log2(e) / scale_log2; tile_in_sk: the tile ends at or before sk). Permuted key order. */
+ * x = c tanh(x / c) with c = cap / |scale|; ALiBi s -= slope |j - i - alibi_offset| (the sequence's
+ * sk - sq): x -= slope / |scale| |...|; then the attn_mask where the tile's block flags say partial
+ * (additive: x += mask / |scale|, i.e. mask log2(e) / scale_log2; tile_in_sk: the tile ends at or before
+ * sk). Permuted key order. */
 template <typename T, int kMT, int kNT>
 __device__ __forceinline__ void score_hook(float (&s)[kMT][kNT][4], const flash_params &p, float scale_log2,
-                                           unsigned flags, int batch, int head, int r_t, int c_t, bool tile_in_sk)
+                                           unsigned flags, int batch, int head, int alibi_offset, int r_t, int c_t,
+                                           bool tile_in_sk)
 {
     const float to_raw = FLASH_LOG2E_F / scale_log2; /* natural units -> raw units: 1 / |scale| */
     if (p.softcap > 0.f) {
@@ -501,7 +518,7 @@ __device__ __forceinline__ void score_hook(float (&s)[kMT][kNT][4], const flash_
     if (p.alibi_slopes != nullptr) {
         const float slope = flash_alibi_slope(&p, batch, head) * to_raw;
         /* j - i - alibi_offset of the thread's first value; + (key_row - row offset) per value */
-        const float a0 = (float)((int64_t)c_t - r_t - p.alibi_offset);
+        const float a0 = (float)((int64_t)c_t - r_t - alibi_offset);
 #pragma unroll
         for (int t = 0; t < kMT; t++)
 #pragma unroll
@@ -571,8 +588,9 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
     static_assert(fwd_smem_bytes(kHeadDim, kBlockM, kBlockN) <= kSm80MaxSmemBytes, "tile exceeds sm80 shared memory");
     static_assert(kKVBytes <= kLowHalf + 1, "K / V lane offsets packed in 16 bits");
 
-    /* sQ (kBlockM, kHeadDim) | sK[2] (kBlockN, kHeadDim) | sV[kVStages] (kBlockN, kHeadDim), swizzled */
+    /* sQ (kBlockM, kHeadDim) | sK[2] (kBlockN, kHeadDim) | sV[kVStages] (kBlockN, kHeadDim), swizzled | sc */
     extern __shared__ __align__(1024) unsigned char smem[];
+    fwd_seq_consts &sc = *(fwd_seq_consts *)(smem + fwd_tile_bytes(kHeadDim, kBlockM, kBlockN));
     const uint32_t sQ = smem_u32(smem);
     const uint32_t sK = sQ + kBlockM * kRowBytes;
     const uint32_t sV = sK + 2 * kKVBytes;
@@ -583,21 +601,37 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
     const int m_block = gridDim.x - 1 - blockIdx.x;
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
-    const int kv_head = (int)(head / p.h_per_kv);
-    const int sq = (int)p.sq;
-    const int sk = (int)p.sk;
-    const int d = (int)p.d;
     const int row0 = m_block * kBlockM;
+    /* the CTA's sequence (mask.h): lengths, first rows, band; rows and keys below are the sequence's own.
+     * A varlen grid spans the longest sequence: the CTAs past this one's end leave at once. */
+    const flash_seq seq = flash_seq_of(&p, batch);
+    if (row0 >= seq.sq)
+        return;
+    const int64_t kv_head = head / p.h_per_kv;
+    const int sq = (int)seq.sq;
+    const int sk = (int)seq.sk;
+    const int d = (int)p.d;
 
-    /* q, o: (sq, d) with row strides q_s.row, o_s.row; lse: (sq); k, v: see kv_slice */
-    const T *q = (const T *)p.q + (int64_t)batch * p.q_s.batch + (int64_t)head * p.q_s.head;
-    T *o = (T *)p.o + (int64_t)batch * p.o_s.batch + (int64_t)head * p.o_s.head;
-    float *lse = (float *)p.lse + ((int64_t)batch * p.h + head) * p.sq;
+    /* q, o: (sq, d) with row strides q_s.row, o_s.row; k, v: (sk, d) with k_s.row, v_s.row; lse: (sq) */
+    const T *q = (const T *)p.q + (int64_t)batch * p.q_s.batch + (int64_t)head * p.q_s.head + seq.q_row0 * p.q_s.row;
+    const T *k = (const T *)p.k + seq.k_batch * p.k_s.batch + kv_head * p.k_s.head + seq.k_row0 * p.k_s.row;
+    const T *v = (const T *)p.v + seq.k_batch * p.v_s.batch + kv_head * p.v_s.head + seq.k_row0 * p.v_s.row;
+    if (tid == 0) {
+        sc.k = k;
+        sc.v = v;
+        sc.o = (T *)p.o + (int64_t)batch * p.o_s.batch + (int64_t)head * p.o_s.head + seq.q_row0 * p.o_s.row;
+        sc.lse = (float *)p.lse + flash_lse_offset(&p, &seq, batch, head);
+        sc.sq = sq;
+        sc.sk = sk;
+        sc.diag_lo = (int)seq.diag_lo;
+        sc.diag_hi = (int)seq.diag_hi;
+        sc.alibi_offset = (int)seq.alibi_offset;
+    }
 
     /* Key tiles [first, n_end) hold a key visible to some row of this CTA; [full_first, full_end) need
      * no band / tail mask. HOOK: j and flags step over tiles the attn_mask hides. */
     const int qn = min(kBlockM, sq - row0);
-    const flash_tile_range kt = flash_key_tiles(&p, row0, qn, kBlockN);
+    const flash_tile_range kt = flash_key_tiles(&seq, row0, qn, kBlockN);
     const int full_first = (int)kt.full_first;
     const int full_end = (int)kt.full_end;
     const int n_end = (int)kt.end;
@@ -611,17 +645,15 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
     cp_async_commit();
     if (j < n_end) {
         const uint32_t buf = HOOK ? 0 : (j & 1) * kKVBytes;
-        load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sK + buf, kv_slice<T>(p.k, p.k_s, batch, kv_head),
-                                                        p.k_s.row, j * kBlockN, sk, d, tid);
+        load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sK + buf, k, p.k_s.row, j * kBlockN, sk, d, tid);
         if constexpr (kVStages == 2)
-            load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sV + buf, kv_slice<T>(p.v, p.v_s, batch, kv_head),
-                                                            p.v_s.row, j * kBlockN, sk, d, tid);
+            load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sV + buf, v, p.v_s.row, j * kBlockN, sk, d, tid);
     }
     cp_async_commit();
     cp_async_wait<1>();
     if (p.scale_log2 < 0.f)
         negate_tile<kHeadDim, kBlockM, kThreads>(smem, tid);
-    __syncthreads();
+    __syncthreads(); /* also publishes sc */
 
     /* ldmatrix lane addressing: matrix lane / 8 takes its row lane % 8. Q rows are natural; K and V
      * rows follow key_row (kv_lane_offset), whose swizzle key the lane's address carries (tile_addr). */
@@ -673,17 +705,17 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
         cp_async_wait<0>();
         __syncthreads(); /* K_j (and V_j) landed; every warp is done with the previous tile's buffers */
         if constexpr (kVStages == 1) {
-            load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sV, kv_slice<T>(p.v, p.v_s, batch, kv_head), p.v_s.row,
-                                                            j * kBlockN, sk, d, tid);
+            load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sV, (const T *)sc.v, p.v_s.row, j * kBlockN, sc.sk, d,
+                                                            tid);
             cp_async_commit();
         }
         if (j_next < n_end) {
             const uint32_t next = (stage ^ 1) * kKVBytes;
-            load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sK + next, kv_slice<T>(p.k, p.k_s, batch, kv_head),
-                                                            p.k_s.row, j_next * kBlockN, sk, d, tid);
+            load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sK + next, (const T *)sc.k, p.k_s.row, j_next * kBlockN,
+                                                            sc.sk, d, tid);
             if constexpr (kVStages == 2)
-                load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sV + next, kv_slice<T>(p.v, p.v_s, batch, kv_head),
-                                                                p.v_s.row, j_next * kBlockN, sk, d, tid);
+                load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sV + next, (const T *)sc.v, p.v_s.row,
+                                                                j_next * kBlockN, sc.sk, d, tid);
         }
         cp_async_commit();
         uint32_t kv_t = kv_lane;
@@ -731,16 +763,19 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
         int r_t = 0, c_t = 0; /* HOOK: the thread's first row and key of this tile (thread_origin) */
         if constexpr (HOOK) {
             thread_origin<kWarpRows, kBlockN, HOOK>(tid, row0, j, &r_t, &c_t);
-            score_hook<T, kMT, kNT>(s, p, scale, flags, batch, head, r_t, c_t, (int64_t)(j + 1) * kBlockN <= sk);
+            score_hook<T, kMT, kNT>(s, p, scale, flags, batch, head, sc.alibi_offset, r_t, c_t,
+                                    (int64_t)(j + 1) * kBlockN <= sc.sk);
             if (masked) {
                 /* the edges the tile crosses: keys below its last row's band, above its first row's, past sk */
                 const int64_t k0 = (int64_t)j * kBlockN;
-                mask_band<kMT, kNT, HOOK>(s, p, r_t, c_t, k0 < row0 + qn - 1 + p.diag_lo,
-                                          k0 + kBlockN - 1 > row0 + p.diag_hi, k0 + kBlockN > p.sk);
+                const int lo = sc.diag_lo, hi = sc.diag_hi, sk = sc.sk;
+                mask_band<kMT, kNT, HOOK>(s, lo, hi, sk, r_t, c_t, k0 < (int64_t)row0 + qn - 1 + lo,
+                                          k0 + kBlockN - 1 > (int64_t)row0 + hi, k0 + kBlockN > sk);
             }
         } else if (masked) {
             const int col0 = j * kBlockN + 2 * (lane % kQuadLanes);
-            mask_band_dense<kMT, kNT>(s, p, col0, col0 - (row0 + warp * kWarpRows + lane / kQuadLanes));
+            mask_band_dense<kMT, kNT>(s, sc.diag_lo, sc.diag_hi, sc.sk, col0,
+                                      col0 - (row0 + warp * kWarpRows + lane / kQuadLanes));
         }
 
         /* online softmax: P = exp2(S * scale - m * scale), rescale O and l by
@@ -839,8 +874,8 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
             }
             factor *= keep_scale;
             const int r = warp * kWarpRows + t * kMmaM + h * kHalfRows + lane / kQuadLanes;
-            if (lane % kQuadLanes == 0 && row0 + r < sq)
-                lse[row0 + r] = row_lse;
+            if (lane % kQuadLanes == 0 && row0 + r < sc.sq)
+                sc.lse[row0 + r] = row_lse;
 #pragma unroll
             for (int dt = 0; dt < kDT; dt++)
                 *(uint32_t *)(smem + swz<kHeadDim>(r, dt) + (lane % kQuadLanes) * sizeof(uint32_t)) =
@@ -852,8 +887,8 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
         const int idx = i * FLASH_WARP_SIZE + lane;
         const int r = warp * kWarpRows + idx / kChunks;
         const int chunk = idx % kChunks;
-        if (row0 + r < sq && chunk * kChunkElems < d)
-            *(uint4 *)(o + (int64_t)(row0 + r) * p.o_s.row + chunk * kChunkElems) =
+        if (row0 + r < sc.sq && chunk * kChunkElems < d)
+            *(uint4 *)((T *)sc.o + (int64_t)(row0 + r) * p.o_s.row + chunk * kChunkElems) =
                 *(const uint4 *)(smem + swz<kHeadDim>(r, chunk));
     }
 }
@@ -916,11 +951,12 @@ extern "C" size_t flash_fwd_sm80_smem(const flash_params *p)
 
 extern "C" cudaError_t flash_fwd_sm80(const flash_params *p, cudaStream_t stream)
 {
-    /* the dense kernels ignore the hook fields; the HOOK kernels read the mask through its block flags */
+    /* the dense kernels ignore the hook fields; the HOOK kernels read the mask through its block flags
+     * (dense batches only) */
     const bool hook_fields =
         p->softcap > 0.f || p->alibi_slopes != NULL || p->mask != NULL || p->dropout_threshold != 0;
     const bool mask_ok = p->mask == NULL ? p->mask_blocks == NULL
-                                         : p->mask_blocks != NULL &&
+                                         : p->mask_blocks != NULL && p->cu_seqlens_q == NULL &&
                                                (p->mask_kind == FLASH_MASK_BOOL || p->mask_kind == FLASH_MASK_ADD);
     if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->d % kChunkElems != 0 || p->sq > INT_MAX ||
         p->sk > INT_MAX || p->h > kMaxGridYZ || p->b > kMaxGridYZ || p->h_per_kv < 1 ||
