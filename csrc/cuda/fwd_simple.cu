@@ -13,8 +13,8 @@
  * sink, if any), out = a * factor; a row with no visible key gets out = 0, lse = -inf (or the sink).
  * Everything, the hook included, is computed in the data type T (double hook functions for fp64).
  * O(seqlen) memory, any head dim 1..256, strides, GQA (kv head = h / h_per_kv), tails.
- * Varlen batches: the CTA works on its sequence (flash_seq_of: lengths, first rows, band) and leaves at
- * once when its rows start past the sequence's sq; no row outside the sequence is read or written.
+ * Varlen batches (and seqused_k / k_leftpad / k_batch_idx): the CTA works on its sequence (flash_seq_of:
+ * lengths, first rows, band), leaving at once when its rows start past its sq; no other row is touched.
  * Speed is not a goal; not measured.
  */
 #include <limits.h>
@@ -195,10 +195,10 @@ static cudaError_t launch_simple(const flash_params *p, cudaStream_t stream)
 
 extern "C" cudaError_t flash_fwd_simple(const flash_params *p, cudaStream_t stream)
 {
-    /* the attn_mask is dense-only (its indices are the batch's) */
+    /* the attn_mask is dense-only: key j of a sequence is its column j (no varlen, no k_leftpad) */
     if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->sq > INT_MAX || p->sk > INT_MAX ||
         p->h > kSimpleMaxGridYZ || p->b > kSimpleMaxGridYZ || p->h_per_kv < 1 ||
-        (p->cu_seqlens_q != NULL && p->mask != NULL))
+        (p->mask != NULL && (p->cu_seqlens_q != NULL || p->k_leftpad != NULL)))
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0 || p->sq == 0)
         return cudaSuccess;

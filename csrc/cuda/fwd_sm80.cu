@@ -29,10 +29,10 @@
  * a sink), O * factor through this warp's own rows of the Q buffer to 16-byte global stores. A row with
  * no visible key has l = 0: it writes O = 0 and lse = -inf (the sink with one).
  * Query tiles run in reverse order so the heaviest causal tiles are scheduled first.
- * Varlen batches: grid (max_seqlen_q tiles, h, b); a CTA reads its sequence once (flash_seq_of), leaves at
- * once when its tile starts past the sequence's sq, and keeps its slice pointers, lengths and band in shared
- * memory (no registers through the loop: its SASS is no longer than before varlen); loads zero-fill past
- * the sequence's own sq / sk.
+ * Varlen batches (and seqused_k / k_leftpad / k_batch_idx): grid (max_seqlen_q tiles, h, b); a CTA reads
+ * its sequence once (flash_seq_of), leaves at once when its tile starts past the sequence's sq, and keeps its
+ * slice pointers, lengths and band in shared memory (no registers through the loop: its SASS is no longer
+ * than before varlen); loads zero-fill past the sequence's own sq / sk.
  *
  * Key order inside a tile (key_row): the dense kernels keep S column c of n8 tile nt = key 8 nt + c.
  * The HOOK kernels permute the keys of each 32 so that the 8 values a lane holds in four consecutive
@@ -952,11 +952,12 @@ extern "C" size_t flash_fwd_sm80_smem(const flash_params *p)
 extern "C" cudaError_t flash_fwd_sm80(const flash_params *p, cudaStream_t stream)
 {
     /* the dense kernels ignore the hook fields; the HOOK kernels read the mask through its block flags
-     * (dense batches only) */
+     * (key j of a sequence is the mask's column j: no varlen, no k_leftpad) */
     const bool hook_fields =
         p->softcap > 0.f || p->alibi_slopes != NULL || p->mask != NULL || p->dropout_threshold != 0;
     const bool mask_ok = p->mask == NULL ? p->mask_blocks == NULL
                                          : p->mask_blocks != NULL && p->cu_seqlens_q == NULL &&
+                                               p->k_leftpad == NULL &&
                                                (p->mask_kind == FLASH_MASK_BOOL || p->mask_kind == FLASH_MASK_ADD);
     if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->d % kChunkElems != 0 || p->sq > INT_MAX ||
         p->sk > INT_MAX || p->h > kMaxGridYZ || p->b > kMaxGridYZ || p->h_per_kv < 1 ||
