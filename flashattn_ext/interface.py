@@ -1,7 +1,10 @@
 """The public functions: flash_attn_func on (batch, seqlen, nheads, headdim) tensors with
-flash-attn's argument order, and scaled_dot_product_attention with torch's signature on
-(batch, nheads, seqlen, headdim) tensors. Both check their arguments (errors name them) and pass
-views (strides), never copies, to the op; a broadcast attn_mask travels as an expanded view."""
+flash-attn's argument order, its packed forms, flash_attn_varlen_func (and packed forms) on
+variable-length batches (total_tokens, nheads, headdim) with cu_seqlens, and
+scaled_dot_product_attention with torch's signature on (batch, nheads, seqlen, headdim) tensors. All
+check their arguments (errors name them; no host synchronization) and pass views (strides), never
+copies, to the ops; a broadcast attn_mask travels as an expanded view, packed tensors as unbound views
+(so their gradients come back into the packed tensor)."""
 import math
 import numbers
 
@@ -47,43 +50,46 @@ def _check_dropout(fn, dropout_p):
     return float(dropout_p)
 
 
-def _check_window(window_size):
+def _check_window(window_size, fn="flash_attn_func"):
     try:
         left, right = window_size
     except (TypeError, ValueError):
-        raise TypeError(f"flash_attn_func: window_size must be a pair (left, right) of ints, got {window_size!r}")
+        raise TypeError(f"{fn}: window_size must be a pair (left, right) of ints, got {window_size!r}")
     for name, w in (("left", left), ("right", right)):
         if _symbolic(w):
             continue
         if isinstance(w, bool) or not isinstance(w, numbers.Integral):
-            raise TypeError(f"flash_attn_func: window_size {name} must be an int, got {type(w).__name__}")
+            raise TypeError(f"{fn}: window_size {name} must be an int, got {type(w).__name__}")
         if w < -1:
-            raise ValueError(f"flash_attn_func: window_size values must be >= -1 (-1: unbounded), got {window_size}")
+            raise ValueError(f"{fn}: window_size values must be >= -1 (-1: unbounded), got {window_size}")
     return tuple(w if _symbolic(w) else int(w) for w in (left, right))
 
 
-def _check_softcap(softcap):
+def _check_softcap(softcap, fn="flash_attn_func"):
     if _symbolic(softcap):
         return softcap
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
-        raise TypeError(f"flash_attn_func: softcap must be a float, got {type(softcap).__name__}")
+        raise TypeError(f"{fn}: softcap must be a float, got {type(softcap).__name__}")
     if not 0 <= softcap < math.inf:
-        raise ValueError(f"flash_attn_func: softcap must be finite and >= 0 (0: off), got {softcap}")
+        raise ValueError(f"{fn}: softcap must be finite and >= 0 (0: off), got {softcap}")
     return float(softcap)
 
 
-def _check_alibi(alibi_slopes, q):
+def _check_alibi(alibi_slopes, q, fn="flash_attn_func", batch=None, nheads=None):
+    """alibi_slopes (nheads,) or (batch, nheads) float32 on q's device; batch / nheads default to those
+    of a (batch, seqlen, nheads, headdim) q."""
     if alibi_slopes is None:
         return None
     _check_tensor("alibi_slopes", alibi_slopes)
-    batch, nheads = q.shape[0], q.shape[2]
+    if batch is None:
+        batch, nheads = q.shape[0], q.shape[2]
     if alibi_slopes.dtype != torch.float32:
-        raise TypeError(f"flash_attn_func: alibi_slopes must be float32, got {alibi_slopes.dtype}")
+        raise TypeError(f"{fn}: alibi_slopes must be float32, got {alibi_slopes.dtype}")
     if alibi_slopes.device != q.device:
-        raise ValueError(f"flash_attn_func: alibi_slopes must be on the device of q ({q.device}), got {alibi_slopes.device}")
+        raise ValueError(f"{fn}: alibi_slopes must be on the device of q ({q.device}), got {alibi_slopes.device}")
     if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
         raise ValueError(
-            f"flash_attn_func: alibi_slopes must have shape (nheads,) = ({nheads},) or (batch, nheads) = "
+            f"{fn}: alibi_slopes must have shape (nheads,) = ({nheads},) or (batch, nheads) = "
             f"({batch}, {nheads}), got {tuple(alibi_slopes.shape)}"
         )
     return alibi_slopes
@@ -248,3 +254,262 @@ def scaled_dot_product_attention(
     out, _, _ = _attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale,
                            is_causal, False, (-1, -1), 0.0, None, None, mask, dropout_p, False)
     return out.transpose(1, 2)
+
+
+def _check_packed(fn, name, t, rank, index, count, layout):
+    """A packed tensor (qkv / kv): `rank` dimensions with `count` entries at dimension `index`."""
+    _check_tensor(name, t)
+    if t.dim() != rank or t.shape[index] != count:
+        raise ValueError(f"{fn}: {name} must have shape {layout}, got {tuple(t.shape)}")
+    return t.unbind(index)
+
+
+def flash_attn_qkvpacked_func(
+    qkv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    return_lse=False,
+    sink=None,
+    s_aux=None,
+):
+    """flash_attn_func on qkv (batch, seqlen, 3, nheads, headdim), q, k, v stacked at dimension 2 (read in
+    place; the gradient comes back as one tensor of qkv's shape). Arguments and results as flash_attn_func."""
+    q, k, v = _check_packed("flash_attn_qkvpacked_func", "qkv", qkv, 5, 2, 3, "(batch, seqlen, 3, nheads, headdim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, return_lse, sink=sink, s_aux=s_aux)
+
+
+def flash_attn_kvpacked_func(
+    q,
+    kv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    return_lse=False,
+    sink=None,
+    s_aux=None,
+):
+    """flash_attn_func on q (batch, seqlen_q, nheads, headdim) and kv (batch, seqlen_k, 2, nheads_kv, headdim),
+    k and v stacked at dimension 2. Arguments and results as flash_attn_func."""
+    k, v = _check_packed("flash_attn_kvpacked_func", "kv", kv, 5, 2, 2, "(batch, seqlen_k, 2, nheads_kv, headdim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, return_lse, sink=sink, s_aux=s_aux)
+
+
+# ------------------------------------------------------------------------------------------------
+# Variable-length batches
+# ------------------------------------------------------------------------------------------------
+
+def _check_index(fn, name, t, device):
+    """An int32 1-D index tensor (cu_seqlens_* / seqused_k) on the device of q; its contents are not read."""
+    _check_tensor(name, t)
+    if t.dtype != torch.int32:
+        raise TypeError(f"{fn}: {name} must be int32, got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{fn}: {name} must be 1-D, got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{fn}: {name} must be on the device of q ({device}), got {t.device}")
+    return t
+
+
+def _check_max_seqlen(fn, name, x):
+    if _symbolic(x):
+        return x
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"{fn}: {name} must be a Python int (the longest sequence of the batch), got "
+                        f"{type(x).__name__}")
+    if x < 0:
+        raise ValueError(f"{fn}: {name} must be >= 0, got {x}")
+    return int(x)
+
+
+def _varlen_probs_signed(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, causal,
+                         window, softcap, alibi_slopes, sink, dropout_p, lse, rng_state):
+    """S_dmask of the varlen functions' return_attn_probs: (batch, nheads, max_seqlen_q, max_seqlen_k) in
+    lse's dtype, in [s, :, :seqlen_q, :seqlen_k] the S_dmask flash_attn_func gives sequence s at batch index s
+    (P, the entries dropout dropped negated), zeros elsewhere. A test aid: it reads cu_seqlens on the host."""
+    from .reference import attention_probs, varlen_sequences
+
+    batch, nheads = cu_seqlens_q.shape[0] - 1, q.shape[1]
+    s_dmask = lse.new_zeros((batch, nheads, max_seqlen_q, max_seqlen_k))
+    keep = None
+    if dropout_p > 0.0:  # sequence s draws from the Philox stream of batch index s
+        shape_q = q.new_empty((batch, max_seqlen_q, nheads, 1))
+        keep = torch.ops.flashattn_ext.dropout_mask(shape_q, rng_state, max_seqlen_k, dropout_p)
+    sequences = varlen_sequences(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, q.shape[0],
+                                 k.shape[0])
+    for s, (q0, sq, k0, sk) in enumerate(sequences):
+        if sq == 0 or sk == 0:
+            continue
+        slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[s]
+        p = attention_probs(q[None, q0:q0 + sq], k[None, k0:k0 + sk], None, softmax_scale=scale, causal=causal,
+                            window_size=window, softcap=softcap, alibi_slopes=slopes, sink=sink,
+                            lse=lse[None, :, q0:q0 + sq])[0]
+        if keep is not None:
+            p = torch.where(keep[s, :, :sq, :sk], p, -p)
+        s_dmask[s, :, :sq, :sk] = p
+    return s_dmask
+
+
+def _flash_attn_varlen(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                       causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, seqused_k,
+                       return_lse, sink, s_aux):
+    for name, t, layout in (("q", q, "(total_q, nheads, headdim)"), ("k", k, "(total_k, nheads_kv, headdim)"),
+                            ("v", v, "(total_k, nheads_kv, headdim)")):
+        _check_tensor(name, t)
+        if t.dim() != 3:
+            raise ValueError(f"{fn}: {name} must have 3 dimensions {layout}, got {t.dim()}")
+    _check_index(fn, "cu_seqlens_q", cu_seqlens_q, q.device)
+    _check_index(fn, "cu_seqlens_k", cu_seqlens_k, q.device)
+    if cu_seqlens_q.shape[0] < 1:
+        raise ValueError(f"{fn}: cu_seqlens_q must have batch + 1 >= 1 entries, got 0")
+    if cu_seqlens_k.shape[0] != cu_seqlens_q.shape[0]:
+        raise ValueError(f"{fn}: cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got "
+                         f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
+    batch, nheads = cu_seqlens_q.shape[0] - 1, q.shape[1]
+    if seqused_k is not None:
+        _check_index(fn, "seqused_k", seqused_k, q.device)
+        if seqused_k.shape[0] != batch:
+            raise ValueError(f"{fn}: seqused_k must have shape (batch,) = ({batch},), got {tuple(seqused_k.shape)}")
+    max_seqlen_q = _check_max_seqlen(fn, "max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _check_max_seqlen(fn, "max_seqlen_k", max_seqlen_k)
+    if sink is not None and s_aux is not None:
+        raise ValueError(f"{fn}: pass sink or s_aux, not both")
+    dropout_p = _check_dropout(fn, dropout_p)
+    window = _check_window(window_size, fn)
+    softcap = _check_softcap(softcap, fn)
+    alibi_slopes = _check_alibi(alibi_slopes, q, fn, batch, nheads)
+    sink = _check_sink(fn, s_aux if sink is None else sink, q, nheads)
+    scale = _default_scale(q) if softmax_scale is None else _check_scale("softmax_scale", softmax_scale)
+    out, lse, rng_state = torch.ops.flashattn_ext.varlen_fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, bool(causal), window[0],
+        window[1], softcap, alibi_slopes, sink, dropout_p, bool(deterministic),
+    )
+    if return_attn_probs:
+        with torch.no_grad():
+            s_dmask = _varlen_probs_signed(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                           scale, causal, window, softcap, alibi_slopes, sink, dropout_p, lse,
+                                           rng_state)
+        return out, lse, s_dmask
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+    *,
+    seqused_k=None,
+    return_lse=False,
+    sink=None,
+    s_aux=None,
+):
+    """flash_attn_func on a variable-length batch: the sequences are concatenated along the token dimension.
+
+    q: (total_q, nheads, headdim); k, v: (total_k, nheads_kv, headdim), nheads a multiple of nheads_kv.
+    cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) on q's device, the cumulative sequence lengths: sequence
+        s is q[cu_seqlens_q[s]:cu_seqlens_q[s + 1]] with k, v[cu_seqlens_k[s]:cu_seqlens_k[s + 1]].
+    max_seqlen_q, max_seqlen_k: Python ints, the longest query / key sequence (the grid size: longer
+        sequences are cut there).
+    seqused_k: int32 (batch,) or None: sequence s uses only its first seqused_k[s] keys.
+    Every other argument as flash_attn_func, per sequence: causal and window_size are aligned bottom-right
+    in each sequence (query i sees keys j <= i + seqlen_k - seqlen_q), alibi_slopes is (nheads,) or
+    (batch, nheads), dropout draws for sequence s what flash_attn_func draws at batch index s.
+    Rows of q in no sequence get out 0 and lse -inf; keys in none (or past seqused_k) get dk = dv = 0.
+    block_table (paged KV cache) is not supported yet (NotImplementedError).
+    Returns out (total_q, nheads, headdim); with return_lse=True (out, lse), lse (nheads, total_q) float32
+    (float64 for float64 inputs); with return_attn_probs=True (out, lse, S_dmask), S_dmask (batch, nheads,
+    max_seqlen_q, max_seqlen_k) holding sequence s's flash_attn_func S_dmask in [s, :, :seqlen_q, :seqlen_k]
+    (a test aid: it materializes the probabilities and reads cu_seqlens on the host).
+    No host synchronization otherwise: cu_seqlens' contents are never read on the host.
+    """
+    if block_table is not None:
+        raise NotImplementedError(
+            "flash_attn_varlen_func: block_table (a paged KV cache) is not supported yet; pass k and v as "
+            "(total_k, nheads_kv, headdim) tensors indexed by cu_seqlens_k"
+        )
+    return _flash_attn_varlen("flash_attn_varlen_func", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                              deterministic, return_attn_probs, seqused_k, return_lse, sink, s_aux)
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv,
+    cu_seqlens,
+    max_seqlen,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    return_lse=False,
+    sink=None,
+    s_aux=None,
+):
+    """flash_attn_varlen_func on qkv (total, 3, nheads, headdim), the same cu_seqlens and max_seqlen for
+    queries and keys (the gradient comes back as one tensor of qkv's shape)."""
+    fn = "flash_attn_varlen_qkvpacked_func"
+    q, k, v = _check_packed(fn, "qkv", qkv, 4, 1, 3, "(total, 3, nheads, headdim)")
+    return _flash_attn_varlen(fn, q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
+                              causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, None,
+                              return_lse, sink, s_aux)
+
+
+def flash_attn_varlen_kvpacked_func(
+    q,
+    kv,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    seqused_k=None,
+    return_lse=False,
+    sink=None,
+    s_aux=None,
+):
+    """flash_attn_varlen_func on q (total_q, nheads, headdim) and kv (total_k, 2, nheads_kv, headdim), k and v
+    stacked at dimension 1."""
+    fn = "flash_attn_varlen_kvpacked_func"
+    k, v = _check_packed(fn, "kv", kv, 4, 1, 2, "(total_k, 2, nheads_kv, headdim)")
+    return _flash_attn_varlen(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                              softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                              return_attn_probs, seqused_k, return_lse, sink, s_aux)

@@ -1,6 +1,9 @@
-"""torch.library registrations for the C++ ops flashattn_ext::fwd, ::bwd and ::dropout_mask: fake
-(meta) kernels with shape checks for tracing, and the autograd formula of fwd, which saves q, k, v, out,
-lse, the dropout rng_state and the user's own alibi/sink/mask tensors only, and calls bwd."""
+"""torch.library registrations for the C++ ops flashattn_ext::fwd, ::bwd, ::dropout_mask, ::varlen_fwd
+and ::varlen_bwd: fake (meta) kernels with shape checks for tracing, and the autograd formulas of fwd
+and varlen_fwd, which save q, k, v, out, lse, the dropout rng_state, the sequence boundaries (varlen) and
+the user's own alibi/sink/mask tensors only, and call bwd / varlen_bwd."""
+import math
+
 import torch
 
 
@@ -8,8 +11,12 @@ def _lse_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _check_rank(name, t, rank):
+    torch._check(t.dim() == rank, lambda: f"flashattn_ext: {name} must have {rank} dimensions, got {t.dim()}")
+
+
 def _check_rank4(name, t):
-    torch._check(t.dim() == 4, lambda: f"flashattn_ext: {name} must have 4 dimensions, got {t.dim()}")
+    _check_rank(name, t, 4)
 
 
 def _check_qkv_fake(q, k, v):
@@ -95,3 +102,84 @@ def _backward(ctx, dout, _dlse, _drng):
 
 
 torch.library.register_autograd("flashattn_ext::fwd", _backward, setup_context=_setup_context)
+
+
+# ------------------------------------------------------------------------------------------------
+# Variable-length batches: q (total_q, nheads, headdim), k / v (total_k, nheads_kv, headdim), sequence s
+# in rows cu_seqlens_q[s]:cu_seqlens_q[s + 1] of q and from cu_seqlens_k[s] on in k / v.
+# ------------------------------------------------------------------------------------------------
+
+def _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_rank(name, t, 3)
+    torch._check(k.shape[0] == v.shape[0], lambda: "flashattn_ext: total_k of k and v differ")
+    torch._check(k.shape[1] == v.shape[1], lambda: "flashattn_ext: nheads of k and v differ")
+    torch._check(k.shape[2] == q.shape[2] and v.shape[2] == q.shape[2], lambda: "flashattn_ext: head dims differ")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        _check_rank(name, t, 1)
+    torch._check(cu_seqlens_q.shape[0] >= 1, lambda: "flashattn_ext: cu_seqlens_q must have batch + 1 >= 1 entries")
+    torch._check(cu_seqlens_k.shape[0] == cu_seqlens_q.shape[0],
+                 lambda: "flashattn_ext: cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1)")
+    if seqused_k is not None:
+        _check_rank("seqused_k", seqused_k, 1)
+        torch._check(seqused_k.shape[0] == cu_seqlens_q.shape[0] - 1,
+                     lambda: "flashattn_ext: seqused_k must have shape (batch,)")
+
+
+@torch.library.register_fake("flashattn_ext::varlen_fwd")
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                     causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic):
+    _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    total_q, nheads, _ = q.shape
+    out = q.new_empty((total_q, nheads, v.shape[-1]))
+    lse = q.new_empty((nheads, total_q), dtype=_lse_dtype(q.dtype))
+    rng_state = torch.empty((2,), dtype=torch.int64, device="cpu")
+    return out, lse, rng_state
+
+
+@torch.library.register_fake("flashattn_ext::varlen_bwd")
+def _varlen_bwd_fake(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                     max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink,
+                     dropout_p, deterministic):
+    _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    torch._check(dout.shape == q.shape, lambda: "flashattn_ext: dout must have the shape of q")
+    torch._check(out.shape == q.shape, lambda: "flashattn_ext: out must have the shape of q")
+    torch._check(lse.shape == (q.shape[1], q.shape[0]), lambda: "flashattn_ext: lse must have shape (nheads, total_q)")
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+# Positions of varlen_fwd's inputs (the schema in csrc/ops.cpp).
+_VARLEN_SINK = 14
+_VARLEN_INPUTS = 17
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+     window_right, softcap, alibi_slopes, sink, dropout_p, deterministic) = inputs
+    out, lse, rng_state = output
+    ctx.save_for_backward(q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink)
+    ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, dropout_p,
+                deterministic)
+    ctx.mark_non_differentiable(lse, rng_state)
+
+
+def _varlen_backward(ctx, dout, _dlse, _drng):
+    q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink = ctx.saved_tensors
+    (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, dropout_p,
+     deterministic) = ctx.args
+    dq, dk, dv = torch.ops.flashattn_ext.varlen_bwd(
+        dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+        softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic,
+    )
+    grads = [dq, dk, dv] + [None] * (_VARLEN_INPUTS - 3)
+    if sink is not None and ctx.needs_input_grad[_VARLEN_SINK]:
+        # d sink_h = -sum_i P_sink(h, i) * delta(h, i) over the rows of every sequence; rows that belong to
+        # no sequence have lse = -inf and out = 0 (delta 0) and contribute nothing.
+        delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1).transpose(0, 1)  # (nheads, total_q)
+        p_sink = torch.where(lse == -math.inf, torch.zeros((), dtype=lse.dtype, device=lse.device),
+                             torch.exp(sink.view(-1, 1) - lse))
+        grads[_VARLEN_SINK] = -(p_sink * delta).sum(1)
+    return tuple(grads)
+
+
+torch.library.register_autograd("flashattn_ext::varlen_fwd", _varlen_backward, setup_context=_varlen_setup_context)

@@ -1,7 +1,8 @@
-"""Eager attention with the semantics of flashattn_ext, for tests and for users who want a
-readable reference. Materializes the (seqlen_q, seqlen_k) scores: use it on small inputs, in any
-dtype (float64 for exact comparisons). Differentiable: autograd through it gives the reference
-gradients of q, k, v, the sink and an additive attn_mask, with no NaN on rows that see no key."""
+"""Eager attention with the semantics of flashattn_ext (attention_ref; attention_varlen_ref per sequence
+of a variable-length batch), for tests and for users who want a readable reference. Materializes the
+(seqlen_q, seqlen_k) scores: use it on small inputs, in any dtype (float64 for exact comparisons).
+Differentiable: autograd through it gives the reference gradients of q, k, v, the sink and an additive
+attn_mask, with no NaN on rows that see no key."""
 import math
 
 import torch
@@ -156,3 +157,74 @@ def attention_probs(
                                                                                          device=lse.device)),
                           torch.full((), -math.inf, dtype=dtype, device=scores.device))
     return torch.exp(shifted)
+
+
+def varlen_sequences(cu_seqlens_q, cu_seqlens_k, seqused_k=None, max_seqlen_q=None, max_seqlen_k=None, total_q=None,
+                     total_k=None):
+    """The sequences of a variable-length batch as the kernels read them: a list of (q_row0, seqlen_q,
+    k_row0, seqlen_k), one per sequence. Starts are clamped to [0, total], ends to [start, total] (total_q /
+    total_k: the rows of q / k; None: unbounded), lengths to max_seqlen (None: unbounded), and seqused_k[s]
+    (if given) to [0, seqlen_k]. Reads the index tensors on the host."""
+    inf = math.inf
+    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    used = None if seqused_k is None else seqused_k.tolist()
+
+    def clamp(x, lo, hi):
+        return int(min(max(x, lo), hi))
+
+    tq = inf if total_q is None else total_q
+    tk = inf if total_k is None else total_k
+    mq = inf if max_seqlen_q is None else max_seqlen_q
+    mk = inf if max_seqlen_k is None else max_seqlen_k
+    sequences = []
+    for s in range(len(cu_q) - 1):
+        q0, k0 = clamp(cu_q[s], 0, tq), clamp(cu_k[s], 0, tk)
+        sq = int(min(clamp(cu_q[s + 1], q0, tq) - q0, mq))
+        sk = int(min(clamp(cu_k[s + 1], k0, tk) - k0, mk))
+        if used is not None:
+            sk = clamp(used[s], 0, sk)
+        sequences.append((q0, sq, k0, sk))
+    return sequences
+
+
+def attention_varlen_ref(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    sink=None,
+    dropout_p=0.0,
+    dropout_mask=None,
+    seqused_k=None,
+):
+    """attention_ref per sequence of a variable-length batch (flash_attn_varlen_func's semantics): returns
+    (out, lse) for q (total_q, nheads, headdim), k/v (total_k, nheads_kv, headdim), out (total_q, nheads,
+    headdim_v) and lse (nheads, total_q) in q's dtype. Sequence s (varlen_sequences) is attention_ref of
+    q[q_row0:q_row0 + seqlen_q][None] with k, v[k_row0:k_row0 + seqlen_k][None], aligned bottom-right, with
+    alibi_slopes (nheads,) or row s of (batch, nheads), and dropout_mask[s, :, :seqlen_q, :seqlen_k] as its
+    keep mask (dropout_mask: (batch, nheads, >= max seqlen_q, >= max seqlen_k) bool, e.g. the sign of
+    flash_attn_varlen_func's S_dmask). Rows in no sequence: out 0, lse -inf. Differentiable (q, k, v, sink)."""
+    total_q, nheads = q.shape[0], q.shape[1]
+    out = q.new_zeros((total_q, nheads, v.shape[-1]))
+    lse = torch.full((nheads, total_q), -math.inf, dtype=q.dtype, device=q.device)
+    sequences = varlen_sequences(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, total_q,
+                                 k.shape[0])
+    for s, (q0, sq, k0, sk) in enumerate(sequences):
+        if sq == 0:
+            continue
+        slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[s:s + 1]
+        keep = None if dropout_mask is None else dropout_mask[s:s + 1, :, :sq, :sk]
+        o, l = attention_ref(q[None, q0:q0 + sq], k[None, k0:k0 + sk], v[None, k0:k0 + sk], softmax_scale, causal,
+                             True, window_size, softcap, slopes, sink, None, dropout_p, keep)
+        rows = torch.arange(q0, q0 + sq, device=q.device)
+        out = out.index_copy(0, rows, o[0])
+        lse = lse.index_copy(1, rows, l[0])
+    return out, lse
