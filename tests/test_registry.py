@@ -5,7 +5,7 @@ activation round trip on the CUDA key, the mapping functions against flash_attn_
 (every layout path: natural, heads folded into the batch, copies into torch's layout; causal, windows,
 GQA, dropout), the same kernels installed on the CPU key and reached through the dispatcher and autograd,
 and the fallback rules. On CUDA: SDPA's flash backend, aten's flash ops and torch.compile run our kernels
-(torch.profiler shows them, torch's FA2 kernels are absent) and match torch's; varlen_attn falls back.
+(torch.profiler shows them, torch's FA2 kernels are absent) and match torch's, varlen_attn included.
 """
 import warnings
 
@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import flashattn_ext
+from flashattn_ext.reference import attention_ref
 from flashattn_ext.integrations import torch_registry as reg
 
 HAS_REGISTRY = reg._registry() is not None
@@ -242,10 +243,37 @@ def test_aten_sdpa_flash_through_dispatcher(on_cpu_key, dropout_p):
 
 
 def test_unserved_call_without_torch_kernel_raises(on_cpu_key):
-    q = torch.randn(10, 2, 16)
-    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
-    with pytest.raises(RuntimeError, match="cum_seq_q"):
-        torch.ops.aten._flash_attention_forward(q, q, q, cu, cu, 6, 6, 0.0, False, False)
+    q = torch.randn(1, 10, 2, 16)
+    with pytest.raises(RuntimeError, match="alibi_slopes"):
+        torch.ops.aten._flash_attention_forward(q, q, q, None, None, 10, 10, 0.0, False, False,
+                                                alibi_slopes=torch.ones(2))
+
+
+@pytest.mark.parametrize("causal, window", [(False, (-1, -1)), (True, (-1, -1)), (False, (3, 2))])
+def test_aten_flash_varlen_through_dispatcher(on_cpu_key, causal, window):
+    """Variable-length aten calls (what varlen_attn makes) against one dense reference per sequence."""
+    lens_q, lens_k = [5, 0, 17, 1], [9, 4, 12, 1]
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32)
+    q = torch.randn(sum(lens_q), 4, 16, dtype=torch.float64)
+    k, v = (torch.randn(sum(lens_k), 2, 16, dtype=torch.float64) for _ in range(2))
+    dout = torch.randn_like(q)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse, *_ = torch.ops.aten._flash_attention_forward(
+        *leaves, cu_q, cu_k, max(lens_q), max(lens_k), 0.0, causal, False, scale=0.3,
+        window_size_left=window[0], window_size_right=window[1])
+    out.backward(dout)
+    for s in range(len(lens_q)):
+        qs, ks = slice(cu_q[s], cu_q[s + 1]), slice(cu_k[s], cu_k[s + 1])
+        ref = [t[None, r].clone().requires_grad_() for t, r in ((q, qs), (k, ks), (v, ks))]
+        ref_out, ref_lse = attention_ref(*ref, softmax_scale=0.3, causal=causal, window_size=window)
+        if ref_out.numel():
+            ref_out.backward(dout[None, qs])
+        torch.testing.assert_close(out[qs], ref_out[0], rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(lse[:, qs], ref_lse[0], rtol=1e-9, atol=1e-10)
+        for leaf, r, rows in zip(leaves, ref, (qs, ks, ks)):
+            want = r.grad[0] if r.grad is not None else torch.zeros_like(leaf[rows])
+            torch.testing.assert_close(leaf.grad[rows], want, rtol=1e-9, atol=1e-10)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -403,16 +431,26 @@ def test_cuda_aten_flash_forward_window(activated):
 @requires_registry
 @requires_cuda_build
 @pytest.mark.cuda
-def test_cuda_varlen_falls_back(activated):
+def test_cuda_varlen_attn_runs_our_kernels(activated):
     varlen = pytest.importorskip("torch.nn.attention.varlen")
-    q = torch.randn(100, 4, 64, device="cuda", dtype=torch.bfloat16)
-    cu = torch.tensor([0, 30, 100], device="cuda", dtype=torch.int32)
-    with pytest.warns(UserWarning, match="cum_seq_q"):
-        names = _kernel_names(lambda: varlen.varlen_attn(q, q, q, cu, cu, 70, 70))
-    out = varlen.varlen_attn(q, q, q, cu, cu, 70, 70)
-    assert not any("flash_fwd_sm80" in n for n in names)
+    q, k, v = (torch.randn(300, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    cu = torch.tensor([0, 30, 31, 300], device="cuda", dtype=torch.int32)
+    dout = torch.randn_like(q)
+
+    def step():
+        out = varlen.varlen_attn(q, k, v, cu, cu, 269, 269)
+        return (out.detach(),) + torch.autograd.grad(out, (q, k, v), dout)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning: ours serves the call
+        names = _kernel_names(step)
+        ours = step()
+    assert any("flash_fwd_sm80" in n for n in names) and any("bwd_main" in n for n in names), names
+    assert not any("pytorch_flash" in n for n in names), names
     torch.nn.attention.restore_flash_attention_impl()
-    torch.testing.assert_close(out, varlen.varlen_attn(q, q, q, cu, cu, 70, 70), rtol=0, atol=0)
+    theirs = step()
+    for a, b in zip(ours, theirs):
+        assert _rel(a, b) < 2e-2
 
 
 @requires_registry

@@ -14,8 +14,9 @@ registered before (torch.library.get_kernel), with a one-time warning naming the
 
 Served: CUDA fp16/bf16 on dense 4-D batches, head dim <= 256 (above 128 where the GPU offers the shared
 memory), any nheads / nheads_kv ratio, scale, is_causal (bottom-right aligned, as torch's FA2 kernel),
-window_size_left/right, dropout. Falls back: cum_seq_q/cum_seq_k (varlen: not built yet), seqused_k,
-block_table, alibi_slopes (aten's backward does not carry them), return_debug_mask, other dtypes, a GPU
+window_size_left/right, dropout, variable-length batches (cum_seq_q / cum_seq_k int32, 3-D inputs,
+seqused_k in the forward; torch.nn.attention.varlen.varlen_attn). Falls back: seqused_k on a dense
+batch, block_table, alibi_slopes (aten's backward does not carry them), return_debug_mask, other dtypes, a GPU
 or head dim our build cannot run, dropout while a CUDA graph is being captured, and any argument a newer
 torch adds that is not None.
 
@@ -267,14 +268,33 @@ def _unsupported(query, key, value, dropout_p):
     return None
 
 
+def _varlen_unsupported(query, key, value, cum_seq_q, cum_seq_k, dropout_p):
+    """Why our kernels do not serve a variable-length call, q (total_q, nheads, headdim), k/v (total_k,
+    nheads_kv, headdim) with int32 cum_seq_q / cum_seq_k (batch + 1), or None."""
+    if cum_seq_q is None or cum_seq_k is None:
+        return "only one of cum_seq_q / cum_seq_k is given"
+    if query.dim() != 3 or key.dim() != 3 or value.dim() != 3:
+        return "variable-length inputs are not 3-D (total, nheads, headdim)"
+    for name, t in (("cum_seq_q", cum_seq_q), ("cum_seq_k", cum_seq_k)):
+        if t.dtype != torch.int32 or t.dim() != 1 or t.device != query.device:
+            return f"{name} is not a 1-D int32 tensor on the device of query"
+    if cum_seq_q.shape != cum_seq_k.shape or cum_seq_q.numel() < 2:
+        return "cum_seq_q and cum_seq_k differ in length or hold no sequence"
+    if cum_seq_q.numel() - 1 > _MAX_GRID_DIM:
+        return f"more than {_MAX_GRID_DIM} sequences"
+    return _unsupported(query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0), dropout_p)
+
+
 def _forward_unsupported(query, key, value, cum_seq_q, cum_seq_k, dropout_p, return_debug_mask, kwargs):
-    if cum_seq_q is not None or cum_seq_k is not None:
-        return "cum_seq_q / cum_seq_k (variable-length batches are not built yet)"
-    for name in ("seqused_k", "block_table", "alibi_slopes"):
+    for name in ("block_table", "alibi_slopes"):
         if kwargs.get(name) is not None:
             return f"{name} is not served"
     if return_debug_mask:
         return "return_debug_mask"
+    if cum_seq_q is not None or cum_seq_k is not None:
+        return _varlen_unsupported(query, key, value, cum_seq_q, cum_seq_k, dropout_p)
+    if kwargs.get("seqused_k") is not None:
+        return "seqused_k on a dense batch is not served"
     return _unsupported(query, key, value, dropout_p)
 
 
@@ -287,7 +307,7 @@ def _backward_unsupported(query, key, value, cum_seq_q, cum_seq_k, dropout_p, rn
     if dropout_p > 0.0 and not ours:
         return "its forward ran torch's kernel (dropout masks must match)"
     if cum_seq_q is not None or cum_seq_k is not None:
-        reason = "cum_seq_q / cum_seq_k (variable-length batches are not built yet)"
+        reason = _varlen_unsupported(query, key, value, cum_seq_q, cum_seq_k, dropout_p)
     else:
         reason = _unsupported(query, key, value, dropout_p)
     if reason is not None and ours:
@@ -381,14 +401,7 @@ def flash_forward(query, key, value, dropout_p, is_causal, scale=None, window_si
         out, lse, rng = torch.ops.flashattn_ext.fwd(
             query, key, value, softmax_scale, bool(is_causal), True, window[0], window[1], 0.0, None, None, None,
             float(dropout_p), deterministic)
-    out = _in_layout(out, query)
-    if dropout_p > 0.0:
-        rng_state = rng.view(torch.uint64)
-        unused = torch.zeros((), dtype=torch.uint64)
-    else:
-        rng_state = torch.empty((2,), dtype=torch.uint64, device=query.device)
-        unused = torch.empty((), dtype=torch.uint64, device=query.device)
-    return out, lse, rng_state, unused
+    return (_in_layout(out, query), lse) + _aten_rng(rng, dropout_p, query.device)
 
 
 def flash_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, rng_state, scale=None,
@@ -415,6 +428,37 @@ def flash_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_ca
         dq, dk, dv, _ = torch.ops.flashattn_ext.bwd(
             grad_out, query, key, value, out, logsumexp, rng, softmax_scale, bool(is_causal), True, window[0],
             window[1], 0.0, None, None, None, float(dropout_p), deterministic, False)
+    return _in_layout(dq, query), _in_layout(dk, key), _in_layout(dv, value)
+
+
+def _aten_rng(rng, dropout_p, device):
+    """Our rng_state -> aten's (rng_state, unused) (module docstring)."""
+    if dropout_p > 0.0:
+        return rng.view(torch.uint64), torch.zeros((), dtype=torch.uint64)
+    return (torch.empty((2,), dtype=torch.uint64, device=device),
+            torch.empty((), dtype=torch.uint64, device=device))
+
+
+def varlen_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, scale=None,
+                   window_size_left=None, window_size_right=None, seqused_k=None):
+    """aten::_flash_attention_forward on a variable-length batch, q (total_q, nheads, headdim), k/v
+    (total_k, nheads_kv, headdim), through flashattn_ext::varlen_fwd (is_causal and windows aligned
+    bottom-right per sequence, as torch's kernel). Returns (out, lse (nheads, total_q), rng_state, unused)."""
+    out, lse, rng = torch.ops.flashattn_ext.varlen_fwd(
+        query, key, value, cum_seq_q, cum_seq_k, seqused_k, int(max_q), int(max_k), _scale(scale, query),
+        bool(is_causal), _window(window_size_left), _window(window_size_right), 0.0, None, None, float(dropout_p),
+        torch.are_deterministic_algorithms_enabled())
+    return (_in_layout(out, query), lse) + _aten_rng(rng, dropout_p, query.device)
+
+
+def varlen_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                    is_causal, rng_state, scale=None, window_size_left=None, window_size_right=None):
+    """aten::_flash_attention_backward on varlen_forward's layouts through flashattn_ext::varlen_bwd."""
+    rng = rng_state.view(torch.int64) if dropout_p > 0.0 else _ZERO_RNG
+    dq, dk, dv = torch.ops.flashattn_ext.varlen_bwd(
+        grad_out, query, key, value, out, logsumexp, rng, cum_seq_q, cum_seq_k, None, int(max_q), int(max_k),
+        _scale(scale, query), bool(is_causal), _window(window_size_left), _window(window_size_right), 0.0, None,
+        None, float(dropout_p), torch.are_deterministic_algorithms_enabled())
     return _in_layout(dq, query), _in_layout(dk, key), _in_layout(dv, value)
 
 
@@ -447,9 +491,13 @@ def _flash_forward_kernel(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
     reason = _forward_unsupported(query, key, value, cum_seq_q, cum_seq_k, dropout_p, return_debug_mask, kwargs)
     if reason is not None:
         return reason
-    out, lse, rng_state, unused = flash_forward(query, key, value, dropout_p, is_causal, kwargs.get("scale"),
-                                                kwargs.get("window_size_left"), kwargs.get("window_size_right"))
-    return out, lse, rng_state, unused, _no_debug_mask(query)
+    window = (kwargs.get("window_size_left"), kwargs.get("window_size_right"))
+    if cum_seq_q is not None:
+        result = varlen_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                                kwargs.get("scale"), *window, kwargs.get("seqused_k"))
+    else:
+        result = flash_forward(query, key, value, dropout_p, is_causal, kwargs.get("scale"), *window)
+    return result + (_no_debug_mask(query),)
 
 
 def _inplace_forward_kernel(out, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
@@ -459,8 +507,12 @@ def _inplace_forward_kernel(out, query, key, value, cum_seq_q, cum_seq_k, max_q,
     reason = _forward_unsupported(query, key, value, cum_seq_q, cum_seq_k, dropout_p, return_debug_mask, kwargs)
     if reason is not None:
         return reason
-    result, lse, _, _ = flash_forward(query, key, value, 0.0, is_causal, kwargs.get("scale"),
-                                      kwargs.get("window_size_left"), kwargs.get("window_size_right"))
+    window = (kwargs.get("window_size_left"), kwargs.get("window_size_right"))
+    if cum_seq_q is not None:
+        result, lse, _, _ = varlen_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, 0.0, is_causal,
+                                           kwargs.get("scale"), *window, kwargs.get("seqused_k"))
+    else:
+        result, lse, _, _ = flash_forward(query, key, value, 0.0, is_causal, kwargs.get("scale"), *window)
     out.copy_(result)
     return lse
 
@@ -470,8 +522,12 @@ def _flash_backward_kernel(grad_out, query, key, value, out, logsumexp, cum_seq_
     reason = _backward_unsupported(query, key, value, cum_seq_q, cum_seq_k, dropout_p, rng_state)
     if reason is not None:
         return reason
+    window = (kwargs.get("window_size_left"), kwargs.get("window_size_right"))
+    if cum_seq_q is not None:
+        return varlen_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+                               dropout_p, is_causal, rng_state, kwargs.get("scale"), *window)
     return flash_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, rng_state,
-                          kwargs.get("scale"), kwargs.get("window_size_left"), kwargs.get("window_size_right"))
+                          kwargs.get("scale"), *window)
 
 
 def _sdpa_forward_kernel(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, **kwargs):
