@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs flash-attn's own tests/test_flash_attn.py against flashattn_ext's flash_attn_func through the
+# Runs flash-attn's own tests/test_flash_attn.py against flashattn_ext's functions through the
 # adapter in dev/fa_compat/ (a stand-in `flash_attn` package and a pytest plugin; the test file is
 # not edited). Fetch the test file first with dev/fetch_flash_attn_tests.sh (into the ignored
 # dev/third_party/, which is what to carry to a machine without network access).
@@ -7,11 +7,12 @@
 #   dev/run_fa_tests.sh [cuda|cpu] [pytest arguments, e.g. -k test_flash_attn_output -x]
 #
 #   cuda (default): as flash-attn runs them, on the GPU in float16/bfloat16.
-#   cpu: the tests' tensors on the CPU and in float32 (see dev/fa_compat/fa_compat_plugin.py).
+#   cpu: the tests' tensors on the CPU, computed in float32 (see dev/fa_compat/fa_compat_plugin.py).
 # Environment:
 #   FA_SAMPLE=N      run one case in N (the same ones every time), but at least ~FA_MIN_CASES
-#                    (default 30) of each test function; 101k of the file's 509k cases are run,
-#                    the varlen and KV-cache ones are reported skipped (not supported).
+#                    (default 30) of each test function; 203k of the file's 509k cases are run,
+#                    the KV-cache ones and the varlen ones with a paged KV cache (block_table) are
+#                    reported skipped (not supported).
 #   FA_JOBS=J        J pytest processes over interleaved parts of the selection (default 1); on a
 #                    machine with several GPUs, process i uses GPU i mod (number of GPUs).
 #   FA_BACKEND=eager the same tests against dev/fa_compat/eager_backend.py (plain torch) instead of

@@ -1,5 +1,5 @@
-"""flashattn_ext.flash_attn_func's contract written in plain torch (float32 math, autograd for the
-gradients), to check the adapter on its own: FA_BACKEND=eager dev/run_fa_tests.sh ... runs
+"""flashattn_ext.flash_attn_func's and flash_attn_varlen_func's contracts (and the packed forms) written
+in plain torch (float32 math, autograd for the gradients), to check the adapter on its own: FA_BACKEND=eager dev/run_fa_tests.sh ... runs
 flash-attn's tests against this instead of flashattn_ext's kernels. A failure then is the adapter's
 (or a case that flash-attn's test itself cannot pass), not a kernel's.
 
@@ -66,3 +66,61 @@ def flash_attn_func(
         s_dmask = torch.where(keep, probs, -probs).detach().to(q.dtype)
         return out, lse, s_dmask
     return (out, lse) if return_lse else out
+
+
+def flash_attn_qkvpacked_func(qkv, *args, **kwargs):
+    """qkv (B, S, 3, H, D)."""
+    return flash_attn_func(*qkv.unbind(2), *args, **kwargs)
+
+
+def flash_attn_kvpacked_func(q, kv, *args, **kwargs):
+    """q (B, Sq, H, D); kv (B, Sk, 2, Hkv, D)."""
+    return flash_attn_func(q, *kv.unbind(2), *args, **kwargs)
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    return_lse=False,
+):
+    """q (total_q, H, D); k, v (total_k, Hkv, D): flash_attn_func per sequence (a batch of one), assembled.
+    Returns out, (out, lse (H, total_q)) or (out, lse, S_dmask (B, H, max_seqlen_q, max_seqlen_k))."""
+    batch, nheads = cu_seqlens_q.shape[0] - 1, q.shape[1]
+    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    outs, lses = [], []
+    s_dmask = torch.zeros(batch, nheads, max_seqlen_q, max_seqlen_k, dtype=q.dtype, device=q.device)
+    for s in range(batch):
+        slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[s:s + 1]
+        rows, keys = slice(cu_q[s], cu_q[s + 1]), slice(cu_k[s], cu_k[s + 1])
+        out, lse, probs = flash_attn_func(q[None, rows], k[None, keys], v[None, keys], dropout_p, softmax_scale,
+                                          causal, window_size, softcap, slopes, deterministic, return_attn_probs=True)
+        outs.append(out[0])
+        lses.append(lse[0])
+        s_dmask[s, :, :probs.shape[2], :probs.shape[3]] = probs[0]
+    out, lse = torch.cat(outs), torch.cat(lses, dim=1)
+    if return_attn_probs:
+        return out, lse, s_dmask
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, *args, **kwargs):
+    """qkv (total, 3, H, D)."""
+    return flash_attn_varlen_func(*qkv.unbind(1), cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, *args, **kwargs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, *args, **kwargs):
+    """q (total_q, H, D); kv (total_k, 2, Hkv, D)."""
+    return flash_attn_varlen_func(q, *kv.unbind(1), *args, **kwargs)

@@ -20,8 +20,9 @@ Environment:
                      smaller one).
   FA_SHARD=I/N       run the I-th of N interleaved parts of the selection (0-based).
   FA_REPORT=PATH     write a JSON report for dev/fa_compat/fa_summary.py there.
-The varlen and KV-cache test functions (no such interface in flashattn_ext) are collected as one
-skipped item each, which counts their cases.
+The KV-cache test function (no such interface in flashattn_ext) is collected as one skipped item,
+which counts its cases; the paged-KV cases of the varlen tests (block_table) are reported skipped
+without running.
 """
 import collections
 import inspect
@@ -33,7 +34,7 @@ import zlib
 import pytest
 import torch
 
-from flash_attn.flash_attn_interface import KVCACHE_REASON, VARLEN_REASON
+from flash_attn.flash_attn_interface import KVCACHE_REASON, PAGED_KV_REASON
 
 DEVICE = os.environ.get("FA_DEVICE", "cuda")
 SAMPLE = int(os.environ.get("FA_SAMPLE", "1"))
@@ -41,7 +42,8 @@ MIN_CASES = int(os.environ.get("FA_MIN_CASES", "30"))
 SHARD = os.environ.get("FA_SHARD", "0/1")
 REPORT = os.environ.get("FA_REPORT")
 
-UNSUPPORTED = (("varlen", f"not supported: {VARLEN_REASON}"), ("kvcache", f"not supported: {KVCACHE_REASON}"))
+UNSUPPORTED = (("kvcache", f"not supported: {KVCACHE_REASON}"),)
+PAGED_KV_SKIP = f"not supported: {PAGED_KV_REASON}"
 CPU_CAPABILITY = (9, 0)  # what the test file's is_sm90 checks compare against
 
 
@@ -53,12 +55,16 @@ def convert_s_dmask(
     S, seqlen_q, seqlen_k, query_padding_mask, key_padding_mask, head_dim, is_dropout, causal=False,
     window_size=(-1, -1),
 ):
-    """flashattn_ext's S_dmask has the exact (seqlen_q, seqlen_k) shape and holds +-0 outside the
-    visible band, so it needs no cropping or band masking; padded query rows and key columns are
-    zeroed as flash-attn's helper does. The sign (negative = dropped) is kept for the caller's
-    `>= 0` keep test."""
-    if tuple(S.shape[-2:]) != (seqlen_q, seqlen_k):
-        raise AssertionError(f"S_dmask has shape {tuple(S.shape)}, expected (..., {seqlen_q}, {seqlen_k})")
+    """flashattn_ext's S_dmask holds +-0 outside the visible band, so it needs no band masking. Dense: of
+    shape (..., seqlen_q, seqlen_k). Varlen: (batch, nheads, max_seqlen_q, max_seqlen_k), sequence s at its
+    first rows and columns, which is the padded layout of the test's prefix padding masks once zero-padded
+    to (seqlen_q, seqlen_k) (flash-attn pads its S_dmask to multiples of 128, the helper crops it). Padded
+    query rows and key columns are zeroed as flash-attn's helper does. The sign (negative = dropped) is
+    kept for the caller's `>= 0` keep test."""
+    rows, cols = S.shape[-2:]
+    if rows > seqlen_q or cols > seqlen_k:
+        raise AssertionError(f"S_dmask has shape {tuple(S.shape)}, expected at most (..., {seqlen_q}, {seqlen_k})")
+    S = torch.nn.functional.pad(S, (0, seqlen_k - cols, 0, seqlen_q - rows))
     if query_padding_mask is not None:
         S = S.masked_fill(~query_padding_mask[:, None, :, None], 0.0)
     if key_padding_mask is not None:
@@ -222,7 +228,7 @@ def _parametrized_cases(function):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pycollect_makeitem(collector, name, obj):
-    """An unsupported test function (varlen, KV cache: 400k of the file's 509k cases) becomes one
+    """An unsupported test function (the KV cache's 304k of the file's 509k cases) becomes one
     skipped item that counts its cases, instead of one item per case: collection time and memory
     then follow the supported cases only."""
     reason = _unsupported_reason(name)
@@ -243,6 +249,9 @@ def pytest_fa_patch_and_count(session, config, items):
     """First, before -k/-m deselect anything: patch the test module, count every case."""
     for module in {item.module for item in items if hasattr(item, "module")}:
         _patch_module(module)
+    for item in items:
+        if hasattr(item, "callspec") and item.callspec.params.get("paged_kv_block_size") is not None:
+            item.add_marker(pytest.mark.skip(reason=PAGED_KV_SKIP))
     RECORDER.collected(items)
 
 

@@ -1,14 +1,16 @@
-"""flash-attn's function names, mapped onto flashattn_ext.flash_attn_func.
+"""flash-attn's function names, mapped onto flashattn_ext's functions of the same names.
 
-Supported: flash_attn_func, flash_attn_qkvpacked_func, flash_attn_kvpacked_func (the packed forms
-are unbound into strided q, k, v views, so the gradients flow back into the packed tensor).
-Not supported by flashattn_ext: the varlen functions (cu_seqlens), flash_attn_with_kvcache (cache
-append, rotary, paged blocks, split-KV); calling them skips the calling test with that reason.
+Supported: flash_attn_func, flash_attn_qkvpacked_func, flash_attn_kvpacked_func, flash_attn_varlen_func,
+flash_attn_varlen_qkvpacked_func, flash_attn_varlen_kvpacked_func (the packed forms pass the packed
+tensor, whose gradient comes back as one tensor). Not supported by flashattn_ext: the paged KV cache
+(flash_attn_varlen_func's block_table) and flash_attn_with_kvcache (cache append, rotary, paged blocks,
+split-KV); calling them skips the calling test with that reason.
 
 Return values follow flash-attn: out, or with return_attn_probs=True (out, softmax_lse, S_dmask),
 where S_dmask is None without dropout (flash-attn returns no probabilities then either) and, with
 dropout, flashattn_ext's S_dmask: the normalized probabilities P of shape (batch, nheads, seqlen_q,
-seqlen_k), the dropped entries negated. flash-attn's own S_dmask is unnormalized, blockwise, and
+seqlen_k) (varlen: (batch, nheads, max_seqlen_q, max_seqlen_k), sequence s in [s, :, :its seqlen_q,
+:its seqlen_k]), the dropped entries negated. flash-attn's own S_dmask is unnormalized, blockwise, and
 padded to rounded sequence lengths; the adapter plugin (dev/fa_compat/fa_compat_plugin.py) swaps the
 test file's two helpers that decode it for ones that read this convention.
 
@@ -34,6 +36,31 @@ def _window(window_size):
     return (int(window_size[0]), int(window_size[1]))
 
 
+def _on_kernel_dtype(tensors):
+    """float16/bfloat16 on the CPU (dev/run_fa_tests.sh cpu): computed in float32 and rounded back to
+    the input dtype, as a half-precision kernel with float32 accumulation would (the casts are
+    differentiable, so the gradients come back in the input dtype too)."""
+    if tensors[0].device.type == "cpu" and tensors[0].dtype in CPU_HALF_DTYPES:
+        return [t.float() for t in tensors]
+    return list(tensors)
+
+
+def _call(function, tensors, positional, variants, dropout_p, return_attn_probs):
+    """function(*tensors (in the kernels' dtype), *positional, dropout_p=..., **variants) with flash-attn's
+    return convention."""
+    dtype = tensors[0].dtype
+    args = _on_kernel_dtype(tensors) + list(positional)
+    variants = dict(variants, window_size=_window(variants["window_size"]), softcap=float(variants["softcap"]),
+                    dropout_p=dropout_p)
+    if not return_attn_probs:
+        return function(*args, **variants).to(dtype)
+    if dropout_p > 0.0:
+        out, lse, s_dmask = function(*args, return_attn_probs=True, **variants)
+        return out.to(dtype), lse, s_dmask.to(dtype)
+    out, lse = function(*args, return_lse=True, **variants)
+    return out.to(dtype), lse, None
+
+
 def flash_attn_func(
     q,
     k,
@@ -47,30 +74,10 @@ def flash_attn_func(
     deterministic=False,
     return_attn_probs=False,
 ):
-    """q (batch, seqlen_q, nheads, headdim); k, v (batch, seqlen_k, nheads_k, headdim).
-
-    float16/bfloat16 on the CPU (dev/run_fa_tests.sh cpu): computed in float32 and rounded back to
-    the input dtype, as a half-precision kernel with float32 accumulation would (the casts are
-    differentiable, so the gradients come back in the input dtype too)."""
-    dtype = q.dtype
-    if q.device.type == "cpu" and dtype in CPU_HALF_DTYPES:
-        q, k, v = q.float(), k.float(), v.float()
-    args = dict(
-        dropout_p=dropout_p,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        window_size=_window(window_size),
-        softcap=float(softcap),
-        alibi_slopes=alibi_slopes,
-        deterministic=deterministic,
-    )
-    if not return_attn_probs:
-        return _backend.flash_attn_func(q, k, v, **args).to(dtype)
-    if dropout_p > 0.0:
-        out, lse, s_dmask = _backend.flash_attn_func(q, k, v, return_attn_probs=True, **args)
-        return out.to(dtype), lse, s_dmask.to(dtype)
-    out, lse = _backend.flash_attn_func(q, k, v, return_lse=True, **args)
-    return out.to(dtype), lse, None
+    """q (batch, seqlen_q, nheads, headdim); k, v (batch, seqlen_k, nheads_k, headdim)."""
+    variants = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                    alibi_slopes=alibi_slopes, deterministic=deterministic)
+    return _call(_backend.flash_attn_func, (q, k, v), (), variants, dropout_p, return_attn_probs)
 
 
 def flash_attn_qkvpacked_func(
@@ -85,10 +92,9 @@ def flash_attn_qkvpacked_func(
     return_attn_probs=False,
 ):
     """qkv (batch, seqlen, 3, nheads, headdim)."""
-    q, k, v = qkv.unbind(dim=2)
-    return flash_attn_func(
-        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs
-    )
+    variants = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                    alibi_slopes=alibi_slopes, deterministic=deterministic)
+    return _call(_backend.flash_attn_qkvpacked_func, (qkv,), (), variants, dropout_p, return_attn_probs)
 
 
 def flash_attn_kvpacked_func(
@@ -104,27 +110,87 @@ def flash_attn_kvpacked_func(
     return_attn_probs=False,
 ):
     """q (batch, seqlen_q, nheads, headdim); kv (batch, seqlen_k, 2, nheads_k, headdim)."""
-    k, v = kv.unbind(dim=2)
-    return flash_attn_func(
-        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs
-    )
+    variants = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                    alibi_slopes=alibi_slopes, deterministic=deterministic)
+    return _call(_backend.flash_attn_kvpacked_func, (q, kv), (), variants, dropout_p, return_attn_probs)
 
 
-VARLEN_REASON = "flashattn_ext has no variable-length (cu_seqlens) interface"
+PAGED_KV_REASON = "flashattn_ext has no paged KV cache (flash_attn_varlen_func's block_table)"
 KVCACHE_REASON = "flashattn_ext has no KV-cache interface (cache append, rotary, paged blocks, split-KV)"
 
 
-def _unsupported(reason):
-    def function(*args, **kwargs):
-        pytest.skip(f"not supported: {reason}")
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+):
+    """q (total_q, nheads, headdim); k, v (total_k, nheads_k, headdim); cu_seqlens int32 (batch + 1,)."""
+    if block_table is not None:
+        pytest.skip(f"not supported: {PAGED_KV_REASON}")
+    variants = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                    alibi_slopes=alibi_slopes, deterministic=deterministic)
+    return _call(_backend.flash_attn_varlen_func, (q, k, v), (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                 variants, dropout_p, return_attn_probs)
 
-    return function
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv,
+    cu_seqlens,
+    max_seqlen,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """qkv (total, 3, nheads, headdim)."""
+    variants = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                    alibi_slopes=alibi_slopes, deterministic=deterministic)
+    return _call(_backend.flash_attn_varlen_qkvpacked_func, (qkv,), (cu_seqlens, max_seqlen), variants, dropout_p,
+                 return_attn_probs)
 
 
-flash_attn_varlen_func = _unsupported(VARLEN_REASON)
-flash_attn_varlen_kvpacked_func = _unsupported(VARLEN_REASON)
-flash_attn_varlen_qkvpacked_func = _unsupported(VARLEN_REASON)
-flash_attn_with_kvcache = _unsupported(KVCACHE_REASON)
+def flash_attn_varlen_kvpacked_func(
+    q,
+    kv,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """q (total_q, nheads, headdim); kv (total_k, 2, nheads_k, headdim)."""
+    variants = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                    alibi_slopes=alibi_slopes, deterministic=deterministic)
+    return _call(_backend.flash_attn_varlen_kvpacked_func, (q, kv),
+                 (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), variants, dropout_p, return_attn_probs)
+
+
+def flash_attn_with_kvcache(*args, **kwargs):
+    pytest.skip(f"not supported: {KVCACHE_REASON}")
 
 
 def _get_block_size_n(device, head_dim, is_dropout, is_causal):
