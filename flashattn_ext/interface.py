@@ -374,8 +374,8 @@ def _flash_attn_varlen(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             raise ValueError(f"{fn}: {name} must have 3 dimensions {layout}, got {t.dim()}")
     _check_index(fn, "cu_seqlens_q", cu_seqlens_q, q.device)
     _check_index(fn, "cu_seqlens_k", cu_seqlens_k, q.device)
-    if cu_seqlens_q.shape[0] < 1:
-        raise ValueError(f"{fn}: cu_seqlens_q must have batch + 1 >= 1 entries, got 0")
+    if cu_seqlens_q.shape[0] < 2:
+        raise ValueError(f"{fn}: cu_seqlens_q must have batch + 1 >= 2 entries, got {cu_seqlens_q.shape[0]}")
     if cu_seqlens_k.shape[0] != cu_seqlens_q.shape[0]:
         raise ValueError(f"{fn}: cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got "
                          f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")

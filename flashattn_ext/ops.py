@@ -117,7 +117,7 @@ def _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k):
     torch._check(k.shape[2] == q.shape[2] and v.shape[2] == q.shape[2], lambda: "flashattn_ext: head dims differ")
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         _check_rank(name, t, 1)
-    torch._check(cu_seqlens_q.shape[0] >= 1, lambda: "flashattn_ext: cu_seqlens_q must have batch + 1 >= 1 entries")
+    torch._check(cu_seqlens_q.shape[0] >= 2, lambda: "flashattn_ext: cu_seqlens_q must have batch + 1 >= 2 entries")
     torch._check(cu_seqlens_k.shape[0] == cu_seqlens_q.shape[0],
                  lambda: "flashattn_ext: cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1)")
     if seqused_k is not None:
