@@ -2,7 +2,8 @@
  * gradient formed from its lse and delta) in fp32 and fp64 against the naive double-precision
  * reference dev/attn_ref.h, dense and with every variant (band, softcap, ALiBi, bool / additive
  * attn_mask with broadcast strides, dropout, sinks) alone and in pairs; checks
- * flash_dropout_mask_cpu; then (with the argument "bench") times it.
+ * flash_dropout_mask_cpu; checks variable-length batches (cu_seqlens, seqused_k) sequence by sequence
+ * against the reference run on each sequence alone; then (with the argument "bench") times it.
  *
  *   gcc -std=c11 -O2 -fopenmp -Icsrc dev/cpu_check.c csrc/cpu/flash_cpu.c -lm -o /tmp/cpu_check
  *   /tmp/cpu_check            # all checks; exit status 1 on any failure
@@ -135,20 +136,31 @@ static double *contiguous(const tensor *t, flash_dtype dt)
     return out;
 }
 
-/* max |got - want| / max |want| over the n elements (infinities must match exactly); 1 on a NaN. */
-static double rel_err(const double *got, const double *want, int64_t n)
+/* Accumulates max |got - want| into err[0] and max |want| into err[1] over the n elements
+ * (infinities must match exactly); 0 on a NaN or an infinity mismatch, else 1. */
+static int accumulate_err(const double *got, const double *want, int64_t n, double err[2])
 {
-    double err = 0, norm = 0;
     for (int64_t i = 0; i < n; i++) {
         const double g = got[i];
         if (isnan(g) || isnan(want[i]) || (isinf(want[i]) != isinf(g)) || (isinf(g) && g != want[i]))
-            return 1;
+            return 0;
         if (!isinf(g)) {
-            err = fmax(err, fabs(g - want[i]));
-            norm = fmax(norm, fabs(want[i]));
+            err[0] = fmax(err[0], fabs(g - want[i]));
+            err[1] = fmax(err[1], fabs(want[i]));
         }
     }
-    return norm > 0 ? err / norm : err;
+    return 1;
+}
+
+/* The relative error of accumulated parts (1 when a NaN was met). */
+static double err_of(const double err[2], int ok) { return !ok ? 1 : err[1] > 0 ? err[0] / err[1] : err[0]; }
+
+/* max |got - want| / max |want| over the n elements (infinities must match exactly); 1 on a NaN. */
+static double rel_err(const double *got, const double *want, int64_t n)
+{
+    double err[2] = {0, 0};
+    const int ok = accumulate_err(got, want, n, err);
+    return err_of(err, ok);
 }
 
 static double init_value(const config *c, int which, int64_t si)
@@ -165,15 +177,13 @@ static double init_value(const config *c, int which, int64_t si)
     return 2 * uniform();
 }
 
-/* The band of c as the binding sets it (flash.h): aligned bottom-right, or top-left under
- * CAUSAL_TOP_LEFT; clamped to [-sq, sk]. */
-static void band(const config *c, int64_t *lo, int64_t *hi)
+/* The band fields as the binding sets them (flash.h): window sides (UNBOUNDED is negative), causal
+ * band_right = 0, aligned bottom-right except under CAUSAL_TOP_LEFT. */
+static void set_band(flash_params *p, enum causal causal, const variant *v)
 {
-    const int64_t off = c->causal == CAUSAL_TOP_LEFT ? 0 : c->sk - c->sq;
-    *lo = c->v.left == UNBOUNDED ? -c->sq : off - c->v.left;
-    *hi = c->causal != NONCAUSAL ? off : c->v.right == UNBOUNDED ? c->sk : off + c->v.right;
-    *lo = *lo < -c->sq ? -c->sq : *lo;
-    *hi = *hi > c->sk ? c->sk : *hi;
+    p->band_left = v->left;
+    p->band_right = causal != NONCAUSAL ? 0 : v->right;
+    p->band_bottom_right = causal != CAUSAL_TOP_LEFT;
 }
 
 /* Mask entry (as a bool: 1 = takes part; or additive) at compact position (bi, hi, i, j). */
@@ -293,8 +303,9 @@ static int run_case(const config *c, flash_dtype dt, const char *what)
         .q_s = q.st, .k_s = k.st, .v_s = v.st, .o_s = o.st, .do_s = dout.st, .dq_s = dq.st,
         .dk_s = dk.st, .dv_s = dv.st, .b = c->b, .h = c->h, .h_kv = c->h_kv, .sq = c->sq,
         .sk = c->sk, .d = c->d, .h_per_kv = c->h / c->h_kv, .scale = scale, .dtype = dt,
+        .lse_batch = c->h * c->sq, .lse_head = c->sq,
     };
-    band(c, &p.diag_lo, &p.diag_hi);
+    set_band(&p, c->causal, var);
 
     /* variants */
     float *slopes = malloc((size_t)(c->b * c->h) * sizeof(float));
@@ -303,7 +314,6 @@ static int run_case(const config *c, flash_dtype dt, const char *what)
     if (var->alibi) {
         p.alibi_slopes = slopes;
         p.alibi_batch_stride = var->alibi == ALIBI_PER_BATCH ? c->h : 0;
-        p.alibi_offset = c->sk - c->sq;
     }
     p.softcap = var->softcap;
     mask_data mask = {NULL, NULL, {0, 0, 0, 0}, {0, 0, 0, 0}, NULL};
@@ -378,9 +388,10 @@ static int run_case(const config *c, flash_dtype dt, const char *what)
     int64_t empty_rows = 0; /* rows that see no key: out and dq exactly 0 */
     for (int64_t r = 0; r < n_rows; r++) {
         const int64_t bi = r / (c->h * c->sq), hq = r / c->sq % c->h, i = r % c->sq;
+        const flash_seq seq = flash_seq_of(&p, bi);
         int64_t seen = 0;
         for (int64_t j = 0; j < c->sk; j++)
-            seen += flash_visible(&p, i, j) && (!mask.expanded || mask.expanded[r * c->sk + j] > -INFINITY);
+            seen += flash_visible(&seq, i, j) && (!mask.expanded || mask.expanded[r * c->sk + j] > -INFINITY);
         if (seen)
             continue;
         empty_rows++;
@@ -452,8 +463,9 @@ static int check_dropout_mask(void)
     return fail;
 }
 
-/* b1 h8 d64 fp32 timing of one configuration: the band (lo, hi) and the variant fields of extra. */
-static void bench(int64_t s, int64_t lo, int64_t hi, const flash_params *extra, const char *what)
+/* b1 h8 d64 fp32 timing of one configuration: the band (window sides left, right; UNBOUNDED or >= 0,
+ * aligned bottom-right) and the variant fields of extra. */
+static void bench(int64_t s, int64_t left, int64_t right, const flash_params *extra, const char *what)
 {
     const int64_t h = 8, d = 64, n = s * h * d;
     float *buf = malloc((size_t)(8 * n + 2 * s * h) * sizeof(float));
@@ -465,7 +477,9 @@ static void bench(int64_t s, int64_t lo, int64_t hi, const flash_params *extra, 
     p.dq = buf + 5 * n, p.dk = buf + 6 * n, p.dv = buf + 7 * n, p.lse = buf + 8 * n, p.delta = buf + 8 * n + s * h;
     p.q_s = p.k_s = p.v_s = p.o_s = p.do_s = p.dq_s = p.dk_s = p.dv_s = st;
     p.b = 1, p.h = h, p.h_kv = h, p.h_per_kv = 1, p.sq = s, p.sk = s, p.d = d, p.scale = 1 / sqrt((double)d);
-    p.diag_lo = lo, p.diag_hi = hi, p.dtype = FLASH_FP32;
+    p.lse_batch = h * s, p.lse_head = s, p.dtype = FLASH_FP32;
+    p.band_left = left, p.band_right = right, p.band_bottom_right = 1;
+    const flash_seq seq = flash_seq_of(&p, 0);
     double best_fwd = INFINITY, best_bwd = INFINITY, cpu_fwd = INFINITY, cpu_bwd = INFINITY;
     for (int r = 0; r < BENCH_REPS; r++) {
         const double t0 = omp_get_wtime();
@@ -483,7 +497,7 @@ static void bench(int64_t s, int64_t lo, int64_t hi, const flash_params *extra, 
     }
     double visible = 0; /* (query, key) pairs in the band */
     for (int64_t i = 0; i < s; i++)
-        visible += (double)(flash_min64(s - 1, i + hi) - flash_max64(0, i + lo) + 1);
+        visible += (double)(flash_min64(s - 1, i + seq.diag_hi) - flash_max64(0, i + seq.diag_lo) + 1);
     const double flop = 4.0 * h * visible * d;
     printf("bench b1 h8 s%lld d64 fp32 %s: fwd %.1f ms (%.0f GFLOP/s, cpu %.1f ms)  bwd %.1f ms (%.0f GFLOP/s, "
            "cpu %.1f ms)\n", (long long)s, what, best_fwd * 1e3, flop / best_fwd * 1e-9, cpu_fwd * 1e3,
@@ -495,23 +509,23 @@ static void bench_all(void)
 {
     const flash_params none = {0};
     for (int64_t s = 1024; s <= 8192; s *= 2) {
-        bench(s, -s, s, &none, "dense");
-        bench(s, -s, 0, &none, "causal");
+        bench(s, UNBOUNDED, UNBOUNDED, &none, "dense");
+        bench(s, UNBOUNDED, 0, &none, "causal");
     }
     const int64_t s = 2048, window = 256;
-    bench(s, -window, 0, &none, "causal window 256");
+    bench(s, window, 0, &none, "causal window 256");
     flash_params v = none;
     v.has_hook = 1, v.softcap = 30;
-    bench(s, -s, s, &v, "softcap");
+    bench(s, UNBOUNDED, UNBOUNDED, &v, "softcap");
     static float slopes[8] = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f, 0.0078125f, 0.00390625f};
-    v = none, v.has_hook = 1, v.alibi_slopes = slopes, v.alibi_offset = 0;
-    bench(s, -s, 0, &v, "causal alibi");
+    v = none, v.has_hook = 1, v.alibi_slopes = slopes;
+    bench(s, UNBOUNDED, 0, &v, "causal alibi");
     v = none, v.has_hook = 1, v.dropout_threshold = FLASH_DROPOUT_ONE / 10;
     v.dropout_scale = (double)FLASH_DROPOUT_ONE / (FLASH_DROPOUT_ONE - v.dropout_threshold);
-    bench(s, -s, s, &v, "dropout 0.1");
+    bench(s, UNBOUNDED, UNBOUNDED, &v, "dropout 0.1");
     static const float sink[8] = {0};
     v = none, v.sink = sink;
-    bench(s, -s, 0, &v, "causal sink");
+    bench(s, UNBOUNDED, 0, &v, "causal sink");
 }
 
 /* Variant cases: each variant alone, pairs, every one at once, over tails, GQA, both alignments. */
@@ -609,6 +623,327 @@ static int variant_cases(config *cases, const char **names)
     return n;
 }
 
+/* ---------------------------------------------------------------------------------------------- */
+/* Variable-length batches                                                                         */
+/* ---------------------------------------------------------------------------------------------- */
+
+#define VARLEN_MAX_SEQS 8
+#define VARLEN_RANDOM_CASES 6
+#define VARLEN_RANDOM_MAX_LEN 200
+#define VARLEN_NO_SEQUSED (-1) /* used[] entry: the sequence uses all its keys */
+
+/* A packed batch: sequence s has lq[s] query rows and lk[s] key rows (of which it uses used[s] when
+ * has_used), back to back from row 0; pad_q / pad_k rows of no sequence follow. strided: the buffers
+ * are (heads, rows, d) addressed as (rows, heads, d). No attn_mask, no dropout (attn_ref.h counts
+ * dropout by batch index; tests/test_varlen_ops.py checks varlen dropout against the dense op). */
+typedef struct varlen_config {
+    int64_t nseq, lq[VARLEN_MAX_SEQS], lk[VARLEN_MAX_SEQS], used[VARLEN_MAX_SEQS];
+    int has_used;
+    int64_t h, h_kv, d, pad_q, pad_k;
+    int64_t extra_max; /* max_seqlen_q / _k exceed the longest sequence by this */
+    enum causal causal;
+    int strided;
+    variant v;
+} varlen_config;
+
+/* A packed (rows, heads, d) tensor of the kernel's type, NaN until written. */
+static tensor packed_init(int64_t rows, int64_t heads, int64_t d, int strided, flash_dtype dt)
+{
+    tensor t = {1, rows, heads, d, rows * heads * d, NULL, {0, 0, 0}};
+    t.data = typed_alloc(t.n, dt, NAN);
+    t.st = strided ? (flash_strides){0, d, rows * d} : (flash_strides){0, heads * d, d};
+    return t;
+}
+
+/* Rows [r0, r0 + n) of a packed tensor as contiguous (n, heads, d) doubles. */
+static double *packed_rows(const tensor *t, flash_dtype dt, int64_t r0, int64_t n)
+{
+    double *out = malloc((size_t)(n * t->heads * t->d + 1) * sizeof(double));
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t hi = 0; hi < t->heads; hi++)
+            for (int64_t x = 0; x < t->d; x++)
+                out[(r * t->heads + hi) * t->d + x] = get(t->data, dt, at(t, 0, r0 + r, hi) + x);
+    return out;
+}
+
+/* 1 unless every element of rows [r0, r0 + n) of t is NaN (never written). */
+static int rows_written(const tensor *t, flash_dtype dt, int64_t r0, int64_t n)
+{
+    for (int64_t r = r0; r < r0 + n; r++)
+        for (int64_t hi = 0; hi < t->heads; hi++)
+            for (int64_t x = 0; x < t->d; x++)
+                if (!isnan(get(t->data, dt, at(t, 0, r, hi) + x)))
+                    return 1;
+    return 0;
+}
+
+static void print_lengths(char *buf, size_t n, const char *label, const int64_t *len, int64_t count)
+{
+    int w = snprintf(buf, n, "%s[", label);
+    for (int64_t s = 0; s < count && (size_t)w < n; s++)
+        w += snprintf(buf + w, n - w, "%s%lld", s ? "," : "", (long long)len[s]);
+    if ((size_t)w < n)
+        snprintf(buf + w, n - w, "] ");
+}
+
+/* Runs flash_fwd_cpu / flash_bwd_cpu on the packed batch and checks each sequence against
+ * attn_ref.h run on that sequence alone (a dense batch of one; errors relative to the largest
+ * reference value of the whole batch, as for dense batches); checks that rows of no sequence and
+ * keys past seqused_k are never written, and that rows which see no key get exact zeros. */
+static int run_varlen_case(const varlen_config *c, flash_dtype dt)
+{
+    const double scale = 1 / sqrt((double)c->d);
+    const variant *var = &c->v;
+    int32_t cu_q[VARLEN_MAX_SEQS + 1] = {0}, cu_k[VARLEN_MAX_SEQS + 1] = {0}, used[VARLEN_MAX_SEQS];
+    int64_t max_q = 0, max_k = 0, sk_eff[VARLEN_MAX_SEQS];
+    for (int64_t s = 0; s < c->nseq; s++) {
+        cu_q[s + 1] = cu_q[s] + (int32_t)c->lq[s];
+        cu_k[s + 1] = cu_k[s] + (int32_t)c->lk[s];
+        used[s] = (int32_t)(c->has_used && c->used[s] != VARLEN_NO_SEQUSED ? c->used[s] : c->lk[s]);
+        sk_eff[s] = used[s] < c->lk[s] ? used[s] : c->lk[s];
+        max_q = flash_max64(max_q, c->lq[s]);
+        max_k = flash_max64(max_k, c->lk[s]);
+    }
+    const int64_t total_q = cu_q[c->nseq] + c->pad_q, total_k = cu_k[c->nseq] + c->pad_k;
+    const int64_t h = c->h, hk = c->h_kv, d = c->d;
+    tensor q = packed_init(total_q, h, d, c->strided, dt), dout = packed_init(total_q, h, d, c->strided, dt);
+    tensor o = packed_init(total_q, h, d, c->strided, dt), dq = packed_init(total_q, h, d, c->strided, dt);
+    tensor k = packed_init(total_k, hk, d, c->strided, dt), v = packed_init(total_k, hk, d, c->strided, dt);
+    tensor dk = packed_init(total_k, hk, d, c->strided, dt), dv = packed_init(total_k, hk, d, c->strided, dt);
+    tensor *inputs[4] = {&q, &k, &v, &dout};
+    for (int w = 0; w < 4; w++)
+        for (int64_t r = 0; r < inputs[w]->s; r++)
+            for (int64_t hi = 0; hi < inputs[w]->heads; hi++)
+                for (int64_t x = 0; x < c->d; x++)
+                    set(inputs[w]->data, dt, at(inputs[w], 0, r, hi) + x, 2 * uniform());
+    const int64_t n_rows = c->h * total_q;
+    void *lse = typed_alloc(n_rows, dt, NAN), *delta = typed_alloc(n_rows, dt, NAN);
+    flash_params p = {
+        .q = q.data, .k = k.data, .v = v.data, .o = o.data, .lse = lse, .dout = dout.data,
+        .dq = dq.data, .dk = dk.data, .dv = dv.data, .delta = delta,
+        .q_s = q.st, .k_s = k.st, .v_s = v.st, .o_s = o.st, .do_s = dout.st, .dq_s = dq.st,
+        .dk_s = dk.st, .dv_s = dv.st, .b = c->nseq, .h = c->h, .h_kv = c->h_kv, .sq = max_q + c->extra_max,
+        .sk = max_k + c->extra_max, .d = c->d, .h_per_kv = c->h / c->h_kv, .scale = scale, .dtype = dt,
+        .lse_batch = 0, .lse_head = total_q, .cu_seqlens_q = cu_q, .cu_seqlens_k = cu_k,
+        .seqused_k = c->has_used ? used : NULL, .total_q = total_q, .total_k = total_k,
+    };
+    set_band(&p, c->causal, var);
+    float slopes[VARLEN_MAX_SEQS * 8];
+    for (int64_t e = 0; e < c->nseq * c->h; e++)
+        slopes[e] = (float)(0.55 + 0.45 * uniform());
+    if (var->alibi) {
+        p.alibi_slopes = slopes;
+        p.alibi_batch_stride = var->alibi == ALIBI_PER_BATCH ? c->h : 0;
+    }
+    p.softcap = var->softcap;
+    void *sink = typed_alloc(c->h, dt, 0);
+    double *sink_ref = malloc((size_t)c->h * sizeof(double));
+    for (int64_t hi = 0; hi < c->h; hi++)
+        sink_ref[hi] = set(sink, dt, hi, 0.5 + 1.5 * uniform());
+    if (var->sink)
+        p.sink = sink;
+    p.has_hook = p.softcap > 0 || p.alibi_slopes;
+
+    int fail = flash_fwd_cpu(&p) != FLASH_CPU_OK || flash_bwd_cpu(&p) != FLASH_CPU_OK;
+
+    double err[6] = {0}, parts[5][2] = {{0}};
+    int ok[5] = {1, 1, 1, 1, 1};
+    double *dsink = calloc((size_t)c->h, sizeof(double)), *dsink_ref = calloc((size_t)c->h, sizeof(double));
+    int64_t empty_rows = 0;
+    for (int64_t s = 0; s < c->nseq; s++) {
+        const int64_t sq = c->lq[s], sk = sk_eff[s], q0 = cu_q[s], k0 = cu_k[s];
+        flash_params r = {.b = 1, .h = c->h, .h_kv = c->h_kv, .sq = sq, .sk = sk, .d = c->d, .scale = scale,
+                          .band_left = p.band_left, .band_right = p.band_right,
+                          .band_bottom_right = p.band_bottom_right, .softcap = p.softcap};
+        if (var->alibi)
+            r.alibi_slopes = slopes + s * p.alibi_batch_stride;
+        double *qr = packed_rows(&q, dt, q0, sq), *kr = packed_rows(&k, dt, k0, sk);
+        double *vr = packed_rows(&v, dt, k0, sk), *dor = packed_rows(&dout, dt, q0, sq);
+        double *og = packed_rows(&o, dt, q0, sq), *dqg = packed_rows(&dq, dt, q0, sq);
+        double *dkg = packed_rows(&dk, dt, k0, sk), *dvg = packed_rows(&dv, dt, k0, sk);
+        double *o_ref = malloc((size_t)(sq * c->h * c->d + 1) * sizeof(double));
+        double *dq_ref = malloc((size_t)(sq * c->h * c->d + 1) * sizeof(double));
+        double *dk_ref = malloc((size_t)(sk * c->h_kv * c->d + 1) * sizeof(double));
+        double *dv_ref = malloc((size_t)(sk * c->h_kv * c->d + 1) * sizeof(double));
+        double *lse_ref = malloc((size_t)(c->h * sq + 1) * sizeof(double));
+        double *lseg = malloc((size_t)(c->h * sq + 1) * sizeof(double));
+        double *dsink_seq = calloc((size_t)c->h, sizeof(double));
+        const double *sink_arg = var->sink ? sink_ref : NULL;
+        ref_forward(&r, qr, kr, vr, NULL, sink_arg, o_ref, lse_ref);
+        ref_backward(&r, qr, kr, vr, NULL, sink_arg, dor, dq_ref, dk_ref, dv_ref, NULL, var->sink ? dsink_seq : NULL);
+        const flash_seq seq = flash_seq_of(&p, s);
+        for (int64_t hq = 0; hq < c->h; hq++) {
+            dsink_ref[hq] += dsink_seq[hq];
+            for (int64_t i = 0; i < sq; i++) {
+                const int64_t e = flash_lse_offset(&p, &seq, s, hq) + i;
+                lseg[hq * sq + i] = get(lse, dt, e);
+                if (var->sink)
+                    dsink[hq] -= exp(sink_ref[hq] - get(lse, dt, e)) * get(delta, dt, e);
+            }
+        }
+        ok[0] &= accumulate_err(og, o_ref, sq * c->h * c->d, parts[0]);
+        ok[1] &= accumulate_err(lseg, lse_ref, sq * c->h, parts[1]);
+        ok[2] &= accumulate_err(dqg, dq_ref, sq * c->h * c->d, parts[2]);
+        ok[3] &= accumulate_err(dkg, dk_ref, sk * c->h_kv * c->d, parts[3]);
+        ok[4] &= accumulate_err(dvg, dv_ref, sk * c->h_kv * c->d, parts[4]);
+        const flash_seq seq_ref = flash_seq_of(&r, 0);
+        for (int64_t i = 0; i < sq; i++) {
+            int64_t seen = 0;
+            for (int64_t j = 0; j < sk; j++)
+                seen += flash_visible(&seq_ref, i, j);
+            if (seen)
+                continue;
+            empty_rows++;
+            for (int64_t x = 0; x < c->h * c->d; x++)
+                fail |= og[i * c->h * c->d + x] != 0 || dqg[i * c->h * c->d + x] != 0;
+        }
+        fail |= rows_written(&dk, dt, k0 + sk, c->lk[s] - sk) || rows_written(&dv, dt, k0 + sk, c->lk[s] - sk);
+        double *refs[] = {qr, kr, vr, dor, og, dqg, dkg, dvg, o_ref, dq_ref, dk_ref, dv_ref, lse_ref, lseg, dsink_seq};
+        for (size_t e = 0; e < sizeof refs / sizeof *refs; e++)
+            free(refs[e]);
+    }
+    for (int e = 0; e < 5; e++)
+        err[e] = err_of(parts[e], ok[e]);
+    if (var->sink)
+        err[5] = rel_err(dsink, dsink_ref, c->h);
+    /* rows of no sequence: never written (out, dq, lse; dk, dv past the last sequence) */
+    const int64_t end_q = cu_q[c->nseq], end_k = cu_k[c->nseq];
+    fail |= rows_written(&o, dt, end_q, c->pad_q) || rows_written(&dq, dt, end_q, c->pad_q);
+    fail |= rows_written(&dk, dt, end_k, c->pad_k) || rows_written(&dv, dt, end_k, c->pad_k);
+    for (int64_t hq = 0; hq < c->h; hq++)
+        for (int64_t i = end_q; i < total_q; i++)
+            fail |= !isnan(get(lse, dt, hq * total_q + i));
+    const double tol = dt == FLASH_FP32 ? TOL_FP32 : TOL_FP64;
+    double worst = 0;
+    for (int e = 0; e < 6; e++)
+        worst = fmax(worst, err[e]);
+    fail |= !(worst <= tol);
+
+    char name[160], lens[3][96], note[64] = "";
+    config named = {0};
+    named.causal = c->causal, named.v = *var;
+    variant_name(&named, name, sizeof name);
+    print_lengths(lens[0], sizeof lens[0], "sq", c->lq, c->nseq);
+    print_lengths(lens[1], sizeof lens[1], "sk", c->lk, c->nseq);
+    lens[2][0] = '\0';
+    if (c->has_used)
+        print_lengths(lens[2], sizeof lens[2], "used", sk_eff, c->nseq);
+    if (empty_rows)
+        snprintf(note, sizeof note, " [%lld rows see no key]", (long long)empty_rows);
+    printf("%s %s varlen b%lld h%lld/%lld d%lld %s%s%spad %lld/%lld%s %s: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e",
+           fail ? "FAIL" : "ok  ", dt == FLASH_FP32 ? "fp32" : "fp64", (long long)c->nseq, (long long)c->h,
+           (long long)c->h_kv, (long long)c->d, lens[0], lens[1], lens[2], (long long)c->pad_q, (long long)c->pad_k,
+           c->strided ? " strided" : "", name, err[0], err[1], err[2], err[3], err[4]);
+    if (var->sink)
+        printf(" dsink %.1e", err[5]);
+    printf("%s\n", note);
+
+    tensor *all[8] = {&q, &k, &v, &dout, &o, &dq, &dk, &dv};
+    for (int w = 0; w < 8; w++)
+        free(all[w]->data);
+    free(lse);
+    free(delta);
+    free(sink);
+    free(sink_ref);
+    free(dsink);
+    free(dsink_ref);
+    return fail;
+}
+
+/* A random length in [0, VARLEN_RANDOM_MAX_LEN], 0 and 1 a quarter of the time each. */
+static int64_t random_length(void)
+{
+    const double u = uniform();
+    if (u < -0.5)
+        return 0;
+    if (u < 0)
+        return 1;
+    return (int64_t)((uniform() + 1) / 2 * VARLEN_RANDOM_MAX_LEN);
+}
+
+/* Varlen cases: length mixes with empty and one-row sequences, sq != sk per sequence, both causal
+ * alignments, windows, softcap, ALiBi (per head and per sequence), sinks, GQA, seqused_k, rows of no
+ * sequence, strided buffers, max_seqlen beyond the longest sequence, random mixes. */
+static int varlen_cases(varlen_config *cases)
+{
+    const variant none = NO_VARIANT;
+    int n = 0;
+#define VADD(nseq_, lq_, lk_, h_, hkv_, d_, causal_, var_)                                               \
+    do {                                                                                               \
+        varlen_config c_ = {0};                                                                        \
+        const int64_t lq_init_[] = lq_, lk_init_[] = lk_;                                              \
+        c_.nseq = nseq_, c_.h = h_, c_.h_kv = hkv_, c_.d = d_, c_.causal = causal_, c_.v = var_;       \
+        memcpy(c_.lq, lq_init_, sizeof lq_init_);                                                      \
+        memcpy(c_.lk, lk_init_, sizeof lk_init_);                                                      \
+        cases[n++] = c_;                                                                               \
+    } while (0)
+#define L(...) {__VA_ARGS__}
+    VADD(5, L(0, 1, 130, 7, 257), L(3, 0, 65, 7, 300), 2, 1, 64, NONCAUSAL, none);
+    VADD(5, L(0, 1, 130, 7, 257), L(3, 0, 65, 7, 300), 2, 1, 64, CAUSAL_BOTTOM_RIGHT, none);
+    VADD(4, L(200, 1, 65, 129), L(131, 257, 1, 128), 4, 2, 64, CAUSAL_BOTTOM_RIGHT, none);
+    VADD(4, L(200, 1, 65, 129), L(131, 257, 1, 128), 4, 4, 32, CAUSAL_TOP_LEFT, none);
+    VADD(1, L(257), L(130), 2, 2, 64, CAUSAL_BOTTOM_RIGHT, none);
+    variant x = none;
+    x.left = 17, x.right = 5;
+    VADD(4, L(130, 0, 64, 257), L(257, 5, 64, 63), 2, 1, 64, NONCAUSAL, x);
+    x = none, x.left = 30;
+    VADD(4, L(130, 3, 64, 257), L(200, 5, 1, 300), 4, 2, 64, CAUSAL_BOTTOM_RIGHT, x);
+    x = none, x.softcap = 1.5f;
+    VADD(3, L(65, 130, 1), L(130, 65, 2), 2, 1, 80, CAUSAL_BOTTOM_RIGHT, x);
+    x = none, x.alibi = ALIBI_PER_HEAD;
+    VADD(3, L(130, 1, 64), L(65, 7, 257), 4, 2, 64, CAUSAL_BOTTOM_RIGHT, x);
+    x = none, x.alibi = ALIBI_PER_BATCH;
+    VADD(4, L(63, 0, 200, 9), L(257, 4, 100, 9), 4, 4, 64, NONCAUSAL, x);
+    x = none, x.sink = 1;
+    VADD(4, L(130, 5, 0, 64), L(65, 0, 3, 64), 2, 1, 64, CAUSAL_BOTTOM_RIGHT, x);
+    /* GQA, seqused_k (some sequences use none of their keys), rows of no sequence, strides */
+    VADD(4, L(65, 130, 1, 7), L(130, 65, 9, 0), 8, 2, 64, CAUSAL_BOTTOM_RIGHT, none);
+    cases[n - 1].has_used = 1;
+    memcpy(cases[n - 1].used, (int64_t[]){100, 0, VARLEN_NO_SEQUSED, 0}, 4 * sizeof(int64_t));
+    cases[n - 1].pad_q = 5, cases[n - 1].pad_k = 9;
+    VADD(3, L(130, 64, 257), L(257, 64, 200), 4, 1, 96, NONCAUSAL, none);
+    cases[n - 1].has_used = 1;
+    memcpy(cases[n - 1].used, (int64_t[]){65, 1, 199}, 3 * sizeof(int64_t));
+    cases[n - 1].strided = 1, cases[n - 1].extra_max = 70;
+    VADD(3, L(7, 70, 1), L(3, 129, 1), 2, 1, 3, CAUSAL_BOTTOM_RIGHT, none);
+    cases[n - 1].strided = 1, cases[n - 1].pad_q = 3;
+    /* everything at once */
+    x = none, x.left = 11, x.softcap = 2.5f, x.alibi = ALIBI_PER_BATCH, x.sink = 1;
+    VADD(5, L(130, 1, 0, 257, 64), L(257, 65, 4, 130, 0), 4, 2, 64, CAUSAL_BOTTOM_RIGHT, x);
+    cases[n - 1].has_used = 1;
+    memcpy(cases[n - 1].used, (int64_t[]){200, 0, 4, VARLEN_NO_SEQUSED, 0}, 5 * sizeof(int64_t));
+    cases[n - 1].pad_q = 2, cases[n - 1].pad_k = 1, cases[n - 1].strided = 1;
+    x.left = 40, x.right = 3;
+    VADD(3, L(257, 9, 64), L(130, 9, 300), 4, 4, 64, NONCAUSAL, x);
+#undef L
+#undef VADD
+    /* random mixes */
+    static const variant random_variants[VARLEN_RANDOM_CASES] = {
+        {UNBOUNDED, UNBOUNDED, 0, ALIBI_NONE, MASK_NONE, 0, 0, 0},
+        {UNBOUNDED, UNBOUNDED, 0, ALIBI_NONE, MASK_NONE, 0, 0, 1},
+        {25, 25, 0, ALIBI_NONE, MASK_NONE, 0, 0, 0},
+        {UNBOUNDED, UNBOUNDED, 3.0f, ALIBI_PER_HEAD, MASK_NONE, 0, 0, 0},
+        {60, UNBOUNDED, 0, ALIBI_PER_BATCH, MASK_NONE, 0, 0, 1},
+        {UNBOUNDED, UNBOUNDED, 0, ALIBI_NONE, MASK_NONE, 0, 0, 0},
+    };
+    for (int r = 0; r < VARLEN_RANDOM_CASES; r++) {
+        varlen_config c = {0};
+        c.nseq = 1 + r % VARLEN_MAX_SEQS + (r == VARLEN_RANDOM_CASES - 1 ? VARLEN_MAX_SEQS - 1 - r : 0);
+        c.h = 4, c.h_kv = r % 2 ? 2 : 4, c.d = 64;
+        c.causal = r % 3 == 0 ? NONCAUSAL : CAUSAL_BOTTOM_RIGHT;
+        c.v = random_variants[r];
+        c.has_used = r % 2;
+        for (int64_t s = 0; s < c.nseq; s++) {
+            c.lq[s] = random_length();
+            c.lk[s] = random_length();
+            c.used[s] = c.has_used ? (int64_t)((uniform() + 1) / 2 * (double)(c.lk[s] + 1)) : VARLEN_NO_SEQUSED;
+        }
+        c.pad_q = r % 3, c.pad_k = r % 4;
+        cases[n++] = c;
+    }
+    return n;
+}
+
 #define MAX_CASES 256
 
 int main(int argc, char **argv)
@@ -656,6 +991,11 @@ int main(int argc, char **argv)
             failures += run_case(&cases[i], (flash_dtype)dt, names[i]);
     failures += check_dropout_mask();
     runs++;
+    static varlen_config vcases[MAX_CASES];
+    const int nv = varlen_cases(vcases);
+    for (int i = 0; i < nv; i++)
+        for (int dt = FLASH_FP32; dt <= FLASH_FP64; dt++, runs++)
+            failures += run_varlen_case(&vcases[i], (flash_dtype)dt);
     printf("%s: %d of %d checks failed\n", failures ? "FAIL" : "PASS", failures, runs);
     if (argc > 1 && strcmp(argv[1], "bench") == 0)
         bench_all();

@@ -10,6 +10,11 @@
  * (batch, head, query tile), accumulates dQ. P = exp(S - lse) is recomputed in both passes. No buffer
  * of size sq * sk exists; nothing is written by two tasks.
  *
+ * Sequences (mask.h flash_seq_of): every task takes its sequence's lengths, first rows and band once;
+ * the task counts come from p->sq / p->sk (in a varlen batch the longest sequence), so a task whose
+ * query (key) tile starts past its sequence's end returns at once. Rows of no sequence and keys past
+ * seqused_k are never read or written (the binding fills them).
+ *
  * Geometry (mask.h): a task visits only the keys (queries) of the band, taken with flash_key_tiles /
  * flash_query_tiles at a tile size of 1, in tiles that start at the first visible one; a tile wholly
  * inside the band skips the per-element test, and a tile whose attn_mask block flags lack
@@ -425,9 +430,9 @@ FLASH_CPU_SIMD static void FN(dscores_by_row)(T *restrict ds, const T *restrict 
 /* Sets the entries of the S^T tile s (km key rows x qp query columns, leading dim TILE_Q_NR) of tile
  * t that lie outside the band (or in the padding) to value. Key row j sees the tile's queries u with
  * lo <= j - u <= hi (flash_tile_diag). */
-static void FN(mask_band_t)(T *s, int64_t km, int64_t qp, const flash_params *p, const tile *t, T value)
+static void FN(mask_band_t)(T *s, int64_t km, int64_t qp, const flash_seq *seq, const tile *t, T value)
 {
-    const int64_t lo = flash_tile_diag(p->diag_lo, t->q0, t->k0), hi = flash_tile_diag(p->diag_hi, t->q0, t->k0);
+    const int64_t lo = flash_tile_diag(seq->diag_lo, t->q0, t->k0), hi = flash_tile_diag(seq->diag_hi, t->q0, t->k0);
     for (int64_t j = 0; j < km; j++) {
         const int64_t end = j < t->kn ? clamp64(j - lo + 1, 0, t->qn) : 0;
         FN(mask_outside)(s + j * TILE_Q_NR, clamp64(j - hi, 0, end), end, qp, value);
@@ -437,9 +442,9 @@ static void FN(mask_band_t)(T *s, int64_t km, int64_t qp, const flash_params *p,
 /* Sets the entries of the S tile s (qm query rows x kp key columns, leading dim TILE_K_NR) of tile t
  * that lie outside the band (or in the padding) to value. Query row i sees the tile's keys jl with
  * lo <= jl - i <= hi. */
-static void FN(mask_band)(T *s, int64_t qm, int64_t kp, const flash_params *p, const tile *t, T value)
+static void FN(mask_band)(T *s, int64_t qm, int64_t kp, const flash_seq *seq, const tile *t, T value)
 {
-    const int64_t lo = flash_tile_diag(p->diag_lo, t->q0, t->k0), hi = flash_tile_diag(p->diag_hi, t->q0, t->k0);
+    const int64_t lo = flash_tile_diag(seq->diag_lo, t->q0, t->k0), hi = flash_tile_diag(seq->diag_hi, t->q0, t->k0);
     for (int64_t i = 0; i < qm; i++) {
         const int64_t end = i < t->qn ? clamp64(i + hi + 1, 0, t->kn) : 0;
         FN(mask_outside)(s + i * TILE_K_NR, clamp64(i + lo, 0, end), end, kp, value);
@@ -467,7 +472,7 @@ FLASH_CPU_SIMD static void FN(scale_pass)(T *restrict s, int64_t rows, int64_t c
 }
 
 /* s = scale * s - slope * |base + r - c|: flash_alibi_distance of element (r, c), with base =
- * j - i - alibi_offset at element (0, 0) for S^T and its negation for S (|t| = |-t|). */
+ * j - i - alibi_offset (of the sequence) at element (0, 0) for S^T and its negation for S (|t| = |-t|). */
 FLASH_CPU_SIMD static void FN(alibi_pass)(T *restrict s, int64_t rows, int64_t cols, int64_t ld, T scale,
                                           T slope, int64_t base)
 {
@@ -503,8 +508,8 @@ static void FN(mask_pass)(T *restrict s, int64_t rows, int64_t cols, int64_t ld,
  * (transposed = 1: rows are the tile's keys, columns its queries) or S (rows queries, columns keys).
  * s = hook(scale * s) in mask.h's order; grad (same layout) receives the softcap derivatives (unused
  * without softcap). Each part is its own elementwise pass so that all but the mask's vectorize. */
-static void FN(score_hook)(T *s, int64_t ld, int transposed, const flash_params *p, const tile *t, int64_t bi,
-                           int64_t hq, T scale, unsigned mask_flags, T *grad)
+static void FN(score_hook)(T *s, int64_t ld, int transposed, const flash_params *p, const flash_seq *seq,
+                           const tile *t, int64_t bi, int64_t hq, T scale, unsigned mask_flags, T *grad)
 {
     const int64_t rows = transposed ? t->kn : t->qn, cols = transposed ? t->qn : t->kn;
     if (p->softcap > 0) {
@@ -512,7 +517,7 @@ static void FN(score_hook)(T *s, int64_t ld, int transposed, const flash_params 
         scale = 1;
     }
     if (p->alibi_slopes) {
-        const int64_t base = t->k0 - t->q0 - p->alibi_offset;
+        const int64_t base = t->k0 - t->q0 - seq->alibi_offset;
         FN(alibi_pass)(s, rows, cols, ld, scale, (T)flash_alibi_slope(p, bi, hq), transposed ? base : -base);
     } else if (scale != 1) {
         FN(scale_pass)(s, rows, cols, ld, scale);
@@ -602,14 +607,17 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
     const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR);
     int64_t bi, hq, q0;
     query_task(p, task, &bi, &hq, &q0);
+    const flash_seq seq = flash_seq_of(p, bi);
+    if (q0 >= seq.sq)
+        return;
     const int64_t hk = hq / p->h_per_kv;
-    tile t = {q0, flash_min64(FLASH_CPU_TILE_Q, p->sq - q0), 0, 0};
+    tile t = {q0, flash_min64(FLASH_CPU_TILE_Q, seq.sq - q0), 0, 0};
     const int64_t qp = ROUND_UP(t.qn, FLASH_CPU_NR);
-    const T *q = (const T *)p->q + bi * p->q_s.batch + q0 * p->q_s.row + hq * p->q_s.head;
-    const T *k = (const T *)p->k + bi * p->k_s.batch + hk * p->k_s.head; /* (sk, d) */
-    const T *v = (const T *)p->v + bi * p->v_s.batch + hk * p->v_s.head; /* (sk, d) */
-    T *o = (T *)p->o + bi * p->o_s.batch + q0 * p->o_s.row + hq * p->o_s.head;
-    T *lse = (T *)p->lse + (bi * p->h + hq) * p->sq + q0;
+    const T *q = (const T *)p->q + bi * p->q_s.batch + (seq.q_row0 + q0) * p->q_s.row + hq * p->q_s.head;
+    const T *k = (const T *)p->k + seq.k_batch * p->k_s.batch + seq.k_row0 * p->k_s.row + hk * p->k_s.head;
+    const T *v = (const T *)p->v + seq.k_batch * p->v_s.batch + seq.k_row0 * p->v_s.row + hk * p->v_s.head;
+    T *o = (T *)p->o + bi * p->o_s.batch + (seq.q_row0 + q0) * p->o_s.row + hq * p->o_s.head;
+    T *lse = (T *)p->lse + flash_lse_offset(p, &seq, bi, hq) + q0;
     T m[TILE_Q_NR], l[TILE_Q_NR];
 
     FN(load_transposed)(w->q, TILE_Q_NR, qp, q, p->q_s.row, t.qn, d, (T)p->scale);
@@ -618,7 +626,7 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
         l[u] = 0;
     }
     FN(zero_tile)(w->acc, TILE_Q_NR, dm, qp);
-    const flash_tile_range keys = flash_key_tiles(p, q0, t.qn, 1); /* in keys, not tiles */
+    const flash_tile_range keys = flash_key_tiles(&seq, q0, t.qn, 1); /* in keys, not tiles */
     for (t.k0 = keys.first; t.k0 < keys.end; t.k0 += FLASH_CPU_TILE_K) {
         t.kn = flash_min64(FLASH_CPU_TILE_K, keys.end - t.k0);
         const unsigned flags = flash_mask_tile_flags(p, bi, hq, t.q0, t.qn, t.k0, t.kn);
@@ -630,9 +638,9 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
         FN(load_rows)(w->v, dm, t.kn, dm, v + t.k0 * p->v_s.row, p->v_s.row, t.kn, d);
         FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
         if (p->has_hook && hooked_scores(p, flags))
-            FN(score_hook)(w->s, TILE_Q_NR, 1, p, &t, bi, hq, 1, flags, w->grad);
+            FN(score_hook)(w->s, TILE_Q_NR, 1, p, &seq, &t, bi, hq, 1, flags, w->grad);
         if (!full)
-            FN(mask_band_t)(w->s, km, qp, p, &t, -INFINITY);
+            FN(mask_band_t)(w->s, km, qp, &seq, &t, -INFINITY);
         FN(softmax_step)(w->s, km, qp, w->acc, dm, m, l);
         if (p->dropout_threshold)
             FN(dropout_columns)(w->s, p, &t, bi * p->h + hq);
@@ -660,23 +668,28 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
     const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR);
     const int64_t n_bh = p->b * p->h_kv;
     const int64_t bi = task % n_bh / p->h_kv, hk = task % p->h_kv;
+    const flash_seq seq = flash_seq_of(p, bi);
     tile t = {0, 0, task / n_bh * FLASH_CPU_TILE_K, 0};
-    t.kn = flash_min64(FLASH_CPU_TILE_K, p->sk - t.k0);
+    if (t.k0 >= seq.sk)
+        return;
+    t.kn = flash_min64(FLASH_CPU_TILE_K, seq.sk - t.k0);
     const int64_t kp = ROUND_UP(t.kn, FLASH_CPU_NR);
-    const int64_t k_off = bi * p->k_s.batch + t.k0 * p->k_s.row + hk * p->k_s.head;
-    const int64_t v_off = bi * p->v_s.batch + t.k0 * p->v_s.row + hk * p->v_s.head;
+    const int64_t k_row = seq.k_row0 + t.k0;
+    const int64_t k_off = seq.k_batch * p->k_s.batch + k_row * p->k_s.row + hk * p->k_s.head;
+    const int64_t v_off = seq.k_batch * p->v_s.batch + k_row * p->v_s.row + hk * p->v_s.head;
     T lse_eff[TILE_MAX_NR], delta[TILE_MAX_NR];
 
     FN(load_transposed)(w->k, TILE_K_NR, kp, (const T *)p->k + k_off, p->k_s.row, t.kn, d, 1);
     FN(load_transposed)(w->v, TILE_K_NR, kp, (const T *)p->v + v_off, p->v_s.row, t.kn, d, 1);
     FN(zero_tile)(w->acc, TILE_K_NR, dm, kp);
     FN(zero_tile)(w->acc2, TILE_K_NR, dm, kp);
-    const flash_tile_range rows = flash_query_tiles(p, t.k0, t.kn, 1); /* in query rows, not tiles */
+    const flash_tile_range rows = flash_query_tiles(&seq, t.k0, t.kn, 1); /* in query rows, not tiles */
     for (int64_t hq = hk * p->h_per_kv; hq < (hk + 1) * p->h_per_kv; hq++) {
-        const T *q = (const T *)p->q + bi * p->q_s.batch + hq * p->q_s.head;       /* (sq, d) */
-        const T *dout = (const T *)p->dout + bi * p->do_s.batch + hq * p->do_s.head; /* (sq, d) */
-        const T *lse = (const T *)p->lse + (bi * p->h + hq) * p->sq;
-        const T *dl = (const T *)p->delta + (bi * p->h + hq) * p->sq;
+        const T *q = (const T *)p->q + bi * p->q_s.batch + seq.q_row0 * p->q_s.row + hq * p->q_s.head; /* (sq, d) */
+        const T *dout = (const T *)p->dout + bi * p->do_s.batch + seq.q_row0 * p->do_s.row + hq * p->do_s.head;
+        const int64_t row_off = flash_lse_offset(p, &seq, bi, hq);
+        const T *lse = (const T *)p->lse + row_off;
+        const T *dl = (const T *)p->delta + row_off;
         for (t.q0 = rows.first; t.q0 < rows.end; t.q0 += FLASH_CPU_TILE_Q) {
             t.qn = flash_min64(FLASH_CPU_TILE_Q, rows.end - t.q0);
             const unsigned flags = flash_mask_tile_flags(p, bi, hq, t.q0, t.qn, t.k0, t.kn);
@@ -690,10 +703,10 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
             FN(load_row_stats)(lse_eff, delta, qm, lse + t.q0, dl + t.q0, t.qn);
             FN(gemm)(qm, kp, d, w->q, dm, 1, w->k, TILE_K_NR, w->s, TILE_K_NR, 0);
             if (hooked)
-                FN(score_hook)(w->s, TILE_K_NR, 0, p, &t, bi, hq, (T)p->scale, flags, w->grad);
+                FN(score_hook)(w->s, TILE_K_NR, 0, p, &seq, &t, bi, hq, (T)p->scale, flags, w->grad);
             FN(probs_by_row)(w->s, qm, kp, TILE_K_NR, hooked ? 1 : (T)p->scale, lse_eff);
             if (!full)
-                FN(mask_band)(w->s, qm, kp, p, &t, 0);
+                FN(mask_band)(w->s, qm, kp, &seq, &t, 0);
             FN(gemm)(qm, kp, d, w->dout, dm, 1, w->v, TILE_K_NR, w->ds, TILE_K_NR, 0);
             if (p->dropout_threshold)
                 FN(dscores_dropout_by_row)(w->ds, w->s, p, &t, bi * p->h + hq, delta);
@@ -707,8 +720,8 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
             FN(gemm)(dm, kp, t.qn, w->q, 1, dm, w->ds, TILE_K_NR, w->acc, TILE_K_NR, 1);
         }
     }
-    const int64_t dk_off = bi * p->dk_s.batch + t.k0 * p->dk_s.row + hk * p->dk_s.head;
-    const int64_t dv_off = bi * p->dv_s.batch + t.k0 * p->dv_s.row + hk * p->dv_s.head;
+    const int64_t dk_off = seq.k_batch * p->dk_s.batch + k_row * p->dk_s.row + hk * p->dk_s.head;
+    const int64_t dv_off = seq.k_batch * p->dv_s.batch + k_row * p->dv_s.row + hk * p->dv_s.head;
     FN(store_transposed)((T *)p->dk + dk_off, p->dk_s.row, w->acc, TILE_K_NR, t.kn, d, (T)p->scale);
     FN(store_transposed)((T *)p->dv + dv_off, p->dv_s.row, w->acc2, TILE_K_NR, t.kn, d, 1);
 }
@@ -724,15 +737,19 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
     const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR);
     int64_t bi, hq, q0;
     query_task(p, task, &bi, &hq, &q0);
+    const flash_seq seq = flash_seq_of(p, bi);
+    if (q0 >= seq.sq)
+        return;
     const int64_t hk = hq / p->h_per_kv;
-    tile t = {q0, flash_min64(FLASH_CPU_TILE_Q, p->sq - q0), 0, 0};
+    tile t = {q0, flash_min64(FLASH_CPU_TILE_Q, seq.sq - q0), 0, 0};
     const int64_t qp = ROUND_UP(t.qn, FLASH_CPU_NR);
-    const T *q = (const T *)p->q + bi * p->q_s.batch + q0 * p->q_s.row + hq * p->q_s.head;
-    const T *dout = (const T *)p->dout + bi * p->do_s.batch + q0 * p->do_s.row + hq * p->do_s.head;
-    const T *k = (const T *)p->k + bi * p->k_s.batch + hk * p->k_s.head; /* (sk, d) */
-    const T *v = (const T *)p->v + bi * p->v_s.batch + hk * p->v_s.head; /* (sk, d) */
-    const int64_t row_off = (bi * p->h + hq) * p->sq + q0;
-    T *dq = (T *)p->dq + bi * p->dq_s.batch + q0 * p->dq_s.row + hq * p->dq_s.head;
+    const int64_t q_row = seq.q_row0 + q0;
+    const T *q = (const T *)p->q + bi * p->q_s.batch + q_row * p->q_s.row + hq * p->q_s.head;
+    const T *dout = (const T *)p->dout + bi * p->do_s.batch + q_row * p->do_s.row + hq * p->do_s.head;
+    const T *k = (const T *)p->k + seq.k_batch * p->k_s.batch + seq.k_row0 * p->k_s.row + hk * p->k_s.head;
+    const T *v = (const T *)p->v + seq.k_batch * p->v_s.batch + seq.k_row0 * p->v_s.row + hk * p->v_s.head;
+    const int64_t row_off = flash_lse_offset(p, &seq, bi, hq) + q0;
+    T *dq = (T *)p->dq + bi * p->dq_s.batch + q_row * p->dq_s.row + hq * p->dq_s.head;
     T lse_eff[TILE_Q_NR], delta[TILE_Q_NR];
 
     FN(load_transposed)(w->q, TILE_Q_NR, qp, q, p->q_s.row, t.qn, d, 1);
@@ -740,7 +757,7 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
     FN(load_row_stats)(lse_eff, delta, qp, (const T *)p->lse + row_off,
                        (const T *)p->delta + row_off, t.qn);
     FN(zero_tile)(w->acc, TILE_Q_NR, dm, qp);
-    const flash_tile_range keys = flash_key_tiles(p, q0, t.qn, 1); /* in keys, not tiles */
+    const flash_tile_range keys = flash_key_tiles(&seq, q0, t.qn, 1); /* in keys, not tiles */
     for (t.k0 = keys.first; t.k0 < keys.end; t.k0 += FLASH_CPU_TILE_K) {
         t.kn = flash_min64(FLASH_CPU_TILE_K, keys.end - t.k0);
         const unsigned flags = flash_mask_tile_flags(p, bi, hq, t.q0, t.qn, t.k0, t.kn);
@@ -753,10 +770,10 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
         FN(load_rows)(w->v, dm, km, dm, v + t.k0 * p->v_s.row, p->v_s.row, t.kn, d);
         FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
         if (hooked)
-            FN(score_hook)(w->s, TILE_Q_NR, 1, p, &t, bi, hq, (T)p->scale, flags, w->grad);
+            FN(score_hook)(w->s, TILE_Q_NR, 1, p, &seq, &t, bi, hq, (T)p->scale, flags, w->grad);
         FN(probs_by_column)(w->s, km, qp, TILE_Q_NR, hooked ? 1 : (T)p->scale, lse_eff);
         if (!full)
-            FN(mask_band_t)(w->s, km, qp, p, &t, 0);
+            FN(mask_band_t)(w->s, km, qp, &seq, &t, 0);
         FN(gemm)(km, qp, d, w->v, dm, 1, w->dout, TILE_Q_NR, w->ds, TILE_Q_NR, 0);
         if (p->dropout_threshold)
             FN(dropout_columns)(w->ds, p, &t, bi * p->h + hq);
@@ -800,19 +817,23 @@ static flash_cpu_status FN(fwd)(const flash_params *p)
     return FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(fwd_task));
 }
 
-/* delta[b][h][i] = dot(dout_i, o_i), in the data type. */
+/* delta[b][h][i] = dot(dout_i, o_i), in the data type, for the rows of every sequence. */
 static void FN(delta_rows)(const flash_params *p)
 {
     const int64_t rows = p->b * p->h * p->sq;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t i = r % p->sq, hq = r / p->sq % p->h, bi = r / (p->sq * p->h);
-        const T *dout = (const T *)p->dout + bi * p->do_s.batch + i * p->do_s.row + hq * p->do_s.head;
-        const T *o = (const T *)p->o + bi * p->o_s.batch + i * p->o_s.row + hq * p->o_s.head;
+        const flash_seq seq = flash_seq_of(p, bi);
+        if (i >= seq.sq)
+            continue;
+        const int64_t row = seq.q_row0 + i;
+        const T *dout = (const T *)p->dout + bi * p->do_s.batch + row * p->do_s.row + hq * p->do_s.head;
+        const T *o = (const T *)p->o + bi * p->o_s.batch + row * p->o_s.row + hq * p->o_s.head;
         T acc = 0;
         for (int64_t c = 0; c < p->d; c++)
             acc += dout[c] * o[c];
-        ((T *)p->delta)[r] = acc;
+        ((T *)p->delta)[flash_lse_offset(p, &seq, bi, hq) + i] = acc;
     }
 }
 

@@ -4,7 +4,8 @@
  * FLASH_FP64 (double data, double lse/delta); other dtypes return FLASH_CPU_ERR_DTYPE. They run on the
  * OpenMP threads the runtime gives, allocate only O(tile * d) workspace per thread, and return the
  * first error met (FLASH_CPU_OK otherwise). Every variant of flash_params is supported (band,
- * softcap, ALiBi, attn_mask, dropout, sinks: csrc/mask.h); layouts and strides: see csrc/flash.h.
+ * softcap, ALiBi, attn_mask, dropout, sinks: csrc/mask.h), dense and variable-length batches and
+ * seqused_k; layouts and strides: see csrc/flash.h.
  */
 #ifndef FLASHATTN_EXT_FLASH_CPU_H
 #define FLASHATTN_EXT_FLASH_CPU_H
@@ -30,17 +31,18 @@ typedef enum flash_cpu_status {
     FLASH_CPU_ERR_NOMEM = 2,   /* the per-thread workspace could not be allocated */
 } flash_cpu_status;
 
-/* Forward: reads q, k, v; writes o and lse. */
+/* Forward: reads q, k, v; writes o and lse (in a varlen batch: the rows of the sequences only). */
 flash_cpu_status flash_fwd_cpu(const flash_params *p);
 
-/* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv (every element, zeros included).
- * p->delta must point to a caller-allocated (b, h, sq) contiguous buffer of the lse type; it is
- * overwritten with rowsum(dout * o). dq_accum, dk_accum, dv_accum are not used. With p->dbias set
- * (zero-filled by the caller), its visible entries receive dS, the gradient of an additive mask;
- * the gradient of the sinks is left to the caller (from lse and delta). */
+/* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv (every element of every sequence, zeros
+ * included; in a varlen batch nothing outside the sequences' rows and seqused_k keys).
+ * p->delta must point to a caller-allocated buffer of the lse type and layout (lse_batch, lse_head);
+ * its rows of every sequence are overwritten with rowsum(dout * o). dq_accum, dk_accum, dv_accum are
+ * not used. With p->dbias set (zero-filled by the caller), its visible entries receive dS, the
+ * gradient of an additive mask; the gradient of the sinks is left to the caller (from lse and delta). */
 flash_cpu_status flash_bwd_cpu(const flash_params *p);
 
-/* The dropout mask of p (dropout_threshold, philox_seed, philox_offset): keep (b, h, sq, sk)
+/* The dropout mask of a dense p (dropout_threshold, philox_seed, philox_offset): keep (b, h, sq, sk)
  * contiguous, 1 where flash_dropout_keep (mask.h) keeps the element, else 0; all 1 without dropout.
  * The same bits as every kernel's dropout, whatever the band or attn_mask. */
 flash_cpu_status flash_dropout_mask_cpu(const flash_params *p, uint8_t *keep);
