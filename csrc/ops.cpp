@@ -2,7 +2,10 @@
 //
 // Layout of every tensor argument: q/out/dout (batch, seqlen_q, nheads, headdim), k/v
 // (batch, seqlen_k, nheads_kv, headdim), any strides whose last one is 1; lse (batch, nheads, seqlen_q)
-// in fp32 (fp64 for fp64 inputs). The CUDA backend lives in ops_cuda.cpp.
+// in fp32 (fp64 for fp64 inputs). The varlen ops pack their sequences along the rows: q/out/dout
+// (total_q, nheads, headdim), k/v (total_k, nheads_kv, headdim), lse (nheads, total_q), with int32
+// cu_seqlens_q / cu_seqlens_k (batch + 1,) and seqused_k (batch,) on q's device. The CUDA backend lives
+// in ops_cuda.cpp.
 #include <Python.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/library.h>
@@ -22,6 +25,7 @@ namespace flashattn_ext {
 namespace {
 
 constexpr int64_t kRank = 4;  // (batch, seqlen, nheads, headdim)
+constexpr int64_t kVarlenRank = 3;  // (total rows, nheads, headdim)
 constexpr double kDropoutOne = FLASH_DROPOUT_ONE;  // 16-bit dropout draws: uniform on [0, 65536)
 
 flash_dtype to_flash_dtype(at::ScalarType t)
@@ -44,13 +48,47 @@ flash_strides strides_of(const at::Tensor &t)
     return s;
 }
 
-void check_rank_and_last_stride(const at::Tensor &t, const char *name)
+void check_rank_and_last_stride(const at::Tensor &t, const char *name, int64_t rank = kRank)
 {
     TORCH_CHECK(t.defined(), "flashattn_ext: ", name, " is undefined");
-    TORCH_CHECK(t.dim() == kRank, "flashattn_ext: ", name,
-                " must have 4 dimensions (batch, seqlen, nheads, headdim), got ", num(t.dim()));
-    TORCH_CHECK(t.size(3) <= 1 || t.stride(3) == 1, "flashattn_ext: ", name,
-                " must have stride 1 in its last dimension (headdim), got stride ", num(t.stride(3)));
+    TORCH_CHECK(t.dim() == rank, "flashattn_ext: ", name, " must have ", num(rank), " dimensions ",
+                rank == kRank ? "(batch, seqlen, nheads, headdim)" : "(total rows, nheads, headdim)", ", got ",
+                num(t.dim()));
+    TORCH_CHECK(t.size(rank - 1) <= 1 || t.stride(rank - 1) == 1, "flashattn_ext: ", name,
+                " must have stride 1 in its last dimension (headdim), got stride ", num(t.stride(rank - 1)));
+}
+
+// dtype, device and head checks shared by the dense and varlen q, k, v (hd: the head dim's index).
+void check_qkv_common(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t hd)
+{
+    TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
+                "flashattn_ext: q, k and v must have the same dtype, got q ", q.scalar_type(), ", k ",
+                k.scalar_type(), ", v ", v.scalar_type());
+    TORCH_CHECK(q.device() == k.device() && q.device() == v.device(),
+                "flashattn_ext: q, k and v must be on the same device, got q on ", q.device().str(), ", k on ",
+                k.device().str(), ", v on ", v.device().str());
+    TORCH_CHECK(k.size(hd) == q.size(hd) && v.size(hd) == q.size(hd),
+                "flashattn_ext: head dim (last dimension) of q, k and v must match, got q ", num(q.size(hd)),
+                ", k ", num(k.size(hd)), ", v ", num(v.size(hd)));
+    const int64_t rows = hd - 2, heads = hd - 1;
+    TORCH_CHECK(k.size(rows) == v.size(rows), "flashattn_ext: seqlen of k (", num(k.size(rows)), ") and v (",
+                num(v.size(rows)), ") must match");
+    TORCH_CHECK(k.size(heads) == v.size(heads), "flashattn_ext: nheads of k (", num(k.size(heads)), ") and v (",
+                num(v.size(heads)), ") must match");
+    TORCH_CHECK(k.size(heads) > 0 || q.size(heads) == 0, "flashattn_ext: nheads of k and v must be positive");
+    TORCH_CHECK(k.size(heads) == 0 || q.size(heads) % k.size(heads) == 0, "flashattn_ext: nheads of q (",
+                num(q.size(heads)), ") must be a multiple of nheads of k and v (", num(k.size(heads)), ")");
+}
+
+// An int32 index tensor of a varlen call: 1-D, contiguous, on q's device.
+void check_index_tensor(const at::Tensor &t, const at::Tensor &q, const char *name)
+{
+    TORCH_CHECK(t.defined(), "flashattn_ext: ", name, " is undefined");
+    TORCH_CHECK(t.scalar_type() == at::kInt, "flashattn_ext: ", name, " must be int32, got ", t.scalar_type());
+    TORCH_CHECK(t.dim() == 1, "flashattn_ext: ", name, " must have 1 dimension, got ", num(t.dim()));
+    TORCH_CHECK(t.is_contiguous(), "flashattn_ext: ", name, " must be contiguous");
+    TORCH_CHECK(t.device() == q.device(), "flashattn_ext: ", name, " must be on the device of q (", q.device().str(),
+                "), got ", t.device().str());
 }
 
 }  // namespace
@@ -60,25 +98,53 @@ void check_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v)
     check_rank_and_last_stride(q, "q");
     check_rank_and_last_stride(k, "k");
     check_rank_and_last_stride(v, "v");
-    TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
-                "flashattn_ext: q, k and v must have the same dtype, got q ", q.scalar_type(), ", k ",
-                k.scalar_type(), ", v ", v.scalar_type());
-    TORCH_CHECK(q.device() == k.device() && q.device() == v.device(),
-                "flashattn_ext: q, k and v must be on the same device, got q on ", q.device().str(), ", k on ",
-                k.device().str(), ", v on ", v.device().str());
+    check_qkv_common(q, k, v, kRank - 1);
     TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0),
                 "flashattn_ext: batch size of q, k and v must match, got q ", num(q.size(0)), ", k ",
                 num(k.size(0)), ", v ", num(v.size(0)));
-    TORCH_CHECK(k.size(3) == q.size(3) && v.size(3) == q.size(3),
-                "flashattn_ext: head dim (last dimension) of q, k and v must match, got q ", num(q.size(3)),
-                ", k ", num(k.size(3)), ", v ", num(v.size(3)));
-    TORCH_CHECK(k.size(1) == v.size(1), "flashattn_ext: seqlen of k (", num(k.size(1)), ") and v (", num(v.size(1)),
-                ") must match");
-    TORCH_CHECK(k.size(2) == v.size(2), "flashattn_ext: nheads of k (", num(k.size(2)), ") and v (", num(v.size(2)),
-                ") must match");
-    TORCH_CHECK(k.size(2) > 0 || q.size(2) == 0, "flashattn_ext: nheads of k and v must be positive");
-    TORCH_CHECK(k.size(2) == 0 || q.size(2) % k.size(2) == 0, "flashattn_ext: nheads of q (", num(q.size(2)),
-                ") must be a multiple of nheads of k and v (", num(k.size(2)), ")");
+}
+
+void check_varlen_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const Varlen &vl)
+{
+    check_rank_and_last_stride(q, "q", kVarlenRank);
+    check_rank_and_last_stride(k, "k", kVarlenRank);
+    check_rank_and_last_stride(v, "v", kVarlenRank);
+    check_qkv_common(q, k, v, kVarlenRank - 1);
+    check_index_tensor(vl.cu_seqlens_q, q, "cu_seqlens_q");
+    check_index_tensor(vl.cu_seqlens_k, q, "cu_seqlens_k");
+    TORCH_CHECK(vl.cu_seqlens_q.size(0) >= 2, "flashattn_ext: cu_seqlens_q must have batch + 1 >= 2 entries, got ",
+                num(vl.cu_seqlens_q.size(0)));
+    TORCH_CHECK(vl.cu_seqlens_k.size(0) == vl.cu_seqlens_q.size(0),
+                "flashattn_ext: cu_seqlens_k must have the length of cu_seqlens_q (", num(vl.cu_seqlens_q.size(0)),
+                "), got ", num(vl.cu_seqlens_k.size(0)));
+    if (vl.seqused_k) {
+        check_index_tensor(*vl.seqused_k, q, "seqused_k");
+        TORCH_CHECK(vl.seqused_k->size(0) == vl.batch(), "flashattn_ext: seqused_k must have shape (batch,) = (",
+                    num(vl.batch()), ",), got ", shape(vl.seqused_k->sizes()));
+    }
+    TORCH_CHECK(vl.max_seqlen_q >= 0, "flashattn_ext: max_seqlen_q must be >= 0, got ", num(vl.max_seqlen_q));
+    TORCH_CHECK(vl.max_seqlen_k >= 0, "flashattn_ext: max_seqlen_k must be >= 0, got ", num(vl.max_seqlen_k));
+}
+
+void check_varlen_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &out,
+                             const at::Tensor &lse)
+{
+    TORCH_CHECK(dout.defined() && dout.sizes() == q.sizes(), "flashattn_ext: dout must have the shape of q ",
+                shape(q.sizes()), ", got ", dout.defined() ? shape(dout.sizes()) : "undefined");
+    TORCH_CHECK(out.defined() && out.sizes() == q.sizes(), "flashattn_ext: out must have the shape of q ",
+                shape(q.sizes()), ", got ", out.defined() ? shape(out.sizes()) : "undefined");
+    check_rank_and_last_stride(out, "out", kVarlenRank);
+    TORCH_CHECK(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
+                "flashattn_ext: dout and out must have the dtype of q (", q.scalar_type(), "), got dout ",
+                dout.scalar_type(), ", out ", out.scalar_type());
+    TORCH_CHECK(lse.defined(), "flashattn_ext: lse is undefined");
+    TORCH_CHECK(dout.device() == q.device() && out.device() == q.device() && lse.device() == q.device(),
+                "flashattn_ext: dout, out and lse must be on the device of q (", q.device().str(), ")");
+    TORCH_CHECK(lse.dim() == 2 && lse.size(0) == q.size(1) && lse.size(1) == q.size(0),
+                "flashattn_ext: lse must have shape (nheads, total_q) = ", shape({q.size(1), q.size(0)}), ", got ",
+                shape(lse.sizes()));
+    TORCH_CHECK(lse.scalar_type() == lse_dtype(q.scalar_type()), "flashattn_ext: lse must have dtype ",
+                lse_dtype(q.scalar_type()), " for ", q.scalar_type(), " inputs, got ", lse.scalar_type());
 }
 
 void check_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &out, const at::Tensor &lse)
@@ -106,7 +172,11 @@ at::ScalarType lse_dtype(at::ScalarType t)
 
 void check_variants(const Variants &var, const at::Tensor &q, const at::Tensor &k)
 {
-    const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), sk = k.size(1);
+    check_variants(var, q, q.size(0), q.size(1), q.size(2), k.size(1));
+}
+
+void check_variants(const Variants &var, const at::Tensor &q, int64_t b, int64_t sq, int64_t h, int64_t sk)
+{
     TORCH_CHECK(var.window_left >= -1 && var.window_right >= -1,
                 "flashattn_ext: window_size values must be >= -1 (-1: unbounded), got (", num(var.window_left), ", ",
                 num(var.window_right), ")");
@@ -269,7 +339,7 @@ flash_params make_params(const at::Tensor &q, const at::Tensor &k, const at::Ten
                          const at::Tensor &lse, double softmax_scale, const Variants &var,
                          const at::Tensor &rng_state, VariantTensors *keep)
 {
-    TORCH_INTERNAL_ASSERT(lse.is_contiguous());
+    TORCH_INTERNAL_ASSERT(lse.is_contiguous() && lse.dim() == 3);
     flash_params p;
     std::memset(&p, 0, sizeof(p));
     p.q = q.data_ptr();
@@ -288,22 +358,23 @@ flash_params make_params(const at::Tensor &q, const at::Tensor &k, const at::Ten
     p.sk = k.size(1);
     p.h_kv = k.size(2);
     p.h_per_kv = p.h / p.h_kv;
+    p.k_batches = k.size(0);
+    p.lse_head = lse.size(2);
+    p.lse_batch = lse.size(1) * lse.size(2);
     p.scale = softmax_scale;
     p.scale_log2 = static_cast<float>(softmax_scale * FLASH_LOG2E);
 
-    // Mask geometry: the band diag_lo <= j - i <= diag_hi, aligned at j - i = offset.
-    const int64_t offset = var.bottom_right ? p.sk - p.sq : 0;
-    const int64_t lo = var.window_left >= 0 ? offset - var.window_left : -p.sq;
-    const int64_t hi = var.causal ? offset : (var.window_right >= 0 ? offset + var.window_right : p.sk);
-    p.diag_lo = std::min(std::max(lo, -p.sq), p.sk);
-    p.diag_hi = std::min(std::max(hi, -p.sq), p.sk);
+    // Mask geometry (mask.h flash_seq_of makes each sequence's band of these): window sides, -1
+    // unbounded; causal is a right side of 0.
+    p.band_left = var.window_left;
+    p.band_right = var.causal ? 0 : var.window_right;
+    p.band_bottom_right = var.bottom_right ? 1 : 0;
 
     p.softcap = var.softcap;
     if (var.alibi_slopes) {
         keep->alibi_slopes = var.alibi_slopes->contiguous();
         p.alibi_slopes = keep->alibi_slopes.data_ptr<float>();
         p.alibi_batch_stride = keep->alibi_slopes.dim() == 2 ? p.h : 0;
-        p.alibi_offset = p.sk - p.sq;
     }
     if (var.attn_mask) {
         const at::Tensor &m = *var.attn_mask;
@@ -336,6 +407,63 @@ void set_bwd_params(flash_params *p, const at::Tensor &dout, const at::Tensor &d
     p->dq_s = strides_of(dq);
     p->dk_s = strides_of(dk);
     p->dv_s = strides_of(dv);
+}
+
+flash_params make_varlen_params(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
+                                const at::Tensor &lse, const Varlen &vl, double softmax_scale, const Variants &var,
+                                const at::Tensor &rng_state, VariantTensors *keep)
+{
+    flash_params p = make_params(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out.unsqueeze(0), lse.unsqueeze(0),
+                                 softmax_scale, var, rng_state, keep);
+    p.b = vl.batch();
+    p.sq = vl.max_seqlen_q;
+    p.sk = vl.max_seqlen_k;
+    p.q_s.batch = p.k_s.batch = p.v_s.batch = p.o_s.batch = 0;
+    p.lse_batch = 0;
+    p.lse_head = q.size(0);
+    p.total_q = q.size(0);
+    p.total_k = k.size(0);
+    p.cu_seqlens_q = vl.cu_seqlens_q.data_ptr<int32_t>();
+    p.cu_seqlens_k = vl.cu_seqlens_k.data_ptr<int32_t>();
+    p.seqused_k = vl.seqused_k ? vl.seqused_k->data_ptr<int32_t>() : nullptr;
+    return p;
+}
+
+void set_varlen_bwd_params(flash_params *p, const at::Tensor &dout, const at::Tensor &dq, const at::Tensor &dk,
+                           const at::Tensor &dv, const at::Tensor &delta)
+{
+    set_bwd_params(p, dout.unsqueeze(0), dq.unsqueeze(0), dk.unsqueeze(0), dv.unsqueeze(0), delta.unsqueeze(0));
+    p->do_s.batch = p->dq_s.batch = p->dk_s.batch = p->dv_s.batch = 0;
+}
+
+Varlen varlen_of(const at::Tensor &cu_seqlens_q, const at::Tensor &cu_seqlens_k,
+                 const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k)
+{
+    Varlen vl;
+    vl.cu_seqlens_q = cu_seqlens_q;
+    vl.cu_seqlens_k = cu_seqlens_k;
+    vl.seqused_k = seqused_k;
+    vl.max_seqlen_q = max_seqlen_q;
+    vl.max_seqlen_k = max_seqlen_k;
+    return vl;
+}
+
+std::tuple<at::Tensor, at::Tensor> varlen_fwd_outputs(const at::Tensor &q, const at::Tensor &v)
+{
+    at::Tensor out = at::zeros({q.size(0), q.size(1), v.size(2)}, q.options());
+    at::Tensor lse = at::full({q.size(1), q.size(0)}, -std::numeric_limits<double>::infinity(),
+                              q.options().dtype(lse_dtype(q.scalar_type())));
+    return {out, lse};
+}
+
+bool varlen_fwd_no_work(const at::Tensor &q, const Varlen &vl, const Variants &var)
+{
+    return q.numel() == 0 || vl.max_seqlen_q == 0 || (vl.max_seqlen_k == 0 && !var.sink);
+}
+
+bool varlen_bwd_no_work(const at::Tensor &q, const at::Tensor &k, const Varlen &vl)
+{
+    return q.numel() == 0 || k.size(0) == 0 || vl.max_seqlen_q == 0 || vl.max_seqlen_k == 0;
 }
 
 bool no_work(const at::Tensor &q)
@@ -445,6 +573,60 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
     return {dq, dk, dv, dmask};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cpu(
+    const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &cu_seqlens_q,
+    const at::Tensor &cu_seqlens_k, const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q,
+    int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+    const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink, double dropout_p,
+    bool deterministic)
+{
+    const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
+    check_varlen_qkv(q, k, v, vl);
+    check_cpu_dtype(q);
+    const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
+                                     c10::nullopt, dropout_p, deterministic);
+    check_variants(var, q, vl.batch(), max_seqlen_q, q.size(1), max_seqlen_k);
+    at::Tensor rng_state = draw_rng_state_cpu(dropout_p);
+    auto [out, lse] = varlen_fwd_outputs(q, v);
+    if (varlen_fwd_no_work(q, vl, var))
+        return {out, lse, rng_state};
+    VariantTensors keep;
+    const flash_params p = make_varlen_params(q, k, v, out, lse, vl, softmax_scale, var, rng_state, &keep);
+    check_cpu_status(flash_fwd_cpu(&p), "forward");
+    return {out, lse, rng_state};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
+    const at::Tensor &dout_in, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
+    const at::Tensor &lse_in, const at::Tensor &rng_state, const at::Tensor &cu_seqlens_q,
+    const at::Tensor &cu_seqlens_k, const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q,
+    int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+    const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink, double dropout_p,
+    bool deterministic)
+{
+    const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
+    check_varlen_qkv(q, k, v, vl);
+    check_cpu_dtype(q);
+    check_varlen_bwd_inputs(dout_in, q, out, lse_in);
+    check_rng_state(rng_state);
+    const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
+                                     c10::nullopt, dropout_p, deterministic);
+    check_variants(var, q, vl.batch(), max_seqlen_q, q.size(1), max_seqlen_k);
+    at::Tensor dq = at::zeros(q.sizes(), q.options());
+    at::Tensor dk = at::zeros(k.sizes(), k.options());
+    at::Tensor dv = at::zeros(v.sizes(), v.options());
+    if (varlen_bwd_no_work(q, k, vl))
+        return {dq, dk, dv};
+    const at::Tensor dout = dout_in.stride(2) == 1 ? dout_in : dout_in.contiguous();
+    const at::Tensor lse = lse_in.contiguous();
+    at::Tensor delta = at::empty(lse.sizes(), lse.options());
+    VariantTensors keep;
+    flash_params p = make_varlen_params(q, k, v, out, lse, vl, softmax_scale, var, rng_state, &keep);
+    set_varlen_bwd_params(&p, dout, dq, dk, dv, delta);
+    check_cpu_status(flash_bwd_cpu(&p), "backward");
+    return {dq, dk, dv};
+}
+
 at::Tensor dropout_mask_cpu(const at::Tensor &q, const at::Tensor &rng_state, int64_t seqlen_k, double dropout_p)
 {
     const flash_params p = dropout_mask_params(q, rng_state, seqlen_k, dropout_p);
@@ -467,6 +649,14 @@ TORCH_LIBRARY(flashattn_ext, m)
           "Tensor? alibi_slopes, Tensor? sink, Tensor? attn_mask, float dropout_p, bool deterministic, "
           "bool mask_grad) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dmask)");
     m.def("dropout_mask(Tensor q, Tensor rng_state, int seqlen_k, float dropout_p) -> Tensor");
+    m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, "
+          "int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, int window_left, int window_right, "
+          "float softcap, Tensor? alibi_slopes, Tensor? sink, float dropout_p, bool deterministic) "
+          "-> (Tensor out, Tensor lse, Tensor rng_state)");
+    m.def("varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor rng_state, "
+          "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, "
+          "float softmax_scale, bool causal, int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
+          "Tensor? sink, float dropout_p, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)");
 }
 
 TORCH_LIBRARY_IMPL(flashattn_ext, CPU, m)
@@ -474,6 +664,8 @@ TORCH_LIBRARY_IMPL(flashattn_ext, CPU, m)
     m.impl("fwd", &fwd_cpu);
     m.impl("bwd", &bwd_cpu);
     m.impl("dropout_mask", &dropout_mask_cpu);
+    m.impl("varlen_fwd", &varlen_fwd_cpu);
+    m.impl("varlen_bwd", &varlen_bwd_cpu);
 }
 
 }  // namespace flashattn_ext

@@ -1,5 +1,6 @@
 // ops.h: what the two libtorch translation units (ops.cpp: schema + CPU, ops_cuda.cpp: CUDA) share:
-// the input checks and the one function that fills flash_params from tensors.
+// the input checks and the one function that fills flash_params from tensors (dense batches; the
+// varlen ops build theirs through it too).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -63,6 +64,10 @@ flash_params dropout_mask_params(const at::Tensor &q, const at::Tensor &rng_stat
 // the argument.
 void check_variants(const Variants &var, const at::Tensor &q, const at::Tensor &k);
 
+// The same checks against explicit sizes (varlen: batch = number of sequences; never an attn_mask).
+void check_variants(const Variants &var, const at::Tensor &q, int64_t batch, int64_t seqlen_q, int64_t nheads,
+                    int64_t seqlen_k);
+
 // The tensors that params made by make_params point to beyond the call's inputs (kept alive by the
 // caller until the kernels are done): contiguous alibi slopes and the mask's block flags.
 struct VariantTensors {
@@ -85,6 +90,49 @@ void check_rng_state(const at::Tensor &rng_state);
 // Adds the backward tensors to params made by make_params.
 void set_bwd_params(flash_params *p, const at::Tensor &dout, const at::Tensor &dq, const at::Tensor &dk,
                     const at::Tensor &dv, const at::Tensor &delta);
+
+// A variable-length batch as the varlen ops receive it (schema in ops.cpp): q (total_q, nheads, headdim),
+// k / v (total_k, nheads_kv, headdim); sequence s owns rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]) of q
+// and [cu_seqlens_k[s], cu_seqlens_k[s + 1]) of k, v, of which it uses the first seqused_k[s] keys.
+struct Varlen {
+    at::Tensor cu_seqlens_q, cu_seqlens_k;   // int32 (batch + 1,) on q's device
+    c10::optional<at::Tensor> seqused_k;     // int32 (batch,) on q's device
+    int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+    int64_t batch() const { return cu_seqlens_q.size(0) - 1; }
+};
+
+Varlen varlen_of(const at::Tensor &cu_seqlens_q, const at::Tensor &cu_seqlens_k,
+                 const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k);
+
+// Checks q, k, v of a varlen call (ranks, shapes, dtypes, devices, last stride) and the index tensors,
+// with messages naming the argument; reads no tensor contents (no device synchronization).
+void check_varlen_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const Varlen &vl);
+
+// Checks the extra varlen backward inputs (dout, out of q's shape; lse (nheads, total_q)) against q.
+void check_varlen_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &out,
+                             const at::Tensor &lse);
+
+// Params of a varlen call, made by make_params on views with a leading batch of 1 and then turned into
+// the packed batch of flash.h: b = number of sequences, batch strides 0, sq / sk the max lengths, the
+// index pointers, total_q / total_k, lse (nheads, total_q). out is (total_q, nheads, headdim).
+flash_params make_varlen_params(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
+                                const at::Tensor &lse, const Varlen &vl, double softmax_scale, const Variants &var,
+                                const at::Tensor &rng_state, VariantTensors *keep);
+
+// Adds the backward tensors (packed, 3-D) to params made by make_varlen_params; delta is (nheads, total_q).
+void set_varlen_bwd_params(flash_params *p, const at::Tensor &dout, const at::Tensor &dq, const at::Tensor &dk,
+                           const at::Tensor &dv, const at::Tensor &delta);
+
+// Outputs of a varlen forward before the kernels run: out (total_q, nheads, headdim) zero (rows of no
+// sequence keep it), lse (nheads, total_q) -inf.
+std::tuple<at::Tensor, at::Tensor> varlen_fwd_outputs(const at::Tensor &q, const at::Tensor &v);
+
+// True when a varlen forward has nothing to compute beyond varlen_fwd_outputs: no query rows, heads or
+// head dim, no sequence rows (max_seqlen_q 0), or no keys anywhere and no sink.
+bool varlen_fwd_no_work(const at::Tensor &q, const Varlen &vl, const Variants &var);
+
+// True when every gradient of a varlen backward is zero (no rows, heads, head dim or keys).
+bool varlen_bwd_no_work(const at::Tensor &q, const at::Tensor &k, const Varlen &vl);
 
 // True when there is nothing to compute (an empty batch, no queries or no heads); a forward with
 // seqlen_k == 0 has work to do: every row sees no key (out = 0, lse = -inf).

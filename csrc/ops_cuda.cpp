@@ -5,7 +5,9 @@
 //
 // fp16/bf16 kernels load 16-byte vectors: their inputs need a head dim that is a multiple of 8,
 // strides that are multiples of 8 elements and 16-byte aligned data. Inputs that are not so are
-// padded (head dim) or copied here, the only copies this backend makes.
+// padded (head dim) or copied here, the only copies this backend makes (dense 4-D and varlen 3-D
+// tensors alike: the head dim is the last dimension). Varlen outputs and the workspaces that kernels
+// write only in part (rows of no sequence, keys past seqused_k) are zero-filled.
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -13,6 +15,7 @@
 
 #include <climits>
 #include <mutex>
+#include <vector>
 
 #include "constants.h"
 #include "cuda/launch.h"
@@ -34,28 +37,34 @@ bool is_half(const at::Tensor &t)
     return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
 }
 
-void check_cuda_inputs(const at::Tensor &q, const at::Tensor &k)
+// batch: the number of sequences; seqlen_q / seqlen_k: the (max) lengths the grid covers.
+void check_cuda_sizes(const at::Tensor &q, int64_t batch, int64_t nheads, int64_t seqlen_q, int64_t seqlen_k)
 {
     const auto t = q.scalar_type();
     TORCH_CHECK(t == at::kHalf || t == at::kBFloat16 || t == at::kFloat || t == at::kDouble,
                 "flashattn_ext: on CUDA, q, k and v must be float16, bfloat16, float32 or float64, got ", t);
-    TORCH_CHECK(q.size(3) <= kMaxHeadDim, "flashattn_ext: on CUDA, the head dim (last dimension of q) must be at most ",
-                num(kMaxHeadDim), ", got ", num(q.size(3)));
-    TORCH_CHECK(q.size(0) <= kMaxGridDim, "flashattn_ext: on CUDA, the batch size must be at most ", num(kMaxGridDim),
-                ", got ", num(q.size(0)));
-    TORCH_CHECK(q.size(2) <= kMaxGridDim, "flashattn_ext: on CUDA, nheads of q must be at most ", num(kMaxGridDim),
-                ", got ", num(q.size(2)));
-    TORCH_CHECK(q.size(1) <= INT_MAX && k.size(1) <= INT_MAX, "flashattn_ext: on CUDA, seqlen of q and k must be at most ",
-                num(INT_MAX));
+    TORCH_CHECK(q.size(-1) <= kMaxHeadDim, "flashattn_ext: on CUDA, the head dim (last dimension of q) must be at most ",
+                num(kMaxHeadDim), ", got ", num(q.size(-1)));
+    TORCH_CHECK(batch <= kMaxGridDim, "flashattn_ext: on CUDA, the batch size must be at most ", num(kMaxGridDim),
+                ", got ", num(batch));
+    TORCH_CHECK(nheads <= kMaxGridDim, "flashattn_ext: on CUDA, nheads of q must be at most ", num(kMaxGridDim),
+                ", got ", num(nheads));
+    TORCH_CHECK(seqlen_q <= INT_MAX && seqlen_k <= INT_MAX,
+                "flashattn_ext: on CUDA, seqlen of q and k must be at most ", num(INT_MAX));
 }
 
-// All three outer strides are checked, those of size-1 dimensions too (which the launchers ignore), so
-// that a tensor passed as it is never has an odd stride anywhere.
+void check_cuda_inputs(const at::Tensor &q, const at::Tensor &k)
+{
+    check_cuda_sizes(q, q.size(0), q.size(2), q.size(1), k.size(1));
+}
+
+// All outer strides are checked, those of size-1 dimensions too (which the launchers ignore), so that a
+// tensor passed as it is never has an odd stride anywhere.
 bool vector_ready(const at::Tensor &t)
 {
     if (reinterpret_cast<uintptr_t>(t.data_ptr()) % kVecBytes != 0)
         return false;
-    for (int64_t i = 0; i < 3; ++i)
+    for (int64_t i = 0; i < t.dim() - 1; ++i)
         if (t.stride(i) % kVecElems != 0)
             return false;
     return true;
@@ -63,29 +72,33 @@ bool vector_ready(const at::Tensor &t)
 
 int64_t kernel_head_dim(const at::Tensor &q)
 {
-    return is_half(q) ? (q.size(3) + kVecElems - 1) / kVecElems * kVecElems : q.size(3);
+    return is_half(q) ? (q.size(-1) + kVecElems - 1) / kVecElems * kVecElems : q.size(-1);
 }
 
-// t as the kernels take it: head dim zero-padded to d_kernel, vector-aligned for fp16/bf16.
+// t (dense 4-D or varlen 3-D) as the kernels take it: head dim (the last dimension) zero-padded to
+// d_kernel, vector-aligned for fp16/bf16.
 at::Tensor kernel_ready(const at::Tensor &t, int64_t d_kernel)
 {
-    if (t.size(3) != d_kernel) {
+    const int64_t hd = t.dim() - 1;
+    if (t.size(hd) != d_kernel) {
         // Into a fresh contiguous buffer: constant_pad_nd keeps the input's suggested memory format, which
         // for a (B, H, S, D)-transposed input with head dim 1 is channels-last (row stride 1).
-        at::Tensor padded = at::zeros({t.size(0), t.size(1), t.size(2), d_kernel}, t.options());
-        padded.narrow(3, 0, t.size(3)).copy_(t);
+        std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+        sizes[hd] = d_kernel;
+        at::Tensor padded = at::zeros(sizes, t.options());
+        padded.narrow(hd, 0, t.size(hd)).copy_(t);
         return padded;
     }
     // A fresh allocation, not t.contiguous(): that returns t itself when t is contiguous but its data
     // pointer is misaligned (a storage offset) or a size-1 dimension has an odd stride.
-    if ((is_half(t) && !vector_ready(t)) || (t.size(3) > 1 && t.stride(3) != 1))
+    if ((is_half(t) && !vector_ready(t)) || (t.size(hd) > 1 && t.stride(hd) != 1))
         return t.clone(at::MemoryFormat::Contiguous);
     return t;
 }
 
 at::Tensor unpad(const at::Tensor &t, int64_t d)
 {
-    return t.size(3) == d ? t : t.narrow(3, 0, d).contiguous();
+    return t.size(-1) == d ? t : t.narrow(-1, 0, d).contiguous();
 }
 
 // The tensor-core kernels' tiles need `need` bytes of shared memory per block at this head dim.
@@ -206,6 +219,95 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
     return {unpad(dq, d), unpad(dk, d), unpad(dv, d), dmask};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cuda(
+    const at::Tensor &q_in, const at::Tensor &k_in, const at::Tensor &v_in, const at::Tensor &cu_seqlens_q,
+    const at::Tensor &cu_seqlens_k, const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q,
+    int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+    const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink, double dropout_p,
+    bool deterministic)
+{
+    const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
+    check_varlen_qkv(q_in, k_in, v_in, vl);
+    check_cuda_sizes(q_in, vl.batch(), q_in.size(1), max_seqlen_q, max_seqlen_k);
+    const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
+                                     c10::nullopt, dropout_p, deterministic);
+    check_variants(var, q_in, vl.batch(), max_seqlen_q, q_in.size(1), max_seqlen_k);
+    const c10::cuda::CUDAGuard guard(q_in.device());
+    at::Tensor rng_state = draw_rng_state_cuda(q_in, dropout_p);
+    if (varlen_fwd_no_work(q_in, vl, var)) {
+        auto [out, lse] = varlen_fwd_outputs(q_in, v_in);
+        return {out, lse, rng_state};
+    }
+    const int64_t d = q_in.size(2);
+    const int64_t d_kernel = kernel_head_dim(q_in);
+    const at::Tensor q = kernel_ready(q_in, d_kernel);
+    const at::Tensor k = kernel_ready(k_in, d_kernel);
+    const at::Tensor v = kernel_ready(v_in, d_kernel);
+    auto [out, lse] = varlen_fwd_outputs(q, v);
+    VariantTensors keep;
+    const flash_params p = make_varlen_params(q, k, v, out, lse, vl, softmax_scale, var, rng_state, &keep);
+    if (is_half(q))
+        check_smem(flash_fwd_smem_needed(&p), d, "forward");
+    check_launch(flash_fwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "varlen forward");
+    return {unpad(out, d), lse, rng_state};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
+    const at::Tensor &dout_in, const at::Tensor &q_in, const at::Tensor &k_in, const at::Tensor &v_in,
+    const at::Tensor &out_in, const at::Tensor &lse_in, const at::Tensor &rng_state, const at::Tensor &cu_seqlens_q,
+    const at::Tensor &cu_seqlens_k, const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q,
+    int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+    const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink, double dropout_p,
+    bool deterministic)
+{
+    const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
+    check_varlen_qkv(q_in, k_in, v_in, vl);
+    check_cuda_sizes(q_in, vl.batch(), q_in.size(1), max_seqlen_q, max_seqlen_k);
+    check_varlen_bwd_inputs(dout_in, q_in, out_in, lse_in);
+    check_rng_state(rng_state);
+    const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
+                                     c10::nullopt, dropout_p, deterministic);
+    check_variants(var, q_in, vl.batch(), max_seqlen_q, q_in.size(1), max_seqlen_k);
+    const c10::cuda::CUDAGuard guard(q_in.device());
+    if (varlen_bwd_no_work(q_in, k_in, vl))
+        return {at::zeros(q_in.sizes(), q_in.options()), at::zeros(k_in.sizes(), k_in.options()),
+                at::zeros(v_in.sizes(), v_in.options())};
+    const int64_t d = q_in.size(2);
+    const int64_t d_kernel = kernel_head_dim(q_in);
+    const at::Tensor q = kernel_ready(q_in, d_kernel);
+    const at::Tensor k = kernel_ready(k_in, d_kernel);
+    const at::Tensor v = kernel_ready(v_in, d_kernel);
+    const at::Tensor out = kernel_ready(out_in, d_kernel);
+    const at::Tensor dout = kernel_ready(dout_in, d_kernel);
+    const at::Tensor lse = lse_in.contiguous();
+    at::Tensor dq = at::zeros(q.sizes(), q.options());
+    at::Tensor dk = at::zeros(k.sizes(), k.options());
+    at::Tensor dv = at::zeros(v.sizes(), v.options());
+    at::Tensor delta = at::empty(lse.sizes(), lse.options());
+    VariantTensors keep;
+    flash_params p = make_varlen_params(q, k, v, out, lse, vl, softmax_scale, var, rng_state, &keep);
+    set_varlen_bwd_params(&p, dout, dq, dk, dv, delta);
+
+    // fp32 workspaces of the tensor-core backward in the varlen layouts of csrc/flash.h: dq_accum
+    // (nheads, total_q, d), dk_accum / dv_accum (total_k, nheads, d), zero-filled (rows of no sequence
+    // and keys past seqused_k are never written by the kernels).
+    at::Tensor dq_accum, dk_accum, dv_accum;
+    if (is_half(q)) {
+        check_smem(flash_bwd_smem_needed(&p), d, "backward");
+        const auto f32 = q.options().dtype(at::kFloat);
+        dq_accum = at::zeros({p.h, p.total_q, p.d}, f32);
+        p.dq_accum = dq_accum.data_ptr<float>();
+        if (p.h != p.h_kv) {
+            dk_accum = at::zeros({p.total_k, p.h, p.d}, f32);
+            dv_accum = at::zeros({p.total_k, p.h, p.d}, f32);
+            p.dk_accum = dk_accum.data_ptr<float>();
+            p.dv_accum = dv_accum.data_ptr<float>();
+        }
+    }
+    check_launch(flash_bwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "varlen backward");
+    return {unpad(dq, d), unpad(dk, d), unpad(dv, d)};
+}
+
 at::Tensor dropout_mask_cuda(const at::Tensor &q, const at::Tensor &rng_state, int64_t seqlen_k, double dropout_p)
 {
     const flash_params p = dropout_mask_params(q, rng_state, seqlen_k, dropout_p);
@@ -225,6 +327,8 @@ TORCH_LIBRARY_IMPL(flashattn_ext, CUDA, m)
     m.impl("fwd", &fwd_cuda);
     m.impl("bwd", &bwd_cuda);
     m.impl("dropout_mask", &dropout_mask_cuda);
+    m.impl("varlen_fwd", &varlen_fwd_cuda);
+    m.impl("varlen_bwd", &varlen_bwd_cuda);
 }
 
 }  // namespace flashattn_ext

@@ -3,7 +3,9 @@
  * one dispatcher, picks dtype -> arch -> tile configuration -> variant and calls the family entry points
  * below. Each launches on `stream`, allocates nothing, never synchronizes the host, and returns the first
  * CUDA error met (cudaSuccess otherwise). The params block is described in csrc/flash.h, the variants in
- * csrc/mask.h. Within a family, p->has_hook selects the general (score / probability hook) kernels. */
+ * csrc/mask.h. Within a family, p->has_hook selects the general (score / probability hook) kernels.
+ * Dense and variable-length batches (p->cu_seqlens_q) take the same entry points: grids cover p->sq /
+ * p->sk (in varlen the max lengths) and each block finds its sequence through mask.h flash_seq_of. */
 #ifndef FLASHATTN_EXT_LAUNCH_H
 #define FLASHATTN_EXT_LAUNCH_H
 
