@@ -1,23 +1,32 @@
 #!/usr/bin/env bash
 # fwd_bench.sh: on the GPU machine, from the repo root: build the forward harness (default tile configs),
-# run its correctness checks, its bf16 benchmark and its variant benchmark, then build and time
-# alternative tile configs.
+# run its correctness checks, its bf16 benchmark, its variant benchmark and its varlen benchmark, then
+# build and time alternative tile configs.
 #   bash dev/fwd_bench.sh [VARIANT ...]
 #   VARIANT: D64|D128|D256=head_dim,block_m,block_n,warps,q_in_regs,min_ctas_per_sm   (dense kernels)
 #            H64|H128|H256=...                                     (HOOK kernels, block_n % 32 == 0)
 #            e.g. D128=128,64,64,4,true,2  H128=128,128,64,4,false,1
 #            (see the FWD_CFG_* / FWD_HOOK_CFG_* macros in csrc/cuda/fwd_sm80.cu)
 set -uo pipefail
-ARCH="-gencode=arch=compute_90a,code=sm_90a"
-SRC="dev/fwd_harness.cu csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_simple.cu"
+FLAGS="-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFLASHATTN_EXT_SM90A -Icsrc -Icsrc/cuda"
+# the harness calls launch.cu's flash_fwd_cuda, which links the backward: those files are built once
+COMMON="csrc/cuda/launch.cu csrc/cuda/fwd_simple.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu csrc/cuda/bwd_simple.cu"
 BIN=${TMPDIR:-/tmp}/fwd_bench
 mkdir -p "$BIN"
 
-build() { # name, extra nvcc flags...
+COMMON_OBJS=""
+for f in $COMMON; do
+    o="$BIN/$(basename "$f" .cu).o"
+    COMMON_OBJS="$COMMON_OBJS $o"
+    nvcc $FLAGS -c "$f" -o "$o" >"$o.log" 2>&1 || { echo "build $f failed"; grep -m5 error "$o.log"; } &
+done
+wait
+
+build() { # name, extra nvcc flags... (the tile config macros reach fwd_sm80.cu only)
     local name=$1
     shift
-    nvcc -std=c++17 -O3 $ARCH -Xptxas -v -Icsrc "$@" $SRC -o "$BIN/$name" >"$BIN/$name.log" 2>&1 ||
-        { echo "build $name failed"; grep -m5 error "$BIN/$name.log"; }
+    nvcc $FLAGS -Xptxas -v "$@" dev/fwd_harness.cu csrc/cuda/fwd_sm80.cu $COMMON_OBJS -o "$BIN/$name" \
+        >"$BIN/$name.log" 2>&1 || { echo "build $name failed"; grep -m5 error "$BIN/$name.log"; }
 }
 
 macro() { # D128 -> FWD_CFG_D128, H128 -> FWD_HOOK_CFG_D128
@@ -42,6 +51,7 @@ grep -A2 "flash_fwd_sm80_kernel" "$BIN/default.log" | grep -E "Compiling|registe
 "$BIN/default" check || echo "CHECK FAILED"
 "$BIN/default" bench
 "$BIN/default" variants
+"$BIN/default" varlen-bench
 i=0
 for v in "$@"; do
     cfg=${v#*=}

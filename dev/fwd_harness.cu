@@ -1,7 +1,9 @@
 /* fwd_harness.cu: torch-free correctness and speed harness for the forward kernels.
  *
- * Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc dev/fwd_harness.cu \
- *            csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_simple.cu -o /tmp/fwd_harness
+ * Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFLASHATTN_EXT_SM90A -Icsrc -Icsrc/cuda \
+ *            dev/fwd_harness.cu csrc/cuda/launch.cu csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_simple.cu \
+ *            csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu csrc/cuda/bwd_simple.cu -o /tmp/fwd_harness
+ *        (the checks call launch.cu's flash_fwd_cuda, which links the backward too; dev/fwd_bench.sh)
  * Run:   /tmp/fwd_harness check [t]     every correctness case (or those of dtype t), relative L2 error of
  *                                       out and lse against dev/attn_ref.h (double); exit 1 on any failure
  *        /tmp/fwd_harness bench [d]     bf16 TFLOP/s, 16k tokens, nheads = 2048 / d, d 64/128/256 (or only
@@ -9,11 +11,17 @@
  *        /tmp/fwd_harness variants [d]  bf16 TFLOP/s of each variant (window, softcap, ALiBi, masks,
  *                                       dropout, sink) beside the dense kernel, d 128 (or d), 16k tokens;
  *                                       TFLOP/s count the visible (query, key) pairs only
+ *        /tmp/fwd_harness varlen-bench [d]  bench's shapes dense, as varlen of equal lengths, and as varlen
+ *                                       of random lengths 1..2 seq (TFLOP/s on the visible pairs)
  * Cases cover the band (full, causal both alignments, sliding windows), softcap, ALiBi (per head and per
  * batch), bool and additive attn_mask (random, key padding, block-sparse, rows with no visible key;
  * broadcast dimensions, strided / transposed storage; block flags), dropout, sinks, and pairs of them.
+ * Varlen batches (cu_seqlens, seqused_k) and KV-cache batches (k_batch_idx, k_leftpad, seqused_k): one
+ * call over the whole batch, each sequence checked against the reference run on it alone; lengths 0 and
+ * 1, sq != sk, GQA, each band and hook (no attn_mask or dropout); K / V rows that are no sequence's keys
+ * hold NaN, so a load that reads one into a tile shows.
  * Outputs are poisoned with NaN bytes before every run: every valid element must be overwritten and
- * every padding element (strided outputs) left untouched.
+ * every padding element (strided outputs, rows of no sequence) left untouched.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -260,22 +268,19 @@ static void fill_inputs(const test_case *c, tensor *q, tensor *k, tensor *v)
     }
 }
 
-/* The band of flash_params from the case's band kind (the binding's formulas), clamped to [-sq, sk]. */
-static void band_fill(flash_params *p, const variant *v, int64_t sq, int64_t sk)
+/* The band fields of flash_params from the case's band kind (the binding's formulas; mask.h's
+ * flash_seq_of turns them into each sequence's diag_lo / diag_hi): causal band_right = 0, window
+ * (left, right) as given, -1 unbounded; bottom-right aligned except BAND_CAUSAL_TL. */
+static void band_fill(flash_params *p, const variant *v)
 {
-    int64_t lo = -sq, hi = sk;
-    if (v->band == BAND_CAUSAL_TL)
-        hi = 0;
-    else if (v->band == BAND_CAUSAL_BR)
-        hi = sk - sq;
+    p->band_left = p->band_right = -1;
+    p->band_bottom_right = v->band != BAND_CAUSAL_TL;
+    if (v->band == BAND_CAUSAL_TL || v->band == BAND_CAUSAL_BR)
+        p->band_right = 0;
     else if (v->band == BAND_WINDOW) {
-        if (v->left >= 0)
-            lo = sk - sq - v->left;
-        if (v->right >= 0)
-            hi = sk - sq + v->right;
+        p->band_left = v->left;
+        p->band_right = v->right;
     }
-    p->diag_lo = std::max<int64_t>(-sq, std::min<int64_t>(lo, sk));
-    p->diag_hi = std::max<int64_t>(-sq, std::min<int64_t>(hi, sk));
 }
 
 /* Variant inputs of one case: ALiBi slopes, attn_mask (device storage, block flags, and the expanded
@@ -294,7 +299,6 @@ static void variants_fill(flash_params *p, const test_case *c, variant_data *vd)
     const int b = c->b, h = c->h, sq = c->sq, sk = c->sk;
     vd->slopes_dev = vd->mask_dev = vd->blocks_dev = vd->sink_dev = NULL;
     p->softcap = v->softcap;
-    p->alibi_offset = (int64_t)sk - sq;
     if (v->alibi) {
         const int ab = v->alibi == 2 ? b : 1;
         vd->slopes.resize((size_t)ab * h);
@@ -424,9 +428,7 @@ static void variants_free(variant_data *vd)
 
 static cudaError_t run_fwd(const flash_params *p, cudaStream_t stream)
 {
-    if (p->dtype == FLASH_FP32 || p->dtype == FLASH_FP64)
-        return flash_fwd_simple(p, stream);
-    return flash_fwd_sm80(p, stream);
+    return flash_fwd_cuda(p, stream);
 }
 
 static void params_fill(flash_params *p, const test_case *c, double scale, const tensor *q, const tensor *k,
@@ -449,9 +451,11 @@ static void params_fill(flash_params *p, const test_case *c, double scale, const
     p->sk = c->sk;
     p->d = c->d;
     p->h_per_kv = c->h / c->h_kv;
+    p->lse_batch = (int64_t)c->h * c->sq;
+    p->lse_head = c->sq;
     p->scale = scale;
     p->scale_log2 = (float)(scale * FLASH_LOG2E);
-    band_fill(p, &c->v, c->sq, c->sk);
+    band_fill(p, &c->v);
     p->dtype = c->dtype;
 }
 
@@ -578,6 +582,426 @@ static int check_case(const test_case *c)
     return ok;
 }
 
+/* ---- variable-length and KV-cache batches ------------------------------------------------------- */
+
+enum seq_layout {
+    LAYOUT_VARLEN = 0, /* packed rows through cu_seqlens_q / cu_seqlens_k (flash_attn_varlen_func) */
+    LAYOUT_KVCACHE,    /* dense q (b, sq); k, v (b + 1, sk) through k_batch_idx, k_leftpad, seqused_k
+                        * (flash_attn_with_kvcache's cache_batch_idx, cache_leftpad, cache_seqlens) */
+};
+
+/* varlen: the rows after the last sequence belong to none: max_seqlen + kTailRows of them, so that a kernel
+ * that runs the last sequence up to max_seqlen meets them */
+static const int kTailRows = 5;
+static const int kForcedSeqs = 4; /* varlen: sequences 0..3 get sq 1, sk 0, sq 0, sk 1 (-1: drawn) */
+static const int kForcedLengths[kForcedSeqs][2] = {{1, -1}, {-1, 0}, {0, -1}, {-1, 1}};
+
+typedef struct vl_case {
+    flash_dtype dtype;
+    int layout;
+    int b, h, h_kv, d;
+    int max_sq, max_sk; /* varlen: lengths drawn from [0, max] (sequence b / 2 gets the max);
+                         * kvcache: sq of every sequence, rows of the cache */
+    int seqused;        /* varlen: seqused_k given (kvcache: always, with k_leftpad and k_batch_idx) */
+    variant v;          /* band, softcap, ALiBi, sink, force_hook: no attn_mask, no dropout */
+    int row_pad;        /* extra elements per row */
+    double scale;       /* 0: 1/sqrt(d) */
+} vl_case;
+
+static vl_case vl_mk(flash_dtype t, int layout, int b, int h, int h_kv, int max_sq, int max_sk, int d, int band)
+{
+    vl_case c;
+    memset(&c, 0, sizeof(c));
+    c.dtype = t;
+    c.layout = layout;
+    c.b = b;
+    c.h = h;
+    c.h_kv = h_kv;
+    c.max_sq = max_sq;
+    c.max_sk = max_sk;
+    c.d = d;
+    c.v.band = band;
+    c.v.left = c.v.right = -1;
+    return c;
+}
+
+static vl_case vl_window(vl_case c, int left, int right)
+{
+    c.v.band = BAND_WINDOW;
+    c.v.left = left;
+    c.v.right = right;
+    return c;
+}
+
+static int irand(int lo, int hi) /* uniform on [lo, hi] */
+{
+    return std::min(hi, lo + (int)uniform(0, hi - lo + 1));
+}
+
+/* One sequence as the harness lays it out: q rows [q0, q0 + sq) of q batch qb, keys rows [k0, k0 + sk)
+ * of k / v batch kb (what flash_seq_of must find; varlen: one batch, whose stride is 0, so flash_seq's
+ * k_batch = the sequence index is not compared), first lse element lse0 + hq * lse_head. */
+typedef struct seq_layout_row {
+    int qb, q0, sq, kb, k0, sk;
+    int64_t lse0;
+} seq_layout_row;
+
+/* Device int32 copy of x (NULL when x is empty). */
+static int32_t *upload_i32(const std::vector<int32_t> &x)
+{
+    if (x.empty())
+        return NULL;
+    int32_t *dev;
+    CUDA_CHECK(cudaMalloc(&dev, x.size() * sizeof(int32_t)));
+    CUDA_CHECK(cudaMemcpy(dev, x.data(), x.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    return dev;
+}
+
+/* Runs one varlen / KV-cache case: one flash_fwd_cuda call over the whole batch, each sequence checked
+ * against dev/attn_ref.h run on it alone (a dense batch of one). Every K / V row that is no sequence's
+ * key (past seqused_k, before k_leftpad, the cache batch nobody reads, the tail) holds NaN, so a load that
+ * reads it into a tile turns the output into NaN; o and lse rows of no sequence must stay poisoned. */
+static int check_vl_case(const vl_case *c)
+{
+    const int b = c->b, h = c->h, hkv = c->h_kv, d = c->d;
+    const bool varlen = c->layout == LAYOUT_VARLEN;
+    const double scale = c->scale != 0 ? c->scale : 1.0 / sqrt((double)c->d);
+    const size_t es = dtype_size(c->dtype), lse_es = c->dtype == FLASH_FP64 ? 8 : 4;
+
+    /* lengths and index tensors */
+    std::vector<seq_layout_row> seqs(b);
+    std::vector<int32_t> cu_q, cu_k, used, leftpad, batch_idx;
+    int rows_q, rows_k, batches_q, batches_k, max_sq = 0, max_sk = 0;
+    if (varlen) {
+        cu_q.assign(1, 0);
+        cu_k.assign(1, 0);
+        for (int s = 0; s < b; s++) {
+            int sq = irand(0, c->max_sq), sk = irand(0, c->max_sk);
+            if (s == b / 2) {
+                sq = c->max_sq;
+                sk = c->max_sk;
+            } else if (s < kForcedSeqs) {
+                sq = kForcedLengths[s][0] >= 0 ? kForcedLengths[s][0] : sq;
+                sk = kForcedLengths[s][1] >= 0 ? kForcedLengths[s][1] : sk;
+            }
+            const int u = c->seqused ? irand(0, sk) : sk;
+            seqs[s] = {0, cu_q.back(), sq, 0, cu_k.back(), u, 0};
+            cu_q.push_back(cu_q.back() + sq);
+            cu_k.push_back(cu_k.back() + sk);
+            if (c->seqused)
+                used.push_back(u);
+            max_sq = std::max(max_sq, sq);
+            max_sk = std::max(max_sk, sk);
+        }
+        batches_q = batches_k = 1;
+        rows_q = cu_q.back() + max_sq + kTailRows;
+        rows_k = cu_k.back() + max_sk + kTailRows;
+    } else {
+        batches_q = b;
+        batches_k = b + 1;
+        rows_q = max_sq = c->max_sq;
+        rows_k = max_sk = c->max_sk;
+        std::vector<int> perm(batches_k);
+        for (int i = 0; i < batches_k; i++)
+            perm[i] = i;
+        for (int i = batches_k - 1; i > 0; i--)
+            std::swap(perm[i], perm[irand(0, i)]);
+        for (int s = 0; s < b; s++) {
+            const int u = irand(0, rows_k);
+            const int lp = s == 1 ? rows_k : irand(0, u); /* sequence 1: a left pad past its keys (none) */
+            used.push_back(u);
+            leftpad.push_back(lp);
+            batch_idx.push_back(perm[s]);
+            seqs[s] = {s, 0, rows_q, perm[s], std::min(lp, u), u - std::min(lp, u), 0};
+        }
+    }
+    const int64_t lse_batch = varlen ? 0 : (int64_t)h * rows_q, lse_head = rows_q;
+    for (int s = 0; s < b; s++)
+        seqs[s].lse0 = s * lse_batch + seqs[s].q0;
+
+    /* tensors: (batches, rows, heads, d) with rows of heads * d + row_pad elements, NaN where unused */
+    const int64_t rs_q = (int64_t)h * d + c->row_pad, rs_k = (int64_t)hkv * d + c->row_pad;
+    const size_t nq = (size_t)batches_q * rows_q * rs_q, nk = (size_t)batches_k * rows_k * rs_k;
+    std::vector<unsigned char> qh(nq * es, kPoison), kh(nk * es, kPoison), vh(nk * es, kPoison);
+    std::vector<std::vector<double>> qd(b), kd(b), vd(b);
+    for (int s = 0; s < b; s++) {
+        const seq_layout_row &r = seqs[s];
+        qd[s].resize((size_t)r.sq * h * d);
+        kd[s].resize((size_t)r.sk * hkv * d);
+        vd[s].resize((size_t)r.sk * hkv * d);
+        for (int i = 0; i < r.sq; i++)
+            for (int hq = 0; hq < h; hq++)
+                for (int e = 0; e < d; e++)
+                    qd[s][((size_t)i * h + hq) * d + e] = store_elem(
+                        qh.data(), ((size_t)r.qb * rows_q + r.q0 + i) * rs_q + hq * d + e, c->dtype, uniform(-1, 1));
+        for (int j = 0; j < r.sk; j++)
+            for (int hk = 0; hk < hkv; hk++)
+                for (int e = 0; e < d; e++) {
+                    const size_t at = ((size_t)r.kb * rows_k + r.k0 + j) * rs_k + hk * d + e;
+                    kd[s][((size_t)j * hkv + hk) * d + e] = store_elem(kh.data(), at, c->dtype, uniform(-1, 1));
+                    vd[s][((size_t)j * hkv + hk) * d + e] = store_elem(vh.data(), at, c->dtype, uniform(-1, 1));
+                }
+    }
+    void *q_dev, *k_dev, *v_dev, *o_dev, *lse_dev;
+    const size_t nlse = (size_t)batches_q * h * rows_q;
+    CUDA_CHECK(cudaMalloc(&q_dev, qh.size()));
+    CUDA_CHECK(cudaMalloc(&k_dev, kh.size()));
+    CUDA_CHECK(cudaMalloc(&v_dev, vh.size()));
+    CUDA_CHECK(cudaMalloc(&o_dev, qh.size()));
+    CUDA_CHECK(cudaMalloc(&lse_dev, nlse * lse_es));
+    CUDA_CHECK(cudaMemcpy(q_dev, qh.data(), qh.size(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(k_dev, kh.data(), kh.size(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(v_dev, vh.data(), vh.size(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(o_dev, kPoison, qh.size()));
+    CUDA_CHECK(cudaMemset(lse_dev, kPoison, nlse * lse_es));
+    int32_t *cu_q_dev = upload_i32(cu_q), *cu_k_dev = upload_i32(cu_k), *used_dev = upload_i32(used);
+    int32_t *leftpad_dev = upload_i32(leftpad), *batch_idx_dev = upload_i32(batch_idx);
+
+    flash_params p;
+    memset(&p, 0, sizeof(p));
+    p.q = q_dev;
+    p.k = k_dev;
+    p.v = v_dev;
+    p.o = o_dev;
+    p.lse = lse_dev;
+    p.q_s.batch = p.o_s.batch = varlen ? 0 : rows_q * rs_q;
+    p.q_s.row = p.o_s.row = rs_q;
+    p.q_s.head = p.o_s.head = d;
+    p.k_s.batch = p.v_s.batch = varlen ? 0 : rows_k * rs_k;
+    p.k_s.row = p.v_s.row = rs_k;
+    p.k_s.head = p.v_s.head = d;
+    p.b = b;
+    p.h = h;
+    p.h_kv = hkv;
+    p.h_per_kv = h / hkv;
+    p.sq = max_sq;
+    p.sk = max_sk;
+    p.d = d;
+    p.lse_batch = lse_batch;
+    p.lse_head = lse_head;
+    p.cu_seqlens_q = cu_q_dev;
+    p.cu_seqlens_k = cu_k_dev;
+    p.seqused_k = used_dev;
+    p.k_leftpad = leftpad_dev;
+    p.k_batch_idx = batch_idx_dev;
+    p.k_batches = batches_k;
+    if (varlen) {
+        p.total_q = rows_q;
+        p.total_k = rows_k;
+    }
+    p.scale = scale;
+    p.scale_log2 = (float)(scale * FLASH_LOG2E);
+    band_fill(&p, &c->v);
+    p.softcap = c->v.softcap;
+    p.dtype = c->dtype;
+    std::vector<float> slopes;
+    std::vector<double> sink;
+    float *slopes_dev = NULL;
+    void *sink_dev = NULL;
+    if (c->v.alibi) {
+        slopes.resize((size_t)(c->v.alibi == 2 ? b : 1) * h);
+        for (size_t i = 0; i < slopes.size(); i++)
+            slopes[i] = (float)(pow(2.0, -8.0 * (i % h + 1) / h) * (1 + 0.25 * (i / h)));
+        CUDA_CHECK(cudaMalloc(&slopes_dev, slopes.size() * sizeof(float)));
+        CUDA_CHECK(cudaMemcpy(slopes_dev, slopes.data(), slopes.size() * sizeof(float), cudaMemcpyHostToDevice));
+        p.alibi_slopes = slopes_dev;
+        p.alibi_batch_stride = c->v.alibi == 2 ? h : 0;
+    }
+    if (c->v.sink) {
+        sink.resize(h);
+        std::vector<unsigned char> host(h * lse_es);
+        for (int i = 0; i < h; i++) {
+            const double x = i == 0 ? 8.0 : uniform(-2, 2); /* head 0: a sink that dominates */
+            if (lse_es == 8)
+                ((double *)host.data())[i] = sink[i] = x;
+            else
+                sink[i] = ((float *)host.data())[i] = (float)x;
+        }
+        CUDA_CHECK(cudaMalloc(&sink_dev, host.size()));
+        CUDA_CHECK(cudaMemcpy(sink_dev, host.data(), host.size(), cudaMemcpyHostToDevice));
+        p.sink = sink_dev;
+    }
+    p.has_hook = c->v.force_hook || p.softcap > 0 || p.alibi_slopes;
+
+    /* the harness's layout is what mask.h's flash_seq_of reads from these index tensors */
+    long layout_mismatch = 0;
+    {
+        flash_params hp = p;
+        hp.cu_seqlens_q = cu_q.empty() ? NULL : cu_q.data();
+        hp.cu_seqlens_k = cu_k.empty() ? NULL : cu_k.data();
+        hp.seqused_k = used.empty() ? NULL : used.data();
+        hp.k_leftpad = leftpad.empty() ? NULL : leftpad.data();
+        hp.k_batch_idx = batch_idx.empty() ? NULL : batch_idx.data();
+        for (int s = 0; s < b; s++) {
+            const flash_seq f = flash_seq_of(&hp, s);
+            const seq_layout_row &r = seqs[s];
+            layout_mismatch += f.sq != r.sq || f.sk != r.sk || f.q_row0 != r.q0 || f.k_row0 != r.k0 ||
+                               (!varlen && f.k_batch != r.kb) || flash_lse_offset(&hp, &f, s, 0) != r.lse0;
+        }
+    }
+
+    CUDA_CHECK(flash_fwd_cuda(&p, 0));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<unsigned char> oh(qh.size()), lh(nlse * lse_es);
+    CUDA_CHECK(cudaMemcpy(oh.data(), o_dev, oh.size(), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(lh.data(), lse_dev, lh.size(), cudaMemcpyDeviceToHost));
+
+    std::vector<unsigned char> o_valid(nq, 0), l_valid(nlse, 0);
+    long unwritten = 0, clobbered = 0, inf_mismatch = 0;
+    double eo = 0, no = 0, el = 0, nl = 0;
+    for (int s = 0; s < b; s++) {
+        const seq_layout_row &r = seqs[s];
+        if (r.sq == 0)
+            continue;
+        flash_params rp; /* sequence s alone: a dense batch of one */
+        memset(&rp, 0, sizeof(rp));
+        rp.b = 1;
+        rp.h = h;
+        rp.h_kv = hkv;
+        rp.h_per_kv = h / hkv;
+        rp.sq = r.sq;
+        rp.sk = r.sk;
+        rp.d = d;
+        rp.scale = scale;
+        band_fill(&rp, &c->v);
+        rp.softcap = c->v.softcap;
+        rp.alibi_slopes = slopes.empty() ? NULL : slopes.data() + (c->v.alibi == 2 ? (size_t)s * h : 0);
+        rp.dtype = c->dtype;
+        std::vector<double> ro((size_t)r.sq * h * d), rl((size_t)h * r.sq);
+        ref_forward(&rp, qd[s].data(), kd[s].data(), vd[s].data(), NULL, sink.empty() ? NULL : sink.data(),
+                    ro.data(), rl.data());
+        for (int i = 0; i < r.sq; i++)
+            for (int hq = 0; hq < h; hq++) {
+                for (int e = 0; e < d; e++) {
+                    const size_t at = ((size_t)r.qb * rows_q + r.q0 + i) * rs_q + hq * d + e;
+                    o_valid[at] = 1;
+                    const double g = load_elem(oh.data(), at, c->dtype);
+                    const double x = ro[((size_t)i * h + hq) * d + e];
+                    unwritten += isnan(g);
+                    eo += (g - x) * (g - x);
+                    no += x * x;
+                }
+                const size_t at = (size_t)(r.lse0 + hq * lse_head + i);
+                l_valid[at] = 1;
+                const double g = lse_es == 8 ? ((double *)lh.data())[at] : ((float *)lh.data())[at];
+                const double x = rl[(size_t)hq * r.sq + i];
+                if (isnan(g))
+                    unwritten++;
+                else if (isinf(x) || isinf(g))
+                    inf_mismatch += !(isinf(x) && isinf(g) && x < 0 && g < 0);
+                else {
+                    el += (g - x) * (g - x);
+                    nl += x * x;
+                }
+            }
+    }
+    for (size_t i = 0; i < nq; i++)
+        if (!o_valid[i])
+            for (size_t byte = 0; byte < es; byte++)
+                clobbered += oh[i * es + byte] != kPoison;
+    for (size_t i = 0; i < nlse; i++)
+        if (!l_valid[i])
+            for (size_t byte = 0; byte < lse_es; byte++)
+                clobbered += lh[i * lse_es + byte] != kPoison;
+    const double rel_o = no > 0 ? sqrt(eo / no) : sqrt(eo);
+    const double rel_l = nl > 0 ? sqrt(el / nl) : sqrt(el);
+    const double tol = threshold(c->dtype);
+    const int ok = layout_mismatch == 0 && unwritten == 0 && clobbered == 0 && inf_mismatch == 0 && rel_o <= tol &&
+                   rel_l <= tol;
+    test_case tc;
+    memset(&tc, 0, sizeof(tc));
+    tc.v = c->v;
+    char desc[256];
+    describe(desc, sizeof(desc), &tc);
+    printf("%-4s %-7s b%-2d h%-2d/%-2d sq<=%-4d sk<=%-4d d%-3d pad%-3d %-7s %-40s | out %.2e lse %.2e | %s",
+           dtype_name(c->dtype), varlen ? "varlen" : "kvcache", b, h, hkv, max_sq, max_sk, d, c->row_pad,
+           varlen ? (c->seqused ? "seqused" : "") : "lp+idx", desc, rel_o, rel_l, ok ? "ok" : "FAIL");
+    if (c->scale != 0)
+        printf(" (scale %g)", c->scale);
+    if (!ok)
+        printf(" (layout mismatch %ld, unwritten %ld, clobbered %ld, -inf mismatch %ld)", layout_mismatch, unwritten,
+               clobbered, inf_mismatch);
+    printf("\n");
+    void *bufs[] = {q_dev, k_dev, v_dev, o_dev, lse_dev, cu_q_dev, cu_k_dev, used_dev, leftpad_dev, batch_idx_dev,
+                    slopes_dev, sink_dev};
+    for (void *x : bufs)
+        if (x)
+            CUDA_CHECK(cudaFree(x));
+    return ok;
+}
+
+/* The varlen / KV-cache cases of one dtype: every head-dim config, each band, each hook alone and together,
+ * GQA, seqused_k, many short and a few long sequences, strided rows. */
+static void vl_cases(std::vector<vl_case> *cases, flash_dtype t, bool half)
+{
+    const int half_dims[] = {32, 64, 96, 128, 192, 256};
+    const int full_dims[] = {8, 40, 64};
+    const int nd = half ? 6 : 3;
+    for (int di = 0; di < nd; di++) {
+        const int d = half ? half_dims[di] : full_dims[di];
+        cases->push_back(vl_mk(t, LAYOUT_VARLEN, 6, 4, 2, 150, 170, d, BAND_FULL));
+        vl_case c = vl_mk(t, LAYOUT_VARLEN, 6, 4, 1, 200, 120, d, BAND_CAUSAL_BR);
+        c.seqused = 1;
+        cases->push_back(c);
+    }
+    const int d = half ? 128 : 40;
+    vl_case c;
+    cases->push_back(vl_mk(t, LAYOUT_VARLEN, 5, 2, 2, 130, 260, d, BAND_CAUSAL_TL));
+    c = vl_window(vl_mk(t, LAYOUT_VARLEN, 7, 2, 1, 300, 300, d, 0), 64, 0);
+    c.seqused = 1;
+    cases->push_back(c);
+    cases->push_back(vl_window(vl_mk(t, LAYOUT_VARLEN, 4, 2, 2, 90, 200, d, 0), 20, 10));
+    cases->push_back(vl_window(vl_mk(t, LAYOUT_VARLEN, 4, 2, 2, 200, 90, d, 0), -1, 8));
+    c = vl_mk(t, LAYOUT_VARLEN, 6, 4, 2, 150, 200, d, BAND_CAUSAL_BR);
+    c.v.softcap = 5;
+    c.scale = 1.0;
+    cases->push_back(c);
+    c = vl_mk(t, LAYOUT_VARLEN, 6, 4, 2, 180, 140, d, BAND_CAUSAL_BR);
+    c.v.alibi = 1;
+    cases->push_back(c);
+    c = vl_mk(t, LAYOUT_VARLEN, 6, 4, 4, 120, 160, d, BAND_FULL);
+    c.v.alibi = 2;
+    c.seqused = 1;
+    cases->push_back(c);
+    c = vl_mk(t, LAYOUT_VARLEN, 6, 3, 3, 160, 100, d, BAND_CAUSAL_BR);
+    c.v.sink = 1;
+    cases->push_back(c);
+    c = vl_window(vl_mk(t, LAYOUT_VARLEN, 5, 3, 1, 200, 220, d, 0), 50, 0);
+    c.v.force_hook = 1;
+    c.v.sink = 1;
+    c.seqused = 1;
+    cases->push_back(c);
+    c = vl_window(vl_mk(t, LAYOUT_VARLEN, 5, 8, 2, 170, 190, half ? 64 : 24, 0), 40, 16);
+    c.v.softcap = 2;
+    c.v.alibi = 2;
+    c.v.sink = 1;
+    c.seqused = 1;
+    c.row_pad = 8;
+    cases->push_back(c);
+    c = vl_mk(t, LAYOUT_VARLEN, 40, 2, 1, 20, 20, d, BAND_CAUSAL_BR); /* many short: lengths 0 and 1 */
+    cases->push_back(c);
+    c.v.alibi = 1;
+    c.seqused = 1;
+    cases->push_back(c);
+    c = vl_mk(t, LAYOUT_VARLEN, 3, 2, 2, half ? 1000 : 300, half ? 1100 : 330, half ? 64 : d, BAND_CAUSAL_BR);
+    cases->push_back(c);
+    c = vl_mk(t, LAYOUT_VARLEN, 6, 4, 2, 140, 150, d, BAND_CAUSAL_BR);
+    c.row_pad = 8;
+    c.scale = -0.3;
+    cases->push_back(c);
+    /* KV cache: decode (sq 1), prefill chunks, with hooks */
+    cases->push_back(vl_mk(t, LAYOUT_KVCACHE, 4, 4, 1, 1, 300, d, BAND_CAUSAL_BR));
+    cases->push_back(vl_mk(t, LAYOUT_KVCACHE, 3, 4, 2, 70, 250, d, BAND_CAUSAL_BR));
+    c = vl_window(vl_mk(t, LAYOUT_KVCACHE, 3, 2, 2, 33, 200, d, 0), 40, 0);
+    c.v.alibi = 1;
+    c.v.sink = 1;
+    cases->push_back(c);
+    c = vl_mk(t, LAYOUT_KVCACHE, 3, 2, 1, 50, 180, d, BAND_FULL);
+    c.v.softcap = 3;
+    c.row_pad = 8;
+    cases->push_back(c);
+}
+
 /* Arguments the kernels must refuse with cudaErrorInvalidValue. */
 static int check_rejects(void)
 {
@@ -606,6 +1030,39 @@ static int check_rejects(void)
     const cudaError_t e = run_fwd(&p, 0);
     printf("reject bf16 softcap without has_hook: %s\n", e == cudaErrorInvalidValue ? "ok" : "FAIL");
     ok &= e == cudaErrorInvalidValue;
+    /* an attn_mask with a varlen batch or k_leftpad (its columns are the dense batch's keys); the index
+     * tensors are never read when the call is refused */
+    int32_t *index_dev;
+    uint8_t *mask_dev;
+    CUDA_CHECK(cudaMalloc(&index_dev, 2 * sizeof(int32_t)));
+    CUDA_CHECK(cudaMalloc(&mask_dev, 1));
+    const flash_dtype types[] = {FLASH_BF16, FLASH_FP32};
+    for (flash_dtype t : types)
+        for (int leftpad = 0; leftpad < 2; leftpad++) {
+            memset(&p, 0, sizeof(p));
+            p.dtype = t;
+            p.b = p.h = p.h_kv = p.h_per_kv = 1;
+            p.sq = p.sk = 1;
+            p.d = 64;
+            p.lse_batch = p.lse_head = 1;
+            p.band_left = p.band_right = -1;
+            if (leftpad)
+                p.k_leftpad = index_dev;
+            else {
+                p.cu_seqlens_q = p.cu_seqlens_k = index_dev;
+                p.total_q = p.total_k = 1;
+            }
+            p.mask = mask_dev;
+            p.mask_blocks = mask_dev;
+            p.mask_kind = FLASH_MASK_BOOL;
+            p.has_hook = 1;
+            const cudaError_t r = run_fwd(&p, 0);
+            printf("reject %s attn_mask with %s: %s\n", dtype_name(t), leftpad ? "k_leftpad" : "varlen",
+                   r == cudaErrorInvalidValue ? "ok" : "FAIL");
+            ok &= r == cudaErrorInvalidValue;
+        }
+    CUDA_CHECK(cudaFree(index_dev));
+    CUDA_CHECK(cudaFree(mask_dev));
     return ok;
 }
 
@@ -822,10 +1279,17 @@ static int run_checks(const char *only_dtype)
         cases.push_back(c);
         variant_cases(&cases, t, false);
     }
+    std::vector<vl_case> vcases;
+    const flash_dtype all[] = {FLASH_BF16, FLASH_FP16, FLASH_FP32, FLASH_FP64};
+    for (flash_dtype t : all)
+        vl_cases(&vcases, t, t == FLASH_BF16 || t == FLASH_FP16);
     int passed = 0, failed = 0;
     for (const test_case &c : cases)
         if (!only_dtype || !strcmp(only_dtype, dtype_name(c.dtype)))
             check_case(&c) ? passed++ : failed++;
+    for (const vl_case &c : vcases)
+        if (!only_dtype || !strcmp(only_dtype, dtype_name(c.dtype)))
+            check_vl_case(&c) ? passed++ : failed++;
     check_rejects() ? passed++ : failed++;
     printf("%d passed, %d failed\n", passed, failed);
     return failed == 0;
@@ -887,10 +1351,12 @@ static void bench_params(flash_params *p, const bench_buffers *bb, int s, int d)
     p->h_per_kv = 1;
     p->sq = p->sk = s;
     p->d = d;
+    p->lse_batch = (int64_t)p->h * s;
+    p->lse_head = s;
     p->scale = 1.0 / sqrt((double)d);
     p->scale_log2 = (float)(p->scale * FLASH_LOG2E);
-    p->diag_lo = -s;
-    p->diag_hi = s;
+    p->band_left = p->band_right = -1;
+    p->band_bottom_right = 1;
     p->dtype = FLASH_BF16;
 }
 
@@ -932,7 +1398,7 @@ static void run_bench(int only_d)
                 flash_params p;
                 bench_params(&p, &bb, s, d);
                 if (causal)
-                    p.diag_hi = 0;
+                    p.band_right = 0;
                 const double t = time_fwd(&p) * 1e-3;
                 const double flops = 4.0 * p.b * p.h * (double)s * s * d / (causal ? 2 : 1);
                 printf("%-5d %-6d %-7s %-9.3f %.1f\n", d, s, causal ? "yes" : "no", t * 1e3, flops / t * 1e-12);
@@ -940,13 +1406,17 @@ static void run_bench(int only_d)
     bench_free(&bb);
 }
 
-/* (query, key) pairs inside the band of p, summed over the rows: the visible work without a mask. */
+/* (query, key) pairs inside the band of p, summed over the rows of every sequence (p's index tensors on
+ * the host): the visible work of one head without a mask. */
 static double band_pairs(const flash_params *p)
 {
     double n = 0;
-    for (int64_t i = 0; i < p->sq; i++) {
-        const int64_t lo = std::max<int64_t>(0, i + p->diag_lo), hi = std::min<int64_t>(p->sk - 1, i + p->diag_hi);
-        n += hi >= lo ? (double)(hi - lo + 1) : 0;
+    for (int64_t b = 0; b < p->b; b++) {
+        const flash_seq s = flash_seq_of(p, b);
+        for (int64_t i = 0; i < s.sq; i++) {
+            const int64_t lo = std::max<int64_t>(0, i + s.diag_lo), hi = std::min<int64_t>(s.sk - 1, i + s.diag_hi);
+            n += hi >= lo ? (double)(hi - lo + 1) : 0;
+        }
     }
     return n;
 }
@@ -978,7 +1448,7 @@ static void run_variant_bench(int only_d)
                 double visible_frac = 1.0;
                 switch (bv) {
                 case BV_HOOK: p.has_hook = 1; break;
-                case BV_WINDOW: p.diag_hi = 0; p.diag_lo = -4096; break;
+                case BV_WINDOW: p.band_right = 0; p.band_left = 4096; break;
                 case BV_SOFTCAP: p.softcap = 50; break;
                 case BV_ALIBI: {
                     std::vector<float> sl(p.h);
@@ -987,8 +1457,7 @@ static void run_variant_bench(int only_d)
                     CUDA_CHECK(cudaMalloc(&slopes, p.h * sizeof(float)));
                     CUDA_CHECK(cudaMemcpy(slopes, sl.data(), p.h * sizeof(float), cudaMemcpyHostToDevice));
                     p.alibi_slopes = slopes;
-                    p.alibi_offset = 0;
-                    p.diag_hi = 0;
+                    p.band_right = 0;
                     break;
                 }
                 case BV_DROPOUT:
@@ -1053,7 +1522,7 @@ static void run_variant_bench(int only_d)
                 }
                 p.has_hook |= p.softcap > 0 || p.alibi_slopes || p.mask || p.dropout_threshold;
                 const double t = time_fwd(&p) * 1e-3;
-                const double flops = 4.0 * p.b * p.h * band_pairs(&p) * visible_frac * d;
+                const double flops = 4.0 * p.h * band_pairs(&p) * visible_frac * d;
                 printf("%-5d %-6d %-26s %-9.3f %.1f\n", d, s, names[bv], t * 1e3, flops / t * 1e-12);
                 void *bufs[] = {mask, blocks, sink, slopes};
                 for (void *x : bufs)
@@ -1063,11 +1532,68 @@ static void run_variant_bench(int only_d)
     bench_free(&bb);
 }
 
+/* The bench's 16k bf16 tokens three ways: dense batches of seqlen s; the same batches as a varlen batch of
+ * equal lengths (the cost of the varlen path itself); a varlen batch of random lengths in [1, 2 s]
+ * (max_seqlen its longest). TFLOP/s on the visible pairs. */
+static void run_varlen_bench(int only_d)
+{
+    bench_buffers bb;
+    bench_alloc(&bb);
+    const int dims[] = {64, 128, 256};
+    const int seqs[] = {512, 2048, 8192};
+    printf("bf16 fwd TFLOP/s: dense, varlen of equal lengths, varlen of lengths 1..2 seq (16k tokens, "
+           "nheads = 2048 / d)\n");
+    printf("%-5s %-6s %-7s %-8s %-8s %s\n", "d", "seq", "causal", "dense", "varlen", "mixed");
+    for (int d : dims)
+        for (int causal = 0; causal < 2; causal++)
+            for (int s : seqs) {
+                if (only_d && d != only_d)
+                    continue;
+                flash_params p;
+                bench_params(&p, &bb, s, d);
+                if (causal)
+                    p.band_right = 0;
+                double tflops[3];
+                tflops[0] = 4.0 * p.h * band_pairs(&p) * d / (time_fwd(&p) * 1e-3) * 1e-12;
+                for (int mixed = 0; mixed < 2; mixed++) {
+                    std::vector<int32_t> cu(1, 0);
+                    int longest = 0;
+                    while (cu.back() < kBenchTokens) {
+                        const int len = std::min(mixed ? irand(1, 2 * s) : s, kBenchTokens - cu.back());
+                        cu.push_back(cu.back() + len);
+                        longest = std::max(longest, len);
+                    }
+                    int32_t *cu_dev = upload_i32(cu);
+                    flash_params v = p;
+                    v.q_s.batch = v.k_s.batch = v.v_s.batch = v.o_s.batch = 0;
+                    v.b = (int64_t)cu.size() - 1;
+                    v.sq = v.sk = longest;
+                    v.total_q = v.total_k = kBenchTokens;
+                    v.lse_batch = 0;
+                    v.lse_head = kBenchTokens;
+                    v.cu_seqlens_q = v.cu_seqlens_k = cu_dev;
+                    const double t = time_fwd(&v) * 1e-3;
+                    v.cu_seqlens_q = v.cu_seqlens_k = cu.data();
+                    tflops[1 + mixed] = 4.0 * v.h * band_pairs(&v) * d / t * 1e-12;
+                    CUDA_CHECK(cudaFree(cu_dev));
+                }
+                printf("%-5d %-6d %-7s %-8.1f %-8.1f %.1f\n", d, s, causal ? "yes" : "no", tflops[0], tflops[1],
+                       tflops[2]);
+            }
+    bench_free(&bb);
+}
+
 int main(int argc, char **argv)
 {
-    if (argc < 2 || (strcmp(argv[1], "check") && strcmp(argv[1], "bench") && strcmp(argv[1], "variants"))) {
-        fprintf(stderr, "usage: %s check [bf16|fp16|fp32|fp64] | bench [head dim] | variants [head dim]\n", argv[0]);
+    if (argc < 2 || (strcmp(argv[1], "check") && strcmp(argv[1], "bench") && strcmp(argv[1], "variants") &&
+                     strcmp(argv[1], "varlen-bench"))) {
+        fprintf(stderr, "usage: %s check [bf16|fp16|fp32|fp64] | bench [head dim] | variants [head dim] | "
+                        "varlen-bench [head dim]\n", argv[0]);
         return 2;
+    }
+    if (!strcmp(argv[1], "varlen-bench")) {
+        run_varlen_bench(argc > 2 ? atoi(argv[2]) : 0);
+        return 0;
     }
     if (!strcmp(argv[1], "bench")) {
         run_bench(argc > 2 ? atoi(argv[2]) : 0);

@@ -1,11 +1,11 @@
 /* simple_check.cu: torch-free check of the fp32 / fp64 CUDA-core kernels (fwd_simple.cu, bwd_simple.cu,
- * dropout_mask.cu) with every variant of issue 10, against a naive double reference on the host.
+ * dropout_mask.cu) with every variant of issue 10, against the double reference dev/attn_ref.h.
  *
  * Build: nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Icsrc dev/simple_check.cu \
  *            csrc/cuda/fwd_simple.cu csrc/cuda/bwd_simple.cu csrc/cuda/dropout_mask.cu -o /tmp/simple_check
  * Run:   /tmp/simple_check        every case in fp64 and fp32; exit 1 on any failure
- *        /tmp/simple_check fd     only the host self-check: the reference's gradients against central
- *                                 finite differences of the reference forward (no GPU needed)
+ *        /tmp/simple_check fd     only the host self-check: attn_ref.h's gradients against central
+ *                                 finite differences of its forward (no GPU needed)
  * Checked per case: out, lse, dq, dk, dv, dbias (max abs error / max(1, max |ref|)), padding of the
  * strided outputs untouched (NaN poison), the dropout keep mask against mask.h on the host.
  */
@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "attn_ref.h"
 #include "cuda/launch.h"
 #include "flash.h"
 #include "mask.h"
@@ -70,6 +71,7 @@ struct problem {
     flash_params p;                 /* host pointers replaced by device ones before the launch */
     std::vector<double> q, k, v, dout; /* (b, s, h, d) logical, contiguous */
     std::vector<double> mask;       /* (b, hm, sq, sk + kPad), hm = 1 when broadcast; bool as 0/1 */
+    std::vector<double> mask_ref;   /* (b, h, sq, sk) additive, -inf where hidden (attn_ref.h's form) */
     std::vector<uint8_t> blocks;    /* (b, hm, ceil(sq / 16), ceil(sk / 16)) */
     std::vector<float> slopes;      /* (b or 1, h) */
     std::vector<double> sink;       /* (h) */
@@ -94,20 +96,19 @@ static problem make_problem(const tcase &c, flash_dtype dt)
     p.scale = 1.0 / sqrt((double)c.d);
     p.scale_log2 = (float)(p.scale * FLASH_LOG2E);
     p.dtype = dt;
+    p.lse_batch = (int64_t)c.h * c.sq;
+    p.lse_head = c.sq;
     const int64_t sq = c.sq, sk = c.sk;
-    int64_t lo = -sq, hi = sk;
-    if (c.geom == G_CAUSAL_BR)
-        hi = sk - sq;
-    if (c.geom == G_CAUSAL_TL)
-        hi = 0;
+    /* the binding's band: causal band_right 0, window (left, right), -1 unbounded, bottom-right aligned
+     * except G_CAUSAL_TL */
+    p.band_left = p.band_right = -1;
+    p.band_bottom_right = c.geom != G_CAUSAL_TL;
+    if (c.geom == G_CAUSAL_BR || c.geom == G_CAUSAL_TL)
+        p.band_right = 0;
     if (c.geom == G_WINDOW) {
-        if (c.left >= 0)
-            lo = sk - sq - c.left;
-        if (c.right >= 0)
-            hi = sk - sq + c.right;
+        p.band_left = c.left;
+        p.band_right = c.right;
     }
-    p.diag_lo = std::max(lo, -sq);
-    p.diag_hi = std::min(hi, sk);
     auto fill = [](std::vector<double> &x, size_t n) {
         x.resize(n);
         for (auto &e : x)
@@ -127,7 +128,6 @@ static problem make_problem(const tcase &c, flash_dtype dt)
         for (auto &s : pr.slopes)
             s = (float)(0.05 + 0.3 * urand());
         p.alibi_batch_stride = c.alibi == 2 ? c.h : 0;
-        p.alibi_offset = sk - sq;
     }
     pr.hm = c.mask_bcast ? 1 : c.h;
     if (c.mask != M_NONE) {
@@ -173,6 +173,15 @@ static problem make_problem(const tcase &c, flash_dtype dt)
                                                nbc * (i / FLASH_MASK_BLOCK) + j / FLASH_MASK_BLOCK];
                         f |= (vis ? FLASH_MASK_ANY_VISIBLE : 0) | (plain ? 0 : FLASH_MASK_ANY_MASKED);
                     }
+        pr.mask_ref.resize((size_t)c.b * c.h * sq * sk);
+        for (int bi = 0; bi < c.b; ++bi)
+            for (int hq = 0; hq < c.h; ++hq)
+                for (int64_t i = 0; i < sq; ++i)
+                    for (int64_t j = 0; j < sk; ++j) {
+                        const double val = pr.mask[p.mask_s.batch * bi + p.mask_s.head * hq + p.mask_s.row * i + j];
+                        pr.mask_ref[(((size_t)bi * c.h + hq) * sq + i) * sk + j] =
+                            c.mask == M_BOOL ? (val != 0.0 ? 0.0 : -INFINITY) : val;
+                    }
     }
     if (c.dropout > 0) {
         p.dropout_threshold = (uint32_t)llround(c.dropout * FLASH_DROPOUT_ONE);
@@ -189,117 +198,48 @@ static problem make_problem(const tcase &c, flash_dtype dt)
     return pr;
 }
 
-/* ---- double reference ------------------------------------------------------------------------- */
+/* ---- double reference (dev/attn_ref.h) ---------------------------------------------------------- */
 
 struct result {
     std::vector<double> o, lse, dq, dk, dv, dbias;
 };
 
-/* The score of (b, hq, i, j) and its softcapped part; -inf when hidden (band or mask). */
-static double ref_score(const problem &pr, const std::vector<double> &q, const std::vector<double> &k,
-                        const std::vector<double> &mask, int bi, int hq, int i, int j, double *capped)
-{
-    const tcase &c = pr.c;
-    const flash_params &p = pr.p;
-    const int64_t t = (int64_t)j - i;
-    if (t < p.diag_lo || t > p.diag_hi)
-        return -INFINITY;
-    const int hk = hq / (c.h / c.hkv);
-    double acc = 0;
-    for (int x = 0; x < c.d; ++x)
-        acc += q[li(c.sq, c.h, c.d, bi, i, hq, x)] * k[li(c.sk, c.hkv, c.d, bi, j, hk, x)];
-    double s = acc * p.scale;
-    if (c.softcap > 0)
-        s = (double)c.softcap * tanh(s / (double)c.softcap);
-    *capped = s;
-    if (c.alibi)
-        s -= (double)pr.slopes[p.alibi_batch_stride * bi + hq] * fabs((double)j - i - (double)(c.sk - c.sq));
-    if (c.mask == M_BOOL && mask[p.mask_s.batch * bi + p.mask_s.head * hq + p.mask_s.row * i + j] == 0.0)
-        return -INFINITY;
-    if (c.mask == M_ADD)
-        s += mask[p.mask_s.batch * bi + p.mask_s.head * hq + p.mask_s.row * i + j];
-    return s;
-}
-
+/* out, lse and the gradients of sum(out * dout) from attn_ref.h; mask_ref: (b, h, sq, sk) additive or
+ * empty. */
 static result reference(const problem &pr, const std::vector<double> &q, const std::vector<double> &k,
-                        const std::vector<double> &v, const std::vector<double> &mask)
+                        const std::vector<double> &v, const std::vector<double> &mask_ref)
 {
     const tcase &c = pr.c;
-    const flash_params &p = pr.p;
-    const int b = c.b, h = c.h, hkv = c.hkv, sq = c.sq, sk = c.sk, d = c.d, hpk = h / hkv;
+    flash_params p = pr.p; /* attn_ref.h reads the host slopes through mask.h */
+    p.alibi_slopes = pr.slopes.empty() ? NULL : pr.slopes.data();
+    const double *mask = mask_ref.empty() ? NULL : mask_ref.data();
+    const double *sink = pr.sink.empty() ? NULL : pr.sink.data();
     result r;
-    r.o.assign((size_t)b * sq * h * d, 0.0);
-    r.lse.assign((size_t)b * h * sq, -INFINITY);
-    r.dq.assign((size_t)b * sq * h * d, 0.0);
-    r.dk.assign((size_t)b * sk * hkv * d, 0.0);
-    r.dv.assign((size_t)b * sk * hkv * d, 0.0);
-    r.dbias.assign((size_t)b * h * sq * sk, 0.0);
-    std::vector<double> s(sk), cap(sk), P(sk), z(sk);
-    for (int bi = 0; bi < b; ++bi)
-        for (int hq = 0; hq < h; ++hq) {
-            const int hk = hq / hpk;
-            const double sink = c.sink ? pr.sink[hq] : -INFINITY;
-            for (int i = 0; i < sq; ++i) {
-                double m = sink;
-                for (int j = 0; j < sk; ++j) {
-                    s[j] = ref_score(pr, q, k, mask, bi, hq, i, j, &cap[j]);
-                    m = std::max(m, s[j]);
-                    z[j] = flash_dropout_keep(&p, (int64_t)bi * h + hq, i, j) ? (p.dropout_threshold ? p.dropout_scale : 1.0) : 0.0;
-                }
-                bool any = false;
-                for (int j = 0; j < sk; ++j)
-                    any |= s[j] != -INFINITY;
-                double *lse = &r.lse[((int64_t)bi * h + hq) * sq + i];
-                if (!any) {
-                    *lse = sink;
-                    continue; /* out 0, no gradient */
-                }
-                double sum = c.sink ? exp(sink - m) : 0.0;
-                for (int j = 0; j < sk; ++j)
-                    sum += s[j] == -INFINITY ? 0.0 : exp(s[j] - m);
-                *lse = m + log(sum);
-                double *o = &r.o[li(sq, h, d, bi, i, hq, 0)];
-                for (int j = 0; j < sk; ++j) {
-                    P[j] = s[j] == -INFINITY ? 0.0 : exp(s[j] - *lse);
-                    for (int x = 0; x < d; ++x)
-                        o[x] += P[j] * z[j] * v[li(sk, hkv, d, bi, j, hk, x)];
-                }
-                const double *dO = &pr.dout[li(sq, h, d, bi, i, hq, 0)];
-                double delta = 0;
-                for (int x = 0; x < d; ++x)
-                    delta += dO[x] * o[x];
-                for (int j = 0; j < sk; ++j) {
-                    if (P[j] == 0.0)
-                        continue;
-                    double dp = 0;
-                    for (int x = 0; x < d; ++x)
-                        dp += dO[x] * v[li(sk, hkv, d, bi, j, hk, x)];
-                    const double ds = P[j] * (dp * z[j] - delta);
-                    r.dbias[(((int64_t)bi * h + hq) * sq + i) * sk + j] = ds;
-                    const double dsc = c.softcap > 0 ? ds * (1.0 - (cap[j] / c.softcap) * (cap[j] / c.softcap)) : ds;
-                    for (int x = 0; x < d; ++x) {
-                        r.dq[li(sq, h, d, bi, i, hq, x)] += p.scale * dsc * k[li(sk, hkv, d, bi, j, hk, x)];
-                        r.dk[li(sk, hkv, d, bi, j, hk, x)] += p.scale * dsc * q[li(sq, h, d, bi, i, hq, x)];
-                        r.dv[li(sk, hkv, d, bi, j, hk, x)] += P[j] * z[j] * dO[x];
-                    }
-                }
-            }
-        }
+    r.o.resize((size_t)c.b * c.sq * c.h * c.d);
+    r.lse.resize((size_t)c.b * c.h * c.sq);
+    r.dq.resize((size_t)c.b * c.sq * c.h * c.d);
+    r.dk.resize((size_t)c.b * c.sk * c.hkv * c.d);
+    r.dv.resize((size_t)c.b * c.sk * c.hkv * c.d);
+    r.dbias.resize((size_t)c.b * c.h * c.sq * c.sk);
+    ref_forward(&p, q.data(), k.data(), v.data(), mask, sink, r.o.data(), r.lse.data());
+    ref_backward(&p, q.data(), k.data(), v.data(), mask, sink, pr.dout.data(), r.dq.data(), r.dk.data(),
+                 r.dv.data(), r.dbias.data(), NULL);
     return r;
 }
 
-/* Finite differences of L = sum(out * dout) through the reference forward against its gradients. */
+/* Finite differences of L = sum(out * dout) through the reference forward against its gradients (the
+ * additive mask's: dbias). */
 static int fd_check(void)
 {
     tcase c = {"fd", 1, 2, 1, 5, 7, 3, G_WINDOW, 4, 1, 1.5f, 2, M_ADD, 0, 0.3, 1, 1};
     problem pr = make_problem<double>(c, FLASH_FP64);
     for (auto &e : pr.q)
         e *= 0.5;
-    for (auto &e : pr.mask)
+    for (auto &e : pr.mask_ref)
         if (e != -INFINITY)
             e = 0.3 * srand1();
-    pr.mask[pr.p.mask_s.row * 2 + 3] = -INFINITY;
-    const result r = reference(pr, pr.q, pr.k, pr.v, pr.mask);
+    pr.mask_ref[2 * c.sk + 3] = -INFINITY; /* (head 0, row 2, key 3) */
+    const result r = reference(pr, pr.q, pr.k, pr.v, pr.mask_ref);
     auto loss = [&](const std::vector<double> &q, const std::vector<double> &k, const std::vector<double> &v,
                     const std::vector<double> &mask) {
         const result x = reference(pr, q, k, v, mask);
@@ -315,7 +255,7 @@ static int fd_check(void)
             if (x[t] == -INFINITY)
                 continue;
             const double x0 = x[t];
-            std::vector<double> qq = pr.q, kk = pr.k, vv = pr.v, mm = pr.mask;
+            std::vector<double> qq = pr.q, kk = pr.k, vv = pr.v, mm = pr.mask_ref;
             std::vector<double> *tgt[4] = {&qq, &kk, &vv, &mm};
             (*tgt[which])[t] = x0 + eps;
             const double lp = loss(qq, kk, vv, mm);
@@ -327,13 +267,7 @@ static int fd_check(void)
     probe(pr.q, r.dq, 0);
     probe(pr.k, r.dk, 1);
     probe(pr.v, r.dv, 2);
-    /* dbias indexes (b, h, sq, sk); the mask here is (1, h, sq, sk + kPad) */
-    std::vector<double> gm(pr.mask.size(), 0.0);
-    for (int hq = 0; hq < c.h; ++hq)
-        for (int i = 0; i < c.sq; ++i)
-            for (int j = 0; j < c.sk; ++j)
-                gm[pr.p.mask_s.head * hq + pr.p.mask_s.row * i + j] = r.dbias[((int64_t)hq * c.sq + i) * c.sk + j];
-    probe(pr.mask, gm, 3);
+    probe(pr.mask_ref, r.dbias, 3); /* both (b, h, sq, sk) */
     printf("%s reference gradients vs finite differences: max abs error %.2e\n", worst < kTolFd ? "PASS" : "FAIL", worst);
     return worst < kTolFd;
 }
@@ -414,7 +348,7 @@ template <typename T>
 static int run_case(const tcase &c, flash_dtype dt, const char *tname)
 {
     problem pr = make_problem<T>(c, dt);
-    const result ref = reference(pr, pr.q, pr.k, pr.v, pr.mask);
+    const result ref = reference(pr, pr.q, pr.k, pr.v, pr.mask_ref);
     flash_params p = pr.p;
     const int b = c.b, h = c.h, hkv = c.hkv, sq = c.sq, sk = c.sk, d = c.d;
     T *q = upload_rows<T>(pr.q, b, sq, h, d, &p.q_s, false);
