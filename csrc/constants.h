@@ -9,5 +9,7 @@
 #define FLASH_CUDA_MAX_HEAD_DIM 256
 /* rows and columns of one block of the attn_mask block flags (mask.h) */
 #define FLASH_MASK_BLOCK 16
+/* page sizes of a paged KV cache (flash_params.block_table) are multiples of this many rows */
+#define FLASH_PAGE_MULTIPLE 16
 
 #endif

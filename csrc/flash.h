@@ -89,7 +89,14 @@ typedef struct flash_params {
                                    * k / v (flash_attn_with_kvcache's cache_batch_idx) */
     const int32_t *k_leftpad;     /* (b) or NULL, dense only: sequence s's keys are rows [k_leftpad[s],
                                    * seqused_k[s] or sk) (cache_leftpad) */
-    int64_t k_batches;            /* batch size of k / v (k_batch_idx entries are clamped to it) */
+    int64_t k_batches;            /* batch size of k / v (k_batch_idx entries are clamped to it);
+                                   * with a block_table: the number of pages */
+    const int32_t *block_table;   /* (b, block_table_stride) or NULL, dense only (paged KV cache):
+                                   * k / v are (pages, page_size, h_kv, d) and key row r of sequence s
+                                   * is row r % page_size of page block_table[s, r / page_size]; read
+                                   * through flash_key_offset (mask.h) alone */
+    int64_t block_table_stride;   /* entries per sequence (the table's second dimension) */
+    int64_t page_size;            /* rows per page, a multiple of FLASH_PAGE_MULTIPLE (constants.h) */
     int64_t total_q, total_k;     /* rows of q and k (varlen); contents of the index tensors are
                                    * clamped to them, so bad offsets never address outside */
 

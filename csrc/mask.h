@@ -114,6 +114,22 @@ FLASH_HD int64_t flash_kaccum_row(const flash_params *p, const flash_seq *s, int
     return (p->cu_seqlens_q ? 0 : b * p->sk) + s->k_row0 + j;
 }
 
+/* Element offset of key j (0 <= j < s->sk) of sequence s in k or v (dk / dv) with those batch and
+ * row strides: row k_row0 + j of batch k_batch, or, with a block_table, of its page (entries
+ * clamped to the table and the pages). */
+FLASH_HD int64_t flash_key_offset(const flash_params *p, const flash_seq *s, int64_t batch_stride,
+                                  int64_t row_stride, int64_t j)
+{
+    const int64_t r = s->k_row0 + j;
+    if (p->block_table) {
+        const int64_t slot = flash_min64(r / p->page_size, p->block_table_stride - 1);
+        const int64_t page = flash_clamp64(p->block_table[s->k_batch * p->block_table_stride + slot], 0,
+                                           p->k_batches - 1);
+        return page * batch_stride + (r % p->page_size) * row_stride;
+    }
+    return s->k_batch * batch_stride + r * row_stride;
+}
+
 /* Per-element test. */
 FLASH_HD int flash_visible(const flash_seq *s, int64_t i, int64_t j)
 {
