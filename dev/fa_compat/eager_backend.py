@@ -1,8 +1,8 @@
 """flashattn_ext.flash_attn_func's and flash_attn_varlen_func's contracts (and the packed forms) written
 in plain torch (float32 math, autograd for the gradients), to check the adapter on its own:
 FA_BACKEND=eager dev/run_fa_tests.sh ... runs flash-attn's tests against this instead of flashattn_ext's
-kernels. A failure then is the adapter's
-(or a case that flash-attn's test itself cannot pass), not a kernel's.
+kernels. A failure then is the adapter's (or a case that flash-attn's test itself cannot pass), not a
+kernel's.
 
 Dropout here draws its keep-mask with torch.rand, not flashattn_ext's Philox stream: flash-attn's
 tests read the mask back from S_dmask, so any mask with the right keep probability serves.
