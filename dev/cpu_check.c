@@ -2,8 +2,9 @@
  * gradient formed from its lse and delta) in fp32 and fp64 against the naive double-precision
  * reference dev/attn_ref.h, dense and with every variant (band, softcap, ALiBi, bool / additive
  * attn_mask with broadcast strides, dropout, sinks) alone and in pairs; checks
- * flash_dropout_mask_cpu; checks variable-length batches (cu_seqlens, seqused_k) sequence by sequence
- * against the reference run on each sequence alone; then (with the argument "bench") times it.
+ * flash_dropout_mask_cpu; checks variable-length batches (cu_seqlens, seqused_k) and KV caches
+ * (seqused_k, k_batch_idx, k_leftpad, paged with block_table) sequence by sequence against the
+ * reference run on each sequence alone; then (with the argument "bench") times it.
  *
  *   gcc -std=c11 -O2 -fopenmp -Icsrc dev/cpu_check.c csrc/cpu/flash_cpu.c -lm -o /tmp/cpu_check
  *   /tmp/cpu_check            # all checks; exit status 1 on any failure
@@ -944,6 +945,280 @@ static int varlen_cases(varlen_config *cases)
     return n;
 }
 
+/* ---------------------------------------------------------------------------------------------- */
+/* KV caches: seqused_k, k_batch_idx, k_leftpad, block_table (flash_attn_with_kvcache)            */
+/* ---------------------------------------------------------------------------------------------- */
+
+#define KV_MAX_BATCH 6
+#define KV_RANDOM_CASES 24
+#define KV_MAX_PAGE_UNITS 8   /* random page sizes: 1 .. 8 times FLASH_PAGE_MULTIPLE */
+#define KV_MAX_CACHE 300      /* longest random cache */
+#define KV_SPARE_PAGES 5      /* pages that no table entry names */
+
+/* A dense batch of b sequences of sq queries reading a KV cache. Dense cache: (k_batches, cache_len,
+ * h_kv, d), sequence s reading batch batch_idx[s] (has_batch_idx; else s). Paged (page_size > 0):
+ * (pages, page_size, h_kv, d) and a (b, max_pages) table of distinct random pages, cache_len =
+ * max_pages * page_size. Sequence s's keys are cache rows [leftpad[s], used[s]) (has_leftpad,
+ * has_used; else from 0, to cache_len). strided: buffers (batch, heads, rows, d). */
+typedef struct kv_config {
+    int64_t b, h, h_kv, d, sq, cache_len, page_size, k_batches;
+    int has_batch_idx, has_leftpad, has_used, strided;
+    int64_t used[KV_MAX_BATCH], leftpad[KV_MAX_BATCH];
+    enum causal causal;
+    variant v;
+} kv_config;
+
+/* A (n, rows, heads, d) buffer of the kernel's type, NaN until written. */
+static tensor cache_init(int64_t n, int64_t rows, int64_t heads, int64_t d, int strided, flash_dtype dt)
+{
+    tensor t = {n, rows, heads, d, n * rows * heads * d, NULL, {0, 0, 0}};
+    t.data = typed_alloc(t.n, dt, NAN);
+    t.st = strided ? (flash_strides){heads * rows * d, d, rows * d} : (flash_strides){rows * heads * d, heads * d, d};
+    return t;
+}
+
+static int64_t random_below(int64_t n) /* uniform in [0, n), n >= 1 */
+{
+    const int64_t x = (int64_t)((uniform() + 1) / 2 * (double)n);
+    return x < n ? x : n - 1;
+}
+
+/* Element offset of key row r (a row of the cache as sequence s sees it, 0 <= r < cache_len) of kv
+ * head hk: computed here from the config, independently of mask.h. */
+static int64_t kv_row_offset(const kv_config *c, const tensor *t, const int32_t *table, const int32_t *batch_idx,
+                             int64_t max_pages, int64_t s, int64_t r, int64_t hk)
+{
+    if (c->page_size > 0)
+        return at(t, table[s * max_pages + r / c->page_size], r % c->page_size, hk);
+    return at(t, c->has_batch_idx ? batch_idx[s] : s, r, hk);
+}
+
+/* Key rows [r0, r0 + n) of sequence s as contiguous (n, h_kv, d) doubles. */
+static double *kv_rows(const kv_config *c, const tensor *t, flash_dtype dt, const int32_t *table,
+                       const int32_t *batch_idx, int64_t max_pages, int64_t s, int64_t r0, int64_t n)
+{
+    double *out = malloc((size_t)(n * c->h_kv * c->d + 1) * sizeof(double));
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t hk = 0; hk < c->h_kv; hk++)
+            for (int64_t x = 0; x < c->d; x++)
+                out[(r * c->h_kv + hk) * c->d + x] =
+                    get(t->data, dt, kv_row_offset(c, t, table, batch_idx, max_pages, s, r0 + r, hk) + x);
+    return out;
+}
+
+/* Runs flash_fwd_cpu / flash_bwd_cpu on the KV-cache batch and checks each sequence against attn_ref.h
+ * on its gathered keys alone (a dense batch of one); checks that the cache rows no sequence uses keep
+ * NaN in dk / dv (never written). */
+static int run_kv_case(const kv_config *c, flash_dtype dt)
+{
+    const double scale = 1 / sqrt((double)c->d);
+    const variant *var = &c->v;
+    const int paged = c->page_size > 0;
+    const int64_t max_pages = paged ? c->cache_len / c->page_size : 0;
+    const int64_t n_pages = c->b * max_pages + KV_SPARE_PAGES;
+    const int64_t nb = paged ? n_pages : c->k_batches, rows = paged ? c->page_size : c->cache_len;
+    const int64_t h = c->h, hk = c->h_kv, d = c->d;
+    int32_t table[KV_MAX_BATCH * (KV_MAX_CACHE / FLASH_PAGE_MULTIPLE + 2)], batch_idx[KV_MAX_BATCH];
+    int32_t used[KV_MAX_BATCH], leftpad[KV_MAX_BATCH];
+    int32_t *perm = malloc((size_t)(n_pages > c->k_batches ? n_pages : c->k_batches) * sizeof(int32_t));
+    const int64_t n_perm = paged ? n_pages : c->k_batches;
+    for (int64_t e = 0; e < n_perm; e++)
+        perm[e] = (int32_t)e;
+    for (int64_t e = n_perm - 1; e > 0; e--) { /* Fisher-Yates: distinct pages / cache rows */
+        const int64_t o = random_below(e + 1);
+        const int32_t tmp = perm[e];
+        perm[e] = perm[o], perm[o] = tmp;
+    }
+    for (int64_t e = 0; e < c->b * max_pages; e++)
+        table[e] = perm[e];
+    for (int64_t s = 0; s < c->b; s++) {
+        batch_idx[s] = perm[s];
+        used[s] = (int32_t)(c->has_used ? c->used[s] : c->cache_len);
+        leftpad[s] = (int32_t)(c->has_leftpad ? c->leftpad[s] : 0);
+    }
+    free(perm);
+    tensor q = cache_init(c->b, c->sq, h, d, c->strided, dt), dout = cache_init(c->b, c->sq, h, d, c->strided, dt);
+    tensor o = cache_init(c->b, c->sq, h, d, c->strided, dt), dq = cache_init(c->b, c->sq, h, d, c->strided, dt);
+    tensor k = cache_init(nb, rows, hk, d, c->strided, dt), v = cache_init(nb, rows, hk, d, c->strided, dt);
+    tensor dk = cache_init(nb, rows, hk, d, c->strided, dt), dv = cache_init(nb, rows, hk, d, c->strided, dt);
+    tensor *inputs[4] = {&q, &k, &v, &dout};
+    for (int w = 0; w < 4; w++)
+        for (int64_t bi = 0; bi < inputs[w]->b; bi++)
+            for (int64_t r = 0; r < inputs[w]->s; r++)
+                for (int64_t hi = 0; hi < inputs[w]->heads; hi++)
+                    for (int64_t x = 0; x < d; x++)
+                        set(inputs[w]->data, dt, at(inputs[w], bi, r, hi) + x, 2 * uniform());
+    const int64_t n_rows = c->b * h * c->sq;
+    void *lse = typed_alloc(n_rows, dt, NAN), *delta = typed_alloc(n_rows, dt, NAN);
+    flash_params p = {
+        .q = q.data, .k = k.data, .v = v.data, .o = o.data, .lse = lse, .dout = dout.data,
+        .dq = dq.data, .dk = dk.data, .dv = dv.data, .delta = delta,
+        .q_s = q.st, .k_s = k.st, .v_s = v.st, .o_s = o.st, .do_s = dout.st, .dq_s = dq.st,
+        .dk_s = dk.st, .dv_s = dv.st, .b = c->b, .h = h, .h_kv = hk, .sq = c->sq, .sk = c->cache_len, .d = d,
+        .h_per_kv = h / hk, .scale = scale, .dtype = dt, .lse_batch = h * c->sq, .lse_head = c->sq,
+        .seqused_k = c->has_used ? used : NULL, .k_leftpad = c->has_leftpad ? leftpad : NULL,
+        .k_batch_idx = c->has_batch_idx ? batch_idx : NULL, .k_batches = nb,
+        .block_table = paged ? table : NULL, .block_table_stride = max_pages, .page_size = c->page_size,
+    };
+    set_band(&p, c->causal, var);
+    float slopes[KV_MAX_BATCH * 8];
+    for (int64_t e = 0; e < c->b * h; e++)
+        slopes[e] = (float)(0.55 + 0.45 * uniform());
+    if (var->alibi) {
+        p.alibi_slopes = slopes;
+        p.alibi_batch_stride = var->alibi == ALIBI_PER_BATCH ? h : 0;
+    }
+    p.softcap = var->softcap;
+    void *sink = typed_alloc(h, dt, 0);
+    double *sink_ref = malloc((size_t)h * sizeof(double));
+    for (int64_t hi = 0; hi < h; hi++)
+        sink_ref[hi] = set(sink, dt, hi, 0.5 + 1.5 * uniform());
+    if (var->sink)
+        p.sink = sink;
+    p.has_hook = p.softcap > 0 || p.alibi_slopes;
+
+    int fail = flash_fwd_cpu(&p) != FLASH_CPU_OK || flash_bwd_cpu(&p) != FLASH_CPU_OK;
+
+    double err[5] = {0}, parts[5][2] = {{0}};
+    int ok[5] = {1, 1, 1, 1, 1};
+    const int64_t q_elems = c->sq * h * d;
+    for (int64_t s = 0; s < c->b; s++) {
+        const int64_t end = flash_clamp64(used[s], 0, c->cache_len), k0 = flash_clamp64(leftpad[s], 0, end);
+        const int64_t sk = end - k0;
+        flash_params r = {.b = 1, .h = h, .h_kv = hk, .sq = c->sq, .sk = sk, .d = d, .scale = scale,
+                          .band_left = p.band_left, .band_right = p.band_right,
+                          .band_bottom_right = p.band_bottom_right, .softcap = p.softcap};
+        if (var->alibi)
+            r.alibi_slopes = slopes + s * p.alibi_batch_stride;
+        tensor qs = q, ds = dout, os = o, dqs = dq;
+        qs.b = ds.b = os.b = dqs.b = 1;
+        qs.n = ds.n = os.n = dqs.n = q_elems;
+        qs.data = (char *)q.data + (size_t)(s * q.st.batch) * esize(dt);
+        ds.data = (char *)dout.data + (size_t)(s * dout.st.batch) * esize(dt);
+        os.data = (char *)o.data + (size_t)(s * o.st.batch) * esize(dt);
+        dqs.data = (char *)dq.data + (size_t)(s * dq.st.batch) * esize(dt);
+        double *qr = contiguous(&qs, dt), *dor = contiguous(&ds, dt), *og = contiguous(&os, dt);
+        double *dqg = contiguous(&dqs, dt);
+        double *kr = kv_rows(c, &k, dt, table, batch_idx, max_pages, s, k0, sk);
+        double *vr = kv_rows(c, &v, dt, table, batch_idx, max_pages, s, k0, sk);
+        double *dkg = kv_rows(c, &dk, dt, table, batch_idx, max_pages, s, k0, sk);
+        double *dvg = kv_rows(c, &dv, dt, table, batch_idx, max_pages, s, k0, sk);
+        double *o_ref = malloc((size_t)q_elems * sizeof(double)), *dq_ref = malloc((size_t)q_elems * sizeof(double));
+        double *dk_ref = malloc((size_t)(sk * hk * d + 1) * sizeof(double));
+        double *dv_ref = malloc((size_t)(sk * hk * d + 1) * sizeof(double));
+        double *lse_ref = malloc((size_t)(h * c->sq) * sizeof(double)), *lseg = malloc((size_t)(h * c->sq) * sizeof(double));
+        const double *sink_arg = var->sink ? sink_ref : NULL;
+        ref_forward(&r, qr, kr, vr, NULL, sink_arg, o_ref, lse_ref);
+        ref_backward(&r, qr, kr, vr, NULL, sink_arg, dor, dq_ref, dk_ref, dv_ref, NULL, NULL);
+        for (int64_t e = 0; e < h * c->sq; e++)
+            lseg[e] = get(lse, dt, s * h * c->sq + e);
+        ok[0] &= accumulate_err(og, o_ref, q_elems, parts[0]);
+        ok[1] &= accumulate_err(lseg, lse_ref, h * c->sq, parts[1]);
+        ok[2] &= accumulate_err(dqg, dq_ref, q_elems, parts[2]);
+        ok[3] &= accumulate_err(dkg, dk_ref, sk * hk * d, parts[3]);
+        ok[4] &= accumulate_err(dvg, dv_ref, sk * hk * d, parts[4]);
+        /* rows of the cache outside [k0, end): never written */
+        double *before = kv_rows(c, &dk, dt, table, batch_idx, max_pages, s, 0, k0);
+        double *after = kv_rows(c, &dv, dt, table, batch_idx, max_pages, s, end, c->cache_len - end);
+        for (int64_t e = 0; e < k0 * hk * d; e++)
+            fail |= !isnan(before[e]);
+        for (int64_t e = 0; e < (c->cache_len - end) * hk * d; e++)
+            fail |= !isnan(after[e]);
+        double *all[] = {qr, dor, og, dqg, kr, vr, dkg, dvg, o_ref, dq_ref, dk_ref, dv_ref, lse_ref, lseg, before, after};
+        for (size_t e = 0; e < sizeof all / sizeof *all; e++)
+            free(all[e]);
+    }
+    for (int e = 0; e < 5; e++)
+        err[e] = err_of(parts[e], ok[e]);
+    const double tol = dt == FLASH_FP32 ? TOL_FP32 : TOL_FP64;
+    double worst = 0;
+    for (int e = 0; e < 5; e++)
+        worst = fmax(worst, err[e]);
+    fail |= !(worst <= tol);
+
+    char name[160], lens[2][96], layout[64];
+    config named = {0};
+    named.causal = c->causal, named.v = *var;
+    variant_name(&named, name, sizeof name);
+    int64_t show[KV_MAX_BATCH];
+    for (int64_t s = 0; s < c->b; s++)
+        show[s] = used[s];
+    print_lengths(lens[0], sizeof lens[0], "used", show, c->b);
+    lens[1][0] = '\0';
+    if (c->has_leftpad) {
+        for (int64_t s = 0; s < c->b; s++)
+            show[s] = leftpad[s];
+        print_lengths(lens[1], sizeof lens[1], "leftpad", show, c->b);
+    }
+    if (paged)
+        snprintf(layout, sizeof layout, "paged %lld x %lld", (long long)n_pages, (long long)c->page_size);
+    else
+        snprintf(layout, sizeof layout, "cache %lld x %lld%s", (long long)nb, (long long)c->cache_len,
+                 c->has_batch_idx ? " batch_idx" : "");
+    printf("%s %s kvcache b%lld h%lld/%lld d%lld sq%lld %s %s%s%s%s: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n",
+           fail ? "FAIL" : "ok  ", dt == FLASH_FP32 ? "fp32" : "fp64", (long long)c->b, (long long)h, (long long)hk,
+           (long long)d, (long long)c->sq, layout, lens[0], lens[1], c->strided ? "strided " : "", name, err[0],
+           err[1], err[2], err[3], err[4]);
+
+    tensor *bufs[8] = {&q, &k, &v, &dout, &o, &dq, &dk, &dv};
+    for (int w = 0; w < 8; w++)
+        free(bufs[w]->data);
+    free(lse);
+    free(delta);
+    free(sink);
+    free(sink_ref);
+    return fail;
+}
+
+/* KV-cache cases: dense caches with seqused_k (0 and full included), k_batch_idx into a larger cache,
+ * k_leftpad; paged caches with random page sizes (multiples of FLASH_PAGE_MULTIPLE) and random tables,
+ * with leftpad too; decode (sq 1) and chunked prefill (sq > 1) with causal / window / softcap / ALiBi /
+ * sinks, GQA, strided buffers. */
+static int kv_cases(kv_config *cases)
+{
+    static const variant variants[] = {
+        {UNBOUNDED, UNBOUNDED, 0, ALIBI_NONE, MASK_NONE, 0, 0, 0},
+        {UNBOUNDED, UNBOUNDED, 0, ALIBI_NONE, MASK_NONE, 0, 0, 1},
+        {40, UNBOUNDED, 0, ALIBI_NONE, MASK_NONE, 0, 0, 0},
+        {17, 5, 0, ALIBI_NONE, MASK_NONE, 0, 0, 0},
+        {UNBOUNDED, UNBOUNDED, 2.5f, ALIBI_PER_HEAD, MASK_NONE, 0, 0, 0},
+        {UNBOUNDED, UNBOUNDED, 0, ALIBI_PER_BATCH, MASK_NONE, 0, 0, 1},
+        {30, UNBOUNDED, 1.5f, ALIBI_PER_BATCH, MASK_NONE, 0, 0, 1},
+    };
+    static const int64_t sqs[] = {1, 1, 3, 64, 130};
+    static const int64_t dims[] = {64, 64, 32, 80, 3};
+    const int n_variants = (int)(sizeof variants / sizeof *variants);
+    int n = 0;
+    for (int r = 0; r < KV_RANDOM_CASES; r++) {
+        kv_config c = {0};
+        c.b = 1 + random_below(KV_MAX_BATCH);
+        c.h = 4, c.h_kv = r % 3 == 0 ? 4 : r % 3 == 1 ? 2 : 1;
+        c.d = dims[r % 5];
+        c.sq = sqs[(r / 2) % 5];
+        c.causal = r % 4 == 3 ? NONCAUSAL : CAUSAL_BOTTOM_RIGHT;
+        c.v = variants[r % n_variants];
+        c.strided = r % 5 == 4;
+        if (r % 2) { /* paged */
+            c.page_size = FLASH_PAGE_MULTIPLE * (1 + random_below(KV_MAX_PAGE_UNITS));
+            c.cache_len = c.page_size * (1 + random_below(KV_MAX_CACHE / c.page_size));
+        } else {
+            c.cache_len = 1 + random_below(KV_MAX_CACHE);
+            c.has_batch_idx = r % 4 == 0;
+            c.k_batches = c.b + (c.has_batch_idx ? 1 + random_below(3) : 0);
+        }
+        c.has_used = r % 8 != 6;
+        c.has_leftpad = r % 3 != 0;
+        for (int64_t s = 0; s < c.b; s++) {
+            const double u = uniform();
+            c.used[s] = u < -0.7 ? 0 : u > 0.7 ? c.cache_len : random_below(c.cache_len + 1);
+            const int64_t end = c.has_used ? c.used[s] : c.cache_len;
+            c.leftpad[s] = uniform() < -0.5 ? end : random_below(end + 1);
+        }
+        cases[n++] = c;
+    }
+    return n;
+}
+
 #define MAX_CASES 256
 
 int main(int argc, char **argv)
@@ -996,6 +1271,11 @@ int main(int argc, char **argv)
     for (int i = 0; i < nv; i++)
         for (int dt = FLASH_FP32; dt <= FLASH_FP64; dt++, runs++)
             failures += run_varlen_case(&vcases[i], (flash_dtype)dt);
+    static kv_config kcases[MAX_CASES];
+    const int nk = kv_cases(kcases);
+    for (int i = 0; i < nk; i++)
+        for (int dt = FLASH_FP32; dt <= FLASH_FP64; dt++, runs++)
+            failures += run_kv_case(&kcases[i], (flash_dtype)dt);
     printf("%s: %d of %d checks failed\n", failures ? "FAIL" : "PASS", failures, runs);
     if (argc > 1 && strcmp(argv[1], "bench") == 0)
         bench_all();

@@ -13,7 +13,10 @@
  * Sequences (mask.h flash_seq_of): every task takes its sequence's lengths, first rows and band once;
  * the task counts come from p->sq / p->sk (in a varlen batch the longest sequence), so a task whose
  * query (key) tile starts past its sequence's end returns at once. Rows of no sequence and keys past
- * seqused_k are never read or written (the binding fills them).
+ * seqused_k are never read or written (the binding fills them). Key rows of k / v / dk / dv are
+ * addressed through flash_key_offset alone (k_batch_idx, k_leftpad, a paged cache's block_table), in
+ * runs that stay inside one page (key_run; one run per tile without a block_table). A paged backward
+ * writes dk / dv into the pages: sequences that share a page would race there.
  *
  * Geometry (mask.h): a task visits only the keys (queries) of the band, taken with flash_key_tiles /
  * flash_query_tiles at a tile size of 1, in tiles that start at the first visible one; a tile wholly
@@ -118,6 +121,16 @@ static inline float tanhf_exp(float y)
 }
 
 static inline int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return flash_min64(flash_max64(x, lo), hi); }
+
+/* Length of the run of keys from key j (< j_end) of sequence seq that lie at one row stride from each
+ * other in k / v (mask.h flash_key_offset): up to j_end without a block_table, else up to the end of
+ * key j's page. */
+static inline int64_t key_run(const flash_params *p, const flash_seq *seq, int64_t j, int64_t j_end)
+{
+    if (p->block_table == NULL)
+        return j_end - j;
+    return flash_min64(p->page_size - (seq->k_row0 + j) % p->page_size, j_end - j);
+}
 
 /* One tile: query rows [q0, q0 + qn) against key rows [k0, k0 + kn). */
 typedef struct tile {
@@ -333,6 +346,51 @@ static void FN(store_transposed)(T *restrict dst, int64_t rs, const T *restrict 
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++)
             dst[r * rs + c] = scale * src[c * ld + r];
+}
+
+/* Rows of k / v (dk / dv): key j of sequence seq is at head + flash_key_offset(p, seq, batch_stride,
+ * row_stride, j), head being the tensor's pointer at its kv head. The three functions below are
+ * load_rows, load_transposed and store_transposed of key rows [j0, j0 + rows) of seq, run by run
+ * (key_run: one run without a block_table, else one per page). */
+typedef struct FN(key_rows) {
+    const T *head;
+    int64_t batch_stride, row_stride;
+} FN(key_rows);
+
+static void FN(load_key_rows)(T *restrict dst, int64_t ld, int64_t rows_pad, int64_t cols_pad, FN(key_rows) src,
+                              const flash_params *p, const flash_seq *seq, int64_t j0, int64_t rows, int64_t cols)
+{
+    for (int64_t j = j0, run; j < j0 + rows; j += run) {
+        run = key_run(p, seq, j, j0 + rows);
+        FN(load_rows)(dst + (j - j0) * ld, ld, run, cols_pad,
+                      src.head + flash_key_offset(p, seq, src.batch_stride, src.row_stride, j), src.row_stride, run,
+                      cols);
+    }
+    FN(load_rows)(dst + rows * ld, ld, rows_pad - rows, cols_pad, src.head, src.row_stride, 0, cols);
+}
+
+static void FN(load_key_transposed)(T *restrict dst, int64_t ld, int64_t rows_pad, FN(key_rows) src,
+                                    const flash_params *p, const flash_seq *seq, int64_t j0, int64_t rows,
+                                    int64_t cols)
+{
+    for (int64_t j = j0, run; j < j0 + rows; j += run) {
+        run = key_run(p, seq, j, j0 + rows);
+        FN(load_transposed)(dst + (j - j0), ld, run,
+                            src.head + flash_key_offset(p, seq, src.batch_stride, src.row_stride, j),
+                            src.row_stride, run, cols, 1);
+    }
+    FN(load_transposed)(dst + rows, ld, rows_pad - rows, src.head, src.row_stride, 0, cols, 1);
+}
+
+static void FN(store_key_transposed)(T *head, flash_strides st, const T *restrict src, int64_t ld,
+                                     const flash_params *p, const flash_seq *seq, int64_t j0, int64_t rows,
+                                     int64_t cols, T scale)
+{
+    for (int64_t j = j0, run; j < j0 + rows; j += run) {
+        run = key_run(p, seq, j, j0 + rows);
+        FN(store_transposed)(head + flash_key_offset(p, seq, st.batch, st.row, j), st.row, src + (j - j0), ld, run,
+                             cols, scale);
+    }
 }
 
 /* row[x] = value for x in [0, lo) and in [hi, n). */
@@ -614,8 +672,8 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
     tile t = {q0, flash_min64(FLASH_CPU_TILE_Q, seq.sq - q0), 0, 0};
     const int64_t qp = ROUND_UP(t.qn, FLASH_CPU_NR);
     const T *q = (const T *)p->q + bi * p->q_s.batch + (seq.q_row0 + q0) * p->q_s.row + hq * p->q_s.head;
-    const T *k = (const T *)p->k + seq.k_batch * p->k_s.batch + seq.k_row0 * p->k_s.row + hk * p->k_s.head;
-    const T *v = (const T *)p->v + seq.k_batch * p->v_s.batch + seq.k_row0 * p->v_s.row + hk * p->v_s.head;
+    const FN(key_rows) k = {(const T *)p->k + hk * p->k_s.head, p->k_s.batch, p->k_s.row};
+    const FN(key_rows) v = {(const T *)p->v + hk * p->v_s.head, p->v_s.batch, p->v_s.row};
     T *o = (T *)p->o + bi * p->o_s.batch + (seq.q_row0 + q0) * p->o_s.row + hq * p->o_s.head;
     T *lse = (T *)p->lse + flash_lse_offset(p, &seq, bi, hq) + q0;
     T m[TILE_Q_NR], l[TILE_Q_NR];
@@ -634,8 +692,8 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
             continue;
         const int64_t km = ROUND_UP(t.kn, FLASH_CPU_MR);
         const int full = t.k0 >= keys.full_first && t.k0 + t.kn <= keys.full_end && km == t.kn;
-        FN(load_rows)(w->k, dm, km, dm, k + t.k0 * p->k_s.row, p->k_s.row, t.kn, d);
-        FN(load_rows)(w->v, dm, t.kn, dm, v + t.k0 * p->v_s.row, p->v_s.row, t.kn, d);
+        FN(load_key_rows)(w->k, dm, km, dm, k, p, &seq, t.k0, t.kn, d);
+        FN(load_key_rows)(w->v, dm, t.kn, dm, v, p, &seq, t.k0, t.kn, d);
         FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
         if (p->has_hook && hooked_scores(p, flags))
             FN(score_hook)(w->s, TILE_Q_NR, 1, p, &seq, &t, bi, hq, 1, flags, w->grad);
@@ -674,13 +732,12 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
         return;
     t.kn = flash_min64(FLASH_CPU_TILE_K, seq.sk - t.k0);
     const int64_t kp = ROUND_UP(t.kn, FLASH_CPU_NR);
-    const int64_t k_row = seq.k_row0 + t.k0;
-    const int64_t k_off = seq.k_batch * p->k_s.batch + k_row * p->k_s.row + hk * p->k_s.head;
-    const int64_t v_off = seq.k_batch * p->v_s.batch + k_row * p->v_s.row + hk * p->v_s.head;
+    const FN(key_rows) k = {(const T *)p->k + hk * p->k_s.head, p->k_s.batch, p->k_s.row};
+    const FN(key_rows) v = {(const T *)p->v + hk * p->v_s.head, p->v_s.batch, p->v_s.row};
     T lse_eff[TILE_MAX_NR], delta[TILE_MAX_NR];
 
-    FN(load_transposed)(w->k, TILE_K_NR, kp, (const T *)p->k + k_off, p->k_s.row, t.kn, d, 1);
-    FN(load_transposed)(w->v, TILE_K_NR, kp, (const T *)p->v + v_off, p->v_s.row, t.kn, d, 1);
+    FN(load_key_transposed)(w->k, TILE_K_NR, kp, k, p, &seq, t.k0, t.kn, d);
+    FN(load_key_transposed)(w->v, TILE_K_NR, kp, v, p, &seq, t.k0, t.kn, d);
     FN(zero_tile)(w->acc, TILE_K_NR, dm, kp);
     FN(zero_tile)(w->acc2, TILE_K_NR, dm, kp);
     const flash_tile_range rows = flash_query_tiles(&seq, t.k0, t.kn, 1); /* in query rows, not tiles */
@@ -720,10 +777,9 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
             FN(gemm)(dm, kp, t.qn, w->q, 1, dm, w->ds, TILE_K_NR, w->acc, TILE_K_NR, 1);
         }
     }
-    const int64_t dk_off = seq.k_batch * p->dk_s.batch + k_row * p->dk_s.row + hk * p->dk_s.head;
-    const int64_t dv_off = seq.k_batch * p->dv_s.batch + k_row * p->dv_s.row + hk * p->dv_s.head;
-    FN(store_transposed)((T *)p->dk + dk_off, p->dk_s.row, w->acc, TILE_K_NR, t.kn, d, (T)p->scale);
-    FN(store_transposed)((T *)p->dv + dv_off, p->dv_s.row, w->acc2, TILE_K_NR, t.kn, d, 1);
+    FN(store_key_transposed)((T *)p->dk + hk * p->dk_s.head, p->dk_s, w->acc, TILE_K_NR, p, &seq, t.k0, t.kn, d,
+                             (T)p->scale);
+    FN(store_key_transposed)((T *)p->dv + hk * p->dv_s.head, p->dv_s, w->acc2, TILE_K_NR, p, &seq, t.k0, t.kn, d, 1);
 }
 
 /* dQ task: one (batch, head, query tile), working on S^T like the forward:
@@ -746,8 +802,8 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
     const int64_t q_row = seq.q_row0 + q0;
     const T *q = (const T *)p->q + bi * p->q_s.batch + q_row * p->q_s.row + hq * p->q_s.head;
     const T *dout = (const T *)p->dout + bi * p->do_s.batch + q_row * p->do_s.row + hq * p->do_s.head;
-    const T *k = (const T *)p->k + seq.k_batch * p->k_s.batch + seq.k_row0 * p->k_s.row + hk * p->k_s.head;
-    const T *v = (const T *)p->v + seq.k_batch * p->v_s.batch + seq.k_row0 * p->v_s.row + hk * p->v_s.head;
+    const FN(key_rows) k = {(const T *)p->k + hk * p->k_s.head, p->k_s.batch, p->k_s.row};
+    const FN(key_rows) v = {(const T *)p->v + hk * p->v_s.head, p->v_s.batch, p->v_s.row};
     const int64_t row_off = flash_lse_offset(p, &seq, bi, hq) + q0;
     T *dq = (T *)p->dq + bi * p->dq_s.batch + q_row * p->dq_s.row + hq * p->dq_s.head;
     T lse_eff[TILE_Q_NR], delta[TILE_Q_NR];
@@ -766,8 +822,8 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
         const int64_t km = ROUND_UP(t.kn, FLASH_CPU_MR);
         const int full = t.k0 >= keys.full_first && t.k0 + t.kn <= keys.full_end;
         const int hooked = p->has_hook && hooked_scores(p, flags);
-        FN(load_rows)(w->k, dm, km, dm, k + t.k0 * p->k_s.row, p->k_s.row, t.kn, d);
-        FN(load_rows)(w->v, dm, km, dm, v + t.k0 * p->v_s.row, p->v_s.row, t.kn, d);
+        FN(load_key_rows)(w->k, dm, km, dm, k, p, &seq, t.k0, t.kn, d);
+        FN(load_key_rows)(w->v, dm, km, dm, v, p, &seq, t.k0, t.kn, d);
         FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
         if (hooked)
             FN(score_hook)(w->s, TILE_Q_NR, 1, p, &seq, &t, bi, hq, (T)p->scale, flags, w->grad);

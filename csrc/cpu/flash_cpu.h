@@ -4,8 +4,9 @@
  * FLASH_FP64 (double data, double lse/delta); other dtypes return FLASH_CPU_ERR_DTYPE. They run on the
  * OpenMP threads the runtime gives, allocate only O(tile * d) workspace per thread, and return the
  * first error met (FLASH_CPU_OK otherwise). Every variant of flash_params is supported (band,
- * softcap, ALiBi, attn_mask, dropout, sinks: csrc/mask.h), dense and variable-length batches and
- * seqused_k; layouts and strides: see csrc/flash.h.
+ * softcap, ALiBi, attn_mask, dropout, sinks: csrc/mask.h), dense and variable-length batches,
+ * seqused_k, and the KV-cache fields (k_batch_idx, k_leftpad, a paged cache's block_table); layouts
+ * and strides: see csrc/flash.h.
  */
 #ifndef FLASHATTN_EXT_FLASH_CPU_H
 #define FLASHATTN_EXT_FLASH_CPU_H
