@@ -1,16 +1,19 @@
 /* bwd_common.cuh: pieces shared by the backward kernels of bwd_sm80.cu and bwd_sm90.cu: constants,
  * the lse helper, accumulator repacking, the dQ reduction into the fp32 accumulator, and the
  * dK/dV epilogue. Fragment layouts are those of ptx.cuh (mma.sync m16n8k16; wgmma uses the same
- * per-warp layouts). */
+ * per-warp layouts). Varlen: the epilogue addresses one sequence's keys through its flash_seq (mask.h). */
 #ifndef FLASHATTN_EXT_BWD_COMMON_CUH
 #define FLASHATTN_EXT_BWD_COMMON_CUH
 
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "../constants.h"
 #include "../flash.h"
+#include "../mask.h"
 #include "ptx.cuh"
 
 #define WARP_SIZE FLASH_WARP_SIZE
@@ -42,6 +45,97 @@ __device__ __forceinline__ float half_to_float(__nv_bfloat16 x) { return __bfloa
 __device__ __forceinline__ float lse_to_log2(float lse)
 {
     return lse == -INFINITY ? INFINITY : lse * FLASH_LOG2E_F;
+}
+
+/* flash_seq_of(p, b) of a CTA's sequence, each field broadcast from lane 0: ptxas then treats the
+ * values as warp-uniform (and drops the shuffles), so that what is derived from them, the CTA's base
+ * pointers above all, stays on the uniform datapath like the flash_params fields they replace (a value
+ * loaded from cu_seqlens is otherwise a per-thread register: measured +5% instructions per tile). */
+__device__ __forceinline__ flash_seq flash_seq_uniform(const flash_params &p, int64_t b)
+{
+    flash_seq s = flash_seq_of(&p, b);
+    int64_t *f[] = {&s.sq,       &s.sk,      &s.q_row0,  &s.k_row0,      &s.k_batch,
+                    &s.lse_row0, &s.diag_lo, &s.diag_hi, &s.alibi_offset};
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(f) / sizeof(f[0])); ++i)
+        *f[i] = __shfl_sync(FULL_MASK, *f[i], 0);
+    return s;
+}
+
+/* The band [lo, hi] of flash_tile_diag for the query tiles m0 of key tile n0 (dK/dV kernels), in a
+ * per-CTA part and a cheap per-tile part: band_tile_hi(band_cta_hi(s, n0), m0) and
+ * band_tile_lo(band_cta_lo(s, n0), m0) equal flash_tile_diag(s.diag_hi / s.diag_lo, m0, n0) in every
+ * tile that flash_query_tiles yields (there hi >= -(BM - 1) and lo <= BN - 1: the tile meets the union
+ * of its keys' visible query ranges), and stay within [-FLASH_DIAG_CLAMP, FLASH_DIAG_CLAMP] without
+ * overflowing an int. */
+__host__ __device__ __forceinline__ int band_cta_hi(const flash_seq &s, int n0)
+{
+    return (int)flash_max64(flash_min64(s.diag_hi - n0, FLASH_DIAG_CLAMP), INT_MIN);
+}
+
+__host__ __device__ __forceinline__ int band_cta_lo(const flash_seq &s, int n0)
+{
+    return (int)flash_max64(s.diag_lo - n0, INT_MIN); /* <= sk - n0 */
+}
+
+__host__ __device__ __forceinline__ int band_tile_hi(int hb, int m0)
+{
+    const int cap = FLASH_DIAG_CLAMP - m0;
+    return m0 + (hb < cap ? hb : cap);
+}
+
+__host__ __device__ __forceinline__ int band_tile_lo(int lb, int m0)
+{
+    const int v = lb + m0;
+    return v > -FLASH_DIAG_CLAMP ? v : -FLASH_DIAG_CLAMP;
+}
+
+/* What a dK/dV kernel's loop over query tiles needs of its sequence in every tile, written to shared
+ * memory once by the CTA and read where used (bwd_seq_* at the struct's shared address): held in
+ * registers across the loop these values cost the largest dense kernels spills or packed predicates
+ * (the flash_params fields they replace were constant-bank operands, rematerialized where needed). */
+typedef struct __align__(16) bwd_seq_consts {
+    int hb, lb;       /* band_cta_hi / band_cta_lo of the CTA's key tile (one 8-byte load) */
+    int sq;           /* the sequence's query rows */
+    int kvalid;       /* its keys from the tile's first, sk - n0 */
+    int alibi_offset; /* flash_seq.alibi_offset */
+} bwd_seq_consts;
+
+__device__ __forceinline__ void bwd_seq_consts_set(bwd_seq_consts *sc, const flash_seq &s, int n0)
+{
+    sc->hb = band_cta_hi(s, n0);
+    sc->lb = band_cta_lo(s, n0);
+    sc->sq = (int)s.sq;
+    sc->kvalid = (int)s.sk - n0;
+    sc->alibi_offset = (int)s.alibi_offset;
+}
+
+/* volatile: read again at each use, never held across the loop */
+__device__ __forceinline__ int bwd_seq_sq(uint32_t sc)
+{
+    int v;
+    asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(sc + (uint32_t)offsetof(bwd_seq_consts, sq)));
+    return v;
+}
+
+__device__ __forceinline__ void bwd_seq_band(uint32_t sc, int &hb, int &lb)
+{
+    static_assert(offsetof(bwd_seq_consts, hb) == 0 && offsetof(bwd_seq_consts, lb) == sizeof(int), "one v2 load");
+    asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];\n" : "=r"(hb), "=r"(lb) : "r"(sc));
+}
+
+__device__ __forceinline__ int bwd_seq_kvalid(uint32_t sc)
+{
+    int v;
+    asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(sc + (uint32_t)offsetof(bwd_seq_consts, kvalid)));
+    return v;
+}
+
+__device__ __forceinline__ int bwd_seq_alibi(uint32_t sc)
+{
+    int v;
+    asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(sc + (uint32_t)offsetof(bwd_seq_consts, alibi_offset)));
+    return v;
 }
 
 /* Async copy of n fp32 values g[0, n_valid) into s[0, n), zero beyond. */
@@ -97,17 +191,18 @@ __device__ __forceinline__ void red_add_tile(float *base, int64_t ld, int row, b
 #endif
 }
 
-/* Write a warp's MT*16 x DW block of a gradient (rows j0 + [0, MT*16), columns c0 + [0, DW)) held
- * as accumulator fragments, times `mul`: in the dtype into out (b, sk, h_kv, d) when h == h_kv, else
- * in fp32 into accum (b, sk, h, d) for this query head. */
+/* Write a warp's MT*16 x DW block of a gradient (keys j0 + [0, MT*16) of sequence s, columns
+ * c0 + [0, DW)) held as accumulator fragments, times `mul`: in the dtype into out (rows k_row0 + j of
+ * batch k_batch of a (b, sk, h_kv, d) tensor) when h == h_kv, else in fp32 into accum (rows
+ * flash_kaccum_row, (rows, h, d)) for this query head. Keys past s.sk are not written. */
 template <typename T, int MT, int DW>
-__device__ __forceinline__ void store_kv_grad(const flash_params &p, const float acc[MT][DW / 8][4], float mul,
-                                              void *out, const flash_strides &os, float *accum, int b, int hq,
-                                              int j0, int c0)
+__device__ __forceinline__ void store_kv_grad(const flash_params &p, const flash_seq &s, const float acc[MT][DW / 8][4],
+                                              float mul, void *out, const flash_strides &os, float *accum, int b,
+                                              int hq, int j0, int c0)
 {
     const int lane = threadIdx.x % FLASH_WARP_SIZE;
     const int lr = lane / 4, lc = lane % 4;
-    const int sk = (int)p.sk, d = (int)p.d;
+    const int sk = (int)s.sk, d = (int)p.d;
     const int64_t hk = hq / p.h_per_kv;
     const bool gqa = p.h != p.h_kv;
     /* one row pointer per (mt, h8); the DW/8 column blocks are immediate offsets from it */
@@ -119,13 +214,14 @@ __device__ __forceinline__ void store_kv_grad(const flash_params &p, const float
             if (j >= sk)
                 continue;
             if (gqa) {
-                float *dst = accum + (((int64_t)b * sk + j) * p.h + hq) * d + c0 + 2 * lc; /* (DW) */
+                float *dst = accum + (flash_kaccum_row(&p, &s, b, j) * p.h + hq) * d + c0 + 2 * lc; /* (DW) */
 #pragma unroll
                 for (int t = 0; t < DW / 8; ++t)
                     if (c0 + t * 8 < d)
                         *(float2 *)(dst + t * 8) = make_float2(acc[mt][t][2 * h8] * mul, acc[mt][t][2 * h8 + 1] * mul);
             } else {
-                T *dst = (T *)out + b * os.batch + j * os.row + hk * os.head + c0 + 2 * lc; /* (DW) */
+                T *dst = (T *)out + s.k_batch * os.batch + (s.k_row0 + j) * os.row + hk * os.head + c0 +
+                         2 * lc; /* (DW) */
 #pragma unroll
                 for (int t = 0; t < DW / 8; ++t)
                     if (c0 + t * 8 < d)

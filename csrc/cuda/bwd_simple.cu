@@ -19,6 +19,8 @@
  *      finally dq_i *= scale.
  *   Any head dim 1..256 (8 columns per lane at most). Rows with lse = -inf see no key and get 0.
  *   Sinks need nothing here (lse includes them). Dropout: one Philox call per element (mask.h).
+ *   Varlen: every warp takes its sequence from flash_seq_of (mask.h); the grids span the longest
+ *   sequence, and warps past their sequence's end return at once.
  *
  * Speed is not a goal (each query row is read once per key row); not measured.
  */
@@ -86,20 +88,20 @@ __device__ __forceinline__ T dot_row(const T x[SIMPLE_CPL], const T y[SIMPLE_CPL
     return warp_sum(s);
 }
 
-/* The score of one visible element (b, hq, i, j) of the CUDA-core kernels: the hook of mask.h applied
- * to s = scale * q.k, the dot product qk given. *capped receives the softcapped score (before ALiBi
- * and the mask), from which the softcap derivative is formed. -inf: the attn_mask hides the element
- * (read only when read_mask, i.e. in a tile flagged partial). */
+/* The score of one visible element (b, hq, i, j) of sequence seq for the CUDA-core kernels: the hook of
+ * mask.h applied to s = scale * q.k, the dot product qk given. *capped receives the softcapped score
+ * (before ALiBi and the mask), from which the softcap derivative is formed. -inf: the attn_mask hides
+ * the element (read only when read_mask, i.e. in a tile flagged partial; dense batches only). */
 template <typename T>
-__device__ __forceinline__ T hooked_score(const flash_params &p, T qk, T slope, bool read_mask, int64_t b,
-                                          int64_t hq, int64_t i, int64_t j, T *capped)
+__device__ __forceinline__ T hooked_score(const flash_params &p, const flash_seq &seq, T qk, T slope, bool read_mask,
+                                          int64_t b, int64_t hq, int64_t i, int64_t j, T *capped)
 {
     T s = qk * (T)p.scale;
     if (p.softcap > 0.0f)
         s = simple_softcap(s, (T)p.softcap);
     *capped = s;
     if (p.alibi_slopes)
-        s -= slope * (T)flash_alibi_distance(&p, i, j);
+        s -= slope * (T)flash_alibi_distance(&seq, i, j);
     if (read_mask) {
         const int64_t off = flash_mask_offset(&p, b, hq, i, j);
         if (p.mask_kind == FLASH_MASK_ADD)
@@ -144,27 +146,32 @@ __device__ __forceinline__ T element_grad(const flash_params &p, T s, T capped, 
     return p.softcap > 0.0f ? *ds * simple_softcap_grad(capped, (T)p.softcap) : *ds;
 }
 
-/* delta (b, h, sq) = rowsum(dout * o); one warp per row. */
+/* delta (lse layout) = rowsum(dout * o); one warp per (b, h, query row i < sq). */
 template <typename T>
 __global__ void __launch_bounds__(SIMPLE_WARPS *FLASH_WARP_SIZE) bwd_simple_delta_kernel(const flash_params p)
 {
     const int lane = threadIdx.x % FLASH_WARP_SIZE;
-    const int64_t row = (int64_t)blockIdx.x * SIMPLE_WARPS + threadIdx.x / FLASH_WARP_SIZE; /* (b*h + hq)*sq + i */
-    if (row >= p.b * p.h * p.sq)
+    const int64_t idx = (int64_t)blockIdx.x * SIMPLE_WARPS + threadIdx.x / FLASH_WARP_SIZE; /* (b*h + hq)*sq + i */
+    if (idx >= p.b * p.h * p.sq)
         return;
-    const int64_t i = row % p.sq, bh = row / p.sq, hq = bh % p.h, b = bh / p.h;
+    const int64_t i = idx % p.sq, bh = idx / p.sq, hq = bh % p.h, b = bh / p.h;
+    const flash_seq seq = flash_seq_of(&p, b);
+    if (i >= seq.sq)
+        return;
     const int d = (int)p.d;
-    const T *o = (const T *)p.o + b * p.o_s.batch + i * p.o_s.row + hq * p.o_s.head;         /* (d) */
-    const T *dout = (const T *)p.dout + b * p.do_s.batch + i * p.do_s.row + hq * p.do_s.head; /* (d) */
+    const int64_t r = seq.q_row0 + i;
+    const T *o = (const T *)p.o + b * p.o_s.batch + r * p.o_s.row + hq * p.o_s.head;         /* (d) */
+    const T *dout = (const T *)p.dout + b * p.do_s.batch + r * p.do_s.row + hq * p.do_s.head; /* (d) */
     T ov[SIMPLE_CPL], dv[SIMPLE_CPL];
     load_row(ov, o, d, lane);
     load_row(dv, dout, d, lane);
     const T sum = dot_row(ov, dv);
     if (lane == 0)
-        ((T *)p.delta)[row] = sum;
+        ((T *)p.delta)[flash_lse_offset(&p, &seq, b, hq) + i] = sum;
 }
 
-/* dk, dv (b, sk, h_kv, d): one warp per key row, summing over the group's query heads; dbias. */
+/* dk, dv (rows of k): one warp per key row j < sk of sequence b, summing over the group's query heads;
+ * dbias. */
 template <typename T>
 __global__ void __launch_bounds__(SIMPLE_WARPS *FLASH_WARP_SIZE, SIMPLE_MIN_BLOCKS)
 bwd_simple_dkv_kernel(const flash_params p)
@@ -172,26 +179,28 @@ bwd_simple_dkv_kernel(const flash_params p)
     const int lane = threadIdx.x % FLASH_WARP_SIZE;
     const int64_t j = (int64_t)blockIdx.x * SIMPLE_WARPS + threadIdx.x / FLASH_WARP_SIZE;
     const int64_t hk = blockIdx.y, b = blockIdx.z;
-    if (j >= p.sk)
+    const flash_seq seq = flash_seq_of(&p, b);
+    if (j >= seq.sk)
         return;
     const int d = (int)p.d;
+    const int64_t kr = seq.k_row0 + j, kb = seq.k_batch;
     T kv[SIMPLE_CPL], vv[SIMPLE_CPL], dk[SIMPLE_CPL], dv[SIMPLE_CPL];
-    load_row(kv, (const T *)p.k + b * p.k_s.batch + j * p.k_s.row + hk * p.k_s.head, d, lane);
-    load_row(vv, (const T *)p.v + b * p.v_s.batch + j * p.v_s.row + hk * p.v_s.head, d, lane);
+    load_row(kv, (const T *)p.k + kb * p.k_s.batch + kr * p.k_s.row + hk * p.k_s.head, d, lane);
+    load_row(vv, (const T *)p.v + kb * p.v_s.batch + kr * p.v_s.row + hk * p.v_s.head, d, lane);
 #pragma unroll
     for (int c = 0; c < SIMPLE_CPL; ++c) {
         dk[c] = 0;
         dv[c] = 0;
     }
-    const flash_tile_range tiles = flash_query_tiles(&p, j, 1, SIMPLE_TILE);
+    const flash_tile_range tiles = flash_query_tiles(&seq, j, 1, SIMPLE_TILE);
     for (int64_t g = 0; g < p.h_per_kv; ++g) {
-        const int64_t hq = hk * p.h_per_kv + g, bh = b * p.h + hq;
-        const T *lse = (const T *)p.lse + bh * p.sq;     /* (sq) */
-        const T *delta = (const T *)p.delta + bh * p.sq; /* (sq) */
-        T *dbias = p.dbias ? (T *)p.dbias + bh * p.sq * p.sk + j : NULL; /* column j of (sq, sk) */
+        const int64_t hq = hk * p.h_per_kv + g, bh = b * p.h + hq, lse0 = flash_lse_offset(&p, &seq, b, hq);
+        const T *lse = (const T *)p.lse + lse0;     /* (sq) */
+        const T *delta = (const T *)p.delta + lse0; /* (sq) */
+        T *dbias = p.dbias ? (T *)p.dbias + bh * p.sq * p.sk + j : NULL; /* column j of (sq, sk): dense only */
         const T slope = (T)flash_alibi_slope(&p, b, hq);
         for (int64_t mt = tiles.first; mt < tiles.end; ++mt) {
-            const int64_t m0 = mt * SIMPLE_TILE, m1 = flash_min64(m0 + SIMPLE_TILE, p.sq);
+            const int64_t m0 = mt * SIMPLE_TILE, m1 = flash_min64(m0 + SIMPLE_TILE, seq.sq);
             const unsigned flags = flash_mask_tile_flags(&p, b, hq, m0, m1 - m0, j, 1);
             if (!(flags & FLASH_MASK_ANY_VISIBLE))
                 continue;
@@ -199,15 +208,16 @@ bwd_simple_dkv_kernel(const flash_params p)
             const bool read_mask = flags & FLASH_MASK_ANY_MASKED;
             for (int64_t i = m0; i < m1; ++i) {
                 const T l = lse[i];
-                if ((!full && !flash_visible(&p, i, j)) || l == (T)-INFINITY)
+                if ((!full && !flash_visible(&seq, i, j)) || l == (T)-INFINITY)
                     continue;
                 T qv[SIMPLE_CPL], dov[SIMPLE_CPL];
-                load_row(qv, (const T *)p.q + b * p.q_s.batch + i * p.q_s.row + hq * p.q_s.head, d, lane);
+                const int64_t qr = seq.q_row0 + i;
+                load_row(qv, (const T *)p.q + b * p.q_s.batch + qr * p.q_s.row + hq * p.q_s.head, d, lane);
                 T capped;
-                const T s = hooked_score(p, dot_row(qv, kv), slope, read_mask, b, hq, i, j, &capped);
+                const T s = hooked_score(p, seq, dot_row(qv, kv), slope, read_mask, b, hq, i, j, &capped);
                 if (s == (T)-INFINITY)
                     continue; /* masked: P = 0, no gradient */
-                load_row(dov, (const T *)p.dout + b * p.do_s.batch + i * p.do_s.row + hq * p.do_s.head, d, lane);
+                load_row(dov, (const T *)p.dout + b * p.do_s.batch + qr * p.do_s.row + hq * p.do_s.head, d, lane);
                 T pd, ds;
                 const T dsc = element_grad(p, s, capped, l, delta[i], dot_row(dov, vv), bh, i, j, &pd, &ds);
                 if (dbias && lane == 0)
@@ -220,11 +230,11 @@ bwd_simple_dkv_kernel(const flash_params p)
             }
         }
     }
-    store_row((T *)p.dk + b * p.dk_s.batch + j * p.dk_s.row + hk * p.dk_s.head, dk, (T)p.scale, d, lane);
-    store_row((T *)p.dv + b * p.dv_s.batch + j * p.dv_s.row + hk * p.dv_s.head, dv, (T)1, d, lane);
+    store_row((T *)p.dk + kb * p.dk_s.batch + kr * p.dk_s.row + hk * p.dk_s.head, dk, (T)p.scale, d, lane);
+    store_row((T *)p.dv + kb * p.dv_s.batch + kr * p.dv_s.row + hk * p.dv_s.head, dv, (T)1, d, lane);
 }
 
-/* dq (b, sq, h, d): one warp per query row. */
+/* dq (rows of q): one warp per query row i < sq of sequence b. */
 template <typename T>
 __global__ void __launch_bounds__(SIMPLE_WARPS *FLASH_WARP_SIZE, SIMPLE_MIN_BLOCKS)
 bwd_simple_dq_kernel(const flash_params p)
@@ -232,38 +242,41 @@ bwd_simple_dq_kernel(const flash_params p)
     const int lane = threadIdx.x % FLASH_WARP_SIZE;
     const int64_t i = (int64_t)blockIdx.x * SIMPLE_WARPS + threadIdx.x / FLASH_WARP_SIZE;
     const int64_t hq = blockIdx.y, b = blockIdx.z, hk = hq / p.h_per_kv;
-    if (i >= p.sq)
+    const flash_seq seq = flash_seq_of(&p, b);
+    if (i >= seq.sq)
         return;
     const int d = (int)p.d;
-    const int64_t bh = b * p.h + hq, row = bh * p.sq + i;
+    const int64_t bh = b * p.h + hq, row = flash_lse_offset(&p, &seq, b, hq) + i, qr = seq.q_row0 + i;
+    const int64_t kb = seq.k_batch;
     const T l = ((const T *)p.lse)[row], delta = ((const T *)p.delta)[row];
     const T slope = (T)flash_alibi_slope(&p, b, hq);
     T qv[SIMPLE_CPL], dov[SIMPLE_CPL], dq[SIMPLE_CPL];
-    load_row(qv, (const T *)p.q + b * p.q_s.batch + i * p.q_s.row + hq * p.q_s.head, d, lane);
-    load_row(dov, (const T *)p.dout + b * p.do_s.batch + i * p.do_s.row + hq * p.do_s.head, d, lane);
+    load_row(qv, (const T *)p.q + b * p.q_s.batch + qr * p.q_s.row + hq * p.q_s.head, d, lane);
+    load_row(dov, (const T *)p.dout + b * p.do_s.batch + qr * p.do_s.row + hq * p.do_s.head, d, lane);
 #pragma unroll
     for (int c = 0; c < SIMPLE_CPL; ++c)
         dq[c] = 0;
-    flash_tile_range tiles = flash_key_tiles(&p, i, 1, SIMPLE_TILE);
+    flash_tile_range tiles = flash_key_tiles(&seq, i, 1, SIMPLE_TILE);
     if (l == (T)-INFINITY)
         tiles.first = tiles.end = 0; /* the row sees no key */
     for (int64_t nt = tiles.first; nt < tiles.end; ++nt) {
-        const int64_t n0 = nt * SIMPLE_TILE, n1 = flash_min64(n0 + SIMPLE_TILE, p.sk);
+        const int64_t n0 = nt * SIMPLE_TILE, n1 = flash_min64(n0 + SIMPLE_TILE, seq.sk);
         const unsigned flags = flash_mask_tile_flags(&p, b, hq, i, 1, n0, n1 - n0);
         if (!(flags & FLASH_MASK_ANY_VISIBLE))
             continue;
         const bool full = nt >= tiles.full_first && nt < tiles.full_end;
         const bool read_mask = flags & FLASH_MASK_ANY_MASKED;
         for (int64_t j = n0; j < n1; ++j) {
-            if (!full && !flash_visible(&p, i, j))
+            if (!full && !flash_visible(&seq, i, j))
                 continue;
             T kv[SIMPLE_CPL], vv[SIMPLE_CPL];
-            load_row(kv, (const T *)p.k + b * p.k_s.batch + j * p.k_s.row + hk * p.k_s.head, d, lane);
+            const int64_t kr = seq.k_row0 + j;
+            load_row(kv, (const T *)p.k + kb * p.k_s.batch + kr * p.k_s.row + hk * p.k_s.head, d, lane);
             T capped;
-            const T s = hooked_score(p, dot_row(qv, kv), slope, read_mask, b, hq, i, j, &capped);
+            const T s = hooked_score(p, seq, dot_row(qv, kv), slope, read_mask, b, hq, i, j, &capped);
             if (s == (T)-INFINITY)
                 continue; /* masked: P = 0, no gradient */
-            load_row(vv, (const T *)p.v + b * p.v_s.batch + j * p.v_s.row + hk * p.v_s.head, d, lane);
+            load_row(vv, (const T *)p.v + kb * p.v_s.batch + kr * p.v_s.row + hk * p.v_s.head, d, lane);
             T pd, ds;
             const T dsc = element_grad(p, s, capped, l, delta, dot_row(dov, vv), bh, i, j, &pd, &ds);
 #pragma unroll
@@ -271,7 +284,7 @@ bwd_simple_dq_kernel(const flash_params p)
                 dq[c] += dsc * kv[c];
         }
     }
-    store_row((T *)p.dq + b * p.dq_s.batch + i * p.dq_s.row + hq * p.dq_s.head, dq, (T)p.scale, d, lane);
+    store_row((T *)p.dq + b * p.dq_s.batch + qr * p.dq_s.row + hq * p.dq_s.head, dq, (T)p.scale, d, lane);
 }
 
 static unsigned int simple_blocks(int64_t rows)
@@ -299,7 +312,9 @@ static cudaError_t run_bwd_simple(const flash_params *p, cudaStream_t stream)
 
 extern "C" cudaError_t flash_bwd_simple(const flash_params *p, cudaStream_t stream)
 {
-    if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->h_kv < 1 || p->h % p->h_kv != 0)
+    const int varlen = p->cu_seqlens_q != NULL; /* attn_mask and dbias: dense batches only */
+    if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->h_kv < 1 || p->h % p->h_kv != 0 ||
+        (varlen && (p->mask != NULL || p->dbias != NULL || p->cu_seqlens_k == NULL)))
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0 || p->sq == 0 || p->sk == 0)
         return cudaSuccess;

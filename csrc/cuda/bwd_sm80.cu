@@ -32,6 +32,10 @@
  *   mask) is written to p->dbias by the main kernel only; then dS times the softcap derivative
  *   feeds dK and dQ. The uniform conditions are hoisted out of the per-element loops (see
  *   hook_tile); only partial mask tiles and dbias take a per-element slow path.
+ *   Varlen (cu_seqlens, seqused_k): every CTA (every thread of the elementwise kernels) takes its
+ *   sequence once from flash_seq_of (mask.h); the grids span the longest sequence and tiles past
+ *   their sequence's end return at once; the main loop reads the sequence's per-tile constants from
+ *   shared memory (bwd_seq_consts), which keeps the dense kernels' instructions per tile.
  *
  * Warps' roles (main kernel, 8 warps in a WK x WQ grid, WQ = 8 / WK): warp (wk, wq) computes S^T and
  * dP^T for keys [KW*wk, +KW) x queries [QW*wq, +QW) of the tile (KW = BC/WK, QW = BR/WQ), and owns
@@ -58,11 +62,13 @@
  *   These need sm90's 227 KB (FLASH_TILES_LARGE). FLASH_TILES_SMALL: D=64 BC=64 x BR=64, WK=2
  *   (75 KB); D=128 BC=64 x BR=32, WK=4, dQ kernel 64 x 32 (80 KB); D=256 BC=64 x BR=32, WK=4 (142 KB):
  *   A100 (163 KB) runs all three, sm86/sm89 (99 KB) d <= 128 only.
- * Dense kernels (HOOK = false): no register spills for sm_80 and sm_90a (ptxas -v; the main kernel
- * needs the lane and warp index re-read in each step, see lane_now); the HOOK kernels with the large
- * tiles spill a little (main kernel d64 / d128 and dQ kernel d128 / d256: 8-300 bytes of spill loads,
- * mostly in the slow per-element path), those with the small tiles not at all. One CTA of 8 warps
- * per SM.
+ * Dense kernels (HOOK = false): no register spills for sm_90a, nor for sm_80 with the small tiles
+ * (ptxas -v; the sm_80 build of the large d64 / d256 main kernels, which no sm_80 device can launch,
+ * spills 4-12 bytes; the main kernel needs the lane and warp index re-read in each step, see
+ * lane_now, and its sequence's constants read from shared memory, see bwd_seq_consts); the HOOK
+ * kernels with the large tiles spill a little (main kernel d64 / d128 and dQ kernel d128: 8-300 bytes
+ * of spill loads, mostly in the slow per-element path), those with the small tiles not at all. One
+ * CTA of 8 warps per SM.
  * Requirements (flash_bwd_sm80_check, cudaErrorInvalidValue otherwise): d % 8 == 0, d <= 256,
  * 16-byte aligned base pointers, batch/row/head strides multiples of 8 elements wherever that
  * dimension has more than one index.
@@ -248,13 +254,13 @@ typedef struct hook_tile {
     bool read_mask; /* the tile's flags say partial */
 } hook_tile;
 
-/* flags: the tile's attn_mask block flags. */
-__device__ __forceinline__ hook_tile make_hook_tile(const flash_params &p, int b, int hq, int m0, int n0, unsigned flags,
-                                                    bool dbias)
+/* flags: the tile's attn_mask block flags; alibi_offset: the sequence's (flash_seq). */
+__device__ __forceinline__ hook_tile make_hook_tile(const flash_params &p, int b, int hq, int m0, int n0, int alibi_offset,
+                                                    unsigned flags, bool dbias)
 {
     hook_tile h;
     h.slope = flash_alibi_slope(&p, b, hq);
-    h.abase = (float)((int64_t)n0 - m0 - p.alibi_offset);
+    h.abase = (float)((int64_t)n0 - m0 - alibi_offset);
     h.read_mask = (flags & FLASH_MASK_ANY_MASKED) != 0;
     h.slow = h.read_mask || dbias;
     return h;
@@ -303,18 +309,23 @@ __device__ __forceinline__ void hook_prepass(const flash_params &p, const hook_c
 /* ------------------------------------------------------------------------------------------------ */
 /* preprocess: delta = rowsum(dO * O), zero dq_accum                                                */
 
-/* One warp per (b, h, query row); lane l reads 8 consecutive elements at column 8l (+256). */
+/* One warp per (b, h, query row i < sq; varlen: sq = max_seqlen_q, rows past the sequence's end do
+ * nothing); lane l reads 8 consecutive elements at column 8l (+256). */
 template <typename T>
 __global__ void __launch_bounds__(PRE_WARPS *FLASH_WARP_SIZE) bwd_preprocess_kernel(const flash_params p)
 {
     const int lane = threadIdx.x % FLASH_WARP_SIZE;
-    const int64_t row = (int64_t)blockIdx.x * PRE_WARPS + threadIdx.x / FLASH_WARP_SIZE; /* (b*h + hq)*sq + i */
-    if (row >= p.b * p.h * p.sq)
+    const int64_t idx = (int64_t)blockIdx.x * PRE_WARPS + threadIdx.x / FLASH_WARP_SIZE; /* (b*h + hq)*sq + i */
+    if (idx >= p.b * p.h * p.sq)
         return;
-    const int64_t i = row % p.sq, bh = row / p.sq, hq = bh % p.h, b = bh / p.h;
+    const int64_t i = idx % p.sq, bh = idx / p.sq, hq = bh % p.h, b = bh / p.h;
+    const flash_seq s = flash_seq_of(&p, b);
+    if (i >= s.sq)
+        return;
+    const int64_t row = flash_lse_offset(&p, &s, b, hq) + i; /* of delta; dq_accum: times d */
     const int d = (int)p.d;
-    const T *o = (const T *)p.o + b * p.o_s.batch + i * p.o_s.row + hq * p.o_s.head;      /* (d) */
-    const T *dout = (const T *)p.dout + b * p.do_s.batch + i * p.do_s.row + hq * p.do_s.head; /* (d) */
+    const T *o = (const T *)p.o + b * p.o_s.batch + (s.q_row0 + i) * p.o_s.row + hq * p.o_s.head;       /* (d) */
+    const T *dout = (const T *)p.dout + b * p.do_s.batch + (s.q_row0 + i) * p.do_s.row + hq * p.do_s.head; /* (d) */
     float sum = 0.f;
     for (int c = lane * CHUNK; c < d; c += FLASH_WARP_SIZE * CHUNK) {
         const uint4 ov = *(const uint4 *)(o + c), dv = *(const uint4 *)(dout + c);
@@ -454,17 +465,18 @@ __device__ __forceinline__ void main_dropout_draw(const flash_params &p, uint32_
  * q.k, dp: dP^T, not yet minus delta): s becomes keep*P^T (for dV, whose dropout_scale factor is
  * applied to the dV accumulators at the end), dp the dS^T that feeds dK and dQ. Fragment element
  * (mt, t, e): key jl = key0 + 16 mt + lr + 8 (e >> 1), query ie = qry0 + 8 t + 2 lc + (e & 1), local
- * to the tile (m0, n0). mine: main_dropout_draw's words. */
+ * to the tile (m0, n0). mine: main_dropout_draw's words. qvalid, kvalid: the sequence's query rows and
+ * keys from m0, n0 (flash_seq); the attn_mask and dbias (dense batches only) are addressed with the
+ * tensors' p.sq, p.sk. */
 template <typename T, bool SLOW, int MT, int QW>
 __device__ __forceinline__ void hook_p_ds_main_pass(const flash_params &p, const hook_consts &hc, const hook_tile &ht,
                                                     float (&s)[MT][QW / 8][4], float (&dp)[MT][QW / 8][4],
                                                     const uint32_t (&mine)[main_dropout<MT, QW>::NWD],
                                                     const float *lse_t, const float *delta_t, int b, int hq, int m0,
                                                     int n0, int key0, int qry0, int lr, int lc, bool need_mask, int lo,
-                                                    int band)
+                                                    int band, int qvalid, int kvalid)
 {
     typedef main_dropout<MT, QW> DR;
-    const int sq = (int)p.sq, sk = (int)p.sk, qvalid = sq - m0, kvalid = sk - n0;
     const bool dropout = p.dropout_threshold != 0;
 #pragma unroll
     for (int t = 0; t < QW / 8; ++t) {
@@ -495,7 +507,7 @@ __device__ __forceinline__ void hook_p_ds_main_pass(const flash_params &p, const
                 const bool kept = (keep[P / DR::NPL - t * DR::NSRC][u / 4] >> (8 * (u % 4) + lr)) & 1u;
                 float *db = NULL;
                 if (SLOW && p.dbias != NULL && jl < kvalid && ie < qvalid)
-                    db = (float *)p.dbias + (((int64_t)b * p.h + hq) * sq + m0 + ie) * sk + n0 + jl;
+                    db = (float *)p.dbias + (((int64_t)b * p.h + hq) * p.sq + m0 + ie) * p.sk + n0 + jl;
                 hook_element<T, SLOW>(p, hc, ht, s[mt][t][e], dp[mt][t][e], vis, kept, l2[e & 1], dl[e & 1], b, hq, ie,
                                       jl, m0, n0, db);
             }
@@ -507,16 +519,17 @@ __device__ __forceinline__ void hook_p_ds_main(const flash_params &p, const hook
                                                float (&dp)[MT][QW / 8][4],
                                                const uint32_t (&mine)[main_dropout<MT, QW>::NWD], const float *lse_t,
                                                const float *delta_t, int b, int hq, int m0, int n0, int key0, int qry0,
-                                               int lr, int lc, bool need_mask, int lo, int band, unsigned flags)
+                                               int lr, int lc, bool need_mask, int lo, int band, unsigned flags,
+                                               int qvalid, int kvalid, int alibi_offset)
 {
-    const hook_tile ht = make_hook_tile(p, b, hq, m0, n0, flags, p.dbias != NULL);
+    const hook_tile ht = make_hook_tile(p, b, hq, m0, n0, alibi_offset, flags, p.dbias != NULL);
     hook_prepass(p, hc, &s[0][0][0], &dp[0][0][0], MT * QW / 2);
     if (ht.slow)
         hook_p_ds_main_pass<T, true, MT, QW>(p, hc, ht, s, dp, mine, lse_t, delta_t, b, hq, m0, n0, key0, qry0, lr, lc,
-                                             need_mask, lo, band);
+                                             need_mask, lo, band, qvalid, kvalid);
     else
         hook_p_ds_main_pass<T, false, MT, QW>(p, hc, ht, s, dp, mine, lse_t, delta_t, b, hq, m0, n0, key0, qry0, lr, lc,
-                                              need_mask, lo, band);
+                                              need_mask, lo, band, qvalid, kvalid);
 }
 
 /* One CTA per (key tile of BC keys, query head, batch); walks the query tiles of BR rows that the band
@@ -548,26 +561,33 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
     T *dSs = Ps + BC * SS;                   /* [BC][SS]     dS^T of the current query tile */
     float *lse_s = (float *)(dSs + BC * SS); /* [2][BR]      */
     float *delta_s = lse_s + 2 * BR;         /* [2][BR]      */
+    bwd_seq_consts *sc = (bwd_seq_consts *)(delta_s + 2 * BR); /* the sequence's, for the loop */
+    const uint32_t sca = smem_u32(sc);
 
     const int tid = threadIdx.x;
     const int n0 = blockIdx.x * BC, hq = blockIdx.y, b = blockIdx.z;
+    const flash_seq seq = flash_seq_uniform(p, b); /* the CTA's sequence: every row and key below is its own */
+    if (n0 >= seq.sk)
+        return; /* varlen: the grid spans the longest sequence */
     const int64_t hk = hq / p.h_per_kv;
-    const int sq = (int)p.sq, sk = (int)p.sk, d = (int)p.d;
+    const int sq = (int)seq.sq, sk = (int)seq.sk, d = (int)p.d;
     const float sl2 = p.scale_log2;
     const bool do_dq = !p.deterministic;
 
-    const T *kg = (const T *)p.k + b * p.k_s.batch + hk * p.k_s.head + n0 * p.k_s.row; /* (sk - n0, d) */
-    const T *vg = (const T *)p.v + b * p.v_s.batch + hk * p.v_s.head + n0 * p.v_s.row; /* (sk - n0, d) */
-    const T *qg = (const T *)p.q + b * p.q_s.batch + hq * p.q_s.head;                   /* (sq, d) */
-    const T *dog = (const T *)p.dout + b * p.do_s.batch + hq * p.do_s.head;             /* (sq, d) */
-    const int64_t bh = (int64_t)b * p.h + hq;
-    const float *lseg = (const float *)p.lse + bh * sq;     /* (sq) */
-    const float *deltag = (const float *)p.delta + bh * sq; /* (sq) */
-    float *dqa = p.dq_accum + bh * sq * d;                  /* (sq, d) */
+    const int64_t krow = seq.k_row0 + n0, lse0 = flash_lse_offset(&p, &seq, b, hq);
+    const T *kg = (const T *)p.k + seq.k_batch * p.k_s.batch + hk * p.k_s.head + krow * p.k_s.row; /* (sk - n0, d) */
+    const T *vg = (const T *)p.v + seq.k_batch * p.v_s.batch + hk * p.v_s.head + krow * p.v_s.row; /* (sk - n0, d) */
+    const T *qg = (const T *)p.q + b * p.q_s.batch + hq * p.q_s.head + seq.q_row0 * p.q_s.row;     /* (sq, d) */
+    const T *dog = (const T *)p.dout + b * p.do_s.batch + hq * p.do_s.head + seq.q_row0 * p.do_s.row; /* (sq, d) */
+    const float *lseg = (const float *)p.lse + lse0;     /* (sq) */
+    const float *deltag = (const float *)p.delta + lse0; /* (sq) */
+    float *dqa = p.dq_accum + lse0 * d;                  /* (sq, d) */
 
     const int kvalid = sk - n0, kn = kvalid < BC ? kvalid : BC; /* keys of the tile that exist */
-    const flash_tile_range qt = flash_query_tiles(&p, n0, kn, BR);
+    const flash_tile_range qt = flash_query_tiles(&seq, n0, kn, BR);
     const int m_end = (int)qt.end, full_first = (int)qt.full_first, full_end = (int)qt.full_end;
+    if (tid == 0)
+        bwd_seq_consts_set(sc, seq, n0); /* visible after the loop's first barrier */
     int m = (int)qt.first;
     if constexpr (HOOK)
         m = next_visible_tile(p, b, hq, m, m_end, BR, sq, n0, kn, true);
@@ -598,7 +618,7 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
         const int m0 = m * BR;
         int m_next = m + 1;
         if constexpr (HOOK)
-            m_next = next_visible_tile(p, batch_now(), head_now(), m_next, m_end, BR, sq, n0, kn, true);
+            m_next = next_visible_tile(p, batch_now(), head_now(), m_next, m_end, BR, (int)p.sq, n0, kn, true); /* mask: dense */
         const int lane = lane_now(), warp = warp_now();
         const int lr = lane / 4, lc = lane % 4; /* accumulator fragment: row lr (+8), columns 2*lc, +1 */
         const int wk = warp % WK, wq = warp / WK;
@@ -607,11 +627,11 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
         cp_async_wait<0>();
         __syncthreads(); /* stage st landed; stage st^1, P^T and dS^T no longer read by the previous step */
         if (m_next < m_end) {
-            const int m1 = m_next * BR, so = st ^ 1;
-            load_tile_async<T, BR, D, NT>(Qs + so * BR * SD, qg + m1 * p.q_s.row, p.q_s.row, sq - m1, d, tid);
-            load_tile_async<T, BR, D, NT>(dOs + so * BR * SD, dog + m1 * p.do_s.row, p.do_s.row, sq - m1, d, tid);
-            load_vec_async<BR, NT>(lse_s + so * BR, lseg + m1, sq - m1, tid);
-            load_vec_async<BR, NT>(delta_s + so * BR, deltag + m1, sq - m1, tid);
+            const int m1 = m_next * BR, so = st ^ 1, qv = bwd_seq_sq(sca) - m1;
+            load_tile_async<T, BR, D, NT>(Qs + so * BR * SD, qg + m1 * p.q_s.row, p.q_s.row, qv, d, tid);
+            load_tile_async<T, BR, D, NT>(dOs + so * BR * SD, dog + m1 * p.do_s.row, p.do_s.row, qv, d, tid);
+            load_vec_async<BR, NT>(lse_s + so * BR, lseg + m1, qv, tid);
+            load_vec_async<BR, NT>(delta_s + so * BR, deltag + m1, qv, tid);
             cp_async_commit();
         }
         const T *Qt = Qs + st * BR * SD, *dOt = dOs + st * BR * SD; /* [BR][SD] */
@@ -671,13 +691,16 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
          * band); keys past sk are masked too (their zero-filled K would give s = 0). Both go to smem
          * for the other warps of the key group (and dS^T for dQ), and stay in registers as A
          * fragments (k = queries) for this warp. */
-        const int lo = flash_tile_diag(p.diag_lo, m0, n0), band = flash_tile_diag(p.diag_hi, m0, n0) - lo;
+        int hb, lb;
+        bwd_seq_band(sca, hb, lb);
+        const int lo = band_tile_lo(lb, m0), band = band_tile_hi(hb, m0) - lo, kvalid = bwd_seq_kvalid(sca);
         const bool need_mask = m < full_first || m >= full_end || kvalid < BC;
         if constexpr (HOOK) {
             const int bn = batch_now(), hn = head_now();
-            const unsigned flags = warp_mask_tile_flags(p, bn, hn, m0, min(BR, sq - m0), n0, kn);
+            const int qvalid = bwd_seq_sq(sca) - m0;
+            const unsigned flags = warp_mask_tile_flags(p, bn, hn, m0, min(BR, qvalid), n0, kn);
             hook_p_ds_main<T, MT, QW>(p, hc, s, dp, drop, lse_t, delta_t, bn, hn, m0, n0, key0, qry0, lr, lc, need_mask, lo,
-                                      band, flags);
+                                      band, flags, qvalid, kvalid, bwd_seq_alibi(sca));
         } else {
 #pragma unroll
             for (int t = 0; t < QW / 8; ++t) {
@@ -726,7 +749,7 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
 
         if (do_dq) {
             /* dQ_partial (BR x D) = dS K, added to dq_accum */
-            const int wm = warp % DQ_WM, wn = warp / DQ_WM;
+            const int wm = warp % DQ_WM, wn = warp / DQ_WM, nq = bwd_seq_sq(sca); /* rows of the sequence */
 #pragma unroll
             for (int ch = 0; ch < DQN / DQC; ++ch) {
                 const int cb = wn * DQN + ch * DQC; /* first column of the chunk */
@@ -761,7 +784,7 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
 #pragma unroll
                     for (int t = 0; t < DQC / 8; ++t) {
                         if (cb + t * 8 < d) /* warp-uniform: the shuffles inside need all lanes */
-                            red_add_tile(dqa, d, row, row < sq, row + 8 < sq, cb + t * 8 + 2 * lc, acc[mt][t], lane);
+                            red_add_tile(dqa, d, row, row < nq, row + 8 < nq, cb + t * 8 + 2 * lc, acc[mt][t], lane);
                     }
                 }
             }
@@ -773,8 +796,9 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
     const int warp = warp_now();
     const int key0 = (warp % WK) * KW, col0 = (warp / WK) * DW;
     const float dv_mul = HOOK ? hc.dropout_scale : 1.f;
-    store_kv_grad<T, MT, DW>(p, acc_dv, dv_mul, p.dv, p.dv_s, p.dv_accum, b, hq, n0 + key0, col0);
-    store_kv_grad<T, MT, DW>(p, acc_dk, (float)p.scale, p.dk, p.dk_s, p.dk_accum, b, hq, n0 + key0, col0);
+    const flash_seq se = flash_seq_of(&p, b); /* seq again (loaded after the loop's barriers): none held across it */
+    store_kv_grad<T, MT, DW>(p, se, acc_dv, dv_mul, p.dv, p.dv_s, p.dv_accum, b, hq, n0 + key0, col0);
+    store_kv_grad<T, MT, DW>(p, se, acc_dk, (float)p.scale, p.dk, p.dk_s, p.dk_accum, b, hq, n0 + key0, col0);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -809,15 +833,16 @@ __device__ __forceinline__ uint32_t dq_dropout_draw(const flash_params &p, int b
 /* HOOK variant of the dQ kernel's P / dS step on the warp's S and dP fragments (s: the raw q.k, dp:
  * dP, not yet minus delta): dp becomes the dS that feeds dQ. Fragment element (t, e): query row
  * il = 16 warp + lr + 8 (e >> 1), key jl = 8 t + 2 lc + (e & 1), local to the tile (m0, n0). mine:
- * dq_dropout_draw's word. dbias is not written here (the main kernel does). */
+ * dq_dropout_draw's word. dbias is not written here (the main kernel does). sq, sk: the sequence's. */
 template <typename T, bool SLOW, int BCQ>
 __device__ __forceinline__ void hook_p_ds_dq_pass(const flash_params &p, const hook_consts &hc, const hook_tile &ht,
                                                   float (&s)[BCQ / 8][4], float (&dp)[BCQ / 8][4], const uint32_t keep[4],
                                                   const float l2[2], const float dl[2], int b, int hq, int m0, int n0,
-                                                  int warp, int lr, int lc, bool need_mask, int lo, int band)
+                                                  int warp, int lr, int lc, bool need_mask, int lo, int band, int sq,
+                                                  int sk)
 {
     typedef dq_dropout<BCQ> DR;
-    const int sq = (int)p.sq, kvalid = (int)p.sk - n0;
+    const int kvalid = sk - n0;
 #pragma unroll
     for (int t = 0; t < BCQ / 8; ++t)
 #pragma unroll
@@ -835,9 +860,9 @@ template <typename T, int BCQ>
 __device__ __forceinline__ void hook_p_ds_dq(const flash_params &p, const hook_consts &hc, float (&s)[BCQ / 8][4],
                                              float (&dp)[BCQ / 8][4], uint32_t mine, const float l2[2], const float dl[2],
                                              int b, int hq, int m0, int n0, int warp, int lr, int lc, bool need_mask,
-                                             int lo, int band, unsigned flags)
+                                             int lo, int band, unsigned flags, int sq, int sk, int alibi_offset)
 {
-    const hook_tile ht = make_hook_tile(p, b, hq, m0, n0, flags, false);
+    const hook_tile ht = make_hook_tile(p, b, hq, m0, n0, alibi_offset, flags, false);
     uint32_t keep[4] = {~0u, ~0u, ~0u, ~0u}; /* [source lane of the group] */
     if (p.dropout_threshold != 0) {
 #pragma unroll
@@ -846,9 +871,11 @@ __device__ __forceinline__ void hook_p_ds_dq(const flash_params &p, const hook_c
     }
     hook_prepass(p, hc, &s[0][0], &dp[0][0], BCQ / 2);
     if (ht.slow)
-        hook_p_ds_dq_pass<T, true, BCQ>(p, hc, ht, s, dp, keep, l2, dl, b, hq, m0, n0, warp, lr, lc, need_mask, lo, band);
+        hook_p_ds_dq_pass<T, true, BCQ>(p, hc, ht, s, dp, keep, l2, dl, b, hq, m0, n0, warp, lr, lc, need_mask, lo, band,
+                                        sq, sk);
     else
-        hook_p_ds_dq_pass<T, false, BCQ>(p, hc, ht, s, dp, keep, l2, dl, b, hq, m0, n0, warp, lr, lc, need_mask, lo, band);
+        hook_p_ds_dq_pass<T, false, BCQ>(p, hc, ht, s, dp, keep, l2, dl, b, hq, m0, n0, warp, lr, lc, need_mask, lo, band,
+                                         sq, sk);
 }
 
 /* One CTA per (query tile of BRQ rows, query head, batch), BRQ/16 warps; walks the key tiles of BCQ
@@ -868,27 +895,30 @@ __global__ void __launch_bounds__(BRQ / 16 * FLASH_WARP_SIZE, 1)
     const int tid = threadIdx.x, warp = tid / FLASH_WARP_SIZE, lane = tid % FLASH_WARP_SIZE;
     const int lr = lane / 4, lc = lane % 4;
     const int m0 = blockIdx.x * BRQ, hq = blockIdx.y, b = blockIdx.z;
+    const flash_seq seq = flash_seq_uniform(p, b); /* the CTA's sequence: every row and key below is its own */
+    if (m0 >= seq.sq)
+        return; /* varlen: the grid spans the longest sequence */
     const int64_t hk = hq / p.h_per_kv;
-    const int sq = (int)p.sq, sk = (int)p.sk, d = (int)p.d;
+    const int sq = (int)seq.sq, sk = (int)seq.sk, d = (int)p.d;
     const float sl2 = p.scale_log2;
 
-    const T *qg = (const T *)p.q + b * p.q_s.batch + hq * p.q_s.head + m0 * p.q_s.row;       /* (sq - m0, d) */
-    const T *dog = (const T *)p.dout + b * p.do_s.batch + hq * p.do_s.head + m0 * p.do_s.row; /* (sq - m0, d) */
-    const T *kg = (const T *)p.k + b * p.k_s.batch + hk * p.k_s.head;                         /* (sk, d) */
-    const T *vg = (const T *)p.v + b * p.v_s.batch + hk * p.v_s.head;                         /* (sk, d) */
-    const int64_t bh = (int64_t)b * p.h + hq;
+    const int64_t qrow = seq.q_row0 + m0, lse0 = flash_lse_offset(&p, &seq, b, hq);
+    const T *qg = (const T *)p.q + b * p.q_s.batch + hq * p.q_s.head + qrow * p.q_s.row;       /* (sq - m0, d) */
+    const T *dog = (const T *)p.dout + b * p.do_s.batch + hq * p.do_s.head + qrow * p.do_s.row; /* (sq - m0, d) */
+    const T *kg = (const T *)p.k + seq.k_batch * p.k_s.batch + hk * p.k_s.head + seq.k_row0 * p.k_s.row; /* (sk, d) */
+    const T *vg = (const T *)p.v + seq.k_batch * p.v_s.batch + hk * p.v_s.head + seq.k_row0 * p.v_s.row; /* (sk, d) */
 
     /* this lane's two query rows: lr and lr + 8 of the warp's 16 */
     float l2[2], dl[2];
 #pragma unroll
     for (int h8 = 0; h8 < 2; ++h8) {
         const int i = m0 + warp * 16 + lr + 8 * h8;
-        l2[h8] = i < sq ? lse_to_log2(((const float *)p.lse)[bh * sq + i]) : INFINITY;
-        dl[h8] = i < sq ? ((const float *)p.delta)[bh * sq + i] : 0.f;
+        l2[h8] = i < sq ? lse_to_log2(((const float *)p.lse)[lse0 + i]) : INFINITY;
+        dl[h8] = i < sq ? ((const float *)p.delta)[lse0 + i] : 0.f;
     }
 
     const int qn = sq - m0 < BRQ ? sq - m0 : BRQ; /* rows of the tile that exist */
-    const flash_tile_range kt = flash_key_tiles(&p, m0, qn, BCQ);
+    const flash_tile_range kt = flash_key_tiles(&seq, m0, qn, BCQ);
     const int n_end = (int)kt.end, full_first = (int)kt.full_first, full_end = (int)kt.full_end;
     int n = (int)kt.first;
     if constexpr (HOOK)
@@ -964,13 +994,14 @@ __global__ void __launch_bounds__(BRQ / 16 * FLASH_WARP_SIZE, 1)
         }
 
         /* dS = P o (dP - delta); query il (local) sees key jl (local) iff lo <= jl - il <= lo + band */
-        const int lo = flash_tile_diag(p.diag_lo, m0, n0), band = flash_tile_diag(p.diag_hi, m0, n0) - lo;
+        const int lo = flash_tile_diag(seq.diag_lo, m0, n0), band = flash_tile_diag(seq.diag_hi, m0, n0) - lo;
         const int kvalid = sk - n0;
         const bool need_mask = n < full_first || n >= full_end;
         if constexpr (HOOK) {
             const int bn = batch_now(), hn = head_now();
             const unsigned flags = warp_mask_tile_flags(p, bn, hn, m0, qn, n0, min(BCQ, kvalid));
-            hook_p_ds_dq<T, BCQ>(p, hc, s, dp, drop, l2, dl, bn, hn, m0, n0, warp, lr, lc, need_mask, lo, band, flags);
+            hook_p_ds_dq<T, BCQ>(p, hc, s, dp, drop, l2, dl, bn, hn, m0, n0, warp, lr, lc, need_mask, lo, band, flags, sq,
+                                 sk, (int)seq.alibi_offset);
         } else {
 #pragma unroll
             for (int t = 0; t < BCQ / 8; ++t)
@@ -1007,6 +1038,8 @@ __global__ void __launch_bounds__(BRQ / 16 * FLASH_WARP_SIZE, 1)
     cp_async_wait<0>();
 
     const float scale = (float)p.scale;
+    const flash_seq se = flash_seq_of(&p, b); /* seq again (loaded after the loop's barriers): none held across it */
+    T *dqg = (T *)p.dq + b * p.dq_s.batch + se.q_row0 * p.dq_s.row + hq * p.dq_s.head; /* (sq, d) */
 #pragma unroll
     for (int t = 0; t < D / 8; ++t) {
         const int col = t * 8 + 2 * lc;
@@ -1015,8 +1048,8 @@ __global__ void __launch_bounds__(BRQ / 16 * FLASH_WARP_SIZE, 1)
 #pragma unroll
         for (int h8 = 0; h8 < 2; ++h8) {
             const int i = m0 + warp * 16 + lr + 8 * h8;
-            if (i < sq) {
-                T *out = (T *)p.dq + b * p.dq_s.batch + (int64_t)i * p.dq_s.row + hq * p.dq_s.head + col;
+            if (i < se.sq) {
+                T *out = dqg + (int64_t)i * p.dq_s.row + col;
                 *(uint32_t *)out = pack2<T>(acc[t][2 * h8] * scale, acc[t][2 * h8 + 1] * scale);
             }
         }
@@ -1026,7 +1059,8 @@ __global__ void __launch_bounds__(BRQ / 16 * FLASH_WARP_SIZE, 1)
 /* ------------------------------------------------------------------------------------------------ */
 /* postprocess                                                                                      */
 
-/* One thread per 8 consecutive elements of dq: dq = dq_accum * scale. */
+/* One thread per 8 consecutive elements of dq (b, h, query row i < sq; varlen: rows past the
+ * sequence's end do nothing): dq = dq_accum * scale. */
 template <typename T>
 __global__ void __launch_bounds__(POST_THREADS) bwd_dq_post_kernel(const flash_params p)
 {
@@ -1035,20 +1069,24 @@ __global__ void __launch_bounds__(POST_THREADS) bwd_dq_post_kernel(const flash_p
     if (idx >= p.b * p.h * p.sq * cpr)
         return;
     const int c = (int)(idx % cpr) * CHUNK;
-    const int64_t row = idx / cpr, i = row % p.sq, bh = row / p.sq, hq = bh % p.h, b = bh / p.h;
+    const int64_t r = idx / cpr, i = r % p.sq, bh = r / p.sq, hq = bh % p.h, b = bh / p.h;
+    const flash_seq s = flash_seq_of(&p, b);
+    if (i >= s.sq)
+        return;
+    const int64_t row = flash_lse_offset(&p, &s, b, hq) + i;
     const float scale = (float)p.scale;
-    const float4 *src = (const float4 *)(p.dq_accum + row * d + c); /* (8) of (b, h, sq, d) */
+    const float4 *src = (const float4 *)(p.dq_accum + row * d + c); /* (8) of dq_accum (lse layout, d) */
     const float4 x = src[0], y = src[1];
     uint4 out;
     out.x = pack2<T>(x.x * scale, x.y * scale);
     out.y = pack2<T>(x.z * scale, x.w * scale);
     out.z = pack2<T>(y.x * scale, y.y * scale);
     out.w = pack2<T>(y.z * scale, y.w * scale);
-    *(uint4 *)((T *)p.dq + b * p.dq_s.batch + i * p.dq_s.row + hq * p.dq_s.head + c) = out;
+    *(uint4 *)((T *)p.dq + b * p.dq_s.batch + (s.q_row0 + i) * p.dq_s.row + hq * p.dq_s.head + c) = out;
 }
 
-/* GQA: one thread per 8 consecutive elements of dk and dv: the sum over the group's query heads,
- * in head order. */
+/* GQA: one thread per 8 consecutive elements of dk and dv (b, key j < sk, h_kv; varlen: keys past
+ * the sequence's end do nothing): the sum over the group's query heads, in head order. */
 template <typename T>
 __global__ void __launch_bounds__(POST_THREADS) bwd_dkv_post_kernel(const flash_params p)
 {
@@ -1058,10 +1096,14 @@ __global__ void __launch_bounds__(POST_THREADS) bwd_dkv_post_kernel(const flash_
         return;
     const int c = (int)(idx % cpr) * CHUNK;
     const int64_t row = idx / cpr, hk = row % p.h_kv, bj = row / p.h_kv, j = bj % p.sk, b = bj / p.sk;
+    const flash_seq s = flash_seq_of(&p, b);
+    if (j >= s.sk)
+        return;
+    const int64_t arow = flash_kaccum_row(&p, &s, b, j);
 #pragma unroll
     for (int which = 0; which < 2; ++which) {
-        const float *acc = which == 0 ? p.dk_accum : p.dv_accum; /* (b, sk, h, d) */
-        const float *src = acc + (bj * p.h + hk * p.h_per_kv) * d + c;
+        const float *acc = which == 0 ? p.dk_accum : p.dv_accum; /* (rows, h, d) */
+        const float *src = acc + (arow * p.h + hk * p.h_per_kv) * d + c;
         float v[CHUNK] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         for (int64_t g = 0; g < p.h_per_kv; ++g) {
             const float4 x = ((const float4 *)(src + g * d))[0], y = ((const float4 *)(src + g * d))[1];
@@ -1074,7 +1116,8 @@ __global__ void __launch_bounds__(POST_THREADS) bwd_dkv_post_kernel(const flash_
         out.z = pack2<T>(v[4], v[5]);
         out.w = pack2<T>(v[6], v[7]);
         const flash_strides &os = which == 0 ? p.dk_s : p.dv_s;
-        *(uint4 *)((T *)(which == 0 ? p.dk : p.dv) + b * os.batch + j * os.row + hk * os.head + c) = out;
+        T *dst = (T *)(which == 0 ? p.dk : p.dv) + s.k_batch * os.batch + (s.k_row0 + j) * os.row + hk * os.head + c;
+        *(uint4 *)dst = out;
     }
 }
 
@@ -1087,11 +1130,12 @@ static unsigned int blocks_for(int64_t items, int per_block)
 }
 
 /* Dynamic shared memory (bytes, 16-bit elements) of the main kernel (K, V, two Q and dO stages, P^T,
- * dS^T, two lse and delta stages) and of the deterministic dQ kernel (Q, dO, two K and V stages). */
+ * dS^T, two lse and delta stages, the sequence's constants) and of the deterministic dQ kernel (Q, dO,
+ * two K and V stages). */
 static constexpr size_t main_smem_bytes(int D, int BC, int BR)
 {
     return (size_t)(2 * BC * (D + SMEM_PAD) + 4 * BR * (D + SMEM_PAD) + 2 * BC * (BR + SMEM_PAD)) * 2 +
-           4 * BR * sizeof(float);
+           4 * BR * sizeof(float) + sizeof(bwd_seq_consts);
 }
 
 static constexpr size_t dq_smem_bytes(int D, int BRQ, int BCQ)
@@ -1195,11 +1239,14 @@ extern "C" cudaError_t flash_bwd_sm80_check(const flash_params *p)
         p->d > FLASH_CUDA_MAX_HEAD_DIM || p->h_kv < 1 || p->h % p->h_kv != 0 || p->h_per_kv != p->h / p->h_kv ||
         p->sq > INT_MAX || p->sk > INT_MAX || p->h > MAX_GRID_YZ || p->b > MAX_GRID_YZ)
         return cudaErrorInvalidValue;
-    /* the dense kernels know nothing of the variants; the HOOK kernels read the mask through its flags */
+    /* the dense kernels know nothing of the variants; the HOOK kernels read the mask through its flags;
+     * attn_mask and dbias exist for dense batches only */
     const int variant = p->softcap != 0.f || p->alibi_slopes != NULL || p->mask != NULL || p->dbias != NULL ||
                         p->dropout_threshold != 0;
+    const int varlen = p->cu_seqlens_q != NULL;
     if ((variant && !p->has_hook) || (p->mask == NULL) != (p->mask_blocks == NULL) ||
-        (p->mask != NULL && p->mask_kind != FLASH_MASK_BOOL && p->mask_kind != FLASH_MASK_ADD))
+        (p->mask != NULL && p->mask_kind != FLASH_MASK_BOOL && p->mask_kind != FLASH_MASK_ADD) ||
+        (varlen && (p->mask != NULL || p->dbias != NULL || p->cu_seqlens_k == NULL)))
         return cudaErrorInvalidValue;
     const void *ptrs[] = {p->q, p->k, p->v, p->o, p->dout, p->dq, p->dk, p->dv};
     for (unsigned int i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); ++i)
@@ -1211,8 +1258,9 @@ extern "C" cudaError_t flash_bwd_sm80_check(const flash_params *p)
         return cudaErrorInvalidValue;
     const flash_strides *qside[] = {&p->q_s, &p->o_s, &p->do_s, &p->dq_s};
     const flash_strides *kside[] = {&p->k_s, &p->v_s, &p->dk_s, &p->dv_s};
+    const int64_t qrows = varlen ? p->total_q : p->sq, krows = varlen ? p->total_k : p->sk; /* row indices used */
     for (unsigned int i = 0; i < sizeof(qside) / sizeof(qside[0]); ++i)
-        if (!strides_ok(qside[i], p->b, p->sq, p->h) || !strides_ok(kside[i], p->b, p->sk, p->h_kv))
+        if (!strides_ok(qside[i], p->b, qrows, p->h) || !strides_ok(kside[i], p->b, krows, p->h_kv))
             return cudaErrorInvalidValue;
     return cudaSuccess;
 }

@@ -43,6 +43,9 @@
  *   (dropout_scale applied to dV at the end); then P^T times the softcap derivative. In the dS step:
  *   dP^T times keep * dropout_scale, dS^T = P^T (dP^T - delta); with dbias (dS^T before the softcap
  *   factor, written to p.dbias) the derivative waits in dS^T's shared memory (fp16) instead.
+ * Varlen (cu_seqlens, seqused_k): each CTA takes its sequence once (flash_seq_uniform: flash_seq_of
+ *   as warp-uniform values, so the base pointers stay on the uniform datapath) and returns at once when
+ *   its key tile is past the sequence's keys; the main loops' instructions are those of dense batches.
  * Requirements: as bwd_sm80.cu (d % 8 == 0, 16-byte aligned pointers and strides), plus an sm_90
  *   device with an sm_90a build (FLASHATTN_EXT_SM90A).
  *
@@ -120,33 +123,6 @@ __host__ __device__ constexpr int block_qi(int kq, int v)
 __host__ __device__ constexpr int block_kj(int v)
 {
     return 8 * ((v & 3) >> 1);
-}
-
-/* The band [lo, hi] of flash_tile_diag for the query tiles m0 of key tile n0, in a per-CTA part and
- * a cheap per-tile part: band_tile_hi(band_cta_hi(p, n0), m0) and band_tile_lo(band_cta_lo(p, n0), m0)
- * equal flash_tile_diag(p.diag_hi / p.diag_lo, m0, n0) in every tile that flash_query_tiles yields
- * (there hi >= -(BM - 1) and lo <= BN - 1: the tile meets the union of its keys' visible query ranges),
- * and stay within [-FLASH_DIAG_CLAMP, FLASH_DIAG_CLAMP] without overflowing an int. */
-__host__ __device__ __forceinline__ int band_cta_hi(const flash_params &p, int n0)
-{
-    return (int)flash_max64(flash_min64(p.diag_hi - n0, FLASH_DIAG_CLAMP), INT_MIN);
-}
-
-__host__ __device__ __forceinline__ int band_cta_lo(const flash_params &p, int n0)
-{
-    return (int)flash_max64(p.diag_lo - n0, INT_MIN); /* <= sk - n0 */
-}
-
-__host__ __device__ __forceinline__ int band_tile_hi(int hb, int m0)
-{
-    const int cap = FLASH_DIAG_CLAMP - m0;
-    return m0 + (hb < cap ? hb : cap);
-}
-
-__host__ __device__ __forceinline__ int band_tile_lo(int lb, int m0)
-{
-    const int v = lb + m0;
-    return v > -FLASH_DIAG_CLAMP ? v : -FLASH_DIAG_CLAMP;
 }
 
 /* Byte (g, q) of a warp's dropout keep bits (dropout_keep_bytes: key group g, query q of NQW), and the
@@ -382,6 +358,7 @@ __device__ __forceinline__ int next_visible_tile(const flash_params &p, int m, i
     flags = FLASH_MASK_ANY_VISIBLE;
     if (p.mask_blocks == 0)
         return m;
+    /* a mask exists for dense batches only: p.sq, p.sk are the sequence's and the flags' extent */
     const int lane = threadIdx.x % FLASH_WARP_SIZE, r = lane / CB, c = lane % CB;
     const int64_t n0 = (int64_t)blockIdx.x * BN;
     const bool lane_ok = r < RB && n0 + c * FLASH_MASK_BLOCK < p.sk;
@@ -463,6 +440,7 @@ struct hook_tile {
                           * holding it across the P step costs spills, and with dbias, which needs dS^T
                           * without it); else P^T is multiplied by it at once (dS^T = P^T g (dP^T - delta)) */
     bool dropout;
+    int alibi_offset;    /* the sequence's (flash_seq) */
     /* per query tile (hook_tile_set); the pointers into the attn_mask and dbias are formed where they
      * are used (fewer registers held across the P step) */
     int m0, n0, jb, qf;  /* the tile's first query and key, the thread's first key and query in it */
@@ -474,7 +452,8 @@ struct hook_tile {
     int g_row0, g_col0;  /* this warp's rows in it and the warpgroup's first query */
 };
 
-__device__ __forceinline__ void hook_cta_init(hook_tile &hk, const flash_params &p, int b, int hq, bool stash)
+__device__ __forceinline__ void hook_cta_init(hook_tile &hk, const flash_params &p, const flash_seq &s, int b, int hq,
+                                              bool stash)
 {
     const bool cap = p.softcap > 0.f;
     hk.prescale = !cap && !(p.scale_log2 > 0.f);
@@ -484,6 +463,7 @@ __device__ __forceinline__ void hook_cta_init(hook_tile &hk, const flash_params 
     hk.alibi = -flash_alibi_slope(&p, b, hq) * hk.madd;
     hk.stash_g = cap && (stash || p.dbias != 0);
     hk.dropout = p.dropout_threshold != 0;
+    hk.alibi_offset = (int)s.alibi_offset;
 }
 
 /* The per-tile part (fields as in the struct; flags: the tile's attn_mask flags). */
@@ -491,7 +471,7 @@ __device__ __forceinline__ void hook_tile_set(hook_tile &hk, const flash_params 
                                               unsigned flags, int kvalid, uint32_t keep, uint32_t gstash, int g_row0,
                                               int g_col0)
 {
-    hk.dist0 = (float)((int64_t)n0 + jb - m0 - qf - p.alibi_offset);
+    hk.dist0 = (float)((int64_t)n0 + jb - m0 - qf - hk.alibi_offset);
     hk.m0 = m0;
     hk.n0 = n0;
     hk.jb = jb;
@@ -505,7 +485,8 @@ __device__ __forceinline__ void hook_tile_set(hook_tile &hk, const flash_params 
     hk.g_col0 = g_col0;
 }
 
-/* Value v of block kq exists: its query is below sq and its key below sk. */
+/* Value v of block kq exists: its query is below sq and its key below sk (for the attn_mask and dbias,
+ * which exist for dense batches only: p.sq is the sequence's). */
 __device__ __forceinline__ bool elem_exists(const hook_tile &hk, const flash_params &p, int kq, int v)
 {
     return hk.m0 + hk.qf + block_qi(kq, v) < p.sq && !((v & 3) >> 1 ? hk.row8_out : hk.row0_out);
@@ -599,7 +580,7 @@ __device__ __forceinline__ void hook_dp(float dp8[8], int kq, const hook_tile &h
 template <int ROWS>
 __device__ __forceinline__ void hook_ds(float ds8[8], int kq, const hook_tile &hk, const flash_params &p, int lane)
 {
-    if (p.dbias != 0) {
+    if (p.dbias != 0) { /* dense batches only: (b, h, sq, sk) */
         float *db = (float *)p.dbias + ((((int64_t)blockIdx.z * p.h + blockIdx.y) * p.sq + hk.m0 + hk.qf) * p.sk +
                                         hk.n0 + hk.jb); /* the thread's first element */
 #pragma unroll
@@ -623,15 +604,16 @@ __device__ __forceinline__ void hook_ds(float ds8[8], int kq, const hook_tile &h
 /* ------------------------------------------------------------------------------------------------ */
 
 /* The dQ reducer warpgroup: for each query tile the MMA warpgroups walk (the same sequence, step i),
- * wait on FULL[i % 2] until they have written its dQ_partial (BM x D fp32) into buffer i % 2, add it
- * into dq_accum with vector red.add, and hand the buffer back on EMPTY[i % 2]. The MMA warpgroups never
+ * wait on FULL[i % 2] until they have written its dQ_partial (BM x D fp32) into buffer i % 2, add its
+ * rows below sq (the sequence's) into dq_accum with vector red.add, and hand the buffer back on
+ * EMPTY[i % 2]. The MMA warpgroups never
  * stall on these L2 reductions (they were 20-25% of the time when the MMA warps issued them). */
 template <bool HOOK, int BM, int D>
 __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *dQb, float *dqa, uint32_t full,
-                                           uint32_t empty, int m_first, int m_end, int rtid)
+                                           uint32_t empty, int m_first, int m_end, int sq, int rtid)
 {
     constexpr int DQ_LD = D + DQ_PAD, V4_PER_ROW = D / 4, NPART = dq_parts(D);
-    const int sq = (int)p.sq, d = (int)p.d;
+    const int d = (int)p.d;
     unsigned flags;
     int m = next_query_tile<HOOK, BM, SM90_BN>(p, m_first, m_end, flags); /* HOOK: the walked tiles */
     for (int i = 0; HOOK ? m < m_end : i < m_end - m_first; ++i) {
@@ -684,24 +666,28 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
 
     const int tid = threadIdx.x;
     const int n0 = blockIdx.x * BN, hq = blockIdx.y, b = blockIdx.z;
+    const flash_seq seq = flash_seq_uniform(p, b); /* the CTA's sequence: every row and key below is its own */
+    if (n0 >= seq.sk)
+        return; /* varlen: the grid spans the longest sequence */
     const int64_t hk = hq / p.h_per_kv;
-    const int sq = (int)p.sq, sk = (int)p.sk, d = (int)p.d;
+    const int sq = (int)seq.sq, sk = (int)seq.sk, d = (int)p.d;
     const bool do_dq = !p.deterministic;
 
-    const T *kg = (const T *)p.k + b * p.k_s.batch + hk * p.k_s.head + n0 * p.k_s.row; /* (sk - n0, d) */
-    const T *vg = (const T *)p.v + b * p.v_s.batch + hk * p.v_s.head + n0 * p.v_s.row; /* (sk - n0, d) */
-    const T *qg = (const T *)p.q + b * p.q_s.batch + hq * p.q_s.head;                   /* (sq, d) */
-    const T *dog = (const T *)p.dout + b * p.do_s.batch + hq * p.do_s.head;             /* (sq, d) */
+    const int64_t krow = seq.k_row0 + n0, lse0 = flash_lse_offset(&p, &seq, b, hq);
+    const T *kg = (const T *)p.k + seq.k_batch * p.k_s.batch + hk * p.k_s.head + krow * p.k_s.row; /* (sk - n0, d) */
+    const T *vg = (const T *)p.v + seq.k_batch * p.v_s.batch + hk * p.v_s.head + krow * p.v_s.row; /* (sk - n0, d) */
+    const T *qg = (const T *)p.q + b * p.q_s.batch + hq * p.q_s.head + seq.q_row0 * p.q_s.row;     /* (sq, d) */
+    const T *dog = (const T *)p.dout + b * p.do_s.batch + hq * p.do_s.head + seq.q_row0 * p.do_s.row; /* (sq, d) */
     const int64_t bh = (int64_t)b * p.h + hq;
-    const float *lseg = (const float *)p.lse + bh * sq;     /* (sq) */
-    const float *deltag = (const float *)p.delta + bh * sq; /* (sq) */
-    float *dqa = p.dq_accum + bh * sq * d;                  /* (sq, d) */
+    const float *lseg = (const float *)p.lse + lse0;     /* (sq) */
+    const float *deltag = (const float *)p.delta + lse0; /* (sq) */
+    float *dqa = p.dq_accum + lse0 * d;                  /* (sq, d) */
 
     const int kvalid = sk - n0, kn = kvalid < BN ? kvalid : BN; /* keys of the tile that exist */
-    const flash_tile_range qt = flash_query_tiles(&p, n0, kn, BM);
+    const flash_tile_range qt = flash_query_tiles(&seq, n0, kn, BM);
     const int m_first = (int)qt.first, m_end = (int)qt.end;
     const int full_first = (int)qt.full_first, full_end = (int)qt.full_end;
-    const int hb = band_cta_hi(p, n0), lb = band_cta_lo(p, n0);
+    const int hb = band_cta_hi(seq, n0), lb = band_cta_lo(seq, n0);
 
     const uint32_t full = smem_u32(mbar), empty = full + 2 * sizeof(uint64_t);
     if (tid < 2) {
@@ -712,7 +698,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     if (tid >= SM90_THREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REDUCER_REGS));
         if (do_dq)
-            dq_reducer<HOOK, BM, D>(p, dQb, dqa, full, empty, m_first, m_end, tid - SM90_THREADS);
+            dq_reducer<HOOK, BM, D>(p, dQb, dqa, full, empty, m_first, m_end, sq, tid - SM90_THREADS);
     } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(MMA_REGS));
     load_tile_sw128<T, BN, D>(Ks, kg, p.k_s.row, kvalid, d, tid);
@@ -731,7 +717,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     }
     hook_tile hkt;
     if (HOOK)
-        hook_cta_init(hkt, p, b, hq, D == 128);
+        hook_cta_init(hkt, p, seq, b, hq, D == 128);
 
     for (int walked = 0; m < m_end; ++walked) {
         const int step = HOOK ? walked : m - m_first; /* tiles walked before this one */
@@ -902,8 +888,10 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
 
     const int j0 = n0 + (tid / WARPGROUP_THREADS) * WG_KEYS + (tid % WARPGROUP_THREADS) / FLASH_WARP_SIZE * WARP_KEYS;
     const float dv_mul = HOOK && p.dropout_threshold != 0 ? (float)p.dropout_scale : 1.f;
-    store_kv_grad<T, 1, D>(p, (const float(*)[D / 8][4])acc_dv, dv_mul, p.dv, p.dv_s, p.dv_accum, b, hq, j0, 0);
-    store_kv_grad<T, 1, D>(p, (const float(*)[D / 8][4])acc_dk, (float)p.scale, p.dk, p.dk_s, p.dk_accum, b, hq, j0, 0);
+    const flash_seq se = flash_seq_of(&p, b); /* seq again (loaded after the loop's barriers): none held across it */
+    store_kv_grad<T, 1, D>(p, se, (const float(*)[D / 8][4])acc_dv, dv_mul, p.dv, p.dv_s, p.dv_accum, b, hq, j0, 0);
+    store_kv_grad<T, 1, D>(p, se, (const float(*)[D / 8][4])acc_dk, (float)p.scale, p.dk, p.dk_s, p.dk_accum, b, hq, j0,
+                           0);
     }
 #endif
 }
@@ -981,27 +969,31 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
 
     const int tid = threadIdx.x;
     const int n0 = blockIdx.x * BN, hq = blockIdx.y, b = blockIdx.z;
+    const flash_seq seq = flash_seq_uniform(p, b); /* the CTA's sequence: every row and key below is its own */
+    if (n0 >= seq.sk)
+        return; /* varlen: the grid spans the longest sequence */
     const int64_t hk = hq / p.h_per_kv;
-    const int sq = (int)p.sq, sk = (int)p.sk, d = (int)p.d;
+    const int sq = (int)seq.sq, sk = (int)seq.sk, d = (int)p.d;
     static_assert(DO_DQ || !HOOK, "the HOOK kernel always issues the dQ wgmma's");
     /* HOOK: one kernel for both modes, so the dQ wgmma's are always issued and deterministic mode only
      * skips their red.adds (a runtime condition around the issue would serialize the wgmma's) */
     const bool do_dq = HOOK ? !p.deterministic : DO_DQ;
 
-    const T *kg = (const T *)p.k + b * p.k_s.batch + hk * p.k_s.head + n0 * p.k_s.row; /* (sk - n0, d) */
-    const T *vg = (const T *)p.v + b * p.v_s.batch + hk * p.v_s.head + n0 * p.v_s.row; /* (sk - n0, d) */
-    const T *qg = (const T *)p.q + b * p.q_s.batch + hq * p.q_s.head;                   /* (sq, d) */
-    const T *dog = (const T *)p.dout + b * p.do_s.batch + hq * p.do_s.head;             /* (sq, d) */
+    const int64_t krow = seq.k_row0 + n0, lse0 = flash_lse_offset(&p, &seq, b, hq);
+    const T *kg = (const T *)p.k + seq.k_batch * p.k_s.batch + hk * p.k_s.head + krow * p.k_s.row; /* (sk - n0, d) */
+    const T *vg = (const T *)p.v + seq.k_batch * p.v_s.batch + hk * p.v_s.head + krow * p.v_s.row; /* (sk - n0, d) */
+    const T *qg = (const T *)p.q + b * p.q_s.batch + hq * p.q_s.head + seq.q_row0 * p.q_s.row;     /* (sq, d) */
+    const T *dog = (const T *)p.dout + b * p.do_s.batch + hq * p.do_s.head + seq.q_row0 * p.do_s.row; /* (sq, d) */
     const int64_t bh = (int64_t)b * p.h + hq;
-    const float *lseg = (const float *)p.lse + bh * sq;     /* (sq) */
-    const float *deltag = (const float *)p.delta + bh * sq; /* (sq) */
-    float *dqa = p.dq_accum + bh * sq * d;                  /* (sq, d) */
+    const float *lseg = (const float *)p.lse + lse0;     /* (sq) */
+    const float *deltag = (const float *)p.delta + lse0; /* (sq) */
+    float *dqa = p.dq_accum + lse0 * d;                  /* (sq, d) */
 
     const int kvalid = sk - n0, kn = kvalid < BN ? kvalid : BN; /* keys of the tile that exist */
-    const flash_tile_range qt = flash_query_tiles(&p, n0, kn, BM);
+    const flash_tile_range qt = flash_query_tiles(&seq, n0, kn, BM);
     const int m_first = (int)qt.first, m_end = (int)qt.end;
     const int full_first = (int)qt.full_first, full_end = (int)qt.full_end;
-    const int hb = band_cta_hi(p, n0), lb = band_cta_lo(p, n0);
+    const int hb = band_cta_hi(seq, n0), lb = band_cta_lo(seq, n0);
 
     load_tile_sw128<T, BN, D>(Ks, kg, p.k_s.row, kvalid, d, tid);
     load_tile_sw128<T, BN, D>(Vs, vg, p.v_s.row, kvalid, d, tid);
@@ -1019,7 +1011,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     }
     hook_tile hkt;
     if (HOOK)
-        hook_cta_init(hkt, p, b, hq, false);
+        hook_cta_init(hkt, p, seq, b, hq, false);
 
     for (int walked = 0; m < m_end; ++walked) {
         const int step = HOOK ? walked : m - m_first; /* tiles walked before this one */
@@ -1177,9 +1169,10 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
 
     const int j0 = n0 + (tid % WARPGROUP_THREADS) / FLASH_WARP_SIZE * WARP_KEYS, c0 = tid / WARPGROUP_THREADS * D256_COLS;
     const float dv_mul = HOOK && p.dropout_threshold != 0 ? (float)p.dropout_scale : 1.f;
-    store_kv_grad<T, 1, D256_COLS>(p, (const float(*)[D256_COLS / 8][4])acc_dv, dv_mul, p.dv, p.dv_s, p.dv_accum, b,
-                                   hq, j0, c0);
-    store_kv_grad<T, 1, D256_COLS>(p, (const float(*)[D256_COLS / 8][4])acc_dk, (float)p.scale, p.dk, p.dk_s,
+    const flash_seq se = flash_seq_of(&p, b); /* seq again (loaded after the loop's barriers): none held across it */
+    store_kv_grad<T, 1, D256_COLS>(p, se, (const float(*)[D256_COLS / 8][4])acc_dv, dv_mul, p.dv, p.dv_s, p.dv_accum,
+                                   b, hq, j0, c0);
+    store_kv_grad<T, 1, D256_COLS>(p, se, (const float(*)[D256_COLS / 8][4])acc_dk, (float)p.scale, p.dk, p.dk_s,
                                    p.dk_accum, b, hq, j0, c0);
 #endif
 }
