@@ -67,11 +67,11 @@ class Mix:
 
     @property
     def max_q(self):
-        return max((sq for sq, _ in self.lens), default=0)
+        return max([0] + [sq for sq, _ in self.lens])  # a list: torch 2.11's dynamo refuses max(genexpr, default=)
 
     @property
     def max_k(self):
-        return max((sk for _, sk in self.lens), default=0)
+        return max([0] + [sk for _, sk in self.lens])
 
     @property
     def total_q(self):
