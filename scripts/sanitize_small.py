@@ -1,8 +1,11 @@
 """Small forward + backward calls through the extension on CUDA, for compute-sanitizer
 (memcheck, racecheck): every dtype path, tails, causal both alignments, GQA, rows with no key,
 a padded head dim, deterministic mode, and every attention variant (window, softcap, ALiBi, sink,
-bool and additive masks with broadcast dimensions and a mask gradient, dropout). Exits non-zero on
-NaN or a mismatch with the float64 reference."""
+bool and additive masks with broadcast dimensions and a mask gradient, dropout); variable-length
+batches (lengths 0 and 1, sq != sk, GQA, variants) against a float64 reference per sequence, and
+deliberately bad cu_seqlens / seqused_k contents (past the tensors, negative, decreasing), which must
+never reach outside q/k/v (memcheck) however wrong the result. Exits non-zero on NaN or a mismatch with
+the float64 reference."""
 import torch
 
 import flashattn_ext
@@ -48,9 +51,83 @@ def variant_args(var, b, sq, sk, h, dtype):
     return kw
 
 
+VARLEN_CONFIGS = [
+    # (dtype, [(seqlen_q, seqlen_k) per sequence], nheads, nheads_kv, headdim, causal, variants)
+    (torch.bfloat16, [(77, 130), (0, 5), (1, 1), (130, 61)], 4, 2, 64, True, {}),
+    (torch.float16, [(65, 65), (3, 0), (129, 200)], 2, 2, 128, False, {"window_size": (20, 9), "softcap": 8.0}),
+    (torch.bfloat16, [(40, 90), (90, 40)], 2, 1, 256, True, {"alibi": True, "sink": True}),
+    (torch.float32, [(19, 23), (0, 0), (7, 30)], 2, 1, 24, True, {"window_size": (5, 0)}),
+    (torch.float64, [(23, 19), (5, 1)], 2, 2, 8, False, {"dropout_p": 0.0, "softcap": 3.0}),
+]
+
+
+def rel_err_floor(x, ref):
+    """rel_err with the reference's norm floored at 1: a sequence with one key has dq = dk = 0 exactly
+    in the reference and rounding noise in ours."""
+    return ((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1.0)).item()
+
+
+def cumulative(lengths):
+    return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
+
+
+def check_varlen(dtype, lens, h, hkv, d, causal, var):
+    """One varlen forward + backward against attention_ref per sequence; returns True when it matches."""
+    lq, lk = [a for a, _ in lens], [b for _, b in lens]
+    cu_q, cu_k = cumulative(lq), cumulative(lk)
+    q = torch.randn(sum(lq), h, d, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(sum(lk), hkv, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(sum(lk), hkv, d, device="cuda", dtype=dtype, requires_grad=True)
+    kw = variant_args(var, len(lens), 0, 0, h, dtype)
+    out = flashattn_ext.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=causal, **kw)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ok = not any(t.isnan().any() for t in (out, *grads))
+    errs = []
+    for s, (a, b) in enumerate(lens):
+        qs, ks = slice(int(cu_q[s]), int(cu_q[s + 1])), slice(int(cu_k[s]), int(cu_k[s + 1]))
+        q64, k64, v64 = (t.detach()[None, r].double().requires_grad_() for t, r in ((q, qs), (k, ks), (v, ks)))
+        ref_kw = {n: x for n, x in kw.items() if n not in ("alibi_slopes", "sink")}
+        if "alibi_slopes" in kw:
+            ref_kw["alibi_slopes"] = kw["alibi_slopes"][s:s + 1]
+        if "sink" in kw:
+            ref_kw["sink"] = kw["sink"].detach().double()
+        ref = attention_ref(q64, k64, v64, causal=causal, **ref_kw)[0]
+        if a == 0:
+            continue
+        ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout[None, qs].double(), allow_unused=True)
+        errs.append(rel_err_floor(out[qs], ref[0]))
+        for g, r, rows in zip(grads, ref_grads, (qs, ks, ks)):
+            if r is not None and b > 0:
+                errs.append(rel_err_floor(g[rows], r[0]))
+    ok = ok and all(e <= TOLERANCE[dtype] for e in errs)
+    print(f"{str(dtype):15s} varlen {lens} h{h}/{hkv} d{d} causal={causal} {var}: "
+          f"max rel err {max(errs, default=0):.1e} {'ok' if ok else 'FAIL'}")
+    return ok
+
+
+def bad_varlen_indices():
+    """cu_seqlens / seqused_k contents the binding cannot check without a sync: past the tensors'
+    ends, negative, decreasing. The kernels clamp them; memcheck must stay clean."""
+    q = torch.randn(50, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(40, 1, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(40, 1, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    for cu_q, cu_k, used in (([0, 30, 10**6], [0, 20, 10**6], None), ([0, -7, 50], [5, 3, 40], None),
+                             ([0, 25, 50], [0, 20, 40], [10**6, -3])):
+        cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device="cuda") for c in (cu_q, cu_k))
+        used = None if used is None else torch.tensor(used, dtype=torch.int32, device="cuda")
+        out = flashattn_ext.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 64, 64, causal=True, seqused_k=used)
+        torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    torch.cuda.synchronize()
+    print("bad varlen indices: ran (results not checked; memcheck judges the accesses)")
+
+
 def main():
     torch.manual_seed(0)
     failures = 0
+    for config in VARLEN_CONFIGS:
+        failures += not check_varlen(*config)
+    bad_varlen_indices()
     for dtype, b, sq, sk, h, hkv, d, causal, det, var in CONFIGS:
         q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
         k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, requires_grad=True)
