@@ -17,6 +17,8 @@
  *   bwd_harness time1 D SEQLEN CAUSAL DET    one timing config (e.g. under ncu)
  *   bwd_harness timev   bf16 d128 (d256 for softcap) TFLOP/s of each variant, counted on the visible
  *                              (i, j) pairs
+ *   bwd_harness timevl  bf16 d64 / d128 TFLOP/s of time's shapes dense, as one varlen batch of equal
+ *                              lengths (the varlen path's own cost) and of lengths drawn from [1, 2 seqlen]
  *
  * Correctness: random N(0,1) q, k, v, dout rounded to the dtype; dev/attn_ref.h (double) computes
  * the forward (o, lse, with every variant) and then the backward from those rounded inputs; o and lse
@@ -32,6 +34,13 @@
  * broadcast dimensions and, in strided configs, a padded row stride; block flags computed here as the
  * binding does), dropout (Philox seed and offset with high bits set), sinks (lse includes them),
  * dbias (the additive mask's gradient).
+ * Varlen configs (the "varlen" lines; FILTER "varlen" selects them): b sequences packed along the rows
+ * (cu_seqlens, sometimes seqused_k, copied to the device), one flash_bwd_cuda call over the batch; each
+ * sequence's dq, dk, dv checked against dev/attn_ref.h run on that sequence alone (a dense batch of one:
+ * its queries, its first seqused_k keys); lengths 0 and 1 in every batch of 6 or more, sq != sk, GQA,
+ * max_seqlen above the longest sequence, rows of no sequence after the last one or none (the last
+ * sequence ending at the tensors' end), each band and hook but the attn_mask, dbias and dropout. Rows
+ * of no sequence and keys past seqused_k hold NaN in every input and must keep the poison in dq, dk, dv.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -181,6 +190,12 @@ typedef struct test_cfg {
     double dropout;            /* dropout probability, 0: off */
     int sink;                  /* per-head sink logits */
     int dbias;                 /* the additive mask's gradient (needs MASK_ADD) */
+    /* varlen batch (cu_seqlens): b sequences of lengths drawn from [0, sq] and [0, sk] (make_lens) */
+    int varlen;
+    int seqused;               /* seqused_k given */
+    int vl_tail;               /* rows of q and k after the last sequence (of no sequence) */
+    int vl_maxpad;             /* max_seqlen_q / _k exceed the longest sequence by this */
+    uint32_t lens_seed;
 } test_cfg;
 
 static test_cfg make_cfg(flash_dtype t, int b, int h, int h_kv, int sq, int sk, int d, int causal)
@@ -204,6 +219,86 @@ static test_cfg with_dropout(test_cfg c, double p) { c.dropout = p; return c; }
 static test_cfg with_sink(test_cfg c) { c.sink = 1; return c; }
 static test_cfg with_dbias(test_cfg c) { c.dbias = 1; return c; }
 static test_cfg with_scale(test_cfg c, double s) { c.scale = s; return c; }
+
+/* A varlen batch: b sequences, lengths up to sq / sk (lengths 0 and 1 among them), tail rows of no
+ * sequence, max_seqlen padding, lengths from lens_seed; bottom-right aligned like the op (flash-attn). */
+static test_cfg make_varlen(flash_dtype t, int b, int h, int h_kv, int cap_q, int cap_k, int d, int causal, int seqused,
+                            int tail, int maxpad, uint32_t lens_seed)
+{
+    test_cfg c = make_cfg(t, b, h, h_kv, cap_q, cap_k, d, causal);
+    c.varlen = 1;
+    c.seqused = seqused;
+    c.vl_tail = tail;
+    c.vl_maxpad = maxpad;
+    c.lens_seed = lens_seed;
+    return c;
+}
+
+/* ---- varlen lengths ------------------------------------------------------------------------------ */
+
+/* Sequence positions (s + lens_seed) % b: VL_FORCED gets the caps (sk one less if they are equal);
+ * 0..VL_FORCED-1 get sq 0, sk 0, sq 1, sk 1 when b >= VL_FORCED + 2; the other lengths are drawn: 15%
+ * 0..1, 35% 2..64, 35% up to half the cap, 15% up to the cap, sk += 1 where it would equal sq.
+ * seqused_k: 30% all keys, 15% none, else a random count. */
+#define VL_FORCED 4
+
+typedef struct varlen_lens {
+    std::vector<int> sq, sk, used;  /* per sequence: queries, keys of its slice, keys used (seqused_k) */
+    std::vector<int32_t> cu_q, cu_k; /* (b + 1) */
+    int max_q, max_k;               /* max_seqlen_q / _k handed to the kernels */
+    int total_q, total_k;           /* rows of q / k: the sequences and vl_tail more */
+} varlen_lens;
+
+static int draw_len(rng *r, int cap)
+{
+    const double u = rng_uniform(r);
+    const int lo = u < 0.15 ? 0 : (u < 0.5 ? 2 : (u < 0.85 ? 65 : cap / 2 + 1));
+    const int hi = u < 0.15 ? 1 : (u < 0.5 ? 64 : (u < 0.85 ? cap / 2 : cap));
+    const int a = std::min(lo, cap), e = std::min(std::max(hi, a), cap);
+    return a + (int)(rng_uniform(r) * (e - a + 1)) % (e - a + 1);
+}
+
+static varlen_lens make_lens(const test_cfg &c)
+{
+    varlen_lens l;
+    rng r = {(uint64_t)c.lens_seed * 0x2545F4914F6CDD1Dull + 11};
+    l.sq.resize(c.b);
+    l.sk.resize(c.b);
+    l.used.resize(c.b);
+    for (int s = 0; s < c.b; ++s) {
+        int q = draw_len(&r, c.sq), k = draw_len(&r, c.sk);
+        const int pos = (s + (int)c.lens_seed) % c.b, forced = c.b >= VL_FORCED + 2 ? pos : -1;
+        if (pos == VL_FORCED % c.b) {
+            q = c.sq;
+            k = c.sk;
+        }
+        if (k == q)
+            k += k < c.sk ? 1 : -1;
+        if (forced == 0)
+            q = 0;
+        else if (forced == 1)
+            k = 0;
+        else if (forced == 2)
+            q = 1;
+        else if (forced == 3)
+            k = 1;
+        l.sq[s] = q;
+        l.sk[s] = k;
+        const double u = rng_uniform(&r);
+        l.used[s] = !c.seqused || u < 0.3 ? k : (u < 0.45 ? 0 : (int)(rng_uniform(&r) * (k + 1)) % (k + 1));
+    }
+    l.cu_q.assign(c.b + 1, 0);
+    l.cu_k.assign(c.b + 1, 0);
+    for (int s = 0; s < c.b; ++s) {
+        l.cu_q[s + 1] = l.cu_q[s] + l.sq[s];
+        l.cu_k[s + 1] = l.cu_k[s] + l.sk[s];
+    }
+    l.max_q = *std::max_element(l.sq.begin(), l.sq.end()) + c.vl_maxpad;
+    l.max_k = *std::max_element(l.sk.begin(), l.sk.end()) + c.vl_maxpad;
+    l.total_q = l.cu_q[c.b] + c.vl_tail;
+    l.total_k = l.cu_k[c.b] + c.vl_tail;
+    return l;
+}
 
 static std::string cfg_name(const test_cfg &c)
 {
@@ -235,19 +330,24 @@ static std::string cfg_name(const test_cfg &c)
         n += snprintf(buf + n, sizeof(buf) - n, " sink");
     if (c.dbias)
         n += snprintf(buf + n, sizeof(buf) - n, " dbias");
+    if (c.varlen) {
+        const varlen_lens l = make_lens(c);
+        n += snprintf(buf + n, sizeof(buf) - n, " varlen total=%d/%d max=%d/%d%s", l.total_q, l.total_k, l.max_q,
+                      l.max_k, c.seqused ? " seqused" : "");
+    }
     if (c.det)
         n += snprintf(buf + n, sizeof(buf) - n, " det");
     return std::string(buf);
 }
 
-/* The band of the binding (csrc/ops.cpp make_params): diag_lo <= j - i <= diag_hi. */
+/* The band as the binding sets it (csrc/ops.cpp): window (left, right), -1 unbounded; causal right = 0;
+ * aligned bottom-right except under CAUSAL_TOP_LEFT (flash_seq_of turns it into each sequence's
+ * diag_lo <= j - i <= diag_hi). */
 static void set_band(flash_params *p, const test_cfg &c)
 {
-    const int64_t offset = c.causal == CAUSAL_TOP_LEFT ? 0 : (int64_t)c.sk - c.sq;
-    const int64_t lo = c.win_left >= 0 ? offset - c.win_left : -(int64_t)c.sq;
-    const int64_t hi = c.causal != CAUSAL_NONE ? offset : (c.win_right >= 0 ? offset + c.win_right : (int64_t)c.sk);
-    p->diag_lo = std::min<int64_t>(std::max<int64_t>(lo, -(int64_t)c.sq), c.sk);
-    p->diag_hi = std::min<int64_t>(std::max<int64_t>(hi, -(int64_t)c.sq), c.sk);
+    p->band_left = c.win_left;
+    p->band_right = c.causal != CAUSAL_NONE ? 0 : c.win_right;
+    p->band_bottom_right = c.causal != CAUSAL_TOP_LEFT;
 }
 
 /* Dropout fields as the binding sets them (csrc/ops.cpp set_dropout_params). */
@@ -435,6 +535,11 @@ typedef struct prepared {
     mask_data mask;
     std::vector<char> empty_row; /* (b, h, sq): sees no key */
     std::vector<char> empty_key; /* (b, h_kv, sk): seen by no query of its group */
+    /* varlen (then q-side tensors are (total_q, h, d), k-side (total_k, h_kv, d), lse (h, total_q), and
+     * empty_row / empty_key (h, total_q) / (h_kv, total_k)) */
+    varlen_lens lens;
+    std::vector<char> q_live;    /* (total_q): the row is a sequence's */
+    std::vector<char> k_live;    /* (total_k): the key is a sequence's and below its seqused_k */
 } prepared;
 
 static void prepare(const test_cfg &c, uint64_t seed, prepared *pr)
@@ -448,6 +553,8 @@ static void prepare(const test_cfg &c, uint64_t seed, prepared *pr)
     rp.scale = c.scale != 0 ? c.scale : 1.0 / sqrt((double)d);
     rp.scale_log2 = (float)(rp.scale * FLASH_LOG2E);
     rp.dtype = t;
+    rp.lse_batch = (int64_t)h * sq; /* lse, delta (b, h, sq) */
+    rp.lse_head = sq;
     set_band(&rp, c);
     rp.softcap = c.softcap;
     if (c.alibi != ALIBI_NONE) {
@@ -456,7 +563,6 @@ static void prepare(const test_cfg &c, uint64_t seed, prepared *pr)
             s = (float)(0.05 + 0.5 * rng_uniform(&r));
         rp.alibi_slopes = pr->slopes.data();
         rp.alibi_batch_stride = c.alibi == ALIBI_BATCH ? h : 0;
-        rp.alibi_offset = (int64_t)sk - sq;
     }
     set_dropout(&rp, c.dropout, rng_u64(&r) | (1ull << 63), rng_u64(&r) | (1ull << 40));
     if (c.sink) {
@@ -492,14 +598,118 @@ static void prepare(const test_cfg &c, uint64_t seed, prepared *pr)
 
     pr->empty_row.assign((size_t)b * h * sq, 1);
     pr->empty_key.assign((size_t)b * hkv * sk, 1);
+    const flash_seq seq = flash_seq_of(&rp, 0); /* every sequence of a dense batch */
     for (int bi = 0; bi < b; ++bi)
         for (int hq = 0; hq < h; ++hq)
             for (int i = 0; i < sq; ++i)
                 for (int j = 0; j < sk; ++j)
-                    if (flash_visible(&rp, i, j) && (!mask || mask[(((size_t)bi * h + hq) * sq + i) * sk + j] > -INFINITY)) {
+                    if (flash_visible(&seq, i, j) && (!mask || mask[(((size_t)bi * h + hq) * sq + i) * sk + j] > -INFINITY)) {
                         pr->empty_row[((size_t)bi * h + hq) * sq + i] = 0;
                         pr->empty_key[((size_t)bi * hkv + hq / (h / hkv)) * sk + j] = 0;
                     }
+}
+
+/* A varlen config's inputs and references: each sequence run alone through dev/attn_ref.h as a dense
+ * batch of one (its queries, its first seqused_k keys; bottom-right band, ALiBi and sinks of its own).
+ * Rows of no sequence and keys past seqused_k hold NaN in q, k, v, dout, o and lse: a kernel that
+ * reads one into a tile shows it. */
+static void prepare_varlen(const test_cfg &c, uint64_t seed, prepared *pr)
+{
+    const flash_dtype t = c.dtype;
+    const int b = c.b, h = c.h, hkv = c.h_kv, d = c.d;
+    rng r = {seed * 0x9E3779B97F4A7C15ull + 1};
+    pr->lens = make_lens(c);
+    const varlen_lens &l = pr->lens;
+    const int tq = l.total_q, tk = l.total_k;
+    flash_params &rp = pr->rp; /* the kernels' params without device pointers */
+    memset(&rp, 0, sizeof(rp));
+    rp.b = b; rp.h = h; rp.h_kv = hkv; rp.sq = l.max_q; rp.sk = l.max_k; rp.d = d; rp.h_per_kv = h / hkv;
+    rp.total_q = tq;
+    rp.total_k = tk;
+    rp.lse_batch = 0; /* lse, delta (h, total_q) */
+    rp.lse_head = tq;
+    rp.scale = c.scale != 0 ? c.scale : 1.0 / sqrt((double)d);
+    rp.scale_log2 = (float)(rp.scale * FLASH_LOG2E);
+    rp.dtype = t;
+    set_band(&rp, c);
+    rp.softcap = c.softcap;
+    if (c.alibi != ALIBI_NONE) {
+        pr->slopes.resize((size_t)(c.alibi == ALIBI_BATCH ? b : 1) * h);
+        for (auto &s : pr->slopes)
+            s = (float)(0.05 + 0.5 * rng_uniform(&r));
+        rp.alibi_slopes = pr->slopes.data();
+        rp.alibi_batch_stride = c.alibi == ALIBI_BATCH ? h : 0;
+    }
+    if (c.sink) {
+        pr->sink.resize(h);
+        for (auto &s : pr->sink)
+            s = round_to(lse_type(t), 0.5 + rng_normal(&r));
+    }
+    pr->q_live.assign(tq, 0);
+    pr->k_live.assign(tk, 0);
+    for (int s = 0; s < b; ++s) {
+        std::fill(pr->q_live.begin() + l.cu_q[s], pr->q_live.begin() + l.cu_q[s + 1], 1);
+        std::fill(pr->k_live.begin() + l.cu_k[s], pr->k_live.begin() + l.cu_k[s] + l.used[s], 1);
+    }
+    const size_t qe = (size_t)h * d, ke = (size_t)hkv * d; /* elements per row */
+    pr->q.resize(tq * qe);
+    pr->dout.resize(tq * qe);
+    pr->k.resize(tk * ke);
+    pr->v.resize(tk * ke);
+    for (int i = 0; i < tq; ++i)
+        for (size_t e = 0; e < qe; ++e) {
+            pr->q[i * qe + e] = pr->q_live[i] ? round_to(t, rng_normal(&r)) : NAN;
+            pr->dout[i * qe + e] = pr->q_live[i] ? round_to(t, rng_normal(&r)) : NAN;
+        }
+    for (int j = 0; j < tk; ++j)
+        for (size_t e = 0; e < ke; ++e) {
+            pr->k[j * ke + e] = pr->k_live[j] ? round_to(t, rng_normal(&r)) : NAN;
+            pr->v[j * ke + e] = pr->k_live[j] ? round_to(t, rng_normal(&r)) : NAN;
+        }
+    pr->o.assign(tq * qe, NAN);
+    pr->lse.assign((size_t)h * tq, NAN);
+    pr->dq.assign(tq * qe, 0.0);
+    pr->dk.assign(tk * ke, 0.0);
+    pr->dv.assign(tk * ke, 0.0);
+    pr->empty_row.assign((size_t)h * tq, 0);
+    pr->empty_key.assign((size_t)hkv * tk, 0);
+    const double *sink = c.sink ? pr->sink.data() : NULL;
+    for (int s = 0; s < b; ++s) {
+        const int sq = l.sq[s], sk = l.used[s], q0 = l.cu_q[s], k0 = l.cu_k[s];
+        flash_params sp = rp; /* sequence s as a dense batch of one */
+        sp.b = 1;
+        sp.sq = sq;
+        sp.sk = sk;
+        sp.total_q = sp.total_k = 0;
+        sp.lse_batch = (int64_t)h * sq;
+        sp.lse_head = sq;
+        if (c.alibi != ALIBI_NONE) {
+            sp.alibi_slopes = pr->slopes.data() + (c.alibi == ALIBI_BATCH ? (size_t)s * h : 0);
+            sp.alibi_batch_stride = 0;
+        }
+        std::vector<double> lse_s((size_t)h * sq);
+        const double *qs = pr->q.data() + q0 * qe, *ks = pr->k.data() + k0 * ke, *vs = pr->v.data() + k0 * ke;
+        ref_forward(&sp, qs, ks, vs, NULL, sink, pr->o.data() + q0 * qe, lse_s.data());
+        for (int hq = 0; hq < h; ++hq)
+            for (int i = 0; i < sq; ++i)
+                pr->lse[(size_t)hq * tq + q0 + i] = round_to(lse_type(t), lse_s[(size_t)hq * sq + i]);
+        ref_backward(&sp, qs, ks, vs, NULL, sink, pr->dout.data() + q0 * qe, pr->dq.data() + q0 * qe,
+                     pr->dk.data() + k0 * ke, pr->dv.data() + k0 * ke, NULL, NULL);
+        const flash_seq seq = flash_seq_of(&sp, 0);
+        for (int hq = 0; hq < h; ++hq)
+            for (int i = 0; i < sq; ++i)
+                pr->empty_row[(size_t)hq * tq + q0 + i] = 1;
+        for (int hk = 0; hk < hkv; ++hk)
+            for (int j = 0; j < sk; ++j)
+                pr->empty_key[(size_t)hk * tk + k0 + j] = 1;
+        for (int hq = 0; hq < h; ++hq)
+            for (int i = 0; i < sq; ++i)
+                for (int j = 0; j < sk; ++j)
+                    if (flash_visible(&seq, i, j)) {
+                        pr->empty_row[(size_t)hq * tq + q0 + i] = 0;
+                        pr->empty_key[(size_t)(hq / (h / hkv)) * tk + k0 + j] = 0;
+                    }
+    }
 }
 
 /* ---- device tensors --------------------------------------------------------------------------- */
@@ -758,6 +968,187 @@ static int run_test(const test_cfg &c, const prepared &pr)
     return ok;
 }
 
+/* ---- one varlen config --------------------------------------------------------------------------- */
+
+/* Squared error and reference norm of rows [row0, row0 + n) of a (1, s, h, d) device output with
+ * layout l against the logical reference; non-finite elements counted instead. */
+static void rows_err(const std::vector<unsigned char> &host, const std::vector<double> &ref, const layout &l, int s,
+                     int h, int d, flash_dtype t, int row0, int n, double *num, double *den, int64_t *non_finite)
+{
+    *num = *den = 0;
+    for (int si = row0; si < row0 + n; ++si)
+        for (int hi = 0; hi < h; ++hi)
+            for (int di = 0; di < d; ++di) {
+                const double x = load_elem(host.data(), si * l.st.row + hi * l.st.head + di, t);
+                const double y = ref[lidx(s, h, d, 0, si, hi, di)];
+                if (!std::isfinite(x)) {
+                    (*non_finite)++;
+                    continue;
+                }
+                *num += (x - y) * (x - y);
+                *den += y * y;
+            }
+}
+
+/* Elements of a (1, s, h, d) output with layout l that must still hold the poison (every byte): all but
+ * the logical elements of live rows (padding, rows of no sequence, keys past seqused_k). Returns how many
+ * were written. */
+static int64_t poison_touched(const std::vector<unsigned char> &host, const std::vector<char> &live, const layout &l,
+                              int s, int h, int d, flash_dtype t)
+{
+    const size_t es = elem_size(t);
+    std::vector<char> owned(l.elems, 0);
+    for (int si = 0; si < s; ++si)
+        if (live[si])
+            for (int hi = 0; hi < h; ++hi)
+                for (int di = 0; di < d; ++di)
+                    owned[si * l.st.row + hi * l.st.head + di] = 1;
+    int64_t bad = 0;
+    for (int64_t e = 0; e < l.elems; ++e)
+        if (!owned[e])
+            for (size_t byte = 0; byte < es; ++byte)
+                if (host[e * es + byte] != POISON_BYTE) {
+                    bad++;
+                    break;
+                }
+    return bad;
+}
+
+/* One flash_bwd_cuda call over the whole varlen batch (DET_RUNS in deterministic mode, bitwise equal);
+ * each sequence's dq, dk, dv against its own reference (the relative L2 error of the worst sequence
+ * below the dtype's tolerance); rows of no sequence and keys past seqused_k never written; rows that
+ * see no key dq = 0 and keys that no query sees dk = dv = 0 exactly. */
+static int run_varlen(const test_cfg &c, const prepared &pr)
+{
+    const flash_dtype t = c.dtype, lt = lse_type(t);
+    const int b = c.b, h = c.h, hkv = c.h_kv, d = c.d;
+    const int half = t == FLASH_FP16 || t == FLASH_BF16;
+    const varlen_lens &l = pr.lens;
+    const int tq = l.total_q, tk = l.total_k;
+
+    layout lq = make_layout(1, tq, h, d, c.layout), lk = make_layout(1, tk, hkv, d, c.layout);
+    lq.st.batch = lk.st.batch = 0; /* varlen: batch strides 0 */
+    dev_bufs db;
+    memset(&db, 0, sizeof(db));
+    db.q = upload(pr.q, lq, 1, tq, h, d, t);
+    db.k = upload(pr.k, lk, 1, tk, hkv, d, t);
+    db.v = upload(pr.v, lk, 1, tk, hkv, d, t);
+    db.dout = upload(pr.dout, lq, 1, tq, h, d, t);
+    db.o = upload(pr.o, lq, 1, tq, h, d, t);
+    db.lse = upload_typed(pr.lse, lt);
+    db.delta_bytes = pr.lse.size() * elem_size(lt);
+    CHECK_CUDA(cudaMalloc(&db.delta, db.delta_bytes));
+    db.dq_bytes = lq.elems * elem_size(t);
+    db.dk_bytes = db.dv_bytes = lk.elems * elem_size(t);
+    CHECK_CUDA(cudaMalloc(&db.dq, db.dq_bytes));
+    CHECK_CUDA(cudaMalloc(&db.dk, db.dk_bytes));
+    CHECK_CUDA(cudaMalloc(&db.dv, db.dv_bytes));
+    if (half) {
+        db.dqa_bytes = (size_t)h * tq * d * sizeof(float); /* (h, total_q, d) */
+        CHECK_CUDA(cudaMalloc(&db.dq_accum, db.dqa_bytes));
+        if (h != hkv) {
+            db.dkva_bytes = (size_t)tk * h * d * sizeof(float); /* (total_k, h, d) */
+            CHECK_CUDA(cudaMalloc(&db.dk_accum, db.dkva_bytes));
+            CHECK_CUDA(cudaMalloc(&db.dv_accum, db.dkva_bytes));
+        }
+    }
+    int32_t *cu_q = (int32_t *)upload_flat(l.cu_q.data(), l.cu_q.size() * sizeof(int32_t));
+    int32_t *cu_k = (int32_t *)upload_flat(l.cu_k.data(), l.cu_k.size() * sizeof(int32_t));
+    int32_t *used = c.seqused ? (int32_t *)upload_flat(l.used.data(), l.used.size() * sizeof(int32_t)) : NULL;
+
+    flash_params p = pr.rp;
+    p.q = db.q; p.k = db.k; p.v = db.v; p.o = db.o; p.lse = db.lse; p.dout = db.dout;
+    p.dq = db.dq; p.dk = db.dk; p.dv = db.dv; p.delta = db.delta;
+    p.dq_accum = db.dq_accum; p.dk_accum = db.dk_accum; p.dv_accum = db.dv_accum;
+    p.q_s = p.o_s = p.do_s = p.dq_s = lq.st;
+    p.k_s = p.v_s = p.dk_s = p.dv_s = lk.st;
+    p.cu_seqlens_q = cu_q;
+    p.cu_seqlens_k = cu_k;
+    p.seqused_k = used;
+    if (c.alibi != ALIBI_NONE) {
+        db.slopes = (float *)upload_flat(pr.slopes.data(), pr.slopes.size() * sizeof(float));
+        p.alibi_slopes = db.slopes;
+    }
+    if (c.sink) {
+        db.sink = upload_typed(pr.sink, lt);
+        p.sink = db.sink;
+    }
+    p.has_hook = (p.softcap > 0 || p.alibi_slopes) ? 1 : 0;
+    p.deterministic = c.det;
+
+    std::vector<unsigned char> hq(db.dq_bytes), hk(db.dk_bytes), hv(db.dv_bytes);
+    std::vector<unsigned char> hq0, hk0, hv0;
+    int nondet = 0;
+    const int runs = c.det ? DET_RUNS : 1;
+    for (int r = 0; r < runs; ++r) {
+        poison(db);
+        const cudaError_t err = flash_bwd_cuda(&p, 0);
+        if (err != cudaSuccess) {
+            printf("FAIL %s | flash_bwd_cuda: %s\n", cfg_name(c).c_str(), cudaGetErrorString(err));
+            exit(1);
+        }
+        CHECK_CUDA(cudaDeviceSynchronize());
+        CHECK_CUDA(cudaMemcpy(hq.data(), db.dq, db.dq_bytes, cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaMemcpy(hk.data(), db.dk, db.dk_bytes, cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaMemcpy(hv.data(), db.dv, db.dv_bytes, cudaMemcpyDeviceToHost));
+        if (r == 0) {
+            hq0 = hq; hk0 = hk; hv0 = hv;
+        } else if (hq != hq0 || hk != hk0 || hv != hv0) {
+            nondet++;
+        }
+    }
+
+    /* the worst sequence of each output */
+    double eq = 0, ek = 0, ev = 0;
+    int64_t non_finite = 0;
+    for (int s = 0; s < b; ++s) {
+        double num, den;
+        rows_err(hq, pr.dq, lq, tq, h, d, t, l.cu_q[s], l.sq[s], &num, &den, &non_finite);
+        eq = std::max(eq, den > 0 ? sqrt(num / den) : sqrt(num));
+        rows_err(hk, pr.dk, lk, tk, hkv, d, t, l.cu_k[s], l.used[s], &num, &den, &non_finite);
+        ek = std::max(ek, den > 0 ? sqrt(num / den) : sqrt(num));
+        rows_err(hv, pr.dv, lk, tk, hkv, d, t, l.cu_k[s], l.used[s], &num, &den, &non_finite);
+        ev = std::max(ev, den > 0 ? sqrt(num / den) : sqrt(num));
+    }
+    const int64_t touched = poison_touched(hq, pr.q_live, lq, tq, h, d, t) +
+                            poison_touched(hk, pr.k_live, lk, tk, hkv, d, t) +
+                            poison_touched(hv, pr.k_live, lk, tk, hkv, d, t);
+    int64_t empty_rows = 0, empty_keys = 0;
+    for (char e : pr.empty_row)
+        empty_rows += e;
+    for (char e : pr.empty_key)
+        empty_keys += e;
+    const int64_t rows_bad = nonzero_rows(hq, pr.empty_row, lq, 1, tq, h, d, t);
+    const int64_t keys_bad = nonzero_rows(hk, pr.empty_key, lk, 1, tk, hkv, d, t) +
+                             nonzero_rows(hv, pr.empty_key, lk, 1, tk, hkv, d, t);
+
+    const double tol = tolerance(t);
+    const int ok = eq < tol && ek < tol && ev < tol && non_finite == 0 && touched == 0 && rows_bad == 0 &&
+                   keys_bad == 0 && nondet == 0;
+    printf("%s %s | worst sequence: dq %.2e dk %.2e dv %.2e", ok ? "PASS" : "FAIL", cfg_name(c).c_str(), eq, ek, ev);
+    if (empty_rows || empty_keys)
+        printf(" | empty rows %lld keys %lld", (long long)empty_rows, (long long)empty_keys);
+    if (c.det)
+        printf(" | %d/%d runs identical", runs - nondet, runs);
+    if (non_finite)
+        printf(" | %lld non-finite", (long long)non_finite);
+    if (touched)
+        printf(" | %lld elements outside the sequences written", (long long)touched);
+    if (rows_bad)
+        printf(" | %lld empty rows with dq != 0", (long long)rows_bad);
+    if (keys_bad)
+        printf(" | %lld unseen keys with dk/dv != 0", (long long)keys_bad);
+    printf("\n");
+    fflush(stdout);
+
+    for (void *x : {db.q, db.k, db.v, db.o, db.dout, db.lse, db.dq, db.dk, db.dv, db.delta, db.sink,
+                    (void *)db.dq_accum, (void *)db.dk_accum, (void *)db.dv_accum, (void *)db.slopes, (void *)cu_q,
+                    (void *)cu_k, (void *)used})
+        if (x)
+            CHECK_CUDA(cudaFree(x));
+    return ok;
+}
+
 /* ---- config lists ---------------------------------------------------------------------------- */
 
 static void dense_configs(std::vector<test_cfg> &v, flash_dtype t)
@@ -879,12 +1270,55 @@ static void variant_configs(std::vector<test_cfg> &v, flash_dtype t)
     }
 }
 
+/* Varlen batches (one flash_bwd_cuda call each; no attn_mask, dbias or dropout): lengths 0 and 1 in
+ * every batch, sq != sk per sequence, GQA, seqused_k, rows of no sequence after the last one (or none:
+ * the last sequence ends at the tensor's end), max_seqlen above the longest sequence, each band and
+ * hook, deterministic mode, strided storage; head dims 32..256 (fp32 / fp64: any). */
+static void varlen_configs(std::vector<test_cfg> &v, flash_dtype t)
+{
+    const int NO = CAUSAL_NONE, BR = CAUSAL_BOTTOM_RIGHT;
+    const uint32_t s0 = 100u * (uint32_t)t; /* other lengths per dtype */
+    if (t == FLASH_FP16 || t == FLASH_BF16) {
+        v.push_back(make_varlen(t, 6, 4, 4, 300, 300, 64, NO, 0, 3, 0, s0 + 1));
+        v.push_back(make_varlen(t, 8, 8, 2, 400, 300, 128, BR, 1, 5, 7, s0 + 2));
+        v.push_back(with_window(make_varlen(t, 5, 4, 1, 200, 500, 256, NO, 1, 0, 0, s0 + 3), 64, 16));
+        v.push_back(with_det(make_varlen(t, 7, 6, 3, 300, 200, 96, BR, 0, 2, 0, s0 + 4)));
+        v.push_back(with_softcap(make_varlen(t, 6, 4, 2, 250, 250, 32, NO, 0, 1, 3, s0 + 5), 30.f));
+        v.push_back(with_alibi(make_varlen(t, 6, 4, 4, 300, 300, 160, BR, 1, 4, 0, s0 + 6), ALIBI_BATCH));
+        v.push_back(with_window(make_varlen(t, 9, 4, 2, 150, 350, 128, NO, 0, 2, 0, s0 + 7), 100, -1));
+        v.push_back(with_layout(with_det(make_varlen(t, 4, 2, 2, 700, 600, 64, BR, 0, 0, 0, s0 + 8)), LAYOUT_STRIDED));
+        v.push_back(with_det(with_alibi(with_softcap(make_varlen(t, 6, 8, 2, 300, 300, 256, BR, 1, 1, 0, s0 + 9), 5.f),
+                                        ALIBI_HEAD)));
+        v.push_back(with_sink(make_varlen(t, 6, 4, 2, 300, 300, 128, NO, 0, 2, 0, s0 + 10)));
+        v.push_back(with_det(
+            with_alibi(with_window(make_varlen(t, 5, 4, 4, 300, 300, 128, BR, 1, 3, 0, s0 + 11), 32, 8), ALIBI_BATCH)));
+        v.push_back(with_det(make_varlen(t, 12, 2, 1, 130, 130, 64, BR, 0, 1, 0, s0 + 12)));
+        v.push_back(make_varlen(t, 6, 4, 2, 200, 300, 200, BR, 1, 2, 0, s0 + 13));
+        v.push_back(with_det(make_varlen(t, 8, 8, 2, 300, 300, 32, BR, 1, 0, 0, s0 + 14)));
+        v.push_back(with_layout(with_window(make_varlen(t, 6, 4, 2, 300, 300, 96, NO, 1, 3, 0, s0 + 15), 20, 60),
+                                LAYOUT_STRIDED));
+        v.push_back(
+            with_det(with_sink(with_window(make_varlen(t, 5, 4, 2, 400, 300, 256, BR, 0, 2, 0, s0 + 16), 50, -1))));
+        v.push_back(with_softcap(make_varlen(t, 7, 4, 4, 500, 500, 64, BR, 1, 2, 0, s0 + 17), 50.f));
+        v.push_back(with_window(make_varlen(t, 6, 6, 2, 300, 250, 128, NO, 0, 0, 2, s0 + 18), -1, 5));
+        v.push_back(make_varlen(t, 3, 2, 1, 1500, 1400, 64, BR, 1, 2, 0, s0 + 19)); /* many tiles per sequence */
+        v.push_back(with_det(make_varlen(t, 3, 2, 2, 1200, 1000, 128, NO, 0, 1, 0, s0 + 20)));
+        return;
+    }
+    v.push_back(make_varlen(t, 5, 4, 2, 70, 60, 33, BR, 1, 2, 0, s0 + 21));
+    v.push_back(with_alibi(with_softcap(make_varlen(t, 6, 2, 2, 60, 80, 64, NO, 0, 0, 3, s0 + 22), 3.f), ALIBI_BATCH));
+    v.push_back(
+        with_layout(with_window(make_varlen(t, 4, 4, 1, 90, 70, 80, NO, 1, 1, 0, s0 + 23), 10, 3), LAYOUT_STRIDED));
+    v.push_back(with_sink(make_varlen(t, 5, 2, 1, 50, 50, 256, BR, 1, 2, 0, s0 + 24)));
+}
+
 static std::vector<test_cfg> full_configs(void)
 {
     std::vector<test_cfg> v;
     for (flash_dtype t : {FLASH_BF16, FLASH_FP16, FLASH_FP32, FLASH_FP64}) {
         dense_configs(v, t);
         variant_configs(v, t);
+        varlen_configs(v, t);
     }
     return v;
 }
@@ -909,6 +1343,12 @@ static std::vector<test_cfg> small_configs(void)
     v.push_back(with_dropout(with_mask(make_cfg(FLASH_FP32, 1, 2, 2, 40, 70, 32, CAUSAL_NONE), MASK_BOOL, PAT_RANDOM,
                                        BC_H), 0.2));
     v.push_back(with_layout(make_cfg(FLASH_FP16, 1, 4, 4, 1, 65, 8, CAUSAL_NONE), LAYOUT_ODD_UNIT));
+    /* varlen, the last sequence ending at the tensors' end (memcheck sees a read past it) */
+    v.push_back(make_varlen(FLASH_BF16, 5, 4, 2, 100, 90, 64, CAUSAL_BOTTOM_RIGHT, 1, 0, 0, 31));
+    v.push_back(with_det(with_window(make_varlen(FLASH_FP16, 4, 2, 1, 80, 100, 256, CAUSAL_NONE, 0, 0, 2, 32), 20, 4)));
+    v.push_back(with_alibi(make_varlen(FLASH_BF16, 4, 4, 4, 140, 140, 128, CAUSAL_NONE, 1, 0, 0, 33), ALIBI_HEAD));
+    v.push_back(
+        with_alibi(make_varlen(FLASH_FP32, 4, 2, 1, 40, 50, 40, CAUSAL_BOTTOM_RIGHT, 1, 0, 0, 34), ALIBI_BATCH));
     return v;
 }
 
@@ -930,6 +1370,29 @@ __global__ void fill_f32(float *x, int64_t n, float val)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         x[i] = val;
+}
+
+/* Median time of flash_bwd_cuda(p) over TIME_REPS runs after TIME_WARMUP, in ms (CUDA events). */
+static double median_ms(const flash_params &p)
+{
+    cudaEvent_t e0, e1;
+    CHECK_CUDA(cudaEventCreate(&e0));
+    CHECK_CUDA(cudaEventCreate(&e1));
+    std::vector<float> ms;
+    for (int rep = 0; rep < TIME_WARMUP + TIME_REPS; ++rep) {
+        CHECK_CUDA(cudaEventRecord(e0));
+        CHECK_CUDA(flash_bwd_cuda(&p, 0));
+        CHECK_CUDA(cudaEventRecord(e1));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        float tm;
+        CHECK_CUDA(cudaEventElapsedTime(&tm, e0, e1));
+        if (rep >= TIME_WARMUP)
+            ms.push_back(tm);
+    }
+    std::sort(ms.begin(), ms.end());
+    CHECK_CUDA(cudaEventDestroy(e0));
+    CHECK_CUDA(cudaEventDestroy(e1));
+    return ms[ms.size() / 2];
 }
 
 /* One timing config: bf16, b x s tokens, h heads of d; c carries the variant (c.b, c.h, c.sq, c.sk,
@@ -958,6 +1421,8 @@ static void time_variant(const test_cfg &c, const char *label)
     p.dq = dq; p.dk = dk; p.dv = dv; p.delta = delta; p.dq_accum = dqa;
     p.q_s = p.k_s = p.v_s = p.o_s = p.do_s = p.dq_s = p.dk_s = p.dv_s = l.st;
     p.b = b; p.h = h; p.h_kv = h; p.sq = s; p.sk = s; p.d = d; p.h_per_kv = 1;
+    p.lse_batch = (int64_t)h * s;
+    p.lse_head = s;
     p.scale = 1.0 / sqrt((double)d);
     p.scale_log2 = (float)(p.scale * FLASH_LOG2E);
     set_band(&p, c);
@@ -969,7 +1434,6 @@ static void time_variant(const test_cfg &c, const char *label)
             hs[i] = powf(2.f, -8.f * (i + 1) / h);
         slopes = (float *)upload_flat(hs.data(), hs.size() * sizeof(float));
         p.alibi_slopes = slopes;
-        p.alibi_offset = 0;
     }
     set_dropout(&p, c.dropout, 7, 11);
     mask_dev md;
@@ -994,9 +1458,10 @@ static void time_variant(const test_cfg &c, const char *label)
 
     /* visible pairs: the band, and the mask (broadcast over heads) */
     double pairs = 0;
+    const flash_seq seq = flash_seq_of(&p, 0);
     for (int bi = 0; bi < b; ++bi)
         for (int i = 0; i < s; ++i) {
-            const int64_t lo = std::max<int64_t>(0, i + p.diag_lo), hi = std::min<int64_t>(s - 1, i + p.diag_hi);
+            const int64_t lo = std::max<int64_t>(0, i + seq.diag_lo), hi = std::min<int64_t>(s - 1, i + seq.diag_hi);
             if (!c.mask) {
                 pairs += hi >= lo ? (double)(hi - lo + 1) * h : 0;
                 continue;
@@ -1007,28 +1472,11 @@ static void time_variant(const test_cfg &c, const char *label)
             }
         }
 
-    cudaEvent_t e0, e1;
-    CHECK_CUDA(cudaEventCreate(&e0));
-    CHECK_CUDA(cudaEventCreate(&e1));
-    std::vector<float> ms;
-    for (int rep = 0; rep < TIME_WARMUP + TIME_REPS; ++rep) {
-        CHECK_CUDA(cudaEventRecord(e0));
-        CHECK_CUDA(flash_bwd_cuda(&p, 0));
-        CHECK_CUDA(cudaEventRecord(e1));
-        CHECK_CUDA(cudaEventSynchronize(e1));
-        float tm;
-        CHECK_CUDA(cudaEventElapsedTime(&tm, e0, e1));
-        if (rep >= TIME_WARMUP)
-            ms.push_back(tm);
-    }
-    std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2];
+    const double med = median_ms(p);
     const double flops = BWD_FLOPS_PER_PAIR * d * pairs;
     printf("bf16 d=%3d seqlen=%5d b=%2d h=%2d %-28s: %8.3f ms  %6.1f TFLOP/s (visible %.3f)\n", d, s, b, h, label, med,
            flops / (med * 1e-3) / 1e12, pairs / ((double)b * h * s * s));
     fflush(stdout);
-    CHECK_CUDA(cudaEventDestroy(e0));
-    CHECK_CUDA(cudaEventDestroy(e1));
     for (void *x : {(void *)q, (void *)k, (void *)v, (void *)o, (void *)dout, (void *)dq, (void *)dk, (void *)dv,
                     (void *)lse, (void *)delta, (void *)dqa, (void *)slopes, (void *)dbias, md.mask, (void *)md.blocks})
         if (x)
@@ -1043,6 +1491,80 @@ static void time_config(int d, int s, int causal, int det)
     char label[64];
     snprintf(label, sizeof(label), "causal=%d det=%d", causal, det);
     time_variant(c, label);
+}
+
+/* time_config's shapes as one varlen batch (bf16, TIME_TOKENS tokens, nheads = TIME_HIDDEN / d): equal
+ * lengths s (the cost of the varlen path itself against time_config), or lengths drawn from [1, 2 s]
+ * (the last one cut to fill the tokens). TFLOP/s on each sequence's visible pairs. */
+static void time_varlen(int d, int s, int causal, int random_lengths)
+{
+    const int h = TIME_HIDDEN / d, tokens = TIME_TOKENS;
+    std::vector<int32_t> cu(1, 0);
+    rng r = {(uint64_t)s * 977 + d};
+    while (cu.back() < tokens) {
+        const int len = random_lengths ? 1 + (int)(rng_uniform(&r) * 2 * s) % (2 * s) : s;
+        cu.push_back(std::min(tokens, cu.back() + len));
+    }
+    const int b = (int)cu.size() - 1;
+    int max_len = 0;
+    for (int i = 0; i < b; ++i)
+        max_len = std::max(max_len, cu[i + 1] - cu[i]);
+    const int64_t n = (int64_t)tokens * h * d;
+    __nv_bfloat16 *q, *k, *v, *o, *dout, *dq, *dk, *dv;
+    float *lse, *delta, *dqa;
+    for (__nv_bfloat16 **x : {&q, &k, &v, &o, &dout, &dq, &dk, &dv})
+        CHECK_CUDA(cudaMalloc(x, n * sizeof(__nv_bfloat16)));
+    CHECK_CUDA(cudaMalloc(&lse, (size_t)h * tokens * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&delta, (size_t)h * tokens * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&dqa, n * sizeof(float)));
+    int32_t *cu_dev = (int32_t *)upload_flat(cu.data(), cu.size() * sizeof(int32_t));
+    uint32_t seed = 1;
+    for (__nv_bfloat16 *x : {q, k, v, o, dout})
+        fill_bf16<<<1024, 256>>>(x, n, seed++);
+    fill_f32<<<1024, 256>>>(lse, (int64_t)h * tokens, logf((float)s));
+    CHECK_CUDA(cudaDeviceSynchronize());
+
+    flash_params p;
+    memset(&p, 0, sizeof(p));
+    layout l = make_layout(1, tokens, h, d, LAYOUT_BSHD);
+    l.st.batch = 0;
+    p.q = q; p.k = k; p.v = v; p.o = o; p.lse = lse; p.dout = dout;
+    p.dq = dq; p.dk = dk; p.dv = dv; p.delta = delta; p.dq_accum = dqa;
+    p.q_s = p.k_s = p.v_s = p.o_s = p.do_s = p.dq_s = p.dk_s = p.dv_s = l.st;
+    p.b = b; p.h = h; p.h_kv = h; p.sq = max_len; p.sk = max_len; p.d = d; p.h_per_kv = 1;
+    p.total_q = p.total_k = tokens;
+    p.cu_seqlens_q = p.cu_seqlens_k = cu_dev;
+    p.lse_batch = 0;
+    p.lse_head = tokens;
+    p.scale = 1.0 / sqrt((double)d);
+    p.scale_log2 = (float)(p.scale * FLASH_LOG2E);
+    p.band_left = -1;
+    p.band_right = causal ? 0 : -1;
+    p.band_bottom_right = 1;
+    p.dtype = FLASH_BF16;
+
+    double pairs = 0; /* visible pairs, sequence by sequence (a dense batch of one each) */
+    for (int i = 0; i < b; ++i) {
+        flash_params one = p;
+        one.cu_seqlens_q = one.cu_seqlens_k = NULL;
+        one.b = 1;
+        one.sq = one.sk = cu[i + 1] - cu[i];
+        const flash_seq seq = flash_seq_of(&one, 0);
+        for (int64_t row = 0; row < one.sq; ++row) {
+            const int64_t lo = std::max<int64_t>(0, row + seq.diag_lo);
+            const int64_t hi = std::min<int64_t>(one.sk - 1, row + seq.diag_hi);
+            pairs += hi >= lo ? (double)(hi - lo + 1) * h : 0;
+        }
+    }
+    const double med = median_ms(p);
+    char label[64];
+    snprintf(label, sizeof(label), "varlen %s causal=%d", random_lengths ? "1..2 seq" : "equal", causal);
+    printf("bf16 d=%3d seqlen=%5d b=%2d h=%2d %-28s: %8.3f ms  %6.1f TFLOP/s (visible %.3f)\n", d, s, b, h, label, med,
+           BWD_FLOPS_PER_PAIR * d * pairs / (med * 1e-3) / 1e12, pairs / ((double)tokens * h * s));
+    fflush(stdout);
+    for (void *x : {(void *)q, (void *)k, (void *)v, (void *)o, (void *)dout, (void *)dq, (void *)dk, (void *)dv,
+                    (void *)lse, (void *)delta, (void *)dqa, (void *)cu_dev})
+        CHECK_CUDA(cudaFree(x));
 }
 
 static void time_variants(void)
@@ -1086,6 +1608,16 @@ int main(int argc, char **argv)
         time_variants();
         return 0;
     }
+    if (!strcmp(mode, "timevl")) {
+        for (int d : {64, 128})
+            for (int causal : {0, 1})
+                for (int s : {512, 2048, 8192}) {
+                    time_config(d, s, causal, 0);
+                    time_varlen(d, s, causal, 0);
+                    time_varlen(d, s, causal, 1);
+                }
+        return 0;
+    }
     const std::vector<test_cfg> all = !strcmp(mode, "small") ? small_configs() : full_configs();
     const char *only = argc > 2 && strcmp(argv[2], "all") ? argv[2] : NULL; /* dtype filter, e.g. "bf16" */
     const char *filter = argc > 3 ? argv[3] : NULL;                        /* substring of the config line */
@@ -1107,12 +1639,17 @@ int main(int argc, char **argv)
         std::vector<prepared> prep(n);
         std::vector<std::thread> th;
         for (size_t i = 0; i < n; ++i)
-            th.emplace_back([&, i]() { prepare(cfgs[first + i], seeds[first + i], &prep[i]); });
+            th.emplace_back([&, i]() {
+                if (cfgs[first + i].varlen)
+                    prepare_varlen(cfgs[first + i], seeds[first + i], &prep[i]);
+                else
+                    prepare(cfgs[first + i], seeds[first + i], &prep[i]);
+            });
         for (auto &x : th)
             x.join();
         for (size_t i = 0; i < n; ++i) {
             ran++;
-            pass += run_test(cfgs[first + i], prep[i]);
+            pass += cfgs[first + i].varlen ? run_varlen(cfgs[first + i], prep[i]) : run_test(cfgs[first + i], prep[i]);
         }
     }
     printf("SUMMARY: %d/%d configs passed\n", pass, ran);
