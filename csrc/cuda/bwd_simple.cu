@@ -312,9 +312,12 @@ static cudaError_t run_bwd_simple(const flash_params *p, cudaStream_t stream)
 
 extern "C" cudaError_t flash_bwd_simple(const flash_params *p, cudaStream_t stream)
 {
-    const int varlen = p->cu_seqlens_q != NULL; /* attn_mask and dbias: dense batches only */
+    /* attn_mask and dbias: dense batches only; KV caches (k_batch_idx, k_leftpad, block_table): the
+     * forward only */
+    const int varlen = p->cu_seqlens_q != NULL;
     if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->h_kv < 1 || p->h % p->h_kv != 0 ||
-        (varlen && (p->mask != NULL || p->dbias != NULL || p->cu_seqlens_k == NULL)))
+        (varlen && (p->mask != NULL || p->dbias != NULL || p->cu_seqlens_k == NULL)) || p->k_batch_idx != NULL ||
+        p->k_leftpad != NULL || p->block_table != NULL)
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0 || p->sq == 0 || p->sk == 0)
         return cudaSuccess;

@@ -1240,13 +1240,15 @@ extern "C" cudaError_t flash_bwd_sm80_check(const flash_params *p)
         p->sq > INT_MAX || p->sk > INT_MAX || p->h > MAX_GRID_YZ || p->b > MAX_GRID_YZ)
         return cudaErrorInvalidValue;
     /* the dense kernels know nothing of the variants; the HOOK kernels read the mask through its flags;
-     * attn_mask and dbias exist for dense batches only */
+     * attn_mask and dbias exist for dense batches only; KV caches (k_batch_idx, k_leftpad, block_table)
+     * for the forward only */
     const int variant = p->softcap != 0.f || p->alibi_slopes != NULL || p->mask != NULL || p->dbias != NULL ||
                         p->dropout_threshold != 0;
     const int varlen = p->cu_seqlens_q != NULL;
     if ((variant && !p->has_hook) || (p->mask == NULL) != (p->mask_blocks == NULL) ||
         (p->mask != NULL && p->mask_kind != FLASH_MASK_BOOL && p->mask_kind != FLASH_MASK_ADD) ||
-        (varlen && (p->mask != NULL || p->dbias != NULL || p->cu_seqlens_k == NULL)))
+        (varlen && (p->mask != NULL || p->dbias != NULL || p->cu_seqlens_k == NULL)) || p->k_batch_idx != NULL ||
+        p->k_leftpad != NULL || p->block_table != NULL)
         return cudaErrorInvalidValue;
     const void *ptrs[] = {p->q, p->k, p->v, p->o, p->dout, p->dq, p->dk, p->dv};
     for (unsigned int i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); ++i)
