@@ -606,8 +606,8 @@ __device__ __forceinline__ void hook_ds(float ds8[8], int kq, const hook_tile &h
 /* The dQ reducer warpgroup: for each query tile the MMA warpgroups walk (the same sequence, step i),
  * wait on FULL[i % 2] until they have written its dQ_partial (BM x D fp32) into buffer i % 2, add its
  * rows below sq (the sequence's) into dq_accum with vector red.add, and hand the buffer back on
- * EMPTY[i % 2]. The MMA warpgroups never
- * stall on these L2 reductions (they were 20-25% of the time when the MMA warps issued them). */
+ * EMPTY[i % 2]. The MMA warpgroups never stall on these L2 reductions (they were 20-25% of the time
+ * when the MMA warps issued them). */
 template <bool HOOK, int BM, int D>
 __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *dQb, float *dqa, uint32_t full,
                                            uint32_t empty, int m_first, int m_end, int sq, int rtid)
