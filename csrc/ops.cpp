@@ -6,6 +6,19 @@
 // (total_q, nheads, headdim), k/v (total_k, nheads_kv, headdim), lse (nheads, total_q), with int32
 // cu_seqlens_q / cu_seqlens_k (batch + 1,) and seqused_k (batch,) on q's device. The CUDA backend lives
 // in ops_cuda.cpp.
+//
+// kvcache_fwd (flash_attn_with_kvcache's attention; forward only, it reads the cache and writes
+// nothing into it: the Python function appends new keys first and passes cache_seqlens + seqlen_new):
+// q (batch, seqlen_q, nheads, headdim); k_cache / v_cache (batch_cache, seqlen_cache, nheads_kv,
+// headdim), or paged with block_table int32 (batch, max_pages): (num_pages, page_size, nheads_kv,
+// headdim), page_size a multiple of FLASH_PAGE_MULTIPLE. Sequence b's keys are cache rows
+// [cache_leftpad[b], cache_seqlens[b]) (flash-attn's convention: cache_seqlens counts from the cache's
+// row 0, the left padding included) of cache batch cache_batch_idx[b] (default b), or of pages
+// block_table[b, row / page_size]; cache_seqlens None: every row (seqlen_cache, or max_pages *
+// page_size). All int32 on q's device; contents are clamped by the kernels, never read on the host.
+// causal / window are bottom-right aligned per sequence (on its key count), ALiBi as flash-attn with
+// the sequence's keys counted from cache_leftpad. out (batch, seqlen_q, nheads, headdim), lse (batch,
+// nheads, seqlen_q); a sequence without keys gets out 0, lse -inf (the sink with a sink).
 #include <Python.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/library.h>
@@ -58,26 +71,30 @@ void check_rank_and_last_stride(const at::Tensor &t, const char *name, int64_t r
                 " must have stride 1 in its last dimension (headdim), got stride ", num(t.stride(rank - 1)));
 }
 
-// dtype, device and head checks shared by the dense and varlen q, k, v (hd: the head dim's index).
-void check_qkv_common(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t hd)
+// dtype, device and head checks shared by the dense, varlen and KV-cache q, k, v (hd: the head dim's
+// index; kn, vn: the names of k and v in the messages).
+void check_qkv_common(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t hd, const char *kn = "k",
+                      const char *vn = "v")
 {
-    TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
-                "flashattn_ext: q, k and v must have the same dtype, got q ", q.scalar_type(), ", k ",
-                k.scalar_type(), ", v ", v.scalar_type());
-    TORCH_CHECK(q.device() == k.device() && q.device() == v.device(),
-                "flashattn_ext: q, k and v must be on the same device, got q on ", q.device().str(), ", k on ",
-                k.device().str(), ", v on ", v.device().str());
-    TORCH_CHECK(k.size(hd) == q.size(hd) && v.size(hd) == q.size(hd),
-                "flashattn_ext: head dim (last dimension) of q, k and v must match, got q ", num(q.size(hd)),
-                ", k ", num(k.size(hd)), ", v ", num(v.size(hd)));
+    TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), "flashattn_ext: q, ", kn,
+                " and ", vn, " must have the same dtype, got q ", q.scalar_type(), ", ", kn, " ", k.scalar_type(), ", ",
+                vn, " ", v.scalar_type());
+    TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), "flashattn_ext: q, ", kn, " and ", vn,
+                " must be on the same device, got q on ", q.device().str(), ", ", kn, " on ", k.device().str(), ", ",
+                vn, " on ", v.device().str());
+    TORCH_CHECK(k.size(hd) == q.size(hd) && v.size(hd) == q.size(hd), "flashattn_ext: head dim (last dimension) of q, ",
+                kn, " and ", vn, " must match, got q ", num(q.size(hd)), ", ", kn, " ", num(k.size(hd)), ", ", vn, " ",
+                num(v.size(hd)));
     const int64_t rows = hd - 2, heads = hd - 1;
-    TORCH_CHECK(k.size(rows) == v.size(rows), "flashattn_ext: seqlen of k (", num(k.size(rows)), ") and v (",
-                num(v.size(rows)), ") must match");
-    TORCH_CHECK(k.size(heads) == v.size(heads), "flashattn_ext: nheads of k (", num(k.size(heads)), ") and v (",
-                num(v.size(heads)), ") must match");
-    TORCH_CHECK(k.size(heads) > 0 || q.size(heads) == 0, "flashattn_ext: nheads of k and v must be positive");
+    TORCH_CHECK(k.size(rows) == v.size(rows), "flashattn_ext: seqlen of ", kn, " (", num(k.size(rows)), ") and ", vn,
+                " (", num(v.size(rows)), ") must match");
+    TORCH_CHECK(k.size(heads) == v.size(heads), "flashattn_ext: nheads of ", kn, " (", num(k.size(heads)), ") and ", vn,
+                " (", num(v.size(heads)), ") must match");
+    TORCH_CHECK(k.size(heads) > 0 || q.size(heads) == 0, "flashattn_ext: nheads of ", kn, " and ", vn,
+                " must be positive");
     TORCH_CHECK(k.size(heads) == 0 || q.size(heads) % k.size(heads) == 0, "flashattn_ext: nheads of q (",
-                num(q.size(heads)), ") must be a multiple of nheads of k and v (", num(k.size(heads)), ")");
+                num(q.size(heads)), ") must be a multiple of nheads of ", kn, " and ", vn, " (", num(k.size(heads)),
+                ")");
 }
 
 // An int32 index tensor of a varlen call: 1-D, contiguous, on q's device.
@@ -436,6 +453,85 @@ void set_varlen_bwd_params(flash_params *p, const at::Tensor &dout, const at::Te
     p->do_s.batch = p->dq_s.batch = p->dk_s.batch = p->dv_s.batch = 0;
 }
 
+int64_t KvCache::seqlen_k(const at::Tensor &k_cache) const
+{
+    return block_table ? block_table->size(1) * k_cache.size(1) : k_cache.size(1);
+}
+
+KvCache kvcache_of(const c10::optional<at::Tensor> &cache_seqlens, const c10::optional<at::Tensor> &cache_batch_idx,
+                   const c10::optional<at::Tensor> &cache_leftpad, const c10::optional<at::Tensor> &block_table)
+{
+    KvCache kv;
+    kv.cache_seqlens = cache_seqlens;
+    kv.cache_batch_idx = cache_batch_idx;
+    kv.cache_leftpad = cache_leftpad;
+    kv.block_table = block_table;
+    return kv;
+}
+
+void check_kvcache_inputs(const at::Tensor &q, const at::Tensor &k_cache, const at::Tensor &v_cache,
+                          const KvCache &kv)
+{
+    check_rank_and_last_stride(q, "q");
+    check_rank_and_last_stride(k_cache, "k_cache");
+    check_rank_and_last_stride(v_cache, "v_cache");
+    check_qkv_common(q, k_cache, v_cache, kRank - 1, "k_cache", "v_cache");
+    TORCH_CHECK(k_cache.size(0) == v_cache.size(0), "flashattn_ext: k_cache and v_cache must have the same ",
+                kv.block_table ? "number of pages" : "batch size", ", got ", num(k_cache.size(0)), " and ",
+                num(v_cache.size(0)));
+    const int64_t batch = q.size(0);
+    const char *per_batch[] = {"cache_seqlens", "cache_batch_idx", "cache_leftpad"};
+    const c10::optional<at::Tensor> *index[] = {&kv.cache_seqlens, &kv.cache_batch_idx, &kv.cache_leftpad};
+    for (int i = 0; i < 3; ++i) {
+        if (!*index[i])
+            continue;
+        check_index_tensor(**index[i], q, per_batch[i]);
+        TORCH_CHECK((*index[i])->size(0) == batch, "flashattn_ext: ", per_batch[i], " must have shape (batch,) = (",
+                    num(batch), ",), got ", shape((*index[i])->sizes()));
+    }
+    if (kv.block_table) {
+        const at::Tensor &t = *kv.block_table;
+        TORCH_CHECK(!kv.cache_batch_idx, "flashattn_ext: cache_batch_idx cannot be combined with block_table (a paged "
+                    "cache is addressed through its table alone, as in flash-attn)");
+        TORCH_CHECK(t.scalar_type() == at::kInt, "flashattn_ext: block_table must be int32, got ", t.scalar_type());
+        TORCH_CHECK(t.device() == q.device(), "flashattn_ext: block_table must be on the device of q (",
+                    q.device().str(), "), got ", t.device().str());
+        TORCH_CHECK(t.dim() == 2 && t.size(0) == batch, "flashattn_ext: block_table must have shape (batch, "
+                    "max_pages_per_sequence) with batch = ", num(batch), ", got ", shape(t.sizes()));
+        const int64_t page = k_cache.size(1);
+        TORCH_CHECK(page > 0 && page % FLASH_PAGE_MULTIPLE == 0, "flashattn_ext: the page size (dimension 1 of a "
+                    "paged k_cache (num_pages, page_size, nheads_kv, headdim)) must be a positive multiple of ",
+                    num(FLASH_PAGE_MULTIPLE), ", got ", num(page));
+        TORCH_CHECK(k_cache.size(0) > 0 || t.numel() == 0, "flashattn_ext: a paged k_cache needs at least one page "
+                    "for a non-empty block_table");
+    } else if (kv.cache_batch_idx) {
+        TORCH_CHECK(k_cache.size(0) > 0 || batch == 0 || k_cache.size(1) == 0,
+                    "flashattn_ext: k_cache needs at least one batch entry for cache_batch_idx to index");
+    } else {
+        TORCH_CHECK(k_cache.size(0) == batch, "flashattn_ext: the batch size of k_cache (", num(k_cache.size(0)),
+                    ") must be that of q (", num(batch), ") without cache_batch_idx");
+    }
+}
+
+flash_params make_kvcache_params(const at::Tensor &q, const at::Tensor &k_cache, const at::Tensor &v_cache,
+                                 const at::Tensor &out, const at::Tensor &lse, const KvCache &kv,
+                                 double softmax_scale, const Variants &var, VariantTensors *keep)
+{
+    flash_params p = make_params(q, k_cache, v_cache, out, lse, softmax_scale, var, at::Tensor(), keep);
+    p.sk = kv.seqlen_k(k_cache);
+    p.seqused_k = kv.cache_seqlens ? kv.cache_seqlens->data_ptr<int32_t>() : nullptr;
+    p.k_batch_idx = kv.cache_batch_idx ? kv.cache_batch_idx->data_ptr<int32_t>() : nullptr;
+    p.k_leftpad = kv.cache_leftpad ? kv.cache_leftpad->data_ptr<int32_t>() : nullptr;
+    p.k_batches = k_cache.size(0);
+    if (kv.block_table) {
+        keep->block_table = kv.block_table->contiguous();
+        p.block_table = keep->block_table.data_ptr<int32_t>();
+        p.block_table_stride = keep->block_table.size(1);
+        p.page_size = k_cache.size(1);
+    }
+    return p;
+}
+
 Varlen varlen_of(const at::Tensor &cu_seqlens_q, const at::Tensor &cu_seqlens_k,
                  const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k)
 {
@@ -627,6 +723,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     return {dq, dk, dv};
 }
 
+std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cpu(
+    const at::Tensor &q, const at::Tensor &k_cache, const at::Tensor &v_cache,
+    const c10::optional<at::Tensor> &cache_seqlens, const c10::optional<at::Tensor> &cache_batch_idx,
+    const c10::optional<at::Tensor> &cache_leftpad, const c10::optional<at::Tensor> &block_table,
+    double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+    const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink)
+{
+    const KvCache kv = kvcache_of(cache_seqlens, cache_batch_idx, cache_leftpad, block_table);
+    check_kvcache_inputs(q, k_cache, v_cache, kv);
+    check_cpu_dtype(q);
+    const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
+                                     c10::nullopt, 0.0, false);
+    check_variants(var, q, q.size(0), q.size(1), q.size(2), kv.seqlen_k(k_cache));
+    if (no_work(q) || kv.seqlen_k(k_cache) == 0)
+        return fwd_without_keys(q, v_cache, sink);
+    at::Tensor out = at::empty(q.sizes(), q.options());
+    at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
+    VariantTensors keep;
+    const flash_params p = make_kvcache_params(q, k_cache, v_cache, out, lse, kv, softmax_scale, var, &keep);
+    check_cpu_status(flash_fwd_cpu(&p), "forward");
+    return {out, lse};
+}
+
 at::Tensor dropout_mask_cpu(const at::Tensor &q, const at::Tensor &rng_state, int64_t seqlen_k, double dropout_p)
 {
     const flash_params p = dropout_mask_params(q, rng_state, seqlen_k, dropout_p);
@@ -657,6 +776,9 @@ TORCH_LIBRARY(flashattn_ext, m)
           "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, "
           "float softmax_scale, bool causal, int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
           "Tensor? sink, float dropout_p, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)");
+    m.def("kvcache_fwd(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, Tensor? cache_batch_idx, "
+          "Tensor? cache_leftpad, Tensor? block_table, float softmax_scale, bool causal, int window_left, "
+          "int window_right, float softcap, Tensor? alibi_slopes, Tensor? sink) -> (Tensor out, Tensor lse)");
 }
 
 TORCH_LIBRARY_IMPL(flashattn_ext, CPU, m)
@@ -666,6 +788,7 @@ TORCH_LIBRARY_IMPL(flashattn_ext, CPU, m)
     m.impl("dropout_mask", &dropout_mask_cpu);
     m.impl("varlen_fwd", &varlen_fwd_cpu);
     m.impl("varlen_bwd", &varlen_bwd_cpu);
+    m.impl("kvcache_fwd", &kvcache_fwd_cpu);
 }
 
 }  // namespace flashattn_ext

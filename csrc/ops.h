@@ -1,6 +1,6 @@
 // ops.h: what the two libtorch translation units (ops.cpp: schema + CPU, ops_cuda.cpp: CUDA) share:
 // the input checks and the one function that fills flash_params from tensors (dense batches; the
-// varlen ops build theirs through it too).
+// varlen and KV-cache ops build theirs through it too).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -69,9 +69,10 @@ void check_variants(const Variants &var, const at::Tensor &q, int64_t batch, int
                     int64_t seqlen_k);
 
 // The tensors that params made by make_params point to beyond the call's inputs (kept alive by the
-// caller until the kernels are done): contiguous alibi slopes and the mask's block flags.
+// caller until the kernels are done): contiguous alibi slopes, the mask's block flags and (KV cache) a
+// contiguous block_table.
 struct VariantTensors {
-    at::Tensor alibi_slopes, mask_blocks;
+    at::Tensor alibi_slopes, mask_blocks, block_table;
 };
 
 // Zero-filled params with the forward tensors, sizes, scale, mask geometry and variants set. The
@@ -133,6 +134,38 @@ bool varlen_fwd_no_work(const at::Tensor &q, const Varlen &vl, const Variants &v
 
 // True when every gradient of a varlen backward is zero (no rows, heads, head dim or keys).
 bool varlen_bwd_no_work(const at::Tensor &q, const at::Tensor &k, const Varlen &vl);
+
+// A KV-cache call as kvcache_fwd receives it (schema in ops.cpp): q (batch, seqlen_q, nheads, headdim);
+// k_cache / v_cache (batch_cache, seqlen_cache, nheads_kv, headdim), or paged with a block_table
+// (num_pages, page_size, nheads_kv, headdim). Sequence b's keys are cache rows [cache_leftpad[b],
+// cache_seqlens[b]) (counted from the cache's row 0, left padding included) of cache batch
+// cache_batch_idx[b], or of its pages block_table[b, row / page_size]. Contents are never read on the
+// host; the kernels clamp them (mask.h flash_seq_of, flash_key_offset).
+struct KvCache {
+    c10::optional<at::Tensor> cache_seqlens;    // int32 (batch,) or None: every row of the cache
+    c10::optional<at::Tensor> cache_batch_idx;  // int32 (batch,) or None: batch b reads cache batch b
+    c10::optional<at::Tensor> cache_leftpad;    // int32 (batch,) or None: from row 0
+    c10::optional<at::Tensor> block_table;      // int32 (batch, max_pages) or None: a dense cache
+    // Rows of the cache a sequence can reach: seqlen_cache, or max_pages * page_size when paged.
+    int64_t seqlen_k(const at::Tensor &k_cache) const;
+};
+
+KvCache kvcache_of(const c10::optional<at::Tensor> &cache_seqlens, const c10::optional<at::Tensor> &cache_batch_idx,
+                   const c10::optional<at::Tensor> &cache_leftpad, const c10::optional<at::Tensor> &block_table);
+
+// Checks q, k_cache, v_cache and the index tensors of a KV-cache call (ranks, shapes, dtypes, devices, last
+// stride, page size a multiple of FLASH_PAGE_MULTIPLE, no cache_batch_idx with a block_table) with messages
+// naming the argument; reads no tensor contents (no device synchronization).
+void check_kvcache_inputs(const at::Tensor &q, const at::Tensor &k_cache, const at::Tensor &v_cache,
+                          const KvCache &kv);
+
+// Params of a KV-cache call: make_params on (q, k_cache, v_cache), then sk = kv.seqlen_k, seqused_k =
+// cache_seqlens, k_batch_idx, k_leftpad, k_batches (cache batches or pages) and the block_table (a
+// contiguous copy in keep when it is not contiguous already). out (batch, seqlen_q, nheads, headdim), lse
+// (batch, nheads, seqlen_q).
+flash_params make_kvcache_params(const at::Tensor &q, const at::Tensor &k_cache, const at::Tensor &v_cache,
+                                 const at::Tensor &out, const at::Tensor &lse, const KvCache &kv,
+                                 double softmax_scale, const Variants &var, VariantTensors *keep);
 
 // True when there is nothing to compute (an empty batch, no queries or no heads); a forward with
 // seqlen_k == 0 has work to do: every row sees no key (out = 0, lse = -inf).

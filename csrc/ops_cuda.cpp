@@ -5,8 +5,8 @@
 //
 // fp16/bf16 kernels load 16-byte vectors: their inputs need a head dim that is a multiple of 8,
 // strides that are multiples of 8 elements and 16-byte aligned data. Inputs that are not so are
-// padded (head dim) or copied here, the only copies this backend makes (dense 4-D and varlen 3-D
-// tensors alike: the head dim is the last dimension). Varlen outputs and the workspaces that kernels
+// padded (head dim) or copied here, the only copies this backend makes (dense 4-D, varlen 3-D and
+// KV-cache tensors alike: the head dim is the last dimension). Varlen outputs and the workspaces that kernels
 // write only in part (rows of no sequence, keys past seqused_k) are zero-filled.
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -308,6 +308,41 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
     return {unpad(dq, d), unpad(dk, d), unpad(dv, d)};
 }
 
+// The cache is padded or copied by kernel_ready like any k / v (fp16/bf16 with a head dim that is not a
+// multiple of 8, or misaligned strides): the kernels then read the copy, which is all kvcache_fwd needs (it
+// writes nothing into the cache).
+std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cuda(
+    const at::Tensor &q_in, const at::Tensor &k_in, const at::Tensor &v_in,
+    const c10::optional<at::Tensor> &cache_seqlens, const c10::optional<at::Tensor> &cache_batch_idx,
+    const c10::optional<at::Tensor> &cache_leftpad, const c10::optional<at::Tensor> &block_table,
+    double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+    const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink)
+{
+    const KvCache kv = kvcache_of(cache_seqlens, cache_batch_idx, cache_leftpad, block_table);
+    check_kvcache_inputs(q_in, k_in, v_in, kv);
+    const int64_t seqlen_k = kv.seqlen_k(k_in);
+    check_cuda_sizes(q_in, q_in.size(0), q_in.size(2), q_in.size(1), seqlen_k);
+    const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
+                                     c10::nullopt, 0.0, false);
+    check_variants(var, q_in, q_in.size(0), q_in.size(1), q_in.size(2), seqlen_k);
+    const c10::cuda::CUDAGuard guard(q_in.device());
+    if (no_work(q_in) || seqlen_k == 0)
+        return fwd_without_keys(q_in, v_in, sink);
+    const int64_t d = q_in.size(3);
+    const int64_t d_kernel = kernel_head_dim(q_in);
+    const at::Tensor q = kernel_ready(q_in, d_kernel);
+    const at::Tensor k = kernel_ready(k_in, d_kernel);
+    const at::Tensor v = kernel_ready(v_in, d_kernel);
+    at::Tensor out = at::empty(q.sizes(), q.options());
+    at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
+    VariantTensors keep;
+    const flash_params p = make_kvcache_params(q, k, v, out, lse, kv, softmax_scale, var, &keep);
+    if (is_half(q))
+        check_smem(flash_fwd_smem_needed(&p), d, "forward");
+    check_launch(flash_fwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "KV-cache forward");
+    return {unpad(out, d), lse};
+}
+
 at::Tensor dropout_mask_cuda(const at::Tensor &q, const at::Tensor &rng_state, int64_t seqlen_k, double dropout_p)
 {
     const flash_params p = dropout_mask_params(q, rng_state, seqlen_k, dropout_p);
@@ -329,6 +364,7 @@ TORCH_LIBRARY_IMPL(flashattn_ext, CUDA, m)
     m.impl("dropout_mask", &dropout_mask_cuda);
     m.impl("varlen_fwd", &varlen_fwd_cuda);
     m.impl("varlen_bwd", &varlen_bwd_cuda);
+    m.impl("kvcache_fwd", &kvcache_fwd_cuda);
 }
 
 }  // namespace flashattn_ext

@@ -1106,7 +1106,8 @@ static int run_kv_case(const kv_config *c, flash_dtype dt)
         double *o_ref = malloc((size_t)q_elems * sizeof(double)), *dq_ref = malloc((size_t)q_elems * sizeof(double));
         double *dk_ref = malloc((size_t)(sk * hk * d + 1) * sizeof(double));
         double *dv_ref = malloc((size_t)(sk * hk * d + 1) * sizeof(double));
-        double *lse_ref = malloc((size_t)(h * c->sq) * sizeof(double)), *lseg = malloc((size_t)(h * c->sq) * sizeof(double));
+        double *lse_ref = malloc((size_t)(h * c->sq) * sizeof(double));
+        double *lseg = malloc((size_t)(h * c->sq) * sizeof(double));
         const double *sink_arg = var->sink ? sink_ref : NULL;
         ref_forward(&r, qr, kr, vr, NULL, sink_arg, o_ref, lse_ref);
         ref_backward(&r, qr, kr, vr, NULL, sink_arg, dor, dq_ref, dk_ref, dv_ref, NULL, NULL);
@@ -1124,7 +1125,8 @@ static int run_kv_case(const kv_config *c, flash_dtype dt)
             fail |= !isnan(before[e]);
         for (int64_t e = 0; e < (c->cache_len - end) * hk * d; e++)
             fail |= !isnan(after[e]);
-        double *all[] = {qr, dor, og, dqg, kr, vr, dkg, dvg, o_ref, dq_ref, dk_ref, dv_ref, lse_ref, lseg, before, after};
+        double *all[] = {qr, dor, og, dqg, kr, vr, dkg, dvg, o_ref, dq_ref, dk_ref, dv_ref,
+                         lse_ref, lseg, before, after};
         for (size_t e = 0; e < sizeof all / sizeof *all; e++)
             free(all[e]);
     }

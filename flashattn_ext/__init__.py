@@ -4,6 +4,8 @@
     out = flashattn_ext.scaled_dot_product_attention(q, k, v, is_causal=True)  # (batch, nheads, seqlen, headdim)
     out = flashattn_ext.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                causal=True)                   # (total_tokens, nheads, headdim)
+    out = flashattn_ext.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths,
+                                                causal=True)  # decoding: appends k, v to the cache in place
 """
 import torch  # noqa: F401  (first: _C links against libtorch)
 
@@ -21,6 +23,7 @@ from .interface import (
     flash_attn_varlen_qkvpacked_func,
     scaled_dot_product_attention,
 )
+from .kvcache import flash_attn_with_kvcache
 from .merge import merge_attention_states
 from .integrations import torch_registry as _torch_registry
 
@@ -34,6 +37,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
     "scaled_dot_product_attention",
     "merge_attention_states",
     "reference",

@@ -1,7 +1,8 @@
-"""torch.library registrations for the C++ ops flashattn_ext::fwd, ::bwd, ::dropout_mask, ::varlen_fwd
-and ::varlen_bwd: fake (meta) kernels with shape checks for tracing, and the autograd formulas of fwd
-and varlen_fwd, which save q, k, v, out, lse, the dropout rng_state, the sequence boundaries (varlen) and
-the user's own alibi/sink/mask tensors only, and call bwd / varlen_bwd."""
+"""torch.library registrations for the C++ ops flashattn_ext::fwd, ::bwd, ::dropout_mask, ::varlen_fwd,
+::varlen_bwd and ::kvcache_fwd: fake (meta) kernels with shape checks for tracing, and the autograd
+formulas of fwd and varlen_fwd, which save q, k, v, out, lse, the dropout rng_state, the sequence
+boundaries (varlen) and the user's own alibi/sink/mask tensors only, and call bwd / varlen_bwd.
+kvcache_fwd has no backward (as flash-attn's KV-cache function): its autograd formula raises."""
 import math
 
 import torch
@@ -183,3 +184,57 @@ def _varlen_backward(ctx, dout, _dlse, _drng):
 
 
 torch.library.register_autograd("flashattn_ext::varlen_fwd", _varlen_backward, setup_context=_varlen_setup_context)
+
+
+# ------------------------------------------------------------------------------------------------
+# KV cache (flash_attn_with_kvcache): q (batch, seqlen_q, nheads, headdim); k_cache / v_cache
+# (batch_cache, seqlen_cache, nheads_kv, headdim), or paged (num_pages, page_size, nheads_kv, headdim)
+# with block_table (batch, max_pages). Forward only.
+# ------------------------------------------------------------------------------------------------
+
+_PAGE_MULTIPLE = 16  # FLASH_PAGE_MULTIPLE (csrc/constants.h)
+
+
+def _check_kvcache_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table):
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_rank4(name, t)
+    torch._check(k_cache.shape[0] == v_cache.shape[0] and k_cache.shape[1] == v_cache.shape[1]
+                 and k_cache.shape[2] == v_cache.shape[2],
+                 lambda: "flashattn_ext: k_cache and v_cache must have the same shape")
+    torch._check(k_cache.shape[3] == q.shape[3] and v_cache.shape[3] == q.shape[3],
+                 lambda: "flashattn_ext: head dims of q, k_cache and v_cache differ")
+    batch = q.shape[0]
+    for name, t in (("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
+                    ("cache_leftpad", cache_leftpad)):
+        if t is not None:
+            _check_rank(name, t, 1)
+            torch._check(t.shape[0] == batch, lambda: f"flashattn_ext: {name} must have shape (batch,)")
+    if block_table is not None:
+        torch._check(cache_batch_idx is None,
+                     lambda: "flashattn_ext: cache_batch_idx cannot be combined with block_table")
+        _check_rank("block_table", block_table, 2)
+        torch._check(block_table.shape[0] == batch,
+                     lambda: "flashattn_ext: block_table must have shape (batch, max_pages_per_sequence)")
+        torch._check(k_cache.shape[1] % _PAGE_MULTIPLE == 0,
+                     lambda: f"flashattn_ext: the page size must be a multiple of {_PAGE_MULTIPLE}")
+    elif cache_batch_idx is None:
+        torch._check(k_cache.shape[0] == batch,
+                     lambda: "flashattn_ext: the batch size of k_cache must be that of q without cache_batch_idx")
+
+
+@torch.library.register_fake("flashattn_ext::kvcache_fwd")
+def _kvcache_fwd_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, softmax_scale,
+                      causal, window_left, window_right, softcap, alibi_slopes, sink):
+    _check_kvcache_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
+    batch, seqlen_q, nheads, _ = q.shape
+    out = q.new_empty((batch, seqlen_q, nheads, v_cache.shape[-1]))
+    lse = q.new_empty((batch, nheads, seqlen_q), dtype=_lse_dtype(q.dtype))
+    return out, lse
+
+
+def _kvcache_backward(ctx, dout, dlse):
+    raise RuntimeError("flashattn_ext: kvcache_fwd (flash_attn_with_kvcache) has no backward, as flash-attn's; "
+                       "use flash_attn_func for attention that needs gradients")
+
+
+torch.library.register_autograd("flashattn_ext::kvcache_fwd", _kvcache_backward)

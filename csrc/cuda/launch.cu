@@ -2,8 +2,8 @@
  * tensor-core kernels) -> arch (Hopper with an sm_90a build: the wgmma backward main kernel) -> tile
  * configuration (large tiles where the device's shared memory allows) -> variant (p->has_hook, chosen
  * inside each family's launcher from the same field). The kernels' own files hold the tile constants
- * next to the measurements that justify them. Variable-length batches go the same way: their grids
- * cover the max lengths p->sq / p->sk, so the early-outs below hold for them too. */
+ * next to the measurements that justify them. Variable-length batches and KV caches go the same way:
+ * their grids cover the max lengths p->sq / p->sk, so the early-outs below hold for them too. */
 #include <stdlib.h>
 
 #include "launch.h"

@@ -5,7 +5,10 @@
  * CUDA error met (cudaSuccess otherwise). The params block is described in csrc/flash.h, the variants in
  * csrc/mask.h. Within a family, p->has_hook selects the general (score / probability hook) kernels.
  * Dense and variable-length batches (p->cu_seqlens_q) take the same entry points: grids cover p->sq /
- * p->sk (in varlen the max lengths) and each block finds its sequence through mask.h flash_seq_of. */
+ * p->sk (in varlen the max lengths) and each block finds its sequence through mask.h flash_seq_of. So do
+ * KV caches (flash_attn_with_kvcache: seqused_k, k_batch_idx, k_leftpad, a paged block_table, forward
+ * only), whose key rows the kernels address through flash_key_offset; p->sk is then the rows of the
+ * cache a sequence can reach (max_pages * page_size when paged). */
 #ifndef FLASHATTN_EXT_LAUNCH_H
 #define FLASHATTN_EXT_LAUNCH_H
 
