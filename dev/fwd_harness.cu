@@ -13,6 +13,9 @@
  *                                       TFLOP/s count the visible (query, key) pairs only
  *        /tmp/fwd_harness varlen-bench [d]  bench's shapes dense, as varlen of equal lengths, and as varlen
  *                                       of random lengths 1..2 seq (TFLOP/s on the visible pairs)
+ *        /tmp/fwd_harness paged-bench   bf16 decode (sq 1) b8 h32 (and GQA 32/8) d128, caches 4k / 32k /
+ *                                       128k, contiguous and paged (pages of 256 in a random order): ms
+ *                                       and the K + V read bandwidth
  * Cases cover the band (full, causal both alignments, sliding windows), softcap, ALiBi (per head and per
  * batch), bool and additive attn_mask (random, key padding, block-sparse, rows with no visible key;
  * broadcast dimensions, strided / transposed storage; block flags), dropout, sinks, and pairs of them.
@@ -20,6 +23,10 @@
  * call over the whole batch, each sequence checked against the reference run on it alone; lengths 0 and
  * 1, sq != sk, GQA, each band and hook (no attn_mask or dropout); K / V rows that are no sequence's keys
  * hold NaN, so a load that reads one into a tile shows.
+ * Paged KV caches (block_table, with seqused_k and k_leftpad): random page sizes and page orders, pages
+ * shared by two sequences and pages named by no table entry (NaN), cache lengths 0, 1 and full, GQA, v
+ * strides other than k's, each band and hook; every key row the harness uses must be the one mask.h's
+ * flash_key_offset gives.
  * Outputs are poisoned with NaN bytes before every run: every valid element must be overwritten and
  * every padding element (strided outputs, rows of no sequence) left untouched.
  */
@@ -588,7 +595,15 @@ enum seq_layout {
     LAYOUT_VARLEN = 0, /* packed rows through cu_seqlens_q / cu_seqlens_k (flash_attn_varlen_func) */
     LAYOUT_KVCACHE,    /* dense q (b, sq); k, v (b + 1, sk) through k_batch_idx, k_leftpad, seqused_k
                         * (flash_attn_with_kvcache's cache_batch_idx, cache_leftpad, cache_seqlens) */
+    LAYOUT_PAGED,      /* dense q (b, sq); k, v (pages, page_size) through block_table, seqused_k and
+                        * optionally k_leftpad (flash_attn_with_kvcache's block_table) */
 };
+
+/* paged: page sizes drawn per case (multiples of FLASH_PAGE_MULTIPLE, across and beyond the key tiles),
+ * pages that no table entry names (NaN: a trap for a wrong page), one spare table column per sequence */
+static const int kPageSizes[] = {16, 32, 48, 64, 80, 128, 256};
+static const int kTrapPages = 3;
+static const int kSpareSlots = 1;
 
 /* varlen: the rows after the last sequence belong to none: max_seqlen + kTailRows of them, so that a kernel
  * that runs the last sequence up to max_seqlen meets them */
@@ -601,8 +616,13 @@ typedef struct vl_case {
     int layout;
     int b, h, h_kv, d;
     int max_sq, max_sk; /* varlen: lengths drawn from [0, max] (sequence b / 2 gets the max);
-                         * kvcache: sq of every sequence, rows of the cache */
-    int seqused;        /* varlen: seqused_k given (kvcache: always, with k_leftpad and k_batch_idx) */
+                         * kvcache / paged: sq of every sequence, rows of the cache (paged: rounded up to
+                         * whole pages) */
+    int seqused;        /* varlen: seqused_k given (kvcache: always, with k_leftpad and k_batch_idx;
+                         * paged: always) */
+    int page_size;      /* paged: rows per page, 0: drawn from kPageSizes */
+    int leftpad;        /* paged: k_leftpad given */
+    int v_pad;          /* extra elements per row of v over k's (v strides differ from k's) */
     variant v;          /* band, softcap, ALiBi, sink, force_hook: no attn_mask, no dropout */
     int row_pad;        /* extra elements per row */
     double scale;       /* 0: 1/sqrt(d) */
@@ -646,6 +666,22 @@ typedef struct seq_layout_row {
     int64_t lse0;
 } seq_layout_row;
 
+/* How the harness lays out the keys in k / v: rows_k rows per batch, or, paged, per page of the table. */
+typedef struct kv_rows {
+    bool paged;
+    int rows_k, page_size, table_stride;
+    const int32_t *table; /* (b, table_stride) */
+} kv_rows;
+
+/* Row of key j of sequence s (its layout row r) in k / v, counted over (batches, rows_k). */
+static size_t key_row(const kv_rows *kl, const seq_layout_row *r, int s, int j)
+{
+    if (!kl->paged)
+        return (size_t)r->kb * kl->rows_k + r->k0 + j;
+    const int lr = r->k0 + j;
+    return (size_t)kl->table[(size_t)s * kl->table_stride + lr / kl->page_size] * kl->page_size + lr % kl->page_size;
+}
+
 /* Device int32 copy of x (NULL when x is empty). */
 static int32_t *upload_i32(const std::vector<int32_t> &x)
 {
@@ -657,10 +693,12 @@ static int32_t *upload_i32(const std::vector<int32_t> &x)
     return dev;
 }
 
-/* Runs one varlen / KV-cache case: one flash_fwd_cuda call over the whole batch, each sequence checked
- * against dev/attn_ref.h run on it alone (a dense batch of one). Every K / V row that is no sequence's
- * key (past seqused_k, before k_leftpad, the cache batch nobody reads, the tail) holds NaN, so a load that
- * reads it into a tile turns the output into NaN; o and lse rows of no sequence must stay poisoned. */
+/* Runs one varlen / KV-cache / paged case: one flash_fwd_cuda call over the whole batch, each sequence
+ * checked against dev/attn_ref.h run on its gathered keys alone (a dense batch of one). Every K / V row
+ * that is no sequence's key (past seqused_k, before k_leftpad, the cache batch nobody reads, the tail, the
+ * pages no table entry names) holds NaN, so a load that reads it into a tile turns the output into NaN;
+ * o and lse rows of no sequence must stay poisoned. The harness's key rows must be the ones mask.h's
+ * flash_seq_of and flash_key_offset find. */
 static int check_vl_case(const vl_case *c)
 {
     const int b = c->b, h = c->h, hkv = c->h_kv, d = c->d;
@@ -669,9 +707,11 @@ static int check_vl_case(const vl_case *c)
     const size_t es = dtype_size(c->dtype), lse_es = c->dtype == FLASH_FP64 ? 8 : 4;
 
     /* lengths and index tensors */
+    const bool paged = c->layout == LAYOUT_PAGED;
     std::vector<seq_layout_row> seqs(b);
-    std::vector<int32_t> cu_q, cu_k, used, leftpad, batch_idx;
+    std::vector<int32_t> cu_q, cu_k, used, leftpad, batch_idx, table;
     int rows_q, rows_k, batches_q, batches_k, max_sq = 0, max_sk = 0;
+    int page_size = 0, table_stride = 0;
     if (varlen) {
         cu_q.assign(1, 0);
         cu_k.assign(1, 0);
@@ -696,6 +736,35 @@ static int check_vl_case(const vl_case *c)
         batches_q = batches_k = 1;
         rows_q = cu_q.back() + max_sq + kTailRows;
         rows_k = cu_k.back() + max_sk + kTailRows;
+    } else if (paged) {
+        /* table (b, table_stride): a random permutation of the pages; sequence 2 holds a full cache and
+         * some later sequences share its first page (read-only prefix sharing); the pages the table
+         * never names stay NaN */
+        page_size = c->page_size ? c->page_size : kPageSizes[irand(0, (int)(sizeof(kPageSizes) / sizeof(int)) - 1)];
+        const int pages_per_seq = (c->max_sk + page_size - 1) / page_size;
+        table_stride = pages_per_seq + kSpareSlots;
+        batches_q = b;
+        batches_k = b * table_stride + kTrapPages;
+        rows_q = max_sq = c->max_sq;
+        rows_k = page_size;
+        max_sk = pages_per_seq * page_size;
+        std::vector<int> perm(batches_k);
+        for (int i = 0; i < batches_k; i++)
+            perm[i] = i;
+        for (int i = batches_k - 1; i > 0; i--)
+            std::swap(perm[i], perm[irand(0, i)]);
+        table.assign(perm.begin(), perm.begin() + (size_t)b * table_stride);
+        for (int s = 3; s < b; s++)
+            if (b > 2 && irand(0, 1))
+                table[(size_t)s * table_stride] = table[2 * (size_t)table_stride];
+        for (int s = 0; s < b; s++) {
+            const int u = s == 0 ? 0 : s == 1 ? 1 : s == 2 ? max_sk : irand(0, max_sk);
+            const int lp = !c->leftpad ? 0 : s == 3 ? u : irand(0, u); /* sequence 3: a left pad of all keys */
+            used.push_back(u);
+            if (c->leftpad)
+                leftpad.push_back(lp);
+            seqs[s] = {s, 0, rows_q, s, lp, u - lp, 0};
+        }
     } else {
         batches_q = b;
         batches_k = b + 1;
@@ -719,10 +788,14 @@ static int check_vl_case(const vl_case *c)
     for (int s = 0; s < b; s++)
         seqs[s].lse0 = s * lse_batch + seqs[s].q0;
 
-    /* tensors: (batches, rows, heads, d) with rows of heads * d + row_pad elements, NaN where unused */
-    const int64_t rs_q = (int64_t)h * d + c->row_pad, rs_k = (int64_t)hkv * d + c->row_pad;
+    const kv_rows kl = {paged, rows_k, page_size, table_stride, table.data()};
+    /* tensors: (batches, rows, heads, d) with rows of heads * d + row_pad elements (v: + v_pad), NaN where
+     * unused */
+    const int64_t rs_q = (int64_t)h * d + c->row_pad, rs_k = (int64_t)hkv * d + c->row_pad, rs_v = rs_k + c->v_pad;
     const size_t nq = (size_t)batches_q * rows_q * rs_q, nk = (size_t)batches_k * rows_k * rs_k;
-    std::vector<unsigned char> qh(nq * es, kPoison), kh(nk * es, kPoison), vh(nk * es, kPoison);
+    const size_t nv = (size_t)batches_k * rows_k * rs_v;
+    std::vector<unsigned char> qh(nq * es, kPoison), kh(nk * es, kPoison), vh(nv * es, kPoison);
+    std::vector<unsigned char> row_written((size_t)batches_k * rows_k, 0); /* shared pages: written once */
     std::vector<std::vector<double>> qd(b), kd(b), vd(b);
     for (int s = 0; s < b; s++) {
         const seq_layout_row &r = seqs[s];
@@ -734,13 +807,22 @@ static int check_vl_case(const vl_case *c)
                 for (int e = 0; e < d; e++)
                     qd[s][((size_t)i * h + hq) * d + e] = store_elem(
                         qh.data(), ((size_t)r.qb * rows_q + r.q0 + i) * rs_q + hq * d + e, c->dtype, uniform(-1, 1));
-        for (int j = 0; j < r.sk; j++)
+        for (int j = 0; j < r.sk; j++) {
+            const size_t kr = key_row(&kl, &seqs[s], s, j);
             for (int hk = 0; hk < hkv; hk++)
                 for (int e = 0; e < d; e++) {
-                    const size_t at = ((size_t)r.kb * rows_k + r.k0 + j) * rs_k + hk * d + e;
-                    kd[s][((size_t)j * hkv + hk) * d + e] = store_elem(kh.data(), at, c->dtype, uniform(-1, 1));
-                    vd[s][((size_t)j * hkv + hk) * d + e] = store_elem(vh.data(), at, c->dtype, uniform(-1, 1));
+                    const size_t at_k = kr * rs_k + hk * d + e, at_v = kr * rs_v + hk * d + e;
+                    const size_t x = ((size_t)j * hkv + hk) * d + e;
+                    if (row_written[kr]) {
+                        kd[s][x] = load_elem(kh.data(), at_k, c->dtype);
+                        vd[s][x] = load_elem(vh.data(), at_v, c->dtype);
+                    } else {
+                        kd[s][x] = store_elem(kh.data(), at_k, c->dtype, uniform(-1, 1));
+                        vd[s][x] = store_elem(vh.data(), at_v, c->dtype, uniform(-1, 1));
+                    }
                 }
+            row_written[kr] = 1;
+        }
     }
     void *q_dev, *k_dev, *v_dev, *o_dev, *lse_dev;
     const size_t nlse = (size_t)batches_q * h * rows_q;
@@ -756,6 +838,7 @@ static int check_vl_case(const vl_case *c)
     CUDA_CHECK(cudaMemset(lse_dev, kPoison, nlse * lse_es));
     int32_t *cu_q_dev = upload_i32(cu_q), *cu_k_dev = upload_i32(cu_k), *used_dev = upload_i32(used);
     int32_t *leftpad_dev = upload_i32(leftpad), *batch_idx_dev = upload_i32(batch_idx);
+    int32_t *table_dev = upload_i32(table);
 
     flash_params p;
     memset(&p, 0, sizeof(p));
@@ -767,8 +850,10 @@ static int check_vl_case(const vl_case *c)
     p.q_s.batch = p.o_s.batch = varlen ? 0 : rows_q * rs_q;
     p.q_s.row = p.o_s.row = rs_q;
     p.q_s.head = p.o_s.head = d;
-    p.k_s.batch = p.v_s.batch = varlen ? 0 : rows_k * rs_k;
-    p.k_s.row = p.v_s.row = rs_k;
+    p.k_s.batch = varlen ? 0 : rows_k * rs_k;
+    p.v_s.batch = varlen ? 0 : rows_k * rs_v;
+    p.k_s.row = rs_k;
+    p.v_s.row = rs_v;
     p.k_s.head = p.v_s.head = d;
     p.b = b;
     p.h = h;
@@ -785,6 +870,9 @@ static int check_vl_case(const vl_case *c)
     p.k_leftpad = leftpad_dev;
     p.k_batch_idx = batch_idx_dev;
     p.k_batches = batches_k;
+    p.block_table = table_dev;
+    p.block_table_stride = table_stride;
+    p.page_size = page_size;
     if (varlen) {
         p.total_q = rows_q;
         p.total_k = rows_k;
@@ -832,11 +920,17 @@ static int check_vl_case(const vl_case *c)
         hp.seqused_k = used.empty() ? NULL : used.data();
         hp.k_leftpad = leftpad.empty() ? NULL : leftpad.data();
         hp.k_batch_idx = batch_idx.empty() ? NULL : batch_idx.data();
+        hp.block_table = table.empty() ? NULL : table.data();
         for (int s = 0; s < b; s++) {
             const flash_seq f = flash_seq_of(&hp, s);
             const seq_layout_row &r = seqs[s];
             layout_mismatch += f.sq != r.sq || f.sk != r.sk || f.q_row0 != r.q0 || f.k_row0 != r.k0 ||
                                (!varlen && f.k_batch != r.kb) || flash_lse_offset(&hp, &f, s, 0) != r.lse0;
+            for (int j = 0; j < r.sk; j++)
+                layout_mismatch += flash_key_offset(&hp, &f, hp.k_s.batch, hp.k_s.row, j) !=
+                                       (int64_t)key_row(&kl, &r, s, j) * rs_k ||
+                                   flash_key_offset(&hp, &f, hp.v_s.batch, hp.v_s.row, j) !=
+                                       (int64_t)key_row(&kl, &r, s, j) * rs_v;
         }
     }
 
@@ -913,9 +1007,16 @@ static int check_vl_case(const vl_case *c)
     tc.v = c->v;
     char desc[256];
     describe(desc, sizeof(desc), &tc);
-    printf("%-4s %-7s b%-2d h%-2d/%-2d sq<=%-4d sk<=%-4d d%-3d pad%-3d %-7s %-40s | out %.2e lse %.2e | %s",
-           dtype_name(c->dtype), varlen ? "varlen" : "kvcache", b, h, hkv, max_sq, max_sk, d, c->row_pad,
-           varlen ? (c->seqused ? "seqused" : "") : "lp+idx", desc, rel_o, rel_l, ok ? "ok" : "FAIL");
+    char what[32];
+    if (paged)
+        snprintf(what, sizeof(what), "P%d%s", page_size, c->leftpad ? "+lp" : "");
+    else
+        snprintf(what, sizeof(what), "%s", varlen ? (c->seqused ? "seqused" : "") : "lp+idx");
+    if (c->v_pad)
+        snprintf(what + strlen(what), sizeof(what) - strlen(what), " vpad%d", c->v_pad);
+    printf("%-4s %-7s b%-2d h%-2d/%-2d sq<=%-4d sk<=%-4d d%-3d pad%-3d %-15s %-40s | out %.2e lse %.2e | %s",
+           dtype_name(c->dtype), varlen ? "varlen" : paged ? "paged" : "kvcache", b, h, hkv, max_sq, max_sk, d,
+           c->row_pad, what, desc, rel_o, rel_l, ok ? "ok" : "FAIL");
     if (c->scale != 0)
         printf(" (scale %g)", c->scale);
     if (!ok)
@@ -923,7 +1024,7 @@ static int check_vl_case(const vl_case *c)
                clobbered, inf_mismatch);
     printf("\n");
     void *bufs[] = {q_dev, k_dev, v_dev, o_dev, lse_dev, cu_q_dev, cu_k_dev, used_dev, leftpad_dev, batch_idx_dev,
-                    slopes_dev, sink_dev};
+                    table_dev, slopes_dev, sink_dev};
     for (void *x : bufs)
         if (x)
             CUDA_CHECK(cudaFree(x));
@@ -1000,6 +1101,55 @@ static void vl_cases(std::vector<vl_case> *cases, flash_dtype t, bool half)
     c.v.softcap = 3;
     c.row_pad = 8;
     cases->push_back(c);
+    /* paged KV cache: every head-dim config, decode and prefill chunks, page sizes drawn; cache lengths 0, 1,
+     * full and drawn (sequences 0, 1, 2, the rest); GQA; each band and hook; k_leftpad; v strides of
+     * their own; pages forced across the key tiles (16: four or five per tile, 48, 256: many tiles per page) */
+    for (int di = 0; di < nd; di++) {
+        const int dd = half ? half_dims[di] : full_dims[di];
+        cases->push_back(vl_mk(t, LAYOUT_PAGED, 6, 4, 1, 1, 300, dd, BAND_CAUSAL_BR));
+        c = vl_mk(t, LAYOUT_PAGED, 5, 4, 2, 70, 260, dd, BAND_FULL);
+        c.leftpad = 1;
+        cases->push_back(c);
+    }
+    const int forced_pages[] = {16, 48, 256};
+    for (int ps : forced_pages) {
+        c = vl_mk(t, LAYOUT_PAGED, 6, 4, 2, 150, 520, d, BAND_CAUSAL_BR);
+        c.page_size = ps;
+        cases->push_back(c);
+    }
+    c = vl_window(vl_mk(t, LAYOUT_PAGED, 5, 4, 2, 40, 300, d, 0), 64, 0);
+    c.v.alibi = 1;
+    c.v.sink = 1;
+    c.page_size = 16;
+    c.leftpad = 1;
+    cases->push_back(c);
+    c = vl_mk(t, LAYOUT_PAGED, 5, 2, 1, 30, 200, d, BAND_FULL);
+    c.v.softcap = 3;
+    c.scale = 1.0;
+    c.row_pad = 8;
+    c.v_pad = 8;
+    cases->push_back(c);
+    c = vl_mk(t, LAYOUT_PAGED, 5, 4, 4, 60, 180, d, BAND_CAUSAL_TL);
+    c.v.alibi = 2;
+    c.page_size = 32;
+    cases->push_back(c);
+    c = vl_window(vl_mk(t, LAYOUT_PAGED, 5, 3, 1, 20, 400, d, 0), -1, 8);
+    c.v.force_hook = 1;
+    c.v.sink = 1;
+    c.leftpad = 1;
+    cases->push_back(c);
+    cases->push_back(vl_mk(t, LAYOUT_PAGED, 5, 2, 2, 200, 100, d, BAND_CAUSAL_BR)); /* sq > sk: rows with no key */
+    c = vl_window(vl_mk(t, LAYOUT_PAGED, 6, 8, 2, 3, 700, half ? 64 : 24, 0), 100, 0);
+    c.v.softcap = 2;
+    c.v.alibi = 2;
+    c.v.sink = 1;
+    c.leftpad = 1;
+    c.v_pad = 16;
+    cases->push_back(c);
+    c = vl_mk(t, LAYOUT_PAGED, 5, 4, 2, 1, 1000, d, BAND_CAUSAL_BR);
+    c.page_size = 16;
+    c.scale = -0.3;
+    cases->push_back(c);
 }
 
 /* Arguments the kernels must refuse with cudaErrorInvalidValue. */
@@ -1058,6 +1208,40 @@ static int check_rejects(void)
             p.has_hook = 1;
             const cudaError_t r = run_fwd(&p, 0);
             printf("reject %s attn_mask with %s: %s\n", dtype_name(t), leftpad ? "k_leftpad" : "varlen",
+                   r == cudaErrorInvalidValue ? "ok" : "FAIL");
+            ok &= r == cudaErrorInvalidValue;
+        }
+    /* a block_table with an attn_mask, a varlen batch, k_batch_idx, or a page size that is no multiple of
+     * FLASH_PAGE_MULTIPLE */
+    static const char *paged_bad[] = {"attn_mask", "varlen", "k_batch_idx", "page size 24"};
+    for (flash_dtype t : types)
+        for (int bad = 0; bad < 4; bad++) {
+            memset(&p, 0, sizeof(p));
+            p.dtype = t;
+            p.b = p.h = p.h_kv = p.h_per_kv = 1;
+            p.sq = p.sk = 1;
+            p.d = 64;
+            p.lse_batch = p.lse_head = 1;
+            p.band_left = p.band_right = -1;
+            p.block_table = index_dev;
+            p.block_table_stride = 1;
+            p.page_size = FLASH_PAGE_MULTIPLE;
+            p.k_batches = 1;
+            if (bad == 0) {
+                p.mask = mask_dev;
+                p.mask_blocks = mask_dev;
+                p.mask_kind = FLASH_MASK_BOOL;
+                p.has_hook = 1;
+            } else if (bad == 1) {
+                p.cu_seqlens_q = p.cu_seqlens_k = index_dev;
+                p.total_q = p.total_k = 1;
+            } else if (bad == 2) {
+                p.k_batch_idx = index_dev;
+            } else {
+                p.page_size = FLASH_PAGE_MULTIPLE + FLASH_PAGE_MULTIPLE / 2;
+            }
+            const cudaError_t r = run_fwd(&p, 0);
+            printf("reject %s block_table with %s: %s\n", dtype_name(t), paged_bad[bad],
                    r == cudaErrorInvalidValue ? "ok" : "FAIL");
             ok &= r == cudaErrorInvalidValue;
         }
@@ -1583,13 +1767,110 @@ static void run_varlen_bench(int only_d)
     bench_free(&bb);
 }
 
+/* Decode (sq 1) with a KV cache, bf16 d 128, batch kDecodeBatch, kDecodeHeads query heads (kv heads: the same, and
+ * GQA 4:1), causal, every sequence using the whole cache (seqused_k): the cache contiguous (b, cache, h_kv, d)
+ * and paged (pages of kDecodePage rows in a random order through a block_table). Bandwidth: the bytes of K
+ * and V the call must read over its time. */
+static const int kDecodeBatch = 8;
+static const int kDecodeHeads = 32;
+static const int kDecodeDim = 128;
+static const int kDecodePage = 256;
+
+static void run_paged_bench(void)
+{
+    const int caches[] = {4096, 32768, 131072};
+    const int kv_heads[] = {kDecodeHeads, kDecodeHeads / 4};
+    const int max_cache = caches[sizeof(caches) / sizeof(caches[0]) - 1];
+    const size_t kv_elems = (size_t)kDecodeBatch * max_cache * kDecodeHeads * kDecodeDim;
+    const size_t q_elems = (size_t)kDecodeBatch * kDecodeHeads * kDecodeDim;
+    __nv_bfloat16 *k, *v, *q, *o;
+    float *lse;
+    CUDA_CHECK(cudaMalloc(&k, kv_elems * sizeof(__nv_bfloat16)));
+    CUDA_CHECK(cudaMalloc(&v, kv_elems * sizeof(__nv_bfloat16)));
+    CUDA_CHECK(cudaMalloc(&q, q_elems * sizeof(__nv_bfloat16)));
+    CUDA_CHECK(cudaMalloc(&o, q_elems * sizeof(__nv_bfloat16)));
+    CUDA_CHECK(cudaMalloc(&lse, (size_t)kDecodeBatch * kDecodeHeads * sizeof(float)));
+    fill_random_bf16<<<1024, 256>>>(k, kv_elems, 4);
+    fill_random_bf16<<<1024, 256>>>(v, kv_elems, 5);
+    fill_random_bf16<<<1024, 256>>>(q, q_elems, 6);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    printf("bf16 decode fwd (sq 1, causal): b%d h%d d%d, every sequence using the whole cache; GB/s = bytes of "
+           "K + V / time\n", kDecodeBatch, kDecodeHeads, kDecodeDim);
+    printf("%-7s %-7s %-12s %-9s %-8s %s\n", "h/h_kv", "cache", "layout", "ms", "GB/s", "paged / contiguous time");
+    for (int hkv : kv_heads)
+        for (int cache : caches) {
+            flash_params p;
+            memset(&p, 0, sizeof(p));
+            p.q = q;
+            p.k = k;
+            p.v = v;
+            p.o = o;
+            p.lse = lse;
+            p.q_s.head = p.o_s.head = kDecodeDim;
+            p.q_s.row = p.o_s.row = (int64_t)kDecodeHeads * kDecodeDim;
+            p.q_s.batch = p.o_s.batch = p.q_s.row;
+            p.k_s.head = p.v_s.head = kDecodeDim;
+            p.k_s.row = p.v_s.row = (int64_t)hkv * kDecodeDim;
+            p.k_s.batch = p.v_s.batch = (int64_t)cache * hkv * kDecodeDim;
+            p.b = kDecodeBatch;
+            p.h = kDecodeHeads;
+            p.h_kv = hkv;
+            p.h_per_kv = kDecodeHeads / hkv;
+            p.sq = 1;
+            p.sk = cache;
+            p.d = kDecodeDim;
+            p.lse_batch = kDecodeHeads;
+            p.lse_head = 1;
+            p.scale = 1.0 / sqrt((double)kDecodeDim);
+            p.scale_log2 = (float)(p.scale * FLASH_LOG2E);
+            p.band_left = -1;
+            p.band_right = 0;
+            p.band_bottom_right = 1;
+            p.dtype = FLASH_BF16;
+            p.k_batches = kDecodeBatch;
+            std::vector<int32_t> used(kDecodeBatch, cache);
+            int32_t *used_dev = upload_i32(used);
+            p.seqused_k = used_dev;
+            const double bytes = 2.0 * kDecodeBatch * cache * hkv * kDecodeDim * sizeof(__nv_bfloat16);
+            const double t_dense = time_fwd(&p) * 1e-3;
+            /* the same memory as pages of kDecodePage rows, in a random order */
+            const int pages_per_seq = cache / kDecodePage;
+            std::vector<int32_t> table((size_t)kDecodeBatch * pages_per_seq);
+            for (size_t i = 0; i < table.size(); i++)
+                table[i] = (int32_t)i;
+            for (size_t i = table.size() - 1; i > 0; i--)
+                std::swap(table[i], table[(size_t)irand(0, (int)i)]);
+            int32_t *table_dev = upload_i32(table);
+            p.block_table = table_dev;
+            p.block_table_stride = pages_per_seq;
+            p.page_size = kDecodePage;
+            p.k_batches = (int64_t)table.size();
+            p.k_s.batch = p.v_s.batch = (int64_t)kDecodePage * hkv * kDecodeDim;
+            const double t_paged = time_fwd(&p) * 1e-3;
+            char hh[16];
+            snprintf(hh, sizeof(hh), "%d/%d", kDecodeHeads, hkv);
+            printf("%-7s %-7d %-12s %-9.3f %-8.0f\n", hh, cache, "contiguous", t_dense * 1e3, bytes / t_dense * 1e-9);
+            printf("%-7s %-7d paged%-7d %-9.3f %-8.0f %.3f\n", hh, cache, kDecodePage, t_paged * 1e3,
+                   bytes / t_paged * 1e-9, t_paged / t_dense);
+            CUDA_CHECK(cudaFree(used_dev));
+            CUDA_CHECK(cudaFree(table_dev));
+        }
+    void *bufs[] = {k, v, q, o, lse};
+    for (void *x : bufs)
+        CUDA_CHECK(cudaFree(x));
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2 || (strcmp(argv[1], "check") && strcmp(argv[1], "bench") && strcmp(argv[1], "variants") &&
-                     strcmp(argv[1], "varlen-bench"))) {
+                     strcmp(argv[1], "varlen-bench") && strcmp(argv[1], "paged-bench"))) {
         fprintf(stderr, "usage: %s check [bf16|fp16|fp32|fp64] | bench [head dim] | variants [head dim] | "
-                        "varlen-bench [head dim]\n", argv[0]);
+                        "varlen-bench [head dim] | paged-bench\n", argv[0]);
         return 2;
+    }
+    if (!strcmp(argv[1], "paged-bench")) {
+        run_paged_bench();
+        return 0;
     }
     if (!strcmp(argv[1], "varlen-bench")) {
         run_varlen_bench(argc > 2 ? atoi(argv[2]) : 0);

@@ -15,6 +15,7 @@
  * O(seqlen) memory, any head dim 1..256, strides, GQA (kv head = h / h_per_kv), tails.
  * Varlen batches (and seqused_k / k_leftpad / k_batch_idx): the CTA works on its sequence (flash_seq_of:
  * lengths, first rows, band), leaving at once when its rows start past its sq; no other row is touched.
+ * K / V rows, paged (block_table) or not, are read at the offsets flash_key_offset gives for the tile's keys.
  * Speed is not a goal; not measured.
  */
 #include <limits.h>
@@ -52,6 +53,7 @@ flash_fwd_simple_kernel(const flash_params p)
 {
     __shared__ T sk_tile[kBlockN][FLASH_CUDA_MAX_HEAD_DIM]; /* (kBlockN, d) */
     __shared__ T sv_tile[kBlockN][FLASH_CUDA_MAX_HEAD_DIM]; /* (kBlockN, d) */
+    __shared__ int64_t k_off[kBlockN], v_off[kBlockN];       /* the tile's keys in k / v (flash_key_offset) */
 
     const int tid = threadIdx.x;
     const int warp = tid / FLASH_WARP_SIZE;
@@ -74,10 +76,10 @@ flash_fwd_simple_kernel(const flash_params p)
     const T slope = (T)flash_alibi_slope(&p, batch, head);
     const T dropout_scale = (T)p.dropout_scale;
 
-    /* (sq, d) with row stride q_s.row / o_s.row, (sk, d) with k_s.row / v_s.row, (sq) */
+    /* (sq, d) with row stride q_s.row / o_s.row; k, v: the kv head, key j at flash_key_offset; (sq) */
     const T *q = (const T *)p.q + batch * p.q_s.batch + head * p.q_s.head + seq.q_row0 * p.q_s.row;
-    const T *k = (const T *)p.k + seq.k_batch * p.k_s.batch + kv_head * p.k_s.head + seq.k_row0 * p.k_s.row;
-    const T *v = (const T *)p.v + seq.k_batch * p.v_s.batch + kv_head * p.v_s.head + seq.k_row0 * p.v_s.row;
+    const T *k = (const T *)p.k + kv_head * p.k_s.head;
+    const T *v = (const T *)p.v + kv_head * p.v_s.head;
     T *o = (T *)p.o + batch * p.o_s.batch + head * p.o_s.head + seq.q_row0 * p.o_s.row;
     T *lse = (T *)p.lse + flash_lse_offset(&p, &seq, batch, head);
 
@@ -102,13 +104,17 @@ flash_fwd_simple_kernel(const flash_params p)
         const bool full = kt >= tiles.full_first && kt < tiles.full_end;
         const bool read_mask = (flags & FLASH_MASK_ANY_MASKED) && row < sq;
 
-        __syncthreads(); /* previous tile consumed */
+        if (tid < kn) { /* the previous tile's loads, the last readers, are behind its second barrier */
+            k_off[tid] = flash_key_offset(&p, &seq, p.k_s.batch, p.k_s.row, j0 + tid);
+            v_off[tid] = flash_key_offset(&p, &seq, p.v_s.batch, p.v_s.row, j0 + tid);
+        }
+        __syncthreads(); /* previous tile consumed, key offsets written */
         for (int idx = tid; idx < kBlockN * d; idx += kRows * FLASH_WARP_SIZE) {
             const int r = idx / d;
             const int c = idx % d;
             const bool ok = r < kn;
-            sk_tile[r][c] = ok ? k[(j0 + r) * p.k_s.row + c] : (T)0;
-            sv_tile[r][c] = ok ? v[(j0 + r) * p.v_s.row + c] : (T)0;
+            sk_tile[r][c] = ok ? k[k_off[r] + c] : (T)0;
+            sv_tile[r][c] = ok ? v[v_off[r] + c] : (T)0;
         }
         __syncthreads();
 
@@ -195,10 +201,15 @@ static cudaError_t launch_simple(const flash_params *p, cudaStream_t stream)
 
 extern "C" cudaError_t flash_fwd_simple(const flash_params *p, cudaStream_t stream)
 {
-    /* the attn_mask is dense-only: key j of a sequence is its column j (no varlen, no k_leftpad) */
+    /* the attn_mask is dense-only: key j of a sequence is its column j (no varlen, no k_leftpad, no
+     * block_table); a paged KV cache serves dense batches, one table row per sequence (no k_batch_idx) */
+    const bool paged_ok = p->block_table == NULL ||
+                          (p->cu_seqlens_q == NULL && p->k_batch_idx == NULL && p->block_table_stride >= 1 &&
+                           p->k_batches >= 1 && p->page_size >= FLASH_PAGE_MULTIPLE &&
+                           p->page_size % FLASH_PAGE_MULTIPLE == 0);
     if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->sq > INT_MAX || p->sk > INT_MAX ||
-        p->h > kSimpleMaxGridYZ || p->b > kSimpleMaxGridYZ || p->h_per_kv < 1 ||
-        (p->mask != NULL && (p->cu_seqlens_q != NULL || p->k_leftpad != NULL)))
+        p->h > kSimpleMaxGridYZ || p->b > kSimpleMaxGridYZ || p->h_per_kv < 1 || !paged_ok ||
+        (p->mask != NULL && (p->cu_seqlens_q != NULL || p->k_leftpad != NULL || p->block_table != NULL)))
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0 || p->sq == 0)
         return cudaSuccess;

@@ -33,6 +33,10 @@
  * its sequence once (flash_seq_of), leaves at once when its tile starts past the sequence's sq, and keeps its
  * slice pointers, lengths and band in shared memory (no registers through the loop: its SASS is no longer
  * than before varlen); loads zero-fill past the sequence's own sq / sk.
+ * Paged KV cache (block_table; dense batches, no attn_mask): kernels of their own (kPaged), the unpaged ones
+ * keep their code. Before the barrier that precedes a tile's loads, threads 0 .. kBlockN - 1 write the
+ * element offsets of its keys (mask.h flash_key_offset: one block_table read per key and tile) to shared
+ * memory, two buffers like K; each cp.async row then adds its offset to the kv head's base.
  *
  * Key order inside a tile (key_row): the dense kernels keep S column c of n8 tile nt = key 8 nt + c.
  * The HOOK kernels permute the keys of each 32 so that the 8 values a lane holds in four consecutive
@@ -60,6 +64,8 @@
  * same tiles except d <= 128: 128 x 32 (kBlockN % 32; 128 x 64 spills). HOOK TFLOP/s on the visible
  * pairs, d128 s8k (dev/fwd_harness.cu variants): no hook field 314, softcap 50 287, ALiBi causal 267,
  * dropout 0.1 231, 25% key padding 298, 10% block-sparse 164; sliding window 4096 (dense kernel) 340.
+ * The paged kernels use the same tiles except dense d <= 128: 128 x 32 (FWD_PAGED_CFG_D128; 128 x 48
+ * spills with the page rows); their speed: dev/fwd_harness.cu paged-bench.
  * 2 CTAs (8 warps) per SM at d <= 128, 1 CTA at d256. Where the time goes: 2 warps per scheduler with
  * no overlap inside a warp between its mma, softmax and loads (registers allow no more); at d256
  * 16-row warps re-read K, V and Q from shared memory. History: benchmarks/results/h200/
@@ -87,6 +93,10 @@
 #endif
 #ifndef FWD_CFG_D256
 #define FWD_CFG_D256 256, 128, 64, 8, false, 1
+#endif
+/* the dense kernel's d <= 128 tile with a paged KV cache (FWD_CFG_D128's 128 x 48 spills there; not tuned) */
+#ifndef FWD_PAGED_CFG_D128
+#define FWD_PAGED_CFG_D128 128, 128, 32, 4, false, 1
 #endif
 #ifndef FWD_HOOK_CFG_D64
 #define FWD_HOOK_CFG_D64 64, 128, 64, 4, true, 1
@@ -166,6 +176,41 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const T *base, int64_t 
     }
 }
 
+/* load_tile of a paged KV cache: tile row r is at base + rows[r] (its key's flash_key_offset, page_rows),
+ * rows >= nrows zero-filled. */
+template <typename T, int kHeadDim, int kRows, int kThreads, bool kPerm = false>
+__device__ __forceinline__ void load_tile_paged(uint32_t tile, const T *base, const int64_t *rows, int nrows, int d,
+                                                int tid)
+{
+    constexpr int kChunks = kHeadDim / kChunkElems;
+    constexpr int kRowStep = kThreads / kChunks;
+    static_assert(kThreads % kChunks == 0 && kRows % kRowStep == 0, "tile does not split evenly over threads");
+    asm volatile("" : "+r"(tid)); /* as in load_tile */
+    const int chunk = tid % kChunks;
+    const int row = tid / kChunks;
+    const bool chunk_ok = chunk * kChunkElems < d;
+#pragma unroll
+    for (int i = 0; i < kRows / kRowStep; i++) {
+        const int r = row + i * kRowStep;
+        const bool ok = chunk_ok && r < nrows;
+        cp_async_16(tile + swz<kHeadDim, kPerm>(r, chunk), ok ? (const void *)(base + rows[r] + chunk * kChunkElems)
+                                                              : (const void *)base, ok);
+    }
+}
+
+/* K or V tile j (keys j kBlockN ..) of the CTA's sequence into the swizzled tile at `tile`: rows from the
+ * slice base with row_stride (load_tile), or, kPaged, from the kv head's base at the tile's page rows `rows`
+ * (load_tile_paged). */
+template <typename T, int kHeadDim, int kBlockN, int kThreads, bool kPerm, bool kPaged>
+__device__ __forceinline__ void load_kv_tile(uint32_t tile, const T *base, int64_t row_stride, const int64_t *rows,
+                                             int j, int sk, int d, int tid)
+{
+    if constexpr (kPaged)
+        load_tile_paged<T, kHeadDim, kBlockN, kThreads, kPerm>(tile, base, rows, sk - j * kBlockN, d, tid);
+    else
+        load_tile<T, kHeadDim, kBlockN, kThreads, kPerm>(tile, base, row_stride, j * kBlockN, sk, d, tid);
+}
+
 /* Flip the sign of the chunks of a tile this thread loaded with load_tile (after its cp.async wait). */
 template <int kHeadDim, int kRows, int kThreads>
 __device__ __forceinline__ void negate_tile(unsigned char *tile, int tid)
@@ -236,6 +281,18 @@ typedef struct fwd_seq_consts {
     int sq, sk, diag_lo, diag_hi, alibi_offset;
 } fwd_seq_consts;
 
+/* Paged KV cache (flash_params.block_table): the sequence's key origin, and per K / V buffer the element
+ * offsets in k and in v of the tile's kBlockN keys (page_rows), after fwd_seq_consts; present only in a
+ * paged launch. */
+typedef struct fwd_page_head {
+    int64_t k_row0, k_batch;
+} fwd_page_head;
+
+__host__ __device__ constexpr size_t fwd_page_bytes(int block_n)
+{
+    return sizeof(fwd_page_head) + (size_t)2 * 2 * block_n * sizeof(int64_t);
+}
+
 /* V buffers: two (the next tile's V loads during the current one) unless that overflows the sm80
  * shared-memory limit; then one, V loading during S and the softmax. */
 __host__ __device__ constexpr int fwd_v_stages(int head_dim, int block_m, int block_n)
@@ -256,6 +313,32 @@ __host__ __device__ constexpr size_t fwd_tile_bytes(int head_dim, int block_m, i
 __host__ __device__ constexpr size_t fwd_smem_bytes(int head_dim, int block_m, int block_n)
 {
     return fwd_tile_bytes(head_dim, block_m, block_n) + sizeof(fwd_seq_consts);
+}
+
+/* Paged KV: threads 0 .. kBlockN - 1 write the offsets of key tile j's keys (mask.h flash_key_offset, the one
+ * key -> address map; 0 past sk) to rows[0, kBlockN) (k) and rows[kBlockN, 2 kBlockN) (v), for the tile's
+ * loads after the next barrier: one table lookup per key and tile, both tensors' when their strides agree.
+ * ks: the sequence (its k_row0, k_batch). */
+template <int kBlockN>
+__device__ __forceinline__ void page_rows(const flash_params &p, const flash_seq *ks, int64_t *rows, int j, int sk,
+                                          int tid)
+{
+    /* the fields read here (strides, table and page counts) are loaded per call, never hoisted out of the
+     * main loop into registers (where they spill at kHeadDim 128) */
+    const flash_params *pp = &p;
+    asm volatile("" : "+l"(pp));
+    if (tid < kBlockN) {
+        const int key = j * kBlockN + tid;
+        int64_t off_k = 0, off_v = 0;
+        if (key < sk) {
+            off_k = flash_key_offset(pp, ks, pp->k_s.batch, pp->k_s.row, key);
+            off_v = pp->v_s.batch == pp->k_s.batch && pp->v_s.row == pp->k_s.row
+                        ? off_k
+                        : flash_key_offset(pp, ks, pp->v_s.batch, pp->v_s.row, key);
+        }
+        rows[tid] = off_k;
+        rows[kBlockN + tid] = off_v;
+    }
 }
 
 /* flash_mask_tile_flags (mask.h) of key tile j for query rows [row0, row0 + qn), spread over the lanes
@@ -564,8 +647,11 @@ __device__ __forceinline__ void apply_dropout(float (&s)[kMT][kNT][4], const fla
 }
 
 /* HOOK: the general kernel (score hook, attn_mask tile skipping, dropout, permuted key order); else the
- * dense one (band geometry only). Both apply sinks in the epilogue. */
-template <typename T, bool HOOK, int kHeadDim, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs, int kMinBlocks>
+ * dense one (band geometry only). Both apply sinks in the epilogue. kPaged: K / V rows through the
+ * block_table (page_rows, load_tile_paged), a kernel of its own so that the unpaged ones keep their code
+ * and registers; else through the slice pointers (load_tile). */
+template <typename T, bool HOOK, int kHeadDim, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs, int kMinBlocks,
+          bool kPaged>
 __global__ void __launch_bounds__(kNWarps *FLASH_WARP_SIZE, kMinBlocks)
 flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
 {
@@ -587,10 +673,17 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
     static_assert((kWarpRows * kChunks) % FLASH_WARP_SIZE == 0, "epilogue split");
     static_assert(fwd_smem_bytes(kHeadDim, kBlockM, kBlockN) <= kSm80MaxSmemBytes, "tile exceeds sm80 shared memory");
     static_assert(kKVBytes <= kLowHalf + 1, "K / V lane offsets packed in 16 bits");
+    static_assert(fwd_smem_bytes(kHeadDim, kBlockM, kBlockN) + fwd_page_bytes(kBlockN) <= kSm80MaxSmemBytes &&
+                      kBlockN <= kThreads,
+                  "paged launch: page rows exceed sm80 shared memory, or fewer threads than keys per tile");
 
     /* sQ (kBlockM, kHeadDim) | sK[2] (kBlockN, kHeadDim) | sV[kVStages] (kBlockN, kHeadDim), swizzled | sc */
     extern __shared__ __align__(1024) unsigned char smem[];
     fwd_seq_consts &sc = *(fwd_seq_consts *)(smem + fwd_tile_bytes(kHeadDim, kBlockM, kBlockN));
+    /* paged launches only: the key origin and the page rows of the two K / V buffers (page_rows) */
+    fwd_page_head &ph = *(fwd_page_head *)(smem + fwd_smem_bytes(kHeadDim, kBlockM, kBlockN));
+    int64_t *const page_row_buf = (int64_t *)(&ph + 1);
+    constexpr int kPageStage = 2 * kBlockN; /* page rows per buffer: k's, then v's */
     const uint32_t sQ = smem_u32(smem);
     const uint32_t sK = sQ + kBlockM * kRowBytes;
     const uint32_t sV = sK + 2 * kKVBytes;
@@ -612,11 +705,18 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
     const int sk = (int)seq.sk;
     const int d = (int)p.d;
 
-    /* q, o: (sq, d) with row strides q_s.row, o_s.row; k, v: (sk, d) with k_s.row, v_s.row; lse: (sq) */
+    /* q, o: (sq, d) with row strides q_s.row, o_s.row; k, v: (sk, d) with k_s.row, v_s.row (paged: the
+     * kv head of k / v, key rows at page_rows' offsets from it); lse: (sq) */
     const T *q = (const T *)p.q + (int64_t)batch * p.q_s.batch + (int64_t)head * p.q_s.head + seq.q_row0 * p.q_s.row;
-    const T *k = (const T *)p.k + seq.k_batch * p.k_s.batch + kv_head * p.k_s.head + seq.k_row0 * p.k_s.row;
-    const T *v = (const T *)p.v + seq.k_batch * p.v_s.batch + kv_head * p.v_s.head + seq.k_row0 * p.v_s.row;
+    const T *k = kPaged ? (const T *)p.k + kv_head * p.k_s.head
+                        : (const T *)p.k + seq.k_batch * p.k_s.batch + kv_head * p.k_s.head + seq.k_row0 * p.k_s.row;
+    const T *v = kPaged ? (const T *)p.v + kv_head * p.v_s.head
+                        : (const T *)p.v + seq.k_batch * p.v_s.batch + kv_head * p.v_s.head + seq.k_row0 * p.v_s.row;
     if (tid == 0) {
+        if constexpr (kPaged) {
+            ph.k_row0 = seq.k_row0;
+            ph.k_batch = seq.k_batch;
+        }
         sc.k = k;
         sc.v = v;
         sc.o = (T *)p.o + (int64_t)batch * p.o_s.batch + (int64_t)head * p.o_s.head + seq.q_row0 * p.o_s.row;
@@ -643,11 +743,20 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
 
     load_tile<T, kHeadDim, kBlockM, kThreads>(sQ, q, p.q_s.row, row0, sq, d, tid);
     cp_async_commit();
+    if constexpr (kPaged) {
+        /* the first tile's page rows (the sequence still in registers), published before its loads */
+        if (j < n_end)
+            page_rows<kBlockN>(p, &seq, page_row_buf + (HOOK ? 0 : j & 1) * kPageStage, j, sk, tid);
+        __syncthreads();
+    }
     if (j < n_end) {
-        const uint32_t buf = HOOK ? 0 : (j & 1) * kKVBytes;
-        load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sK + buf, k, p.k_s.row, j * kBlockN, sk, d, tid);
+        const int stage0 = HOOK ? 0 : j & 1;
+        const uint32_t buf = stage0 * kKVBytes;
+        const int64_t *rows = page_row_buf + stage0 * kPageStage;
+        load_kv_tile<T, kHeadDim, kBlockN, kThreads, HOOK, kPaged>(sK + buf, k, p.k_s.row, rows, j, sk, d, tid);
         if constexpr (kVStages == 2)
-            load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sV + buf, v, p.v_s.row, j * kBlockN, sk, d, tid);
+            load_kv_tile<T, kHeadDim, kBlockN, kThreads, HOOK, kPaged>(sV + buf, v, p.v_s.row, rows + kBlockN, j, sk,
+                                                                       d, tid);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -702,20 +811,30 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
         unsigned flags_next = FLASH_MASK_ANY_VISIBLE;
         if constexpr (HOOK)
             j_next = next_visible_tile<kBlockM, kBlockN>(p, batch, head, row0, qn, j_next, n_end, lane, &flags_next);
+        if constexpr (kPaged) {
+            /* tile j_next's page rows, into the buffer no load reads until after the barrier below */
+            if (j_next < n_end) {
+                flash_seq ks = {};
+                ks.k_row0 = ph.k_row0;
+                ks.k_batch = ph.k_batch;
+                page_rows<kBlockN>(p, &ks, page_row_buf + (stage ^ 1) * kPageStage, j_next, sc.sk, tid);
+            }
+        }
         cp_async_wait<0>();
         __syncthreads(); /* K_j (and V_j) landed; every warp is done with the previous tile's buffers */
         if constexpr (kVStages == 1) {
-            load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sV, (const T *)sc.v, p.v_s.row, j * kBlockN, sc.sk, d,
-                                                            tid);
+            load_kv_tile<T, kHeadDim, kBlockN, kThreads, HOOK, kPaged>(
+                sV, (const T *)sc.v, p.v_s.row, page_row_buf + stage * kPageStage + kBlockN, j, sc.sk, d, tid);
             cp_async_commit();
         }
         if (j_next < n_end) {
             const uint32_t next = (stage ^ 1) * kKVBytes;
-            load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sK + next, (const T *)sc.k, p.k_s.row, j_next * kBlockN,
-                                                            sc.sk, d, tid);
+            const int64_t *rows = page_row_buf + (stage ^ 1) * kPageStage;
+            load_kv_tile<T, kHeadDim, kBlockN, kThreads, HOOK, kPaged>(sK + next, (const T *)sc.k, p.k_s.row, rows,
+                                                                       j_next, sc.sk, d, tid);
             if constexpr (kVStages == 2)
-                load_tile<T, kHeadDim, kBlockN, kThreads, HOOK>(sV + next, (const T *)sc.v, p.v_s.row,
-                                                                j_next * kBlockN, sc.sk, d, tid);
+                load_kv_tile<T, kHeadDim, kBlockN, kThreads, HOOK, kPaged>(sV + next, (const T *)sc.v, p.v_s.row,
+                                                                           rows + kBlockN, j_next, sc.sk, d, tid);
         }
         cp_async_commit();
         uint32_t kv_t = kv_lane;
@@ -893,12 +1012,13 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
     }
 }
 
-template <typename T, bool HOOK, int kHeadDim, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs, int kMinBlocks>
+template <typename T, bool HOOK, bool kPaged, int kHeadDim, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs,
+          int kMinBlocks>
 static cudaError_t launch_fwd(const flash_params *p, cudaStream_t stream)
 {
-    const size_t smem_bytes = fwd_smem_bytes(kHeadDim, kBlockM, kBlockN);
+    const size_t smem_bytes = fwd_smem_bytes(kHeadDim, kBlockM, kBlockN) + (kPaged ? fwd_page_bytes(kBlockN) : 0);
     void (*kernel)(const flash_params) =
-        flash_fwd_sm80_kernel<T, HOOK, kHeadDim, kBlockM, kBlockN, kNWarps, kQInRegs, kMinBlocks>;
+        flash_fwd_sm80_kernel<T, HOOK, kHeadDim, kBlockM, kBlockN, kNWarps, kQInRegs, kMinBlocks, kPaged>;
     if (smem_bytes > kDefaultSmemBytes) {
         const cudaError_t err =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes);
@@ -910,64 +1030,76 @@ static cudaError_t launch_fwd(const flash_params *p, cudaStream_t stream)
     return cudaGetLastError();
 }
 
-template <typename T>
+template <typename T, bool kPaged>
 static cudaError_t dispatch_head_dim(const flash_params *p, cudaStream_t stream)
 {
     if (p->has_hook) {
         if (p->d <= 64)
-            return launch_fwd<T, true, FWD_HOOK_CFG_D64>(p, stream);
+            return launch_fwd<T, true, kPaged, FWD_HOOK_CFG_D64>(p, stream);
         if (p->d <= 128)
-            return launch_fwd<T, true, FWD_HOOK_CFG_D128>(p, stream);
-        return launch_fwd<T, true, FWD_HOOK_CFG_D256>(p, stream);
+            return launch_fwd<T, true, kPaged, FWD_HOOK_CFG_D128>(p, stream);
+        return launch_fwd<T, true, kPaged, FWD_HOOK_CFG_D256>(p, stream);
     }
     if (p->d <= 64)
-        return launch_fwd<T, false, FWD_CFG_D64>(p, stream);
-    if (p->d <= 128)
-        return launch_fwd<T, false, FWD_CFG_D128>(p, stream);
-    return launch_fwd<T, false, FWD_CFG_D256>(p, stream);
+        return launch_fwd<T, false, kPaged, FWD_CFG_D64>(p, stream);
+    if (p->d <= 128) {
+        if constexpr (kPaged)
+            return launch_fwd<T, false, true, FWD_PAGED_CFG_D128>(p, stream);
+        else
+            return launch_fwd<T, false, false, FWD_CFG_D128>(p, stream);
+    }
+    return launch_fwd<T, false, kPaged, FWD_CFG_D256>(p, stream);
 }
 
 template <int kHeadDim, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs, int kMinBlocks>
-static constexpr size_t config_smem_bytes(void)
+static constexpr size_t config_smem_bytes(bool paged)
 {
-    return fwd_smem_bytes(kHeadDim, kBlockM, kBlockN);
+    return fwd_smem_bytes(kHeadDim, kBlockM, kBlockN) + (paged ? fwd_page_bytes(kBlockN) : 0);
 }
 
 extern "C" size_t flash_fwd_sm80_smem(const flash_params *p)
 {
+    const bool paged = p->block_table != NULL;
     if (p->has_hook) {
         if (p->d <= 64)
-            return config_smem_bytes<FWD_HOOK_CFG_D64>();
+            return config_smem_bytes<FWD_HOOK_CFG_D64>(paged);
         if (p->d <= 128)
-            return config_smem_bytes<FWD_HOOK_CFG_D128>();
-        return config_smem_bytes<FWD_HOOK_CFG_D256>();
+            return config_smem_bytes<FWD_HOOK_CFG_D128>(paged);
+        return config_smem_bytes<FWD_HOOK_CFG_D256>(paged);
     }
     if (p->d <= 64)
-        return config_smem_bytes<FWD_CFG_D64>();
+        return config_smem_bytes<FWD_CFG_D64>(paged);
     if (p->d <= 128)
-        return config_smem_bytes<FWD_CFG_D128>();
-    return config_smem_bytes<FWD_CFG_D256>();
+        return paged ? config_smem_bytes<FWD_PAGED_CFG_D128>(true) : config_smem_bytes<FWD_CFG_D128>(false);
+    return config_smem_bytes<FWD_CFG_D256>(paged);
 }
 
 extern "C" cudaError_t flash_fwd_sm80(const flash_params *p, cudaStream_t stream)
 {
     /* the dense kernels ignore the hook fields; the HOOK kernels read the mask through its block flags
-     * (key j of a sequence is the mask's column j: no varlen, no k_leftpad) */
+     * (key j of a sequence is the mask's column j: no varlen, no k_leftpad, no block_table) */
     const bool hook_fields =
         p->softcap > 0.f || p->alibi_slopes != NULL || p->mask != NULL || p->dropout_threshold != 0;
     const bool mask_ok = p->mask == NULL ? p->mask_blocks == NULL
                                          : p->mask_blocks != NULL && p->cu_seqlens_q == NULL &&
-                                               p->k_leftpad == NULL &&
+                                               p->k_leftpad == NULL && p->block_table == NULL &&
                                                (p->mask_kind == FLASH_MASK_BOOL || p->mask_kind == FLASH_MASK_ADD);
+    /* a paged KV cache: dense batches only, one table row per sequence (no k_batch_idx) */
+    const bool paged_ok = p->block_table == NULL ||
+                          (p->cu_seqlens_q == NULL && p->k_batch_idx == NULL && p->block_table_stride >= 1 &&
+                           p->k_batches >= 1 && p->page_size >= FLASH_PAGE_MULTIPLE &&
+                           p->page_size % FLASH_PAGE_MULTIPLE == 0);
     if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->d % kChunkElems != 0 || p->sq > INT_MAX ||
         p->sk > INT_MAX || p->h > kMaxGridYZ || p->b > kMaxGridYZ || p->h_per_kv < 1 ||
-        (hook_fields && !p->has_hook) || !mask_ok)
+        (hook_fields && !p->has_hook) || !mask_ok || !paged_ok)
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0 || p->sq == 0)
         return cudaSuccess;
+    const bool paged = p->block_table != NULL;
     if (p->dtype == FLASH_FP16)
-        return dispatch_head_dim<__half>(p, stream);
+        return paged ? dispatch_head_dim<__half, true>(p, stream) : dispatch_head_dim<__half, false>(p, stream);
     if (p->dtype == FLASH_BF16)
-        return dispatch_head_dim<__nv_bfloat16>(p, stream);
+        return paged ? dispatch_head_dim<__nv_bfloat16, true>(p, stream)
+                     : dispatch_head_dim<__nv_bfloat16, false>(p, stream);
     return cudaErrorInvalidValue;
 }
