@@ -1,5 +1,5 @@
-"""flashattn_ext.flash_attn_func's and flash_attn_varlen_func's contracts (and the packed forms) written
-in plain torch (float32 math, autograd for the gradients), to check the adapter on its own:
+"""flashattn_ext.flash_attn_func's, flash_attn_varlen_func's and flash_attn_with_kvcache's contracts (and the
+packed forms) written in plain torch (float32 math, autograd for the gradients), to check the adapter on its own:
 FA_BACKEND=eager dev/run_fa_tests.sh ... runs flash-attn's tests against this instead of flashattn_ext's
 kernels. A failure then is the adapter's (or a case that flash-attn's test itself cannot pass), not a
 kernel's.
@@ -125,3 +125,76 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, *args, **kwarg
 def flash_attn_varlen_kvpacked_func(q, kv, *args, **kwargs):
     """q (total_q, H, D); kv (total_k, 2, Hkv, D)."""
     return flash_attn_varlen_func(q, *kv.unbind(1), *args, **kwargs)
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    rotary_interleaved=True,
+    alibi_slopes=None,
+    num_splits=0,
+    return_softmax_lse=False,
+):
+    """q (B, Sq, H, D); k_cache, v_cache (B_cache, S, Hkv, D), or paged (pages, page, Hkv, D) with block_table.
+    New k, v (rotated by the stand-in flash_attn.layers.rotary) written at cache rows cache_seqlens[b] + i (rows
+    past the cache dropped), then flash_attn_func per sequence on its cache rows [cache_leftpad[b],
+    cache_seqlens[b] + seqlen_new). Host loops over the batch. Returns out or (out, lse (B, H, Sq))."""
+    from flash_attn.layers.rotary import apply_rotary_emb
+
+    batch, seqlen_q, nheads, headdim = q.shape
+    page = k_cache.shape[1] if block_table is not None else None
+    seqlen_k = block_table.shape[1] * page if block_table is not None else k_cache.shape[1]
+    if cache_seqlens is None:
+        lengths = [seqlen_k] * batch
+    elif isinstance(cache_seqlens, int):
+        lengths = [cache_seqlens] * batch
+    else:
+        lengths = cache_seqlens.tolist()
+    start = [min(max(n, 0), seqlen_k) for n in lengths]
+    leftpad = [0] * batch if cache_leftpad is None else cache_leftpad.tolist()
+
+    def slots(b, rows):  # cache indices of a sequence's rows (a 1-D long tensor)
+        if block_table is not None:
+            return block_table[b].long()[rows // page], rows % page
+        return torch.full_like(rows, b if cache_batch_idx is None else int(cache_batch_idx[b])), rows
+
+    seqlen_new = 0 if k is None else k.shape[1]
+    if k is not None:
+        offsets = torch.tensor(start, device=q.device)
+        if rotary_cos is not None:
+            if causal or any(0 <= w < seqlen_k for w in window_size):
+                q = apply_rotary_emb(q, rotary_cos, rotary_sin, rotary_interleaved, seqlen_offsets=offsets)
+            else:  # every query at position cache_seqlens[b]
+                flat = apply_rotary_emb(q.reshape(batch, 1, seqlen_q * nheads, headdim), rotary_cos, rotary_sin,
+                                        rotary_interleaved, seqlen_offsets=offsets)
+                q = flat.reshape(q.shape)
+            k = apply_rotary_emb(k, rotary_cos, rotary_sin, rotary_interleaved, seqlen_offsets=offsets)
+        for b in range(batch):
+            n = max(0, min(seqlen_new, seqlen_k - start[b]))
+            rows = torch.arange(start[b], start[b] + n, device=q.device)
+            k_cache[slots(b, rows)] = k[b, :n]
+            v_cache[slots(b, rows)] = v[b, :n]
+    outs, lses = [], []
+    for b in range(batch):
+        end = min(start[b] + seqlen_new, seqlen_k)
+        rows = torch.arange(min(max(leftpad[b], 0), end), end, device=q.device)
+        slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[b:b + 1]
+        out, lse = flash_attn_func(q[b:b + 1], k_cache[slots(b, rows)][None], v_cache[slots(b, rows)][None], 0.0,
+                                   softmax_scale, causal, window_size, softcap, slopes, return_lse=True)
+        outs.append(out)
+        lses.append(lse)
+    out, lse = torch.cat(outs), torch.cat(lses)
+    return (out, lse) if return_softmax_lse else out

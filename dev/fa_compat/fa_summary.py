@@ -5,14 +5,16 @@ fa_compat_plugin.py writes (one per pytest process; dev/run_fa_tests.sh runs sev
 
 Report format: {"census": {key: count}, "results": [{"nodeid", "key", "outcome", "message",
 "duration"}]}, where key = "function|tag,tag,...": the test function and the features of the case
-(dropout, window, softcap, alibi, causal, deterministic, mqa/gqa, kvpacked, paged), and census counts
-every case in the test file, run or not. Exit status 1 when a case failed.
+(dropout, window, softcap, alibi, causal, deterministic, mqa/gqa, kvpacked, paged, and for the KV cache
+append, rotary, leftpad, batch_idx), and census counts every case in the test file, run or not. Exit
+status 1 when a case failed.
 """
 import collections
 import json
 import sys
 
-FEATURES = ("plain", "dropout", "window", "softcap", "alibi", "causal", "deterministic", "mqa", "gqa", "kvpacked")
+FEATURES = ("plain", "dropout", "window", "softcap", "alibi", "causal", "deterministic", "mqa", "gqa", "kvpacked",
+            "paged", "append", "rotary", "leftpad", "batch_idx")
 VARIANTS = ("dropout", "window", "softcap", "alibi")
 MAX_LISTED_FAILURES = 40
 
@@ -62,32 +64,27 @@ def summarize(paths):
     for key, count in census.items():
         function, tags = split_key(key)
         by_function[function]["in file"] += count
-        if "unsupported" not in tags:
-            for tag in tags & set(FEATURES):
-                by_feature[tag]["in file"] += count
+        for tag in tags & set(FEATURES):
+            by_feature[tag]["in file"] += count
     skip_reasons = collections.Counter()
     failure_kinds = collections.Counter()
     failures = []
     total = collections.Counter()
     for r in results:
         function, tags = split_key(r["key"])
-        counters = [by_function[function], total]
-        # an unsupported function is one skipped item standing for all its cases
-        cases = census[r["key"]] if "unsupported" in tags else 1
-        if "unsupported" not in tags:
-            counters += [by_feature[t] for t in tags & set(FEATURES)]
+        counters = [by_function[function], total] + [by_feature[t] for t in tags & set(FEATURES)]
         for c in counters:
-            c["run"] += cases
-            c[r["outcome"]] += cases
+            c["run"] += 1
+            c[r["outcome"]] += 1
             c["seconds"] += r["duration"]
         if r["outcome"] == "skipped":
-            skip_reasons[r["message"]] += cases
+            skip_reasons[r["message"]] += 1
         elif r["outcome"] == "failed":
             failure_kinds[error_kind(r["message"])] += 1
             failures.append(r)
     table("function (all cases of the file; 'run' = selected by FA_SAMPLE/-k/FA_SHARD and run)",
           sorted(by_function.items()), columns)
-    table("feature (cases of the supported functions; a case counts under each of its features)",
+    table("feature (a case counts under each of its features)",
           [(f, by_feature[f]) for f in FEATURES if f in by_feature], columns)
     if skip_reasons:
         print("\nskipped, by reason:")

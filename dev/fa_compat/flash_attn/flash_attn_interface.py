@@ -2,9 +2,11 @@
 
 Supported: flash_attn_func, flash_attn_qkvpacked_func, flash_attn_kvpacked_func, flash_attn_varlen_func,
 flash_attn_varlen_qkvpacked_func, flash_attn_varlen_kvpacked_func (the packed forms pass the packed
-tensor, whose gradient comes back as one tensor). Not supported by flashattn_ext: the paged KV cache
-(flash_attn_varlen_func's block_table) and flash_attn_with_kvcache (cache append, rotary, paged blocks,
-split-KV); calling them skips the calling test with that reason.
+tensor, whose gradient comes back as one tensor) and flash_attn_with_kvcache (cache append, rotary, paged
+blocks; num_splits is accepted and changes nothing). flashattn_ext's flash_attn_varlen_func has no
+block_table: a paged call (flash-attn's test_flash_attn_varlen_causal with paged_kv_block_size, forward
+only) runs here one sequence at a time through flashattn_ext.flash_attn_with_kvcache (its queries, its
+table row, cache_seqlens = its key count), the outputs concatenated; the host reads cu_seqlens for that.
 
 Return values follow flash-attn: out, or with return_attn_probs=True (out, softmax_lse, S_dmask),
 where S_dmask is None without dropout (flash-attn returns no probabilities then either) and, with
@@ -19,7 +21,6 @@ implementation of the same contract, to check the adapter itself apart from flas
 """
 import os
 
-import pytest
 import torch
 
 if os.environ.get("FA_BACKEND", "flashattn_ext") == "eager":
@@ -115,10 +116,6 @@ def flash_attn_kvpacked_func(
     return _call(_backend.flash_attn_kvpacked_func, (q, kv), (), variants, dropout_p, return_attn_probs)
 
 
-PAGED_KV_REASON = "flashattn_ext has no paged KV cache (flash_attn_varlen_func's block_table)"
-KVCACHE_REASON = "flashattn_ext has no KV-cache interface (cache append, rotary, paged blocks, split-KV)"
-
-
 def flash_attn_varlen_func(
     q,
     k,
@@ -137,9 +134,12 @@ def flash_attn_varlen_func(
     return_attn_probs=False,
     block_table=None,
 ):
-    """q (total_q, nheads, headdim); k, v (total_k, nheads_k, headdim); cu_seqlens int32 (batch + 1,)."""
+    """q (total_q, nheads, headdim); k, v (total_k, nheads_k, headdim); cu_seqlens int32 (batch + 1,). With
+    block_table (batch, max_pages): k, v a paged cache (num_pages, page_size, nheads_k, headdim), sequence s's
+    keys its first cu_seqlens_k[s + 1] - cu_seqlens_k[s] rows through block_table[s]."""
     if block_table is not None:
-        pytest.skip(f"not supported: {PAGED_KV_REASON}")
+        return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, softmax_scale, causal, window_size,
+                             softcap, alibi_slopes, dropout_p, return_attn_probs)
     variants = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                     alibi_slopes=alibi_slopes, deterministic=deterministic)
     return _call(_backend.flash_attn_varlen_func, (q, k, v), (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
@@ -189,8 +189,64 @@ def flash_attn_varlen_kvpacked_func(
                  (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), variants, dropout_p, return_attn_probs)
 
 
-def flash_attn_with_kvcache(*args, **kwargs):
-    pytest.skip(f"not supported: {KVCACHE_REASON}")
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    rotary_interleaved=True,
+    alibi_slopes=None,
+    num_splits=0,
+    return_softmax_lse=False,
+):
+    """flash-attn's signature. float16/bfloat16 on the CPU: the tensors are computed in float32 (as
+    _on_kernel_dtype) and the float32 caches, appended to in place, are rounded back into the caller's caches
+    (rows that were not appended round-trip exactly)."""
+    dtype = q.dtype
+    tensors = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin)
+    half_on_cpu = q.device.type == "cpu" and dtype in CPU_HALF_DTYPES
+    if half_on_cpu:
+        tensors = tuple(None if t is None else t.float() for t in tensors)
+    result = _backend.flash_attn_with_kvcache(
+        *tensors, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+        block_table=block_table, softmax_scale=softmax_scale, causal=causal, window_size=_window(window_size),
+        softcap=float(softcap), rotary_interleaved=rotary_interleaved, alibi_slopes=alibi_slopes,
+        num_splits=num_splits, return_softmax_lse=return_softmax_lse)
+    if half_on_cpu and k is not None:
+        k_cache.copy_(tensors[1])
+        v_cache.copy_(tensors[2])
+    if return_softmax_lse:
+        return result[0].to(dtype), result[1]
+    return result.to(dtype)
+
+
+def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_table, softmax_scale, causal, window_size,
+                  softcap, alibi_slopes, dropout_p, return_attn_probs):
+    """A paged flash_attn_varlen_func call, one sequence at a time through flash_attn_with_kvcache (forward
+    only, as flash-attn's paged varlen test: no dropout, no probabilities)."""
+    if dropout_p > 0.0 or return_attn_probs:
+        raise NotImplementedError("the adapter's paged flash_attn_varlen_func has no dropout / return_attn_probs")
+    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    outs = []
+    for s in range(len(cu_q) - 1):
+        slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[s:s + 1]
+        lengths = torch.tensor([cu_k[s + 1] - cu_k[s]], dtype=torch.int32, device=q.device)
+        outs.append(flash_attn_with_kvcache(q[None, cu_q[s]:cu_q[s + 1]], k_cache, v_cache, cache_seqlens=lengths,
+                                            block_table=block_table[s:s + 1], softmax_scale=softmax_scale,
+                                            causal=causal, window_size=window_size, softcap=softcap,
+                                            alibi_slopes=slopes)[0])
+    return torch.cat(outs)
 
 
 def _get_block_size_n(device, head_dim, is_dropout, is_causal):
