@@ -75,6 +75,16 @@ def _dropout_mask_fake(q, rng_state, seqlen_k, dropout_p):
 _ALIBI, _SINK, _MASK = 9, 10, 11
 
 
+def _sink_grad(dout, out, lse, sink):
+    """d sink_h = -sum over rows of P_sink * delta, P_sink = exp(sink_h - lse), delta = rowsum(dO * O), for
+    dout / out (..., rows, nheads, headdim) and lse (..., nheads, rows): dense (batch, seqlen_q, ...) or
+    varlen (total_q, ...). A row with lse = -inf (a varlen row of no sequence: out 0, delta 0) adds nothing."""
+    delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1).transpose(-1, -2)  # lse's shape
+    p_sink = torch.where(lse == -math.inf, torch.zeros((), dtype=lse.dtype, device=lse.device),
+                         torch.exp(sink.view(-1, 1) - lse))
+    return -(p_sink * delta).transpose(0, -2).reshape(sink.shape[0], -1).sum(1)
+
+
 def _setup_context(ctx, inputs, output):
     (q, k, v, softmax_scale, causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink, attn_mask,
      dropout_p, deterministic) = inputs
@@ -93,11 +103,7 @@ def _backward(ctx, dout, _dlse, _drng):
         dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right, window_left, window_right, softcap,
         alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad,
     )
-    dsink = None
-    if sink is not None and ctx.needs_input_grad[_SINK]:
-        # d sink_h = -sum_{b,i} P_sink(b, h, i) * delta(b, h, i), P_sink = exp(sink_h - lse), delta = dO . O
-        delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1).transpose(1, 2)  # (batch, nheads, seqlen_q)
-        dsink = -(torch.exp(sink.view(1, -1, 1) - lse) * delta).sum((0, 2))
+    dsink = _sink_grad(dout, out, lse, sink) if sink is not None and ctx.needs_input_grad[_SINK] else None
     dattn_mask = dmask.to(attn_mask.dtype) if mask_grad else None
     return dq, dk, dv, None, None, None, None, None, None, None, dsink, dattn_mask, None, None
 
@@ -174,12 +180,7 @@ def _varlen_backward(ctx, dout, _dlse, _drng):
     )
     grads = [dq, dk, dv] + [None] * (_VARLEN_INPUTS - 3)
     if sink is not None and ctx.needs_input_grad[_VARLEN_SINK]:
-        # d sink_h = -sum_i P_sink(h, i) * delta(h, i) over the rows of every sequence; rows that belong to
-        # no sequence have lse = -inf and out = 0 (delta 0) and contribute nothing.
-        delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1).transpose(0, 1)  # (nheads, total_q)
-        p_sink = torch.where(lse == -math.inf, torch.zeros((), dtype=lse.dtype, device=lse.device),
-                             torch.exp(sink.view(-1, 1) - lse))
-        grads[_VARLEN_SINK] = -(p_sink * delta).sum(1)
+        grads[_VARLEN_SINK] = _sink_grad(dout, out, lse, sink)
     return tuple(grads)
 
 
