@@ -11,5 +11,8 @@
 #define FLASH_MASK_BLOCK 16
 /* page sizes of a paged KV cache (flash_params.block_table) are multiples of this many rows */
 #define FLASH_PAGE_MULTIPLE 16
+/* the fp16/bf16 forward takes the decode kernel (fwd_decode.cu) when seqlen_q * (nheads / nheads_kv) is at
+ * most this (the rows that share one KV head) */
+#define FLASH_DECODE_MAX_ROWS 64
 
 #endif

@@ -140,6 +140,13 @@ typedef struct flash_params {
 
     int deterministic;      /* 1: bitwise reproducible backward */
     flash_dtype dtype;
+
+    /* Split-KV forward (Flash-Decoding; launch.h flash_fwd_splits): num_splits > 1 cuts each row block's key
+     * tiles into that many slices, whose CTAs write the normalized partial out and its lse here; a combine
+     * kernel merges them into o / lse. 0 or 1: no split (o_accum / lse_accum unused, may be NULL). */
+    int num_splits;
+    float *o_accum;         /* (num_splits, b, h, sq, d) contiguous fp32 workspace */
+    float *lse_accum;       /* (num_splits, b, h, sq) contiguous fp32 workspace */
 } flash_params;
 
 #ifdef __cplusplus

@@ -23,6 +23,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/library.h>
 
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -513,6 +514,12 @@ void check_kvcache_inputs(const at::Tensor &q, const at::Tensor &k_cache, const 
     }
 }
 
+void check_num_splits(int64_t num_splits)
+{
+    TORCH_CHECK(num_splits >= 0 && num_splits <= INT_MAX, "flashattn_ext: num_splits must be 0 (chosen by the "
+                "kernels) or a positive count, got ", num(num_splits));
+}
+
 flash_params make_kvcache_params(const at::Tensor &q, const at::Tensor &k_cache, const at::Tensor &v_cache,
                                  const at::Tensor &out, const at::Tensor &lse, const KvCache &kv,
                                  double softmax_scale, const Variants &var, VariantTensors *keep)
@@ -728,10 +735,11 @@ std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cpu(
     const c10::optional<at::Tensor> &cache_seqlens, const c10::optional<at::Tensor> &cache_batch_idx,
     const c10::optional<at::Tensor> &cache_leftpad, const c10::optional<at::Tensor> &block_table,
     double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
-    const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink)
+    const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink, int64_t num_splits)
 {
     const KvCache kv = kvcache_of(cache_seqlens, cache_batch_idx, cache_leftpad, block_table);
     check_kvcache_inputs(q, k_cache, v_cache, kv);
+    check_num_splits(num_splits);  // the CPU kernel does not split (the result does not depend on it)
     check_cpu_dtype(q);
     const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
                                      c10::nullopt, 0.0, false);
@@ -778,7 +786,7 @@ TORCH_LIBRARY(flashattn_ext, m)
           "Tensor? sink, float dropout_p, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)");
     m.def("kvcache_fwd(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, Tensor? cache_batch_idx, "
           "Tensor? cache_leftpad, Tensor? block_table, float softmax_scale, bool causal, int window_left, "
-          "int window_right, float softcap, Tensor? alibi_slopes, Tensor? sink) -> (Tensor out, Tensor lse)");
+          "int window_right, float softcap, Tensor? alibi_slopes, Tensor? sink, int num_splits=0) -> (Tensor out, Tensor lse)");
 }
 
 TORCH_LIBRARY_IMPL(flashattn_ext, CPU, m)

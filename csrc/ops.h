@@ -159,6 +159,9 @@ KvCache kvcache_of(const c10::optional<at::Tensor> &cache_seqlens, const c10::op
 void check_kvcache_inputs(const at::Tensor &q, const at::Tensor &k_cache, const at::Tensor &v_cache,
                           const KvCache &kv);
 
+// num_splits of a KV-cache call (flash_attn_with_kvcache): 0 (chosen by the kernels) or a positive count.
+void check_num_splits(int64_t num_splits);
+
 // Params of a KV-cache call: make_params on (q, k_cache, v_cache), then sk = kv.seqlen_k, seqused_k =
 // cache_seqlens, k_batch_idx, k_leftpad, k_batches (cache batches or pages) and the block_table (a
 // contiguous copy in keep when it is not contiguous already). out (batch, seqlen_q, nheads, headdim), lse

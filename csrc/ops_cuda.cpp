@@ -101,6 +101,22 @@ at::Tensor unpad(const at::Tensor &t, int64_t d)
     return t.size(-1) == d ? t : t.narrow(-1, 0, d).contiguous();
 }
 
+// Split-KV (launch.h flash_fwd_splits): p->num_splits and, for more than one split, the fp32 workspaces of
+// the partial results in *o_accum / *lse_accum (freed when the caller returns, after the kernels that use
+// them, through the stream-ordered caching allocator). requested: the user's num_splits, 0 = heuristic.
+void set_fwd_splits(flash_params *p, int64_t requested, const at::Tensor &q, at::Tensor *o_accum,
+                    at::Tensor *lse_accum)
+{
+    p->num_splits = flash_fwd_splits(p, (int)requested);
+    if (p->num_splits <= 1)
+        return;
+    const auto f32 = q.options().dtype(at::kFloat);
+    *o_accum = at::empty({p->num_splits, p->b, p->h, p->sq, p->d}, f32);
+    *lse_accum = at::empty({p->num_splits, p->b, p->h, p->sq}, f32);
+    p->o_accum = o_accum->data_ptr<float>();
+    p->lse_accum = lse_accum->data_ptr<float>();
+}
+
 // The tensor-core kernels' tiles need `need` bytes of shared memory per block at this head dim.
 void check_smem(size_t need, int64_t d, const char *what)
 {
@@ -154,9 +170,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(const at::Tensor &q_in, 
     at::Tensor out = at::empty(q.sizes(), q.options());
     at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
     VariantTensors keep;
-    const flash_params p = make_params(q, k, v, out, lse, softmax_scale, var, rng_state, &keep);
+    flash_params p = make_params(q, k, v, out, lse, softmax_scale, var, rng_state, &keep);
     if (is_half(q))
         check_smem(flash_fwd_smem_needed(&p), d, "forward");
+    at::Tensor o_accum, lse_accum;
+    set_fwd_splits(&p, 0, q, &o_accum, &lse_accum);
     check_launch(flash_fwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "forward");
     return {unpad(out, d), lse, rng_state};
 }
@@ -316,10 +334,11 @@ std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cuda(
     const c10::optional<at::Tensor> &cache_seqlens, const c10::optional<at::Tensor> &cache_batch_idx,
     const c10::optional<at::Tensor> &cache_leftpad, const c10::optional<at::Tensor> &block_table,
     double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
-    const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink)
+    const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink, int64_t num_splits)
 {
     const KvCache kv = kvcache_of(cache_seqlens, cache_batch_idx, cache_leftpad, block_table);
     check_kvcache_inputs(q_in, k_in, v_in, kv);
+    check_num_splits(num_splits);
     const int64_t seqlen_k = kv.seqlen_k(k_in);
     check_cuda_sizes(q_in, q_in.size(0), q_in.size(2), q_in.size(1), seqlen_k);
     const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
@@ -336,9 +355,11 @@ std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cuda(
     at::Tensor out = at::empty(q.sizes(), q.options());
     at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
     VariantTensors keep;
-    const flash_params p = make_kvcache_params(q, k, v, out, lse, kv, softmax_scale, var, &keep);
+    flash_params p = make_kvcache_params(q, k, v, out, lse, kv, softmax_scale, var, &keep);
     if (is_half(q))
         check_smem(flash_fwd_smem_needed(&p), d, "forward");
+    at::Tensor o_accum, lse_accum;
+    set_fwd_splits(&p, num_splits, q, &o_accum, &lse_accum);
     check_launch(flash_fwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "KV-cache forward");
     return {unpad(out, d), lse};
 }

@@ -145,7 +145,10 @@ def flash_attn_with_kvcache(
     Sequence b then attends to its cache rows [cache_leftpad[b], cache_seqlens[b] + seqlen_new). causal and
     window_size are aligned bottom-right on those keys (query i sees key j <= i + seqlen_keys - seqlen_q);
     softcap, alibi_slopes ((nheads,) or (batch, nheads) float32), sink / s_aux ((nheads,) logits) as
-    flash_attn_func. num_splits is accepted and ignored (the result does not depend on it).
+    flash_attn_func. num_splits (Flash-Decoding, CUDA fp16/bf16 decode kernel): 1 = no split, n > 1 = the keys of
+    each query split over n blocks whose partial results one combine kernel merges, 0 = chosen from the GPU's
+    SM count and the sizes; the result agrees within float rounding whatever the count (the CPU and the
+    fp32/fp64 kernels do not split).
     Out-of-range contents are clamped on the device, never checked on the host: with an int cache_seqlens a
     cache too small for the append is an error; with a tensor, rows past the cache are dropped (never written
     outside it), attention uses the rows that exist, and cache_batch_idx / block_table entries are clamped to
@@ -250,6 +253,8 @@ def flash_attn_with_kvcache(
     softcap = _check_softcap(softcap, _FN)
     alibi_slopes = _check_alibi(alibi_slopes, q, _FN)
     _check_int("num_splits", num_splits)
+    if num_splits < 0:
+        raise ValueError(f"{_FN}: num_splits must be 0 (chosen by the kernels) or a positive count, got {num_splits}")
     scale = _default_scale(q) if softmax_scale is None else _check_scale("softmax_scale", softmax_scale)
 
     with torch.no_grad():
@@ -273,6 +278,6 @@ def flash_attn_with_kvcache(
             seqused = start + seqlen_new
         out, lse = torch.ops.flashattn_ext.kvcache_fwd(
             q, k_cache, v_cache, seqused, cache_batch_idx, cache_leftpad, block_table, scale, bool(causal), window[0],
-            window[1], softcap, alibi_slopes, sink,
+            window[1], softcap, alibi_slopes, sink, num_splits,
         )
     return (out, lse) if return_softmax_lse else out

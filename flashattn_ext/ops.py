@@ -225,8 +225,9 @@ def _check_kvcache_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cac
 
 @torch.library.register_fake("flashattn_ext::kvcache_fwd")
 def _kvcache_fwd_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, softmax_scale,
-                      causal, window_left, window_right, softcap, alibi_slopes, sink):
+                      causal, window_left, window_right, softcap, alibi_slopes, sink, num_splits=0):
     _check_kvcache_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
+    torch._check(num_splits >= 0, lambda: "flashattn_ext: num_splits must be 0 or a positive count")
     batch, seqlen_q, nheads, _ = q.shape
     out = q.new_empty((batch, seqlen_q, nheads, v_cache.shape[-1]))
     lse = q.new_empty((batch, nheads, seqlen_q), dtype=_lse_dtype(q.dtype))

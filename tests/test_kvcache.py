@@ -228,14 +228,82 @@ def test_kvcache(device, dtype, case):
 
 @pytest.mark.parametrize("case", [CASES[2], CASES[9]], ids=lambda c: c.id)
 @pytest.mark.parametrize("device", DEVICES)
-def test_num_splits_ignored(device, case):
-    """num_splits tunes only: every value gives the same bits (no split-KV yet)."""
+def test_num_splits_float32(device, case):
+    """float32 (CPU and CUDA-core kernels) does not split: every num_splits gives the same bits."""
     results = []
     for num_splits in (0, 1, 4):
         t = make_inputs(case, torch.float32, device)
         results.append((call(case, t, num_splits=num_splits), t["k_cache"], t["v_cache"]))
     for out, kc, vc in results[1:]:
         assert torch.equal(out, results[0][0]) and torch.equal(kc, results[0][1]) and torch.equal(vc, results[0][2])
+
+
+# Split-KV (the CUDA decode kernel, fwd_decode.cu): caches long enough for many key tiles per split, the rows
+# of a KV head packed (GQA / MQA, seqlen_q > 1), every variant the decode kernel serves.
+SPLIT_CASES = [
+    Case(b=2, h=8, hkv=2, d=128, cache=1500, seqlens=(1500, 777), label="gqa-d128"),
+    Case(b=3, h=4, hkv=4, d=64, cache=1024, new=1, seqlens=(0, 600, 1023), causal=True, label="mha-d64-append"),
+    Case(b=1, h=32, hkv=1, d=128, sq=2, cache=900, seqlens=(900,), causal=True, label="mqa-64-rows"),
+    Case(b=2, h=4, hkv=2, d=256, cache=700, seqlens=(700, 33), softcap=30.0, label="d256-softcap"),
+    Case(b=2, h=6, hkv=3, d=59, rotary_dim=32, sq=3, new=3, cache=1200, seqlens=(1000, 50), leftpad=(7, 20),
+         causal=True, alibi="bh", rotary="neox", label="d59-leftpad-alibi"),
+    Case(b=2, h=4, hkv=2, d=128, sq=4, cache=2048, page=256, seqlens=(2000, 513), window=(300, 0), sink=True,
+         label="paged-256-window-sink"),
+    Case(b=3, h=8, hkv=4, d=64, cache=960, page=48, seqlens=(959, 17, 500), leftpad=(10, 0, 3), causal=True,
+         label="paged-48-leftpad"),
+    Case(b=2, h=4, hkv=2, d=96, cache=800, batch_cache=4, sq=2, seqlens=(800, 400), window=(50, 10),
+         label="batch-idx-window"),
+    Case(b=2, h=2, hkv=2, d=128, cache=1000, seqlens=(0, 0), sink=True, label="no-keys-sink"),
+]
+SPLIT_DTYPES = [torch.float16, torch.bfloat16]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("dtype", SPLIT_DTYPES, ids=lambda dt: DTYPE_NAMES[dt])
+def test_num_splits(dtype, case):
+    """Every split count (1 = none, 0 = the heuristic, up to more splits than key tiles) agrees with the float64
+    reference, and with the unsplit result within float rounding."""
+    t0 = make_inputs(case, dtype, "cuda")
+    _, _, out_ref, lse_ref = reference(case, t0, dtype)
+    results = {}
+    for num_splits in (1, 0, 2, 3, 7, 16, 128):
+        t = make_inputs(case, dtype, "cuda")
+        out, lse = call(case, t, num_splits=num_splits, return_softmax_lse=True)
+        assert_close(f"out (num_splits={num_splits})", out, out_ref, OUT_TOL[dtype])
+        assert_lse_close(lse, lse_ref, OUT_TOL[dtype])
+        results[num_splits] = (out.float(), lse)
+    out1, lse1 = results[1]
+    for n, (out, lse) in results.items():
+        torch.testing.assert_close(out, out1, rtol=0, atol=4 * OUT_TOL[dtype], msg=f"num_splits={n} vs 1")
+        finite = torch.isfinite(lse1)
+        assert torch.equal(finite, torch.isfinite(lse)), f"num_splits={n}: rows without keys differ"
+        torch.testing.assert_close(lse[finite], lse1[finite], rtol=0, atol=1e-4, msg=f"lse, num_splits={n}")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("sq, h, hkv, d", [(1, 32, 8, 128), (3, 8, 8, 64), (16, 4, 1, 256), (1, 64, 1, 32)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_decode_shapes_dense(sq, h, hkv, d, causal):
+    """flash_attn_func with a few query rows per KV head takes the decode kernel (and its split heuristic);
+    forward against the float64 reference, and the backward from its lse."""
+    gen = torch.Generator().manual_seed(sq * 1000 + h + d)
+    sk = 3000
+    q, k, v = (torch.randn(2, s, n, d, generator=gen, dtype=torch.float64) for s, n in ((sq, h), (sk, hkv), (sk, hkv)))
+    qc, kc, vc = (x.to(torch.bfloat16).cuda().requires_grad_() for x in (q, k, v))
+    out, lse, _ = flashattn_ext.flash_attn_func(qc, kc, vc, causal=causal, return_attn_probs=True)
+    ref, ref_lse = attention64(*(x.detach().cpu().double() for x in (qc, kc, vc)), None, causal, True)
+    assert_close("out", out, ref, OUT_TOL[torch.bfloat16])
+    assert_lse_close(lse, ref_lse, OUT_TOL[torch.bfloat16])
+    dout = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (qc, kc, vc), dout)
+    q64, k64, v64 = (x.detach().cpu().double().requires_grad_() for x in (qc, kc, vc))
+    ref64, _ = attention64(q64, k64, v64, None, causal, True)
+    rq, rk, rv = torch.autograd.grad(ref64, (q64, k64, v64), dout.cpu().double())
+    for name, got, want in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
+        assert_close(name, got, want, 2 * OUT_TOL[torch.bfloat16])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -377,6 +445,7 @@ BAD_INPUTS = [
     ("rotary shapes differ", dict(rotary_sin=torch.rand(40, 4)), ValueError, ["rotary_cos", "shape"]),
     ("rotary int", dict(rotary_cos=torch.ones(40, 8, dtype=torch.int32)), TypeError, ["rotary_cos"]),
     ("num_splits float", dict(num_splits=1.5), TypeError, ["num_splits"]),
+    ("num_splits negative", dict(num_splits=-1), ValueError, ["num_splits", "positive"]),
     ("sink and s_aux", dict(sink=torch.zeros(4), s_aux=torch.zeros(4)), ValueError, ["sink", "s_aux"]),
     ("window", dict(window_size=(-2, 0)), ValueError, ["window_size"]),
     ("softcap", dict(softcap=-1.0), ValueError, ["softcap"]),
@@ -397,7 +466,7 @@ def op_call(**changes):
     args = dict(q=torch.randn(2, 1, 4, 16), k_cache=torch.randn(2, 40, 2, 16), v_cache=torch.randn(2, 40, 2, 16),
                 cache_seqlens=torch.tensor([3, 9], dtype=torch.int32), cache_batch_idx=None, cache_leftpad=None,
                 block_table=None, softmax_scale=0.25, causal=True, window_left=-1, window_right=-1, softcap=0.0,
-                alibi_slopes=None, sink=None)
+                alibi_slopes=None, sink=None, num_splits=0)
     args.update(changes)
     return torch.ops.flashattn_ext.kvcache_fwd(*args.values())
 
@@ -422,6 +491,7 @@ BAD_OP_INPUTS = [
     ("v_cache pages", dict(block_table=TABLE, k_cache=paged(), v_cache=paged(n_pages=9)), ["pages"]),
     ("sink dtype", dict(sink=torch.zeros(4, dtype=torch.float64)), ["sink"]),
     ("alibi shape", dict(alibi_slopes=torch.zeros(2, 3)), ["alibi_slopes"]),
+    ("num_splits negative", dict(num_splits=-2), ["num_splits"]),
 ]
 
 

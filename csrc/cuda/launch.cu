@@ -1,5 +1,5 @@
 /* launch.cu: the one dispatcher of the CUDA code. dtype (fp32/fp64 -> CUDA-core kernels, fp16/bf16 ->
- * tensor-core kernels) -> arch (Hopper with an sm_90a build: the wgmma backward main kernel) -> tile
+ * tensor-core kernels) -> shape (forward: a few rows per KV head -> the split-KV decode kernel) -> arch (Hopper with an sm_90a build: the wgmma backward main kernel) -> tile
  * configuration (large tiles where the device's shared memory allows) -> variant (p->has_hook, chosen
  * inside each family's launcher from the same field). The kernels' own files hold the tile constants
  * next to the measurements that justify them. Variable-length batches and KV caches go the same way:
@@ -59,10 +59,31 @@ extern "C" size_t flash_bwd_smem_needed(const flash_params *p)
     return flash_bwd_sm80_smem(p, FLASH_TILES_SMALL);
 }
 
+/* The decode kernel (fwd_decode.cu) for what it serves, where the device has its shared memory, unless
+ * FLASHATTN_EXT_DISABLE_DECODE=1 (read per call, so a benchmark can compare both in one process). */
+static int use_decode(const flash_params *p)
+{
+    const char *env = getenv("FLASHATTN_EXT_DISABLE_DECODE");
+    if ((env != NULL && env[0] != '\0' && env[0] != '0') || is_simple(p) || !flash_fwd_decode_ok(p))
+        return 0;
+    return flash_smem_available() >= flash_fwd_decode_smem(p);
+}
+
+extern "C" int flash_fwd_splits(const flash_params *p, int requested)
+{
+    int dev = 0, sms = 0;
+    if (!use_decode(p) || cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return 1;
+    return flash_fwd_decode_splits(p, requested, sms);
+}
+
 extern "C" cudaError_t flash_fwd_cuda(const flash_params *p, cudaStream_t stream)
 {
     if (is_simple(p))
         return flash_fwd_simple(p, stream);
+    if (use_decode(p))
+        return flash_fwd_decode(p, stream);
     return flash_fwd_sm80(p, stream);
 }
 

@@ -24,6 +24,10 @@ extern "C" {
 
 /* Forward: writes o and lse. */
 cudaError_t flash_fwd_cuda(const flash_params *p, cudaStream_t stream);
+/* The number of key splits the forward of p will run (Flash-Decoding): 1 = none; n > 1: the binding sets
+ * p->num_splits = n and passes the workspaces o_accum / lse_accum of csrc/flash.h. requested: the user's
+ * num_splits (flash_attn_with_kvcache), 0 = chosen from the SM count and the sizes. Host only, no sync. */
+int flash_fwd_splits(const flash_params *p, int requested);
 /* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv (and dbias if set); uses the workspaces
  * named in flash.h. */
 cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream);
@@ -50,6 +54,15 @@ typedef enum flash_tiles {
 /* fp32 / fp64 on CUDA cores (fwd_simple.cu, bwd_simple.cu, dropout_mask.cu). */
 cudaError_t flash_fwd_simple(const flash_params *p, cudaStream_t stream);
 cudaError_t flash_bwd_simple(const flash_params *p, cudaStream_t stream);
+
+/* fp16 / bf16 forward of a few rows per KV head (decode) with split-KV, sm80+ (fwd_decode.cu).
+ * flash_fwd_decode_ok: p is one it serves (no attn_mask, no dropout, no varlen, seqlen_q * h / h_kv <=
+ * FLASH_DECODE_MAX_ROWS); flash_fwd_decode_smem: its shared memory per CTA; flash_fwd_decode_splits: the
+ * split count for `requested` (0: fill the num_sms SMs' CTA slots, FA2's wave-efficiency rule). */
+int flash_fwd_decode_ok(const flash_params *p);
+size_t flash_fwd_decode_smem(const flash_params *p);
+int flash_fwd_decode_splits(const flash_params *p, int requested, int num_sms);
+cudaError_t flash_fwd_decode(const flash_params *p, cudaStream_t stream);
 
 /* fp16 / bf16 forward on mma.sync, sm80+ (fwd_sm80.cu). */
 cudaError_t flash_fwd_sm80(const flash_params *p, cudaStream_t stream);
