@@ -1,8 +1,9 @@
 /* fwd_harness.cu: torch-free correctness and speed harness for the forward kernels.
  *
  * Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFLASHATTN_EXT_SM90A -Icsrc -Icsrc/cuda \
- *            dev/fwd_harness.cu csrc/cuda/launch.cu csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_simple.cu \
- *            csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu csrc/cuda/bwd_simple.cu -o /tmp/fwd_harness
+ *            dev/fwd_harness.cu csrc/cuda/launch.cu csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_decode.cu \
+ *            csrc/cuda/fwd_simple.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu csrc/cuda/bwd_simple.cu \
+ *            -o /tmp/fwd_harness
  *        (the checks call launch.cu's flash_fwd_cuda, which links the backward too; dev/fwd_bench.sh)
  * Run:   /tmp/fwd_harness check [t]     every correctness case (or those of dtype t), relative L2 error of
  *                                       out and lse against dev/attn_ref.h (double); exit 1 on any failure
@@ -14,8 +15,11 @@
  *        /tmp/fwd_harness varlen-bench [d]  bench's shapes dense, as varlen of equal lengths, and as varlen
  *                                       of random lengths 1..2 seq (TFLOP/s on the visible pairs)
  *        /tmp/fwd_harness paged-bench   bf16 decode (sq 1) b8 h32 (and GQA 32/8) d128, caches 4k / 32k /
- *                                       128k, contiguous and paged (pages of 256 in a random order): ms
- *                                       and the K + V read bandwidth
+ *                                       128k, contiguous and paged (pages of 256 in a random order), through
+ *                                       the prefill kernel (fwd_sm80): ms and the K + V read bandwidth
+ *        /tmp/fwd_harness decode-bench  the same decode shapes at b8 and b1 through launch.cu's dispatch (the
+ *                                       decode kernel, split-KV by its heuristic and with one split)
+ * Every forward runs with launch.cu's split-KV choice for HARNESS_NUM_SPLITS (default 0, the heuristic).
  * Cases cover the band (full, causal both alignments, sliding windows), softcap, ALiBi (per head and per
  * batch), bool and additive attn_mask (random, key padding, block-sparse, rows with no visible key;
  * broadcast dimensions, strided / transposed storage; block flags), dropout, sinks, and pairs of them.
@@ -433,9 +437,40 @@ static void variants_free(variant_data *vd)
             CUDA_CHECK(cudaFree(x));
 }
 
+/* The split-KV request of every forward the harness runs (launch.h flash_fwd_splits): HARNESS_NUM_SPLITS, default 0
+ * (launch.cu's heuristic); it matters only where launch.cu takes the decode kernel. */
+static int harness_splits(void)
+{
+    const char *env = getenv("HARNESS_NUM_SPLITS");
+    return env != NULL ? atoi(env) : 0;
+}
+
+/* flash_fwd_cuda with launch.cu's split count for `requested`; the split workspaces live in one buffer kept
+ * between calls (grown when short, which synchronizes). */
+static cudaError_t run_fwd_splits(const flash_params *p0, int requested, cudaStream_t stream)
+{
+    static float *accum = NULL;
+    static size_t accum_bytes = 0;
+    flash_params p = *p0;
+    p.num_splits = flash_fwd_splits(&p, requested);
+    if (p.num_splits > 1) {
+        const size_t rows = (size_t)p.num_splits * p.b * p.h * p.sq;
+        const size_t bytes = rows * (size_t)(p.d + 1) * sizeof(float);
+        if (bytes > accum_bytes) {
+            if (accum != NULL)
+                CUDA_CHECK(cudaFree(accum));
+            CUDA_CHECK(cudaMalloc(&accum, bytes));
+            accum_bytes = bytes;
+        }
+        p.o_accum = accum;
+        p.lse_accum = accum + rows * p.d;
+    }
+    return flash_fwd_cuda(&p, stream);
+}
+
 static cudaError_t run_fwd(const flash_params *p, cudaStream_t stream)
 {
-    return flash_fwd_cuda(p, stream);
+    return run_fwd_splits(p, harness_splits(), stream);
 }
 
 static void params_fill(flash_params *p, const test_case *c, double scale, const tensor *q, const tensor *k,
@@ -934,7 +969,7 @@ static int check_vl_case(const vl_case *c)
         }
     }
 
-    CUDA_CHECK(flash_fwd_cuda(&p, 0));
+    CUDA_CHECK(run_fwd(&p, 0));
     CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<unsigned char> oh(qh.size()), lh(nlse * lse_es);
     CUDA_CHECK(cudaMemcpy(oh.data(), o_dev, oh.size(), cudaMemcpyDeviceToHost));
@@ -1776,6 +1811,97 @@ static const int kDecodeHeads = 32;
 static const int kDecodeDim = 128;
 static const int kDecodePage = 256;
 
+/* Decode through launch.cu's dispatch (the decode kernel and its split-KV heuristic; num_splits 1 beside it):
+ * bf16 d 128, batch 8 and 1, kDecodeHeads query heads and kv heads the same or a quarter, caches 4k / 32k /
+ * 128k, contiguous; median of kTimedRuns, TB/s of K + V read. */
+static double time_dispatch(const flash_params *p, int requested)
+{
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    std::vector<float> ms(kTimedRuns);
+    for (int i = 0; i < kWarmupRuns; i++)
+        CUDA_CHECK(run_fwd_splits(p, requested, 0));
+    for (int i = 0; i < kTimedRuns; i++) {
+        CUDA_CHECK(cudaEventRecord(start));
+        CUDA_CHECK(run_fwd_splits(p, requested, 0));
+        CUDA_CHECK(cudaEventRecord(stop));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        CUDA_CHECK(cudaEventElapsedTime(&ms[i], start, stop));
+    }
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+    std::sort(ms.begin(), ms.end());
+    return ms[kTimedRuns / 2];
+}
+
+static void run_decode_bench(void)
+{
+    const int caches[] = {4096, 32768, 131072};
+    const int batches[] = {kDecodeBatch, 1};
+    const int kv_heads[] = {kDecodeHeads, kDecodeHeads / 4};
+    const int max_cache = caches[sizeof(caches) / sizeof(caches[0]) - 1];
+    const size_t kv_elems = (size_t)kDecodeBatch * max_cache * kDecodeHeads * kDecodeDim;
+    const size_t q_elems = (size_t)kDecodeBatch * kDecodeHeads * kDecodeDim;
+    __nv_bfloat16 *k, *v, *q, *o;
+    float *lse;
+    CUDA_CHECK(cudaMalloc(&k, kv_elems * sizeof(__nv_bfloat16)));
+    CUDA_CHECK(cudaMalloc(&v, kv_elems * sizeof(__nv_bfloat16)));
+    CUDA_CHECK(cudaMalloc(&q, q_elems * sizeof(__nv_bfloat16)));
+    CUDA_CHECK(cudaMalloc(&o, q_elems * sizeof(__nv_bfloat16)));
+    CUDA_CHECK(cudaMalloc(&lse, (size_t)kDecodeBatch * kDecodeHeads * sizeof(float)));
+    fill_random_bf16<<<1024, 256>>>(k, kv_elems, 4);
+    fill_random_bf16<<<1024, 256>>>(v, kv_elems, 5);
+    fill_random_bf16<<<1024, 256>>>(q, q_elems, 6);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    printf("bf16 decode fwd (sq 1) through flash_fwd_cuda, h%d d%d; TB/s = bytes of K + V / time\n", kDecodeHeads,
+           kDecodeDim);
+    printf("%-4s %-7s %-7s %-7s %-9s %-7s %-9s %s\n", "b", "h/h_kv", "cache", "splits", "ms", "TB/s", "1split ms",
+           "1split TB/s");
+    for (int b : batches)
+        for (int hkv : kv_heads)
+            for (int cache : caches) {
+                flash_params p;
+                memset(&p, 0, sizeof(p));
+                p.q = q;
+                p.k = k;
+                p.v = v;
+                p.o = o;
+                p.lse = lse;
+                p.q_s.head = p.o_s.head = kDecodeDim;
+                p.q_s.row = p.o_s.row = (int64_t)kDecodeHeads * kDecodeDim;
+                p.q_s.batch = p.o_s.batch = p.q_s.row;
+                p.k_s.head = p.v_s.head = kDecodeDim;
+                p.k_s.row = p.v_s.row = (int64_t)hkv * kDecodeDim;
+                p.k_s.batch = p.v_s.batch = (int64_t)cache * hkv * kDecodeDim;
+                p.b = b;
+                p.h = kDecodeHeads;
+                p.h_kv = hkv;
+                p.h_per_kv = kDecodeHeads / hkv;
+                p.sq = 1;
+                p.sk = cache;
+                p.d = kDecodeDim;
+                p.lse_batch = kDecodeHeads;
+                p.lse_head = 1;
+                p.scale = 1.0 / sqrt((double)kDecodeDim);
+                p.scale_log2 = (float)(p.scale * FLASH_LOG2E);
+                p.band_left = -1;
+                p.band_right = 0;
+                p.band_bottom_right = 1;
+                p.dtype = FLASH_BF16;
+                p.k_batches = b;
+                const double bytes = 2.0 * b * cache * hkv * kDecodeDim * sizeof(__nv_bfloat16);
+                const double t = time_dispatch(&p, 0) * 1e-3, t1 = time_dispatch(&p, 1) * 1e-3;
+                char hh[16];
+                snprintf(hh, sizeof(hh), "%d/%d", kDecodeHeads, hkv);
+                printf("%-4d %-7s %-7d %-7d %-9.4f %-7.2f %-9.4f %.2f\n", b, hh, cache, flash_fwd_splits(&p, 0),
+                       t * 1e3, bytes / t * 1e-12, t1 * 1e3, bytes / t1 * 1e-12);
+            }
+    void *bufs[] = {k, v, q, o, lse};
+    for (void *x : bufs)
+        CUDA_CHECK(cudaFree(x));
+}
+
 static void run_paged_bench(void)
 {
     const int caches[] = {4096, 32768, 131072};
@@ -1863,10 +1989,15 @@ static void run_paged_bench(void)
 int main(int argc, char **argv)
 {
     if (argc < 2 || (strcmp(argv[1], "check") && strcmp(argv[1], "bench") && strcmp(argv[1], "variants") &&
-                     strcmp(argv[1], "varlen-bench") && strcmp(argv[1], "paged-bench"))) {
+                     strcmp(argv[1], "varlen-bench") && strcmp(argv[1], "paged-bench") &&
+                     strcmp(argv[1], "decode-bench"))) {
         fprintf(stderr, "usage: %s check [bf16|fp16|fp32|fp64] | bench [head dim] | variants [head dim] | "
-                        "varlen-bench [head dim] | paged-bench\n", argv[0]);
+                        "varlen-bench [head dim] | paged-bench | decode-bench\n", argv[0]);
         return 2;
+    }
+    if (!strcmp(argv[1], "decode-bench")) {
+        run_decode_bench();
+        return 0;
     }
     if (!strcmp(argv[1], "paged-bench")) {
         run_paged_bench();

@@ -35,6 +35,22 @@
 #include "launch.h"
 #include "ptx.cuh"
 
+/* Tuning knobs (dev/decode_bench.sh overrides them with -D; the defaults are the measured best): the cp.async
+ * ring depth per warp at each compiled head dim, and the fewest rounds of kWarps key tiles the split heuristic
+ * gives one split. */
+#ifndef FWD_DECODE_STAGES_D64
+#define FWD_DECODE_STAGES_D64 4
+#endif
+#ifndef FWD_DECODE_STAGES_D128
+#define FWD_DECODE_STAGES_D128 3
+#endif
+#ifndef FWD_DECODE_STAGES_D256
+#define FWD_DECODE_STAGES_D256 2
+#endif
+#ifndef FWD_DECODE_MIN_ROUNDS
+#define FWD_DECODE_MIN_ROUNDS 8
+#endif
+
 namespace {
 
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -51,7 +67,7 @@ constexpr int kThreads = kWarps * FLASH_WARP_SIZE;
 constexpr int kRows = kMmaM;     /* rows of a CTA */
 constexpr int kWarpKeys = 16;    /* keys of one warp tile: 2 n8 tiles of S, one k16 step of P V */
 constexpr int kMaxSplits = 128;
-constexpr int kMinTilesPerSplit = 8 * kWarps; /* 512 keys: each warp gets 8 tiles of a split at least */
+constexpr int kMinTilesPerSplit = FWD_DECODE_MIN_ROUNDS * kWarps; /* tiles of a split at least (heuristic) */
 constexpr int kMaxGridYZ = 65535;
 constexpr size_t kDefaultSmemBytes = 48 * 1024;
 constexpr int kMergePad = 4;     /* floats of padding per merge row (bank spread) */
@@ -64,17 +80,17 @@ template <int kHeadDim_>
 struct DecodeCfg;
 template <>
 struct DecodeCfg<64> {
-    static constexpr int kHeadDim = 64, kStages = 4;
+    static constexpr int kHeadDim = 64, kStages = FWD_DECODE_STAGES_D64;
     static constexpr bool kQInRegs = true;
 };
 template <>
 struct DecodeCfg<128> {
-    static constexpr int kHeadDim = 128, kStages = 3;
+    static constexpr int kHeadDim = 128, kStages = FWD_DECODE_STAGES_D128;
     static constexpr bool kQInRegs = true;
 };
 template <>
 struct DecodeCfg<256> {
-    static constexpr int kHeadDim = 256, kStages = 2;
+    static constexpr int kHeadDim = 256, kStages = FWD_DECODE_STAGES_D256;
     static constexpr bool kQInRegs = false;
 };
 
