@@ -118,9 +118,63 @@ def bad_varlen_indices():
     print("bad varlen indices: ran (results not checked; memcheck judges the accesses)")
 
 
+def check_decode():
+    """The decode kernel (fwd_decode.cu) with and without split-KV, through flash_attn_with_kvcache on dense and
+    paged caches (GQA, leftpad, window, softcap, sink) against attention_ref on the gathered keys; then index
+    contents the binding cannot check (block_table entries past the pages, cache_seqlens past the cache,
+    negative leftpad), which the kernel clamps: memcheck judges those accesses. Returns the failures."""
+    failures = 0
+    b, h, hkv, d, page, pages_per_seq = 2, 8, 2, 128, 64, 12
+    cache = page * pages_per_seq
+    k = torch.randn(b, cache, hkv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, cache, hkv, d, device="cuda", dtype=torch.bfloat16)
+    perm = torch.randperm(b * pages_per_seq, device="cuda")
+    table = perm.view(b, pages_per_seq).to(torch.int32)
+    k_paged, v_paged = torch.empty(b * pages_per_seq, page, hkv, d, device="cuda", dtype=torch.bfloat16), \
+        torch.empty(b * pages_per_seq, page, hkv, d, device="cuda", dtype=torch.bfloat16)
+    k_paged[perm] = k.reshape(-1, page, hkv, d)
+    v_paged[perm] = v.reshape(-1, page, hkv, d)
+    seqlens = torch.tensor([cache, 301], dtype=torch.int32, device="cuda")
+    leftpad = torch.tensor([5, 0], dtype=torch.int32, device="cuda")
+    sink = torch.randn(h, device="cuda")
+    for sq, splits, paged, kw in ((1, 0, False, {}), (1, 5, True, dict(softcap=20.0)),
+                                  (3, 3, False, dict(causal=True, window_size=(100, 0), sink=sink)),
+                                  (4, 0, True, dict(causal=True, cache_leftpad=leftpad))):
+        q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
+        kc, vc, bt = (k_paged, v_paged, table) if paged else (k, v, None)
+        out = flashattn_ext.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, block_table=bt,
+                                                     num_splits=splits, **kw)
+        errs = []
+        for i in range(b):
+            lo = int(kw["cache_leftpad"][i]) if "cache_leftpad" in kw else 0
+            hi = int(seqlens[i])
+            ref_kw = {name: kw[name] for name in ("causal", "window_size", "softcap") if name in kw}
+            if "sink" in kw:
+                ref_kw["sink"] = kw["sink"].double()
+            ref = attention_ref(q[i:i + 1].double(), k[i:i + 1, lo:hi].double(), v[i:i + 1, lo:hi].double(),
+                                **ref_kw)[0]
+            errs.append(rel_err(out[i:i + 1], ref))
+        ok = max(errs) <= TOLERANCE[torch.bfloat16]
+        failures += not ok
+        print(f"decode sq{sq} splits={splits} paged={paged} {sorted(kw)}: max rel err {max(errs):.1e} "
+              f"{'ok' if ok else 'FAIL'}")
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16)
+    bad_table = table.clone()
+    bad_table[0, 3], bad_table[1, 0] = 10**6, -9
+    for bt, sl, lp in ((bad_table, seqlens, None), (table, torch.tensor([10**6, -4], dtype=torch.int32, device="cuda"),
+                                                    None), (table, seqlens, torch.tensor([-3, 10**6], dtype=torch.int32,
+                                                                                         device="cuda"))):
+        for splits in (0, 4):
+            flashattn_ext.flash_attn_with_kvcache(q, k_paged, v_paged, cache_seqlens=sl, block_table=bt,
+                                                  cache_leftpad=lp, num_splits=splits)
+    torch.cuda.synchronize()
+    print("bad decode indices: ran (results not checked; memcheck judges the accesses)")
+    return failures
+
+
 def main():
     torch.manual_seed(0)
-    failures = 0
+    failures = check_decode()
     for config in VARLEN_CONFIGS:
         failures += not check_varlen(*config)
     bad_varlen_indices()

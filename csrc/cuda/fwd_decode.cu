@@ -17,7 +17,9 @@
  * End: the warps' (m, l, O) merge through shared memory. One split: out = O / l with the sink
  * (flash_row_finish_f) and lse. Several: the normalized partial O and its lse go to o_accum /
  * lse_accum, and flash_fwd_combine_kernel merges the splits of each row (exactly: weights exp(lse_s -
- * lse)) and applies the sink.
+ * lse)) and applies the sink; on sm90 it is a programmatic dependent launch, started while the decode grid
+ * drains. Split count: flash_fwd_decode_splits, FA2's wave-efficiency rule over the SMs' CTA slots, each
+ * split FWD_DECODE_MIN_ROUNDS rounds of kWarps tiles at least.
  * Paged KV caches (kPaged): each lane looks up the page of one key of the tile (mask.h flash_key_offset)
  * and the lanes exchange the rows' offsets by shuffle: one table read per key and tile.
  *
@@ -48,7 +50,7 @@
 #define FWD_DECODE_STAGES_D256 2
 #endif
 #ifndef FWD_DECODE_MIN_ROUNDS
-#define FWD_DECODE_MIN_ROUNDS 8
+#define FWD_DECODE_MIN_ROUNDS 4
 #endif
 
 namespace {
@@ -68,6 +70,7 @@ constexpr int kRows = kMmaM;     /* rows of a CTA */
 constexpr int kWarpKeys = 16;    /* keys of one warp tile: 2 n8 tiles of S, one k16 step of P V */
 constexpr int kMaxSplits = 128;
 constexpr int kMinTilesPerSplit = FWD_DECODE_MIN_ROUNDS * kWarps; /* tiles of a split at least (heuristic) */
+constexpr double kWaveEfficiency = 0.95;
 constexpr int kMaxGridYZ = 65535;
 constexpr size_t kDefaultSmemBytes = 48 * 1024;
 constexpr int kMergePad = 4;     /* floats of padding per merge row (bank spread) */
@@ -186,6 +189,23 @@ __device__ __forceinline__ void load_kv(const flash_params &p, const flash_seq &
     }
 }
 
+/* Programmatic dependent launch (sm90+): each decode CTA, once started, lets the combine kernel launch
+ * (trigger); the combine kernel waits until the decode grid has finished and its writes are visible (wait).
+ * On older archs both are no-ops and the stream orders the two kernels. */
+__device__ __forceinline__ void grid_dependency_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_dependency_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 /* grid (num_splits, row_blocks * h_kv, b); kThreads threads */
 template <typename T, typename Cfg, bool kPaged>
 __global__ void __launch_bounds__(kThreads) flash_fwd_decode_kernel(const __grid_constant__ flash_params p)
@@ -272,6 +292,7 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_decode_kernel(const __grid
     }
     cp_async_wait<kStages - 1>(); /* Q landed (the oldest group) */
     __syncthreads();
+    grid_dependency_trigger();
 
     /* the lane's two rows (lane / 4, + 8): query, head, ALiBi slope */
     int qi[2];
@@ -491,6 +512,7 @@ __global__ void __launch_bounds__(kCombineWarps *FLASH_WARP_SIZE) flash_fwd_comb
 {
     const int lane = threadIdx.x % FLASH_WARP_SIZE;
     const int64_t row = (int64_t)blockIdx.x * kCombineWarps + threadIdx.x / FLASH_WARP_SIZE;
+    grid_dependency_wait();
     if (row >= p.b * p.h * p.sq)
         return;
     const int64_t i = row % p.sq, hq = row / p.sq % p.h, batch = row / (p.sq * p.h);
@@ -537,6 +559,14 @@ __global__ void __launch_bounds__(kCombineWarps *FLASH_WARP_SIZE) flash_fwd_comb
     }
 }
 
+/* Whether the current device takes programmatic dependent launches (sm90+). */
+bool has_pdl(void)
+{
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+}
+
 template <typename T, typename Cfg, bool kPaged>
 cudaError_t launch_decode(const flash_params *p, cudaStream_t stream)
 {
@@ -554,9 +584,16 @@ cudaError_t launch_decode(const flash_params *p, cudaStream_t stream)
     if (err != cudaSuccess || splits == 1)
         return err;
     const int64_t rows = p->b * p->h * p->sq;
-    flash_fwd_combine_kernel<T><<<(unsigned)flash_cdiv64(rows, kCombineWarps), kCombineWarps * FLASH_WARP_SIZE, 0,
-                                  stream>>>(*p);
-    return cudaGetLastError();
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)flash_cdiv64(rows, kCombineWarps));
+    cfg.blockDim = dim3(kCombineWarps * FLASH_WARP_SIZE);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr = {};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = has_pdl() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, flash_fwd_combine_kernel<T>, *p);
 }
 
 template <typename Cfg>
@@ -606,7 +643,11 @@ extern "C" size_t flash_fwd_decode_smem(const flash_params *p)
 
 extern "C" int flash_fwd_decode_ok(const flash_params *p)
 {
-    return (p->dtype == FLASH_FP16 || p->dtype == FLASH_BF16) && p->mask == NULL && p->dropout_threshold == 0 &&
+    /* has_hook must be set with a hook field (flash.h), as fwd_sm80 demands, although this kernel reads the fields
+     * themselves */
+    const bool hook_ok = p->has_hook || (p->softcap <= 0.0 && p->alibi_slopes == NULL);
+    return (p->dtype == FLASH_FP16 || p->dtype == FLASH_BF16) && hook_ok && p->mask == NULL &&
+           p->dropout_threshold == 0 &&
            p->cu_seqlens_q == NULL && p->d >= 1 && p->d <= FLASH_CUDA_MAX_HEAD_DIM && p->d % kChunkElems == 0 &&
            p->h_per_kv >= 1 && p->h_kv >= 1 && p->h == p->h_kv * p->h_per_kv && p->b <= kMaxGridYZ &&
            p->sq >= 1 && decode_packed_rows(p) <= FLASH_DECODE_MAX_ROWS &&
@@ -627,7 +668,7 @@ extern "C" int flash_fwd_decode_splits(const flash_params *p, int requested, int
         ctas_per_sm[di][ti] = decode_ctas_per_sm(p->d, p->dtype);
     const int64_t slots = (int64_t)num_sms * flash_max64(1, ctas_per_sm[di][ti]);
     const int64_t ctas = p->b * p->h_kv * decode_row_blocks(p);
-    /* the split count whose last wave is fullest (FA2's rule): the smallest within 85% of the best efficiency */
+    /* the split count whose last wave is fullest (FA2's rule): the smallest within kWaveEfficiency of the best */
     double eff[kMaxSplits + 1], best = 0.0;
     for (int64_t n = 1; n <= max_splits; n++) {
         const int64_t work = ctas * n;
@@ -635,7 +676,7 @@ extern "C" int flash_fwd_decode_splits(const flash_params *p, int requested, int
         best = eff[n] > best ? eff[n] : best;
     }
     for (int64_t n = 1; n <= max_splits; n++)
-        if (eff[n] >= 0.85 * best)
+        if (eff[n] >= kWaveEfficiency * best)
             return (int)n;
     return 1;
 }
