@@ -25,8 +25,10 @@
  *
  * Tiles (DecodeCfg): 4 warps, kRows 16, kWarpKeys 16, kStages 4 / 3 / 2 at d 64 / 128 / 256
  * (shared memory 66 / 100 / 136 KB: 3 / 2 / 1 CTAs per SM). Speed: benchmarks/results/h200/.
- * Not served here (launch.cu sends them to fwd_sm80): attn_mask, dropout, varlen batches, more than
- * kDecodeMaxRows rows per KV head.
+ * Varlen batches (flash_attn_varlen_func, paged or not) as dense ones: each CTA reads its sequence through
+ * flash_seq_of; the grid spans max_seqlen_q and CTAs past a sequence's rows leave at once.
+ * Not served here (launch.cu sends them to fwd_sm80): attn_mask, dropout, more than FLASH_DECODE_MAX_ROWS
+ * rows per KV head.
  */
 #include <float.h>
 #include <limits.h>
@@ -131,7 +133,7 @@ __host__ __device__ constexpr size_t decode_smem_bytes()
     return decode_q_bytes<Cfg>() + kWarps * decode_ring_bytes<Cfg>();
 }
 
-/* Rows and grid of a decode launch. */
+/* Rows and grid of a decode launch (varlen: of the longest sequence, p->sq = max_seqlen_q). */
 __host__ __device__ inline int64_t decode_packed_rows(const flash_params *p) { return p->sq * p->h_per_kv; }
 __host__ __device__ inline int64_t decode_row_blocks(const flash_params *p)
 {
@@ -244,6 +246,8 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_decode_kernel(const __grid
     const int d = (int)p.d;
     const int64_t x_end = (int64_t)sq * g; /* packed rows of this KV head */
     const int64_t x0 = (int64_t)rb * kRows;
+    if (x0 >= x_end) /* a varlen grid spans the longest sequence: its rows past this one's end have no CTA work */
+        return;
     const int64_t x_last = flash_min64(x0 + kRows, x_end) - 1;
 
     /* Q rows: packed row x -> query x / g, head kv_head g + x % g (rows past x_end zero-filled) */
@@ -516,6 +520,9 @@ __global__ void __launch_bounds__(kCombineWarps *FLASH_WARP_SIZE) flash_fwd_comb
     if (row >= p.b * p.h * p.sq)
         return;
     const int64_t i = row % p.sq, hq = row / p.sq % p.h, batch = row / (p.sq * p.h);
+    const flash_seq seq = flash_seq_of(&p, batch);
+    if (i >= seq.sq) /* a varlen sequence shorter than max_seqlen_q: no such row */
+        return;
     const int64_t split_stride = p.b * p.h * p.sq; /* rows per split of the accumulators */
     float M = -INFINITY;
     for (int s = lane; s < p.num_splits; s += FLASH_WARP_SIZE)
@@ -535,7 +542,6 @@ __global__ void __launch_bounds__(kCombineWarps *FLASH_WARP_SIZE) flash_fwd_comb
     float factor, lse_out;
     flash_row_finish_f(lse, M == -INFINITY ? 0.f : 1.f, p.sink != nullptr ? ((const float *)p.sink)[hq] : -INFINITY,
                        &factor, &lse_out);
-    const flash_seq seq = flash_seq_of(&p, batch);
     if (lane == 0)
         ((float *)p.lse)[flash_lse_offset(&p, &seq, batch, hq) + i] = lse_out;
     T *dst = (T *)p.o + batch * p.o_s.batch + (seq.q_row0 + i) * p.o_s.row + hq * p.o_s.head;
@@ -647,8 +653,7 @@ extern "C" int flash_fwd_decode_ok(const flash_params *p)
      * themselves */
     const bool hook_ok = p->has_hook || (p->softcap <= 0.0 && p->alibi_slopes == NULL);
     return (p->dtype == FLASH_FP16 || p->dtype == FLASH_BF16) && hook_ok && p->mask == NULL &&
-           p->dropout_threshold == 0 &&
-           p->cu_seqlens_q == NULL && p->d >= 1 && p->d <= FLASH_CUDA_MAX_HEAD_DIM && p->d % kChunkElems == 0 &&
+           p->dropout_threshold == 0 && p->d >= 1 && p->d <= FLASH_CUDA_MAX_HEAD_DIM && p->d % kChunkElems == 0 &&
            p->h_per_kv >= 1 && p->h_kv >= 1 && p->h == p->h_kv * p->h_per_kv && p->b <= kMaxGridYZ &&
            p->sq >= 1 && decode_packed_rows(p) <= FLASH_DECODE_MAX_ROWS &&
            decode_row_blocks(p) * p->h_kv <= kMaxGridYZ && p->sk <= INT_MAX &&
