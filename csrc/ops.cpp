@@ -123,9 +123,10 @@ void check_varlen_paged_kv(const at::Tensor &q, const at::Tensor &k, const at::T
                     num(kRank), " dimensions (num_pages, page_size, nheads_kv, headdim), got ", num(caches[i]->dim()));
         check_rank_and_last_stride(*caches[i], names[i]);
     }
+    TORCH_CHECK(k.size(0) == v.size(0) && k.size(1) == v.size(1), "flashattn_ext: with a block_table, k and v "
+                "must have the same number of pages and page size, got k ", shape(k.sizes()), ", v ",
+                shape(v.sizes()));
     check_qkv_common(q.unsqueeze(0), k, v, kRank - 1);
-    TORCH_CHECK(k.size(0) == v.size(0), "flashattn_ext: with a block_table, k and v must have the same number of "
-                "pages, got ", num(k.size(0)), " and ", num(v.size(0)));
     TORCH_CHECK(table.scalar_type() == at::kInt, "flashattn_ext: block_table must be int32, got ", table.scalar_type());
     TORCH_CHECK(table.device() == q.device(), "flashattn_ext: block_table must be on the device of q (",
                 q.device().str(), "), got ", table.device().str());
