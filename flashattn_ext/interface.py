@@ -315,6 +315,7 @@ def flash_attn_kvpacked_func(
 
 _PAGE_MULTIPLE = 16  # FLASH_PAGE_MULTIPLE (csrc/constants.h): page sizes of a paged KV cache
 
+
 def _check_index(fn, name, t, device):
     """An int32 1-D index tensor (cu_seqlens_* / seqused_k) on the device of q; its contents are not read."""
     _check_tensor(name, t)
