@@ -11,8 +11,10 @@
  * Variable-length batches (cu_seqlens_q != NULL, flash_attn_varlen_func): b sequences packed along
  * the row dimension, batch strides 0; sequence s owns query rows [cu_seqlens_q[s], cu_seqlens_q[s+1])
  * and key rows [cu_seqlens_k[s], cu_seqlens_k[s+1]); sq / sk are max_seqlen_q / max_seqlen_k (the
- * grid), lse / delta are (h, total_q). Kernels see one sequence through flash_seq_of (mask.h), which
- * gives its lengths, first rows and band; nothing else reads cu_seqlens or seqused_k.
+ * grid), lse / delta are (h, total_q). With a block_table (forward only) k / v are a paged cache and
+ * sequence s's keys are its first cu_seqlens_k[s+1] - cu_seqlens_k[s] rows through table row s (see
+ * block_table). Kernels see one sequence through flash_seq_of (mask.h), which gives its lengths, first
+ * rows and band; nothing else reads cu_seqlens or seqused_k.
  * Variants (csrc/mask.h is the one place that interprets these fields):
  *   mask geometry  key j is visible to query i iff diag_lo <= j - i <= diag_hi (causal in both
  *                  alignments, sliding windows); tiles outside the band are never loaded.
@@ -91,14 +93,19 @@ typedef struct flash_params {
                                    * seqused_k[s] or sk) (cache_leftpad) */
     int64_t k_batches;            /* batch size of k / v (k_batch_idx entries are clamped to it);
                                    * with a block_table: the number of pages */
-    const int32_t *block_table;   /* (b, block_table_stride) or NULL, dense only (paged KV cache):
+    const int32_t *block_table;   /* (b, block_table_stride) or NULL (paged KV cache; no k_batch_idx):
                                    * k / v are (pages, page_size, h_kv, d) and key row r of sequence s
                                    * is row r % page_size of page block_table[s, r / page_size]; read
-                                   * through flash_key_offset (mask.h) alone */
+                                   * through flash_key_offset (mask.h) alone. Dense batches: rows from
+                                   * k_leftpad[s]. Varlen batches (forward only, flash_attn_varlen_func's
+                                   * block_table): rows 0 .. sk_s - 1, sk_s = cu_seqlens_k[s + 1] -
+                                   * cu_seqlens_k[s] clamped to [0, block_table_stride * page_size] (the
+                                   * table's capacity; total_k is not read) and to sk, then to seqused_k */
     int64_t block_table_stride;   /* entries per sequence (the table's second dimension) */
     int64_t page_size;            /* rows per page, a multiple of FLASH_PAGE_MULTIPLE (constants.h) */
-    int64_t total_q, total_k;     /* rows of q and k (varlen); contents of the index tensors are
-                                   * clamped to them, so bad offsets never address outside */
+    int64_t total_q, total_k;     /* rows of q and k (varlen; total_k unused with a block_table);
+                                   * contents of the index tensors are clamped to them, so bad offsets
+                                   * never address outside */
 
     double scale;           /* softmax scale applied to q.k */
     float scale_log2;       /* scale * log2(e), for exp2-based kernels */

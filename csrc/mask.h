@@ -58,7 +58,8 @@ typedef struct flash_seq {
     int64_t q_row0, k_row0;    /* its first row in the row dimension of q/o/dout/dq and k/v/dk/dv:
                                 * element (b, i, hq, c) of q is at b * q_s.batch + (q_row0 + i) *
                                 * q_s.row + hq * q_s.head + c (varlen: q_s.batch = 0) */
-    int64_t k_batch;           /* the batch index of its k/v/dk/dv (b; k_batch_idx[b] where given) */
+    int64_t k_batch;           /* the batch index of its k/v/dk/dv (b; k_batch_idx[b] where given); with
+                                * a block_table its table row (b) */
     int64_t lse_row0;          /* see flash_lse_offset */
     int64_t diag_lo, diag_hi;  /* key j visible to query i iff diag_lo <= j - i <= diag_hi, both
                                 * clamped to [-sq, sk] (so they fit an int32 on CUDA) */
@@ -68,19 +69,26 @@ typedef struct flash_seq {
 FLASH_HD int64_t flash_clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
 /* Sequence b of the batch. Index contents are clamped (to [0, total], lengths to max_seqlen,
- * seqused_k and k_leftpad to the sequence's keys, k_batch_idx to k's batches): a bad index tensor
- * gives wrong rows, never an access outside q/k/v. */
+ * seqused_k and k_leftpad to the sequence's keys, k_batch_idx to k's batches; a paged varlen key count
+ * to the table's capacity): a bad index tensor gives wrong rows, never an access outside q/k/v. */
 FLASH_HD flash_seq flash_seq_of(const flash_params *p, int64_t b)
 {
     flash_seq s;
     s.k_batch = b;
     if (p->cu_seqlens_q) {
         const int64_t q0 = flash_clamp64(p->cu_seqlens_q[b], 0, p->total_q);
-        const int64_t k0 = flash_clamp64(p->cu_seqlens_k[b], 0, p->total_k);
         s.q_row0 = s.lse_row0 = q0;
-        s.k_row0 = k0;
         s.sq = flash_min64(flash_clamp64(p->cu_seqlens_q[b + 1], q0, p->total_q) - q0, p->sq);
-        s.sk = flash_min64(flash_clamp64(p->cu_seqlens_k[b + 1], k0, p->total_k) - k0, p->sk);
+        if (p->block_table) {
+            /* paged: the keys are rows 0 .. sk - 1 of table row b's pages, sk the cu_seqlens_k difference */
+            const int64_t count = (int64_t)p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b];
+            s.k_row0 = 0;
+            s.sk = flash_min64(flash_clamp64(count, 0, p->block_table_stride * p->page_size), p->sk);
+        } else {
+            const int64_t k0 = flash_clamp64(p->cu_seqlens_k[b], 0, p->total_k);
+            s.k_row0 = k0;
+            s.sk = flash_min64(flash_clamp64(p->cu_seqlens_k[b + 1], k0, p->total_k) - k0, p->sk);
+        }
         if (p->seqused_k)
             s.sk = flash_clamp64(p->seqused_k[b], 0, s.sk);
     } else {

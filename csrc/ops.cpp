@@ -4,8 +4,10 @@
 // (batch, seqlen_k, nheads_kv, headdim), any strides whose last one is 1; lse (batch, nheads, seqlen_q)
 // in fp32 (fp64 for fp64 inputs). The varlen ops pack their sequences along the rows: q/out/dout
 // (total_q, nheads, headdim), k/v (total_k, nheads_kv, headdim), lse (nheads, total_q), with int32
-// cu_seqlens_q / cu_seqlens_k (batch + 1,) and seqused_k (batch,) on q's device. The CUDA backend lives
-// in ops_cuda.cpp.
+// cu_seqlens_q / cu_seqlens_k (batch + 1,) and seqused_k (batch,) on q's device. varlen_fwd also takes a
+// paged cache (flash_attn_varlen_func's block_table; forward only): k/v (num_pages, page_size, nheads_kv,
+// headdim) with block_table int32 (batch, max_pages), sequence s's keys its first cu_seqlens_k[s + 1] -
+// cu_seqlens_k[s] rows through table row s. The CUDA backend lives in ops_cuda.cpp.
 //
 // kvcache_fwd (flash_attn_with_kvcache's attention; forward only, it reads the cache and writes
 // nothing into it: the Python function appends new keys first and passes cache_seqlens + seqlen_new):
@@ -109,6 +111,36 @@ void check_index_tensor(const at::Tensor &t, const at::Tensor &q, const char *na
                 "), got ", t.device().str());
 }
 
+// k / v of a paged varlen call, (num_pages, page_size, nheads_kv, headdim), and its block_table (batch,
+// max_pages) int32 on q's device.
+void check_varlen_paged_kv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &table,
+                           int64_t batch)
+{
+    const at::Tensor *caches[] = {&k, &v};
+    const char *names[] = {"k", "v"};
+    for (int i = 0; i < 2; ++i) {
+        TORCH_CHECK(caches[i]->defined(), "flashattn_ext: ", names[i], " is undefined");
+        TORCH_CHECK(caches[i]->dim() == kRank, "flashattn_ext: with a block_table, ", names[i], " must have ",
+                    num(kRank), " dimensions (num_pages, page_size, nheads_kv, headdim), got ", num(caches[i]->dim()));
+        check_rank_and_last_stride(*caches[i], names[i]);
+    }
+    TORCH_CHECK(k.size(0) == v.size(0) && k.size(1) == v.size(1), "flashattn_ext: with a block_table, k and v "
+                "must have the same number of pages and page size, got k ", shape(k.sizes()), ", v ",
+                shape(v.sizes()));
+    check_qkv_common(q.unsqueeze(0), k, v, kRank - 1);
+    TORCH_CHECK(table.scalar_type() == at::kInt, "flashattn_ext: block_table must be int32, got ", table.scalar_type());
+    TORCH_CHECK(table.device() == q.device(), "flashattn_ext: block_table must be on the device of q (",
+                q.device().str(), "), got ", table.device().str());
+    TORCH_CHECK(table.dim() == 2 && table.size(0) == batch && table.size(1) >= 1, "flashattn_ext: block_table must "
+                "have shape (batch, max_pages_per_sequence) with batch = ", num(batch), " and max_pages >= 1, got ",
+                shape(table.sizes()));
+    const int64_t page = k.size(1);
+    TORCH_CHECK(page > 0 && page % FLASH_PAGE_MULTIPLE == 0, "flashattn_ext: the page size (dimension 1 of a paged "
+                "k (num_pages, page_size, nheads_kv, headdim)) must be a positive multiple of ",
+                num(FLASH_PAGE_MULTIPLE), ", got ", num(page));
+    TORCH_CHECK(k.size(0) > 0, "flashattn_ext: a paged k needs at least one page for block_table to index");
+}
+
 }  // namespace
 
 void check_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v)
@@ -125,9 +157,11 @@ void check_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v)
 void check_varlen_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const Varlen &vl)
 {
     check_rank_and_last_stride(q, "q", kVarlenRank);
-    check_rank_and_last_stride(k, "k", kVarlenRank);
-    check_rank_and_last_stride(v, "v", kVarlenRank);
-    check_qkv_common(q, k, v, kVarlenRank - 1);
+    if (!vl.block_table) {
+        check_rank_and_last_stride(k, "k", kVarlenRank);
+        check_rank_and_last_stride(v, "v", kVarlenRank);
+        check_qkv_common(q, k, v, kVarlenRank - 1);
+    }
     check_index_tensor(vl.cu_seqlens_q, q, "cu_seqlens_q");
     check_index_tensor(vl.cu_seqlens_k, q, "cu_seqlens_k");
     TORCH_CHECK(vl.cu_seqlens_q.size(0) >= 2, "flashattn_ext: cu_seqlens_q must have batch + 1 >= 2 entries, got ",
@@ -142,6 +176,8 @@ void check_varlen_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor
     }
     TORCH_CHECK(vl.max_seqlen_q >= 0, "flashattn_ext: max_seqlen_q must be >= 0, got ", num(vl.max_seqlen_q));
     TORCH_CHECK(vl.max_seqlen_k >= 0, "flashattn_ext: max_seqlen_k must be >= 0, got ", num(vl.max_seqlen_k));
+    if (vl.block_table)
+        check_varlen_paged_kv(q, k, v, *vl.block_table, vl.batch());
 }
 
 void check_varlen_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &out,
@@ -431,19 +467,28 @@ flash_params make_varlen_params(const at::Tensor &q, const at::Tensor &k, const 
                                 const at::Tensor &lse, const Varlen &vl, double softmax_scale, const Variants &var,
                                 const at::Tensor &rng_state, VariantTensors *keep)
 {
-    flash_params p = make_params(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out.unsqueeze(0), lse.unsqueeze(0),
-                                 softmax_scale, var, rng_state, keep);
+    const bool paged = vl.block_table.has_value();
+    flash_params p = make_params(q.unsqueeze(0), paged ? k : k.unsqueeze(0), paged ? v : v.unsqueeze(0),
+                                 out.unsqueeze(0), lse.unsqueeze(0), softmax_scale, var, rng_state, keep);
     p.b = vl.batch();
     p.sq = vl.max_seqlen_q;
     p.sk = vl.max_seqlen_k;
-    p.q_s.batch = p.k_s.batch = p.v_s.batch = p.o_s.batch = 0;
+    p.q_s.batch = p.o_s.batch = 0;
     p.lse_batch = 0;
     p.lse_head = q.size(0);
     p.total_q = q.size(0);
-    p.total_k = k.size(0);
     p.cu_seqlens_q = vl.cu_seqlens_q.data_ptr<int32_t>();
     p.cu_seqlens_k = vl.cu_seqlens_k.data_ptr<int32_t>();
     p.seqused_k = vl.seqused_k ? vl.seqused_k->data_ptr<int32_t>() : nullptr;
+    if (paged) {  // k_s.batch / v_s.batch stay the page strides, k_batches (make_params) the pages
+        keep->block_table = vl.block_table->contiguous();
+        p.block_table = keep->block_table.data_ptr<int32_t>();
+        p.block_table_stride = keep->block_table.size(1);
+        p.page_size = k.size(1);
+    } else {
+        p.k_s.batch = p.v_s.batch = 0;
+        p.total_k = k.size(0);
+    }
     return p;
 }
 
@@ -540,12 +585,14 @@ flash_params make_kvcache_params(const at::Tensor &q, const at::Tensor &k_cache,
 }
 
 Varlen varlen_of(const at::Tensor &cu_seqlens_q, const at::Tensor &cu_seqlens_k,
-                 const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k)
+                 const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                 const c10::optional<at::Tensor> &block_table)
 {
     Varlen vl;
     vl.cu_seqlens_q = cu_seqlens_q;
     vl.cu_seqlens_k = cu_seqlens_k;
     vl.seqused_k = seqused_k;
+    vl.block_table = block_table;
     vl.max_seqlen_q = max_seqlen_q;
     vl.max_seqlen_k = max_seqlen_k;
     return vl;
@@ -553,7 +600,7 @@ Varlen varlen_of(const at::Tensor &cu_seqlens_q, const at::Tensor &cu_seqlens_k,
 
 std::tuple<at::Tensor, at::Tensor> varlen_fwd_outputs(const at::Tensor &q, const at::Tensor &v)
 {
-    at::Tensor out = at::zeros({q.size(0), q.size(1), v.size(2)}, q.options());
+    at::Tensor out = at::zeros({q.size(0), q.size(1), v.size(-1)}, q.options());  // v: packed or paged
     at::Tensor lse = at::full({q.size(1), q.size(0)}, -std::numeric_limits<double>::infinity(),
                               q.options().dtype(lse_dtype(q.scalar_type())));
     return {out, lse};
@@ -681,9 +728,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cpu(
     const at::Tensor &cu_seqlens_k, const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
     const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink, double dropout_p,
-    bool deterministic)
+    bool deterministic, const c10::optional<at::Tensor> &block_table)
 {
-    const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
+    const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table);
     check_varlen_qkv(q, k, v, vl);
     check_cpu_dtype(q);
     const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
@@ -778,8 +825,8 @@ TORCH_LIBRARY(flashattn_ext, m)
     m.def("dropout_mask(Tensor q, Tensor rng_state, int seqlen_k, float dropout_p) -> Tensor");
     m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, "
           "int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, int window_left, int window_right, "
-          "float softcap, Tensor? alibi_slopes, Tensor? sink, float dropout_p, bool deterministic) "
-          "-> (Tensor out, Tensor lse, Tensor rng_state)");
+          "float softcap, Tensor? alibi_slopes, Tensor? sink, float dropout_p, bool deterministic, "
+          "Tensor? block_table=None) -> (Tensor out, Tensor lse, Tensor rng_state)");
     m.def("varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor rng_state, "
           "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, "
           "float softmax_scale, bool causal, int window_left, int window_right, float softcap, Tensor? alibi_slopes, "

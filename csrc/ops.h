@@ -69,8 +69,8 @@ void check_variants(const Variants &var, const at::Tensor &q, int64_t batch, int
                     int64_t seqlen_k);
 
 // The tensors that params made by make_params point to beyond the call's inputs (kept alive by the
-// caller until the kernels are done): contiguous alibi slopes, the mask's block flags and (KV cache) a
-// contiguous block_table.
+// caller until the kernels are done): contiguous alibi slopes, the mask's block flags and (KV cache, paged
+// varlen) a contiguous block_table.
 struct VariantTensors {
     at::Tensor alibi_slopes, mask_blocks, block_table;
 };
@@ -94,19 +94,25 @@ void set_bwd_params(flash_params *p, const at::Tensor &dout, const at::Tensor &d
 
 // A variable-length batch as the varlen ops receive it (schema in ops.cpp): q (total_q, nheads, headdim),
 // k / v (total_k, nheads_kv, headdim); sequence s owns rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]) of q
-// and [cu_seqlens_k[s], cu_seqlens_k[s + 1]) of k, v, of which it uses the first seqused_k[s] keys.
+// and [cu_seqlens_k[s], cu_seqlens_k[s + 1]) of k, v, of which it uses the first seqused_k[s] keys. With
+// a block_table (varlen_fwd only) k / v are a paged cache (num_pages, page_size, nheads_kv, headdim) and
+// sequence s's keys are its first cu_seqlens_k[s + 1] - cu_seqlens_k[s] rows through table row s (row r:
+// row r % page_size of page block_table[s, r / page_size]), again limited by seqused_k[s].
 struct Varlen {
     at::Tensor cu_seqlens_q, cu_seqlens_k;   // int32 (batch + 1,) on q's device
     c10::optional<at::Tensor> seqused_k;     // int32 (batch,) on q's device
+    c10::optional<at::Tensor> block_table;   // int32 (batch, max_pages) on q's device, or None: packed k / v
     int64_t max_seqlen_q = 0, max_seqlen_k = 0;
     int64_t batch() const { return cu_seqlens_q.size(0) - 1; }
 };
 
 Varlen varlen_of(const at::Tensor &cu_seqlens_q, const at::Tensor &cu_seqlens_k,
-                 const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k);
+                 const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                 const c10::optional<at::Tensor> &block_table = c10::nullopt);
 
-// Checks q, k, v of a varlen call (ranks, shapes, dtypes, devices, last stride) and the index tensors,
-// with messages naming the argument; reads no tensor contents (no device synchronization).
+// Checks q, k, v of a varlen call (ranks, shapes, dtypes, devices, last stride), the index tensors and the
+// block_table (int32 (batch, max_pages >= 1), page size a positive multiple of FLASH_PAGE_MULTIPLE, at least
+// one page), with messages naming the argument; reads no tensor contents (no device synchronization).
 void check_varlen_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const Varlen &vl);
 
 // Checks the extra varlen backward inputs (dout, out of q's shape; lse (nheads, total_q)) against q.
@@ -115,7 +121,9 @@ void check_varlen_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const 
 
 // Params of a varlen call, made by make_params on views with a leading batch of 1 and then turned into
 // the packed batch of flash.h: b = number of sequences, batch strides 0, sq / sk the max lengths, the
-// index pointers, total_q / total_k, lse (nheads, total_q). out is (total_q, nheads, headdim).
+// index pointers, total_q / total_k, lse (nheads, total_q). out is (total_q, nheads, headdim). With a
+// block_table: k / v as they are (batch strides = page strides), k_batches = pages, the table (a
+// contiguous copy in keep when it is not contiguous already), its stride and the page size.
 flash_params make_varlen_params(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
                                 const at::Tensor &lse, const Varlen &vl, double softmax_scale, const Variants &var,
                                 const at::Tensor &rng_state, VariantTensors *keep);

@@ -237,14 +237,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
     return {unpad(dq, d), unpad(dk, d), unpad(dv, d), dmask};
 }
 
+// A paged k / v (block_table) is padded or copied by kernel_ready like any k / v, as kvcache_fwd_cuda's cache.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cuda(
     const at::Tensor &q_in, const at::Tensor &k_in, const at::Tensor &v_in, const at::Tensor &cu_seqlens_q,
     const at::Tensor &cu_seqlens_k, const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
     const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink, double dropout_p,
-    bool deterministic)
+    bool deterministic, const c10::optional<at::Tensor> &block_table)
 {
-    const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
+    const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table);
     check_varlen_qkv(q_in, k_in, v_in, vl);
     check_cuda_sizes(q_in, vl.batch(), q_in.size(1), max_seqlen_q, max_seqlen_k);
     const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,

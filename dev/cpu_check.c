@@ -2,9 +2,10 @@
  * gradient formed from its lse and delta) in fp32 and fp64 against the naive double-precision
  * reference dev/attn_ref.h, dense and with every variant (band, softcap, ALiBi, bool / additive
  * attn_mask with broadcast strides, dropout, sinks) alone and in pairs; checks
- * flash_dropout_mask_cpu; checks variable-length batches (cu_seqlens, seqused_k) and KV caches
- * (seqused_k, k_batch_idx, k_leftpad, paged with block_table) sequence by sequence against the
- * reference run on each sequence alone; then (with the argument "bench") times it.
+ * flash_dropout_mask_cpu; checks variable-length batches (cu_seqlens, seqused_k), KV caches
+ * (seqused_k, k_batch_idx, k_leftpad, paged with block_table) and paged varlen batches (cu_seqlens with
+ * a block_table, forward) sequence by sequence against the reference run on each sequence alone; then
+ * (with the argument "bench") times it.
  *
  *   gcc -std=c11 -O2 -fopenmp -Icsrc dev/cpu_check.c csrc/cpu/flash_cpu.c -lm -o /tmp/cpu_check
  *   /tmp/cpu_check            # all checks; exit status 1 on any failure
@@ -1221,6 +1222,157 @@ static int kv_cases(kv_config *cases)
     return n;
 }
 
+/* ---------------------------------------------------------------------------------------------- */
+/* Paged varlen batches: cu_seqlens with a block_table (flash_attn_varlen_func's, forward only)    */
+/* ---------------------------------------------------------------------------------------------- */
+
+#define PAGED_VARLEN_K_OFFSET 1000 /* added to cu_seqlens_k: only its differences count */
+
+/* The varlen batch c with its keys in a paged cache of page_size rows: sequence s's keys are written to
+ * distinct random pages of a table with one spare entry per sequence, next to KV_SPARE_PAGES pages no entry
+ * names (random values everywhere else, never to be read). Runs flash_fwd_cpu and checks each sequence's
+ * out and lse against attn_ref.h on its packed keys alone, and that rows of no sequence stay unwritten. */
+static int run_paged_varlen_case(const varlen_config *c, int64_t page_size, flash_dtype dt)
+{
+    const double scale = 1 / sqrt((double)c->d);
+    const variant *var = &c->v;
+    const int64_t h = c->h, hk = c->h_kv, d = c->d;
+    int32_t cu_q[VARLEN_MAX_SEQS + 1] = {0}, cu_k[VARLEN_MAX_SEQS + 1] = {PAGED_VARLEN_K_OFFSET};
+    int32_t used[VARLEN_MAX_SEQS];
+    int64_t k_row0[VARLEN_MAX_SEQS + 1] = {0}, max_q = 0, max_k = 0, max_pages = 1;
+    for (int64_t s = 0; s < c->nseq; s++) {
+        cu_q[s + 1] = cu_q[s] + (int32_t)c->lq[s];
+        cu_k[s + 1] = cu_k[s] + (int32_t)c->lk[s];
+        k_row0[s + 1] = k_row0[s] + c->lk[s];
+        used[s] = (int32_t)(c->has_used && c->used[s] != VARLEN_NO_SEQUSED ? c->used[s] : c->lk[s]);
+        max_q = flash_max64(max_q, c->lq[s]);
+        max_k = flash_max64(max_k, c->lk[s]);
+        max_pages = flash_max64(max_pages, flash_cdiv64(c->lk[s], page_size) + 1);
+    }
+    const int64_t total_q = cu_q[c->nseq] + c->pad_q, total_k = k_row0[c->nseq];
+    const int64_t n_pages = c->nseq * max_pages + KV_SPARE_PAGES;
+    tensor q = packed_init(total_q, h, d, c->strided, dt), o = packed_init(total_q, h, d, c->strided, dt);
+    tensor k = packed_init(total_k, hk, d, 0, dt), v = packed_init(total_k, hk, d, 0, dt);
+    tensor kc = cache_init(n_pages, page_size, hk, d, c->strided, dt), vc = cache_init(n_pages, page_size, hk, d,
+                                                                                        c->strided, dt);
+    tensor *inputs[4] = {&q, &k, &kc, &vc};
+    for (int w = 0; w < 4; w++)
+        for (int64_t bi = 0; bi < inputs[w]->b; bi++)
+            for (int64_t r = 0; r < inputs[w]->s; r++)
+                for (int64_t hi = 0; hi < inputs[w]->heads; hi++)
+                    for (int64_t x = 0; x < d; x++)
+                        set(inputs[w]->data, dt, at(inputs[w], bi, r, hi) + x, 2 * uniform());
+    for (int64_t r = 0; r < total_k; r++) /* v's packed rows differ from k's */
+        for (int64_t hi = 0; hi < hk; hi++)
+            for (int64_t x = 0; x < d; x++)
+                set(v.data, dt, at(&v, 0, r, hi) + x, 2 * uniform());
+    int32_t *table = malloc((size_t)(c->nseq * max_pages) * sizeof(int32_t));
+    int32_t *perm = malloc((size_t)n_pages * sizeof(int32_t));
+    for (int64_t e = 0; e < n_pages; e++)
+        perm[e] = (int32_t)e;
+    for (int64_t e = n_pages - 1; e > 0; e--) { /* Fisher-Yates: distinct pages */
+        const int64_t o2 = random_below(e + 1);
+        const int32_t tmp = perm[e];
+        perm[e] = perm[o2], perm[o2] = tmp;
+    }
+    memcpy(table, perm, (size_t)(c->nseq * max_pages) * sizeof(int32_t));
+    free(perm);
+    for (int64_t s = 0; s < c->nseq; s++) /* key r of sequence s: row r % page_size of page table[s][r / page] */
+        for (int64_t r = 0; r < c->lk[s]; r++)
+            for (int64_t hi = 0; hi < hk; hi++)
+                for (int64_t x = 0; x < d; x++) {
+                    const int64_t page = table[s * max_pages + r / page_size], row = r % page_size;
+                    set(kc.data, dt, at(&kc, page, row, hi) + x, get(k.data, dt, at(&k, 0, k_row0[s] + r, hi) + x));
+                    set(vc.data, dt, at(&vc, page, row, hi) + x, get(v.data, dt, at(&v, 0, k_row0[s] + r, hi) + x));
+                }
+    void *lse = typed_alloc(h * total_q, dt, NAN);
+    flash_params p = {
+        .q = q.data, .k = kc.data, .v = vc.data, .o = o.data, .lse = lse, .q_s = q.st, .k_s = kc.st, .v_s = vc.st,
+        .o_s = o.st, .b = c->nseq, .h = h, .h_kv = hk, .sq = max_q + c->extra_max, .sk = max_k + c->extra_max,
+        .d = d, .h_per_kv = h / hk, .scale = scale, .dtype = dt, .lse_batch = 0, .lse_head = total_q,
+        .cu_seqlens_q = cu_q, .cu_seqlens_k = cu_k, .seqused_k = c->has_used ? used : NULL, .total_q = total_q,
+        .k_batches = n_pages, .block_table = table, .block_table_stride = max_pages, .page_size = page_size,
+    };
+    set_band(&p, c->causal, var);
+    float slopes[VARLEN_MAX_SEQS * 8];
+    for (int64_t e = 0; e < c->nseq * h; e++)
+        slopes[e] = (float)(0.55 + 0.45 * uniform());
+    if (var->alibi) {
+        p.alibi_slopes = slopes;
+        p.alibi_batch_stride = var->alibi == ALIBI_PER_BATCH ? h : 0;
+    }
+    p.softcap = var->softcap;
+    void *sink = typed_alloc(h, dt, 0);
+    double *sink_ref = malloc((size_t)h * sizeof(double));
+    for (int64_t hi = 0; hi < h; hi++)
+        sink_ref[hi] = set(sink, dt, hi, 0.5 + 1.5 * uniform());
+    if (var->sink)
+        p.sink = sink;
+    p.has_hook = p.softcap > 0 || p.alibi_slopes;
+
+    int fail = flash_fwd_cpu(&p) != FLASH_CPU_OK;
+
+    double err[2], parts[2][2] = {{0}};
+    int ok[2] = {1, 1};
+    for (int64_t s = 0; s < c->nseq; s++) {
+        const int64_t sq = c->lq[s], sk = used[s] < c->lk[s] ? used[s] : c->lk[s], q0 = cu_q[s];
+        flash_params r = {.b = 1, .h = h, .h_kv = hk, .sq = sq, .sk = sk, .d = d, .scale = scale,
+                          .band_left = p.band_left, .band_right = p.band_right,
+                          .band_bottom_right = p.band_bottom_right, .softcap = p.softcap};
+        if (var->alibi)
+            r.alibi_slopes = slopes + s * p.alibi_batch_stride;
+        double *qr = packed_rows(&q, dt, q0, sq), *kr = packed_rows(&k, dt, k_row0[s], sk);
+        double *vr = packed_rows(&v, dt, k_row0[s], sk), *og = packed_rows(&o, dt, q0, sq);
+        double *o_ref = malloc((size_t)(sq * h * d + 1) * sizeof(double));
+        double *lse_ref = malloc((size_t)(h * sq + 1) * sizeof(double));
+        double *lseg = malloc((size_t)(h * sq + 1) * sizeof(double));
+        ref_forward(&r, qr, kr, vr, NULL, var->sink ? sink_ref : NULL, o_ref, lse_ref);
+        for (int64_t hq = 0; hq < h; hq++)
+            for (int64_t i = 0; i < sq; i++)
+                lseg[hq * sq + i] = get(lse, dt, hq * total_q + q0 + i);
+        ok[0] &= accumulate_err(og, o_ref, sq * h * d, parts[0]);
+        ok[1] &= accumulate_err(lseg, lse_ref, sq * h, parts[1]);
+        double *bufs[] = {qr, kr, vr, og, o_ref, lse_ref, lseg};
+        for (size_t e = 0; e < sizeof bufs / sizeof *bufs; e++)
+            free(bufs[e]);
+    }
+    for (int e = 0; e < 2; e++)
+        err[e] = err_of(parts[e], ok[e]);
+    fail |= rows_written(&o, dt, cu_q[c->nseq], c->pad_q); /* rows of no sequence: never written */
+    for (int64_t hq = 0; hq < h; hq++)
+        for (int64_t i = cu_q[c->nseq]; i < total_q; i++)
+            fail |= !isnan(get(lse, dt, hq * total_q + i));
+    const double tol = dt == FLASH_FP32 ? TOL_FP32 : TOL_FP64;
+    fail |= !(fmax(err[0], err[1]) <= tol);
+
+    char name[160], lens[3][96];
+    config named = {0};
+    named.causal = c->causal, named.v = *var;
+    variant_name(&named, name, sizeof name);
+    print_lengths(lens[0], sizeof lens[0], "sq", c->lq, c->nseq);
+    print_lengths(lens[1], sizeof lens[1], "sk", c->lk, c->nseq);
+    lens[2][0] = '\0';
+    if (c->has_used) {
+        int64_t show[VARLEN_MAX_SEQS];
+        for (int64_t s = 0; s < c->nseq; s++)
+            show[s] = used[s];
+        print_lengths(lens[2], sizeof lens[2], "used", show, c->nseq);
+    }
+    printf("%s %s paged varlen b%lld h%lld/%lld d%lld %s%s%spages %lld x %lld%s %s: out %.1e lse %.1e\n",
+           fail ? "FAIL" : "ok  ", dt == FLASH_FP32 ? "fp32" : "fp64", (long long)c->nseq, (long long)h, (long long)hk,
+           (long long)d, lens[0], lens[1], lens[2], (long long)n_pages, (long long)page_size,
+           c->strided ? " strided" : "", name, err[0], err[1]);
+
+    tensor *all[6] = {&q, &o, &k, &v, &kc, &vc};
+    for (int w = 0; w < 6; w++)
+        free(all[w]->data);
+    free(table);
+    free(lse);
+    free(sink);
+    free(sink_ref);
+    return fail;
+}
+
 #define MAX_CASES 256
 
 int main(int argc, char **argv)
@@ -1278,6 +1430,10 @@ int main(int argc, char **argv)
     for (int i = 0; i < nk; i++)
         for (int dt = FLASH_FP32; dt <= FLASH_FP64; dt++, runs++)
             failures += run_kv_case(&kcases[i], (flash_dtype)dt);
+    static const int64_t page_sizes[] = {FLASH_PAGE_MULTIPLE, 3 * FLASH_PAGE_MULTIPLE, 16 * FLASH_PAGE_MULTIPLE};
+    for (int i = 0; i < nv; i++)
+        for (int dt = FLASH_FP32; dt <= FLASH_FP64; dt++, runs++)
+            failures += run_paged_varlen_case(&vcases[i], page_sizes[i % 3], (flash_dtype)dt);
     printf("%s: %d of %d checks failed\n", failures ? "FAIL" : "PASS", failures, runs);
     if (argc > 1 && strcmp(argv[1], "bench") == 0)
         bench_all();

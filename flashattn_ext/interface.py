@@ -313,6 +313,9 @@ def flash_attn_kvpacked_func(
 # Variable-length batches
 # ------------------------------------------------------------------------------------------------
 
+_PAGE_MULTIPLE = 16  # FLASH_PAGE_MULTIPLE (csrc/constants.h): page sizes of a paged KV cache
+
+
 def _check_index(fn, name, t, device):
     """An int32 1-D index tensor (cu_seqlens_* / seqused_k) on the device of q; its contents are not read."""
     _check_tensor(name, t)
@@ -364,14 +367,57 @@ def _varlen_probs_signed(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen
     return s_dmask
 
 
+def _paged_keys(k, block_table, cu_seqlens_k):
+    """The keys of a paged call packed: (k_packed (total_k, nheads_kv, headdim), cu_seqlens_k of k_packed),
+    sequence s's rows 0 .. n_s - 1 of its pages (n_s = cu_seqlens_k[s + 1] - cu_seqlens_k[s] clamped to the
+    table's capacity, table entries to the pages, as the kernels read them). For return_attn_probs (a test
+    aid): it reads cu_seqlens_k on the host."""
+    page_size = k.shape[1]
+    counts = (cu_seqlens_k[1:].long() - cu_seqlens_k[:-1].long()).clamp(0, block_table.shape[1] * page_size)
+    seq = torch.repeat_interleave(torch.arange(counts.shape[0], device=k.device), counts)
+    starts = torch.cumsum(counts, 0) - counts
+    rows = torch.arange(seq.shape[0], device=k.device) - starts[seq]
+    pages = block_table.long()[seq, rows // page_size].clamp(0, k.shape[0] - 1)
+    cu = torch.cat((counts.new_zeros(1), torch.cumsum(counts, 0))).to(torch.int32)
+    return k[pages, rows % page_size], cu
+
+
+def _check_paged(fn, q, k, v, block_table, batch, sink):
+    """block_table int32 (batch, max_pages >= 1) on q's device, k / v (num_pages, page_size, nheads_kv, headdim)
+    with page_size a positive multiple of 16, and no gradient asked for (a paged call is forward only)."""
+    _check_tensor("block_table", block_table)
+    if block_table.dtype != torch.int32:
+        raise TypeError(f"{fn}: block_table must be int32, got {block_table.dtype}")
+    if block_table.device != q.device:
+        raise ValueError(f"{fn}: block_table must be on the device of q ({q.device}), got {block_table.device}")
+    if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] < 1:
+        raise ValueError(f"{fn}: block_table must have shape (batch, max_pages) with batch = {batch} and max_pages "
+                         f">= 1, got {tuple(block_table.shape)}")
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"{fn}: with block_table, v must have the pages, page size and nheads_kv of k "
+                         f"{tuple(k.shape[:3])}, got {tuple(v.shape[:3])}")
+    page_size = k.shape[1]
+    if not _symbolic(page_size) and (page_size <= 0 or page_size % _PAGE_MULTIPLE != 0):
+        raise ValueError(f"{fn}: with block_table, the page size (dimension 1 of k (num_pages, page_size, nheads_kv, "
+                         f"headdim)) must be a positive multiple of {_PAGE_MULTIPLE}, got {page_size}")
+    if torch.is_grad_enabled():
+        wants = [name for name, t in (("q", q), ("k", k), ("v", v), ("sink", sink))
+                 if t is not None and t.requires_grad]
+        if wants:
+            raise RuntimeError(f"{fn}: block_table (a paged KV cache) is forward only, as in flash-attn, but "
+                               f"{', '.join(wants)} require(s) grad; call it under torch.no_grad() or "
+                               f"torch.inference_mode(), or detach the inputs")
+
+
 def _flash_attn_varlen(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                        causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, seqused_k,
-                       return_lse, sink, s_aux):
-    for name, t, layout in (("q", q, "(total_q, nheads, headdim)"), ("k", k, "(total_k, nheads_kv, headdim)"),
-                            ("v", v, "(total_k, nheads_kv, headdim)")):
+                       return_lse, sink, s_aux, block_table=None):
+    kv_layout = "(total_k, nheads_kv, headdim)" if block_table is None else "(num_pages, page_size, nheads_kv, headdim)"
+    for name, t, layout in (("q", q, "(total_q, nheads, headdim)"), ("k", k, kv_layout), ("v", v, kv_layout)):
         _check_tensor(name, t)
-        if t.dim() != 3:
-            raise ValueError(f"{fn}: {name} must have 3 dimensions {layout}, got {t.dim()}")
+        rank = 3 if name == "q" or block_table is None else 4
+        if t.dim() != rank:
+            raise ValueError(f"{fn}: {name} must have {rank} dimensions {layout}, got {t.dim()}")
     _check_index(fn, "cu_seqlens_q", cu_seqlens_q, q.device)
     _check_index(fn, "cu_seqlens_k", cu_seqlens_k, q.device)
     if cu_seqlens_q.shape[0] < 2:
@@ -393,14 +439,17 @@ def _flash_attn_varlen(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     softcap = _check_softcap(softcap, fn)
     alibi_slopes = _check_alibi(alibi_slopes, q, fn, batch, nheads)
     sink = _check_sink(fn, s_aux if sink is None else sink, q, nheads)
+    if block_table is not None:
+        _check_paged(fn, q, k, v, block_table, batch, sink)
     scale = _default_scale(q) if softmax_scale is None else _check_scale("softmax_scale", softmax_scale)
     out, lse, rng_state = torch.ops.flashattn_ext.varlen_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, bool(causal), window[0],
-        window[1], softcap, alibi_slopes, sink, dropout_p, bool(deterministic),
+        window[1], softcap, alibi_slopes, sink, dropout_p, bool(deterministic), block_table,
     )
     if return_attn_probs:
         with torch.no_grad():
-            s_dmask = _varlen_probs_signed(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+            keys, cu_keys = (k, cu_seqlens_k) if block_table is None else _paged_keys(k, block_table, cu_seqlens_k)
+            s_dmask = _varlen_probs_signed(q, keys, cu_seqlens_q, cu_keys, seqused_k, max_seqlen_q, max_seqlen_k,
                                            scale, causal, window, softcap, alibi_slopes, sink, dropout_p, lse,
                                            rng_state)
         return out, lse, s_dmask
@@ -442,21 +491,22 @@ def flash_attn_varlen_func(
     in each sequence (query i sees keys j <= i + seqlen_k - seqlen_q), alibi_slopes is (nheads,) or
     (batch, nheads), dropout draws for sequence s what flash_attn_func draws at batch index s.
     Rows of q in no sequence get out 0 and lse -inf; keys in none (or past seqused_k) get dk = dv = 0.
-    block_table (paged KV cache) is not supported yet (NotImplementedError).
+    block_table: int32 (batch, max_pages) or None: a paged KV cache (flash-attn's paged varlen call), forward
+        only. k, v are then (num_pages, page_size, nheads_kv, headdim), page_size a multiple of 16, and sequence
+        s's keys are rows 0 .. n_s - 1 of its pages, n_s = cu_seqlens_k[s + 1] - cu_seqlens_k[s] (only the
+        differences count; seqused_k still limits them): key r is row r % page_size of page
+        block_table[s, r // page_size]. Out-of-range contents are clamped on the device (n_s to the table's
+        max_pages * page_size rows, entries to the pages), never checked on the host. With gradients enabled,
+        q, k, v and sink must not require grad (RuntimeError naming block_table): there is no backward.
     Returns out (total_q, nheads, headdim); with return_lse=True (out, lse), lse (nheads, total_q) float32
     (float64 for float64 inputs); with return_attn_probs=True (out, lse, S_dmask), S_dmask (batch, nheads,
     max_seqlen_q, max_seqlen_k) holding sequence s's flash_attn_func S_dmask in [s, :, :seqlen_q, :seqlen_k]
     (a test aid: it materializes the probabilities and reads cu_seqlens on the host).
     No host synchronization otherwise: cu_seqlens' contents are never read on the host.
     """
-    if block_table is not None:
-        raise NotImplementedError(
-            "flash_attn_varlen_func: block_table (a paged KV cache) is not supported yet; pass k and v as "
-            "(total_k, nheads_kv, headdim) tensors indexed by cu_seqlens_k"
-        )
     return _flash_attn_varlen("flash_attn_varlen_func", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                               max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                              deterministic, return_attn_probs, seqused_k, return_lse, sink, s_aux)
+                              deterministic, return_attn_probs, seqused_k, return_lse, sink, s_aux, block_table)
 
 
 def flash_attn_varlen_qkvpacked_func(

@@ -2,7 +2,8 @@
 ::varlen_bwd and ::kvcache_fwd: fake (meta) kernels with shape checks for tracing, and the autograd
 formulas of fwd and varlen_fwd, which save q, k, v, out, lse, the dropout rng_state, the sequence
 boundaries (varlen) and the user's own alibi/sink/mask tensors only, and call bwd / varlen_bwd.
-kvcache_fwd has no backward (as flash-attn's KV-cache function): its autograd formula raises."""
+kvcache_fwd and varlen_fwd with a block_table (a paged KV cache) have no backward (as flash-attn's):
+their autograd formulas raise."""
 import math
 
 import torch
@@ -113,15 +114,19 @@ torch.library.register_autograd("flashattn_ext::fwd", _backward, setup_context=_
 
 # ------------------------------------------------------------------------------------------------
 # Variable-length batches: q (total_q, nheads, headdim), k / v (total_k, nheads_kv, headdim), sequence s
-# in rows cu_seqlens_q[s]:cu_seqlens_q[s + 1] of q and from cu_seqlens_k[s] on in k / v.
+# in rows cu_seqlens_q[s]:cu_seqlens_q[s + 1] of q and from cu_seqlens_k[s] on in k / v; or (varlen_fwd
+# with a block_table) k / v a paged cache (num_pages, page_size, nheads_kv, headdim), sequence s's keys
+# its first cu_seqlens_k[s + 1] - cu_seqlens_k[s] rows through block_table (batch, max_pages) row s.
 # ------------------------------------------------------------------------------------------------
 
-def _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k):
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_rank(name, t, 3)
-    torch._check(k.shape[0] == v.shape[0], lambda: "flashattn_ext: total_k of k and v differ")
-    torch._check(k.shape[1] == v.shape[1], lambda: "flashattn_ext: nheads of k and v differ")
-    torch._check(k.shape[2] == q.shape[2] and v.shape[2] == q.shape[2], lambda: "flashattn_ext: head dims differ")
+def _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table=None):
+    _check_rank("q", q, 3)
+    kv_rank = 3 if block_table is None else 4
+    for name, t in (("k", k), ("v", v)):
+        _check_rank(name, t, kv_rank)
+    torch._check(k.shape[:-1] == v.shape[:-1],
+                 lambda: "flashattn_ext: k and v differ in total_k / pages, page size or nheads")
+    torch._check(k.shape[-1] == q.shape[2] and v.shape[-1] == q.shape[2], lambda: "flashattn_ext: head dims differ")
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         _check_rank(name, t, 1)
     torch._check(cu_seqlens_q.shape[0] >= 2, lambda: "flashattn_ext: cu_seqlens_q must have batch + 1 >= 2 entries")
@@ -131,12 +136,20 @@ def _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k):
         _check_rank("seqused_k", seqused_k, 1)
         torch._check(seqused_k.shape[0] == cu_seqlens_q.shape[0] - 1,
                      lambda: "flashattn_ext: seqused_k must have shape (batch,)")
+    if block_table is not None:
+        _check_rank("block_table", block_table, 2)
+        torch._check(block_table.shape[0] == cu_seqlens_q.shape[0] - 1 and block_table.shape[1] >= 1,
+                     lambda: "flashattn_ext: block_table must have shape (batch, max_pages_per_sequence >= 1)")
+        torch._check(k.shape[1] > 0 and k.shape[1] % _PAGE_MULTIPLE == 0,  # _PAGE_MULTIPLE: below
+                     lambda: f"flashattn_ext: the page size must be a positive multiple of {_PAGE_MULTIPLE}")
+        torch._check(k.shape[0] > 0, lambda: "flashattn_ext: a paged k needs at least one page")
 
 
 @torch.library.register_fake("flashattn_ext::varlen_fwd")
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic):
-    _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+                     causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic,
+                     block_table=None):
+    _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table)
     total_q, nheads, _ = q.shape
     out = q.new_empty((total_q, nheads, v.shape[-1]))
     lse = q.new_empty((nheads, total_q), dtype=_lse_dtype(q.dtype))
@@ -157,20 +170,26 @@ def _varlen_bwd_fake(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlen
 
 # Positions of varlen_fwd's inputs (the schema in csrc/ops.cpp).
 _VARLEN_SINK = 14
-_VARLEN_INPUTS = 17
+_VARLEN_INPUTS = 18
 
 
 def _varlen_setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-     window_right, softcap, alibi_slopes, sink, dropout_p, deterministic) = inputs
+     window_right, softcap, alibi_slopes, sink, dropout_p, deterministic, block_table) = inputs
     out, lse, rng_state = output
+    ctx.mark_non_differentiable(lse, rng_state)
+    ctx.paged = block_table is not None
+    if ctx.paged:  # no backward: nothing to save
+        return
     ctx.save_for_backward(q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink)
     ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, dropout_p,
                 deterministic)
-    ctx.mark_non_differentiable(lse, rng_state)
 
 
 def _varlen_backward(ctx, dout, _dlse, _drng):
+    if ctx.paged:
+        raise RuntimeError("flashattn_ext: varlen_fwd with a block_table (a paged KV cache) has no backward, as "
+                           "flash-attn's; pass k and v as (total_k, nheads_kv, headdim) tensors for gradients")
     q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink = ctx.saved_tensors
     (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, dropout_p,
      deterministic) = ctx.args

@@ -731,8 +731,6 @@ BAD_INPUTS = [
     ("seqused_k int64", dict(seqused_k=torch.tensor([1, 2])), TypeError, ["seqused_k", "int32"]),
     ("seqused_k length", dict(seqused_k=torch.tensor([1, 2, 3], dtype=torch.int32)), ValueError,
      ["seqused_k", "batch"]),
-    ("block_table", dict(block_table=torch.zeros(2, 1, dtype=torch.int32)), NotImplementedError,
-     ["block_table", "paged"]),
     ("sink and s_aux", dict(sink=torch.zeros(4), s_aux=torch.zeros(4)), ValueError, ["sink", "s_aux"]),
     ("sink shape", dict(sink=torch.zeros(2)), ValueError, ["sink", "nheads"]),
     ("alibi shape", dict(alibi_slopes=torch.zeros(3, 4)), ValueError, ["alibi_slopes"]),

@@ -33,10 +33,10 @@
  * its sequence once (flash_seq_of), leaves at once when its tile starts past the sequence's sq, and keeps its
  * slice pointers, lengths and band in shared memory (no registers through the loop: its SASS is no longer
  * than before varlen); loads zero-fill past the sequence's own sq / sk.
- * Paged KV cache (block_table; dense batches, no attn_mask): kernels of their own (kPaged), the unpaged ones
- * keep their code. Before the barrier that precedes a tile's loads, threads 0 .. kBlockN - 1 write the
- * element offsets of its keys (mask.h flash_key_offset: one block_table read per key and tile) to shared
- * memory, two buffers like K; each cp.async row then adds its offset to the kv head's base.
+ * Paged KV cache (block_table; dense or varlen batches, no attn_mask): kernels of their own (kPaged), the
+ * unpaged ones keep their code. Before the barrier that precedes a tile's loads, threads 0 .. kBlockN - 1
+ * write the element offsets of its keys (mask.h flash_key_offset: one block_table read per key and tile) to
+ * shared memory, two buffers like K; each cp.async row then adds its offset to the kv head's base.
  *
  * Key order inside a tile (key_row): the dense kernels keep S column c of n8 tile nt = key 8 nt + c.
  * The HOOK kernels permute the keys of each 32 so that the 8 values a lane holds in four consecutive
@@ -1084,9 +1084,9 @@ extern "C" cudaError_t flash_fwd_sm80(const flash_params *p, cudaStream_t stream
                                          : p->mask_blocks != NULL && p->cu_seqlens_q == NULL &&
                                                p->k_leftpad == NULL && p->block_table == NULL &&
                                                (p->mask_kind == FLASH_MASK_BOOL || p->mask_kind == FLASH_MASK_ADD);
-    /* a paged KV cache: dense batches only, one table row per sequence (no k_batch_idx) */
+    /* a paged KV cache, dense or varlen batch: one table row per sequence (no k_batch_idx) */
     const bool paged_ok = p->block_table == NULL ||
-                          (p->cu_seqlens_q == NULL && p->k_batch_idx == NULL && p->block_table_stride >= 1 &&
+                          (p->k_batch_idx == NULL && p->block_table_stride >= 1 &&
                            p->k_batches >= 1 && p->page_size >= FLASH_PAGE_MULTIPLE &&
                            p->page_size % FLASH_PAGE_MULTIPLE == 0);
     if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->d % kChunkElems != 0 || p->sq > INT_MAX ||

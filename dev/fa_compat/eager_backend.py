@@ -95,9 +95,12 @@ def flash_attn_varlen_func(
     alibi_slopes=None,
     deterministic=False,
     return_attn_probs=False,
+    block_table=None,
     return_lse=False,
 ):
-    """q (total_q, H, D); k, v (total_k, Hkv, D): flash_attn_func per sequence (a batch of one), assembled.
+    """q (total_q, H, D); k, v (total_k, Hkv, D), or with block_table (B, max_pages) a paged cache (pages, page,
+    Hkv, D) whose sequence s has keys rows 0 .. cu_seqlens_k[s + 1] - cu_seqlens_k[s] - 1 through
+    block_table[s]: flash_attn_func per sequence (a batch of one), assembled.
     Returns out, (out, lse (H, total_q)) or (out, lse, S_dmask (B, H, max_seqlen_q, max_seqlen_k))."""
     batch, nheads = cu_seqlens_q.shape[0] - 1, q.shape[1]
     cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
@@ -105,8 +108,13 @@ def flash_attn_varlen_func(
     s_dmask = torch.zeros(batch, nheads, max_seqlen_q, max_seqlen_k, dtype=q.dtype, device=q.device)
     for s in range(batch):
         slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[s:s + 1]
-        rows, keys = slice(cu_q[s], cu_q[s + 1]), slice(cu_k[s], cu_k[s + 1])
-        out, lse, probs = flash_attn_func(q[None, rows], k[None, keys], v[None, keys], dropout_p, softmax_scale,
+        rows = slice(cu_q[s], cu_q[s + 1])
+        if block_table is None:
+            keys = slice(cu_k[s], cu_k[s + 1])
+        else:
+            r = torch.arange(cu_k[s + 1] - cu_k[s], device=q.device)
+            keys = (block_table[s].long()[r // k.shape[1]], r % k.shape[1])
+        out, lse, probs = flash_attn_func(q[None, rows], k[keys][None], v[keys][None], dropout_p, softmax_scale,
                                           causal, window_size, softcap, slopes, deterministic, return_attn_probs=True)
         outs.append(out[0])
         lses.append(lse[0])

@@ -21,7 +21,7 @@ Environment:
   FA_SHARD=I/N       run the I-th of N interleaved parts of the selection (0-based).
   FA_REPORT=PATH     write a JSON report for dev/fa_compat/fa_summary.py there.
 Every test function runs, test_flash_attn_kvcache (flash_attn_with_kvcache) and the paged-KV cases of
-test_flash_attn_varlen_causal (block_table, through flash_attn_with_kvcache one sequence at a time, see
+test_flash_attn_varlen_causal (flash_attn_varlen_func with a block_table, forward only, see
 flash_attn/flash_attn_interface.py) included; collecting the file's 509k cases takes about 80 s and 3 GB.
 """
 import collections

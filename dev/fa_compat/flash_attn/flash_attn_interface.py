@@ -3,10 +3,11 @@
 Supported: flash_attn_func, flash_attn_qkvpacked_func, flash_attn_kvpacked_func, flash_attn_varlen_func,
 flash_attn_varlen_qkvpacked_func, flash_attn_varlen_kvpacked_func (the packed forms pass the packed
 tensor, whose gradient comes back as one tensor) and flash_attn_with_kvcache (cache append, rotary, paged
-blocks; num_splits is accepted and changes nothing). flashattn_ext's flash_attn_varlen_func has no
-block_table: a paged call (flash-attn's test_flash_attn_varlen_causal with paged_kv_block_size, forward
-only) runs here one sequence at a time through flashattn_ext.flash_attn_with_kvcache (its queries, its
-table row, cache_seqlens = its key count), the outputs concatenated; the host reads cu_seqlens for that.
+blocks; num_splits is accepted and changes nothing). flash_attn_varlen_func with a block_table (a paged KV
+cache, forward only: flash-attn's test_flash_attn_varlen_causal with paged_kv_block_size) goes to
+flashattn_ext's flash_attn_varlen_func(block_table=...) under torch.no_grad(): flashattn_ext refuses a paged
+call whose inputs require grad while flash-attn accepts it and fails only in a backward, which that test
+never runs (its q requires grad).
 
 Return values follow flash-attn: out, or with return_attn_probs=True (out, softmax_lse, S_dmask),
 where S_dmask is None without dropout (flash-attn returns no probabilities then either) and, with
@@ -136,14 +137,16 @@ def flash_attn_varlen_func(
 ):
     """q (total_q, nheads, headdim); k, v (total_k, nheads_k, headdim); cu_seqlens int32 (batch + 1,). With
     block_table (batch, max_pages): k, v a paged cache (num_pages, page_size, nheads_k, headdim), sequence s's
-    keys its first cu_seqlens_k[s + 1] - cu_seqlens_k[s] rows through block_table[s]."""
-    if block_table is not None:
-        return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, softmax_scale, causal, window_size,
-                             softcap, alibi_slopes, dropout_p, return_attn_probs)
+    keys its first cu_seqlens_k[s + 1] - cu_seqlens_k[s] rows through block_table[s] (forward only: run
+    without autograd, see the module docstring)."""
     variants = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                     alibi_slopes=alibi_slopes, deterministic=deterministic)
-    return _call(_backend.flash_attn_varlen_func, (q, k, v), (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
-                 variants, dropout_p, return_attn_probs)
+    args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if block_table is None:
+        return _call(_backend.flash_attn_varlen_func, (q, k, v), args, variants, dropout_p, return_attn_probs)
+    with torch.no_grad():
+        return _call(_backend.flash_attn_varlen_func, (q, k, v), args, dict(variants, block_table=block_table),
+                     dropout_p, return_attn_probs)
 
 
 def flash_attn_varlen_qkvpacked_func(
@@ -229,24 +232,6 @@ def flash_attn_with_kvcache(
     if return_softmax_lse:
         return result[0].to(dtype), result[1]
     return result.to(dtype)
-
-
-def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_table, softmax_scale, causal, window_size,
-                  softcap, alibi_slopes, dropout_p, return_attn_probs):
-    """A paged flash_attn_varlen_func call, one sequence at a time through flash_attn_with_kvcache (forward
-    only, as flash-attn's paged varlen test: no dropout, no probabilities)."""
-    if dropout_p > 0.0 or return_attn_probs:
-        raise NotImplementedError("the adapter's paged flash_attn_varlen_func has no dropout / return_attn_probs")
-    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    outs = []
-    for s in range(len(cu_q) - 1):
-        slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[s:s + 1]
-        lengths = torch.tensor([cu_k[s + 1] - cu_k[s]], dtype=torch.int32, device=q.device)
-        outs.append(flash_attn_with_kvcache(q[None, cu_q[s]:cu_q[s + 1]], k_cache, v_cache, cache_seqlens=lengths,
-                                            block_table=block_table[s:s + 1], softmax_scale=softmax_scale,
-                                            causal=causal, window_size=window_size, softcap=softcap,
-                                            alibi_slopes=slopes)[0])
-    return torch.cat(outs)
 
 
 def _get_block_size_n(device, head_dim, is_dropout, is_causal):
