@@ -113,6 +113,22 @@ void check_index_tensor(const at::Tensor &t, const at::Tensor &q, const char *na
 
 // k / v of a paged varlen call, (num_pages, page_size, nheads_kv, headdim), and its block_table (batch,
 // max_pages) int32 on q's device.
+// What every block_table must be: int32 on q's device, (batch, max_pages), over a cache k whose page size
+// (dimension 1 of (num_pages, page_size, nheads_kv, headdim)) is a positive multiple of FLASH_PAGE_MULTIPLE.
+void check_block_table(const at::Tensor &table, const at::Tensor &q, const at::Tensor &k, int64_t batch,
+                       const char *k_name)
+{
+    TORCH_CHECK(table.scalar_type() == at::kInt, "flashattn_ext: block_table must be int32, got ", table.scalar_type());
+    TORCH_CHECK(table.device() == q.device(), "flashattn_ext: block_table must be on the device of q (",
+                q.device().str(), "), got ", table.device().str());
+    TORCH_CHECK(table.dim() == 2 && table.size(0) == batch, "flashattn_ext: block_table must have shape (batch, "
+                "max_pages_per_sequence) with batch = ", num(batch), ", got ", shape(table.sizes()));
+    const int64_t page = k.size(1);
+    TORCH_CHECK(page > 0 && page % FLASH_PAGE_MULTIPLE == 0, "flashattn_ext: the page size (dimension 1 of a paged ",
+                k_name, " (num_pages, page_size, nheads_kv, headdim)) must be a positive multiple of ",
+                num(FLASH_PAGE_MULTIPLE), ", got ", num(page));
+}
+
 void check_varlen_paged_kv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &table,
                            int64_t batch)
 {
@@ -128,16 +144,9 @@ void check_varlen_paged_kv(const at::Tensor &q, const at::Tensor &k, const at::T
                 "must have the same number of pages and page size, got k ", shape(k.sizes()), ", v ",
                 shape(v.sizes()));
     check_qkv_common(q.unsqueeze(0), k, v, kRank - 1);
-    TORCH_CHECK(table.scalar_type() == at::kInt, "flashattn_ext: block_table must be int32, got ", table.scalar_type());
-    TORCH_CHECK(table.device() == q.device(), "flashattn_ext: block_table must be on the device of q (",
-                q.device().str(), "), got ", table.device().str());
-    TORCH_CHECK(table.dim() == 2 && table.size(0) == batch && table.size(1) >= 1, "flashattn_ext: block_table must "
-                "have shape (batch, max_pages_per_sequence) with batch = ", num(batch), " and max_pages >= 1, got ",
+    check_block_table(table, q, k, batch, "k");
+    TORCH_CHECK(table.size(1) >= 1, "flashattn_ext: block_table must have max_pages >= 1 columns, got ",
                 shape(table.sizes()));
-    const int64_t page = k.size(1);
-    TORCH_CHECK(page > 0 && page % FLASH_PAGE_MULTIPLE == 0, "flashattn_ext: the page size (dimension 1 of a paged "
-                "k (num_pages, page_size, nheads_kv, headdim)) must be a positive multiple of ",
-                num(FLASH_PAGE_MULTIPLE), ", got ", num(page));
     TORCH_CHECK(k.size(0) > 0, "flashattn_ext: a paged k needs at least one page for block_table to index");
 }
 
@@ -539,15 +548,7 @@ void check_kvcache_inputs(const at::Tensor &q, const at::Tensor &k_cache, const 
         const at::Tensor &t = *kv.block_table;
         TORCH_CHECK(!kv.cache_batch_idx, "flashattn_ext: cache_batch_idx cannot be combined with block_table (a paged "
                     "cache is addressed through its table alone, as in flash-attn)");
-        TORCH_CHECK(t.scalar_type() == at::kInt, "flashattn_ext: block_table must be int32, got ", t.scalar_type());
-        TORCH_CHECK(t.device() == q.device(), "flashattn_ext: block_table must be on the device of q (",
-                    q.device().str(), "), got ", t.device().str());
-        TORCH_CHECK(t.dim() == 2 && t.size(0) == batch, "flashattn_ext: block_table must have shape (batch, "
-                    "max_pages_per_sequence) with batch = ", num(batch), ", got ", shape(t.sizes()));
-        const int64_t page = k_cache.size(1);
-        TORCH_CHECK(page > 0 && page % FLASH_PAGE_MULTIPLE == 0, "flashattn_ext: the page size (dimension 1 of a "
-                    "paged k_cache (num_pages, page_size, nheads_kv, headdim)) must be a positive multiple of ",
-                    num(FLASH_PAGE_MULTIPLE), ", got ", num(page));
+        check_block_table(t, q, k_cache, batch, "k_cache");
         TORCH_CHECK(k_cache.size(0) > 0 || t.numel() == 0, "flashattn_ext: a paged k_cache needs at least one page "
                     "for a non-empty block_table");
     } else if (kv.cache_batch_idx) {

@@ -264,9 +264,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cuda(
     const at::Tensor v = kernel_ready(v_in, d_kernel);
     auto [out, lse] = varlen_fwd_outputs(q, v);
     VariantTensors keep;
-    const flash_params p = make_varlen_params(q, k, v, out, lse, vl, softmax_scale, var, rng_state, &keep);
+    flash_params p = make_varlen_params(q, k, v, out, lse, vl, softmax_scale, var, rng_state, &keep);
     if (is_half(q))
         check_smem(flash_fwd_smem_needed(&p), d, "forward");
+    at::Tensor o_accum, lse_accum;
+    set_fwd_splits(&p, 0, q, &o_accum, &lse_accum);
     check_launch(flash_fwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "varlen forward");
     return {unpad(out, d), lse, rng_state};
 }

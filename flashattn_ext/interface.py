@@ -10,6 +10,8 @@ import numbers
 
 import torch
 
+from .ops import PAGE_MULTIPLE
+
 
 def _check_tensor(name, t):
     if not isinstance(t, torch.Tensor):
@@ -313,7 +315,6 @@ def flash_attn_kvpacked_func(
 # Variable-length batches
 # ------------------------------------------------------------------------------------------------
 
-_PAGE_MULTIPLE = 16  # FLASH_PAGE_MULTIPLE (csrc/constants.h): page sizes of a paged KV cache
 
 
 def _check_index(fn, name, t, device):
@@ -382,9 +383,9 @@ def _paged_keys(k, block_table, cu_seqlens_k):
     return k[pages, rows % page_size], cu
 
 
-def _check_paged(fn, q, k, v, block_table, batch, sink):
+def _check_paged(fn, q, k, v, block_table, batch):
     """block_table int32 (batch, max_pages >= 1) on q's device, k / v (num_pages, page_size, nheads_kv, headdim)
-    with page_size a positive multiple of 16, and no gradient asked for (a paged call is forward only)."""
+    with page_size a positive multiple of 16."""
     _check_tensor("block_table", block_table)
     if block_table.dtype != torch.int32:
         raise TypeError(f"{fn}: block_table must be int32, got {block_table.dtype}")
@@ -397,16 +398,9 @@ def _check_paged(fn, q, k, v, block_table, batch, sink):
         raise ValueError(f"{fn}: with block_table, v must have the pages, page size and nheads_kv of k "
                          f"{tuple(k.shape[:3])}, got {tuple(v.shape[:3])}")
     page_size = k.shape[1]
-    if not _symbolic(page_size) and (page_size <= 0 or page_size % _PAGE_MULTIPLE != 0):
+    if not _symbolic(page_size) and (page_size <= 0 or page_size % PAGE_MULTIPLE != 0):
         raise ValueError(f"{fn}: with block_table, the page size (dimension 1 of k (num_pages, page_size, nheads_kv, "
-                         f"headdim)) must be a positive multiple of {_PAGE_MULTIPLE}, got {page_size}")
-    if torch.is_grad_enabled():
-        wants = [name for name, t in (("q", q), ("k", k), ("v", v), ("sink", sink))
-                 if t is not None and t.requires_grad]
-        if wants:
-            raise RuntimeError(f"{fn}: block_table (a paged KV cache) is forward only, as in flash-attn, but "
-                               f"{', '.join(wants)} require(s) grad; call it under torch.no_grad() or "
-                               f"torch.inference_mode(), or detach the inputs")
+                         f"headdim)) must be a positive multiple of {PAGE_MULTIPLE}, got {page_size}")
 
 
 def _flash_attn_varlen(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
@@ -440,7 +434,7 @@ def _flash_attn_varlen(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     alibi_slopes = _check_alibi(alibi_slopes, q, fn, batch, nheads)
     sink = _check_sink(fn, s_aux if sink is None else sink, q, nheads)
     if block_table is not None:
-        _check_paged(fn, q, k, v, block_table, batch, sink)
+        _check_paged(fn, q, k, v, block_table, batch)
     scale = _default_scale(q) if softmax_scale is None else _check_scale("softmax_scale", softmax_scale)
     out, lse, rng_state = torch.ops.flashattn_ext.varlen_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, bool(causal), window[0],

@@ -18,9 +18,9 @@ from .interface import (
     _default_scale,
     _symbolic,
 )
+from .ops import PAGE_MULTIPLE
 
 _FN = "flash_attn_with_kvcache"
-_PAGE_MULTIPLE = 16  # FLASH_PAGE_MULTIPLE (csrc/constants.h)
 
 
 def _check_index(name, t, device, shape):
@@ -189,9 +189,9 @@ def flash_attn_with_kvcache(
         if cache_batch_idx is not None:
             raise ValueError(f"{_FN}: cache_batch_idx cannot be combined with block_table (as in flash-attn)")
         page_size = k_cache.shape[1]
-        if page_size <= 0 or page_size % _PAGE_MULTIPLE != 0:
+        if page_size <= 0 or page_size % PAGE_MULTIPLE != 0:
             raise ValueError(f"{_FN}: the page size (dimension 1 of a paged k_cache) must be a positive multiple of "
-                             f"{_PAGE_MULTIPLE}, got {page_size}")
+                             f"{PAGE_MULTIPLE}, got {page_size}")
         seqlen_k = block_table.shape[1] * page_size
     else:
         seqlen_k = k_cache.shape[1]

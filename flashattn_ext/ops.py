@@ -8,6 +8,8 @@ import math
 
 import torch
 
+PAGE_MULTIPLE = 16  # FLASHPAGE_MULTIPLE (csrc/constants.h): page sizes of a paged KV cache are multiples of it
+
 
 def _lse_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -140,8 +142,8 @@ def _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_tab
         _check_rank("block_table", block_table, 2)
         torch._check(block_table.shape[0] == cu_seqlens_q.shape[0] - 1 and block_table.shape[1] >= 1,
                      lambda: "flashattn_ext: block_table must have shape (batch, max_pages_per_sequence >= 1)")
-        torch._check(k.shape[1] > 0 and k.shape[1] % _PAGE_MULTIPLE == 0,  # _PAGE_MULTIPLE: below
-                     lambda: f"flashattn_ext: the page size must be a positive multiple of {_PAGE_MULTIPLE}")
+        torch._check(k.shape[1] > 0 and k.shape[1] % PAGE_MULTIPLE == 0,
+                     lambda: f"flashattn_ext: the page size must be a positive multiple of {PAGE_MULTIPLE}")
         torch._check(k.shape[0] > 0, lambda: "flashattn_ext: a paged k needs at least one page")
 
 
@@ -212,7 +214,6 @@ torch.library.register_autograd("flashattn_ext::varlen_fwd", _varlen_backward, s
 # with block_table (batch, max_pages). Forward only.
 # ------------------------------------------------------------------------------------------------
 
-_PAGE_MULTIPLE = 16  # FLASH_PAGE_MULTIPLE (csrc/constants.h)
 
 
 def _check_kvcache_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table):
@@ -235,8 +236,8 @@ def _check_kvcache_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cac
         _check_rank("block_table", block_table, 2)
         torch._check(block_table.shape[0] == batch,
                      lambda: "flashattn_ext: block_table must have shape (batch, max_pages_per_sequence)")
-        torch._check(k_cache.shape[1] % _PAGE_MULTIPLE == 0,
-                     lambda: f"flashattn_ext: the page size must be a multiple of {_PAGE_MULTIPLE}")
+        torch._check(k_cache.shape[1] % PAGE_MULTIPLE == 0,
+                     lambda: f"flashattn_ext: the page size must be a multiple of {PAGE_MULTIPLE}")
     elif cache_batch_idx is None:
         torch._check(k_cache.shape[0] == batch,
                      lambda: "flashattn_ext: the batch size of k_cache must be that of q without cache_batch_idx")

@@ -3,11 +3,10 @@
 Supported: flash_attn_func, flash_attn_qkvpacked_func, flash_attn_kvpacked_func, flash_attn_varlen_func,
 flash_attn_varlen_qkvpacked_func, flash_attn_varlen_kvpacked_func (the packed forms pass the packed
 tensor, whose gradient comes back as one tensor) and flash_attn_with_kvcache (cache append, rotary, paged
-blocks; num_splits is accepted and changes nothing). flash_attn_varlen_func with a block_table (a paged KV
-cache, forward only: flash-attn's test_flash_attn_varlen_causal with paged_kv_block_size) goes to
-flashattn_ext's flash_attn_varlen_func(block_table=...) under torch.no_grad(): flashattn_ext refuses a paged
-call whose inputs require grad while flash-attn accepts it and fails only in a backward, which that test
-never runs (its q requires grad).
+blocks, num_splits). flash_attn_varlen_func with a block_table (a paged KV cache, forward only: flash-attn's
+test_flash_attn_varlen_causal with paged_kv_block_size) goes to flashattn_ext's
+flash_attn_varlen_func(block_table=...); as in flash-attn its forward runs on inputs that require grad and
+only a backward raises.
 
 Return values follow flash-attn: out, or with return_attn_probs=True (out, softmax_lse, S_dmask),
 where S_dmask is None without dropout (flash-attn returns no probabilities then either) and, with
@@ -137,16 +136,14 @@ def flash_attn_varlen_func(
 ):
     """q (total_q, nheads, headdim); k, v (total_k, nheads_k, headdim); cu_seqlens int32 (batch + 1,). With
     block_table (batch, max_pages): k, v a paged cache (num_pages, page_size, nheads_k, headdim), sequence s's
-    keys its first cu_seqlens_k[s + 1] - cu_seqlens_k[s] rows through block_table[s] (forward only: run
-    without autograd, see the module docstring)."""
+    keys its first cu_seqlens_k[s + 1] - cu_seqlens_k[s] rows through block_table[s] (forward only)."""
     variants = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                     alibi_slopes=alibi_slopes, deterministic=deterministic)
     args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if block_table is None:
         return _call(_backend.flash_attn_varlen_func, (q, k, v), args, variants, dropout_p, return_attn_probs)
-    with torch.no_grad():
-        return _call(_backend.flash_attn_varlen_func, (q, k, v), args, dict(variants, block_table=block_table),
-                     dropout_p, return_attn_probs)
+    return _call(_backend.flash_attn_varlen_func, (q, k, v), args, dict(variants, block_table=block_table),
+                 dropout_p, return_attn_probs)
 
 
 def flash_attn_varlen_qkvpacked_func(
