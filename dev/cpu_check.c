@@ -188,6 +188,29 @@ static void set_band(flash_params *p, enum causal causal, const variant *v)
     p->band_bottom_right = causal != CAUSAL_TOP_LEFT;
 }
 
+/* The score and probability hooks of a varlen / KV-cache case: random ALiBi slopes for b x h (per batch or per
+ * head, as var says), var's softcap, h random sinks in dt (*sink; their values in *sink_ref, both to be freed,
+ * set in p only with var->sink), and has_hook to match. */
+static void set_case_hooks(flash_params *p, const variant *var, float *slopes, int64_t b, int64_t h, flash_dtype dt,
+                           void **sink, double **sink_ref)
+{
+    for (int64_t e = 0; e < b * h; e++)
+        slopes[e] = (float)(0.55 + 0.45 * uniform());
+    if (var->alibi) {
+        p->alibi_slopes = slopes;
+        p->alibi_batch_stride = var->alibi == ALIBI_PER_BATCH ? h : 0;
+    }
+    p->softcap = var->softcap;
+    *sink = typed_alloc(h, dt, 0);
+    *sink_ref = malloc((size_t)h * sizeof(double));
+    for (int64_t hi = 0; hi < h; hi++)
+        (*sink_ref)[hi] = set(*sink, dt, hi, 0.5 + 1.5 * uniform());
+    if (var->sink)
+        p->sink = *sink;
+    p->has_hook = p->softcap > 0 || p->alibi_slopes;
+}
+
+
 /* Mask entry (as a bool: 1 = takes part; or additive) at compact position (bi, hi, i, j). */
 static double mask_value(const config *c, int64_t bi, int64_t hi, int64_t i, int64_t j)
 {
@@ -731,20 +754,9 @@ static int run_varlen_case(const varlen_config *c, flash_dtype dt)
     };
     set_band(&p, c->causal, var);
     float slopes[VARLEN_MAX_SEQS * 8];
-    for (int64_t e = 0; e < c->nseq * c->h; e++)
-        slopes[e] = (float)(0.55 + 0.45 * uniform());
-    if (var->alibi) {
-        p.alibi_slopes = slopes;
-        p.alibi_batch_stride = var->alibi == ALIBI_PER_BATCH ? c->h : 0;
-    }
-    p.softcap = var->softcap;
-    void *sink = typed_alloc(c->h, dt, 0);
-    double *sink_ref = malloc((size_t)c->h * sizeof(double));
-    for (int64_t hi = 0; hi < c->h; hi++)
-        sink_ref[hi] = set(sink, dt, hi, 0.5 + 1.5 * uniform());
-    if (var->sink)
-        p.sink = sink;
-    p.has_hook = p.softcap > 0 || p.alibi_slopes;
+    void *sink;
+    double *sink_ref;
+    set_case_hooks(&p, var, slopes, c->nseq, c->h, dt, &sink, &sink_ref);
 
     int fail = flash_fwd_cpu(&p) != FLASH_CPU_OK || flash_bwd_cpu(&p) != FLASH_CPU_OK;
 
@@ -1063,20 +1075,9 @@ static int run_kv_case(const kv_config *c, flash_dtype dt)
     };
     set_band(&p, c->causal, var);
     float slopes[KV_MAX_BATCH * 8];
-    for (int64_t e = 0; e < c->b * h; e++)
-        slopes[e] = (float)(0.55 + 0.45 * uniform());
-    if (var->alibi) {
-        p.alibi_slopes = slopes;
-        p.alibi_batch_stride = var->alibi == ALIBI_PER_BATCH ? h : 0;
-    }
-    p.softcap = var->softcap;
-    void *sink = typed_alloc(h, dt, 0);
-    double *sink_ref = malloc((size_t)h * sizeof(double));
-    for (int64_t hi = 0; hi < h; hi++)
-        sink_ref[hi] = set(sink, dt, hi, 0.5 + 1.5 * uniform());
-    if (var->sink)
-        p.sink = sink;
-    p.has_hook = p.softcap > 0 || p.alibi_slopes;
+    void *sink;
+    double *sink_ref;
+    set_case_hooks(&p, var, slopes, c->b, h, dt, &sink, &sink_ref);
 
     int fail = flash_fwd_cpu(&p) != FLASH_CPU_OK || flash_bwd_cpu(&p) != FLASH_CPU_OK;
 
@@ -1295,20 +1296,9 @@ static int run_paged_varlen_case(const varlen_config *c, int64_t page_size, flas
     };
     set_band(&p, c->causal, var);
     float slopes[VARLEN_MAX_SEQS * 8];
-    for (int64_t e = 0; e < c->nseq * h; e++)
-        slopes[e] = (float)(0.55 + 0.45 * uniform());
-    if (var->alibi) {
-        p.alibi_slopes = slopes;
-        p.alibi_batch_stride = var->alibi == ALIBI_PER_BATCH ? h : 0;
-    }
-    p.softcap = var->softcap;
-    void *sink = typed_alloc(h, dt, 0);
-    double *sink_ref = malloc((size_t)h * sizeof(double));
-    for (int64_t hi = 0; hi < h; hi++)
-        sink_ref[hi] = set(sink, dt, hi, 0.5 + 1.5 * uniform());
-    if (var->sink)
-        p.sink = sink;
-    p.has_hook = p.softcap > 0 || p.alibi_slopes;
+    void *sink;
+    double *sink_ref;
+    set_case_hooks(&p, var, slopes, c->nseq, h, dt, &sink, &sink_ref);
 
     int fail = flash_fwd_cpu(&p) != FLASH_CPU_OK;
 

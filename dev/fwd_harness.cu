@@ -1575,18 +1575,19 @@ static void bench_params(flash_params *p, const bench_buffers *bb, int s, int d)
     p->dtype = FLASH_BF16;
 }
 
-/* Median milliseconds of kTimedRuns forward calls. */
-static double time_fwd(const flash_params *p)
+/* Median milliseconds of kTimedRuns calls of fwd(p, stream 0) (default: the prefill kernel, fwd_sm80). */
+typedef cudaError_t (*fwd_fn)(const flash_params *, cudaStream_t);
+static double time_fwd(const flash_params *p, fwd_fn fwd = flash_fwd_sm80)
 {
     cudaEvent_t start, stop;
     CUDA_CHECK(cudaEventCreate(&start));
     CUDA_CHECK(cudaEventCreate(&stop));
     std::vector<float> ms(kTimedRuns);
     for (int i = 0; i < kWarmupRuns; i++)
-        CUDA_CHECK(flash_fwd_sm80(p, 0));
+        CUDA_CHECK(fwd(p, 0));
     for (int i = 0; i < kTimedRuns; i++) {
         CUDA_CHECK(cudaEventRecord(start));
-        CUDA_CHECK(flash_fwd_sm80(p, 0));
+        CUDA_CHECK(fwd(p, 0));
         CUDA_CHECK(cudaEventRecord(stop));
         CUDA_CHECK(cudaEventSynchronize(stop));
         CUDA_CHECK(cudaEventElapsedTime(&ms[i], start, stop));
@@ -1807,149 +1808,123 @@ static const int kDecodeHeads = 32;
 static const int kDecodeDim = 128;
 static const int kDecodePage = 256;
 
-/* Decode through launch.cu's dispatch (the decode kernel and its split-KV heuristic; num_splits 1 beside it):
- * bf16 d 128, batch 8 and 1, kDecodeHeads query heads and kv heads the same or a quarter, caches 4k / 32k /
- * 128k, contiguous; median of kTimedRuns, TB/s of K + V read. */
-static double time_dispatch(const flash_params *p, int requested)
-{
-    cudaEvent_t start, stop;
-    CUDA_CHECK(cudaEventCreate(&start));
-    CUDA_CHECK(cudaEventCreate(&stop));
-    std::vector<float> ms(kTimedRuns);
-    for (int i = 0; i < kWarmupRuns; i++)
-        CUDA_CHECK(run_fwd_splits(p, requested, 0));
-    for (int i = 0; i < kTimedRuns; i++) {
-        CUDA_CHECK(cudaEventRecord(start));
-        CUDA_CHECK(run_fwd_splits(p, requested, 0));
-        CUDA_CHECK(cudaEventRecord(stop));
-        CUDA_CHECK(cudaEventSynchronize(stop));
-        CUDA_CHECK(cudaEventElapsedTime(&ms[i], start, stop));
-    }
-    CUDA_CHECK(cudaEventDestroy(start));
-    CUDA_CHECK(cudaEventDestroy(stop));
-    std::sort(ms.begin(), ms.end());
-    return ms[kTimedRuns / 2];
-}
-
-static void run_decode_bench(void)
-{
-    const int caches[] = {4096, 32768, 131072};
-    const int batches[] = {kDecodeBatch, 1};
-    const int kv_heads[] = {kDecodeHeads, kDecodeHeads / 4};
-    const int max_cache = caches[sizeof(caches) / sizeof(caches[0]) - 1];
-    const size_t kv_elems = (size_t)kDecodeBatch * max_cache * kDecodeHeads * kDecodeDim;
-    const size_t q_elems = (size_t)kDecodeBatch * kDecodeHeads * kDecodeDim;
+/* The decode benchmarks' tensors: caches for kDecodeBatch sequences of up to max_cache rows and kDecodeHeads kv
+ * heads (the largest case), random bf16. */
+typedef struct decode_buffers {
     __nv_bfloat16 *k, *v, *q, *o;
     float *lse;
-    CUDA_CHECK(cudaMalloc(&k, kv_elems * sizeof(__nv_bfloat16)));
-    CUDA_CHECK(cudaMalloc(&v, kv_elems * sizeof(__nv_bfloat16)));
-    CUDA_CHECK(cudaMalloc(&q, q_elems * sizeof(__nv_bfloat16)));
-    CUDA_CHECK(cudaMalloc(&o, q_elems * sizeof(__nv_bfloat16)));
-    CUDA_CHECK(cudaMalloc(&lse, (size_t)kDecodeBatch * kDecodeHeads * sizeof(float)));
-    fill_random_bf16<<<1024, 256>>>(k, kv_elems, 4);
-    fill_random_bf16<<<1024, 256>>>(v, kv_elems, 5);
-    fill_random_bf16<<<1024, 256>>>(q, q_elems, 6);
+} decode_buffers;
+
+static decode_buffers decode_alloc(int max_cache)
+{
+    const size_t kv_elems = (size_t)kDecodeBatch * max_cache * kDecodeHeads * kDecodeDim;
+    const size_t q_elems = (size_t)kDecodeBatch * kDecodeHeads * kDecodeDim;
+    decode_buffers db;
+    CUDA_CHECK(cudaMalloc(&db.k, kv_elems * sizeof(__nv_bfloat16)));
+    CUDA_CHECK(cudaMalloc(&db.v, kv_elems * sizeof(__nv_bfloat16)));
+    CUDA_CHECK(cudaMalloc(&db.q, q_elems * sizeof(__nv_bfloat16)));
+    CUDA_CHECK(cudaMalloc(&db.o, q_elems * sizeof(__nv_bfloat16)));
+    CUDA_CHECK(cudaMalloc(&db.lse, (size_t)kDecodeBatch * kDecodeHeads * sizeof(float)));
+    fill_random_bf16<<<1024, 256>>>(db.k, kv_elems, 4);
+    fill_random_bf16<<<1024, 256>>>(db.v, kv_elems, 5);
+    fill_random_bf16<<<1024, 256>>>(db.q, q_elems, 6);
     CUDA_CHECK(cudaDeviceSynchronize());
+    return db;
+}
+
+static void decode_free(decode_buffers *db)
+{
+    void *bufs[] = {db->k, db->v, db->q, db->o, db->lse};
+    for (void *x : bufs)
+        CUDA_CHECK(cudaFree(x));
+}
+
+/* One decode call: b sequences of one query each, kDecodeHeads query heads over hkv kv heads, a contiguous cache
+ * (b, cache, hkv, kDecodeDim), causal bottom-right. */
+static flash_params decode_params(const decode_buffers *db, int b, int hkv, int cache)
+{
+    flash_params p;
+    memset(&p, 0, sizeof(p));
+    p.q = db->q;
+    p.k = db->k;
+    p.v = db->v;
+    p.o = db->o;
+    p.lse = db->lse;
+    p.q_s.head = p.o_s.head = kDecodeDim;
+    p.q_s.row = p.o_s.row = (int64_t)kDecodeHeads * kDecodeDim;
+    p.q_s.batch = p.o_s.batch = p.q_s.row;
+    p.k_s.head = p.v_s.head = kDecodeDim;
+    p.k_s.row = p.v_s.row = (int64_t)hkv * kDecodeDim;
+    p.k_s.batch = p.v_s.batch = (int64_t)cache * hkv * kDecodeDim;
+    p.b = b;
+    p.h = kDecodeHeads;
+    p.h_kv = hkv;
+    p.h_per_kv = kDecodeHeads / hkv;
+    p.sq = 1;
+    p.sk = cache;
+    p.d = kDecodeDim;
+    p.lse_batch = kDecodeHeads;
+    p.lse_head = 1;
+    p.scale = 1.0 / sqrt((double)kDecodeDim);
+    p.scale_log2 = (float)(p.scale * FLASH_LOG2E);
+    p.band_left = -1;
+    p.band_right = 0;
+    p.band_bottom_right = 1;
+    p.dtype = FLASH_BF16;
+    p.k_batches = b;
+    return p;
+}
+
+static const int kDecodeCaches[] = {4096, 32768, 131072};
+static const int kDecodeMaxCache = 131072;
+
+/* launch.cu's dispatch with its split heuristic, and with one split */
+static cudaError_t fwd_split_heuristic(const flash_params *p, cudaStream_t stream)
+{
+    return run_fwd_splits(p, 0, stream);
+}
+
+static cudaError_t fwd_one_split(const flash_params *p, cudaStream_t stream)
+{
+    return run_fwd_splits(p, 1, stream);
+}
+
+/* Decode through launch.cu's dispatch (the decode kernel, split-KV by its heuristic and with one split): batch
+ * kDecodeBatch and 1, kv heads kDecodeHeads and a quarter of them, the caches of kDecodeCaches, contiguous. */
+static void run_decode_bench(void)
+{
+    const int batches[] = {kDecodeBatch, 1};
+    const int kv_heads[] = {kDecodeHeads, kDecodeHeads / 4};
+    decode_buffers db = decode_alloc(kDecodeMaxCache);
     printf("bf16 decode fwd (sq 1) through flash_fwd_cuda, h%d d%d; TB/s = bytes of K + V / time\n", kDecodeHeads,
            kDecodeDim);
     printf("%-4s %-7s %-7s %-7s %-9s %-7s %-9s %s\n", "b", "h/h_kv", "cache", "splits", "ms", "TB/s", "1split ms",
            "1split TB/s");
     for (int b : batches)
         for (int hkv : kv_heads)
-            for (int cache : caches) {
-                flash_params p;
-                memset(&p, 0, sizeof(p));
-                p.q = q;
-                p.k = k;
-                p.v = v;
-                p.o = o;
-                p.lse = lse;
-                p.q_s.head = p.o_s.head = kDecodeDim;
-                p.q_s.row = p.o_s.row = (int64_t)kDecodeHeads * kDecodeDim;
-                p.q_s.batch = p.o_s.batch = p.q_s.row;
-                p.k_s.head = p.v_s.head = kDecodeDim;
-                p.k_s.row = p.v_s.row = (int64_t)hkv * kDecodeDim;
-                p.k_s.batch = p.v_s.batch = (int64_t)cache * hkv * kDecodeDim;
-                p.b = b;
-                p.h = kDecodeHeads;
-                p.h_kv = hkv;
-                p.h_per_kv = kDecodeHeads / hkv;
-                p.sq = 1;
-                p.sk = cache;
-                p.d = kDecodeDim;
-                p.lse_batch = kDecodeHeads;
-                p.lse_head = 1;
-                p.scale = 1.0 / sqrt((double)kDecodeDim);
-                p.scale_log2 = (float)(p.scale * FLASH_LOG2E);
-                p.band_left = -1;
-                p.band_right = 0;
-                p.band_bottom_right = 1;
-                p.dtype = FLASH_BF16;
-                p.k_batches = b;
+            for (int cache : kDecodeCaches) {
+                const flash_params p = decode_params(&db, b, hkv, cache);
                 const double bytes = 2.0 * b * cache * hkv * kDecodeDim * sizeof(__nv_bfloat16);
-                const double t = time_dispatch(&p, 0) * 1e-3, t1 = time_dispatch(&p, 1) * 1e-3;
+                const double t = time_fwd(&p, fwd_split_heuristic) * 1e-3, t1 = time_fwd(&p, fwd_one_split) * 1e-3;
                 char hh[16];
                 snprintf(hh, sizeof(hh), "%d/%d", kDecodeHeads, hkv);
                 printf("%-4d %-7s %-7d %-7d %-9.4f %-7.2f %-9.4f %.2f\n", b, hh, cache, flash_fwd_splits(&p, 0),
                        t * 1e3, bytes / t * 1e-12, t1 * 1e3, bytes / t1 * 1e-12);
             }
-    void *bufs[] = {k, v, q, o, lse};
-    for (void *x : bufs)
-        CUDA_CHECK(cudaFree(x));
+    decode_free(&db);
 }
 
+/* Decode through the prefill kernel (fwd_sm80), contiguous and paged. */
 static void run_paged_bench(void)
 {
-    const int caches[] = {4096, 32768, 131072};
     const int kv_heads[] = {kDecodeHeads, kDecodeHeads / 4};
-    const int max_cache = caches[sizeof(caches) / sizeof(caches[0]) - 1];
-    const size_t kv_elems = (size_t)kDecodeBatch * max_cache * kDecodeHeads * kDecodeDim;
-    const size_t q_elems = (size_t)kDecodeBatch * kDecodeHeads * kDecodeDim;
-    __nv_bfloat16 *k, *v, *q, *o;
-    float *lse;
-    CUDA_CHECK(cudaMalloc(&k, kv_elems * sizeof(__nv_bfloat16)));
-    CUDA_CHECK(cudaMalloc(&v, kv_elems * sizeof(__nv_bfloat16)));
-    CUDA_CHECK(cudaMalloc(&q, q_elems * sizeof(__nv_bfloat16)));
-    CUDA_CHECK(cudaMalloc(&o, q_elems * sizeof(__nv_bfloat16)));
-    CUDA_CHECK(cudaMalloc(&lse, (size_t)kDecodeBatch * kDecodeHeads * sizeof(float)));
-    fill_random_bf16<<<1024, 256>>>(k, kv_elems, 4);
-    fill_random_bf16<<<1024, 256>>>(v, kv_elems, 5);
-    fill_random_bf16<<<1024, 256>>>(q, q_elems, 6);
-    CUDA_CHECK(cudaDeviceSynchronize());
+    decode_buffers db = decode_alloc(kDecodeMaxCache);
     printf("bf16 decode fwd (sq 1, causal): b%d h%d d%d, every sequence using the whole cache; GB/s = bytes of "
            "K + V / time\n", kDecodeBatch, kDecodeHeads, kDecodeDim);
     printf("%-7s %-7s %-12s %-9s %-8s %s\n", "h/h_kv", "cache", "layout", "ms", "GB/s", "paged / contiguous time");
     for (int hkv : kv_heads)
-        for (int cache : caches) {
-            flash_params p;
-            memset(&p, 0, sizeof(p));
-            p.q = q;
-            p.k = k;
-            p.v = v;
-            p.o = o;
-            p.lse = lse;
-            p.q_s.head = p.o_s.head = kDecodeDim;
-            p.q_s.row = p.o_s.row = (int64_t)kDecodeHeads * kDecodeDim;
-            p.q_s.batch = p.o_s.batch = p.q_s.row;
-            p.k_s.head = p.v_s.head = kDecodeDim;
-            p.k_s.row = p.v_s.row = (int64_t)hkv * kDecodeDim;
-            p.k_s.batch = p.v_s.batch = (int64_t)cache * hkv * kDecodeDim;
-            p.b = kDecodeBatch;
-            p.h = kDecodeHeads;
-            p.h_kv = hkv;
-            p.h_per_kv = kDecodeHeads / hkv;
-            p.sq = 1;
-            p.sk = cache;
-            p.d = kDecodeDim;
-            p.lse_batch = kDecodeHeads;
-            p.lse_head = 1;
-            p.scale = 1.0 / sqrt((double)kDecodeDim);
-            p.scale_log2 = (float)(p.scale * FLASH_LOG2E);
-            p.band_left = -1;
-            p.band_right = 0;
-            p.band_bottom_right = 1;
-            p.dtype = FLASH_BF16;
-            p.k_batches = kDecodeBatch;
+        for (int cache : kDecodeCaches) {
+            flash_params p = decode_params(&db, kDecodeBatch, hkv, cache);
             std::vector<int32_t> used(kDecodeBatch, cache);
             int32_t *used_dev = upload_i32(used);
             p.seqused_k = used_dev;
@@ -1977,9 +1952,7 @@ static void run_paged_bench(void)
             CUDA_CHECK(cudaFree(used_dev));
             CUDA_CHECK(cudaFree(table_dev));
         }
-    void *bufs[] = {k, v, q, o, lse};
-    for (void *x : bufs)
-        CUDA_CHECK(cudaFree(x));
+    decode_free(&db);
 }
 
 int main(int argc, char **argv)
