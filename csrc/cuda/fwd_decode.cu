@@ -23,8 +23,11 @@
  * Paged KV caches (kPaged): each lane looks up the page of one key of the tile (mask.h flash_key_offset)
  * and the lanes exchange the rows' offsets by shuffle: one table read per key and tile.
  *
- * Tiles (DecodeCfg): 4 warps, kRows 16, kWarpKeys 16, kStages 4 / 3 / 2 at d 64 / 128 / 256
- * (shared memory 66 / 100 / 136 KB: 3 / 2 / 1 CTAs per SM). Speed: benchmarks/results/h200/.
+ * Tiles (DecodeCfg): kRows 16, kWarpKeys 16, kStages 4 / 3 / 2 at d 64 / 128 / 256; 4 warps (shared memory
+ * 66 / 100 / 136 KB: 3 / 2 / 1 CTAs per SM), or 8 at d <= 128 when the unsplit grid is small (decode_warps;
+ * 130 / 196 KB, 1 CTA per SM). Speed on the H200 (bf16 d128, TB/s of K+V read, benchmarks/results/h200/
+ * decode_2026-12-01c): B8 H32 131k 4.47 (cuDNN 4.49), B1 H32/KV8 131k 3.64 with 4 warps (cuDNN 3.86; 8
+ * warps: 3% faster in the harness), 0.85-1.00x cuDNN over 4k-131k caches.
  * Varlen batches (flash_attn_varlen_func, paged or not) as dense ones: each CTA reads its sequence through
  * flash_seq_of; the grid spans max_seqlen_q and CTAs past a sequence's rows leave at once.
  * Not served here (launch.cu sends them to fwd_sm80): attn_mask, dropout, more than FLASH_DECODE_MAX_ROWS
@@ -66,12 +69,12 @@ constexpr int kChunkShift = 4;  /* log2(16 bytes) */
 constexpr int kSwizzleMask = 7; /* 8 chunks of 16 bytes span all 32 banks */
 constexpr int kQuadLanes = 4;   /* lanes sharing one accumulator row */
 constexpr int kHalfRows = 8;    /* accumulator rows lane / 4 and lane / 4 + 8 */
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * FLASH_WARP_SIZE;
+constexpr int kWarpsMany = 4;  /* warps per CTA when the grid fills the SMs without splitting much */
+constexpr int kWarpsFew = 8;   /* warps per CTA when it does not (decode_warps), head dims <= 128 */
+constexpr int kFewCtasPerSm = 4; /* "few": fewer than one unsplit CTA per kFewCtasPerSm SMs */
 constexpr int kRows = kMmaM;     /* rows of a CTA */
 constexpr int kWarpKeys = 16;    /* keys of one warp tile: 2 n8 tiles of S, one k16 step of P V */
 constexpr int kMaxSplits = 128;
-constexpr int kMinTilesPerSplit = FWD_DECODE_MIN_ROUNDS * kWarps; /* tiles of a split at least (heuristic) */
 constexpr double kWaveEfficiency = 0.95;
 constexpr int kMaxGridYZ = 65535;
 constexpr size_t kDefaultSmemBytes = 48 * 1024;
@@ -79,24 +82,18 @@ constexpr int kMergePad = 4;     /* floats of padding per merge row (bank spread
 constexpr int kCombineWarps = 4; /* rows per combine CTA, one warp each */
 constexpr float kLog2e = FLASH_LOG2E_F;
 
-/* Per head-dim config: kHeadDim (compiled width; smaller head dims are zero-filled), cp.async ring depth
- * per warp, Q fragments in registers. */
-template <int kHeadDim_>
-struct DecodeCfg;
-template <>
-struct DecodeCfg<64> {
-    static constexpr int kHeadDim = 64, kStages = FWD_DECODE_STAGES_D64;
-    static constexpr bool kQInRegs = true;
-};
-template <>
-struct DecodeCfg<128> {
-    static constexpr int kHeadDim = 128, kStages = FWD_DECODE_STAGES_D128;
-    static constexpr bool kQInRegs = true;
-};
-template <>
-struct DecodeCfg<256> {
-    static constexpr int kHeadDim = 256, kStages = FWD_DECODE_STAGES_D256;
-    static constexpr bool kQInRegs = false;
+/* A config: kHeadDim (compiled width; smaller head dims are zero-filled), warps per CTA, cp.async ring depth
+ * per warp, Q fragments in registers (d <= 128). */
+__host__ __device__ constexpr int decode_stages(int head_dim)
+{
+    return head_dim <= 64 ? FWD_DECODE_STAGES_D64 : (head_dim <= 128 ? FWD_DECODE_STAGES_D128 : FWD_DECODE_STAGES_D256);
+}
+
+template <int kHeadDim_, int kWarps_>
+struct DecodeCfg {
+    static constexpr int kHeadDim = kHeadDim_, kWarps = kWarps_, kThreads = kWarps_ * FLASH_WARP_SIZE;
+    static constexpr int kStages = decode_stages(kHeadDim_);
+    static constexpr bool kQInRegs = kHeadDim_ <= 128;
 };
 
 /* Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile of kRowBytes-wide rows: chunk c
@@ -124,13 +121,13 @@ __host__ __device__ constexpr size_t decode_ring_bytes()
 template <typename Cfg>
 __host__ __device__ constexpr size_t decode_merge_bytes()
 {
-    return (size_t)kWarps * kRows * (Cfg::kHeadDim + kMergePad + 2) * sizeof(float);
+    return (size_t)Cfg::kWarps * kRows * (Cfg::kHeadDim + kMergePad + 2) * sizeof(float);
 }
 
 template <typename Cfg>
 __host__ __device__ constexpr size_t decode_smem_bytes()
 {
-    return decode_q_bytes<Cfg>() + kWarps * decode_ring_bytes<Cfg>();
+    return decode_q_bytes<Cfg>() + Cfg::kWarps * decode_ring_bytes<Cfg>();
 }
 
 /* Rows and grid of a decode launch (varlen: of the longest sequence, p->sq = max_seqlen_q). */
@@ -208,11 +205,12 @@ __device__ __forceinline__ void grid_dependency_wait(void)
 #endif
 }
 
-/* grid (num_splits, row_blocks * h_kv, b); kThreads threads */
+/* grid (num_splits, row_blocks * h_kv, b); Cfg::kThreads threads */
 template <typename T, typename Cfg, bool kPaged>
-__global__ void __launch_bounds__(kThreads) flash_fwd_decode_kernel(const __grid_constant__ flash_params p)
+__global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const __grid_constant__ flash_params p)
 {
     constexpr int kHeadDim = Cfg::kHeadDim;
+    constexpr int kWarps = Cfg::kWarps, kThreads = Cfg::kThreads;
     constexpr int kStages = Cfg::kStages;
     constexpr int kRowBytes = kHeadDim * 2;
     constexpr int kTileBytes = kWarpKeys * kRowBytes;
@@ -252,13 +250,8 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_decode_kernel(const __grid
 
     /* Q rows: packed row x -> query x / g, head kv_head g + x % g (rows past x_end zero-filled) */
     {
-        const int r = tid / kChunks;
-        const int chunk = tid % kChunks;
-        constexpr int kRowStep = kThreads / kChunks;
-        static_assert(kThreads % kChunks == 0 && kRows % kRowStep == 0, "Q tile split over the threads");
-#pragma unroll
-        for (int s = 0; s < kRows / kRowStep; s++) {
-            const int rr = r + s * kRowStep;
+        for (int idx = tid; idx < kRows * kChunks; idx += kThreads) {
+            const int rr = idx / kChunks, chunk = idx % kChunks;
             const int64_t x = x0 + rr;
             const bool ok = x < x_end && chunk * kChunkElems < d;
             const int64_t xi = ok ? x : 0;
@@ -585,7 +578,7 @@ cudaError_t launch_decode(const flash_params *p, cudaStream_t stream)
     }
     const int splits = p->num_splits > 1 ? p->num_splits : 1;
     const dim3 grid((unsigned)splits, (unsigned)(decode_row_blocks(p) * p->h_kv), (unsigned)p->b);
-    kernel<<<grid, kThreads, smem, stream>>>(*p);
+    kernel<<<grid, Cfg::kThreads, smem, stream>>>(*p);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess || splits == 1)
         return err;
@@ -612,20 +605,34 @@ cudaError_t dispatch_type(const flash_params *p, cudaStream_t stream)
                  : launch_decode<__nv_bfloat16, Cfg, false>(p, stream);
 }
 
+/* f(the config for head dim d with `warps` warps per CTA: kWarpsFew only at d <= 128) */
 template <typename F>
-auto by_head_dim(int64_t d, F f)
+auto by_config(int64_t d, int warps, F f)
 {
     if (d <= 64)
-        return f(DecodeCfg<64>());
+        return warps == kWarpsFew ? f(DecodeCfg<64, kWarpsFew>()) : f(DecodeCfg<64, kWarpsMany>());
     if (d <= 128)
-        return f(DecodeCfg<128>());
-    return f(DecodeCfg<256>());
+        return warps == kWarpsFew ? f(DecodeCfg<128, kWarpsFew>()) : f(DecodeCfg<128, kWarpsMany>());
+    return f(DecodeCfg<256, kWarpsMany>());
 }
 
-/* CTAs of the decode kernel at head dim d that fit one SM at once (0 if the query fails). */
-int decode_ctas_per_sm(int64_t d, flash_dtype dtype)
+/* Warps per CTA: kWarpsFew when the unsplit grid holds fewer than one CTA per kFewCtasPerSm SMs (so the split
+ * count, not the CTA count, makes the parallelism) and its config fits the device's shared memory; else
+ * kWarpsMany. Measured on the H200 (decode_2026-12-01c): 8 warps are 3-6% faster at B1 GQA, 4 warps ~1.5%
+ * faster at B8. */
+int decode_warps(const flash_params *p, int num_sms)
 {
-    return by_head_dim(d, [dtype](auto cfg) {
+    const int64_t ctas = p->b * p->h_kv * decode_row_blocks(p);
+    if (p->d > 128 || ctas * kFewCtasPerSm >= num_sms)
+        return kWarpsMany;
+    const size_t smem = by_config(p->d, kWarpsFew, [](auto cfg) { return decode_smem_bytes<decltype(cfg)>(); });
+    return flash_smem_available() >= smem ? kWarpsFew : kWarpsMany;
+}
+
+/* CTAs of the decode kernel at head dim d with `warps` warps that fit one SM at once (0 if the query fails). */
+int decode_ctas_per_sm(int64_t d, int warps, flash_dtype dtype)
+{
+    return by_config(d, warps, [dtype](auto cfg) {
         using Cfg = decltype(cfg);
         int n = 0;
         void (*kernel)(const flash_params) = dtype == FLASH_FP16 ? flash_fwd_decode_kernel<__half, Cfg, false>
@@ -634,17 +641,26 @@ int decode_ctas_per_sm(int64_t d, flash_dtype dtype)
         if (smem > kDefaultSmemBytes &&
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
             return 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem) != cudaSuccess)
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads, smem) != cudaSuccess)
             return 0;
         return n;
     });
+}
+
+int num_sms_of_device(void)
+{
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return 1;
+    return sms;
 }
 
 } // namespace
 
 extern "C" size_t flash_fwd_decode_smem(const flash_params *p)
 {
-    return by_head_dim(p->d, [](auto cfg) { return decode_smem_bytes<decltype(cfg)>(); });
+    return by_config(p->d, kWarpsMany, [](auto cfg) { return decode_smem_bytes<decltype(cfg)>(); });
 }
 
 extern "C" int flash_fwd_decode_ok(const flash_params *p)
@@ -663,15 +679,18 @@ extern "C" int flash_fwd_decode_ok(const flash_params *p)
 
 extern "C" int flash_fwd_decode_splits(const flash_params *p, int requested, int num_sms)
 {
+    const int warps = decode_warps(p, num_sms);
     const int64_t tiles = flash_cdiv64(p->sk, kWarpKeys);
-    const int64_t max_splits = flash_max64(1, flash_min64(kMaxSplits, tiles / kMinTilesPerSplit));
+    const int64_t max_splits = flash_max64(1, flash_min64(kMaxSplits, tiles / (FWD_DECODE_MIN_ROUNDS * warps)));
     if (requested > 0)
-        return (int)flash_min64(requested, flash_min64(kMaxSplits, flash_max64(1, flash_cdiv64(tiles, kWarps))));
-    static int ctas_per_sm[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}};
-    const int di = p->d <= 64 ? 0 : (p->d <= 128 ? 1 : 2), ti = p->dtype == FLASH_FP16 ? 0 : 1;
-    if (ctas_per_sm[di][ti] < 0)
-        ctas_per_sm[di][ti] = decode_ctas_per_sm(p->d, p->dtype);
-    const int64_t slots = (int64_t)num_sms * flash_max64(1, ctas_per_sm[di][ti]);
+        return (int)flash_min64(requested, flash_min64(kMaxSplits, flash_max64(1, flash_cdiv64(tiles, warps))));
+    /* per (head dim config, dtype, warps) */
+    static int ctas_per_sm[3][2][2] = {{{-1, -1}, {-1, -1}}, {{-1, -1}, {-1, -1}}, {{-1, -1}, {-1, -1}}};
+    int &cached = ctas_per_sm[p->d <= 64 ? 0 : (p->d <= 128 ? 1 : 2)][p->dtype == FLASH_FP16 ? 0 : 1]
+                             [warps == kWarpsFew ? 1 : 0];
+    if (cached < 0)
+        cached = decode_ctas_per_sm(p->d, warps, p->dtype);
+    const int64_t slots = (int64_t)num_sms * flash_max64(1, cached);
     const int64_t ctas = p->b * p->h_kv * decode_row_blocks(p);
     /* the split count whose last wave is fullest (FA2's rule): the smallest within kWaveEfficiency of the best */
     double eff[kMaxSplits + 1], best = 0.0;
@@ -693,5 +712,6 @@ extern "C" cudaError_t flash_fwd_decode(const flash_params *p, cudaStream_t stre
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0)
         return cudaSuccess;
-    return by_head_dim(p->d, [p, stream](auto cfg) { return dispatch_type<decltype(cfg)>(p, stream); });
+    return by_config(p->d, decode_warps(p, num_sms_of_device()),
+                     [p, stream](auto cfg) { return dispatch_type<decltype(cfg)>(p, stream); });
 }
