@@ -64,6 +64,7 @@ constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kMmaM = 16; /* m16n8k16 */
 constexpr int kMmaN = 8;
 constexpr int kMmaK = 16;
+constexpr int kElemBytes = 2;   /* fp16 / bf16 */
 constexpr int kChunkElems = 8;  /* one 16-byte chunk = 8 16-bit elements */
 constexpr int kChunkShift = 4;  /* log2(16 bytes) */
 constexpr int kSwizzleMask = 7; /* 8 chunks of 16 bytes span all 32 banks */
@@ -74,8 +75,8 @@ constexpr int kWarpsFew = 8;   /* warps per CTA when it does not (decode_warps),
 constexpr int kFewCtasPerSm = 4; /* "few": fewer than one unsplit CTA per kFewCtasPerSm SMs */
 constexpr int kRows = kMmaM;     /* rows of a CTA */
 constexpr int kWarpKeys = 16;    /* keys of one warp tile: 2 n8 tiles of S, one k16 step of P V */
-constexpr int kMaxSplits = 128;
-constexpr double kWaveEfficiency = 0.95;
+constexpr int kMaxSplits = 128;            /* most key splits of one row block */
+constexpr double kWaveEfficiency = 0.95;   /* the split heuristic's tolerance to the best wave efficiency */
 constexpr int kMaxGridYZ = 65535;
 constexpr size_t kDefaultSmemBytes = 48 * 1024;
 constexpr int kMergePad = 4;     /* floats of padding per merge row (bank spread) */
@@ -107,14 +108,14 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk)
 template <typename Cfg>
 __host__ __device__ constexpr size_t decode_q_bytes()
 {
-    return (size_t)kRows * Cfg::kHeadDim * 2;
+    return (size_t)kRows * Cfg::kHeadDim * kElemBytes;
 }
 
 /* one warp's ring: kStages x (K tile, V tile) of kWarpKeys rows */
 template <typename Cfg>
 __host__ __device__ constexpr size_t decode_ring_bytes()
 {
-    return (size_t)Cfg::kStages * 2 * kWarpKeys * Cfg::kHeadDim * 2;
+    return (size_t)Cfg::kStages * 2 * kWarpKeys * Cfg::kHeadDim * kElemBytes; /* K and V */
 }
 
 /* the warps' (m, l, O) at the end, over the rings */
@@ -151,7 +152,7 @@ __device__ __forceinline__ void load_kv(const flash_params &p, const flash_seq &
                                         const T *kbase, const T *vbase, int t, int sk, int d, int lane)
 {
     constexpr int kChunks = Cfg::kHeadDim / kChunkElems;
-    constexpr int kRowBytes = Cfg::kHeadDim * 2;
+    constexpr int kRowBytes = Cfg::kHeadDim * kElemBytes;
     constexpr int kLaneRows = FLASH_WARP_SIZE / kChunks; /* rows per instruction */
     constexpr int kSteps = kWarpKeys / kLaneRows;
     static_assert(FLASH_WARP_SIZE % kChunks == 0 && kWarpKeys % kLaneRows == 0, "tile split over the lanes");
@@ -212,13 +213,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
     constexpr int kHeadDim = Cfg::kHeadDim;
     constexpr int kWarps = Cfg::kWarps, kThreads = Cfg::kThreads;
     constexpr int kStages = Cfg::kStages;
-    constexpr int kRowBytes = kHeadDim * 2;
+    constexpr int kRowBytes = kHeadDim * kElemBytes;
     constexpr int kTileBytes = kWarpKeys * kRowBytes;
     constexpr int kDT = kHeadDim / kMmaN;  /* n8 tiles of O */
     constexpr int kQK = kHeadDim / kMmaK;  /* k16 steps of S = Q K^T */
     constexpr int kChunks = kHeadDim / kChunkElems;
     constexpr int kMergeRow = kHeadDim + kMergePad;
-    static_assert(sizeof(T) == 2, "16-bit types only");
+    static_assert(sizeof(T) == kElemBytes, "16-bit types only");
     static_assert(decode_merge_bytes<Cfg>() <= kWarps * decode_ring_bytes<Cfg>(), "merge area exceeds the rings");
     static_assert(kChunks % (kSwizzleMask + 1) == 0, "swizzle needs rows of at least 128 bytes");
 
