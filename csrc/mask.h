@@ -138,6 +138,15 @@ FLASH_HD int64_t flash_key_offset(const flash_params *p, const flash_seq *s, int
     return s->k_batch * batch_stride + r * row_stride;
 }
 
+/* The block_table fields describe a cache the kernels can address, or there is none: one table row per
+ * sequence (no k_batch_idx), at least one entry per row and one page, a page size that is a positive multiple
+ * of FLASH_PAGE_MULTIPLE. */
+FLASH_HD int flash_block_table_ok(const flash_params *p)
+{
+    return p->block_table == 0 || (p->k_batch_idx == 0 && p->block_table_stride >= 1 && p->k_batches >= 1 &&
+                                   p->page_size >= FLASH_PAGE_MULTIPLE && p->page_size % FLASH_PAGE_MULTIPLE == 0);
+}
+
 /* Per-element test. */
 FLASH_HD int flash_visible(const flash_seq *s, int64_t i, int64_t j)
 {

@@ -396,6 +396,17 @@ flash_strides4 strides4_of(const at::Tensor &t)
     return s;
 }
 
+// A paged cache (flash.h block_table): the table (a contiguous copy in keep when it is not contiguous
+// already), its row stride and the page size, dimension 1 of k (num_pages, page_size, nheads_kv, headdim).
+// k / v keep their page strides and make_params' k_batches counts the pages.
+void set_block_table(flash_params *p, const at::Tensor &table, const at::Tensor &k, VariantTensors *keep)
+{
+    keep->block_table = table.contiguous();
+    p->block_table = keep->block_table.data_ptr<int32_t>();
+    p->block_table_stride = keep->block_table.size(1);
+    p->page_size = k.size(1);
+}
+
 }  // namespace
 
 flash_params make_params(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
@@ -489,11 +500,8 @@ flash_params make_varlen_params(const at::Tensor &q, const at::Tensor &k, const 
     p.cu_seqlens_q = vl.cu_seqlens_q.data_ptr<int32_t>();
     p.cu_seqlens_k = vl.cu_seqlens_k.data_ptr<int32_t>();
     p.seqused_k = vl.seqused_k ? vl.seqused_k->data_ptr<int32_t>() : nullptr;
-    if (paged) {  // k_s.batch / v_s.batch stay the page strides, k_batches (make_params) the pages
-        keep->block_table = vl.block_table->contiguous();
-        p.block_table = keep->block_table.data_ptr<int32_t>();
-        p.block_table_stride = keep->block_table.size(1);
-        p.page_size = k.size(1);
+    if (paged) {
+        set_block_table(&p, *vl.block_table, k, keep);
     } else {
         p.k_s.batch = p.v_s.batch = 0;
         p.total_k = k.size(0);
@@ -575,13 +583,8 @@ flash_params make_kvcache_params(const at::Tensor &q, const at::Tensor &k_cache,
     p.seqused_k = kv.cache_seqlens ? kv.cache_seqlens->data_ptr<int32_t>() : nullptr;
     p.k_batch_idx = kv.cache_batch_idx ? kv.cache_batch_idx->data_ptr<int32_t>() : nullptr;
     p.k_leftpad = kv.cache_leftpad ? kv.cache_leftpad->data_ptr<int32_t>() : nullptr;
-    p.k_batches = k_cache.size(0);
-    if (kv.block_table) {
-        keep->block_table = kv.block_table->contiguous();
-        p.block_table = keep->block_table.data_ptr<int32_t>();
-        p.block_table_stride = keep->block_table.size(1);
-        p.page_size = k_cache.size(1);
-    }
+    if (kv.block_table)
+        set_block_table(&p, *kv.block_table, k_cache, keep);
     return p;
 }
 

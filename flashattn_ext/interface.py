@@ -490,8 +490,8 @@ def flash_attn_varlen_func(
         s's keys are rows 0 .. n_s - 1 of its pages, n_s = cu_seqlens_k[s + 1] - cu_seqlens_k[s] (only the
         differences count; seqused_k still limits them): key r is row r % page_size of page
         block_table[s, r // page_size]. Out-of-range contents are clamped on the device (n_s to the table's
-        max_pages * page_size rows, entries to the pages), never checked on the host. With gradients enabled,
-        q, k, v and sink must not require grad (RuntimeError naming block_table): there is no backward.
+        max_pages * page_size rows, entries to the pages), never checked on the host. As in flash-attn there is
+        no backward: the forward runs on inputs that require grad, a backward raises (naming block_table).
     Returns out (total_q, nheads, headdim); with return_lse=True (out, lse), lse (nheads, total_q) float32
     (float64 for float64 inputs); with return_attn_probs=True (out, lse, S_dmask), S_dmask (batch, nheads,
     max_seqlen_q, max_seqlen_k) holding sequence s's flash_attn_func S_dmask in [s, :, :seqlen_q, :seqlen_k]

@@ -130,8 +130,7 @@ def check_decode():
     v = torch.randn(b, cache, hkv, d, device="cuda", dtype=torch.bfloat16)
     perm = torch.randperm(b * pages_per_seq, device="cuda")
     table = perm.view(b, pages_per_seq).to(torch.int32)
-    k_paged, v_paged = torch.empty(b * pages_per_seq, page, hkv, d, device="cuda", dtype=torch.bfloat16), \
-        torch.empty(b * pages_per_seq, page, hkv, d, device="cuda", dtype=torch.bfloat16)
+    k_paged, v_paged = (torch.empty_like(x.reshape(-1, page, hkv, d)) for x in (k, v))
     k_paged[perm] = k.reshape(-1, page, hkv, d)
     v_paged[perm] = v.reshape(-1, page, hkv, d)
     seqlens = torch.tensor([cache, 301], dtype=torch.int32, device="cuda")

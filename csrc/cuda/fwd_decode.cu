@@ -138,6 +138,25 @@ __host__ __device__ inline int64_t decode_row_blocks(const flash_params *p)
     return flash_cdiv64(decode_packed_rows(p), kRows);
 }
 
+/* o[0, 8) += w src[0, 8) (src 16-byte aligned: two vector loads). */
+__device__ __forceinline__ void axpy8(float (&o)[kChunkElems], float w, const float *src)
+{
+    const float4 lo = *(const float4 *)src, hi = *(const float4 *)(src + 4);
+    o[0] += w * lo.x, o[1] += w * lo.y, o[2] += w * lo.z, o[3] += w * lo.w;
+    o[4] += w * hi.x, o[5] += w * hi.y, o[6] += w * hi.z, o[7] += w * hi.w;
+}
+
+/* dst[0, 8) = o[0, 8) * factor in T (dst 16-byte aligned: one vector store). */
+template <typename T>
+__device__ __forceinline__ void store8(T *dst, const float (&o)[kChunkElems], float factor)
+{
+    uint32_t packed[kChunkElems / 2];
+#pragma unroll
+    for (int c = 0; c < kChunkElems / 2; c++)
+        packed[c] = pack2<T>(o[2 * c] * factor, o[2 * c + 1] * factor);
+    *(uint4 *)dst = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
 /* o_accum / lse_accum index of (split, batch, hq, query i): (num_splits, b, h, sq) rows of d floats. */
 __device__ __forceinline__ int64_t accum_row(const flash_params &p, int split, int64_t batch, int64_t hq, int64_t i)
 {
@@ -472,10 +491,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
             const float *base = merge + w * kRows * (kMergeRow + 2);
             const float wt = mw[w] == -INFINITY ? 0.f : __expf(mw[w] - M);
             L += wt * base[kRows * kMergeRow + kRows + r];
-            const float4 lo = *(const float4 *)(base + r * kMergeRow + chunk * kChunkElems);
-            const float4 hi = *(const float4 *)(base + r * kMergeRow + chunk * kChunkElems + 4);
-            o[0] += wt * lo.x, o[1] += wt * lo.y, o[2] += wt * lo.z, o[3] += wt * lo.w;
-            o[4] += wt * hi.x, o[5] += wt * hi.y, o[6] += wt * hi.z, o[7] += wt * hi.w;
+            axpy8(o, wt, base + r * kMergeRow + chunk * kChunkElems);
         }
         if (split_out) {
             /* the split's normalized partial and its lse (-inf and 0 when it saw no key) */
@@ -489,13 +505,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
         } else {
             float factor, lse;
             flash_row_finish_f(M, L, p.sink != nullptr ? ((const float *)p.sink)[hq] : -INFINITY, &factor, &lse);
-            uint32_t packed[kChunkElems / 2];
-#pragma unroll
-            for (int c = 0; c < kChunkElems / 2; c++)
-                packed[c] = pack2<T>(o[2 * c] * factor, o[2 * c + 1] * factor);
-            T *dst = (T *)p.o + batch * p.o_s.batch + (seq.q_row0 + i) * p.o_s.row + hq * p.o_s.head +
-                     chunk * kChunkElems;
-            *(uint4 *)dst = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+            store8((T *)p.o + batch * p.o_s.batch + (seq.q_row0 + i) * p.o_s.row + hq * p.o_s.head +
+                       chunk * kChunkElems,
+                   o, factor);
             if (chunk == 0)
                 ((float *)p.lse)[flash_lse_offset(&p, &seq, batch, hq) + i] = lse;
         }
@@ -546,16 +558,9 @@ __global__ void __launch_bounds__(kCombineWarps *FLASH_WARP_SIZE) flash_fwd_comb
             o[e] = 0.f;
         for (int s = 0; s < p.num_splits && M != -INFINITY; s++) {
             const float w = __expf(p.lse_accum[s * split_stride + row] - lse);
-            const float *src = p.o_accum + (s * split_stride + row) * p.d + c;
-            const float4 lo = *(const float4 *)src, hi = *(const float4 *)(src + 4);
-            o[0] += w * lo.x, o[1] += w * lo.y, o[2] += w * lo.z, o[3] += w * lo.w;
-            o[4] += w * hi.x, o[5] += w * hi.y, o[6] += w * hi.z, o[7] += w * hi.w;
+            axpy8(o, w, p.o_accum + (s * split_stride + row) * p.d + c);
         }
-        uint32_t packed[kChunkElems / 2];
-#pragma unroll
-        for (int e = 0; e < kChunkElems / 2; e++)
-            packed[e] = pack2<T>(o[2 * e] * factor, o[2 * e + 1] * factor);
-        *(uint4 *)(dst + c) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        store8(dst + c, o, factor);
     }
 }
 
@@ -673,9 +678,7 @@ extern "C" int flash_fwd_decode_ok(const flash_params *p)
            p->dropout_threshold == 0 && p->d >= 1 && p->d <= FLASH_CUDA_MAX_HEAD_DIM && p->d % kChunkElems == 0 &&
            p->h_per_kv >= 1 && p->h_kv >= 1 && p->h == p->h_kv * p->h_per_kv && p->b <= kMaxGridYZ &&
            p->sq >= 1 && decode_packed_rows(p) <= FLASH_DECODE_MAX_ROWS &&
-           decode_row_blocks(p) * p->h_kv <= kMaxGridYZ && p->sk <= INT_MAX &&
-           (p->block_table == NULL || (p->k_batch_idx == NULL && p->block_table_stride >= 1 && p->k_batches >= 1 &&
-                                       p->page_size >= FLASH_PAGE_MULTIPLE && p->page_size % FLASH_PAGE_MULTIPLE == 0));
+           decode_row_blocks(p) * p->h_kv <= kMaxGridYZ && p->sk <= INT_MAX && flash_block_table_ok(p);
 }
 
 extern "C" int flash_fwd_decode_splits(const flash_params *p, int requested, int num_sms)

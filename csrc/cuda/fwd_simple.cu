@@ -202,14 +202,9 @@ static cudaError_t launch_simple(const flash_params *p, cudaStream_t stream)
 extern "C" cudaError_t flash_fwd_simple(const flash_params *p, cudaStream_t stream)
 {
     /* the attn_mask is dense-only: key j of a sequence is its column j (no varlen, no k_leftpad, no
-     * block_table); a paged KV cache serves dense and varlen batches, one table row per sequence (no
-     * k_batch_idx) */
-    const bool paged_ok = p->block_table == NULL ||
-                          (p->k_batch_idx == NULL && p->block_table_stride >= 1 &&
-                           p->k_batches >= 1 && p->page_size >= FLASH_PAGE_MULTIPLE &&
-                           p->page_size % FLASH_PAGE_MULTIPLE == 0);
+     * block_table); a paged KV cache serves dense and varlen batches (flash_block_table_ok) */
     if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->sq > INT_MAX || p->sk > INT_MAX ||
-        p->h > kSimpleMaxGridYZ || p->b > kSimpleMaxGridYZ || p->h_per_kv < 1 || !paged_ok ||
+        p->h > kSimpleMaxGridYZ || p->b > kSimpleMaxGridYZ || p->h_per_kv < 1 || !flash_block_table_ok(p) ||
         (p->mask != NULL && (p->cu_seqlens_q != NULL || p->k_leftpad != NULL || p->block_table != NULL)))
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0 || p->sq == 0)

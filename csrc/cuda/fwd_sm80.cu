@@ -1084,14 +1084,9 @@ extern "C" cudaError_t flash_fwd_sm80(const flash_params *p, cudaStream_t stream
                                          : p->mask_blocks != NULL && p->cu_seqlens_q == NULL &&
                                                p->k_leftpad == NULL && p->block_table == NULL &&
                                                (p->mask_kind == FLASH_MASK_BOOL || p->mask_kind == FLASH_MASK_ADD);
-    /* a paged KV cache, dense or varlen batch: one table row per sequence (no k_batch_idx) */
-    const bool paged_ok = p->block_table == NULL ||
-                          (p->k_batch_idx == NULL && p->block_table_stride >= 1 &&
-                           p->k_batches >= 1 && p->page_size >= FLASH_PAGE_MULTIPLE &&
-                           p->page_size % FLASH_PAGE_MULTIPLE == 0);
     if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->d % kChunkElems != 0 || p->sq > INT_MAX ||
         p->sk > INT_MAX || p->h > kMaxGridYZ || p->b > kMaxGridYZ || p->h_per_kv < 1 ||
-        (hook_fields && !p->has_hook) || !mask_ok || !paged_ok)
+        (hook_fields && !p->has_hook) || !mask_ok || !flash_block_table_ok(p))
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0 || p->sq == 0)
         return cudaSuccess;
