@@ -4,9 +4,9 @@
  * Build (here or on the device; dev/sm90_run.sh builds it and runs everything below on the device):
  *   F="-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFLASHATTN_EXT_SM90A -Icsrc -Icsrc/cuda"
  *   nvcc $F dev/bwd_harness.cu csrc/cuda/launch.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu \
- *        csrc/cuda/bwd_simple.cu csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_decode.cu csrc/cuda/fwd_simple.cu \
+ *        csrc/cuda/bwd_simple.cu csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_sm90.cu csrc/cuda/fwd_decode.cu csrc/cuda/fwd_simple.cu \
  *        -o dev/bin/bwd_harness
- *   (launch.cu also dispatches the forward, hence the three forward files.) On a Hopper GPU the main
+ *   (launch.cu also dispatches the forward, hence the four forward files.) On a Hopper GPU the main
  *   kernel is bwd_sm90.cu's (every head dim); FLASHATTN_EXT_DISABLE_SM90=1 selects bwd_sm80.cu's,
  *   FLASHATTN_EXT_SMEM_LIMIT=$((163 * 1024)) its A100 tiles.
  * Run:

@@ -5,7 +5,7 @@
 #   e.g. bash dev/decode_bench.sh base= r2=FWD_DECODE_MIN_ROUNDS=2 s4=FWD_DECODE_STAGES_D128=4
 set -uo pipefail
 FLAGS="-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFLASHATTN_EXT_SM90A -Icsrc -Icsrc/cuda"
-COMMON="csrc/cuda/launch.cu csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_simple.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu
+COMMON="csrc/cuda/launch.cu csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_sm90.cu csrc/cuda/fwd_simple.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu
         csrc/cuda/bwd_simple.cu dev/fwd_harness.cu"
 BIN=${TMPDIR:-/tmp}/decode_bench
 mkdir -p "$BIN"

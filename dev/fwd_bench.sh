@@ -11,7 +11,7 @@
 set -uo pipefail
 FLAGS="-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFLASHATTN_EXT_SM90A -Icsrc -Icsrc/cuda"
 # the harness calls launch.cu's flash_fwd_cuda, which links the backward: those files are built once
-COMMON="csrc/cuda/launch.cu csrc/cuda/fwd_decode.cu csrc/cuda/fwd_simple.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu csrc/cuda/bwd_simple.cu"
+COMMON="csrc/cuda/launch.cu csrc/cuda/fwd_sm90.cu csrc/cuda/fwd_decode.cu csrc/cuda/fwd_simple.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu csrc/cuda/bwd_simple.cu"
 BIN=${TMPDIR:-/tmp}/fwd_bench
 mkdir -p "$BIN"
 

@@ -1,14 +1,16 @@
 /* fwd_harness.cu: torch-free correctness and speed harness for the forward kernels.
  *
  * Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFLASHATTN_EXT_SM90A -Icsrc -Icsrc/cuda \
- *            dev/fwd_harness.cu csrc/cuda/launch.cu csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_decode.cu \
+ *            dev/fwd_harness.cu csrc/cuda/launch.cu csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_sm90.cu csrc/cuda/fwd_decode.cu \
  *            csrc/cuda/fwd_simple.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu csrc/cuda/bwd_simple.cu \
  *            -o /tmp/fwd_harness
  *        (the checks call launch.cu's flash_fwd_cuda, which links the backward too; dev/fwd_bench.sh)
  * Run:   /tmp/fwd_harness check [t]     every correctness case (or those of dtype t), relative L2 error of
  *                                       out and lse against dev/attn_ref.h (double); exit 1 on any failure
  *        /tmp/fwd_harness bench [d]     bf16 TFLOP/s, 16k tokens, nheads = 2048 / d, d 64/128/256 (or only
- *                                       d), seqlen 512/2048/8192, causal and not (median of kTimedRuns)
+ *                                       d), seqlen 512/2048/8192, causal and not (median of kTimedRuns),
+ *                                       through launch.cu's dispatch (on Hopper fwd_sm90.cu;
+ *                                       FLASHATTN_EXT_DISABLE_SM90=1: fwd_sm80.cu), as variants, varlen-bench
  *        /tmp/fwd_harness variants [d]  bf16 TFLOP/s of each variant (window, softcap, ALiBi, masks,
  *                                       dropout, sink) beside the dense kernel, d 128 (or d), 16k tokens;
  *                                       TFLOP/s count the visible (query, key) pairs only
@@ -1575,9 +1577,10 @@ static void bench_params(flash_params *p, const bench_buffers *bb, int s, int d)
     p->dtype = FLASH_BF16;
 }
 
-/* Median milliseconds of kTimedRuns calls of fwd(p, stream 0) (default: the prefill kernel, fwd_sm80). */
+/* Median milliseconds of kTimedRuns calls of fwd(p, stream 0) (default: launch.cu's dispatch, which on Hopper
+ * takes fwd_sm90.cu where it serves p unless FLASHATTN_EXT_DISABLE_SM90=1). */
 typedef cudaError_t (*fwd_fn)(const flash_params *, cudaStream_t);
-static double time_fwd(const flash_params *p, fwd_fn fwd = flash_fwd_sm80)
+static double time_fwd(const flash_params *p, fwd_fn fwd = flash_fwd_cuda)
 {
     cudaEvent_t start, stop;
     CUDA_CHECK(cudaEventCreate(&start));
@@ -1929,7 +1932,7 @@ static void run_paged_bench(void)
             int32_t *used_dev = upload_i32(used);
             p.seqused_k = used_dev;
             const double bytes = 2.0 * kDecodeBatch * cache * hkv * kDecodeDim * sizeof(__nv_bfloat16);
-            const double t_dense = time_fwd(&p) * 1e-3;
+            const double t_dense = time_fwd(&p, flash_fwd_sm80) * 1e-3;
             /* the same memory as pages of kDecodePage rows, in a random order */
             const int pages_per_seq = cache / kDecodePage;
             std::vector<int32_t> table((size_t)kDecodeBatch * pages_per_seq);
@@ -1943,7 +1946,7 @@ static void run_paged_bench(void)
             p.page_size = kDecodePage;
             p.k_batches = (int64_t)table.size();
             p.k_s.batch = p.v_s.batch = (int64_t)kDecodePage * hkv * kDecodeDim;
-            const double t_paged = time_fwd(&p) * 1e-3;
+            const double t_paged = time_fwd(&p, flash_fwd_sm80) * 1e-3;
             char hh[16];
             snprintf(hh, sizeof(hh), "%d/%d", kDecodeHeads, hkv);
             printf("%-7s %-7d %-12s %-9.3f %-8.0f\n", hh, cache, "contiguous", t_dense * 1e3, bytes / t_dense * 1e-9);

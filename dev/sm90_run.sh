@@ -12,7 +12,7 @@
 B=dev/bin/sm90; mkdir -p $B; O=${OUT:-$B}
 F="-std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Icsrc -Icsrc/cuda -DFLASHATTN_EXT_SM90A"
 SRC="dev/bwd_harness.cu csrc/cuda/launch.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu csrc/cuda/bwd_simple.cu
-     csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_decode.cu csrc/cuda/fwd_simple.cu"
+     csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_sm90.cu csrc/cuda/fwd_decode.cu csrc/cuda/fwd_simple.cu"
 STEPS=${*:-build test sanitize time}
 A100_SMEM=$((163 * 1024))
 t0=$(date +%s)

@@ -311,35 +311,6 @@ __device__ __forceinline__ int computed_here(int x)
     return r;
 }
 
-/* Named barrier `id` over `count` threads. */
-__device__ __forceinline__ void named_sync(int id, int count)
-{
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
-/* mbarrier (shared address) expecting `count` arrivals per phase. */
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-/* Arrive (release: this thread's earlier memory accesses are ordered before the phase completes). */
-__device__ __forceinline__ void mbar_arrive(uint32_t bar)
-{
-    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.release.cta.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
-                 : "memory");
-}
-
-/* Wait (acquire) until the phase of parity `parity` has completed: phase k of a barrier is its k-th use. */
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity)
-{
-    asm volatile("{\n.reg .pred done;\nwait_%=:\n"
-                 "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
-                 "@!done bra wait_%=;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-
 /* ------------------------------------------------------------------------------------------------ */
 /* The HOOK variant's pieces                                                                        */
 

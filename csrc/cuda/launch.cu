@@ -1,5 +1,6 @@
 /* launch.cu: the one dispatcher of the CUDA code. dtype (fp32/fp64 -> CUDA-core kernels, fp16/bf16 ->
- * tensor-core kernels) -> shape (forward: a few rows per KV head -> the split-KV decode kernel) -> arch (Hopper with an sm_90a build: the wgmma backward main kernel) -> tile
+ * tensor-core kernels) -> shape (forward: a few rows per KV head -> the split-KV decode kernel) -> arch (Hopper with an sm_90a build: the
+ * wgmma + TMA forward where it serves p, the wgmma backward main kernel) -> tile
  * configuration (large tiles where the device's shared memory allows) -> variant (p->has_hook, chosen
  * inside each family's launcher from the same field). The kernels' own files hold the tile constants
  * next to the measurements that justify them. Variable-length batches and KV caches go the same way:
@@ -24,8 +25,9 @@ extern "C" size_t flash_smem_available(void)
     return cap > 0 && (size_t)cap < (size_t)bytes ? (size_t)cap : (size_t)bytes;
 }
 
-/* Hopper main backward kernel: an sm_90a build, an sm_90 device, and FLASHATTN_EXT_DISABLE_SM90 unset
- * (=1 forces the sm80 kernels on Hopper, for comparisons; read once per process). */
+/* Hopper kernels (the wgmma forward and main backward kernels): an sm_90a build, an sm_90 device, and
+ * FLASHATTN_EXT_DISABLE_SM90 unset (=1 forces the sm80 kernels on Hopper, for comparisons; read once per
+ * process). */
 static int use_sm90(void)
 {
 #ifdef FLASHATTN_EXT_SM90A
@@ -84,6 +86,10 @@ extern "C" cudaError_t flash_fwd_cuda(const flash_params *p, cudaStream_t stream
         return flash_fwd_simple(p, stream);
     if (use_decode(p))
         return flash_fwd_decode(p, stream);
+#ifdef FLASHATTN_EXT_SM90A
+    if (use_sm90() && flash_fwd_sm90_ok(p) && flash_smem_available() >= flash_fwd_sm90_smem(p))
+        return flash_fwd_sm90(p, stream);
+#endif
     return flash_fwd_sm80(p, stream);
 }
 

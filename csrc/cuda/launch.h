@@ -64,6 +64,13 @@ size_t flash_fwd_decode_smem(const flash_params *p);
 int flash_fwd_decode_splits(const flash_params *p, int requested, int num_sms);
 cudaError_t flash_fwd_decode(const flash_params *p, cudaStream_t stream);
 
+/* fp16 / bf16 forward on wgmma + TMA, sm_90a builds on Hopper (fwd_sm90.cu). flash_fwd_sm90_ok: p is one it
+ * serves (no score / probability hook but sinks, no paged KV cache, no split-KV, aligned strides, a positive
+ * scale); flash_fwd_sm90_smem: its shared memory per CTA. */
+int flash_fwd_sm90_ok(const flash_params *p);
+size_t flash_fwd_sm90_smem(const flash_params *p);
+cudaError_t flash_fwd_sm90(const flash_params *p, cudaStream_t stream);
+
 /* fp16 / bf16 forward on mma.sync, sm80+ (fwd_sm80.cu). */
 cudaError_t flash_fwd_sm80(const flash_params *p, cudaStream_t stream);
 size_t flash_fwd_sm80_smem(const flash_params *p);

@@ -49,6 +49,18 @@ __device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
 
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t x)
+{
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
+}
+
+__device__ __forceinline__ uint4 ld_shared_v4_u32(uint32_t addr)
+{
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    return v;
+}
+
 __device__ __forceinline__ float2 ld_shared_v2_f32(uint32_t addr)
 {
     float2 v;

@@ -1,5 +1,5 @@
-/* wgmma.cuh: warpgroup matrix-multiply wrappers for Hopper (sm_90a only; include from code that is
- * compiled for sm_90a and guard its use with __CUDA_ARCH_FEAT_SM90_ALL).
+/* wgmma.cuh: warpgroup matrix-multiply, barrier and TMA wrappers for Hopper (sm_90a only; include from code
+ * that is compiled for sm_90a and guard its use with __CUDA_ARCH_FEAT_SM90_ALL).
  *
  * wgmma.mma_async m64nNk16, fp32 accumulators, issued by the 4 warps (128 threads) of a warpgroup:
  *   D (64 x N fp32): N/2 regs per thread. Warp w of the warpgroup holds rows 16w + lane/4 (+8); for
@@ -193,5 +193,71 @@ WGMMA_OP_N64(__half, "f16")
 WGMMA_OP_N128(__nv_bfloat16, "bf16")
 WGMMA_OP_N128(__half, "f16")
 
+/* ---- barriers (shared by the sm90 kernels) ---- */
+
+/* Named barrier `id` over `count` threads (0 is __syncthreads'). */
+__device__ __forceinline__ void named_sync(int id, int count)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+/* Arrive at named barrier `id` (of `count` threads) without waiting: the producer side of bar.sync. */
+__device__ __forceinline__ void named_arrive(int id, int count)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+/* mbarrier (shared address) expecting `count` arrivals per phase. */
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+/* Makes mbarrier initializations visible to the async proxy (TMA completions); then __syncthreads. */
+__device__ __forceinline__ void mbar_fence_init(void)
+{
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+/* Arrive (release: this thread's earlier memory accesses are ordered before the phase completes). */
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.release.cta.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
+                 : "memory");
+}
+
+/* Arrive and add `bytes` to the phase's expected transaction count (the TMA loads that follow complete
+ * them). */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+/* Wait (acquire) until the phase of parity `parity` has completed: phase k of a barrier is its k-th use. */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity)
+{
+    asm volatile("{\n.reg .pred done;\nwait_%=:\n"
+                 "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra wait_%=;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+
+/* ---- TMA (cp.async.bulk.tensor) ---- */
+
+/* One box of the 4-D tensor map at `map` (a __grid_constant__ kernel parameter) at coordinates c0..c3
+ * (innermost first) into shared memory at dst, completing `bar`'s transactions by the box's bytes
+ * (out-of-bounds elements are zero-filled and counted). */
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, uint32_t bar, int c0, int c1, int c2, int c3)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n"
+                 ::"r"(dst), "l"((uint64_t)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+}
+
+__device__ __forceinline__ void tma_prefetch_map(const void *map)
+{
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
+}
 
 #endif

@@ -1,0 +1,629 @@
+/* fwd_sm90.cu: the FlashAttention forward on Hopper tensor cores (wgmma + TMA, sm_90a), fp16 / bf16, head
+ * dims up to 256, warp-specialized (FlashAttention-3's design, written from the PTX ISA).
+ *
+ * Algorithm. One CTA owns FWD90_BM = 128 query rows of one (batch, query head) and visits the key tiles
+ * [first, end) of kBlockN keys that flash_key_tiles (mask.h) puts in the band of its rows, from the last
+ * one down (the masked diagonal tiles of a causal band come first).
+ *   Warpgroup 0, the producer (setmaxnreg FWD90_PRODUCER_REGS): one thread issues the TMA loads, Q once
+ *     (one box per 64-column panel) and K_j, V_j into a ring of kStages stages; each load completes on
+ *     its stage's mbarrier (K_FULL, V_FULL, transaction bytes), and a stage is reused once both
+ *     consumers have released it (EMPTY). Out-of-range rows and columns of the tensor are zero-filled by
+ *     the TMA unit. Where the keys of a sequence do not end at the tensor's row end (varlen,
+ *     seqused_k) the V rows past them hold other data, which P = 0 cannot cancel if it is not finite:
+ *     there the producer warp copies the sequence's last V tile itself (cp.async, rows past the
+ *     sequence zero-filled, then fence.proxy.async before arriving).
+ *   Warpgroups 1 and 2, the consumers (setmaxnreg FWD90_CONSUMER_REGS): FWD90_WG_ROWS = 64 query rows each,
+ *     the M of their wgmma's. Per key tile j, in registers:
+ *       S_j = Q K_j^T       wgmma SS (m64 n kBlockN k16), fp32 accumulators
+ *       mask                tiles outside [full_first, full_end): keys past sk or outside diag_lo <= j - i
+ *                           <= diag_hi, one unsigned compare per value (compile-time split: masked tiles
+ *                           and full tiles run separate copies of the loop body)
+ *       online softmax      base 2 (one FFMA + EX2 per score), row max / sum over the 4 lanes of a quad,
+ *                           O and l rescaled by exp2(m_old - m_new)
+ *       O += P_j V_j        wgmma RS: P converted in registers from the S accumulators (two n8 blocks
+ *                           = one k16 A fragment), V read MN-major; n = head dim (two n128 halves at 256)
+ *     Overlap inside a warpgroup: iteration t issues S_t, then O += P_{t-1} V_{t-1}, waits for S_t
+ *     alone, runs the softmax of S_t while the P V wgmma runs, then waits for it, releases stage t - 1,
+ *     and rescales O. Ping-pong across the two warpgroups (FWD90_PINGPONG): named barriers hand the
+ *     right to issue wgmma's back and forth, so one warpgroup's softmax runs under the other's GEMMs.
+ *   Epilogue: per row (factor, lse) as fwd_sm80.cu (flash_row_finish_f with a sink), O * factor through
+ *     the warpgroup's own rows of the Q buffer (sw128 layout, conflict-free 4-byte stores) to 16-byte
+ *     global stores of the rows < sq and columns < d; lse in fp32. A row with no visible key: O = 0,
+ *     lse = -inf (the sink with one).
+ * Tiles (fwd90_cfg; -D FWD90_BN_D* / FWD90_STAGES_D* for tuning): M 128 (2 consumer warpgroups) x
+ *   kBlockN 128 at d <= 64 and d <= 128 (3 stages), x 64 at d <= 256 (2 stages). Shared memory: Q (128 x D)
+ *   + stages x (K + V) (kBlockN x D), all in the 128-byte swizzled layout of wgmma.cuh (the TMA's
+ *   SWIZZLE_128B with 64-column boxes); d = 128: 225 KB, d = 256: 193 KB. Head dims below the config's are zero-filled by
+ *   the TMA (boxes past the tensor's d) and computed like the others; only the global stores are guarded.
+ * Serves (launch.cu flash_fwd_sm90_ok): fp16 / bf16, d % 8 == 0, 16-byte aligned pointers and strides, a
+ *   positive softmax scale, no score / probability hook but sinks (has_hook = 0), no paged KV cache, no
+ *   split-KV; dense and varlen batches, seqused_k, k_batch_idx, k_leftpad, GQA, every band (causal both
+ *   alignments, sliding windows). Everything else takes fwd_sm80.cu.
+ * Measured on the H200 (dev/fwd90_bench.sh: dev/fwd_harness.cu bench, bf16, 16k tokens, nheads = 2048 / d,
+ * TFLOP/s = 4 B H Sq Sk D / t, halved for causal), non-causal | causal at seqlen 512 / 2k / 8k:
+ *   d64  (3 stages)   274 417 481 | 166 335 439
+ *   d128 (3 stages)   397 617 680 | 218 431 588
+ *   d256 (2 stages)   360 467 504 | 263 434 524
+ * (fwd_sm80.cu on the same GPU and inputs: d64 261-325, d128 293-369, d256 258-318.) Ping-pong on: +2-10%
+ * over off; 3 stages over 2 at d128: +11-27%. Beside cuDNN: benchmarks/results/h200 (fwd_sm90_2026-12-01).
+ */
+#ifdef FLASHATTN_EXT_SM90A /* the whole file: builds with sm_90a only (launch.cu calls it under the same macro) */
+#include <cuda.h> /* CUtensorMap and its enums (no libcuda link: the encoder comes from cudaGetDriverEntryPoint) */
+#include <cuda_runtime.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "../constants.h"
+#include "../mask.h"
+#include "launch.h"
+#include "ptx.cuh"
+#include "wgmma.cuh"
+
+#define FWD90_WG_THREADS 128
+#define FWD90_CONSUMER_WGS 2
+#define FWD90_THREADS ((FWD90_CONSUMER_WGS + 1) * FWD90_WG_THREADS) /* producer + consumers */
+#define FWD90_WG_ROWS 64                                          /* query rows per consumer: wgmma M */
+#define FWD90_BM (FWD90_CONSUMER_WGS * FWD90_WG_ROWS)             /* query rows per CTA */
+#define FWD90_PRODUCER_REGS 24  /* setmaxnreg of the producer warpgroup ... */
+#define FWD90_CONSUMER_REGS 240 /* ... and of the consumers: 24 x 128 + 240 x 256 <= 64 K registers */
+#define FWD90_PANEL 64          /* columns of one sw128 panel = the TMA box's inner dimension */
+#define FWD90_WGMMA_K 16        /* K of one wgmma step */
+#define FWD90_PV_N 128          /* largest N of one P V wgmma (d256 issues two) */
+#define FWD90_CHUNK 8           /* 16-bit elements per 16-byte copy */
+#define FWD90_ELEM_BYTES 2
+#define FWD90_MAX_GRID_YZ 65535
+/* named barriers: 0 is __syncthreads; ping-pong turn of consumer c: FWD90_BAR_TURN + c (both consumers'
+ * threads); epilogue of consumer c: FWD90_BAR_EPI + c (its own threads) */
+#define FWD90_BAR_TURN 1
+#define FWD90_BAR_EPI 3
+
+#ifndef FWD90_PINGPONG
+#define FWD90_PINGPONG 1
+#endif
+#ifndef FWD90_BN_D64
+#define FWD90_BN_D64 128
+#endif
+#ifndef FWD90_BN_D128
+#define FWD90_BN_D128 128
+#endif
+#ifndef FWD90_BN_D256
+#define FWD90_BN_D256 64
+#endif
+#ifndef FWD90_STAGES_D64
+#define FWD90_STAGES_D64 3
+#endif
+#ifndef FWD90_STAGES_D128
+#define FWD90_STAGES_D128 3
+#endif
+#ifndef FWD90_STAGES_D256
+#define FWD90_STAGES_D256 2
+#endif
+
+/* Tile configuration of one compiled head dim: keys per tile, ring stages. */
+template <int kHeadDim>
+struct fwd90_cfg;
+template <>
+struct fwd90_cfg<64> {
+    static constexpr int kBlockN = FWD90_BN_D64, kStages = FWD90_STAGES_D64;
+};
+template <>
+struct fwd90_cfg<128> {
+    static constexpr int kBlockN = FWD90_BN_D128, kStages = FWD90_STAGES_D128;
+};
+template <>
+struct fwd90_cfg<256> {
+    static constexpr int kBlockN = FWD90_BN_D256, kStages = FWD90_STAGES_D256;
+};
+
+/* The TMA tensor maps of q, k, v, 4-D (d, rows, heads, batches), boxes of 64 columns x FWD90_BM (q) or
+ * kBlockN (k, v) rows, 128-byte swizzle. Built per call by the launcher from the params' pointers and
+ * strides; passed beside them as a __grid_constant__ parameter. */
+typedef struct fwd90_maps {
+    CUtensorMap q, k, v;
+} fwd90_maps;
+
+/* Shared-memory layout from a 1024-byte aligned base: Q, K[kStages], V[kStages], then the mbarriers
+ * Q_FULL, K_FULL[kStages], V_FULL[kStages], EMPTY[kStages]. */
+template <int kHeadDim>
+struct fwd90_smem {
+    static constexpr int kBlockN = fwd90_cfg<kHeadDim>::kBlockN, kStages = fwd90_cfg<kHeadDim>::kStages;
+    static constexpr int kQBytes = FWD90_BM * kHeadDim * FWD90_ELEM_BYTES;
+    static constexpr int kKVBytes = kBlockN * kHeadDim * FWD90_ELEM_BYTES;
+    static constexpr int kK = kQBytes, kV = kK + kStages * kKVBytes, kBars = kV + kStages * kKVBytes;
+    static constexpr int kQFull = kBars, kKFull = kQFull + 8, kVFull = kKFull + 8 * kStages,
+                         kEmpty = kVFull + 8 * kStages;
+    static constexpr size_t kBytes = (size_t)kEmpty + 8 * kStages + SW128_ATOM_BYTES; /* + alignment slack */
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+/* Compiler-level fence on accumulator registers: keeps their reads and writes on their side of the
+ * wgmma issue / wait around it. */
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        asm volatile("" : "+f"(r[i])::"memory");
+}
+
+/* S = Q_wg K^T for one key tile: kHeadDim / 16 wgmma SS steps, committed as one group. sq: the consumer's
+ * 64 rows of the Q tile (FWD90_BM rows), sk: the K stage. */
+template <typename T, int kHeadDim, int kBlockN>
+__device__ __forceinline__ void gemm_qk(float (&s)[kBlockN / 2], uint32_t sq, int q_row0, uint32_t sk)
+{
+    fence_regs(s);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / FWD90_WGMMA_K; kk++)
+        wgmma_op<T, kBlockN>::template ss<0, 0>(s, desc_k_major<FWD90_BM>(sq, q_row0, kk * FWD90_WGMMA_K),
+                                                desc_k_major<kBlockN>(sk, 0, kk * FWD90_WGMMA_K), kk > 0);
+    wgmma_commit();
+    fence_regs(s);
+}
+
+/* O += P V for one key tile: kBlockN / 16 k steps of wgmma RS (P from registers), V MN-major; one n128
+ * wgmma per 128 output columns. Committed as one group. */
+template <typename T, int kHeadDim, int kBlockN>
+__device__ __forceinline__ void gemm_pv(float (&o)[kHeadDim / 2], const uint32_t (&pa)[kBlockN / 16][4], uint32_t sv)
+{
+    constexpr int kN = kHeadDim < FWD90_PV_N ? kHeadDim : FWD90_PV_N;
+    fence_regs(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / FWD90_WGMMA_K; kk++)
+#pragma unroll
+        for (int nh = 0; nh < kHeadDim / kN; nh++)
+            wgmma_op<T, kN>::template rs<1>(o + nh * (kN / 2), pa[kk],
+                                            desc_mn_major<kBlockN>(sv, kk * FWD90_WGMMA_K, nh * kN), 1);
+    wgmma_commit();
+    fence_regs(o);
+}
+
+/* Band and tail mask of one tile on the raw scores: value 4 i + 2 h + e is row r_t + 8 h, key c_t + 8 i + e;
+ * -inf where the key is >= sk or j - i is outside [diag_lo, diag_hi] (one unsigned compare). */
+template <int kN>
+__device__ __forceinline__ void mask_tile(float (&s)[kN], int r_t, int c_t, int sk, int diag_lo, int diag_hi)
+{
+    const unsigned from_lo0 = (unsigned)(c_t - r_t) - (unsigned)diag_lo;
+    const unsigned band = (unsigned)diag_hi - (unsigned)diag_lo;
+#pragma unroll
+    for (int i = 0; i < kN / 4; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int col = c_t + 8 * i + e;
+                if (col >= sk || from_lo0 + (unsigned)(8 * i + e - 8 * h) > band)
+                    s[4 * i + 2 * h + e] = -INFINITY;
+            }
+}
+
+/* Online softmax of one tile: s (raw scores) becomes P = exp2(s scale - m scale); m, l updated; alpha =
+ * exp2((m_old - m) scale), the factor O must be rescaled by. A row whose max is still -inf exponentiates
+ * against 0 (P = 0, never NaN). */
+template <int kN>
+__device__ __forceinline__ void softmax_tile(float (&s)[kN], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                             float scale)
+{
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float mx = m[h];
+#pragma unroll
+        for (int i = 0; i < kN / 4; i++)
+            mx = fmaxf(mx, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float ms = mx == -INFINITY ? 0.f : mx * scale;
+        alpha[h] = exp2_approx(m[h] * scale - ms);
+        m[h] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < kN / 4; i++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float pe = exp2_approx(fmaf(s[4 * i + 2 * h + e], scale, -ms));
+                s[4 * i + 2 * h + e] = pe;
+                sum += pe;
+            }
+        l[h] = l[h] * alpha[h] + sum;
+    }
+}
+
+/* P (the S accumulators after softmax_tile) as kN / 8 A fragments of k16: n8 blocks 2 kk, 2 kk + 1. */
+template <typename T, int kN>
+__device__ __forceinline__ void p_to_frags(const float (&s)[kN], uint32_t (&pa)[kN / 8][4])
+{
+#pragma unroll
+    for (int kk = 0; kk < kN / 8; kk++) {
+        pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+        pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+}
+
+template <int kN>
+__device__ __forceinline__ void rescale_o(float (&o)[kN], const float (&alpha)[2])
+{
+#pragma unroll
+    for (int i = 0; i < kN / 4; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            o[4 * i + e] *= alpha[e / 2];
+}
+
+/* The consumers' turn to issue wgmma's (FWD90_PINGPONG): consumer c waits for its barrier, issues, then
+ * hands the turn to the other. */
+__device__ __forceinline__ void turn_wait(int c)
+{
+    if (FWD90_PINGPONG)
+        named_sync(FWD90_BAR_TURN + c, FWD90_CONSUMER_WGS * FWD90_WG_THREADS);
+}
+__device__ __forceinline__ void turn_pass(int c)
+{
+    if (FWD90_PINGPONG)
+        named_arrive(FWD90_BAR_TURN + (c ^ 1), FWD90_CONSUMER_WGS * FWD90_WG_THREADS);
+}
+
+/* What a consumer's main loop carries. */
+template <int kHeadDim, int kBlockN>
+struct fwd90_state {
+    float o[kHeadDim / 2];       /* O accumulators (wgmma D layout; columns 128 nh + 8 i + 2 (lane % 4) + e) */
+    float s[kBlockN / 2];        /* S, then P of the current tile */
+    uint32_t pa[kBlockN / 16][4]; /* P of the previous tile as A fragments (read by the in-flight P V wgmma) */
+    float m[2], l[2];            /* running max (raw units) and this lane's part of the row sum, rows r, r + 8 */
+};
+
+/* One iteration t >= 1 of a consumer's loop (key tile j, stage st; the previous tile's stage pst):
+ * issue S_t and O += P_{t-1} V_{t-1}, softmax S_t under the P V wgmma, release stage t - 1, rescale O,
+ * convert P_t. kMask: the tile needs the band / tail mask. */
+template <typename T, int kHeadDim, int kBlockN, int kStages, bool kMask>
+__device__ __forceinline__ void consumer_step(fwd90_state<kHeadDim, kBlockN> &st, int t, int j, int c,
+                                              uint32_t sq, int q_row0, uint32_t sk0, uint32_t sv0, uint32_t kfull,
+                                              uint32_t vfull, uint32_t empty, float scale, int r_t, int lane_c,
+                                              int sk, int diag_lo, int diag_hi, bool releaser)
+{
+    constexpr int kKV = kBlockN * kHeadDim * FWD90_ELEM_BYTES;
+    const int s_cur = t % kStages, s_prev = (t - 1) % kStages;
+    turn_wait(c);
+    mbar_wait(kfull + 8 * s_cur, (t / kStages) & 1);
+    gemm_qk<T, kHeadDim, kBlockN>(st.s, sq, q_row0, sk0 + s_cur * kKV);
+    mbar_wait(vfull + 8 * s_prev, ((t - 1) / kStages) & 1);
+    gemm_pv<T, kHeadDim, kBlockN>(st.o, st.pa, sv0 + s_prev * kKV);
+    turn_pass(c);
+    wgmma_wait<1>();
+    fence_regs(st.s);
+    if (kMask)
+        mask_tile(st.s, r_t, j * kBlockN + lane_c, sk, diag_lo, diag_hi);
+    float alpha[2];
+    softmax_tile(st.s, st.m, st.l, alpha, scale);
+    wgmma_wait<0>();
+    fence_regs(st.o);
+    if (releaser)
+        mbar_arrive(empty + 8 * s_prev);
+    rescale_o(st.o, alpha);
+    p_to_frags<T>(st.s, st.pa);
+}
+
+/* The producer warp's copy of a V tile whose rows past `rows` must read as zeros (see the header): cp.async
+ * of rows [0, rows) from g (row stride `stride`, columns < d), zeros elsewhere, in the sw128 layout. */
+template <typename T, int kHeadDim, int kBlockN>
+__device__ __forceinline__ void copy_v_tail(uint32_t sv, const T *g, int64_t stride, int rows, int d, int lane)
+{
+    constexpr int kChunks = kHeadDim / FWD90_CHUNK;
+#pragma unroll 4
+    for (int idx = lane; idx < kBlockN * kChunks; idx += FLASH_WARP_SIZE) {
+        const int r = idx / kChunks, cc = (idx % kChunks) * FWD90_CHUNK;
+        const bool ok = r < rows && cc < d;
+        cp_async_16(sv + sw128_offset(kBlockN, r, cc), ok ? (const void *)(g + r * stride + cc) : (const void *)g, ok);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async();
+}
+
+#endif
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(FWD90_THREADS, 1)
+    flash_fwd_sm90_kernel(const __grid_constant__ flash_params p, const __grid_constant__ fwd90_maps maps)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using L = fwd90_smem<kHeadDim>;
+    constexpr int kBlockN = L::kBlockN, kStages = L::kStages;
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + SW128_ATOM_BYTES - 1) & ~(uint32_t)(SW128_ATOM_BYTES - 1);
+    const uint32_t sq = base, sk0 = base + L::kK, sv0 = base + L::kV;
+    const uint32_t qfull = base + L::kQFull, kfull = base + L::kKFull, vfull = base + L::kVFull,
+                   empty = base + L::kEmpty;
+
+    const int tid = threadIdx.x;
+    const int mt = (int)(gridDim.x - 1 - blockIdx.x); /* heaviest (causal) query tiles first */
+    const int hq = blockIdx.y, b = blockIdx.z;
+    const flash_seq seq = flash_seq_of(&p, b);
+    const int m0 = mt * FWD90_BM;
+    if (m0 >= seq.sq)
+        return; /* varlen: the grid spans the longest sequence */
+    const int sqn = (int)seq.sq, skn = (int)seq.sk;
+    const int qn = sqn - m0 < FWD90_BM ? sqn - m0 : FWD90_BM;
+    const flash_tile_range kt = flash_key_tiles(&seq, m0, qn, kBlockN);
+    const int first = (int)kt.first, end = (int)kt.end, n_tiles = end - first;
+    const int full_first = (int)kt.full_first, full_end = (int)kt.full_end;
+
+    if (tid == 0) {
+        mbar_init(qfull, 1);
+        for (int s = 0; s < kStages; s++) {
+            mbar_init(kfull + 8 * s, 1);
+            mbar_init(vfull + 8 * s, 1);
+            mbar_init(empty + 8 * s, FWD90_CONSUMER_WGS);
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+
+    const int wg = tid / FWD90_WG_THREADS;
+    if (wg == 0) {
+        /* ---- producer ---- */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FWD90_PRODUCER_REGS));
+        if (tid >= FLASH_WARP_SIZE || n_tiles == 0)
+            return;
+        const int lane = tid;
+        const int hk = (int)(hq / p.h_per_kv);
+        const int qb = p.cu_seqlens_q ? 0 : b, kb = p.cu_seqlens_q ? 0 : (int)seq.k_batch;
+        const int qrow = (int)(seq.q_row0 + m0), krow = (int)seq.k_row0;
+        /* the V rows past the sequence's keys are the tensor's own end (zero-filled by the TMA) only in a
+         * dense batch without seqused_k */
+        const bool tail_by_tma = p.cu_seqlens_q == NULL && p.seqused_k == NULL;
+        if (lane == 0) {
+            tma_prefetch_map(&maps.q);
+            tma_prefetch_map(&maps.k);
+            tma_prefetch_map(&maps.v);
+            mbar_arrive_expect_tx(qfull, L::kQBytes);
+            for (int pn = 0; pn < kHeadDim / FWD90_PANEL; pn++)
+                tma_load_4d(sq + pn * FWD90_BM * SW128_ROW_BYTES, &maps.q, qfull, pn * FWD90_PANEL, qrow, hq, qb);
+        }
+        for (int t = 0; t < n_tiles; t++) {
+            const int j = end - 1 - t, s = t % kStages;
+            mbar_wait(empty + 8 * s, ((t / kStages) & 1) ^ 1);
+            const uint32_t dk = sk0 + s * L::kKVBytes, dv = sv0 + s * L::kKVBytes;
+            const int row = krow + j * kBlockN;
+            if (lane == 0) {
+                mbar_arrive_expect_tx(kfull + 8 * s, L::kKVBytes);
+                for (int pn = 0; pn < kHeadDim / FWD90_PANEL; pn++)
+                    tma_load_4d(dk + pn * kBlockN * SW128_ROW_BYTES, &maps.k, kfull + 8 * s, pn * FWD90_PANEL, row,
+                                hk, kb);
+            }
+            if (!tail_by_tma && (j + 1) * kBlockN > skn) {
+                const T *vg = (const T *)p.v + flash_key_offset(&p, &seq, p.v_s.batch, p.v_s.row, (int64_t)j * kBlockN) +
+                              (int64_t)hk * p.v_s.head;
+                copy_v_tail<T, kHeadDim, kBlockN>(dv, vg, p.v_s.row, skn - j * kBlockN, (int)p.d, lane);
+                __syncwarp();
+                if (lane == 0)
+                    mbar_arrive(vfull + 8 * s);
+            } else if (lane == 0) {
+                mbar_arrive_expect_tx(vfull + 8 * s, L::kKVBytes);
+                for (int pn = 0; pn < kHeadDim / FWD90_PANEL; pn++)
+                    tma_load_4d(dv + pn * kBlockN * SW128_ROW_BYTES, &maps.v, vfull + 8 * s, pn * FWD90_PANEL, row,
+                                hk, kb);
+            }
+        }
+        return;
+    }
+
+    /* ---- consumers ---- */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FWD90_CONSUMER_REGS));
+    const int c = wg - 1, ctid = tid - c * FWD90_WG_THREADS - FWD90_WG_THREADS;
+    const int lane = tid % FLASH_WARP_SIZE, warp = ctid / FLASH_WARP_SIZE;
+    const int q_row0 = c * FWD90_WG_ROWS;                             /* the consumer's rows in the Q tile */
+    const int r_loc = q_row0 + warp * 16 + lane / 4;                 /* the thread's first row in the tile */
+    const int r_t = m0 + r_loc, lane_c = 2 * (lane % 4);
+    const float scale = p.scale_log2;
+    const int diag_lo = (int)seq.diag_lo, diag_hi = (int)seq.diag_hi;
+    const bool releaser = ctid == 0;
+
+    fwd90_state<kHeadDim, kBlockN> st;
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; i++)
+        st.o[i] = 0.f;
+    st.m[0] = st.m[1] = -INFINITY;
+    st.l[0] = st.l[1] = 0.f;
+
+    if (n_tiles > 0) {
+        if (c == 1)
+            turn_pass(c); /* consumer 0 issues first */
+        mbar_wait(qfull, 0);
+        /* tile t = 0 (j = end - 1) */
+        {
+            const int j = end - 1;
+            turn_wait(c);
+            mbar_wait(kfull, 0);
+            gemm_qk<T, kHeadDim, kBlockN>(st.s, sq, q_row0, sk0);
+            turn_pass(c);
+            wgmma_wait<0>();
+            fence_regs(st.s);
+            if (j < full_first || j >= full_end)
+                mask_tile(st.s, r_t, j * kBlockN + lane_c, skn, diag_lo, diag_hi);
+            float alpha[2];
+            softmax_tile(st.s, st.m, st.l, alpha, scale);
+            p_to_frags<T>(st.s, st.pa);
+        }
+        int t = 1;
+        for (; t < n_tiles && end - 1 - t >= full_end; t++)
+            consumer_step<T, kHeadDim, kBlockN, kStages, true>(st, t, end - 1 - t, c, sq, q_row0, sk0, sv0,
+                                                               kfull, vfull, empty, scale, r_t, lane_c, skn, diag_lo,
+                                                               diag_hi, releaser);
+        for (; t < n_tiles && end - 1 - t >= full_first; t++)
+            consumer_step<T, kHeadDim, kBlockN, kStages, false>(st, t, end - 1 - t, c, sq, q_row0, sk0, sv0,
+                                                                kfull, vfull, empty, scale, r_t, lane_c, skn, diag_lo,
+                                                                diag_hi, releaser);
+        for (; t < n_tiles; t++)
+            consumer_step<T, kHeadDim, kBlockN, kStages, true>(st, t, end - 1 - t, c, sq, q_row0, sk0, sv0,
+                                                               kfull, vfull, empty, scale, r_t, lane_c, skn, diag_lo,
+                                                               diag_hi, releaser);
+        /* the last tile's O += P V */
+        const int s_last = (n_tiles - 1) % kStages;
+        turn_wait(c);
+        mbar_wait(vfull + 8 * s_last, ((n_tiles - 1) / kStages) & 1);
+        gemm_pv<T, kHeadDim, kBlockN>(st.o, st.pa, sv0 + s_last * L::kKVBytes);
+        if (c == 0)
+            turn_pass(c); /* consumer 1's last turn is never waited for */
+        wgmma_wait<0>();
+        fence_regs(st.o);
+        if (releaser)
+            mbar_arrive(empty + 8 * s_last);
+    }
+
+    /* ---- epilogue ---- */
+    const float sink = p.sink != NULL ? ((const float *)p.sink)[hq] : -INFINITY;
+    float *lse = (float *)p.lse + flash_lse_offset(&p, &seq, b, hq) + m0;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float l = st.l[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        float factor, row_lse;
+        flash_row_finish_f(st.m[h] * scale * (float)(1.0 / FLASH_LOG2E), l, sink, &factor, &row_lse);
+        const int r = r_loc + 8 * h;
+        if (lane % 4 == 0 && m0 + r < sqn)
+            lse[r] = row_lse;
+#pragma unroll
+        for (int i = 0; i < kHeadDim / 8; i++) {
+            const int col = 8 * i + lane_c;
+            st_shared_u32(sq + sw128_offset(FWD90_BM, r, col),
+                               pack2<T>(st.o[4 * i + 2 * h] * factor, st.o[4 * i + 2 * h + 1] * factor));
+        }
+    }
+    named_sync(FWD90_BAR_EPI + c, FWD90_WG_THREADS);
+    constexpr int kChunks = kHeadDim / FWD90_CHUNK;
+    const int d = (int)p.d;
+    T *og = (T *)p.o + b * p.o_s.batch + hq * p.o_s.head + (seq.q_row0 + m0) * p.o_s.row; /* (qn, d) */
+#pragma unroll
+    for (int it = 0; it < FWD90_WG_ROWS * kChunks / FWD90_WG_THREADS; it++) {
+        const int idx = it * FWD90_WG_THREADS + ctid;
+        const int r = q_row0 + idx / kChunks, cc = (idx % kChunks) * FWD90_CHUNK;
+        if (r < qn && cc < d)
+            *(uint4 *)(og + (int64_t)r * p.o_s.row + cc) = ld_shared_v4_u32(sq + sw128_offset(FWD90_BM, r, cc));
+    }
+#endif
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Host side                                                                                        */
+
+typedef CUresult (*fwd90_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* cuTensorMapEncodeTiled from the driver (once per process), or NULL. */
+static fwd90_encode_fn fwd90_encoder(void)
+{
+    static int looked = 0;
+    static fwd90_encode_fn fn = NULL;
+    if (!looked) {
+        void *f = NULL;
+        cudaDriverEntryPointQueryResult res;
+#if CUDART_VERSION >= 12050
+        const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &res);
+#else
+        const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &res);
+#endif
+        fn = err == cudaSuccess && res == cudaDriverEntryPointSuccess ? (fwd90_encode_fn)f : NULL;
+        looked = 1;
+    }
+    return fn;
+}
+
+/* Stride of a dimension of size 1 is never used: any legal value (a multiple of 16 bytes). */
+static cuuint64_t fwd90_stride(int64_t elems, int64_t size, cuuint64_t fallback)
+{
+    return size > 1 ? (cuuint64_t)elems * FWD90_ELEM_BYTES : fallback;
+}
+
+/* The 4-D map (d, rows, heads, batches) of one (b, s, h, d) tensor, boxes of 64 x box_rows. */
+static int fwd90_make_map(CUtensorMap *map, const flash_params *p, const void *ptr, const flash_strides *s,
+                          int64_t rows, int64_t heads, int64_t batches, int box_rows)
+{
+    const cuuint64_t dims[4] = {(cuuint64_t)p->d, (cuuint64_t)rows, (cuuint64_t)heads, (cuuint64_t)batches};
+    const cuuint64_t row = (cuuint64_t)s->row * FWD90_ELEM_BYTES;
+    const cuuint64_t head = fwd90_stride(s->head, heads, row * (cuuint64_t)rows);
+    const cuuint64_t batch = fwd90_stride(s->batch, batches, head * (cuuint64_t)heads);
+    const cuuint64_t strides[3] = {row, head, batch};
+    const cuuint32_t box[4] = {FWD90_PANEL, (cuuint32_t)box_rows, 1, 1};
+    const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+    const CUtensorMapDataType type =
+        p->dtype == FLASH_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    return fwd90_encoder()(map, type, 4, (void *)ptr, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                           CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+static int fwd90_aligned(const void *ptr, const flash_strides *s)
+{
+    return (uintptr_t)ptr % 16 == 0 && s->row % FWD90_CHUNK == 0 && s->head % FWD90_CHUNK == 0 &&
+           s->batch % FWD90_CHUNK == 0;
+}
+
+static int fwd90_head_dim(int64_t d)
+{
+    return d <= 64 ? 64 : d <= 128 ? 128 : 256;
+}
+
+extern "C" size_t flash_fwd_sm90_smem(const flash_params *p)
+{
+    const int hd = fwd90_head_dim(p->d);
+    return hd == 64 ? fwd90_smem<64>::kBytes : hd == 128 ? fwd90_smem<128>::kBytes : fwd90_smem<256>::kBytes;
+}
+
+extern "C" int flash_fwd_sm90_ok(const flash_params *p)
+{
+    const int64_t q_rows = p->cu_seqlens_q ? p->total_q : p->sq, k_rows = p->cu_seqlens_q ? p->total_k : p->sk;
+    /* no hook field at all (one without has_hook is an error that fwd_sm80.cu reports) */
+    const bool no_hook = !p->has_hook && p->softcap == 0.0 && p->alibi_slopes == NULL && p->mask == NULL &&
+                         p->mask_blocks == NULL && p->dropout_threshold == 0;
+    return (p->dtype == FLASH_FP16 || p->dtype == FLASH_BF16) && no_hook && p->block_table == NULL &&
+           p->num_splits <= 1 && p->b >= 1 && p->h >= 1 && p->d >= 1 && p->d <= FLASH_CUDA_MAX_HEAD_DIM && p->d % FWD90_CHUNK == 0 &&
+           p->scale_log2 > 0.f && p->sq >= 1 && p->sk >= 1 && q_rows >= 1 && k_rows >= 1 && q_rows < INT_MAX &&
+           k_rows < INT_MAX && p->h <= FWD90_MAX_GRID_YZ && p->b <= FWD90_MAX_GRID_YZ && p->h_per_kv >= 1 &&
+           (p->k_batch_idx == NULL || p->k_batches >= 1) && fwd90_aligned(p->q, &p->q_s) && fwd90_aligned(p->k, &p->k_s) &&
+           fwd90_aligned(p->v, &p->v_s) && fwd90_aligned(p->o, &p->o_s) && fwd90_encoder() != NULL;
+}
+
+template <typename T, int kHeadDim>
+static cudaError_t launch_fwd90(const flash_params *p, cudaStream_t stream)
+{
+    fwd90_maps maps;
+    const int varlen = p->cu_seqlens_q != NULL;
+    const int64_t q_rows = varlen ? p->total_q : p->sq, k_rows = varlen ? p->total_k : p->sk;
+    const int64_t k_batches = varlen ? 1 : p->k_batch_idx ? p->k_batches : p->b; /* k / v's batch dimension */
+    if (!fwd90_make_map(&maps.q, p, p->q, &p->q_s, q_rows, p->h, varlen ? 1 : p->b, FWD90_BM) ||
+        !fwd90_make_map(&maps.k, p, p->k, &p->k_s, k_rows, p->h_kv, k_batches, fwd90_cfg<kHeadDim>::kBlockN) ||
+        !fwd90_make_map(&maps.v, p, p->v, &p->v_s, k_rows, p->h_kv, k_batches, fwd90_cfg<kHeadDim>::kBlockN))
+        return cudaErrorInvalidValue;
+    void (*kernel)(const flash_params, const fwd90_maps) = flash_fwd_sm90_kernel<T, kHeadDim>;
+    const size_t smem = fwd90_smem<kHeadDim>::kBytes;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess)
+        return err;
+    const dim3 grid((unsigned)((p->sq + FWD90_BM - 1) / FWD90_BM), (unsigned)p->h, (unsigned)p->b);
+    kernel<<<grid, FWD90_THREADS, smem, stream>>>(*p, maps);
+    return cudaGetLastError();
+}
+
+template <typename T>
+static cudaError_t dispatch_fwd90(const flash_params *p, cudaStream_t stream)
+{
+    const int hd = fwd90_head_dim(p->d);
+    return hd == 64 ? launch_fwd90<T, 64>(p, stream)
+                    : hd == 128 ? launch_fwd90<T, 128>(p, stream) : launch_fwd90<T, 256>(p, stream);
+}
+
+extern "C" cudaError_t flash_fwd_sm90(const flash_params *p, cudaStream_t stream)
+{
+    if (!flash_fwd_sm90_ok(p))
+        return cudaErrorInvalidValue;
+    return p->dtype == FLASH_BF16 ? dispatch_fwd90<__nv_bfloat16>(p, stream) : dispatch_fwd90<__half>(p, stream);
+}
+
+#endif /* FLASHATTN_EXT_SM90A */
