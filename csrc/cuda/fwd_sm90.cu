@@ -31,9 +31,9 @@
  *     global stores of the rows < sq and columns < d; lse in fp32. A row with no visible key: O = 0,
  *     lse = -inf (the sink with one).
  * Tiles (fwd90_cfg; -D FWD90_BN_D* / FWD90_STAGES_D* for tuning): M 128 (2 consumer warpgroups) x
- *   kBlockN 128 at d <= 64 and d <= 128 (3 stages), x 64 at d <= 256 (2 stages). Shared memory: Q (128 x D)
+ *   kBlockN 128 at d <= 64 and d <= 128 (3 stages), x 80 at d <= 256 (2 stages). Shared memory: Q (128 x D)
  *   + stages x (K + V) (kBlockN x D), all in the 128-byte swizzled layout of wgmma.cuh (the TMA's
- *   SWIZZLE_128B with 64-column boxes); d = 128: 225 KB, d = 256: 193 KB. Head dims below the config's are zero-filled by
+ *   SWIZZLE_128B with 64-column boxes); d = 64: 113 KB, d = 128: 225 KB, d = 256: 225 KB. Head dims below the config's are zero-filled by
  *   the TMA (boxes past the tensor's d) and computed like the others; only the global stores are guarded.
  * Serves (launch.cu flash_fwd_sm90_ok): fp16 / bf16, d % 8 == 0, 16-byte aligned pointers and strides, a
  *   positive softmax scale, no score / probability hook but sinks (has_hook = 0), no paged KV cache, no
@@ -43,9 +43,10 @@
  * TFLOP/s = 4 B H Sq Sk D / t, halved for causal), non-causal | causal at seqlen 512 / 2k / 8k:
  *   d64  (3 stages)   274 417 481 | 166 335 439
  *   d128 (3 stages)   397 617 680 | 218 431 588
- *   d256 (2 stages)   360 467 504 | 263 434 524
+ *   d256 (80 keys)    336 452 526 | 249 432 549
  * (fwd_sm80.cu on the same GPU and inputs: d64 261-325, d128 293-369, d256 258-318.) Ping-pong on: +2-10%
- * over off; 3 stages over 2 at d128: +11-27%. Beside cuDNN: benchmarks/results/h200 (fwd_sm90_2026-12-01).
+ * over off; 3 stages over 2 at d128: +11-27%; d256 80 keys over 64: +3-5% from s2k (-2% at s512); d64 4
+ * stages: the same as 3. Beside cuDNN: benchmarks/results/h200 (fwd_sm90_2026-12-01).
  */
 #ifdef FLASHATTN_EXT_SM90A /* the whole file: builds with sm_90a only (launch.cu calls it under the same macro) */
 #include <cuda.h> /* CUtensorMap and its enums (no libcuda link: the encoder comes from cudaGetDriverEntryPoint) */
@@ -88,7 +89,7 @@
 #define FWD90_BN_D128 128
 #endif
 #ifndef FWD90_BN_D256
-#define FWD90_BN_D256 64
+#define FWD90_BN_D256 80
 #endif
 #ifndef FWD90_STAGES_D64
 #define FWD90_STAGES_D64 3

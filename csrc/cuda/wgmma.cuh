@@ -111,7 +111,10 @@ struct wgmma_op;
     "+f"((d)[4]), "+f"((d)[5]), "+f"((d)[6]), "+f"((d)[7]), \
     "+f"((d)[8]), "+f"((d)[9]), "+f"((d)[10]), "+f"((d)[11]), \
     "+f"((d)[12]), "+f"((d)[13]), "+f"((d)[14]), "+f"((d)[15])
+#define WGMMA_ACC8(d) \
+    "+f"((d)[0]), "+f"((d)[1]), "+f"((d)[2]), "+f"((d)[3]), "+f"((d)[4]), "+f"((d)[5]), "+f"((d)[6]), "+f"((d)[7])
 #define WGMMA_ACC32(d) WGMMA_ACC16(d), WGMMA_ACC16((d) + 16)
+#define WGMMA_ACC40(d) WGMMA_ACC32(d), WGMMA_ACC8((d) + 32)
 #define WGMMA_ACC64(d) WGMMA_ACC32(d), WGMMA_ACC32((d) + 32)
 
 /* wgmma_op<T, 32>: ss only (S^T and dP^T of the d256 kernel, 32 queries per warpgroup). */
@@ -125,6 +128,23 @@ struct wgmma_op;
                          "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" \
                          "}, %16, %17, p, 1, 1, %19, %20;\n}\n" \
                          : WGMMA_ACC16(d) \
+                         : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B)); \
+        } \
+    };
+
+/* wgmma_op<T, 80>: ss only (S of the d256 forward, 80 keys per tile). */
+#define WGMMA_OP_N80(T, PTXT) \
+    template <> struct wgmma_op<T, 80> { \
+        template <int TRANS_A, int TRANS_B> \
+        static __device__ __forceinline__ void ss(float d[40], uint64_t desc_a, uint64_t desc_b, int accumulate) \
+        { \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n" \
+                         "wgmma.mma_async.sync.aligned.m64n80k16.f32." PTXT "." PTXT " {" \
+                         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+                         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
+                         "%32, %33, %34, %35, %36, %37, %38, %39" \
+                         "}, %40, %41, p, 1, 1, %43, %44;\n}\n" \
+                         : WGMMA_ACC40(d) \
                          : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B)); \
         } \
     };
@@ -188,6 +208,8 @@ struct wgmma_op;
 
 WGMMA_OP_N32(__nv_bfloat16, "bf16")
 WGMMA_OP_N32(__half, "f16")
+WGMMA_OP_N80(__nv_bfloat16, "bf16")
+WGMMA_OP_N80(__half, "f16")
 WGMMA_OP_N64(__nv_bfloat16, "bf16")
 WGMMA_OP_N64(__half, "f16")
 WGMMA_OP_N128(__nv_bfloat16, "bf16")
