@@ -4,7 +4,7 @@
 # bf16 benchmark of each variant beside the mma.sync forward (FLASHATTN_EXT_DISABLE_SM90=1).
 #   bash dev/fwd90_bench.sh [NAME=MACRO=VALUE[,MACRO=VALUE...] ...]      (default: base=)
 #   e.g. bash dev/fwd90_bench.sh base= nopp=FWD90_PINGPONG=0 s3=FWD90_STAGES_D128=3
-# Env: CHECK=0 skips the checks; BENCH_D limits the benchmark to one head dim.
+# Env: CHECK=0 skips the checks; BENCH_D limits the benchmark to one head dim; SM80=0 skips the sm80 row.
 set -uo pipefail
 FLAGS="-std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -DFLASHATTN_EXT_SM90A -Icsrc -Icsrc/cuda"
 COMMON="csrc/cuda/launch.cu csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_decode.cu csrc/cuda/fwd_simple.cu
@@ -38,14 +38,14 @@ done
 [ -z "$first" ] && exit 1
 if [ "${CHECK:-1}" != 0 ]; then
     echo "== check ($first)"
-    "$BIN/h_$first" check >"$BIN/check.log" 2>&1 && echo "check passed" || echo "CHECK FAILED"
+    timeout 180 "$BIN/h_$first" check >"$BIN/check.log" 2>&1 && echo "check passed" || echo "CHECK FAILED"
     grep -E "FAIL|passed|failed" "$BIN/check.log" | tail -15
 fi
-echo "== sm80 forward (FLASHATTN_EXT_DISABLE_SM90=1)"
-FLASHATTN_EXT_DISABLE_SM90=1 "$BIN/h_$first" bench ${BENCH_D:-}
+[ "${SM80:-1}" != 0 ] && echo "== sm80 forward (FLASHATTN_EXT_DISABLE_SM90=1)" &&
+FLASHATTN_EXT_DISABLE_SM90=1 timeout 120 "$BIN/h_$first" bench ${BENCH_D:-}
 for v in $variants; do
     name=${v%%=*}
     [ -x "$BIN/h_$name" ] || continue
     echo "== sm90 forward: $v"
-    "$BIN/h_$name" bench ${BENCH_D:-}
+    timeout 120 "$BIN/h_$name" bench ${BENCH_D:-} || echo "BENCH FAILED (rc $?)"
 done

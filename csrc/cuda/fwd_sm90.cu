@@ -73,7 +73,6 @@
 #define FWD90_PV_N 128          /* largest N of one P V wgmma (d256 issues two) */
 #define FWD90_CHUNK 8           /* 16-bit elements per 16-byte copy */
 #define FWD90_ELEM_BYTES 2
-#define FWD90_MAX_GRID_YZ 65535
 /* named barriers: 0 is __syncthreads; ping-pong turn of consumer c: FWD90_BAR_TURN + c (both consumers'
  * threads); epilogue of consumer c: FWD90_BAR_EPI + c (its own threads) */
 #define FWD90_BAR_TURN 1
@@ -81,6 +80,11 @@
 
 #ifndef FWD90_PINGPONG
 #define FWD90_PINGPONG 1
+#endif
+/* 1: one CTA per SM walks the work tiles (the next tile's loads overlap the current one's end); 0: one CTA
+ * per work tile */
+#ifndef FWD90_PERSISTENT
+#define FWD90_PERSISTENT 1
 #endif
 #ifndef FWD90_BN_D64
 #define FWD90_BN_D64 128
@@ -125,14 +129,14 @@ typedef struct fwd90_maps {
 } fwd90_maps;
 
 /* Shared-memory layout from a 1024-byte aligned base: Q, K[kStages], V[kStages], then the mbarriers
- * Q_FULL, K_FULL[kStages], V_FULL[kStages], EMPTY[kStages]. */
+ * Q_FULL, Q_EMPTY, K_FULL[kStages], V_FULL[kStages], EMPTY[kStages]. */
 template <int kHeadDim>
 struct fwd90_smem {
     static constexpr int kBlockN = fwd90_cfg<kHeadDim>::kBlockN, kStages = fwd90_cfg<kHeadDim>::kStages;
     static constexpr int kQBytes = FWD90_BM * kHeadDim * FWD90_ELEM_BYTES;
     static constexpr int kKVBytes = kBlockN * kHeadDim * FWD90_ELEM_BYTES;
     static constexpr int kK = kQBytes, kV = kK + kStages * kKVBytes, kBars = kV + kStages * kKVBytes;
-    static constexpr int kQFull = kBars, kKFull = kQFull + 8, kVFull = kKFull + 8 * kStages,
+    static constexpr int kQFull = kBars, kQEmpty = kQFull + 8, kKFull = kQEmpty + 8, kVFull = kKFull + 8 * kStages,
                          kEmpty = kVFull + 8 * kStages;
     static constexpr size_t kBytes = (size_t)kEmpty + 8 * kStages + SW128_ATOM_BYTES; /* + alignment slack */
 };
@@ -277,21 +281,22 @@ struct fwd90_state {
     float m[2], l[2];            /* running max (raw units) and this lane's part of the row sum, rows r, r + 8 */
 };
 
-/* One iteration t >= 1 of a consumer's loop (key tile j, stage st; the previous tile's stage pst):
- * issue S_t and O += P_{t-1} V_{t-1}, softmax S_t under the P V wgmma, release stage t - 1, rescale O,
- * convert P_t. kMask: the tile needs the band / tail mask. */
+/* One iteration of a consumer's loop past a work tile's first key tile: key tile j, ring index g (the
+ * CTA's count of K / V tiles so far: stage g % kStages, phase g / kStages), the previous key tile at g - 1:
+ * issue S_g and O += P_{g-1} V_{g-1}, softmax S_g under the P V wgmma, release ring slot g - 1, rescale O,
+ * convert P_g. kMask: the tile needs the band / tail mask. */
 template <typename T, int kHeadDim, int kBlockN, int kStages, bool kMask>
-__device__ __forceinline__ void consumer_step(fwd90_state<kHeadDim, kBlockN> &st, int t, int j, int c,
+__device__ __forceinline__ void consumer_step(fwd90_state<kHeadDim, kBlockN> &st, int g, int j, int c,
                                               uint32_t sq, int q_row0, uint32_t sk0, uint32_t sv0, uint32_t kfull,
                                               uint32_t vfull, uint32_t empty, float scale, int r_t, int lane_c,
                                               int sk, int diag_lo, int diag_hi, bool releaser)
 {
     constexpr int kKV = kBlockN * kHeadDim * FWD90_ELEM_BYTES;
-    const int s_cur = t % kStages, s_prev = (t - 1) % kStages;
+    const int s_cur = g % kStages, s_prev = (g - 1) % kStages;
     turn_wait(c);
-    mbar_wait(kfull + 8 * s_cur, (t / kStages) & 1);
+    mbar_wait(kfull + 8 * s_cur, (g / kStages) & 1);
     gemm_qk<T, kHeadDim, kBlockN>(st.s, sq, q_row0, sk0 + s_cur * kKV);
-    mbar_wait(vfull + 8 * s_prev, ((t - 1) / kStages) & 1);
+    mbar_wait(vfull + 8 * s_prev, ((g - 1) / kStages) & 1);
     gemm_pv<T, kHeadDim, kBlockN>(st.o, st.pa, sv0 + s_prev * kKV);
     turn_pass(c);
     wgmma_wait<1>();
@@ -327,6 +332,24 @@ __device__ __forceinline__ void copy_v_tail(uint32_t sv, const T *g, int64_t str
 
 #endif
 
+/* Work tile w of the grid's list (query tile, head, batch), in the order of the former 3-D grid: query tiles
+ * fastest (the heaviest causal ones first), so the CTAs running together share one head's K / V in L2. */
+struct fwd90_work {
+    int m0, hq, b;
+};
+
+__device__ __forceinline__ fwd90_work fwd90_work_of(int w, int m_tiles, int h)
+{
+    fwd90_work r;
+    r.m0 = (m_tiles - 1 - w % m_tiles) * FWD90_BM;
+    r.hq = (w / m_tiles) % h;
+    r.b = w / (m_tiles * h);
+    return r;
+}
+
+/* One CTA per SM (persistent, FWD90_PERSISTENT) or one per work tile walks the work tiles w = blockIdx.x,
+ * + gridDim.x, ...; the producer runs ahead into the next work tile (its first K / V tile, then its Q
+ * once the consumers are done with the current Q: Q_EMPTY) while the consumers finish the current one. */
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(FWD90_THREADS, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ flash_params p, const __grid_constant__ fwd90_maps maps)
@@ -337,24 +360,14 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     extern __shared__ uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + SW128_ATOM_BYTES - 1) & ~(uint32_t)(SW128_ATOM_BYTES - 1);
     const uint32_t sq = base, sk0 = base + L::kK, sv0 = base + L::kV;
-    const uint32_t qfull = base + L::kQFull, kfull = base + L::kKFull, vfull = base + L::kVFull,
-                   empty = base + L::kEmpty;
-
+    const uint32_t qfull = base + L::kQFull, qempty = base + L::kQEmpty, kfull = base + L::kKFull,
+                   vfull = base + L::kVFull, empty = base + L::kEmpty;
     const int tid = threadIdx.x;
-    const int mt = (int)(gridDim.x - 1 - blockIdx.x); /* heaviest (causal) query tiles first */
-    const int hq = blockIdx.y, b = blockIdx.z;
-    const flash_seq seq = flash_seq_of(&p, b);
-    const int m0 = mt * FWD90_BM;
-    if (m0 >= seq.sq)
-        return; /* varlen: the grid spans the longest sequence */
-    const int sqn = (int)seq.sq, skn = (int)seq.sk;
-    const int qn = sqn - m0 < FWD90_BM ? sqn - m0 : FWD90_BM;
-    const flash_tile_range kt = flash_key_tiles(&seq, m0, qn, kBlockN);
-    const int first = (int)kt.first, end = (int)kt.end, n_tiles = end - first;
-    const int full_first = (int)kt.full_first, full_end = (int)kt.full_end;
+    const int m_tiles = (int)((p.sq + FWD90_BM - 1) / FWD90_BM), n_work = m_tiles * (int)p.h * (int)p.b;
 
     if (tid == 0) {
         mbar_init(qfull, 1);
+        mbar_init(qempty, FWD90_CONSUMER_WGS);
         for (int s = 0; s < kStages; s++) {
             mbar_init(kfull + 8 * s, 1);
             mbar_init(vfull + 8 * s, 1);
@@ -366,14 +379,11 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
 
     const int wg = tid / FWD90_WG_THREADS;
     if (wg == 0) {
-        /* ---- producer ---- */
+        /* ---- producer: warp 0 (lane 0 issues the TMA loads; the whole warp copies V tails) ---- */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FWD90_PRODUCER_REGS));
-        if (tid >= FLASH_WARP_SIZE || n_tiles == 0)
+        if (tid >= FLASH_WARP_SIZE)
             return;
         const int lane = tid;
-        const int hk = (int)(hq / p.h_per_kv);
-        const int qb = p.cu_seqlens_q ? 0 : b, kb = p.cu_seqlens_q ? 0 : (int)seq.k_batch;
-        const int qrow = (int)(seq.q_row0 + m0), krow = (int)seq.k_row0;
         /* the V rows past the sequence's keys are the tensor's own end (zero-filled by the TMA) only in a
          * dense batch without seqused_k */
         const bool tail_by_tma = p.cu_seqlens_q == NULL && p.seqused_k == NULL;
@@ -381,33 +391,55 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
             tma_prefetch_map(&maps.q);
             tma_prefetch_map(&maps.k);
             tma_prefetch_map(&maps.v);
-            mbar_arrive_expect_tx(qfull, L::kQBytes);
-            for (int pn = 0; pn < kHeadDim / FWD90_PANEL; pn++)
-                tma_load_4d(sq + pn * FWD90_BM * SW128_ROW_BYTES, &maps.q, qfull, pn * FWD90_PANEL, qrow, hq, qb);
         }
-        for (int t = 0; t < n_tiles; t++) {
-            const int j = end - 1 - t, s = t % kStages;
-            mbar_wait(empty + 8 * s, ((t / kStages) & 1) ^ 1);
-            const uint32_t dk = sk0 + s * L::kKVBytes, dv = sv0 + s * L::kKVBytes;
-            const int row = krow + j * kBlockN;
-            if (lane == 0) {
-                mbar_arrive_expect_tx(kfull + 8 * s, L::kKVBytes);
-                for (int pn = 0; pn < kHeadDim / FWD90_PANEL; pn++)
-                    tma_load_4d(dk + pn * kBlockN * SW128_ROW_BYTES, &maps.k, kfull + 8 * s, pn * FWD90_PANEL, row,
-                                hk, kb);
-            }
-            if (!tail_by_tma && (j + 1) * kBlockN > skn) {
-                const T *vg = (const T *)p.v + flash_key_offset(&p, &seq, p.v_s.batch, p.v_s.row, (int64_t)j * kBlockN) +
-                              (int64_t)hk * p.v_s.head;
-                copy_v_tail<T, kHeadDim, kBlockN>(dv, vg, p.v_s.row, skn - j * kBlockN, (int)p.d, lane);
-                __syncwarp();
-                if (lane == 0)
-                    mbar_arrive(vfull + 8 * s);
-            } else if (lane == 0) {
-                mbar_arrive_expect_tx(vfull + 8 * s, L::kKVBytes);
-                for (int pn = 0; pn < kHeadDim / FWD90_PANEL; pn++)
-                    tma_load_4d(dv + pn * kBlockN * SW128_ROW_BYTES, &maps.v, vfull + 8 * s, pn * FWD90_PANEL, row,
-                                hk, kb);
+        int g = 0, qc = 0; /* K / V tiles and Q tiles loaded so far */
+        for (int w = blockIdx.x; w < n_work; w += gridDim.x) {
+            const fwd90_work wk = fwd90_work_of(w, m_tiles, (int)p.h);
+            const flash_seq seq = flash_seq_of(&p, wk.b);
+            if (wk.m0 >= seq.sq)
+                continue; /* varlen: the grid spans the longest sequence */
+            const int skn = (int)seq.sk, qn = (int)flash_min64(seq.sq - wk.m0, FWD90_BM);
+            const flash_tile_range kt = flash_key_tiles(&seq, wk.m0, qn, kBlockN);
+            const int end = (int)kt.end, n_tiles = (int)(kt.end - kt.first);
+            const int hk = (int)(wk.hq / p.h_per_kv);
+            const int qb = p.cu_seqlens_q ? 0 : wk.b, kb = p.cu_seqlens_q ? 0 : (int)seq.k_batch;
+            const int krow = (int)seq.k_row0;
+            for (int t = 0; t < n_tiles; t++, g++) {
+                const int j = end - 1 - t, s = g % kStages;
+                mbar_wait(empty + 8 * s, ((g / kStages) & 1) ^ 1);
+                const uint32_t dk = sk0 + s * L::kKVBytes, dv = sv0 + s * L::kKVBytes;
+                const int row = krow + j * kBlockN;
+                if (lane == 0) {
+                    mbar_arrive_expect_tx(kfull + 8 * s, L::kKVBytes);
+                    for (int pn = 0; pn < kHeadDim / FWD90_PANEL; pn++)
+                        tma_load_4d(dk + pn * kBlockN * SW128_ROW_BYTES, &maps.k, kfull + 8 * s, pn * FWD90_PANEL,
+                                    row, hk, kb);
+                }
+                if (!tail_by_tma && (j + 1) * kBlockN > skn) {
+                    const T *vg = (const T *)p.v +
+                                  flash_key_offset(&p, &seq, p.v_s.batch, p.v_s.row, (int64_t)j * kBlockN) +
+                                  (int64_t)hk * p.v_s.head;
+                    copy_v_tail<T, kHeadDim, kBlockN>(dv, vg, p.v_s.row, skn - j * kBlockN, (int)p.d, lane);
+                    __syncwarp();
+                    if (lane == 0)
+                        mbar_arrive(vfull + 8 * s);
+                } else if (lane == 0) {
+                    mbar_arrive_expect_tx(vfull + 8 * s, L::kKVBytes);
+                    for (int pn = 0; pn < kHeadDim / FWD90_PANEL; pn++)
+                        tma_load_4d(dv + pn * kBlockN * SW128_ROW_BYTES, &maps.v, vfull + 8 * s, pn * FWD90_PANEL,
+                                    row, hk, kb);
+                }
+                if (t == 0) {
+                    /* Q after the first K / V tile: the consumers release the previous Q at their last wgmma */
+                    mbar_wait(qempty, (qc & 1) ^ 1);
+                    if (lane == 0) {
+                        mbar_arrive_expect_tx(qfull, L::kQBytes);
+                        for (int pn = 0; pn < kHeadDim / FWD90_PANEL; pn++)
+                            tma_load_4d(sq + pn * FWD90_BM * SW128_ROW_BYTES, &maps.q, qfull, pn * FWD90_PANEL,
+                                        (int)(seq.q_row0 + wk.m0), wk.hq, qb);
+                    }
+                    qc++;
+                }
             }
         }
         return;
@@ -417,95 +449,106 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FWD90_CONSUMER_REGS));
     const int c = wg - 1, ctid = tid - c * FWD90_WG_THREADS - FWD90_WG_THREADS;
     const int lane = tid % FLASH_WARP_SIZE, warp = ctid / FLASH_WARP_SIZE;
-    const int q_row0 = c * FWD90_WG_ROWS;                             /* the consumer's rows in the Q tile */
-    const int r_loc = q_row0 + warp * 16 + lane / 4;                 /* the thread's first row in the tile */
-    const int r_t = m0 + r_loc, lane_c = 2 * (lane % 4);
+    const int q_row0 = c * FWD90_WG_ROWS;             /* the consumer's rows in the Q tile */
+    const int r_loc = q_row0 + warp * 16 + lane / 4; /* the thread's first row in the tile */
+    const int lane_c = 2 * (lane % 4);
     const float scale = p.scale_log2;
-    const int diag_lo = (int)seq.diag_lo, diag_hi = (int)seq.diag_hi;
     const bool releaser = ctid == 0;
+    int g = 0, qc = 0; /* as the producer's */
+    for (int w = blockIdx.x; w < n_work; w += gridDim.x) {
+        const fwd90_work wk = fwd90_work_of(w, m_tiles, (int)p.h);
+        const flash_seq seq = flash_seq_of(&p, wk.b);
+        if (wk.m0 >= seq.sq)
+            continue;
+        const int m0 = wk.m0, skn = (int)seq.sk, qn = (int)flash_min64(seq.sq - m0, FWD90_BM);
+        const flash_tile_range kt = flash_key_tiles(&seq, m0, qn, kBlockN);
+        const int end = (int)kt.end, n_tiles = (int)(kt.end - kt.first);
+        const int full_first = (int)kt.full_first, full_end = (int)kt.full_end;
+        const int r_t = m0 + r_loc;
+        const int diag_lo = (int)seq.diag_lo, diag_hi = (int)seq.diag_hi;
 
-    fwd90_state<kHeadDim, kBlockN> st;
+        fwd90_state<kHeadDim, kBlockN> st;
 #pragma unroll
-    for (int i = 0; i < kHeadDim / 2; i++)
-        st.o[i] = 0.f;
-    st.m[0] = st.m[1] = -INFINITY;
-    st.l[0] = st.l[1] = 0.f;
+        for (int i = 0; i < kHeadDim / 2; i++)
+            st.o[i] = 0.f;
+        st.m[0] = st.m[1] = -INFINITY;
+        st.l[0] = st.l[1] = 0.f;
 
-    if (n_tiles > 0) {
-        if (c == 1)
-            turn_pass(c); /* consumer 0 issues first */
-        mbar_wait(qfull, 0);
-        /* tile t = 0 (j = end - 1) */
-        {
-            const int j = end - 1;
+        if (n_tiles > 0) {
+            if (c == 1)
+                turn_pass(c); /* consumer 0 issues first */
+            mbar_wait(qfull, qc & 1);
+            /* the first key tile (j = end - 1) */
+            {
+                const int j = end - 1, s0 = g % kStages;
+                turn_wait(c);
+                mbar_wait(kfull + 8 * s0, (g / kStages) & 1);
+                gemm_qk<T, kHeadDim, kBlockN>(st.s, sq, q_row0, sk0 + s0 * L::kKVBytes);
+                turn_pass(c);
+                wgmma_wait<0>();
+                fence_regs(st.s);
+                if (j < full_first || j >= full_end)
+                    mask_tile(st.s, r_t, j * kBlockN + lane_c, skn, diag_lo, diag_hi);
+                float alpha[2];
+                softmax_tile(st.s, st.m, st.l, alpha, scale);
+                p_to_frags<T>(st.s, st.pa);
+            }
+            int t = 1;
+            for (; t < n_tiles && end - 1 - t >= full_end; t++)
+                consumer_step<T, kHeadDim, kBlockN, kStages, true>(st, g + t, end - 1 - t, c, sq, q_row0, sk0, sv0,
+                                                                   kfull, vfull, empty, scale, r_t, lane_c, skn,
+                                                                   diag_lo, diag_hi, releaser);
+            for (; t < n_tiles && end - 1 - t >= full_first; t++)
+                consumer_step<T, kHeadDim, kBlockN, kStages, false>(st, g + t, end - 1 - t, c, sq, q_row0, sk0, sv0,
+                                                                    kfull, vfull, empty, scale, r_t, lane_c, skn,
+                                                                    diag_lo, diag_hi, releaser);
+            for (; t < n_tiles; t++)
+                consumer_step<T, kHeadDim, kBlockN, kStages, true>(st, g + t, end - 1 - t, c, sq, q_row0, sk0, sv0,
+                                                                   kfull, vfull, empty, scale, r_t, lane_c, skn,
+                                                                   diag_lo, diag_hi, releaser);
+            /* the last key tile's O += P V */
+            g += n_tiles;
+            const int s_last = (g - 1) % kStages;
             turn_wait(c);
-            mbar_wait(kfull, 0);
-            gemm_qk<T, kHeadDim, kBlockN>(st.s, sq, q_row0, sk0);
-            turn_pass(c);
+            mbar_wait(vfull + 8 * s_last, ((g - 1) / kStages) & 1);
+            gemm_pv<T, kHeadDim, kBlockN>(st.o, st.pa, sv0 + s_last * L::kKVBytes);
+            if (c == 0)
+                turn_pass(c); /* consumer 1's last turn is never waited for */
             wgmma_wait<0>();
-            fence_regs(st.s);
-            if (j < full_first || j >= full_end)
-                mask_tile(st.s, r_t, j * kBlockN + lane_c, skn, diag_lo, diag_hi);
-            float alpha[2];
-            softmax_tile(st.s, st.m, st.l, alpha, scale);
-            p_to_frags<T>(st.s, st.pa);
+            fence_regs(st.o);
+            if (releaser) {
+                mbar_arrive(empty + 8 * s_last);
+                mbar_arrive(qempty); /* this consumer's rows of Q are read for the last time */
+            }
+            qc++;
         }
-        int t = 1;
-        for (; t < n_tiles && end - 1 - t >= full_end; t++)
-            consumer_step<T, kHeadDim, kBlockN, kStages, true>(st, t, end - 1 - t, c, sq, q_row0, sk0, sv0,
-                                                               kfull, vfull, empty, scale, r_t, lane_c, skn, diag_lo,
-                                                               diag_hi, releaser);
-        for (; t < n_tiles && end - 1 - t >= full_first; t++)
-            consumer_step<T, kHeadDim, kBlockN, kStages, false>(st, t, end - 1 - t, c, sq, q_row0, sk0, sv0,
-                                                                kfull, vfull, empty, scale, r_t, lane_c, skn, diag_lo,
-                                                                diag_hi, releaser);
-        for (; t < n_tiles; t++)
-            consumer_step<T, kHeadDim, kBlockN, kStages, true>(st, t, end - 1 - t, c, sq, q_row0, sk0, sv0,
-                                                               kfull, vfull, empty, scale, r_t, lane_c, skn, diag_lo,
-                                                               diag_hi, releaser);
-        /* the last tile's O += P V */
-        const int s_last = (n_tiles - 1) % kStages;
-        turn_wait(c);
-        mbar_wait(vfull + 8 * s_last, ((n_tiles - 1) / kStages) & 1);
-        gemm_pv<T, kHeadDim, kBlockN>(st.o, st.pa, sv0 + s_last * L::kKVBytes);
-        if (c == 0)
-            turn_pass(c); /* consumer 1's last turn is never waited for */
-        wgmma_wait<0>();
-        fence_regs(st.o);
-        if (releaser)
-            mbar_arrive(empty + 8 * s_last);
-    }
 
-    /* ---- epilogue ---- */
-    const float sink = p.sink != NULL ? ((const float *)p.sink)[hq] : -INFINITY;
-    float *lse = (float *)p.lse + flash_lse_offset(&p, &seq, b, hq) + m0;
+        /* ---- epilogue: O * factor straight from the accumulators to global memory ---- */
+        const float sink = p.sink != NULL ? ((const float *)p.sink)[wk.hq] : -INFINITY;
+        float *lse = (float *)p.lse + flash_lse_offset(&p, &seq, wk.b, wk.hq) + m0; /* (qn) */
+        T *og = (T *)p.o + wk.b * p.o_s.batch + wk.hq * p.o_s.head + (seq.q_row0 + m0) * p.o_s.row; /* (qn, d) */
+        const int d = (int)p.d;
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        float l = st.l[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        float factor, row_lse;
-        flash_row_finish_f(st.m[h] * scale * (float)(1.0 / FLASH_LOG2E), l, sink, &factor, &row_lse);
-        const int r = r_loc + 8 * h;
-        if (lane % 4 == 0 && m0 + r < sqn)
-            lse[r] = row_lse;
+        for (int h = 0; h < 2; h++) {
+            float l = st.l[h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            float factor, row_lse;
+            flash_row_finish_f(st.m[h] * scale * (float)(1.0 / FLASH_LOG2E), l, sink, &factor, &row_lse);
+            const int r = r_loc + 8 * h;
+            if (r < qn) {
+                if (lane % 4 == 0)
+                    lse[r] = row_lse;
+                T *orow = og + (int64_t)r * p.o_s.row;
 #pragma unroll
-        for (int i = 0; i < kHeadDim / 8; i++) {
-            const int col = 8 * i + lane_c;
-            st_shared_u32(sq + sw128_offset(FWD90_BM, r, col),
-                               pack2<T>(st.o[4 * i + 2 * h] * factor, st.o[4 * i + 2 * h + 1] * factor));
+                for (int i = 0; i < kHeadDim / 8; i++) {
+                    const int col = 8 * i + lane_c;
+                    if (col < d)
+                        *(uint32_t *)(orow + col) =
+                            pack2<T>(st.o[4 * i + 2 * h] * factor, st.o[4 * i + 2 * h + 1] * factor);
+                }
+            }
         }
-    }
-    named_sync(FWD90_BAR_EPI + c, FWD90_WG_THREADS);
-    constexpr int kChunks = kHeadDim / FWD90_CHUNK;
-    const int d = (int)p.d;
-    T *og = (T *)p.o + b * p.o_s.batch + hq * p.o_s.head + (seq.q_row0 + m0) * p.o_s.row; /* (qn, d) */
-#pragma unroll
-    for (int it = 0; it < FWD90_WG_ROWS * kChunks / FWD90_WG_THREADS; it++) {
-        const int idx = it * FWD90_WG_THREADS + ctid;
-        const int r = q_row0 + idx / kChunks, cc = (idx % kChunks) * FWD90_CHUNK;
-        if (r < qn && cc < d)
-            *(uint4 *)(og + (int64_t)r * p.o_s.row + cc) = ld_shared_v4_u32(sq + sw128_offset(FWD90_BM, r, cc));
     }
 #endif
 }
@@ -586,7 +629,7 @@ extern "C" int flash_fwd_sm90_ok(const flash_params *p)
     return (p->dtype == FLASH_FP16 || p->dtype == FLASH_BF16) && no_hook && p->block_table == NULL &&
            p->num_splits <= 1 && p->b >= 1 && p->h >= 1 && p->d >= 1 && p->d <= FLASH_CUDA_MAX_HEAD_DIM && p->d % FWD90_CHUNK == 0 &&
            p->scale_log2 > 0.f && p->sq >= 1 && p->sk >= 1 && q_rows >= 1 && k_rows >= 1 && q_rows < INT_MAX &&
-           k_rows < INT_MAX && p->h <= FWD90_MAX_GRID_YZ && p->b <= FWD90_MAX_GRID_YZ && p->h_per_kv >= 1 &&
+           k_rows < INT_MAX && (p->sq + FWD90_BM - 1) / FWD90_BM * p->h * p->b < INT_MAX && p->h_per_kv >= 1 &&
            (p->k_batch_idx == NULL || p->k_batches >= 1) && fwd90_aligned(p->q, &p->q_s) && fwd90_aligned(p->k, &p->k_s) &&
            fwd90_aligned(p->v, &p->v_s) && fwd90_aligned(p->o, &p->o_s) && fwd90_encoder() != NULL;
 }
@@ -607,8 +650,13 @@ static cudaError_t launch_fwd90(const flash_params *p, cudaStream_t stream)
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
-    const dim3 grid((unsigned)((p->sq + FWD90_BM - 1) / FWD90_BM), (unsigned)p->h, (unsigned)p->b);
-    kernel<<<grid, FWD90_THREADS, smem, stream>>>(*p, maps);
+    const int64_t n_work = (p->sq + FWD90_BM - 1) / FWD90_BM * p->h * p->b;
+    int dev = 0, sms = 0;
+    if ((err = cudaGetDevice(&dev)) != cudaSuccess ||
+        (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+        return err;
+    const int64_t grid = FWD90_PERSISTENT && n_work > sms ? sms : n_work;
+    kernel<<<(unsigned)grid, FWD90_THREADS, smem, stream>>>(*p, maps);
     return cudaGetLastError();
 }
 
