@@ -1,13 +1,17 @@
 /* fwd_sm90.cu: the FlashAttention forward on Hopper tensor cores (wgmma + TMA, sm_90a), fp16 / bf16, head
  * dims up to 256, warp-specialized (FlashAttention-3's design, written from the PTX ISA).
  *
- * Algorithm. One CTA owns FWD90_BM = 128 query rows of one (batch, query head) and visits the key tiles
- * [first, end) of kBlockN keys that flash_key_tiles (mask.h) puts in the band of its rows, from the last
- * one down (the masked diagonal tiles of a causal band come first).
- *   Warpgroup 0, the producer (setmaxnreg FWD90_PRODUCER_REGS): one thread issues the TMA loads, Q once
- *     (one box per 64-column panel) and K_j, V_j into a ring of kStages stages; each load completes on
- *     its stage's mbarrier (K_FULL, V_FULL, transaction bytes), and a stage is reused once both
- *     consumers have released it (EMPTY). Out-of-range rows and columns of the tensor are zero-filled by
+ * Algorithm. A work tile is FWD90_BM = 128 query rows of one (batch, query head); its CTA visits the key
+ * tiles [first, end) of kBlockN keys that flash_key_tiles (mask.h) puts in the band of its rows, from the
+ * last one down (the masked diagonal tiles of a causal band come first). Where every work tile costs the
+ * same (dense, no band, no per-sequence lengths) one CTA per SM walks the work tiles (persistent, static
+ * order) and the producer runs into the next tile while the consumers finish the current one; elsewhere
+ * one CTA per work tile, heaviest first, balanced by the hardware's CTA scheduler.
+ *   Warpgroup 0, the producer (setmaxnreg FWD90_PRODUCER_REGS): one thread issues the TMA loads, K_j, V_j
+ *     into a ring of kStages stages that runs on across work tiles, and Q (one box per 64-column panel)
+ *     after each work tile's first K / V, once the consumers are done with the previous Q (Q_EMPTY); each
+ *     load completes on its mbarrier (Q_FULL, K_FULL, V_FULL, transaction bytes), and a ring stage is reused
+ *     once both consumers have released it (EMPTY). Out-of-range rows and columns of the tensor are zero-filled by
  *     the TMA unit. Where the keys of a sequence do not end at the tensor's row end (varlen,
  *     seqused_k) the V rows past them hold other data, which P = 0 cannot cancel if it is not finite:
  *     there the producer warp copies the sequence's last V tile itself (cp.async, rows past the
@@ -19,34 +23,38 @@
  *                           <= diag_hi, one unsigned compare per value (compile-time split: masked tiles
  *                           and full tiles run separate copies of the loop body)
  *       online softmax      base 2 (one FFMA + EX2 per score), row max / sum over the 4 lanes of a quad,
- *                           O and l rescaled by exp2(m_old - m_new)
+ *                           O and l rescaled by exp2(m_old - m_new) (O not at all where no row of the warp
+ *                           changed its max: kLazyRescale)
  *       O += P_j V_j        wgmma RS: P converted in registers from the S accumulators (two n8 blocks
  *                           = one k16 A fragment), V read MN-major; n = head dim (two n128 halves at 256)
  *     Overlap inside a warpgroup: iteration t issues S_t, then O += P_{t-1} V_{t-1}, waits for S_t
  *     alone, runs the softmax of S_t while the P V wgmma runs, then waits for it, releases stage t - 1,
  *     and rescales O. Ping-pong across the two warpgroups (FWD90_PINGPONG): named barriers hand the
  *     right to issue wgmma's back and forth, so one warpgroup's softmax runs under the other's GEMMs.
- *   Epilogue: per row (factor, lse) as fwd_sm80.cu (flash_row_finish_f with a sink), O * factor through
- *     the warpgroup's own rows of the Q buffer (sw128 layout, conflict-free 4-byte stores) to 16-byte
- *     global stores of the rows < sq and columns < d; lse in fp32. A row with no visible key: O = 0,
- *     lse = -inf (the sink with one).
+ *   Epilogue: per row (factor, lse) as fwd_sm80.cu (flash_row_finish_f with a sink), O * factor straight
+ *     from the accumulators to global memory (4-byte stores, a quad's 16 bytes contiguous; no shared
+ *     memory, so the next Q can load meanwhile), rows < sq and columns < d only; lse in fp32. A row with
+ *     no visible key: O = 0, lse = -inf (the sink with one).
  * Tiles (fwd90_cfg; -D FWD90_BN_D* / FWD90_STAGES_D* for tuning): M 128 (2 consumer warpgroups) x
  *   kBlockN 128 at d <= 64 and d <= 128 (3 stages), x 80 at d <= 256 (2 stages). Shared memory: Q (128 x D)
  *   + stages x (K + V) (kBlockN x D), all in the 128-byte swizzled layout of wgmma.cuh (the TMA's
- *   SWIZZLE_128B with 64-column boxes); d = 64: 113 KB, d = 128: 225 KB, d = 256: 225 KB. Head dims below the config's are zero-filled by
- *   the TMA (boxes past the tensor's d) and computed like the others; only the global stores are guarded.
+ *   SWIZZLE_128B with 64-column boxes); d = 64: 113 KB, d = 128: 225 KB, d = 256: 225 KB. Head dims below
+ *   the config's are zero-filled by the TMA (boxes past the tensor's d) and computed like the others; only
+ *   the global stores are guarded.
  * Serves (launch.cu flash_fwd_sm90_ok): fp16 / bf16, d % 8 == 0, 16-byte aligned pointers and strides, a
  *   positive softmax scale, no score / probability hook but sinks (has_hook = 0), no paged KV cache, no
  *   split-KV; dense and varlen batches, seqused_k, k_batch_idx, k_leftpad, GQA, every band (causal both
  *   alignments, sliding windows). Everything else takes fwd_sm80.cu.
  * Measured on the H200 (dev/fwd90_bench.sh: dev/fwd_harness.cu bench, bf16, 16k tokens, nheads = 2048 / d,
  * TFLOP/s = 4 B H Sq Sk D / t, halved for causal), non-causal | causal at seqlen 512 / 2k / 8k:
- *   d64  (3 stages)   274 417 481 | 166 335 439
- *   d128 (3 stages)   397 617 680 | 218 431 588
- *   d256 (80 keys)    336 452 526 | 249 432 549
- * (fwd_sm80.cu on the same GPU and inputs: d64 261-325, d128 293-369, d256 258-318.) Ping-pong on: +2-10%
- * over off; 3 stages over 2 at d128: +11-27%; d256 80 keys over 64: +3-5% from s2k (-2% at s512); d64 4
- * stages: the same as 3. Beside cuDNN: benchmarks/results/h200 (fwd_sm90_2026-12-01).
+ *   d64                308 425 474 | 144 305 421
+ *   d128               403 603 685 | 209 436 609
+ *   d256               332 471 535 | 216 415 555
+ * (fwd_sm80.cu on the same GPU and inputs: d64 261-325, d128 293-369, d256 258-318.) Knobs, each against
+ * the rest of this config: ping-pong on +2-10%; 3 stages over 2 at d128 +11-27%; d256 80 keys over 64 +3-5%
+ * from s2k (-2% at s512); d64 4 stages the same as 3; persistent (non-causal) +16% at s512, +5% at s2k,
+ * while a static persistent order lost up to 30% on causal tiles; lazy rescale as its macros say; producer
+ * 40 / consumers 232 registers the same as 24 / 240. Beside cuDNN: benchmarks/results/h200 (fwd_sm90_2026-12-01).
  */
 #ifdef FLASHATTN_EXT_SM90A /* the whole file: builds with sm_90a only (launch.cu calls it under the same macro) */
 #include <cuda.h> /* CUtensorMap and its enums (no libcuda link: the encoder comes from cudaGetDriverEntryPoint) */
@@ -81,10 +89,22 @@
 #ifndef FWD90_PINGPONG
 #define FWD90_PINGPONG 1
 #endif
-/* 1: one CTA per SM walks the work tiles (the next tile's loads overlap the current one's end); 0: one CTA
- * per work tile */
+/* 1: where every work tile costs the same (dense batch, no causal / window, no per-sequence lengths), one CTA
+ * per SM walks the work tiles (the next tile's loads overlap the current one's end); elsewhere, and with 0,
+ * one CTA per work tile (the hardware's dynamic CTA scheduling balances uneven tiles; heaviest first) */
 #ifndef FWD90_PERSISTENT
 #define FWD90_PERSISTENT 1
+#endif
+/* skip the O rescale where no row of a warp changed its max (exact), per head-dim config: measured -10% at
+ * d64 (the vote costs more than the 32 multiplies it saves), +1-4% at d128 and d256 */
+#ifndef FWD90_LAZY_D64
+#define FWD90_LAZY_D64 0
+#endif
+#ifndef FWD90_LAZY_D128
+#define FWD90_LAZY_D128 1
+#endif
+#ifndef FWD90_LAZY_D256
+#define FWD90_LAZY_D256 1
 #endif
 #ifndef FWD90_BN_D64
 #define FWD90_BN_D64 128
@@ -105,20 +125,23 @@
 #define FWD90_STAGES_D256 2
 #endif
 
-/* Tile configuration of one compiled head dim: keys per tile, ring stages. */
+/* Tile configuration of one compiled head dim: keys per tile, ring stages, lazy O rescale. */
 template <int kHeadDim>
 struct fwd90_cfg;
 template <>
 struct fwd90_cfg<64> {
     static constexpr int kBlockN = FWD90_BN_D64, kStages = FWD90_STAGES_D64;
+    static constexpr bool kLazyRescale = FWD90_LAZY_D64;
 };
 template <>
 struct fwd90_cfg<128> {
     static constexpr int kBlockN = FWD90_BN_D128, kStages = FWD90_STAGES_D128;
+    static constexpr bool kLazyRescale = FWD90_LAZY_D128;
 };
 template <>
 struct fwd90_cfg<256> {
     static constexpr int kBlockN = FWD90_BN_D256, kStages = FWD90_STAGES_D256;
+    static constexpr bool kLazyRescale = FWD90_LAZY_D256;
 };
 
 /* The TMA tensor maps of q, k, v, 4-D (d, rows, heads, batches), boxes of 64 columns x FWD90_BM (q) or
@@ -249,9 +272,12 @@ __device__ __forceinline__ void p_to_frags(const float (&s)[kN], uint32_t (&pa)[
     }
 }
 
-template <int kN>
+/* O *= alpha per row; kLazy: not at all when no row of the warp changed its max (alpha exactly 1). */
+template <bool kLazy, int kN>
 __device__ __forceinline__ void rescale_o(float (&o)[kN], const float (&alpha)[2])
 {
+    if (kLazy && !__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
+        return;
 #pragma unroll
     for (int i = 0; i < kN / 4; i++)
 #pragma unroll
@@ -309,7 +335,7 @@ __device__ __forceinline__ void consumer_step(fwd90_state<kHeadDim, kBlockN> &st
     fence_regs(st.o);
     if (releaser)
         mbar_arrive(empty + 8 * s_prev);
-    rescale_o(st.o, alpha);
+    rescale_o<fwd90_cfg<kHeadDim>::kLazyRescale>(st.o, alpha);
     p_to_frags<T>(st.s, st.pa);
 }
 
@@ -655,7 +681,9 @@ static cudaError_t launch_fwd90(const flash_params *p, cudaStream_t stream)
     if ((err = cudaGetDevice(&dev)) != cudaSuccess ||
         (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
         return err;
-    const int64_t grid = FWD90_PERSISTENT && n_work > sms ? sms : n_work;
+    const bool uniform = p->cu_seqlens_q == NULL && p->seqused_k == NULL && p->k_leftpad == NULL &&
+                         p->band_left < 0 && p->band_right < 0;
+    const int64_t grid = FWD90_PERSISTENT && uniform && n_work > sms ? sms : n_work;
     kernel<<<(unsigned)grid, FWD90_THREADS, smem, stream>>>(*p, maps);
     return cudaGetLastError();
 }
