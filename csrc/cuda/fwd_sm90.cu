@@ -3,10 +3,11 @@
  *
  * Algorithm. A work tile is FWD90_BM = 128 query rows of one (batch, query head); its CTA visits the key
  * tiles [first, end) of kBlockN keys that flash_key_tiles (mask.h) puts in the band of its rows, from the
- * last one down (the masked diagonal tiles of a causal band come first). Where every work tile costs the
- * same (dense, no band, no per-sequence lengths) one CTA per SM walks the work tiles (persistent, static
- * order) and the producer runs into the next tile while the consumers finish the current one; elsewhere
- * one CTA per work tile, heaviest first, balanced by the hardware's CTA scheduler.
+ * last one down (the masked diagonal tiles of a causal band come first). Where every work item costs the
+ * same (dense, no band, no per-sequence lengths; or a square causal band, its query tiles paired heavy
+ * with light: fwd90_work) one CTA per SM walks the items (persistent, static order) and the producer runs
+ * into the next tile while the consumers finish the current one; elsewhere one CTA per query tile,
+ * heaviest first, balanced by the hardware's CTA scheduler.
  *   Warpgroup 0, the producer (setmaxnreg FWD90_PRODUCER_REGS): one thread issues the TMA loads, K_j, V_j
  *     into a ring of kStages stages that runs on across work tiles, and Q (one box per 64-column panel)
  *     after each work tile's first K / V, once the consumers are done with the previous Q (Q_EMPTY); each
@@ -47,14 +48,15 @@
  *   alignments, sliding windows). Everything else takes fwd_sm80.cu.
  * Measured on the H200 (dev/fwd90_bench.sh: dev/fwd_harness.cu bench, bf16, 16k tokens, nheads = 2048 / d,
  * TFLOP/s = 4 B H Sq Sk D / t, halved for causal), non-causal | causal at seqlen 512 / 2k / 8k:
- *   d64                308 425 474 | 144 305 421
- *   d128               403 603 685 | 209 436 609
- *   d256               332 471 535 | 216 415 555
+ *   d64                281 417 474 | 183 341 439
+ *   d128               383 586 640 | 213 441 584
+ *   d256               305 441 512 | 222 419 540
  * (fwd_sm80.cu on the same GPU and inputs: d64 261-325, d128 293-369, d256 258-318.) Knobs, each against
  * the rest of this config: ping-pong on +2-10%; 3 stages over 2 at d128 +11-27%; d256 80 keys over 64 +3-5%
- * from s2k (-2% at s512); d64 4 stages the same as 3; persistent (non-causal) +16% at s512, +5% at s2k,
- * while a static persistent order lost up to 30% on causal tiles; lazy rescale as its macros say; producer
- * 40 / consumers 232 registers the same as 24 / 240. Beside cuDNN: benchmarks/results/h200 (fwd_sm90_2026-12-01).
+ * from s2k (-2% at s512); d64 4 stages the same as 3; persistent non-causal +5-16% at s512 / s2k (within
+ * +-5% at s8k); persistent causal in query-tile order lost up to 30%, in heavy + light pairs (fwd90_work)
+ * it gains 4-25% at s512 / s2k (d256 s8k -2%); lazy rescale as its macros say; producer 40 / consumers 232
+ * registers the same as 24 / 240. Instances differ by up to ~5% between calls: compare within one. Beside cuDNN: benchmarks/results/h200 (fwd_sm90_2026-12-01).
  */
 #ifdef FLASHATTN_EXT_SM90A /* the whole file: builds with sm_90a only (launch.cu calls it under the same macro) */
 #include <cuda.h> /* CUtensorMap and its enums (no libcuda link: the encoder comes from cudaGetDriverEntryPoint) */
@@ -89,9 +91,9 @@
 #ifndef FWD90_PINGPONG
 #define FWD90_PINGPONG 1
 #endif
-/* 1: where every work tile costs the same (dense batch, no causal / window, no per-sequence lengths), one CTA
- * per SM walks the work tiles (the next tile's loads overlap the current one's end); elsewhere, and with 0,
- * one CTA per work tile (the hardware's dynamic CTA scheduling balances uneven tiles; heaviest first) */
+/* 1: where every work item costs the same (fwd90_uniform, fwd90_paired), one CTA per SM walks the work items
+ * (the next tile's loads overlap the current one's end); elsewhere, and with 0, one CTA per query tile (the
+ * hardware's dynamic CTA scheduling balances uneven tiles; heaviest first) */
 #ifndef FWD90_PERSISTENT
 #define FWD90_PERSISTENT 1
 #endif
@@ -358,19 +360,51 @@ __device__ __forceinline__ void copy_v_tail(uint32_t sv, const T *g, int64_t str
 
 #endif
 
-/* Work tile w of the grid's list (query tile, head, batch), in the order of the former 3-D grid: query tiles
- * fastest (the heaviest causal ones first), so the CTAs running together share one head's K / V in L2. */
+/* The CTAs' list of work: query tiles (of FWD90_BM rows) x heads x batches, in the order of a 3-D grid with
+ * query tiles fastest (the heaviest causal ones first), so the CTAs running together share one head's K / V
+ * in L2. With `paired` (a square causal band: query tile m costs m + 1 key tiles) work item w holds query
+ * tiles n - 1 - i and i of one head, i = w % ceil(n / 2), which cost n + 1 together: every item costs the
+ * same and a static persistent order is balanced. */
 struct fwd90_work {
     int m0, hq, b;
 };
 
-__device__ __forceinline__ fwd90_work fwd90_work_of(int w, int m_tiles, int h)
+__host__ __device__ __forceinline__ int fwd90_items_per_head(int m_tiles, bool paired)
 {
+    return paired ? (m_tiles + 1) / 2 : m_tiles;
+}
+
+/* Query tiles in item w: 1, or 2 when paired (1 for the middle tile of an odd count). */
+__device__ __forceinline__ int fwd90_parts(int w, int m_tiles, bool paired)
+{
+    const int i = w % fwd90_items_per_head(m_tiles, paired);
+    return paired && i != m_tiles - 1 - i ? 2 : 1;
+}
+
+/* Part `part` of item w. */
+__device__ __forceinline__ fwd90_work fwd90_work_of(int w, int part, int m_tiles, int h, bool paired)
+{
+    const int per_head = fwd90_items_per_head(m_tiles, paired);
+    const int i = w % per_head;
     fwd90_work r;
-    r.m0 = (m_tiles - 1 - w % m_tiles) * FWD90_BM;
-    r.hq = (w / m_tiles) % h;
-    r.b = w / (m_tiles * h);
+    r.m0 = (part == 0 ? m_tiles - 1 - i : i) * FWD90_BM;
+    r.hq = (w / per_head) % h;
+    r.b = w / (per_head * h);
     return r;
+}
+
+/* The work items cost the same (fwd90_work's paired: a square causal band) or are uniform anyway (no band):
+ * both need a dense batch without per-sequence key counts. */
+__host__ __device__ __forceinline__ bool fwd90_paired(const flash_params &p)
+{
+    return p.cu_seqlens_q == NULL && p.seqused_k == NULL && p.k_leftpad == NULL && p.band_left < 0 &&
+           p.band_right == 0 && p.sq == p.sk;
+}
+
+__host__ __device__ __forceinline__ bool fwd90_uniform(const flash_params &p)
+{
+    return p.cu_seqlens_q == NULL && p.seqused_k == NULL && p.k_leftpad == NULL && p.band_left < 0 &&
+           p.band_right < 0;
 }
 
 /* One CTA per SM (persistent, FWD90_PERSISTENT) or one per work tile walks the work tiles w = blockIdx.x,
@@ -389,7 +423,9 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     const uint32_t qfull = base + L::kQFull, qempty = base + L::kQEmpty, kfull = base + L::kKFull,
                    vfull = base + L::kVFull, empty = base + L::kEmpty;
     const int tid = threadIdx.x;
-    const int m_tiles = (int)((p.sq + FWD90_BM - 1) / FWD90_BM), n_work = m_tiles * (int)p.h * (int)p.b;
+    const int m_tiles = (int)((p.sq + FWD90_BM - 1) / FWD90_BM);
+    const bool paired = FWD90_PERSISTENT && fwd90_paired(p);
+    const int n_work = fwd90_items_per_head(m_tiles, paired) * (int)p.h * (int)p.b;
 
     if (tid == 0) {
         mbar_init(qfull, 1);
@@ -419,55 +455,56 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
             tma_prefetch_map(&maps.v);
         }
         int g = 0, qc = 0; /* K / V tiles and Q tiles loaded so far */
-        for (int w = blockIdx.x; w < n_work; w += gridDim.x) {
-            const fwd90_work wk = fwd90_work_of(w, m_tiles, (int)p.h);
-            const flash_seq seq = flash_seq_of(&p, wk.b);
-            if (wk.m0 >= seq.sq)
-                continue; /* varlen: the grid spans the longest sequence */
-            const int skn = (int)seq.sk, qn = (int)flash_min64(seq.sq - wk.m0, FWD90_BM);
-            const flash_tile_range kt = flash_key_tiles(&seq, wk.m0, qn, kBlockN);
-            const int end = (int)kt.end, n_tiles = (int)(kt.end - kt.first);
-            const int hk = (int)(wk.hq / p.h_per_kv);
-            const int qb = p.cu_seqlens_q ? 0 : wk.b, kb = p.cu_seqlens_q ? 0 : (int)seq.k_batch;
-            const int krow = (int)seq.k_row0;
-            for (int t = 0; t < n_tiles; t++, g++) {
-                const int j = end - 1 - t, s = g % kStages;
-                mbar_wait(empty + 8 * s, ((g / kStages) & 1) ^ 1);
-                const uint32_t dk = sk0 + s * L::kKVBytes, dv = sv0 + s * L::kKVBytes;
-                const int row = krow + j * kBlockN;
-                if (lane == 0) {
-                    mbar_arrive_expect_tx(kfull + 8 * s, L::kKVBytes);
-                    for (int pn = 0; pn < kHeadDim / FWD90_PANEL; pn++)
-                        tma_load_4d(dk + pn * kBlockN * SW128_ROW_BYTES, &maps.k, kfull + 8 * s, pn * FWD90_PANEL,
-                                    row, hk, kb);
-                }
-                if (!tail_by_tma && (j + 1) * kBlockN > skn) {
-                    const T *vg = (const T *)p.v +
-                                  flash_key_offset(&p, &seq, p.v_s.batch, p.v_s.row, (int64_t)j * kBlockN) +
-                                  (int64_t)hk * p.v_s.head;
-                    copy_v_tail<T, kHeadDim, kBlockN>(dv, vg, p.v_s.row, skn - j * kBlockN, (int)p.d, lane);
-                    __syncwarp();
-                    if (lane == 0)
-                        mbar_arrive(vfull + 8 * s);
-                } else if (lane == 0) {
-                    mbar_arrive_expect_tx(vfull + 8 * s, L::kKVBytes);
-                    for (int pn = 0; pn < kHeadDim / FWD90_PANEL; pn++)
-                        tma_load_4d(dv + pn * kBlockN * SW128_ROW_BYTES, &maps.v, vfull + 8 * s, pn * FWD90_PANEL,
-                                    row, hk, kb);
-                }
-                if (t == 0) {
-                    /* Q after the first K / V tile: the consumers release the previous Q at their last wgmma */
-                    mbar_wait(qempty, (qc & 1) ^ 1);
+        for (int w = blockIdx.x; w < n_work; w += gridDim.x)
+            for (int part = 0; part < fwd90_parts(w, m_tiles, paired); part++) {
+                const fwd90_work wk = fwd90_work_of(w, part, m_tiles, (int)p.h, paired);
+                const flash_seq seq = flash_seq_of(&p, wk.b);
+                if (wk.m0 >= seq.sq)
+                    continue; /* varlen: the grid spans the longest sequence */
+                const int skn = (int)seq.sk, qn = (int)flash_min64(seq.sq - wk.m0, FWD90_BM);
+                const flash_tile_range kt = flash_key_tiles(&seq, wk.m0, qn, kBlockN);
+                const int end = (int)kt.end, n_tiles = (int)(kt.end - kt.first);
+                const int hk = (int)(wk.hq / p.h_per_kv);
+                const int qb = p.cu_seqlens_q ? 0 : wk.b, kb = p.cu_seqlens_q ? 0 : (int)seq.k_batch;
+                const int krow = (int)seq.k_row0;
+                for (int t = 0; t < n_tiles; t++, g++) {
+                    const int j = end - 1 - t, s = g % kStages;
+                    mbar_wait(empty + 8 * s, ((g / kStages) & 1) ^ 1);
+                    const uint32_t dk = sk0 + s * L::kKVBytes, dv = sv0 + s * L::kKVBytes;
+                    const int row = krow + j * kBlockN;
                     if (lane == 0) {
-                        mbar_arrive_expect_tx(qfull, L::kQBytes);
+                        mbar_arrive_expect_tx(kfull + 8 * s, L::kKVBytes);
                         for (int pn = 0; pn < kHeadDim / FWD90_PANEL; pn++)
-                            tma_load_4d(sq + pn * FWD90_BM * SW128_ROW_BYTES, &maps.q, qfull, pn * FWD90_PANEL,
-                                        (int)(seq.q_row0 + wk.m0), wk.hq, qb);
+                            tma_load_4d(dk + pn * kBlockN * SW128_ROW_BYTES, &maps.k, kfull + 8 * s, pn * FWD90_PANEL,
+                                        row, hk, kb);
                     }
-                    qc++;
+                    if (!tail_by_tma && (j + 1) * kBlockN > skn) {
+                        const T *vg = (const T *)p.v +
+                                      flash_key_offset(&p, &seq, p.v_s.batch, p.v_s.row, (int64_t)j * kBlockN) +
+                                      (int64_t)hk * p.v_s.head;
+                        copy_v_tail<T, kHeadDim, kBlockN>(dv, vg, p.v_s.row, skn - j * kBlockN, (int)p.d, lane);
+                        __syncwarp();
+                        if (lane == 0)
+                            mbar_arrive(vfull + 8 * s);
+                    } else if (lane == 0) {
+                        mbar_arrive_expect_tx(vfull + 8 * s, L::kKVBytes);
+                        for (int pn = 0; pn < kHeadDim / FWD90_PANEL; pn++)
+                            tma_load_4d(dv + pn * kBlockN * SW128_ROW_BYTES, &maps.v, vfull + 8 * s, pn * FWD90_PANEL,
+                                        row, hk, kb);
+                    }
+                    if (t == 0) {
+                        /* Q after the first K / V tile: the consumers release the previous Q at their last wgmma */
+                        mbar_wait(qempty, (qc & 1) ^ 1);
+                        if (lane == 0) {
+                            mbar_arrive_expect_tx(qfull, L::kQBytes);
+                            for (int pn = 0; pn < kHeadDim / FWD90_PANEL; pn++)
+                                tma_load_4d(sq + pn * FWD90_BM * SW128_ROW_BYTES, &maps.q, qfull, pn * FWD90_PANEL,
+                                            (int)(seq.q_row0 + wk.m0), wk.hq, qb);
+                        }
+                        qc++;
+                    }
                 }
             }
-        }
         return;
     }
 
@@ -481,101 +518,102 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     const float scale = p.scale_log2;
     const bool releaser = ctid == 0;
     int g = 0, qc = 0; /* as the producer's */
-    for (int w = blockIdx.x; w < n_work; w += gridDim.x) {
-        const fwd90_work wk = fwd90_work_of(w, m_tiles, (int)p.h);
-        const flash_seq seq = flash_seq_of(&p, wk.b);
-        if (wk.m0 >= seq.sq)
-            continue;
-        const int m0 = wk.m0, skn = (int)seq.sk, qn = (int)flash_min64(seq.sq - m0, FWD90_BM);
-        const flash_tile_range kt = flash_key_tiles(&seq, m0, qn, kBlockN);
-        const int end = (int)kt.end, n_tiles = (int)(kt.end - kt.first);
-        const int full_first = (int)kt.full_first, full_end = (int)kt.full_end;
-        const int r_t = m0 + r_loc;
-        const int diag_lo = (int)seq.diag_lo, diag_hi = (int)seq.diag_hi;
+    for (int w = blockIdx.x; w < n_work; w += gridDim.x)
+        for (int part = 0; part < fwd90_parts(w, m_tiles, paired); part++) {
+            const fwd90_work wk = fwd90_work_of(w, part, m_tiles, (int)p.h, paired);
+            const flash_seq seq = flash_seq_of(&p, wk.b);
+            if (wk.m0 >= seq.sq)
+                continue;
+            const int m0 = wk.m0, skn = (int)seq.sk, qn = (int)flash_min64(seq.sq - m0, FWD90_BM);
+            const flash_tile_range kt = flash_key_tiles(&seq, m0, qn, kBlockN);
+            const int end = (int)kt.end, n_tiles = (int)(kt.end - kt.first);
+            const int full_first = (int)kt.full_first, full_end = (int)kt.full_end;
+            const int r_t = m0 + r_loc;
+            const int diag_lo = (int)seq.diag_lo, diag_hi = (int)seq.diag_hi;
 
-        fwd90_state<kHeadDim, kBlockN> st;
-#pragma unroll
-        for (int i = 0; i < kHeadDim / 2; i++)
-            st.o[i] = 0.f;
-        st.m[0] = st.m[1] = -INFINITY;
-        st.l[0] = st.l[1] = 0.f;
+            fwd90_state<kHeadDim, kBlockN> st;
+    #pragma unroll
+            for (int i = 0; i < kHeadDim / 2; i++)
+                st.o[i] = 0.f;
+            st.m[0] = st.m[1] = -INFINITY;
+            st.l[0] = st.l[1] = 0.f;
 
-        if (n_tiles > 0) {
-            if (c == 1)
-                turn_pass(c); /* consumer 0 issues first */
-            mbar_wait(qfull, qc & 1);
-            /* the first key tile (j = end - 1) */
-            {
-                const int j = end - 1, s0 = g % kStages;
+            if (n_tiles > 0) {
+                if (c == 1)
+                    turn_pass(c); /* consumer 0 issues first */
+                mbar_wait(qfull, qc & 1);
+                /* the first key tile (j = end - 1) */
+                {
+                    const int j = end - 1, s0 = g % kStages;
+                    turn_wait(c);
+                    mbar_wait(kfull + 8 * s0, (g / kStages) & 1);
+                    gemm_qk<T, kHeadDim, kBlockN>(st.s, sq, q_row0, sk0 + s0 * L::kKVBytes);
+                    turn_pass(c);
+                    wgmma_wait<0>();
+                    fence_regs(st.s);
+                    if (j < full_first || j >= full_end)
+                        mask_tile(st.s, r_t, j * kBlockN + lane_c, skn, diag_lo, diag_hi);
+                    float alpha[2];
+                    softmax_tile(st.s, st.m, st.l, alpha, scale);
+                    p_to_frags<T>(st.s, st.pa);
+                }
+                int t = 1;
+                for (; t < n_tiles && end - 1 - t >= full_end; t++)
+                    consumer_step<T, kHeadDim, kBlockN, kStages, true>(st, g + t, end - 1 - t, c, sq, q_row0, sk0, sv0,
+                                                                       kfull, vfull, empty, scale, r_t, lane_c, skn,
+                                                                       diag_lo, diag_hi, releaser);
+                for (; t < n_tiles && end - 1 - t >= full_first; t++)
+                    consumer_step<T, kHeadDim, kBlockN, kStages, false>(st, g + t, end - 1 - t, c, sq, q_row0, sk0, sv0,
+                                                                        kfull, vfull, empty, scale, r_t, lane_c, skn,
+                                                                        diag_lo, diag_hi, releaser);
+                for (; t < n_tiles; t++)
+                    consumer_step<T, kHeadDim, kBlockN, kStages, true>(st, g + t, end - 1 - t, c, sq, q_row0, sk0, sv0,
+                                                                       kfull, vfull, empty, scale, r_t, lane_c, skn,
+                                                                       diag_lo, diag_hi, releaser);
+                /* the last key tile's O += P V */
+                g += n_tiles;
+                const int s_last = (g - 1) % kStages;
                 turn_wait(c);
-                mbar_wait(kfull + 8 * s0, (g / kStages) & 1);
-                gemm_qk<T, kHeadDim, kBlockN>(st.s, sq, q_row0, sk0 + s0 * L::kKVBytes);
-                turn_pass(c);
+                mbar_wait(vfull + 8 * s_last, ((g - 1) / kStages) & 1);
+                gemm_pv<T, kHeadDim, kBlockN>(st.o, st.pa, sv0 + s_last * L::kKVBytes);
+                if (c == 0)
+                    turn_pass(c); /* consumer 1's last turn is never waited for */
                 wgmma_wait<0>();
-                fence_regs(st.s);
-                if (j < full_first || j >= full_end)
-                    mask_tile(st.s, r_t, j * kBlockN + lane_c, skn, diag_lo, diag_hi);
-                float alpha[2];
-                softmax_tile(st.s, st.m, st.l, alpha, scale);
-                p_to_frags<T>(st.s, st.pa);
+                fence_regs(st.o);
+                if (releaser) {
+                    mbar_arrive(empty + 8 * s_last);
+                    mbar_arrive(qempty); /* this consumer's rows of Q are read for the last time */
+                }
+                qc++;
             }
-            int t = 1;
-            for (; t < n_tiles && end - 1 - t >= full_end; t++)
-                consumer_step<T, kHeadDim, kBlockN, kStages, true>(st, g + t, end - 1 - t, c, sq, q_row0, sk0, sv0,
-                                                                   kfull, vfull, empty, scale, r_t, lane_c, skn,
-                                                                   diag_lo, diag_hi, releaser);
-            for (; t < n_tiles && end - 1 - t >= full_first; t++)
-                consumer_step<T, kHeadDim, kBlockN, kStages, false>(st, g + t, end - 1 - t, c, sq, q_row0, sk0, sv0,
-                                                                    kfull, vfull, empty, scale, r_t, lane_c, skn,
-                                                                    diag_lo, diag_hi, releaser);
-            for (; t < n_tiles; t++)
-                consumer_step<T, kHeadDim, kBlockN, kStages, true>(st, g + t, end - 1 - t, c, sq, q_row0, sk0, sv0,
-                                                                   kfull, vfull, empty, scale, r_t, lane_c, skn,
-                                                                   diag_lo, diag_hi, releaser);
-            /* the last key tile's O += P V */
-            g += n_tiles;
-            const int s_last = (g - 1) % kStages;
-            turn_wait(c);
-            mbar_wait(vfull + 8 * s_last, ((g - 1) / kStages) & 1);
-            gemm_pv<T, kHeadDim, kBlockN>(st.o, st.pa, sv0 + s_last * L::kKVBytes);
-            if (c == 0)
-                turn_pass(c); /* consumer 1's last turn is never waited for */
-            wgmma_wait<0>();
-            fence_regs(st.o);
-            if (releaser) {
-                mbar_arrive(empty + 8 * s_last);
-                mbar_arrive(qempty); /* this consumer's rows of Q are read for the last time */
-            }
-            qc++;
-        }
 
-        /* ---- epilogue: O * factor straight from the accumulators to global memory ---- */
-        const float sink = p.sink != NULL ? ((const float *)p.sink)[wk.hq] : -INFINITY;
-        float *lse = (float *)p.lse + flash_lse_offset(&p, &seq, wk.b, wk.hq) + m0; /* (qn) */
-        T *og = (T *)p.o + wk.b * p.o_s.batch + wk.hq * p.o_s.head + (seq.q_row0 + m0) * p.o_s.row; /* (qn, d) */
-        const int d = (int)p.d;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float l = st.l[h];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            float factor, row_lse;
-            flash_row_finish_f(st.m[h] * scale * (float)(1.0 / FLASH_LOG2E), l, sink, &factor, &row_lse);
-            const int r = r_loc + 8 * h;
-            if (r < qn) {
-                if (lane % 4 == 0)
-                    lse[r] = row_lse;
-                T *orow = og + (int64_t)r * p.o_s.row;
-#pragma unroll
-                for (int i = 0; i < kHeadDim / 8; i++) {
-                    const int col = 8 * i + lane_c;
-                    if (col < d)
-                        *(uint32_t *)(orow + col) =
-                            pack2<T>(st.o[4 * i + 2 * h] * factor, st.o[4 * i + 2 * h + 1] * factor);
+            /* ---- epilogue: O * factor straight from the accumulators to global memory ---- */
+            const float sink = p.sink != NULL ? ((const float *)p.sink)[wk.hq] : -INFINITY;
+            float *lse = (float *)p.lse + flash_lse_offset(&p, &seq, wk.b, wk.hq) + m0; /* (qn) */
+            T *og = (T *)p.o + wk.b * p.o_s.batch + wk.hq * p.o_s.head + (seq.q_row0 + m0) * p.o_s.row; /* (qn, d) */
+            const int d = (int)p.d;
+    #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float l = st.l[h];
+                l += __shfl_xor_sync(0xffffffffu, l, 1);
+                l += __shfl_xor_sync(0xffffffffu, l, 2);
+                float factor, row_lse;
+                flash_row_finish_f(st.m[h] * scale * (float)(1.0 / FLASH_LOG2E), l, sink, &factor, &row_lse);
+                const int r = r_loc + 8 * h;
+                if (r < qn) {
+                    if (lane % 4 == 0)
+                        lse[r] = row_lse;
+                    T *orow = og + (int64_t)r * p.o_s.row;
+    #pragma unroll
+                    for (int i = 0; i < kHeadDim / 8; i++) {
+                        const int col = 8 * i + lane_c;
+                        if (col < d)
+                            *(uint32_t *)(orow + col) =
+                                pack2<T>(st.o[4 * i + 2 * h] * factor, st.o[4 * i + 2 * h + 1] * factor);
+                    }
                 }
             }
         }
-    }
 #endif
 }
 
@@ -595,7 +633,8 @@ static fwd90_encode_fn fwd90_encoder(void)
         void *f = NULL;
         cudaDriverEntryPointQueryResult res;
 #if CUDART_VERSION >= 12050
-        const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &res);
+        const cudaError_t err =
+            cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &res);
 #else
         const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &res);
 #endif
@@ -653,10 +692,12 @@ extern "C" int flash_fwd_sm90_ok(const flash_params *p)
     const bool no_hook = !p->has_hook && p->softcap == 0.0 && p->alibi_slopes == NULL && p->mask == NULL &&
                          p->mask_blocks == NULL && p->dropout_threshold == 0;
     return (p->dtype == FLASH_FP16 || p->dtype == FLASH_BF16) && no_hook && p->block_table == NULL &&
-           p->num_splits <= 1 && p->b >= 1 && p->h >= 1 && p->d >= 1 && p->d <= FLASH_CUDA_MAX_HEAD_DIM && p->d % FWD90_CHUNK == 0 &&
+           p->num_splits <= 1 && p->b >= 1 && p->h >= 1 && p->d >= 1 && p->d <= FLASH_CUDA_MAX_HEAD_DIM &&
+           p->d % FWD90_CHUNK == 0 &&
            p->scale_log2 > 0.f && p->sq >= 1 && p->sk >= 1 && q_rows >= 1 && k_rows >= 1 && q_rows < INT_MAX &&
            k_rows < INT_MAX && (p->sq + FWD90_BM - 1) / FWD90_BM * p->h * p->b < INT_MAX && p->h_per_kv >= 1 &&
-           (p->k_batch_idx == NULL || p->k_batches >= 1) && fwd90_aligned(p->q, &p->q_s) && fwd90_aligned(p->k, &p->k_s) &&
+           (p->k_batch_idx == NULL || p->k_batches >= 1) && fwd90_aligned(p->q, &p->q_s) &&
+           fwd90_aligned(p->k, &p->k_s) &&
            fwd90_aligned(p->v, &p->v_s) && fwd90_aligned(p->o, &p->o_s) && fwd90_encoder() != NULL;
 }
 
@@ -676,14 +717,13 @@ static cudaError_t launch_fwd90(const flash_params *p, cudaStream_t stream)
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
-    const int64_t n_work = (p->sq + FWD90_BM - 1) / FWD90_BM * p->h * p->b;
+    const bool paired = FWD90_PERSISTENT && fwd90_paired(*p);
+    const int64_t n_work = fwd90_items_per_head((int)((p->sq + FWD90_BM - 1) / FWD90_BM), paired) * p->h * p->b;
     int dev = 0, sms = 0;
     if ((err = cudaGetDevice(&dev)) != cudaSuccess ||
         (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
         return err;
-    const bool uniform = p->cu_seqlens_q == NULL && p->seqused_k == NULL && p->k_leftpad == NULL &&
-                         p->band_left < 0 && p->band_right < 0;
-    const int64_t grid = FWD90_PERSISTENT && uniform && n_work > sms ? sms : n_work;
+    const int64_t grid = FWD90_PERSISTENT && (paired || fwd90_uniform(*p)) && n_work > sms ? sms : n_work;
     kernel<<<(unsigned)grid, FWD90_THREADS, smem, stream>>>(*p, maps);
     return cudaGetLastError();
 }
