@@ -56,7 +56,8 @@
  * from s2k (-2% at s512); d64 4 stages the same as 3; persistent non-causal +5-16% at s512 / s2k (within
  * +-5% at s8k); persistent causal in query-tile order lost up to 30%, in heavy + light pairs (fwd90_work)
  * it gains 4-25% at s512 / s2k (d256 s8k -2%); lazy rescale as its macros say; producer 40 / consumers 232
- * registers the same as 24 / 240. Instances differ by up to ~5% between calls: compare within one. Beside cuDNN: benchmarks/results/h200 (fwd_sm90_2026-12-01).
+ * registers the same as 24 / 240. Instances differ by up to ~5% between calls: compare within one.
+ * Beside cuDNN and FA2: benchmarks/results/h200/fwd_sm90_2026-12-01.
  */
 #ifdef FLASHATTN_EXT_SM90A /* the whole file: builds with sm_90a only (launch.cu calls it under the same macro) */
 #include <cuda.h> /* CUtensorMap and its enums (no libcuda link: the encoder comes from cudaGetDriverEntryPoint) */
