@@ -42,9 +42,9 @@
 #include "launch.h"
 #include "ptx.cuh"
 
-/* Tuning knobs (dev/decode_bench.sh overrides them with -D; the defaults are the measured best): the cp.async
- * ring depth per warp at each compiled head dim, and the fewest rounds of kWarps key tiles the split heuristic
- * gives one split. */
+/* Tuning knobs (`dev/fwd_variants.sh fwd_decode decode-bench` overrides them with -D; the defaults are the
+ * measured best): the cp.async ring depth per warp at each compiled head dim, and the fewest rounds of kWarps
+ * key tiles the split heuristic gives one split. */
 #ifndef FWD_DECODE_STAGES_D64
 #define FWD_DECODE_STAGES_D64 4
 #endif

@@ -36,7 +36,7 @@
  *     from the accumulators to global memory (4-byte stores, a quad's 16 bytes contiguous; no shared
  *     memory, so the next Q can load meanwhile), rows < sq and columns < d only; lse in fp32. A row with
  *     no visible key: O = 0, lse = -inf (the sink with one).
- * Tiles (fwd90_cfg; -D FWD90_BN_D* / FWD90_STAGES_D* for tuning): M 128 (2 consumer warpgroups) x
+ * Tiles (fwd90_cfg; -D FWD90_BN_D* / FWD90_STAGES_D* for tuning, dev/fwd_variants.sh): M 128 (2 consumer warpgroups) x
  *   kBlockN 128 at d <= 64 and d <= 128 (3 stages), x 80 at d <= 256 (2 stages). Shared memory: Q (128 x D)
  *   + stages x (K + V) (kBlockN x D), all in the 128-byte swizzled layout of wgmma.cuh (the TMA's
  *   SWIZZLE_128B with 64-column boxes); d = 64: 113 KB, d = 128: 225 KB, d = 256: 225 KB. Head dims below
@@ -46,8 +46,8 @@
  *   positive softmax scale, no score / probability hook but sinks (has_hook = 0), no paged KV cache, no
  *   split-KV; dense and varlen batches, seqused_k, k_batch_idx, k_leftpad, GQA, every band (causal both
  *   alignments, sliding windows). Everything else takes fwd_sm80.cu.
- * Measured on the H200 (dev/fwd90_bench.sh: dev/fwd_harness.cu bench, bf16, 16k tokens, nheads = 2048 / d,
- * TFLOP/s = 4 B H Sq Sk D / t, halved for causal), non-causal | causal at seqlen 512 / 2k / 8k:
+ * Measured on the H200 (`dev/fwd_variants.sh fwd_sm90 bench`: dev/fwd_harness.cu, bf16, 16k tokens, nheads =
+ * 2048 / d, TFLOP/s = 4 B H Sq Sk D / t, halved for causal), non-causal | causal at seqlen 512 / 2k / 8k:
  *   d64                281 417 474 | 183 341 439
  *   d128               383 586 640 | 213 441 584
  *   d256               305 441 512 | 222 419 540
