@@ -533,7 +533,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
             const int diag_lo = (int)seq.diag_lo, diag_hi = (int)seq.diag_hi;
 
             fwd90_state<kHeadDim, kBlockN> st;
-    #pragma unroll
+#pragma unroll
             for (int i = 0; i < kHeadDim / 2; i++)
                 st.o[i] = 0.f;
             st.m[0] = st.m[1] = -INFINITY;
@@ -593,7 +593,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
             float *lse = (float *)p.lse + flash_lse_offset(&p, &seq, wk.b, wk.hq) + m0; /* (qn) */
             T *og = (T *)p.o + wk.b * p.o_s.batch + wk.hq * p.o_s.head + (seq.q_row0 + m0) * p.o_s.row; /* (qn, d) */
             const int d = (int)p.d;
-    #pragma unroll
+#pragma unroll
             for (int h = 0; h < 2; h++) {
                 float l = st.l[h];
                 l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -605,7 +605,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                     if (lane % 4 == 0)
                         lse[r] = row_lse;
                     T *orow = og + (int64_t)r * p.o_s.row;
-    #pragma unroll
+#pragma unroll
                     for (int i = 0; i < kHeadDim / 8; i++) {
                         const int col = 8 * i + lane_c;
                         if (col < d)
