@@ -83,6 +83,15 @@
 #define FWD90_WGMMA_K 16        /* K of one wgmma step */
 #define FWD90_PV_N 128          /* largest N of one P V wgmma (d256 issues two) */
 #define FWD90_CHUNK 8           /* 16-bit elements per 16-byte copy */
+#define FWD90_BAR_BYTES 8       /* one mbarrier (64 bits) */
+#define FWD90_FULL_MASK 0xffffffffu
+/* wgmma D fragment (wgmma.cuh): warp w of a warpgroup holds rows 16 w + lane / 4 and + 8 of each n8 block of
+ * columns, value 4 i + 2 h + e = (row + 8 h, column 8 i + 2 (lane % 4) + e) */
+#define FWD90_WARP_ROWS 16
+#define FWD90_QUAD 4            /* lanes sharing a row */
+#define FWD90_HALF_ROWS 8       /* the second row of a lane: + 8 */
+#define FWD90_N8 8              /* columns of one n8 block */
+#define FWD90_N8_VALS 4         /* a lane's values of one n8 block */
 #define FWD90_ELEM_BYTES 2
 /* named barriers: 0 is __syncthreads; ping-pong turn of consumer c: FWD90_BAR_TURN + c (both consumers'
  * threads); epilogue of consumer c: FWD90_BAR_EPI + c (its own threads) */
@@ -162,9 +171,9 @@ struct fwd90_smem {
     static constexpr int kQBytes = FWD90_BM * kHeadDim * FWD90_ELEM_BYTES;
     static constexpr int kKVBytes = kBlockN * kHeadDim * FWD90_ELEM_BYTES;
     static constexpr int kK = kQBytes, kV = kK + kStages * kKVBytes, kBars = kV + kStages * kKVBytes;
-    static constexpr int kQFull = kBars, kQEmpty = kQFull + 8, kKFull = kQEmpty + 8, kVFull = kKFull + 8 * kStages,
-                         kEmpty = kVFull + 8 * kStages;
-    static constexpr size_t kBytes = (size_t)kEmpty + 8 * kStages + SW128_ATOM_BYTES; /* + alignment slack */
+    static constexpr int kQFull = kBars, kQEmpty = kQFull + FWD90_BAR_BYTES, kKFull = kQEmpty + FWD90_BAR_BYTES,
+                         kVFull = kKFull + FWD90_BAR_BYTES * kStages, kEmpty = kVFull + FWD90_BAR_BYTES * kStages;
+    static constexpr size_t kBytes = (size_t)kEmpty + FWD90_BAR_BYTES * kStages + SW128_ATOM_BYTES; /* + alignment */
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -220,13 +229,13 @@ __device__ __forceinline__ void mask_tile(float (&s)[kN], int r_t, int c_t, int 
     const unsigned from_lo0 = (unsigned)(c_t - r_t) - (unsigned)diag_lo;
     const unsigned band = (unsigned)diag_hi - (unsigned)diag_lo;
 #pragma unroll
-    for (int i = 0; i < kN / 4; i++)
+    for (int i = 0; i < kN / FWD90_N8_VALS; i++)
 #pragma unroll
         for (int h = 0; h < 2; h++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                const int col = c_t + 8 * i + e;
-                if (col >= sk || from_lo0 + (unsigned)(8 * i + e - 8 * h) > band)
+                const int col = c_t + FWD90_N8 * i + e;
+                if (col >= sk || from_lo0 + (unsigned)(FWD90_N8 * i + e - FWD90_HALF_ROWS * h) > band)
                     s[4 * i + 2 * h + e] = -INFINITY;
             }
 }
@@ -242,16 +251,16 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kN], float (&m)[2], floa
     for (int h = 0; h < 2; h++) {
         float mx = m[h];
 #pragma unroll
-        for (int i = 0; i < kN / 4; i++)
+        for (int i = 0; i < kN / FWD90_N8_VALS; i++)
             mx = fmaxf(mx, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = fmaxf(mx, __shfl_xor_sync(FWD90_FULL_MASK, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(FWD90_FULL_MASK, mx, 2));
         const float ms = mx == -INFINITY ? 0.f : mx * scale;
         alpha[h] = exp2_approx(m[h] * scale - ms);
         m[h] = mx;
         float sum = 0.f;
 #pragma unroll
-        for (int i = 0; i < kN / 4; i++)
+        for (int i = 0; i < kN / FWD90_N8_VALS; i++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const float pe = exp2_approx(fmaf(s[4 * i + 2 * h + e], scale, -ms));
@@ -279,10 +288,10 @@ __device__ __forceinline__ void p_to_frags(const float (&s)[kN], uint32_t (&pa)[
 template <bool kLazy, int kN>
 __device__ __forceinline__ void rescale_o(float (&o)[kN], const float (&alpha)[2])
 {
-    if (kLazy && !__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
+    if (kLazy && !__any_sync(FWD90_FULL_MASK, alpha[0] != 1.f || alpha[1] != 1.f))
         return;
 #pragma unroll
-    for (int i = 0; i < kN / 4; i++)
+    for (int i = 0; i < kN / FWD90_N8_VALS; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
             o[4 * i + e] *= alpha[e / 2];
@@ -323,9 +332,9 @@ __device__ __forceinline__ void consumer_step(fwd90_state<kHeadDim, kBlockN> &st
     constexpr int kKV = kBlockN * kHeadDim * FWD90_ELEM_BYTES;
     const int s_cur = g % kStages, s_prev = (g - 1) % kStages;
     turn_wait(c);
-    mbar_wait(kfull + 8 * s_cur, (g / kStages) & 1);
+    mbar_wait(kfull + FWD90_BAR_BYTES * s_cur, (g / kStages) & 1);
     gemm_qk<T, kHeadDim, kBlockN>(st.s, sq, q_row0, sk0 + s_cur * kKV);
-    mbar_wait(vfull + 8 * s_prev, ((g - 1) / kStages) & 1);
+    mbar_wait(vfull + FWD90_BAR_BYTES * s_prev, ((g - 1) / kStages) & 1);
     gemm_pv<T, kHeadDim, kBlockN>(st.o, st.pa, sv0 + s_prev * kKV);
     turn_pass(c);
     wgmma_wait<1>();
@@ -337,7 +346,7 @@ __device__ __forceinline__ void consumer_step(fwd90_state<kHeadDim, kBlockN> &st
     wgmma_wait<0>();
     fence_regs(st.o);
     if (releaser)
-        mbar_arrive(empty + 8 * s_prev);
+        mbar_arrive(empty + FWD90_BAR_BYTES * s_prev);
     rescale_o<fwd90_cfg<kHeadDim>::kLazyRescale>(st.o, alpha);
     p_to_frags<T>(st.s, st.pa);
 }
@@ -432,9 +441,9 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
         mbar_init(qfull, 1);
         mbar_init(qempty, FWD90_CONSUMER_WGS);
         for (int s = 0; s < kStages; s++) {
-            mbar_init(kfull + 8 * s, 1);
-            mbar_init(vfull + 8 * s, 1);
-            mbar_init(empty + 8 * s, FWD90_CONSUMER_WGS);
+            mbar_init(kfull + FWD90_BAR_BYTES * s, 1);
+            mbar_init(vfull + FWD90_BAR_BYTES * s, 1);
+            mbar_init(empty + FWD90_BAR_BYTES * s, FWD90_CONSUMER_WGS);
         }
         mbar_fence_init();
     }
@@ -470,14 +479,14 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                 const int krow = (int)seq.k_row0;
                 for (int t = 0; t < n_tiles; t++, g++) {
                     const int j = end - 1 - t, s = g % kStages;
-                    mbar_wait(empty + 8 * s, ((g / kStages) & 1) ^ 1);
+                    mbar_wait(empty + FWD90_BAR_BYTES * s, ((g / kStages) & 1) ^ 1);
                     const uint32_t dk = sk0 + s * L::kKVBytes, dv = sv0 + s * L::kKVBytes;
                     const int row = krow + j * kBlockN;
                     if (lane == 0) {
-                        mbar_arrive_expect_tx(kfull + 8 * s, L::kKVBytes);
+                        mbar_arrive_expect_tx(kfull + FWD90_BAR_BYTES * s, L::kKVBytes);
                         for (int pn = 0; pn < kHeadDim / FWD90_PANEL; pn++)
-                            tma_load_4d(dk + pn * kBlockN * SW128_ROW_BYTES, &maps.k, kfull + 8 * s, pn * FWD90_PANEL,
-                                        row, hk, kb);
+                            tma_load_4d(dk + pn * kBlockN * SW128_ROW_BYTES, &maps.k, kfull + FWD90_BAR_BYTES * s,
+                                        pn * FWD90_PANEL, row, hk, kb);
                     }
                     if (!tail_by_tma && (j + 1) * kBlockN > skn) {
                         const T *vg = (const T *)p.v +
@@ -486,12 +495,12 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                         copy_v_tail<T, kHeadDim, kBlockN>(dv, vg, p.v_s.row, skn - j * kBlockN, (int)p.d, lane);
                         __syncwarp();
                         if (lane == 0)
-                            mbar_arrive(vfull + 8 * s);
+                            mbar_arrive(vfull + FWD90_BAR_BYTES * s);
                     } else if (lane == 0) {
-                        mbar_arrive_expect_tx(vfull + 8 * s, L::kKVBytes);
+                        mbar_arrive_expect_tx(vfull + FWD90_BAR_BYTES * s, L::kKVBytes);
                         for (int pn = 0; pn < kHeadDim / FWD90_PANEL; pn++)
-                            tma_load_4d(dv + pn * kBlockN * SW128_ROW_BYTES, &maps.v, vfull + 8 * s, pn * FWD90_PANEL,
-                                        row, hk, kb);
+                            tma_load_4d(dv + pn * kBlockN * SW128_ROW_BYTES, &maps.v, vfull + FWD90_BAR_BYTES * s,
+                                        pn * FWD90_PANEL, row, hk, kb);
                     }
                     if (t == 0) {
                         /* Q after the first K / V tile: the consumers release the previous Q at their last wgmma */
@@ -514,8 +523,8 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     const int c = wg - 1, ctid = tid - c * FWD90_WG_THREADS - FWD90_WG_THREADS;
     const int lane = tid % FLASH_WARP_SIZE, warp = ctid / FLASH_WARP_SIZE;
     const int q_row0 = c * FWD90_WG_ROWS;             /* the consumer's rows in the Q tile */
-    const int r_loc = q_row0 + warp * 16 + lane / 4; /* the thread's first row in the tile */
-    const int lane_c = 2 * (lane % 4);
+    const int r_loc = q_row0 + warp * FWD90_WARP_ROWS + lane / FWD90_QUAD; /* the thread's first row in the tile */
+    const int lane_c = 2 * (lane % FWD90_QUAD);
     const float scale = p.scale_log2;
     const bool releaser = ctid == 0;
     int g = 0, qc = 0; /* as the producer's */
@@ -547,7 +556,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                 {
                     const int j = end - 1, s0 = g % kStages;
                     turn_wait(c);
-                    mbar_wait(kfull + 8 * s0, (g / kStages) & 1);
+                    mbar_wait(kfull + FWD90_BAR_BYTES * s0, (g / kStages) & 1);
                     gemm_qk<T, kHeadDim, kBlockN>(st.s, sq, q_row0, sk0 + s0 * L::kKVBytes);
                     turn_pass(c);
                     wgmma_wait<0>();
@@ -575,14 +584,14 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                 g += n_tiles;
                 const int s_last = (g - 1) % kStages;
                 turn_wait(c);
-                mbar_wait(vfull + 8 * s_last, ((g - 1) / kStages) & 1);
+                mbar_wait(vfull + FWD90_BAR_BYTES * s_last, ((g - 1) / kStages) & 1);
                 gemm_pv<T, kHeadDim, kBlockN>(st.o, st.pa, sv0 + s_last * L::kKVBytes);
                 if (c == 0)
                     turn_pass(c); /* consumer 1's last turn is never waited for */
                 wgmma_wait<0>();
                 fence_regs(st.o);
                 if (releaser) {
-                    mbar_arrive(empty + 8 * s_last);
+                    mbar_arrive(empty + FWD90_BAR_BYTES * s_last);
                     mbar_arrive(qempty); /* this consumer's rows of Q are read for the last time */
                 }
                 qc++;
@@ -596,18 +605,18 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 float l = st.l[h];
-                l += __shfl_xor_sync(0xffffffffu, l, 1);
-                l += __shfl_xor_sync(0xffffffffu, l, 2);
+                l += __shfl_xor_sync(FWD90_FULL_MASK, l, 1);
+                l += __shfl_xor_sync(FWD90_FULL_MASK, l, 2);
                 float factor, row_lse;
                 flash_row_finish_f(st.m[h] * scale * (float)(1.0 / FLASH_LOG2E), l, sink, &factor, &row_lse);
-                const int r = r_loc + 8 * h;
+                const int r = r_loc + FWD90_HALF_ROWS * h;
                 if (r < qn) {
-                    if (lane % 4 == 0)
+                    if (lane % FWD90_QUAD == 0)
                         lse[r] = row_lse;
                     T *orow = og + (int64_t)r * p.o_s.row;
 #pragma unroll
-                    for (int i = 0; i < kHeadDim / 8; i++) {
-                        const int col = 8 * i + lane_c;
+                    for (int i = 0; i < kHeadDim / FWD90_N8; i++) {
+                        const int col = FWD90_N8 * i + lane_c;
                         if (col < d)
                             *(uint32_t *)(orow + col) =
                                 pack2<T>(st.o[4 * i + 2 * h] * factor, st.o[4 * i + 2 * h + 1] * factor);
