@@ -8,12 +8,13 @@
  * with light: fwd90_work) one CTA per SM walks the items (persistent, static order) and the producer runs
  * into the next tile while the consumers finish the current one; elsewhere one CTA per query tile,
  * heaviest first, balanced by the hardware's CTA scheduler.
- *   Warpgroup 0, the producer (setmaxnreg FWD90_PRODUCER_REGS): one thread issues the TMA loads, K_j, V_j
+ *   Warpgroup 0, the producer (setmaxnreg FWD90_PRODUCER_REGS; its warps 1-3 leave at once, warp 0 stays
+ *     for the V tails below): one thread issues the TMA loads, K_j, V_j
  *     into a ring of kStages stages that runs on across work tiles, and Q (one box per 64-column panel)
  *     after each work tile's first K / V, once the consumers are done with the previous Q (Q_EMPTY); each
  *     load completes on its mbarrier (Q_FULL, K_FULL, V_FULL, transaction bytes), and a ring stage is reused
- *     once both consumers have released it (EMPTY). Out-of-range rows and columns of the tensor are zero-filled by
- *     the TMA unit. Where the keys of a sequence do not end at the tensor's row end (varlen,
+ *     once both consumers have released it (EMPTY). Out-of-range rows and columns of the tensor are
+ *     zero-filled by the TMA unit. Where the keys of a sequence do not end at the tensor's row end (varlen,
  *     seqused_k) the V rows past them hold other data, which P = 0 cannot cancel if it is not finite:
  *     there the producer warp copies the sequence's last V tile itself (cp.async, rows past the
  *     sequence zero-filled, then fence.proxy.async before arriving).
@@ -36,9 +37,9 @@
  *     from the accumulators to global memory (4-byte stores, a quad's 16 bytes contiguous; no shared
  *     memory, so the next Q can load meanwhile), rows < sq and columns < d only; lse in fp32. A row with
  *     no visible key: O = 0, lse = -inf (the sink with one).
- * Tiles (fwd90_cfg; -D FWD90_BN_D* / FWD90_STAGES_D* for tuning, dev/fwd_variants.sh): M 128 (2 consumer warpgroups) x
- *   kBlockN 128 at d <= 64 and d <= 128 (3 stages), x 80 at d <= 256 (2 stages). Shared memory: Q (128 x D)
- *   + stages x (K + V) (kBlockN x D), all in the 128-byte swizzled layout of wgmma.cuh (the TMA's
+ * Tiles (fwd90_cfg; -D FWD90_BN_D* / FWD90_STAGES_D* for tuning, dev/fwd_variants.sh): M 128 (2 consumer
+ *   warpgroups) x kBlockN 128 at d <= 64 and d <= 128 (3 stages), x 80 at d <= 256 (2 stages). Shared
+ *   memory: Q (128 x D) + stages x (K + V) (kBlockN x D), all in the 128-byte swizzled layout of wgmma.cuh (the TMA's
  *   SWIZZLE_128B with 64-column boxes); d = 64: 113 KB, d = 128: 225 KB, d = 256: 225 KB. Head dims below
  *   the config's are zero-filled by the TMA (boxes past the tensor's d) and computed like the others; only
  *   the global stores are guarded.
