@@ -37,8 +37,9 @@
  *     from the accumulators to global memory (4-byte stores, a quad's 16 bytes contiguous; no shared
  *     memory, so the next Q can load meanwhile), rows < sq and columns < d only; lse in fp32. A row with
  *     no visible key: O = 0, lse = -inf (the sink with one).
- * Tiles (fwd90_cfg; -D FWD90_BN_D* / FWD90_STAGES_D* for tuning, dev/fwd_variants.sh): M 128 (2 consumer
- *   warpgroups) x kBlockN 128 at d <= 64 and d <= 128 (3 stages), x 80 at d <= 256 (2 stages). Shared
+ * Tiles (fwd90_cfg; -D FWD90_BN_D* / FWD90_STAGES_D* / FWD90_PV_N for tuning with dev/fwd_variants.sh; the
+ *   wrappers for BN 176 at d128 (2 stages), BN 192 at d64 and PV_N 256 at d256 exist, not yet measured): M
+ *   128 (2 consumer warpgroups) x kBlockN 128 at d <= 64 and d <= 128 (3 stages), x 80 at d <= 256 (2 stages). Shared
  *   memory: Q (128 x D) + stages x (K + V) (kBlockN x D), all in the 128-byte swizzled layout of wgmma.cuh (the TMA's
  *   SWIZZLE_128B with 64-column boxes); d = 64: 113 KB, d = 128: 225 KB, d = 256: 225 KB. Head dims below
  *   the config's are zero-filled by the TMA (boxes past the tensor's d) and computed like the others; only
@@ -82,7 +83,9 @@
 #define FWD90_CONSUMER_REGS 240 /* ... and of the consumers: 24 x 128 + 240 x 256 <= 64 K registers */
 #define FWD90_PANEL 64          /* columns of one sw128 panel = the TMA box's inner dimension */
 #define FWD90_WGMMA_K 16        /* K of one wgmma step */
-#define FWD90_PV_N 128          /* largest N of one P V wgmma (d256 issues two) */
+#ifndef FWD90_PV_N
+#define FWD90_PV_N 128 /* largest N of one P V wgmma (d256 issues two; 256: one, a tuning knob) */
+#endif
 #define FWD90_CHUNK 8           /* 16-bit elements per 16-byte copy */
 #define FWD90_BAR_BYTES 8       /* one mbarrier (64 bits) */
 #define FWD90_FULL_MASK 0xffffffffu

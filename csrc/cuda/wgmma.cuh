@@ -105,7 +105,7 @@ __device__ __forceinline__ void fence_proxy_async(void)
 template <typename T, int N>
 struct wgmma_op;
 
-/* The accumulator operands of one wgmma: 16, 32 or 64 fp32 registers of d. */
+/* The accumulator operands of one wgmma: 8, 16, 32, 40 or 64 fp32 registers of d (sums of them for larger N). */
 #define WGMMA_ACC16(d) \
     "+f"((d)[0]), "+f"((d)[1]), "+f"((d)[2]), "+f"((d)[3]), \
     "+f"((d)[4]), "+f"((d)[5]), "+f"((d)[6]), "+f"((d)[7]), \
@@ -146,6 +146,68 @@ struct wgmma_op;
                          "}, %40, %41, p, 1, 1, %43, %44;\n}\n" \
                          : WGMMA_ACC40(d) \
                          : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B)); \
+        } \
+    };
+
+/* wgmma_op<T, 176>: ss only (S of the d128 forward with 176 keys per tile, a tuning knob: FWD90_BN_D128). */
+#define WGMMA_OP_N176(T, PTXT) \
+    template <> struct wgmma_op<T, 176> { \
+        template <int TRANS_A, int TRANS_B> \
+        static __device__ __forceinline__ void ss(float d[88], uint64_t desc_a, uint64_t desc_b, int accumulate) \
+        { \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n" \
+                         "wgmma.mma_async.sync.aligned.m64n176k16.f32." PTXT "." PTXT " {" \
+                         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+                         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
+                         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
+                         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63," \
+                         "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79," \
+                         "%80, %81, %82, %83, %84, %85, %86, %87" \
+                         "}, %88, %89, p, 1, 1, %91, %92;\n}\n" \
+                         : WGMMA_ACC64((d)), WGMMA_ACC16((d) + 64), WGMMA_ACC8((d) + 80) \
+                         : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B)); \
+        } \
+    };
+
+/* wgmma_op<T, 192>: ss only (S of the d64 forward with 192 keys per tile, a tuning knob: FWD90_BN_D64). */
+#define WGMMA_OP_N192(T, PTXT) \
+    template <> struct wgmma_op<T, 192> { \
+        template <int TRANS_A, int TRANS_B> \
+        static __device__ __forceinline__ void ss(float d[96], uint64_t desc_a, uint64_t desc_b, int accumulate) \
+        { \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n" \
+                         "wgmma.mma_async.sync.aligned.m64n192k16.f32." PTXT "." PTXT " {" \
+                         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+                         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
+                         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
+                         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63," \
+                         "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79," \
+                         "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
+                         "}, %96, %97, p, 1, 1, %99, %100;\n}\n" \
+                         : WGMMA_ACC64((d)), WGMMA_ACC32((d) + 64) \
+                         : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B)); \
+        } \
+    };
+
+/* wgmma_op<T, 256>: rs only (O += P V of the d256 forward in one instruction, a tuning knob: FWD90_PV_N). */
+#define WGMMA_OP_N256(T, PTXT) \
+    template <> struct wgmma_op<T, 256> { \
+        template <int TRANS_B> \
+        static __device__ __forceinline__ void rs(float d[128], const uint32_t a[4], uint64_t desc_b, int accumulate) \
+        { \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n" \
+                         "wgmma.mma_async.sync.aligned.m64n256k16.f32." PTXT "." PTXT " {" \
+                         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+                         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
+                         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
+                         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63," \
+                         "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79," \
+                         "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95," \
+                         "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111," \
+                         "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
+                         "}, {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n" \
+                         : WGMMA_ACC64((d)), WGMMA_ACC64((d) + 64) \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B)); \
         } \
     };
 
@@ -214,6 +276,12 @@ WGMMA_OP_N64(__nv_bfloat16, "bf16")
 WGMMA_OP_N64(__half, "f16")
 WGMMA_OP_N128(__nv_bfloat16, "bf16")
 WGMMA_OP_N128(__half, "f16")
+WGMMA_OP_N176(__nv_bfloat16, "bf16")
+WGMMA_OP_N176(__half, "f16")
+WGMMA_OP_N192(__nv_bfloat16, "bf16")
+WGMMA_OP_N192(__half, "f16")
+WGMMA_OP_N256(__nv_bfloat16, "bf16")
+WGMMA_OP_N256(__half, "f16")
 
 /* ---- barriers (shared by the sm90 kernels) ---- */
 
