@@ -680,6 +680,17 @@ static tensor packed_init(int64_t rows, int64_t heads, int64_t d, int strided, f
     return t;
 }
 
+/* Every element of the n tensors ts uniform on [-2, 2) (the random inputs of the varlen and KV-cache checks). */
+static void fill_uniform(tensor *const *ts, int n, flash_dtype dt)
+{
+    for (int w = 0; w < n; w++)
+        for (int64_t bi = 0; bi < ts[w]->b; bi++)
+            for (int64_t r = 0; r < ts[w]->s; r++)
+                for (int64_t hi = 0; hi < ts[w]->heads; hi++)
+                    for (int64_t x = 0; x < ts[w]->d; x++)
+                        set(ts[w]->data, dt, at(ts[w], bi, r, hi) + x, 2 * uniform());
+}
+
 /* Rows [r0, r0 + n) of a packed tensor as contiguous (n, heads, d) doubles. */
 static double *packed_rows(const tensor *t, flash_dtype dt, int64_t r0, int64_t n)
 {
@@ -736,11 +747,7 @@ static int run_varlen_case(const varlen_config *c, flash_dtype dt)
     tensor k = packed_init(total_k, hk, d, c->strided, dt), v = packed_init(total_k, hk, d, c->strided, dt);
     tensor dk = packed_init(total_k, hk, d, c->strided, dt), dv = packed_init(total_k, hk, d, c->strided, dt);
     tensor *inputs[4] = {&q, &k, &v, &dout};
-    for (int w = 0; w < 4; w++)
-        for (int64_t r = 0; r < inputs[w]->s; r++)
-            for (int64_t hi = 0; hi < inputs[w]->heads; hi++)
-                for (int64_t x = 0; x < c->d; x++)
-                    set(inputs[w]->data, dt, at(inputs[w], 0, r, hi) + x, 2 * uniform());
+    fill_uniform(inputs, 4, dt);
     const int64_t n_rows = c->h * total_q;
     void *lse = typed_alloc(n_rows, dt, NAN), *delta = typed_alloc(n_rows, dt, NAN);
     flash_params p = {
@@ -1055,12 +1062,7 @@ static int run_kv_case(const kv_config *c, flash_dtype dt)
     tensor k = cache_init(nb, rows, hk, d, c->strided, dt), v = cache_init(nb, rows, hk, d, c->strided, dt);
     tensor dk = cache_init(nb, rows, hk, d, c->strided, dt), dv = cache_init(nb, rows, hk, d, c->strided, dt);
     tensor *inputs[4] = {&q, &k, &v, &dout};
-    for (int w = 0; w < 4; w++)
-        for (int64_t bi = 0; bi < inputs[w]->b; bi++)
-            for (int64_t r = 0; r < inputs[w]->s; r++)
-                for (int64_t hi = 0; hi < inputs[w]->heads; hi++)
-                    for (int64_t x = 0; x < d; x++)
-                        set(inputs[w]->data, dt, at(inputs[w], bi, r, hi) + x, 2 * uniform());
+    fill_uniform(inputs, 4, dt);
     const int64_t n_rows = c->b * h * c->sq;
     void *lse = typed_alloc(n_rows, dt, NAN), *delta = typed_alloc(n_rows, dt, NAN);
     flash_params p = {
@@ -1257,12 +1259,7 @@ static int run_paged_varlen_case(const varlen_config *c, int64_t page_size, flas
     tensor kc = cache_init(n_pages, page_size, hk, d, c->strided, dt), vc = cache_init(n_pages, page_size, hk, d,
                                                                                         c->strided, dt);
     tensor *inputs[4] = {&q, &k, &kc, &vc};
-    for (int w = 0; w < 4; w++)
-        for (int64_t bi = 0; bi < inputs[w]->b; bi++)
-            for (int64_t r = 0; r < inputs[w]->s; r++)
-                for (int64_t hi = 0; hi < inputs[w]->heads; hi++)
-                    for (int64_t x = 0; x < d; x++)
-                        set(inputs[w]->data, dt, at(inputs[w], bi, r, hi) + x, 2 * uniform());
+    fill_uniform(inputs, 4, dt);
     for (int64_t r = 0; r < total_k; r++) /* v's packed rows differ from k's */
         for (int64_t hi = 0; hi < hk; hi++)
             for (int64_t x = 0; x < d; x++)

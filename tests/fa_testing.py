@@ -378,6 +378,18 @@ def rel_l2(got, ref):
     return ((got - ref).norm() / ref.norm()).item()
 
 
+@contextlib.contextmanager
+def no_host_sync():
+    """Inside, any synchronization of the host with the CUDA device raises (torch's sync debug mode);
+    warm the call up first, lazy initialization may synchronize."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def assert_close(name, got, ref, tol, natural=None):
     """Relative L2 error ||got - ref|| / ||ref|| <= tol, all values finite.
     `natural` (optional): the norm the tensor would have in a non-degenerate case. When the float64

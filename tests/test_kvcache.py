@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import flashattn_ext
-from fa_testing import DTYPE_NAMES, HAS_CUDA, OUT_TOL, assert_close, assert_lse_close, attention64
+from fa_testing import DTYPE_NAMES, HAS_CUDA, OUT_TOL, assert_close, assert_lse_close, attention64, no_host_sync
 
 CUDA_MARKS = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
 DEVICE_DTYPES = [("cpu", torch.float32), ("cpu", torch.float64)] + [
@@ -398,12 +398,8 @@ def test_kvcache_no_host_sync(case):
     synchronize with the device."""
     t = make_inputs(case, torch.bfloat16, "cuda")
     call(case, t)  # warm-up (lazy initialization may synchronize)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         call(case, t)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
 
 
 # ----------------------------------------------------------------------------------------------

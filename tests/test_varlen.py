@@ -26,6 +26,7 @@ from fa_testing import (
     grad_tol,
     keep_probability,
     natural_grad_norms,
+    no_host_sync,
     variant_reference,
 )
 
@@ -688,13 +689,9 @@ def test_varlen_no_host_sync():
     q, k, v, dout, cu_q, cu_k, used = make_varlen_inputs(mix, torch.bfloat16, "cuda")
     t = make_varlen_variant_tensors(mix, var, torch.bfloat16, "cuda")
     run_varlen(q, k, v, cu_q, cu_k, used, mix, var, t)  # warm-up (lazy initialization may synchronize)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         out = run_varlen(q, k, v, cu_q, cu_k, used, mix, var, t)
         torch.autograd.grad(out, grad_inputs(q, k, v, t), dout)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ import torch
 
 import flashattn_ext
 from flashattn_ext.reference import attention_varlen_ref
-from fa_testing import DTYPE_NAMES, HAS_CUDA, OUT_TOL, assert_close, assert_lse_close, expected_lse_dtype
+from fa_testing import (DTYPE_NAMES, HAS_CUDA, OUT_TOL, assert_close, assert_lse_close, expected_lse_dtype,
+                        no_host_sync)
 
 CUDA_MARKS = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
 DEVICE_DTYPES = [("cpu", torch.float32), ("cpu", torch.float64)] + [
@@ -430,9 +431,5 @@ def test_paged_varlen_no_host_sync():
     c = dataclasses.replace(CASES[3], sink=True, alibi="bh", window=(8, 2))
     t = make_inputs(c, torch.bfloat16, "cuda")
     call(c, t)  # warm-up (lazy initialization may synchronize)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         call(c, t)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")

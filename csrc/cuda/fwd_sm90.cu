@@ -693,6 +693,13 @@ static int fwd90_head_dim(int64_t d)
     return d <= 64 ? 64 : d <= 128 ? 128 : 256;
 }
 
+/* Rows of the q and k / v tensors: per batch (dense) or in all (varlen). */
+static void fwd90_rows(const flash_params *p, int64_t *q_rows, int64_t *k_rows)
+{
+    *q_rows = p->cu_seqlens_q ? p->total_q : p->sq;
+    *k_rows = p->cu_seqlens_q ? p->total_k : p->sk;
+}
+
 extern "C" size_t flash_fwd_sm90_smem(const flash_params *p)
 {
     const int hd = fwd90_head_dim(p->d);
@@ -701,7 +708,8 @@ extern "C" size_t flash_fwd_sm90_smem(const flash_params *p)
 
 extern "C" int flash_fwd_sm90_ok(const flash_params *p)
 {
-    const int64_t q_rows = p->cu_seqlens_q ? p->total_q : p->sq, k_rows = p->cu_seqlens_q ? p->total_k : p->sk;
+    int64_t q_rows, k_rows;
+    fwd90_rows(p, &q_rows, &k_rows);
     /* no hook field at all (one without has_hook is an error that fwd_sm80.cu reports) */
     const bool no_hook = !p->has_hook && p->softcap == 0.0 && p->alibi_slopes == NULL && p->mask == NULL &&
                          p->mask_blocks == NULL && p->dropout_threshold == 0;
@@ -720,7 +728,8 @@ static cudaError_t launch_fwd90(const flash_params *p, cudaStream_t stream)
 {
     fwd90_maps maps;
     const int varlen = p->cu_seqlens_q != NULL;
-    const int64_t q_rows = varlen ? p->total_q : p->sq, k_rows = varlen ? p->total_k : p->sk;
+    int64_t q_rows, k_rows;
+    fwd90_rows(p, &q_rows, &k_rows);
     const int64_t k_batches = varlen ? 1 : p->k_batch_idx ? p->k_batches : p->b; /* k / v's batch dimension */
     if (!fwd90_make_map(&maps.q, p, p->q, &p->q_s, q_rows, p->h, varlen ? 1 : p->b, FWD90_BM) ||
         !fwd90_make_map(&maps.k, p, p->k, &p->k_s, k_rows, p->h_kv, k_batches, fwd90_cfg<kHeadDim>::kBlockN) ||

@@ -105,183 +105,102 @@ __device__ __forceinline__ void fence_proxy_async(void)
 template <typename T, int N>
 struct wgmma_op;
 
-/* The accumulator operands of one wgmma: 8, 16, 32, 40 or 64 fp32 registers of d (sums of them for larger N). */
-#define WGMMA_ACC16(d) \
-    "+f"((d)[0]), "+f"((d)[1]), "+f"((d)[2]), "+f"((d)[3]), \
-    "+f"((d)[4]), "+f"((d)[5]), "+f"((d)[6]), "+f"((d)[7]), \
-    "+f"((d)[8]), "+f"((d)[9]), "+f"((d)[10]), "+f"((d)[11]), \
-    "+f"((d)[12]), "+f"((d)[13]), "+f"((d)[14]), "+f"((d)[15])
+/* The accumulator operands of one wgmma: R fp32 registers of d (R = N / 2). */
 #define WGMMA_ACC8(d) \
     "+f"((d)[0]), "+f"((d)[1]), "+f"((d)[2]), "+f"((d)[3]), "+f"((d)[4]), "+f"((d)[5]), "+f"((d)[6]), "+f"((d)[7])
+#define WGMMA_ACC16(d) WGMMA_ACC8(d), WGMMA_ACC8((d) + 8)
 #define WGMMA_ACC32(d) WGMMA_ACC16(d), WGMMA_ACC16((d) + 16)
 #define WGMMA_ACC40(d) WGMMA_ACC32(d), WGMMA_ACC8((d) + 32)
 #define WGMMA_ACC64(d) WGMMA_ACC32(d), WGMMA_ACC32((d) + 32)
+#define WGMMA_ACC88(d) WGMMA_ACC64(d), WGMMA_ACC16((d) + 64), WGMMA_ACC8((d) + 80)
+#define WGMMA_ACC96(d) WGMMA_ACC64(d), WGMMA_ACC32((d) + 64)
+#define WGMMA_ACC128(d) WGMMA_ACC64(d), WGMMA_ACC64((d) + 64)
 
-/* wgmma_op<T, 32>: ss only (S^T and dP^T of the d256 kernel, 32 queries per warpgroup). */
-#define WGMMA_OP_N32(T, PTXT) \
+/* Their place holders in the instruction text: %0 .. %(R - 1), 8 at a time. */
+#define WGMMA_R0 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define WGMMA_R1 "%8, %9, %10, %11, %12, %13, %14, %15"
+#define WGMMA_R2 "%16, %17, %18, %19, %20, %21, %22, %23"
+#define WGMMA_R3 "%24, %25, %26, %27, %28, %29, %30, %31"
+#define WGMMA_R4 "%32, %33, %34, %35, %36, %37, %38, %39"
+#define WGMMA_R5 "%40, %41, %42, %43, %44, %45, %46, %47"
+#define WGMMA_R6 "%48, %49, %50, %51, %52, %53, %54, %55"
+#define WGMMA_R7 "%56, %57, %58, %59, %60, %61, %62, %63"
+#define WGMMA_R8 "%64, %65, %66, %67, %68, %69, %70, %71"
+#define WGMMA_R9 "%72, %73, %74, %75, %76, %77, %78, %79"
+#define WGMMA_R10 "%80, %81, %82, %83, %84, %85, %86, %87"
+#define WGMMA_R11 "%88, %89, %90, %91, %92, %93, %94, %95"
+#define WGMMA_R12 "%96, %97, %98, %99, %100, %101, %102, %103"
+#define WGMMA_R13 "%104, %105, %106, %107, %108, %109, %110, %111"
+#define WGMMA_R14 "%112, %113, %114, %115, %116, %117, %118, %119"
+#define WGMMA_R15 "%120, %121, %122, %123, %124, %125, %126, %127"
+#define WGMMA_REGS16 WGMMA_R0 ", " WGMMA_R1
+#define WGMMA_REGS32 WGMMA_REGS16 ", " WGMMA_R2 ", " WGMMA_R3
+#define WGMMA_REGS40 WGMMA_REGS32 ", " WGMMA_R4
+#define WGMMA_REGS64 WGMMA_REGS40 ", " WGMMA_R5 ", " WGMMA_R6 ", " WGMMA_R7
+#define WGMMA_REGS88 WGMMA_REGS64 ", " WGMMA_R8 ", " WGMMA_R9 ", " WGMMA_R10
+#define WGMMA_REGS96 WGMMA_REGS88 ", " WGMMA_R11
+#define WGMMA_REGS128 WGMMA_REGS96 ", " WGMMA_R12 ", " WGMMA_R13 ", " WGMMA_R14 ", " WGMMA_R15
+
+/* The ss member of wgmma_op<T, N> (R = N / 2 accumulators, then desc_a = %R, desc_b = %R+1, accumulate =
+ * %R+2, TRANS_A = %R+3, TRANS_B = %R+4: the operand numbers, written out) for the PTX type PTXT. */
+#define WGMMA_SS(PTXT, N, R, DA, DB, AC, TA, TB) \
+    template <int TRANS_A, int TRANS_B> \
+    static __device__ __forceinline__ void ss(float d[R], uint64_t desc_a, uint64_t desc_b, int accumulate) \
+    { \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #AC ", 0;\n" \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTXT "." PTXT " {" WGMMA_REGS##R \
+                     "}, %" #DA ", %" #DB ", p, 1, 1, %" #TA ", %" #TB ";\n}\n" \
+                     : WGMMA_ACC##R(d) \
+                     : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B)); \
+    }
+
+/* The rs member (A from registers: a = %R .. %R+3, desc_b = %R+4, accumulate = %R+5, TRANS_B = %R+6). */
+#define WGMMA_RS(PTXT, N, R, A0, A1, A2, A3, DB, AC, TB) \
+    template <int TRANS_B> \
+    static __device__ __forceinline__ void rs(float d[R], const uint32_t a[4], uint64_t desc_b, int accumulate) \
+    { \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #AC ", 0;\n" \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTXT "." PTXT " {" WGMMA_REGS##R \
+                     "}, {%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #DB ", p, 1, 1, %" #TB ";\n}\n" \
+                     : WGMMA_ACC##R(d) \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B)); \
+    }
+
+/* The shapes in use, for one dtype (PTXT: bf16, f16):
+ *   N 32   ss    S^T and dP^T of the d256 backward (32 queries per warpgroup)
+ *   N 64   ss rs
+ *   N 80   ss    S of the d256 forward (80 keys per tile)
+ *   N 128  ss rs
+ *   N 176  ss    S of the d128 forward with 176 keys per tile (tuning knob FWD90_BN_D128)
+ *   N 192  ss    S of the d64 forward with 192 keys per tile (tuning knob FWD90_BN_D64)
+ *   N 256  rs    O += P V of the d256 forward in one instruction (tuning knob FWD90_PV_N) */
+#define WGMMA_OPS(T, PTXT) \
     template <> struct wgmma_op<T, 32> { \
-        template <int TRANS_A, int TRANS_B> \
-        static __device__ __forceinline__ void ss(float d[16], uint64_t desc_a, uint64_t desc_b, int accumulate) \
-        { \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n" \
-                         "wgmma.mma_async.sync.aligned.m64n32k16.f32." PTXT "." PTXT " {" \
-                         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" \
-                         "}, %16, %17, p, 1, 1, %19, %20;\n}\n" \
-                         : WGMMA_ACC16(d) \
-                         : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B)); \
-        } \
-    };
-
-/* wgmma_op<T, 80>: ss only (S of the d256 forward, 80 keys per tile). */
-#define WGMMA_OP_N80(T, PTXT) \
-    template <> struct wgmma_op<T, 80> { \
-        template <int TRANS_A, int TRANS_B> \
-        static __device__ __forceinline__ void ss(float d[40], uint64_t desc_a, uint64_t desc_b, int accumulate) \
-        { \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n" \
-                         "wgmma.mma_async.sync.aligned.m64n80k16.f32." PTXT "." PTXT " {" \
-                         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-                         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
-                         "%32, %33, %34, %35, %36, %37, %38, %39" \
-                         "}, %40, %41, p, 1, 1, %43, %44;\n}\n" \
-                         : WGMMA_ACC40(d) \
-                         : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B)); \
-        } \
-    };
-
-/* wgmma_op<T, 176>: ss only (S of the d128 forward with 176 keys per tile, a tuning knob: FWD90_BN_D128). */
-#define WGMMA_OP_N176(T, PTXT) \
-    template <> struct wgmma_op<T, 176> { \
-        template <int TRANS_A, int TRANS_B> \
-        static __device__ __forceinline__ void ss(float d[88], uint64_t desc_a, uint64_t desc_b, int accumulate) \
-        { \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n" \
-                         "wgmma.mma_async.sync.aligned.m64n176k16.f32." PTXT "." PTXT " {" \
-                         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-                         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
-                         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
-                         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63," \
-                         "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79," \
-                         "%80, %81, %82, %83, %84, %85, %86, %87" \
-                         "}, %88, %89, p, 1, 1, %91, %92;\n}\n" \
-                         : WGMMA_ACC64((d)), WGMMA_ACC16((d) + 64), WGMMA_ACC8((d) + 80) \
-                         : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B)); \
-        } \
-    };
-
-/* wgmma_op<T, 192>: ss only (S of the d64 forward with 192 keys per tile, a tuning knob: FWD90_BN_D64). */
-#define WGMMA_OP_N192(T, PTXT) \
-    template <> struct wgmma_op<T, 192> { \
-        template <int TRANS_A, int TRANS_B> \
-        static __device__ __forceinline__ void ss(float d[96], uint64_t desc_a, uint64_t desc_b, int accumulate) \
-        { \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n" \
-                         "wgmma.mma_async.sync.aligned.m64n192k16.f32." PTXT "." PTXT " {" \
-                         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-                         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
-                         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
-                         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63," \
-                         "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79," \
-                         "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
-                         "}, %96, %97, p, 1, 1, %99, %100;\n}\n" \
-                         : WGMMA_ACC64((d)), WGMMA_ACC32((d) + 64) \
-                         : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B)); \
-        } \
-    };
-
-/* wgmma_op<T, 256>: rs only (O += P V of the d256 forward in one instruction, a tuning knob: FWD90_PV_N). */
-#define WGMMA_OP_N256(T, PTXT) \
-    template <> struct wgmma_op<T, 256> { \
-        template <int TRANS_B> \
-        static __device__ __forceinline__ void rs(float d[128], const uint32_t a[4], uint64_t desc_b, int accumulate) \
-        { \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n" \
-                         "wgmma.mma_async.sync.aligned.m64n256k16.f32." PTXT "." PTXT " {" \
-                         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-                         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
-                         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
-                         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63," \
-                         "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79," \
-                         "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95," \
-                         "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111," \
-                         "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
-                         "}, {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n" \
-                         : WGMMA_ACC64((d)), WGMMA_ACC64((d) + 64) \
-                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B)); \
-        } \
-    };
-
-/* wgmma_op<T, N> for one N and dtype: PTXT is the PTX type name (bf16, f16). */
-#define WGMMA_OP_N64(T, PTXT) \
+        WGMMA_SS(PTXT, 32, 16, 16, 17, 18, 19, 20) \
+    }; \
     template <> struct wgmma_op<T, 64> { \
-        template <int TRANS_A, int TRANS_B> \
-        static __device__ __forceinline__ void ss(float d[32], uint64_t desc_a, uint64_t desc_b, int accumulate) \
-        { \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
-                         "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTXT "." PTXT " {" \
-                         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-                         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
-                         "}, %32, %33, p, 1, 1, %35, %36;\n}\n" \
-                         : WGMMA_ACC32(d) \
-                         : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B)); \
-        } \
-        template <int TRANS_B> \
-        static __device__ __forceinline__ void rs(float d[32], const uint32_t a[4], uint64_t desc_b, int accumulate) \
-        { \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
-                         "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTXT "." PTXT " {" \
-                         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-                         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
-                         "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n" \
-                         : WGMMA_ACC32(d) \
-                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B)); \
-        } \
-    };
-
-#define WGMMA_OP_N128(T, PTXT) \
+        WGMMA_SS(PTXT, 64, 32, 32, 33, 34, 35, 36) \
+        WGMMA_RS(PTXT, 64, 32, 32, 33, 34, 35, 36, 37, 38) \
+    }; \
+    template <> struct wgmma_op<T, 80> { \
+        WGMMA_SS(PTXT, 80, 40, 40, 41, 42, 43, 44) \
+    }; \
     template <> struct wgmma_op<T, 128> { \
-        template <int TRANS_A, int TRANS_B> \
-        static __device__ __forceinline__ void ss(float d[64], uint64_t desc_a, uint64_t desc_b, int accumulate) \
-        { \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
-                         "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTXT "." PTXT " {" \
-                         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-                         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
-                         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
-                         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
-                         "}, %64, %65, p, 1, 1, %67, %68;\n}\n" \
-                         : WGMMA_ACC64(d) \
-                         : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B)); \
-        } \
-        template <int TRANS_B> \
-        static __device__ __forceinline__ void rs(float d[64], const uint32_t a[4], uint64_t desc_b, int accumulate) \
-        { \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
-                         "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTXT "." PTXT " {" \
-                         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-                         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
-                         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
-                         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
-                         "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n" \
-                         : WGMMA_ACC64(d) \
-                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B)); \
-        } \
+        WGMMA_SS(PTXT, 128, 64, 64, 65, 66, 67, 68) \
+        WGMMA_RS(PTXT, 128, 64, 64, 65, 66, 67, 68, 69, 70) \
+    }; \
+    template <> struct wgmma_op<T, 176> { \
+        WGMMA_SS(PTXT, 176, 88, 88, 89, 90, 91, 92) \
+    }; \
+    template <> struct wgmma_op<T, 192> { \
+        WGMMA_SS(PTXT, 192, 96, 96, 97, 98, 99, 100) \
+    }; \
+    template <> struct wgmma_op<T, 256> { \
+        WGMMA_RS(PTXT, 256, 128, 128, 129, 130, 131, 132, 133, 134) \
     };
 
-WGMMA_OP_N32(__nv_bfloat16, "bf16")
-WGMMA_OP_N32(__half, "f16")
-WGMMA_OP_N80(__nv_bfloat16, "bf16")
-WGMMA_OP_N80(__half, "f16")
-WGMMA_OP_N64(__nv_bfloat16, "bf16")
-WGMMA_OP_N64(__half, "f16")
-WGMMA_OP_N128(__nv_bfloat16, "bf16")
-WGMMA_OP_N128(__half, "f16")
-WGMMA_OP_N176(__nv_bfloat16, "bf16")
-WGMMA_OP_N176(__half, "f16")
-WGMMA_OP_N192(__nv_bfloat16, "bf16")
-WGMMA_OP_N192(__half, "f16")
-WGMMA_OP_N256(__nv_bfloat16, "bf16")
-WGMMA_OP_N256(__half, "f16")
+WGMMA_OPS(__nv_bfloat16, "bf16")
+WGMMA_OPS(__half, "f16")
 
 /* ---- barriers (shared by the sm90 kernels) ---- */
 
