@@ -45,9 +45,10 @@
  *   the config's are zero-filled by the TMA (boxes past the tensor's d) and computed like the others; only
  *   the global stores are guarded.
  * Serves (launch.cu flash_fwd_sm90_ok): fp16 / bf16, d % 8 == 0, 16-byte aligned pointers and strides, a
- *   positive softmax scale, no score / probability hook but sinks (has_hook = 0), no paged KV cache, no
- *   split-KV; dense and varlen batches, seqused_k, k_batch_idx, k_leftpad, GQA, every band (causal both
- *   alignments, sliding windows). Everything else takes fwd_sm80.cu.
+ *   positive softmax scale, no paged KV cache, no split-KV; dense and varlen batches, seqused_k,
+ *   k_batch_idx, k_leftpad, GQA, every band (causal both alignments, sliding windows), sinks; softcap and
+ *   ALiBi in the kHook kernels (p.has_hook; hook_tile, on the raw scores before the band mask). attn_mask
+ *   and dropout take fwd_sm80.cu.
  * Measured on the H200 (`dev/fwd_variants.sh fwd_sm90 bench`: dev/fwd_harness.cu, bf16, 16k tokens, nheads =
  * 2048 / d, TFLOP/s = 4 B H Sq Sk D / t, halved for causal), non-causal | causal at seqlen 512 / 2k / 8k:
  *   d64                281 417 474 | 183 341 439
@@ -97,6 +98,8 @@
 #define FWD90_N8 8              /* columns of one n8 block */
 #define FWD90_N8_VALS 4         /* a lane's values of one n8 block */
 #define FWD90_ELEM_BYTES 2
+/* smallest scale_log2 of the kHook kernels (as fwd_sm80.cu's): their raw units divide by the scale */
+#define FWD90_HOOK_MIN_SCALE_LOG2 1e-20f
 /* named barriers: 0 is __syncthreads; ping-pong turn of consumer c: FWD90_BAR_TURN + c (both consumers'
  * threads); epilogue of consumer c: FWD90_BAR_EPI + c (its own threads) */
 #define FWD90_BAR_TURN 1
@@ -323,15 +326,50 @@ struct fwd90_state {
     float m[2], l[2];            /* running max (raw units) and this lane's part of the row sum, rows r, r + 8 */
 };
 
+/* A consumer thread's constants of one work tile: its first row r_t and first key column lane_c of a key tile
+ * (value 4 i + 2 h + e of S is row r_t + 8 h, key j kBlockN + lane_c + 8 i + e), the band and key count of
+ * the sequence, and (kHook) the score hook in the raw units of q.k (s = x scale): softcap cap (0: none) and
+ * 1 / cap, ALiBi slope (0: none) and the sequence's alibi_offset. */
+struct fwd90_tile {
+    int r_t, lane_c, sk, diag_lo, diag_hi, alibi_offset;
+    float cap, inv_cap, slope;
+};
+
+/* The score hook of one tile (mask.h's order; kHook kernels), on raw scores, branch-free (the P V wgmma is in
+ * flight): softcap x = cap tanh(x / cap) (tanh.approx, as every tensor-core kernel, so that the backward
+ * recomputes these scores), then ALiBi x -= slope |j - i - alibi_offset| (slope 0: unchanged). */
+template <bool kHook, int kN>
+__device__ __forceinline__ void hook_tile(float (&s)[kN], const fwd90_tile &tl, int c_t)
+{
+    if (!kHook)
+        return;
+    const bool capped = tl.cap > 0.f;
+#pragma unroll
+    for (int v = 0; v < kN; v++) {
+        const float x = tl.cap * tanh_approx(s[v] * tl.inv_cap);
+        s[v] = capped ? x : s[v];
+    }
+    const float a0 = (float)(c_t - tl.r_t - tl.alibi_offset);
+#pragma unroll
+    for (int i = 0; i < kN / 4; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float &x = s[4 * i + 2 * h + e];
+                x = fmaf(-tl.slope, fabsf(a0 + (float)(8 * i + e - 8 * h)), x);
+            }
+}
+
 /* One iteration of a consumer's loop past a work tile's first key tile: key tile j, ring index g (the
  * CTA's count of K / V tiles so far: stage g % kStages, phase g / kStages), the previous key tile at g - 1:
  * issue S_g and O += P_{g-1} V_{g-1}, softmax S_g under the P V wgmma, release ring slot g - 1, rescale O,
- * convert P_g. kMask: the tile needs the band / tail mask. */
-template <typename T, int kHeadDim, int kBlockN, int kStages, bool kMask>
+ * convert P_g. kMask: the tile needs the band / tail mask; kHook: the score hook (hook_tile). */
+template <typename T, int kHeadDim, int kBlockN, int kStages, bool kMask, bool kHook>
 __device__ __forceinline__ void consumer_step(fwd90_state<kHeadDim, kBlockN> &st, int g, int j, int c,
                                               uint32_t sq, int q_row0, uint32_t sk0, uint32_t sv0, uint32_t kfull,
-                                              uint32_t vfull, uint32_t empty, float scale, int r_t, int lane_c,
-                                              int sk, int diag_lo, int diag_hi, bool releaser)
+                                              uint32_t vfull, uint32_t empty, float scale, const fwd90_tile &tl,
+                                              bool releaser)
 {
     constexpr int kKV = kBlockN * kHeadDim * FWD90_ELEM_BYTES;
     const int s_cur = g % kStages, s_prev = (g - 1) % kStages;
@@ -343,8 +381,9 @@ __device__ __forceinline__ void consumer_step(fwd90_state<kHeadDim, kBlockN> &st
     turn_pass(c);
     wgmma_wait<1>();
     fence_regs(st.s);
+    hook_tile<kHook>(st.s, tl, j * kBlockN + tl.lane_c);
     if (kMask)
-        mask_tile(st.s, r_t, j * kBlockN + lane_c, sk, diag_lo, diag_hi);
+        mask_tile(st.s, tl.r_t, j * kBlockN + tl.lane_c, tl.sk, tl.diag_lo, tl.diag_hi);
     float alpha[2];
     softmax_tile(st.s, st.m, st.l, alpha, scale);
     wgmma_wait<0>();
@@ -424,7 +463,7 @@ __host__ __device__ __forceinline__ bool fwd90_uniform(const flash_params &p)
 /* One CTA per SM (persistent, FWD90_PERSISTENT) or one per work tile walks the work tiles w = blockIdx.x,
  * + gridDim.x, ...; the producer runs ahead into the next work tile (its first K / V tile, then its Q
  * once the consumers are done with the current Q: Q_EMPTY) while the consumers finish the current one. */
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kHook>
 __global__ void __launch_bounds__(FWD90_THREADS, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ flash_params p, const __grid_constant__ fwd90_maps maps)
 {
@@ -542,8 +581,22 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
             const flash_tile_range kt = flash_key_tiles(&seq, m0, qn, kBlockN);
             const int end = (int)kt.end, n_tiles = (int)(kt.end - kt.first);
             const int full_first = (int)kt.full_first, full_end = (int)kt.full_end;
-            const int r_t = m0 + r_loc;
-            const int diag_lo = (int)seq.diag_lo, diag_hi = (int)seq.diag_hi;
+            fwd90_tile tl;
+            tl.r_t = m0 + r_loc;
+            tl.lane_c = lane_c;
+            tl.sk = skn;
+            tl.diag_lo = (int)seq.diag_lo;
+            tl.diag_hi = (int)seq.diag_hi;
+            tl.alibi_offset = (int)seq.alibi_offset;
+            tl.cap = tl.inv_cap = tl.slope = 0.f;
+            if (kHook) {
+                const float to_raw = FLASH_LOG2E_F / scale; /* natural units -> raw units: 1 / scale */
+                if (p.softcap > 0.0) {
+                    tl.cap = (float)p.softcap * to_raw;
+                    tl.inv_cap = 1.f / tl.cap;
+                }
+                tl.slope = flash_alibi_slope(&p, wk.b, wk.hq) * to_raw;
+            }
 
             fwd90_state<kHeadDim, kBlockN> st;
 #pragma unroll
@@ -565,25 +618,26 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                     turn_pass(c);
                     wgmma_wait<0>();
                     fence_regs(st.s);
+                    hook_tile<kHook>(st.s, tl, j * kBlockN + lane_c);
                     if (j < full_first || j >= full_end)
-                        mask_tile(st.s, r_t, j * kBlockN + lane_c, skn, diag_lo, diag_hi);
+                        mask_tile(st.s, tl.r_t, j * kBlockN + lane_c, skn, tl.diag_lo, tl.diag_hi);
                     float alpha[2];
                     softmax_tile(st.s, st.m, st.l, alpha, scale);
                     p_to_frags<T>(st.s, st.pa);
                 }
                 int t = 1;
                 for (; t < n_tiles && end - 1 - t >= full_end; t++)
-                    consumer_step<T, kHeadDim, kBlockN, kStages, true>(st, g + t, end - 1 - t, c, sq, q_row0, sk0, sv0,
-                                                                       kfull, vfull, empty, scale, r_t, lane_c, skn,
-                                                                       diag_lo, diag_hi, releaser);
+                    consumer_step<T, kHeadDim, kBlockN, kStages, true, kHook>(st, g + t, end - 1 - t, c, sq, q_row0, sk0,
+                                                                              sv0, kfull, vfull, empty, scale, tl,
+                                                                              releaser);
                 for (; t < n_tiles && end - 1 - t >= full_first; t++)
-                    consumer_step<T, kHeadDim, kBlockN, kStages, false>(st, g + t, end - 1 - t, c, sq, q_row0, sk0, sv0,
-                                                                        kfull, vfull, empty, scale, r_t, lane_c, skn,
-                                                                        diag_lo, diag_hi, releaser);
+                    consumer_step<T, kHeadDim, kBlockN, kStages, false, kHook>(st, g + t, end - 1 - t, c, sq, q_row0, sk0,
+                                                                              sv0, kfull, vfull, empty, scale, tl,
+                                                                              releaser);
                 for (; t < n_tiles; t++)
-                    consumer_step<T, kHeadDim, kBlockN, kStages, true>(st, g + t, end - 1 - t, c, sq, q_row0, sk0, sv0,
-                                                                       kfull, vfull, empty, scale, r_t, lane_c, skn,
-                                                                       diag_lo, diag_hi, releaser);
+                    consumer_step<T, kHeadDim, kBlockN, kStages, true, kHook>(st, g + t, end - 1 - t, c, sq, q_row0, sk0,
+                                                                              sv0, kfull, vfull, empty, scale, tl,
+                                                                              releaser);
                 /* the last key tile's O += P V */
                 g += n_tiles;
                 const int s_last = (g - 1) % kStages;
@@ -710,10 +764,12 @@ extern "C" int flash_fwd_sm90_ok(const flash_params *p)
 {
     int64_t q_rows, k_rows;
     fwd90_rows(p, &q_rows, &k_rows);
-    /* no hook field at all (one without has_hook is an error that fwd_sm80.cu reports) */
-    const bool no_hook = !p->has_hook && p->softcap == 0.0 && p->alibi_slopes == NULL && p->mask == NULL &&
-                         p->mask_blocks == NULL && p->dropout_threshold == 0;
-    return (p->dtype == FLASH_FP16 || p->dtype == FLASH_BF16) && no_hook && p->block_table == NULL &&
+    /* hooks: softcap and ALiBi only (attn_mask and dropout take fwd_sm80.cu), with has_hook (a hook field
+     * without it is an error that fwd_sm80.cu reports) and a scale its raw units can divide by */
+    const bool hooks_ok = p->mask == NULL && p->mask_blocks == NULL && p->dropout_threshold == 0 &&
+                          (p->has_hook ? p->scale_log2 >= FWD90_HOOK_MIN_SCALE_LOG2
+                                       : p->softcap == 0.0 && p->alibi_slopes == NULL);
+    return (p->dtype == FLASH_FP16 || p->dtype == FLASH_BF16) && hooks_ok && p->block_table == NULL &&
            p->num_splits <= 1 && p->b >= 1 && p->h >= 1 && p->d >= 1 && p->d <= FLASH_CUDA_MAX_HEAD_DIM &&
            p->d % FWD90_CHUNK == 0 &&
            p->scale_log2 > 0.f && p->sq >= 1 && p->sk >= 1 && q_rows >= 1 && k_rows >= 1 && q_rows < INT_MAX &&
@@ -723,7 +779,7 @@ extern "C" int flash_fwd_sm90_ok(const flash_params *p)
            fwd90_aligned(p->v, &p->v_s) && fwd90_aligned(p->o, &p->o_s) && fwd90_encoder() != NULL;
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kHook>
 static cudaError_t launch_fwd90(const flash_params *p, cudaStream_t stream)
 {
     fwd90_maps maps;
@@ -735,7 +791,7 @@ static cudaError_t launch_fwd90(const flash_params *p, cudaStream_t stream)
         !fwd90_make_map(&maps.k, p, p->k, &p->k_s, k_rows, p->h_kv, k_batches, fwd90_cfg<kHeadDim>::kBlockN) ||
         !fwd90_make_map(&maps.v, p, p->v, &p->v_s, k_rows, p->h_kv, k_batches, fwd90_cfg<kHeadDim>::kBlockN))
         return cudaErrorInvalidValue;
-    void (*kernel)(const flash_params, const fwd90_maps) = flash_fwd_sm90_kernel<T, kHeadDim>;
+    void (*kernel)(const flash_params, const fwd90_maps) = flash_fwd_sm90_kernel<T, kHeadDim, kHook>;
     const size_t smem = fwd90_smem<kHeadDim>::kBytes;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
@@ -755,8 +811,11 @@ template <typename T>
 static cudaError_t dispatch_fwd90(const flash_params *p, cudaStream_t stream)
 {
     const int hd = fwd90_head_dim(p->d);
-    return hd == 64 ? launch_fwd90<T, 64>(p, stream)
-                    : hd == 128 ? launch_fwd90<T, 128>(p, stream) : launch_fwd90<T, 256>(p, stream);
+    if (p->has_hook)
+        return hd == 64 ? launch_fwd90<T, 64, true>(p, stream)
+                        : hd == 128 ? launch_fwd90<T, 128, true>(p, stream) : launch_fwd90<T, 256, true>(p, stream);
+    return hd == 64 ? launch_fwd90<T, 64, false>(p, stream)
+                    : hd == 128 ? launch_fwd90<T, 128, false>(p, stream) : launch_fwd90<T, 256, false>(p, stream);
 }
 
 extern "C" cudaError_t flash_fwd_sm90(const flash_params *p, cudaStream_t stream)
