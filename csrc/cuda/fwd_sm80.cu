@@ -483,16 +483,6 @@ __device__ __forceinline__ void mask_band(float (&s)[kMT][kNT][4], int diag_lo, 
     }
 }
 
-/* The 16-bit float in the low half of b. */
-__device__ __forceinline__ float bits_to_float(__half, uint32_t b)
-{
-    return __half2float(__ushort_as_half((unsigned short)b));
-}
-__device__ __forceinline__ float bits_to_float(__nv_bfloat16, uint32_t b)
-{
-    return __bfloat162float(__ushort_as_bfloat16((unsigned short)b));
-}
-
 /* 8 consecutive mask elements of kBits bits each, packed into 32-bit words (element k at bits
  * kBits (k % per word) of word k / per word): one vector load when vec, else 8 scalar loads of
  * min(key0 + k, sk - 1) through col_stride. row: the row's first element. */

@@ -21,12 +21,16 @@
  *   Warpgroups 1 and 2, the consumers (setmaxnreg FWD90_CONSUMER_REGS): FWD90_WG_ROWS = 64 query rows each,
  *     the M of their wgmma's. Per key tile j, in registers:
  *       S_j = Q K_j^T       wgmma SS (m64 n kBlockN k16), fp32 accumulators
+ *       score hook          kHook kernels (kScore, FWD90_SCORE_*): softcap (a kernel of its own), ALiBi, the
+ *                           attn_mask where the tile's block flags say partial (hook_tile, mask.h's order)
  *       mask                tiles outside [full_first, full_end): keys past sk or outside diag_lo <= j - i
  *                           <= diag_hi, one unsigned compare per value (compile-time split: masked tiles
  *                           and full tiles run separate copies of the loop body)
  *       online softmax      base 2 (one FFMA + EX2 per score), row max / sum over the 4 lanes of a quad,
  *                           O and l rescaled by exp2(m_old - m_new) (O not at all where no row of the warp
  *                           changed its max: kLazyRescale)
+ *       dropout             kHook kernels: P = 0 where the Philox draw (one call per row and n8 block, handed
+ *                           round a quad by quad_transpose) says so, after the row sum (dropout_tile)
  *       O += P_j V_j        wgmma RS: P converted in registers from the S accumulators (two n8 blocks
  *                           = one k16 A fragment), V read MN-major; n = head dim (two n128 halves at 256)
  *     Overlap inside a warpgroup: iteration t issues S_t, then O += P_{t-1} V_{t-1}, waits for S_t
@@ -37,18 +41,21 @@
  *     from the accumulators to global memory (4-byte stores, a quad's 16 bytes contiguous; no shared
  *     memory, so the next Q can load meanwhile), rows < sq and columns < d only; lse in fp32. A row with
  *     no visible key: O = 0, lse = -inf (the sink with one).
- * Tiles (fwd90_cfg; -D FWD90_BN_D* / FWD90_STAGES_D* / FWD90_PV_N for tuning with dev/fwd_variants.sh; the
- *   wrappers for BN 176 at d128 (2 stages), BN 192 at d64 and PV_N 256 at d256 exist, not yet measured): M
+ * Tiles (fwd90_cfg; -D FWD90_BN_D* / FWD90_STAGES_D* for tuning with dev/fwd_variants.sh, N of a wgmma.cuh
+ *   wrapper; BN 176 at d128 and 192 at d64 measured slower, see benchmarks/results/h200/fwd_sm90_2026-12-01): M
  *   128 (2 consumer warpgroups) x kBlockN 128 at d <= 64 and d <= 128 (3 stages), x 80 at d <= 256 (2 stages). Shared
  *   memory: Q (128 x D) + stages x (K + V) (kBlockN x D), all in the 128-byte swizzled layout of wgmma.cuh (the TMA's
  *   SWIZZLE_128B with 64-column boxes); d = 64: 113 KB, d = 128: 225 KB, d = 256: 225 KB. Head dims below
  *   the config's are zero-filled by the TMA (boxes past the tensor's d) and computed like the others; only
  *   the global stores are guarded.
+ * attn_mask (kHook, d <= 128): the producer and every consumer warp walk the same visible key tiles of the
+ *   work tile (fwd90_tiles: the mask's block flags, 32 tiles per ballot); hidden tiles are never loaded, plain
+ *   ones take no mask reads, and an attn_mask call runs one CTA per query tile.
  * Serves (launch.cu flash_fwd_sm90_ok): fp16 / bf16, d % 8 == 0, 16-byte aligned pointers and strides, a
  *   positive softmax scale, no paged KV cache, no split-KV; dense and varlen batches, seqused_k,
  *   k_batch_idx, k_leftpad, GQA, every band (causal both alignments, sliding windows), sinks; softcap and
- *   ALiBi in the kHook kernels (p.has_hook; hook_tile, on the raw scores before the band mask). attn_mask
- *   and dropout take fwd_sm80.cu.
+ *   ALiBi in the kHook kernels (p.has_hook; on the raw scores before the band mask); attn_mask (dense
+ *   batches) and dropout up to d128 (fwd90_cfg::kMaskDropout; at d256 fwd_sm80.cu).
  * Measured on the H200 (`dev/fwd_variants.sh fwd_sm90 bench`: dev/fwd_harness.cu, bf16, 16k tokens, nheads =
  * 2048 / d, TFLOP/s = 4 B H Sq Sk D / t, halved for causal), non-causal | causal at seqlen 512 / 2k / 8k:
  *   d64                281 417 474 | 183 341 439
@@ -84,9 +91,7 @@
 #define FWD90_CONSUMER_REGS 240 /* ... and of the consumers: 24 x 128 + 240 x 256 <= 64 K registers */
 #define FWD90_PANEL 64          /* columns of one sw128 panel = the TMA box's inner dimension */
 #define FWD90_WGMMA_K 16        /* K of one wgmma step */
-#ifndef FWD90_PV_N
-#define FWD90_PV_N 128 /* largest N of one P V wgmma (d256 issues two; 256: one, a tuning knob) */
-#endif
+#define FWD90_PV_N 128 /* largest N of one P V wgmma (d256 issues two; one n256 measured no faster) */
 #define FWD90_CHUNK 8           /* 16-bit elements per 16-byte copy */
 #define FWD90_BAR_BYTES 8       /* one mbarrier (64 bits) */
 #define FWD90_FULL_MASK 0xffffffffu
@@ -104,6 +109,13 @@
  * threads); epilogue of consumer c: FWD90_BAR_EPI + c (its own threads) */
 #define FWD90_BAR_TURN 1
 #define FWD90_BAR_EPI 3
+
+/* compile-time score variants (the kernel's kScore): none (band geometry only), the hook (ALiBi, attn_mask,
+ * dropout), the hook with softcap (a kernel of its own: a runtime softcap branch measured 4-6% slower, and a
+ * copy of the loop in one kernel spilled in the main loop) */
+#define FWD90_SCORE_DENSE 0
+#define FWD90_SCORE_HOOK 1
+#define FWD90_SCORE_SOFTCAP 2
 
 #ifndef FWD90_PINGPONG
 #define FWD90_PINGPONG 1
@@ -144,23 +156,24 @@
 #define FWD90_STAGES_D256 2
 #endif
 
-/* Tile configuration of one compiled head dim: keys per tile, ring stages, lazy O rescale. */
+/* Tile configuration of one compiled head dim: keys per tile, ring stages, lazy O rescale, and whether its
+ * kHook kernel takes attn_mask and dropout too (at d256 their registers spill in the main loop: fwd_sm80.cu). */
 template <int kHeadDim>
 struct fwd90_cfg;
 template <>
 struct fwd90_cfg<64> {
     static constexpr int kBlockN = FWD90_BN_D64, kStages = FWD90_STAGES_D64;
-    static constexpr bool kLazyRescale = FWD90_LAZY_D64;
+    static constexpr bool kLazyRescale = FWD90_LAZY_D64, kMaskDropout = true;
 };
 template <>
 struct fwd90_cfg<128> {
     static constexpr int kBlockN = FWD90_BN_D128, kStages = FWD90_STAGES_D128;
-    static constexpr bool kLazyRescale = FWD90_LAZY_D128;
+    static constexpr bool kLazyRescale = FWD90_LAZY_D128, kMaskDropout = true;
 };
 template <>
 struct fwd90_cfg<256> {
     static constexpr int kBlockN = FWD90_BN_D256, kStages = FWD90_STAGES_D256;
-    static constexpr bool kLazyRescale = FWD90_LAZY_D256;
+    static constexpr bool kLazyRescale = FWD90_LAZY_D256, kMaskDropout = false;
 };
 
 /* The TMA tensor maps of q, k, v, 4-D (d, rows, heads, batches), boxes of 64 columns x FWD90_BM (q) or
@@ -329,69 +342,320 @@ struct fwd90_state {
 /* A consumer thread's constants of one work tile: its first row r_t and first key column lane_c of a key tile
  * (value 4 i + 2 h + e of S is row r_t + 8 h, key j kBlockN + lane_c + 8 i + e), the band and key count of
  * the sequence, and (kHook) the score hook in the raw units of q.k (s = x scale): softcap cap (0: none) and
- * 1 / cap, ALiBi slope (0: none) and the sequence's alibi_offset. */
+ * 1 / cap, ALiBi slope (0: none) and the sequence's alibi_offset, to_raw = 1 / scale for the additive
+ * attn_mask, the attn_mask of (b, hq) (element (i, j) at mask + mask_es (i mask_s.row + j mask_s.col); NULL:
+ * none), and the dropout counter's bh = b h + hq. */
 struct fwd90_tile {
     int r_t, lane_c, sk, diag_lo, diag_hi, alibi_offset;
-    float cap, inv_cap, slope;
+    float cap, inv_cap, slope, to_raw;
+    const unsigned char *mask;
+    uint32_t bh;
 };
 
-/* The score hook of one tile (mask.h's order; kHook kernels), on raw scores, branch-free (the P V wgmma is in
- * flight): softcap x = cap tanh(x / cap) (tanh.approx, as every tensor-core kernel, so that the backward
- * recomputes these scores), then ALiBi x -= slope |j - i - alibi_offset| (slope 0: unchanged). */
-template <bool kHook, int kN>
-__device__ __forceinline__ void hook_tile(float (&s)[kN], const fwd90_tile &tl, int c_t)
+/* attn_mask of one tile on the raw scores (mask.h): additive x += to_raw mask[b, hq, i, j], bool x = -inf
+ * where mask[b, hq, i, j] == 0. A lane's values of a row in one n8 block are 2 consecutive keys: one 2-element
+ * load where the keys are contiguous and aligned and the tile lies inside sk, else 2 scalar loads with rows
+ * past sq and keys past sk reading the last row / key (values never used), so every read stays inside. */
+template <typename T, int kN>
+__device__ __forceinline__ void mask_tile_data(float (&s)[kN], const flash_params &p, const fwd90_tile &tl, int c_t)
 {
-    if (!kHook)
-        return;
-    const bool capped = tl.cap > 0.f;
+    constexpr int kBlockN = 2 * kN;
+    const bool additive = p.mask_kind == FLASH_MASK_ADD;
+    const int64_t es = additive ? (int64_t)sizeof(T) : 1;
+    const int last_row = (int)p.sq - 1, last_key = (int)p.sk - 1;
+    const bool pairs = c_t - tl.lane_c + kBlockN <= p.sk && p.mask_s.col == 1 && p.mask_s.row % 2 == 0 &&
+                       (uintptr_t)tl.mask % (2 * es) == 0;
 #pragma unroll
-    for (int v = 0; v < kN; v++) {
-        const float x = tl.cap * tanh_approx(s[v] * tl.inv_cap);
-        s[v] = capped ? x : s[v];
+    for (int h = 0; h < 2; h++) {
+        const unsigned char *row = tl.mask + es * (int64_t)min(tl.r_t + FWD90_HALF_ROWS * h, last_row) * p.mask_s.row;
+#pragma unroll
+        for (int i = 0; i < kN / FWD90_N8_VALS; i++) {
+            const int key = c_t + FWD90_N8 * i;
+            float *x = &s[4 * i + 2 * h];
+            if (additive) {
+                uint32_t w;
+                if (pairs)
+                    w = __ldg((const unsigned int *)(row + es * key));
+                else
+                    w = (uint32_t)__ldg((const unsigned short *)(row + es * min(key, last_key) * p.mask_s.col)) |
+                        (uint32_t)__ldg((const unsigned short *)(row + es * min(key + 1, last_key) * p.mask_s.col))
+                            << 16;
+                x[0] = fmaf(bits_to_float(T(), w), tl.to_raw, x[0]);
+                x[1] = fmaf(bits_to_float(T(), w >> 16), tl.to_raw, x[1]);
+            } else {
+                uint32_t w;
+                if (pairs)
+                    w = __ldg((const unsigned short *)(row + key));
+                else
+                    w = (uint32_t)__ldg(row + min(key, last_key) * p.mask_s.col) |
+                        (uint32_t)__ldg(row + min(key + 1, last_key) * p.mask_s.col) << 8;
+                x[0] = (w & 0xffu) ? x[0] : -INFINITY;
+                x[1] = (w >> 8) ? x[1] : -INFINITY;
+            }
+        }
     }
-    const float a0 = (float)(c_t - tl.r_t - tl.alibi_offset);
+}
+
+/* ALiBi on one tile's raw scores: x - slope |a0 + k| = x -+ |slope a0 + slope k| for a positive / negative
+ * slope (one FFMA and one FADD per value), a0 + k = j - i - alibi_offset. */
+template <bool kPositive, int kN>
+__device__ __forceinline__ void alibi_tile(float (&s)[kN], const fwd90_tile &tl, int c_t)
+{
+    const float b0 = tl.slope * (float)(c_t - tl.r_t - tl.alibi_offset);
 #pragma unroll
-    for (int i = 0; i < kN / 4; i++)
+    for (int i = 0; i < kN / FWD90_N8_VALS; i++)
 #pragma unroll
         for (int h = 0; h < 2; h++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 float &x = s[4 * i + 2 * h + e];
-                x = fmaf(-tl.slope, fabsf(a0 + (float)(8 * i + e - 8 * h)), x);
+                const float t = fabsf(fmaf(tl.slope, (float)(FWD90_N8 * i + e - FWD90_HALF_ROWS * h), b0));
+                x = kPositive ? x - t : x + t;
             }
 }
+
+/* The score hook of one tile (mask.h's order; kHook kernels), on raw scores: softcap x = cap tanh(x / cap)
+ * where kCap (tanh.approx, as every tensor-core kernel, so that the backward recomputes these scores; the
+ * kernel's FWD90_SCORE_SOFTCAP), ALiBi x -= slope |j - i -
+ * alibi_offset| (a branch uniform over the CTA), then the attn_mask where the tile's block flags say it is
+ * partial (mask_partial). */
+template <typename T, bool kHook, bool kCap, int kN>
+__device__ __forceinline__ void hook_tile(float (&s)[kN], const flash_params &p, const fwd90_tile &tl, int c_t,
+                                          bool mask_partial)
+{
+    if (!kHook)
+        return;
+    if (kCap) {
+#pragma unroll
+        for (int v = 0; v < kN; v++)
+            s[v] = tl.cap * tanh_approx(s[v] * tl.inv_cap);
+    }
+    if (tl.slope > 0.f)
+        alibi_tile<true>(s, tl, c_t);
+    else if (tl.slope < 0.f)
+        alibi_tile<false>(s, tl, c_t);
+    if (mask_partial)
+        mask_tile_data<T>(s, p, tl, c_t);
+}
+
+/* 4 x 4 transpose of 32-bit words across the lanes of a quad (q = lane % 4): in, lane t holds w[k] = word k of
+ * row t; out, lane q holds f[u] = word q of row u. Two butterfly stages (xor 2, xor 1), 4 shuffles. */
+__device__ __forceinline__ void quad_transpose(const uint32_t (&w)[4], uint32_t (&f)[4], int q)
+{
+    const bool b1 = q & 2, b0 = q & 1;
+    /* stage 1: keep words 2 b1, 2 b1 + 1 of the own row, take the same words of row q ^ 2 */
+    const uint32_t s0 = __shfl_xor_sync(FWD90_FULL_MASK, b1 ? w[0] : w[2], 2);
+    const uint32_t s1 = __shfl_xor_sync(FWD90_FULL_MASK, b1 ? w[1] : w[3], 2);
+    const uint32_t k0 = b1 ? w[2] : w[0], k1 = b1 ? w[3] : w[1];
+    /* c[a][kk]: word 2 b1 + kk of the row with bit 1 = a and bit 0 = b0 */
+    const uint32_t c[2][2] = {{b1 ? s0 : k0, b1 ? s1 : k1}, {b1 ? k0 : s0, b1 ? k1 : s1}};
+    /* stage 2: keep word q of those rows, take word q of the rows of q ^ 1 */
+#pragma unroll
+    for (int a = 0; a < 2; a++) {
+        const uint32_t keep = b0 ? c[a][1] : c[a][0];
+        const uint32_t recv = __shfl_xor_sync(FWD90_FULL_MASK, b0 ? c[a][0] : c[a][1], 1);
+        f[2 * a] = b0 ? recv : keep;
+        f[2 * a + 1] = b0 ? keep : recv;
+    }
+}
+
+/* Dropout of one tile's P (mask.h): the 8 keys of n8 block i of a row are one Philox call (flash_dropout_bits,
+ * counter key0 / 8 + i), of which lane q holds keys 2 q, 2 q + 1 = word q. Lane q of a quad computes the call
+ * of block 4 g + q and quad_transpose hands each lane its words. Dropped values become 0 (the row sum already
+ * holds the undropped P; dropout_scale is applied in the epilogue). */
+template <int kN>
+__device__ __forceinline__ void dropout_tile(float (&s)[kN], const flash_params &p, const fwd90_tile &tl, int key0,
+                                             int lane)
+{
+    static_assert(FWD90_N8 == FLASH_DROPOUT_KEYS_PER_DRAW && FWD90_QUAD == 4, "one Philox call per n8 block");
+    constexpr int kN8 = kN / FWD90_N8_VALS;
+    const int q = lane % FWD90_QUAD;
+    const uint32_t thr = p.dropout_threshold, thr_hi = thr << 16; /* odd key's draw >= thr iff word >= thr << 16 */
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int g = 0; g < (kN8 + FWD90_QUAD - 1) / FWD90_QUAD; g++) {
+            uint32_t w[4], f[4];
+            flash_dropout_bits(&p, tl.bh, tl.r_t + FWD90_HALF_ROWS * h,
+                               key0 / FLASH_DROPOUT_KEYS_PER_DRAW + FWD90_QUAD * g + q, w);
+            quad_transpose(w, f, q);
+#pragma unroll
+            for (int u = 0; u < FWD90_QUAD; u++) {
+                const int i = FWD90_QUAD * g + u;
+                if (i < kN8) {
+                    float *x = &s[4 * i + 2 * h];
+                    x[0] = (f[u] & 0xffffu) >= thr ? x[0] : 0.f;
+                    x[1] = f[u] >= thr_hi ? x[1] : 0.f;
+                }
+            }
+        }
+}
+
+/* The key tiles of one work tile that its attn_mask leaves visible (kHook kernels; without a mask every tile
+ * of [first, end)). Block flags (mask.h flash_mask_tile_flags) of 32 tiles per ballot; lane w holds the words
+ * of tiles base + 32 w + bit of a chunk of FWD90_CHUNK_TILES tiles: vis (some entry visible) and part (some
+ * entry masked). Every warp of the CTA computes the same, so producer and consumers walk one sequence. */
+#ifndef FWD90_CHUNK_TILES
+#define FWD90_CHUNK_TILES (FLASH_WARP_SIZE * FLASH_WARP_SIZE) /* at most this; smaller only to test the rescans */
+#endif
+struct fwd90_tiles {
+    int first, base, b, hq, m0, qn;
+    uint32_t vis, part;
+};
+
+__device__ __forceinline__ fwd90_tiles fwd90_tiles_init(int first, int end, int b, int hq, int m0, int qn)
+{
+    fwd90_tiles it;
+    it.first = first;
+    it.base = end; /* no chunk yet */
+    it.b = b, it.hq = hq, it.m0 = m0, it.qn = qn;
+    it.vis = it.part = 0;
+    return it;
+}
+
+/* The chunk of tiles [top - FWD90_CHUNK_TILES + 1, top] (clamped to first). */
+template <int kBlockN>
+__device__ __forceinline__ void fwd90_tiles_scan(fwd90_tiles &it, const flash_params &p, int top, int lane)
+{
+    it.base = max(it.first, top - FWD90_CHUNK_TILES + 1);
+    it.vis = it.part = 0;
+    for (int k = 0; k < FLASH_WARP_SIZE && it.base + FLASH_WARP_SIZE * k <= top; k++) {
+        const int tile = it.base + FLASH_WARP_SIZE * k + lane;
+        const int64_t k0 = (int64_t)tile * kBlockN;
+        const unsigned f = tile <= top ? flash_mask_tile_flags(&p, it.b, it.hq, it.m0, it.qn, k0,
+                                                               flash_min64(kBlockN, p.sk - k0))
+                                       : 0u;
+        const uint32_t v = __ballot_sync(FWD90_FULL_MASK, f & FLASH_MASK_ANY_VISIBLE);
+        const uint32_t m = __ballot_sync(FWD90_FULL_MASK, f & FLASH_MASK_ANY_MASKED);
+        if (lane == k)
+            it.vis = v, it.part = m;
+    }
+}
+
+/* The largest visible tile <= j (first - 1 if none). */
+template <int kBlockN>
+__device__ __forceinline__ int fwd90_tiles_prev(fwd90_tiles &it, const flash_params &p, int j, int lane)
+{
+    if (p.mask_blocks == NULL)
+        return j;
+    while (j >= it.first) {
+        if (j < it.base)
+            fwd90_tiles_scan<kBlockN>(it, p, j, lane);
+        const int rel = j - it.base, w = rel / FLASH_WARP_SIZE;
+        const uint32_t word = __shfl_sync(FWD90_FULL_MASK, it.vis, w) &
+                              (FWD90_FULL_MASK >> (FLASH_WARP_SIZE - 1 - rel % FLASH_WARP_SIZE));
+        if (word)
+            return it.base + FLASH_WARP_SIZE * w + FLASH_WARP_SIZE - 1 - __clz(word);
+        const uint32_t lower = __ballot_sync(FWD90_FULL_MASK, lane < w && it.vis != 0);
+        if (lower) {
+            const int w2 = FLASH_WARP_SIZE - 1 - __clz(lower);
+            return it.base + FLASH_WARP_SIZE * w2 + FLASH_WARP_SIZE - 1 -
+                   __clz(__shfl_sync(FWD90_FULL_MASK, it.vis, w2));
+        }
+        j = it.base - 1;
+    }
+    return it.first - 1;
+}
+
+/* Tile j (just returned by fwd90_tiles_prev) holds masked entries of the attn_mask: read it. */
+__device__ __forceinline__ bool fwd90_tiles_partial(const fwd90_tiles &it, const flash_params &p, int j)
+{
+    if (p.mask_blocks == NULL)
+        return false;
+    const int rel = j - it.base;
+    return (__shfl_sync(FWD90_FULL_MASK, it.part, rel / FLASH_WARP_SIZE) >> (rel % FLASH_WARP_SIZE)) & 1u;
+}
+
+/* A consumer's view of the shared memory: the Q tile (its rows q_row0 .. + 63 of FWD90_BM), the K / V ring
+ * and its mbarriers; c the consumer (its ping-pong turn), releaser the thread that arrives on EMPTY / Q_EMPTY. */
+struct fwd90_ring {
+    uint32_t sq, sk0, sv0, kfull, vfull, empty;
+    int q_row0, c;
+    bool releaser;
+};
 
 /* One iteration of a consumer's loop past a work tile's first key tile: key tile j, ring index g (the
  * CTA's count of K / V tiles so far: stage g % kStages, phase g / kStages), the previous key tile at g - 1:
  * issue S_g and O += P_{g-1} V_{g-1}, softmax S_g under the P V wgmma, release ring slot g - 1, rescale O,
- * convert P_g. kMask: the tile needs the band / tail mask; kHook: the score hook (hook_tile). */
-template <typename T, int kHeadDim, int kBlockN, int kStages, bool kMask, bool kHook>
-__device__ __forceinline__ void consumer_step(fwd90_state<kHeadDim, kBlockN> &st, int g, int j, int c,
-                                              uint32_t sq, int q_row0, uint32_t sk0, uint32_t sv0, uint32_t kfull,
-                                              uint32_t vfull, uint32_t empty, float scale, const fwd90_tile &tl,
-                                              bool releaser)
+ * convert P_g. kMask: the tile needs the band / tail mask; kHook: the score hook (hook_tile; kCap: softcap,
+ * mask_partial: the tile reads the attn_mask) and dropout. */
+template <typename T, int kHeadDim, int kBlockN, int kStages, bool kMask, bool kHook, bool kCap>
+__device__ __forceinline__ void consumer_step(fwd90_state<kHeadDim, kBlockN> &st, const flash_params &p,
+                                              const fwd90_ring &r, int g, int j, float scale, const fwd90_tile &tl,
+                                              bool mask_partial, int lane)
 {
     constexpr int kKV = kBlockN * kHeadDim * FWD90_ELEM_BYTES;
     const int s_cur = g % kStages, s_prev = (g - 1) % kStages;
-    turn_wait(c);
-    mbar_wait(kfull + FWD90_BAR_BYTES * s_cur, (g / kStages) & 1);
-    gemm_qk<T, kHeadDim, kBlockN>(st.s, sq, q_row0, sk0 + s_cur * kKV);
-    mbar_wait(vfull + FWD90_BAR_BYTES * s_prev, ((g - 1) / kStages) & 1);
-    gemm_pv<T, kHeadDim, kBlockN>(st.o, st.pa, sv0 + s_prev * kKV);
-    turn_pass(c);
+    turn_wait(r.c);
+    mbar_wait(r.kfull + FWD90_BAR_BYTES * s_cur, (g / kStages) & 1);
+    gemm_qk<T, kHeadDim, kBlockN>(st.s, r.sq, r.q_row0, r.sk0 + s_cur * kKV);
+    mbar_wait(r.vfull + FWD90_BAR_BYTES * s_prev, ((g - 1) / kStages) & 1);
+    gemm_pv<T, kHeadDim, kBlockN>(st.o, st.pa, r.sv0 + s_prev * kKV);
+    turn_pass(r.c);
     wgmma_wait<1>();
     fence_regs(st.s);
-    hook_tile<kHook>(st.s, tl, j * kBlockN + tl.lane_c);
+    hook_tile<T, kHook, kCap>(st.s, p, tl, j * kBlockN + tl.lane_c, mask_partial);
     if (kMask)
         mask_tile(st.s, tl.r_t, j * kBlockN + tl.lane_c, tl.sk, tl.diag_lo, tl.diag_hi);
     float alpha[2];
     softmax_tile(st.s, st.m, st.l, alpha, scale);
+    if (kHook && fwd90_cfg<kHeadDim>::kMaskDropout && p.dropout_threshold != 0)
+        dropout_tile(st.s, p, tl, j * kBlockN, lane);
     wgmma_wait<0>();
     fence_regs(st.o);
-    if (releaser)
-        mbar_arrive(empty + FWD90_BAR_BYTES * s_prev);
+    if (r.releaser)
+        mbar_arrive(r.empty + FWD90_BAR_BYTES * s_prev);
     rescale_o<fwd90_cfg<kHeadDim>::kLazyRescale>(st.o, alpha);
     p_to_frags<T>(st.s, st.pa);
+}
+
+/* The first key tile j of a work tile (ring index g; the last visible tile of the band): S, the score hook,
+ * the band mask where j is outside [full_first, full_end), softmax, dropout and P, without a P V yet. */
+template <typename T, int kHeadDim, int kBlockN, int kStages, bool kHook, bool kData, bool kCap>
+__device__ __forceinline__ void consumer_first(fwd90_state<kHeadDim, kBlockN> &st, const flash_params &p,
+                                               const fwd90_ring &r, const fwd90_tiles &it, int g, int j,
+                                               bool band_masked, float scale, const fwd90_tile &tl, int lane)
+{
+    const int s0 = g % kStages;
+    turn_wait(r.c);
+    mbar_wait(r.kfull + FWD90_BAR_BYTES * s0, (g / kStages) & 1);
+    gemm_qk<T, kHeadDim, kBlockN>(st.s, r.sq, r.q_row0, r.sk0 + s0 * fwd90_smem<kHeadDim>::kKVBytes);
+    turn_pass(r.c);
+    wgmma_wait<0>();
+    fence_regs(st.s);
+    hook_tile<T, kHook, kCap>(st.s, p, tl, j * kBlockN + tl.lane_c, kData && fwd90_tiles_partial(it, p, j));
+    if (band_masked)
+        mask_tile(st.s, tl.r_t, j * kBlockN + tl.lane_c, tl.sk, tl.diag_lo, tl.diag_hi);
+    float alpha[2];
+    softmax_tile(st.s, st.m, st.l, alpha, scale);
+    if (kData && p.dropout_threshold != 0)
+        dropout_tile(st.s, p, tl, j * kBlockN, lane);
+    p_to_frags<T>(st.s, st.pa);
+}
+
+/* A kHook kernel's key tiles of one work tile but the last P V: the first one (j, ring index g), then the
+ * rest from the last one down, in any order of band-masked, full and attn_mask-partial tiles (kData: hidden
+ * ones skipped, fwd90_tiles). Returns the tiles visited. */
+template <typename T, int kHeadDim, int kBlockN, int kStages, bool kData, bool kCap>
+__device__ __forceinline__ int consumer_tiles(fwd90_state<kHeadDim, kBlockN> &st, const flash_params &p,
+                                              const fwd90_ring &r, fwd90_tiles &it, const flash_tile_range &kt,
+                                              int g, int j, float scale, const fwd90_tile &tl, int lane)
+{
+    const int first = (int)kt.first, full_first = (int)kt.full_first, full_end = (int)kt.full_end;
+    consumer_first<T, kHeadDim, kBlockN, kStages, true, kData, kCap>(st, p, r, it, g, j,
+                                                                     j < full_first || j >= full_end, scale, tl, lane);
+    int t = 1;
+    for (j = kData ? fwd90_tiles_prev<kBlockN>(it, p, j - 1, lane) : j - 1; j >= first;
+         j = kData ? fwd90_tiles_prev<kBlockN>(it, p, j - 1, lane) : j - 1, t++) {
+        const bool partial = kData && fwd90_tiles_partial(it, p, j);
+        if (j < full_first || j >= full_end)
+            consumer_step<T, kHeadDim, kBlockN, kStages, true, true, kCap>(st, p, r, g + t, j, scale, tl, partial,
+                                                                           lane);
+        else
+            consumer_step<T, kHeadDim, kBlockN, kStages, false, true, kCap>(st, p, r, g + t, j, scale, tl, partial,
+                                                                            lane);
+    }
+    return t;
 }
 
 /* The producer warp's copy of a V tile whose rows past `rows` must read as zeros (see the header): cp.async
@@ -463,13 +727,15 @@ __host__ __device__ __forceinline__ bool fwd90_uniform(const flash_params &p)
 /* One CTA per SM (persistent, FWD90_PERSISTENT) or one per work tile walks the work tiles w = blockIdx.x,
  * + gridDim.x, ...; the producer runs ahead into the next work tile (its first K / V tile, then its Q
  * once the consumers are done with the current Q: Q_EMPTY) while the consumers finish the current one. */
-template <typename T, int kHeadDim, bool kHook>
+template <typename T, int kHeadDim, int kScore>
 __global__ void __launch_bounds__(FWD90_THREADS, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ flash_params p, const __grid_constant__ fwd90_maps maps)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using L = fwd90_smem<kHeadDim>;
     constexpr int kBlockN = L::kBlockN, kStages = L::kStages;
+    constexpr bool kHook = kScore != FWD90_SCORE_DENSE, kCap = kScore == FWD90_SCORE_SOFTCAP;
+    constexpr bool kData = kHook && fwd90_cfg<kHeadDim>::kMaskDropout; /* attn_mask and dropout */
     extern __shared__ uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + SW128_ATOM_BYTES - 1) & ~(uint32_t)(SW128_ATOM_BYTES - 1);
     const uint32_t sq = base, sk0 = base + L::kK, sv0 = base + L::kV;
@@ -477,7 +743,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                    vfull = base + L::kVFull, empty = base + L::kEmpty;
     const int tid = threadIdx.x;
     const int m_tiles = (int)((p.sq + FWD90_BM - 1) / FWD90_BM);
-    const bool paired = FWD90_PERSISTENT && fwd90_paired(p);
+    const bool paired = FWD90_PERSISTENT && fwd90_paired(p) && !(kData && p.mask != NULL); /* as the launcher's */
     const int n_work = fwd90_items_per_head(m_tiles, paired) * (int)p.h * (int)p.b;
 
     if (tid == 0) {
@@ -516,12 +782,18 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                     continue; /* varlen: the grid spans the longest sequence */
                 const int skn = (int)seq.sk, qn = (int)flash_min64(seq.sq - wk.m0, FWD90_BM);
                 const flash_tile_range kt = flash_key_tiles(&seq, wk.m0, qn, kBlockN);
-                const int end = (int)kt.end, n_tiles = (int)(kt.end - kt.first);
+                const int end = (int)kt.end, first = (int)kt.first;
                 const int hk = (int)(wk.hq / p.h_per_kv);
                 const int qb = p.cu_seqlens_q ? 0 : wk.b, kb = p.cu_seqlens_q ? 0 : (int)seq.k_batch;
                 const int krow = (int)seq.k_row0;
-                for (int t = 0; t < n_tiles; t++, g++) {
-                    const int j = end - 1 - t, s = g % kStages;
+                fwd90_tiles it = fwd90_tiles_init(first, end, wk.b, wk.hq, wk.m0, qn);
+                const int n_tiles = end - first;
+                /* key tiles from the last one down (kData: the visible ones) */
+                int j = kData ? fwd90_tiles_prev<kBlockN>(it, p, end - 1, lane) : end - 1;
+                for (int t = 0; kData ? j >= first : t < n_tiles; t++, g++) {
+                    if (!kData)
+                        j = end - 1 - t;
+                    const int s = g % kStages;
                     mbar_wait(empty + FWD90_BAR_BYTES * s, ((g / kStages) & 1) ^ 1);
                     const uint32_t dk = sk0 + s * L::kKVBytes, dv = sv0 + s * L::kKVBytes;
                     const int row = krow + j * kBlockN;
@@ -556,6 +828,8 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                         }
                         qc++;
                     }
+                    if (kData)
+                        j = fwd90_tiles_prev<kBlockN>(it, p, j - 1, lane);
                 }
             }
         return;
@@ -570,6 +844,9 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     const int lane_c = 2 * (lane % FWD90_QUAD);
     const float scale = p.scale_log2;
     const bool releaser = ctid == 0;
+    fwd90_ring ring;
+    ring.sq = sq, ring.sk0 = sk0, ring.sv0 = sv0, ring.kfull = kfull, ring.vfull = vfull, ring.empty = empty;
+    ring.q_row0 = q_row0, ring.c = c, ring.releaser = releaser;
     int g = 0, qc = 0; /* as the producer's */
     for (int w = blockIdx.x; w < n_work; w += gridDim.x)
         for (int part = 0; part < fwd90_parts(w, m_tiles, paired); part++) {
@@ -579,7 +856,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                 continue;
             const int m0 = wk.m0, skn = (int)seq.sk, qn = (int)flash_min64(seq.sq - m0, FWD90_BM);
             const flash_tile_range kt = flash_key_tiles(&seq, m0, qn, kBlockN);
-            const int end = (int)kt.end, n_tiles = (int)(kt.end - kt.first);
+            const int end = (int)kt.end, first = (int)kt.first, n_tiles = end - first;
             const int full_first = (int)kt.full_first, full_end = (int)kt.full_end;
             fwd90_tile tl;
             tl.r_t = m0 + r_loc;
@@ -588,15 +865,23 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
             tl.diag_lo = (int)seq.diag_lo;
             tl.diag_hi = (int)seq.diag_hi;
             tl.alibi_offset = (int)seq.alibi_offset;
-            tl.cap = tl.inv_cap = tl.slope = 0.f;
+            tl.cap = tl.inv_cap = tl.slope = tl.to_raw = 0.f;
+            tl.mask = NULL;
+            tl.bh = 0;
             if (kHook) {
-                const float to_raw = FLASH_LOG2E_F / scale; /* natural units -> raw units: 1 / scale */
+                tl.to_raw = FLASH_LOG2E_F / scale; /* natural units -> raw units: 1 / scale */
                 if (p.softcap > 0.0) {
-                    tl.cap = (float)p.softcap * to_raw;
+                    tl.cap = (float)p.softcap * tl.to_raw;
                     tl.inv_cap = 1.f / tl.cap;
                 }
-                tl.slope = flash_alibi_slope(&p, wk.b, wk.hq) * to_raw;
+                tl.slope = flash_alibi_slope(&p, wk.b, wk.hq) * tl.to_raw;
+                if (kData && p.mask != NULL)
+                    tl.mask = (const unsigned char *)p.mask +
+                              (p.mask_kind == FLASH_MASK_ADD ? (int64_t)sizeof(T) : 1) *
+                                  flash_mask_offset(&p, wk.b, wk.hq, 0, 0);
+                tl.bh = (uint32_t)(wk.b * p.h + wk.hq);
             }
+            fwd90_tiles it = fwd90_tiles_init(first, end, wk.b, wk.hq, m0, qn);
 
             fwd90_state<kHeadDim, kBlockN> st;
 #pragma unroll
@@ -605,41 +890,35 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
             st.m[0] = st.m[1] = -INFINITY;
             st.l[0] = st.l[1] = 0.f;
 
-            if (n_tiles > 0) {
+            /* the first key tile: the last visible one of the band */
+            const int j = kData ? fwd90_tiles_prev<kBlockN>(it, p, end - 1, lane) : end - 1;
+            if (j >= first) {
                 if (c == 1)
                     turn_pass(c); /* consumer 0 issues first */
                 mbar_wait(qfull, qc & 1);
-                /* the first key tile (j = end - 1) */
-                {
-                    const int j = end - 1, s0 = g % kStages;
-                    turn_wait(c);
-                    mbar_wait(kfull + FWD90_BAR_BYTES * s0, (g / kStages) & 1);
-                    gemm_qk<T, kHeadDim, kBlockN>(st.s, sq, q_row0, sk0 + s0 * L::kKVBytes);
-                    turn_pass(c);
-                    wgmma_wait<0>();
-                    fence_regs(st.s);
-                    hook_tile<kHook>(st.s, tl, j * kBlockN + lane_c);
-                    if (j < full_first || j >= full_end)
-                        mask_tile(st.s, tl.r_t, j * kBlockN + lane_c, skn, tl.diag_lo, tl.diag_hi);
-                    float alpha[2];
-                    softmax_tile(st.s, st.m, st.l, alpha, scale);
-                    p_to_frags<T>(st.s, st.pa);
+                int t = 1; /* key tiles of this work tile */
+                if (kHook) {
+                    t = consumer_tiles<T, kHeadDim, kBlockN, kStages, kData, kCap>(st, p, ring, it, kt, g, j, scale, tl,
+                                                                                 lane);
+                } else {
+                    /* the band's masked tiles, full tiles, masked tiles, each run by its compile-time copy */
+                    consumer_first<T, kHeadDim, kBlockN, kStages, false, false, false>(
+                        st, p, ring, it, g, j, j < full_first || j >= full_end, scale, tl, lane);
+                    for (; t < n_tiles && end - 1 - t >= full_end; t++)
+                        consumer_step<T, kHeadDim, kBlockN, kStages, true, false, false>(st, p, ring, g + t,
+                                                                                         end - 1 - t, scale, tl, false,
+                                                                                         lane);
+                    for (; t < n_tiles && end - 1 - t >= full_first; t++)
+                        consumer_step<T, kHeadDim, kBlockN, kStages, false, false, false>(st, p, ring, g + t,
+                                                                                          end - 1 - t, scale, tl, false,
+                                                                                          lane);
+                    for (; t < n_tiles; t++)
+                        consumer_step<T, kHeadDim, kBlockN, kStages, true, false, false>(st, p, ring, g + t,
+                                                                                         end - 1 - t, scale, tl, false,
+                                                                                         lane);
                 }
-                int t = 1;
-                for (; t < n_tiles && end - 1 - t >= full_end; t++)
-                    consumer_step<T, kHeadDim, kBlockN, kStages, true, kHook>(st, g + t, end - 1 - t, c, sq, q_row0, sk0,
-                                                                              sv0, kfull, vfull, empty, scale, tl,
-                                                                              releaser);
-                for (; t < n_tiles && end - 1 - t >= full_first; t++)
-                    consumer_step<T, kHeadDim, kBlockN, kStages, false, kHook>(st, g + t, end - 1 - t, c, sq, q_row0, sk0,
-                                                                              sv0, kfull, vfull, empty, scale, tl,
-                                                                              releaser);
-                for (; t < n_tiles; t++)
-                    consumer_step<T, kHeadDim, kBlockN, kStages, true, kHook>(st, g + t, end - 1 - t, c, sq, q_row0, sk0,
-                                                                              sv0, kfull, vfull, empty, scale, tl,
-                                                                              releaser);
                 /* the last key tile's O += P V */
-                g += n_tiles;
+                g += kHook ? t : n_tiles;
                 const int s_last = (g - 1) % kStages;
                 turn_wait(c);
                 mbar_wait(vfull + FWD90_BAR_BYTES * s_last, ((g - 1) / kStages) & 1);
@@ -667,6 +946,8 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                 l += __shfl_xor_sync(FWD90_FULL_MASK, l, 2);
                 float factor, row_lse;
                 flash_row_finish_f(st.m[h] * scale * (float)(1.0 / FLASH_LOG2E), l, sink, &factor, &row_lse);
+                if (kData && p.dropout_threshold != 0)
+                    factor *= (float)p.dropout_scale;
                 const int r = r_loc + FWD90_HALF_ROWS * h;
                 if (r < qn) {
                     if (lane % FWD90_QUAD == 0)
@@ -764,11 +1045,16 @@ extern "C" int flash_fwd_sm90_ok(const flash_params *p)
 {
     int64_t q_rows, k_rows;
     fwd90_rows(p, &q_rows, &k_rows);
-    /* hooks: softcap and ALiBi only (attn_mask and dropout take fwd_sm80.cu), with has_hook (a hook field
-     * without it is an error that fwd_sm80.cu reports) and a scale its raw units can divide by */
-    const bool hooks_ok = p->mask == NULL && p->mask_blocks == NULL && p->dropout_threshold == 0 &&
-                          (p->has_hook ? p->scale_log2 >= FWD90_HOOK_MIN_SCALE_LOG2
-                                       : p->softcap == 0.0 && p->alibi_slopes == NULL);
+    /* hooks with has_hook (a hook field without it is an error that fwd_sm80.cu reports) and a scale its raw
+     * units can divide by; the attn_mask (with its block flags) in dense batches only, as fwd_sm80.cu's: key j
+     * of a sequence is the mask's column j; attn_mask and dropout up to d128 (fwd90_cfg::kMaskDropout) */
+    const bool mask_ok = p->mask == NULL ? p->mask_blocks == NULL
+                                         : p->mask_blocks != NULL && p->cu_seqlens_q == NULL && p->k_leftpad == NULL &&
+                                               (p->mask_kind == FLASH_MASK_BOOL || p->mask_kind == FLASH_MASK_ADD);
+    const bool data_ok = (p->mask == NULL && p->dropout_threshold == 0) || fwd90_head_dim(p->d) <= 128;
+    const bool hooks_ok = mask_ok && data_ok && (p->has_hook ? p->scale_log2 >= FWD90_HOOK_MIN_SCALE_LOG2
+                                                  : p->softcap == 0.0 && p->alibi_slopes == NULL && p->mask == NULL &&
+                                                        p->dropout_threshold == 0);
     return (p->dtype == FLASH_FP16 || p->dtype == FLASH_BF16) && hooks_ok && p->block_table == NULL &&
            p->num_splits <= 1 && p->b >= 1 && p->h >= 1 && p->d >= 1 && p->d <= FLASH_CUDA_MAX_HEAD_DIM &&
            p->d % FWD90_CHUNK == 0 &&
@@ -779,7 +1065,7 @@ extern "C" int flash_fwd_sm90_ok(const flash_params *p)
            fwd90_aligned(p->v, &p->v_s) && fwd90_aligned(p->o, &p->o_s) && fwd90_encoder() != NULL;
 }
 
-template <typename T, int kHeadDim, bool kHook>
+template <typename T, int kHeadDim, int kScore>
 static cudaError_t launch_fwd90(const flash_params *p, cudaStream_t stream)
 {
     fwd90_maps maps;
@@ -791,31 +1077,40 @@ static cudaError_t launch_fwd90(const flash_params *p, cudaStream_t stream)
         !fwd90_make_map(&maps.k, p, p->k, &p->k_s, k_rows, p->h_kv, k_batches, fwd90_cfg<kHeadDim>::kBlockN) ||
         !fwd90_make_map(&maps.v, p, p->v, &p->v_s, k_rows, p->h_kv, k_batches, fwd90_cfg<kHeadDim>::kBlockN))
         return cudaErrorInvalidValue;
-    void (*kernel)(const flash_params, const fwd90_maps) = flash_fwd_sm90_kernel<T, kHeadDim, kHook>;
+    void (*kernel)(const flash_params, const fwd90_maps) = flash_fwd_sm90_kernel<T, kHeadDim, kScore>;
     const size_t smem = fwd90_smem<kHeadDim>::kBytes;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
-    const bool paired = FWD90_PERSISTENT && fwd90_paired(*p);
+    /* an attn_mask makes the work items' costs data: one CTA per query tile */
+    const bool paired = FWD90_PERSISTENT && fwd90_paired(*p) && p->mask == NULL;
     const int64_t n_work = fwd90_items_per_head((int)((p->sq + FWD90_BM - 1) / FWD90_BM), paired) * p->h * p->b;
     int dev = 0, sms = 0;
     if ((err = cudaGetDevice(&dev)) != cudaSuccess ||
         (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
         return err;
-    const int64_t grid = FWD90_PERSISTENT && (paired || fwd90_uniform(*p)) && n_work > sms ? sms : n_work;
+    const int64_t grid =
+        FWD90_PERSISTENT && (paired || (fwd90_uniform(*p) && p->mask == NULL)) && n_work > sms ? sms : n_work;
     kernel<<<(unsigned)grid, FWD90_THREADS, smem, stream>>>(*p, maps);
     return cudaGetLastError();
+}
+
+template <typename T, int kScore>
+static cudaError_t dispatch_head_dim(const flash_params *p, cudaStream_t stream)
+{
+    const int hd = fwd90_head_dim(p->d);
+    return hd == 64    ? launch_fwd90<T, 64, kScore>(p, stream)
+           : hd == 128 ? launch_fwd90<T, 128, kScore>(p, stream)
+                       : launch_fwd90<T, 256, kScore>(p, stream);
 }
 
 template <typename T>
 static cudaError_t dispatch_fwd90(const flash_params *p, cudaStream_t stream)
 {
-    const int hd = fwd90_head_dim(p->d);
-    if (p->has_hook)
-        return hd == 64 ? launch_fwd90<T, 64, true>(p, stream)
-                        : hd == 128 ? launch_fwd90<T, 128, true>(p, stream) : launch_fwd90<T, 256, true>(p, stream);
-    return hd == 64 ? launch_fwd90<T, 64, false>(p, stream)
-                    : hd == 128 ? launch_fwd90<T, 128, false>(p, stream) : launch_fwd90<T, 256, false>(p, stream);
+    if (!p->has_hook)
+        return dispatch_head_dim<T, FWD90_SCORE_DENSE>(p, stream);
+    return p->softcap > 0.0 ? dispatch_head_dim<T, FWD90_SCORE_SOFTCAP>(p, stream)
+                            : dispatch_head_dim<T, FWD90_SCORE_HOOK>(p, stream);
 }
 
 extern "C" cudaError_t flash_fwd_sm90(const flash_params *p, cudaStream_t stream)

@@ -145,6 +145,16 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi)
     return *(uint32_t *)&v;
 }
 
+/* The 16-bit float in the low half of b. */
+__device__ __forceinline__ float bits_to_float(__half, uint32_t b)
+{
+    return __half2float(__ushort_as_half((unsigned short)b));
+}
+__device__ __forceinline__ float bits_to_float(__nv_bfloat16, uint32_t b)
+{
+    return __bfloat162float(__ushort_as_bfloat16((unsigned short)b));
+}
+
 /* 4-byte global -> shared copy through L1 (for per-row fp32 vectors such as lse); valid == false
  * writes 4 zero bytes and reads nothing. gmem must still be a mapped address. */
 __device__ __forceinline__ void cp_async_4(uint32_t smem_addr, const void *gmem, bool valid)

@@ -112,9 +112,6 @@ struct wgmma_op;
 #define WGMMA_ACC32(d) WGMMA_ACC16(d), WGMMA_ACC16((d) + 16)
 #define WGMMA_ACC40(d) WGMMA_ACC32(d), WGMMA_ACC8((d) + 32)
 #define WGMMA_ACC64(d) WGMMA_ACC32(d), WGMMA_ACC32((d) + 32)
-#define WGMMA_ACC88(d) WGMMA_ACC64(d), WGMMA_ACC16((d) + 64), WGMMA_ACC8((d) + 80)
-#define WGMMA_ACC96(d) WGMMA_ACC64(d), WGMMA_ACC32((d) + 64)
-#define WGMMA_ACC128(d) WGMMA_ACC64(d), WGMMA_ACC64((d) + 64)
 
 /* Their place holders in the instruction text: %0 .. %(R - 1), 8 at a time. */
 #define WGMMA_R0 "%0, %1, %2, %3, %4, %5, %6, %7"
@@ -125,21 +122,10 @@ struct wgmma_op;
 #define WGMMA_R5 "%40, %41, %42, %43, %44, %45, %46, %47"
 #define WGMMA_R6 "%48, %49, %50, %51, %52, %53, %54, %55"
 #define WGMMA_R7 "%56, %57, %58, %59, %60, %61, %62, %63"
-#define WGMMA_R8 "%64, %65, %66, %67, %68, %69, %70, %71"
-#define WGMMA_R9 "%72, %73, %74, %75, %76, %77, %78, %79"
-#define WGMMA_R10 "%80, %81, %82, %83, %84, %85, %86, %87"
-#define WGMMA_R11 "%88, %89, %90, %91, %92, %93, %94, %95"
-#define WGMMA_R12 "%96, %97, %98, %99, %100, %101, %102, %103"
-#define WGMMA_R13 "%104, %105, %106, %107, %108, %109, %110, %111"
-#define WGMMA_R14 "%112, %113, %114, %115, %116, %117, %118, %119"
-#define WGMMA_R15 "%120, %121, %122, %123, %124, %125, %126, %127"
 #define WGMMA_REGS16 WGMMA_R0 ", " WGMMA_R1
 #define WGMMA_REGS32 WGMMA_REGS16 ", " WGMMA_R2 ", " WGMMA_R3
 #define WGMMA_REGS40 WGMMA_REGS32 ", " WGMMA_R4
 #define WGMMA_REGS64 WGMMA_REGS40 ", " WGMMA_R5 ", " WGMMA_R6 ", " WGMMA_R7
-#define WGMMA_REGS88 WGMMA_REGS64 ", " WGMMA_R8 ", " WGMMA_R9 ", " WGMMA_R10
-#define WGMMA_REGS96 WGMMA_REGS88 ", " WGMMA_R11
-#define WGMMA_REGS128 WGMMA_REGS96 ", " WGMMA_R12 ", " WGMMA_R13 ", " WGMMA_R14 ", " WGMMA_R15
 
 /* The ss member of wgmma_op<T, N> (R = N / 2 accumulators, then desc_a = %R, desc_b = %R+1, accumulate =
  * %R+2, TRANS_A = %R+3, TRANS_B = %R+4: the operand numbers, written out) for the PTX type PTXT. */
@@ -170,10 +156,7 @@ struct wgmma_op;
  *   N 32   ss    S^T and dP^T of the d256 backward (32 queries per warpgroup)
  *   N 64   ss rs
  *   N 80   ss    S of the d256 forward (80 keys per tile)
- *   N 128  ss rs
- *   N 176  ss    S of the d128 forward with 176 keys per tile (tuning knob FWD90_BN_D128)
- *   N 192  ss    S of the d64 forward with 192 keys per tile (tuning knob FWD90_BN_D64)
- *   N 256  rs    O += P V of the d256 forward in one instruction (tuning knob FWD90_PV_N) */
+ *   N 128  ss rs */
 #define WGMMA_OPS(T, PTXT) \
     template <> struct wgmma_op<T, 32> { \
         WGMMA_SS(PTXT, 32, 16, 16, 17, 18, 19, 20) \
@@ -188,15 +171,6 @@ struct wgmma_op;
     template <> struct wgmma_op<T, 128> { \
         WGMMA_SS(PTXT, 128, 64, 64, 65, 66, 67, 68) \
         WGMMA_RS(PTXT, 128, 64, 64, 65, 66, 67, 68, 69, 70) \
-    }; \
-    template <> struct wgmma_op<T, 176> { \
-        WGMMA_SS(PTXT, 176, 88, 88, 89, 90, 91, 92) \
-    }; \
-    template <> struct wgmma_op<T, 192> { \
-        WGMMA_SS(PTXT, 192, 96, 96, 97, 98, 99, 100) \
-    }; \
-    template <> struct wgmma_op<T, 256> { \
-        WGMMA_RS(PTXT, 256, 128, 128, 129, 130, 131, 132, 133, 134) \
     };
 
 WGMMA_OPS(__nv_bfloat16, "bf16")
