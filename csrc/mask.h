@@ -219,6 +219,17 @@ FLASH_HD int flash_tile_diag(int64_t bound, int64_t m0, int64_t n0)
 #define FLASH_MASK_ANY_VISIBLE 1u /* some entry of the block is True / above -inf */
 #define FLASH_MASK_ANY_MASKED 2u  /* some entry of the block is False / not 0 */
 
+/* Sizes of the block flags the binding computes (flash.h mask_blocks), over the mask's own dimensions (a
+ * broadcast one, stride 0 in mask_s, counts once): dims = (b or 1, h or 1, ceil(sq / FLASH_MASK_BLOCK) or 1,
+ * ceil(sk / FLASH_MASK_BLOCK) or 1), stored contiguous; the kernels read them through mask_blocks_s. */
+FLASH_HD void flash_mask_flag_dims(const flash_params *p, int64_t dims[4])
+{
+    dims[0] = p->mask_s.batch ? p->b : 1;
+    dims[1] = p->mask_s.head ? p->h : 1;
+    dims[2] = p->mask_s.row ? flash_cdiv64(p->sq, FLASH_MASK_BLOCK) : 1;
+    dims[3] = p->mask_s.col ? flash_cdiv64(p->sk, FLASH_MASK_BLOCK) : 1;
+}
+
 /* OR of the flags of the mask blocks covering rows [q0, q0 + qn) x keys [k0, k0 + kn) of (b, hq).
  * No FLASH_MASK_ANY_VISIBLE: the tile sees nothing (skip it); no FLASH_MASK_ANY_MASKED: the mask is
  * plain there (do not read it); both: read it. Without a mask: FLASH_MASK_ANY_VISIBLE. */

@@ -381,9 +381,7 @@ at::Tensor mask_block_flags(const at::Tensor &mask)
         return t;
     };
     at::Tensor flags = blocks(visible).mul_(FLASH_MASK_ANY_VISIBLE) + blocks(masked).mul_(FLASH_MASK_ANY_MASKED);
-    const int64_t nqb = (mask.size(2) + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK;
-    const int64_t nkb = (mask.size(3) + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK;
-    return flags.contiguous().expand({mask.size(0), mask.size(1), nqb, nkb});
+    return flags.contiguous();
 }
 
 flash_strides4 strides4_of(const at::Tensor &t)
@@ -408,6 +406,15 @@ void set_block_table(flash_params *p, const at::Tensor &table, const at::Tensor 
 }
 
 }  // namespace
+
+void set_mask_blocks(flash_params *p, const at::Tensor &mask, const at::Tensor &flags, VariantTensors *keep)
+{
+    const int64_t nqb = (mask.size(2) + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK;
+    const int64_t nkb = (mask.size(3) + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK;
+    keep->mask_blocks = flags.expand({mask.size(0), mask.size(1), nqb, nkb});
+    p->mask_blocks = keep->mask_blocks.data_ptr<uint8_t>();
+    p->mask_blocks_s = strides4_of(keep->mask_blocks);
+}
 
 flash_params make_params(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
                          const at::Tensor &lse, double softmax_scale, const Variants &var,
@@ -455,9 +462,8 @@ flash_params make_params(const at::Tensor &q, const at::Tensor &k, const at::Ten
         p.mask = m.data_ptr();
         p.mask_kind = m.scalar_type() == at::kBool ? FLASH_MASK_BOOL : FLASH_MASK_ADD;
         p.mask_s = strides4_of(m);
-        keep->mask_blocks = mask_block_flags(m);
-        p.mask_blocks = keep->mask_blocks.data_ptr<uint8_t>();
-        p.mask_blocks_s = strides4_of(keep->mask_blocks);
+        if (!m.is_cuda())
+            set_mask_blocks(&p, m, mask_block_flags(m), keep);
     }
     if (var.sink)
         p.sink = var.sink->data_ptr();

@@ -75,7 +75,13 @@ struct VariantTensors {
     at::Tensor alibi_slopes, mask_blocks, block_table;
 };
 
-// Zero-filled params with the forward tensors, sizes, scale, mask geometry and variants set. The
+// Points p's mask_blocks at flags, the attn_mask's block flags (mask.h flash_mask_flag_dims, contiguous),
+// expanded to the mask's sizes and held in keep. make_params does this for a CPU mask; for a CUDA mask the
+// CUDA ops do, after computing the flags on the device (the kernels refuse a mask without its flags).
+void set_mask_blocks(flash_params *p, const at::Tensor &mask, const at::Tensor &flags, VariantTensors *keep);
+
+// Zero-filled params with the forward tensors, sizes, scale, mask geometry and variants set (a CPU
+// attn_mask's block flags too). The
 // dropout seed and offset are taken from rng_state (int64 (2,) on the CPU); the binding draws them.
 flash_params make_params(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
                          const at::Tensor &lse, double softmax_scale, const Variants &var,

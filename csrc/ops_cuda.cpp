@@ -19,6 +19,7 @@
 
 #include "constants.h"
 #include "cuda/launch.h"
+#include "mask.h"
 #include "ops.h"
 
 namespace flashattn_ext {
@@ -133,6 +134,20 @@ void check_launch(cudaError_t err, const char *what)
 
 // (seed, offset) from torch's default generator of the current CUDA device, read on the host under the
 // generator's lock (no device synchronization; not capturable in a CUDA graph).
+// The attn_mask's block flags of params p made by make_params (which leaves a CUDA mask's to this): one pass
+// over the mask on the device (mask_flags.cu), held in keep.
+void set_cuda_mask_blocks(flash_params *p, const Variants &var, VariantTensors *keep)
+{
+    if (!var.attn_mask)
+        return;
+    int64_t dims[4];
+    flash_mask_flag_dims(p, dims);
+    at::Tensor flags = at::empty({dims[0], dims[1], dims[2], dims[3]}, var.attn_mask->options().dtype(at::kByte));
+    check_launch(flash_mask_flags_cuda(p, flags.data_ptr<uint8_t>(), c10::cuda::getCurrentCUDAStream()),
+                 "attn_mask block flags");
+    set_mask_blocks(p, *var.attn_mask, flags, keep);
+}
+
 at::Tensor draw_rng_state_cuda(const at::Tensor &q, double dropout_p)
 {
     if (dropout_p <= 0.0)
@@ -171,6 +186,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(const at::Tensor &q_in, 
     at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
     VariantTensors keep;
     flash_params p = make_params(q, k, v, out, lse, softmax_scale, var, rng_state, &keep);
+    set_cuda_mask_blocks(&p, var, &keep);
     if (is_half(q))
         check_smem(flash_fwd_smem_needed(&p), d, "forward");
     at::Tensor o_accum, lse_accum;
@@ -214,6 +230,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
     at::Tensor delta = at::empty(lse.sizes(), lse.options());
     VariantTensors keep;
     flash_params p = make_params(q, k, v, out, lse, softmax_scale, var, rng_state, &keep);
+    set_cuda_mask_blocks(&p, var, &keep);
     set_bwd_params(&p, dout, dq, dk, dv, delta);
     if (mask_grad)
         p.dbias = dmask.data_ptr();

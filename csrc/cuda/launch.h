@@ -1,6 +1,6 @@
 /* launch.h: the plain-C entry points of the CUDA code. The binding (csrc/ops_cuda.cpp) calls only
- * flash_fwd_cuda / flash_bwd_cuda / flash_dropout_mask_cuda and the shared-memory queries; launch.cu, the
- * one dispatcher, picks dtype -> arch -> tile configuration -> variant and calls the family entry points
+ * flash_fwd_cuda / flash_bwd_cuda / flash_dropout_mask_cuda / flash_mask_flags_cuda and the shared-memory
+ * queries; launch.cu, the one dispatcher, picks dtype -> arch -> tile configuration -> variant and calls the family entry points
  * below. Each launches on `stream`, allocates nothing, never synchronizes the host, and returns the first
  * CUDA error met (cudaSuccess otherwise). The params block is described in csrc/flash.h, the variants in
  * csrc/mask.h. Within a family, p->has_hook selects the general (score / probability hook) kernels.
@@ -34,6 +34,10 @@ cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream);
 /* keep (b, h, sq, sk) contiguous uint8: 1 where dropout keeps P[b, h, i, j] (mask.h), for
  * return_attn_probs. */
 cudaError_t flash_dropout_mask_cuda(const flash_params *p, uint8_t *keep, cudaStream_t stream);
+
+/* blocks (mask.h flash_mask_flag_dims, contiguous uint8): the block flags of the attn_mask p->mask (its kind,
+ * strides, and dtype p->dtype when additive; sizes b, h, sq, sk), in one pass on the device (mask_flags.cu). */
+cudaError_t flash_mask_flags_cuda(const flash_params *p, uint8_t *blocks, cudaStream_t stream);
 
 /* Shared memory per CTA that the fp16/bf16 forward and backward need at head dim p->d (the smallest
  * tiles that launch.cu would pick), and what the current device offers (opt-in limit, capped by
