@@ -513,6 +513,33 @@ __device__ __forceinline__ fwd90_tiles fwd90_tiles_init(int first, int end, int 
     return it;
 }
 
+/* flash_mask_tile_flags (mask.h) of key tile `tile` for the work tile's rows: the OR of its blocks' flags,
+ * 8 at a time (one 64-bit load per block row, one at all where the rows broadcast) where a full tile's 8
+ * blocks are contiguous, aligned bytes; else mask.h's byte loop. */
+#define FWD90_FLAGS_PER_LOAD 8
+template <int kBlockN>
+__device__ __forceinline__ unsigned fwd90_tile_flags(const fwd90_tiles &it, const flash_params &p, int tile)
+{
+    const int64_t k0 = (int64_t)tile * kBlockN;
+    const flash_strides4 &fs = p.mask_blocks_s;
+    const uint8_t *f = p.mask_blocks + it.b * fs.batch + it.hq * fs.head + it.m0 / FLASH_MASK_BLOCK * fs.row +
+                       k0 / FLASH_MASK_BLOCK * fs.col;
+    if (kBlockN == FWD90_FLAGS_PER_LOAD * FLASH_MASK_BLOCK && fs.col == 1 && k0 + kBlockN <= p.sk &&
+        fs.row % FWD90_FLAGS_PER_LOAD == 0 && (uintptr_t)f % FWD90_FLAGS_PER_LOAD == 0) {
+        const int rows = fs.row == 0 ? 1 : (it.qn + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK;
+        unsigned long long acc = 0;
+#pragma unroll
+        for (int r = 0; r < FWD90_BM / FLASH_MASK_BLOCK; r++)
+            if (r < rows)
+                acc |= __ldg((const unsigned long long *)(f + r * fs.row));
+        acc |= acc >> 32;
+        acc |= acc >> 16;
+        acc |= acc >> 8;
+        return (unsigned)(acc & 0xffu);
+    }
+    return flash_mask_tile_flags(&p, it.b, it.hq, it.m0, it.qn, k0, flash_min64(kBlockN, p.sk - k0));
+}
+
 /* The chunk of tiles [top - FWD90_CHUNK_TILES + 1, top] (clamped to first). */
 template <int kBlockN>
 __device__ __forceinline__ void fwd90_tiles_scan(fwd90_tiles &it, const flash_params &p, int top, int lane)
@@ -521,10 +548,7 @@ __device__ __forceinline__ void fwd90_tiles_scan(fwd90_tiles &it, const flash_pa
     it.vis = it.part = 0;
     for (int k = 0; k < FLASH_WARP_SIZE && it.base + FLASH_WARP_SIZE * k <= top; k++) {
         const int tile = it.base + FLASH_WARP_SIZE * k + lane;
-        const int64_t k0 = (int64_t)tile * kBlockN;
-        const unsigned f = tile <= top ? flash_mask_tile_flags(&p, it.b, it.hq, it.m0, it.qn, k0,
-                                                               flash_min64(kBlockN, p.sk - k0))
-                                       : 0u;
+        const unsigned f = tile <= top ? fwd90_tile_flags<kBlockN>(it, p, tile) : 0u;
         const uint32_t v = __ballot_sync(FWD90_FULL_MASK, f & FLASH_MASK_ANY_VISIBLE);
         const uint32_t m = __ballot_sync(FWD90_FULL_MASK, f & FLASH_MASK_ANY_MASKED);
         if (lane == k)
