@@ -67,7 +67,11 @@
  * +-5% at s8k); persistent causal in query-tile order lost up to 30%, in heavy + light pairs (fwd90_work)
  * it gains 4-25% at s512 / s2k (d256 s8k -2%); lazy rescale as its macros say; producer 40 / consumers 232
  * registers the same as 24 / 240. Instances differ by up to ~5% between calls: compare within one.
- * Beside cuDNN and FA2: benchmarks/results/h200/fwd_sm90_2026-12-01.
+ * Hook kernels, d128 s8k / s16k (`fwd_harness variants 128`, TFLOP/s on the visible pairs; dense 689 / 640):
+ * hook without a field 635 / 618, softcap 50 441 / 475, ALiBi causal 536 / 567, dropout 0.1 305 / 307, 25%
+ * key padding 593 / 581, block-sparse 10% 326 / 418 (fwd_sm80.cu: 229-489).
+ * Beside cuDNN and FA2: benchmarks/results/h200/fwd_sm90_2026-12-01; the variants beside FlexAttention and
+ * SDPA: benchmarks/results/h200/variants_sm90_2026-12-01.
  */
 #ifdef FLASHATTN_EXT_SM90A /* the whole file: builds with sm_90a only (launch.cu calls it under the same macro) */
 #include <cuda.h> /* CUtensorMap and its enums (no libcuda link: the encoder comes from cudaGetDriverEntryPoint) */

@@ -69,8 +69,8 @@ int flash_fwd_decode_splits(const flash_params *p, int requested, int num_sms);
 cudaError_t flash_fwd_decode(const flash_params *p, cudaStream_t stream);
 
 /* fp16 / bf16 forward on wgmma + TMA, sm_90a builds on Hopper (fwd_sm90.cu). flash_fwd_sm90_ok: p is one it
- * serves (no score / probability hook but sinks, no paged KV cache, no split-KV, aligned strides, a positive
- * scale); flash_fwd_sm90_smem: its shared memory per CTA. */
+ * serves (no paged KV cache, no split-KV, aligned strides, a positive scale; attn_mask and dropout up to head
+ * dim 128); flash_fwd_sm90_smem: its shared memory per CTA. */
 int flash_fwd_sm90_ok(const flash_params *p);
 size_t flash_fwd_sm90_smem(const flash_params *p);
 cudaError_t flash_fwd_sm90(const flash_params *p, cudaStream_t stream);
