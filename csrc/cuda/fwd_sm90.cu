@@ -419,10 +419,9 @@ __device__ __forceinline__ void alibi_tile(float (&s)[kN], const fwd90_tile &tl,
 }
 
 /* The score hook of one tile (mask.h's order; kHook kernels), on raw scores: softcap x = cap tanh(x / cap)
- * where kCap (tanh.approx, as every tensor-core kernel, so that the backward recomputes these scores; the
- * kernel's FWD90_SCORE_SOFTCAP), ALiBi x -= slope |j - i -
- * alibi_offset| (a branch uniform over the CTA), then the attn_mask where the tile's block flags say it is
- * partial (mask_partial). */
+ * where kCap (the kernel's FWD90_SCORE_SOFTCAP; tanh.approx, as every tensor-core kernel, so that the
+ * backward recomputes these scores), ALiBi x -= slope |j - i - alibi_offset| (a branch uniform over the
+ * CTA), then the attn_mask where the tile's block flags say it is partial (mask_partial). */
 template <typename T, bool kHook, bool kCap, int kN>
 __device__ __forceinline__ void hook_tile(float (&s)[kN], const flash_params &p, const fwd90_tile &tl, int c_t,
                                           bool mask_partial)
