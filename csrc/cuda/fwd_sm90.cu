@@ -1078,7 +1078,11 @@ extern "C" int flash_fwd_sm90_ok(const flash_params *p)
     const bool mask_ok = p->mask == NULL ? p->mask_blocks == NULL
                                          : p->mask_blocks != NULL && p->cu_seqlens_q == NULL && p->k_leftpad == NULL &&
                                                (p->mask_kind == FLASH_MASK_BOOL || p->mask_kind == FLASH_MASK_ADD);
-    const bool data_ok = (p->mask == NULL && p->dropout_threshold == 0) || fwd90_head_dim(p->d) <= 128;
+    const int hd = fwd90_head_dim(p->d);
+    const bool data_ok = (p->mask == NULL && p->dropout_threshold == 0) ||
+                         (hd == 64    ? fwd90_cfg<64>::kMaskDropout
+                          : hd == 128 ? fwd90_cfg<128>::kMaskDropout
+                                      : fwd90_cfg<256>::kMaskDropout);
     const bool hooks_ok = mask_ok && data_ok && (p->has_hook ? p->scale_log2 >= FWD90_HOOK_MIN_SCALE_LOG2
                                                   : p->softcap == 0.0 && p->alibi_slopes == NULL && p->mask == NULL &&
                                                         p->dropout_threshold == 0);
