@@ -22,6 +22,7 @@
  *        /tmp/fwd_harness decode-bench  the same decode shapes at b8 and b1 through launch.cu's dispatch (the
  *                                       decode kernel, split-KV by its heuristic and with one split)
  * Every forward runs with launch.cu's split-KV choice for HARNESS_NUM_SPLITS (default 0, the heuristic).
+ * HARNESS_SEQ=S: bench and varlen-bench time seqlen S only (one config under ncu).
  * Cases cover the band (full, causal both alignments, sliding windows), softcap, ALiBi (per head and per
  * batch), bool and additive attn_mask (random, key padding, block-sparse, rows with no visible key;
  * broadcast dimensions, strided / transposed storage; block flags), dropout, sinks, and pairs of them.
@@ -1601,18 +1602,26 @@ static double time_fwd(const flash_params *p, fwd_fn fwd = flash_fwd_cuda)
     return ms[kTimedRuns / 2];
 }
 
+/* HARNESS_SEQ: the bench modes time only that seqlen (e.g. under ncu); 0 or unset: all. */
+static int only_seqlen(void)
+{
+    const char *env = getenv("HARNESS_SEQ");
+    return env ? atoi(env) : 0;
+}
+
 static void run_bench(int only_d)
 {
     bench_buffers bb;
     bench_alloc(&bb);
     const int dims[] = {64, 128, 256};
     const int seqs[] = {512, 2048, 8192};
+    const int only_s = only_seqlen();
     printf("bf16 fwd TFLOP/s (16k tokens, nheads = 2048 / d)\n");
     printf("%-5s %-6s %-7s %-9s %s\n", "d", "seq", "causal", "ms", "TFLOP/s");
     for (int d : dims)
         for (int causal = 0; causal < 2; causal++)
             for (int s : seqs) {
-                if (only_d && d != only_d)
+                if ((only_d && d != only_d) || (only_s && s != only_s))
                     continue;
                 flash_params p;
                 bench_params(&p, &bb, s, d);
@@ -1760,13 +1769,14 @@ static void run_varlen_bench(int only_d)
     bench_alloc(&bb);
     const int dims[] = {64, 128, 256};
     const int seqs[] = {512, 2048, 8192};
+    const int only_s = only_seqlen();
     printf("bf16 fwd TFLOP/s: dense, varlen of equal lengths, varlen of lengths 1..2 seq (16k tokens, "
            "nheads = 2048 / d)\n");
     printf("%-5s %-6s %-7s %-8s %-8s %s\n", "d", "seq", "causal", "dense", "varlen", "mixed");
     for (int d : dims)
         for (int causal = 0; causal < 2; causal++)
             for (int s : seqs) {
-                if (only_d && d != only_d)
+                if ((only_d && d != only_d) || (only_s && s != only_s))
                     continue;
                 flash_params p;
                 bench_params(&p, &bb, s, d);
