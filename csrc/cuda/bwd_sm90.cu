@@ -320,6 +320,7 @@ __device__ __forceinline__ int computed_here(int x)
  * n0 / 16 + c), ORed over the warp. Every lane of the warp must call it. Everything is derived from p
  * and the block index at each call, so that no state is held across the main loop (the dQ reducer has
  * 24 registers). */
+#define NEXT_TILE_AHEAD 4 /* flag loads in flight while next_visible_tile skips hidden tiles */
 template <int BM, int BN>
 __device__ __forceinline__ int next_visible_tile(const flash_params &p, int m, int m_end, unsigned &flags)
 {
@@ -336,15 +337,29 @@ __device__ __forceinline__ int next_visible_tile(const flash_params &p, int m, i
     const flash_strides4 &fs = p.mask_blocks_s;
     const uint8_t *f = p.mask_blocks + blockIdx.z * fs.batch + blockIdx.y * fs.head + r * fs.row +
                        (n0 / FLASH_MASK_BLOCK + c) * fs.col; /* the lane's block of query tile 0 */
-    for (; m < m_end; ++m) {
-        unsigned fl = 0;
-        if (lane_ok && (int64_t)m * BM + r * FLASH_MASK_BLOCK < p.sq)
-            fl = f[(int64_t)m * RB * fs.row];
-        flags = __reduce_or_sync(FULL_MASK, fl);
-        if (flags & FLASH_MASK_ANY_VISIBLE)
-            break;
+    if (m >= m_end)
+        return m;
+    /* tile m alone first (the next tile is visible in most calls) */
+    flags = __reduce_or_sync(FULL_MASK, lane_ok && (int64_t)m * BM + r * FLASH_MASK_BLOCK < p.sq
+                                            ? (unsigned)f[(int64_t)m * RB * fs.row] : 0u);
+    if (flags & FLASH_MASK_ANY_VISIBLE)
+        return m;
+    /* a run of hidden tiles: NEXT_TILE_AHEAD tiles' loads in flight at once, one latency per that many */
+    for (++m; m < m_end; m += NEXT_TILE_AHEAD) {
+        unsigned fl[NEXT_TILE_AHEAD];
+#pragma unroll
+        for (int a = 0; a < NEXT_TILE_AHEAD; a++)
+            fl[a] = lane_ok && m + a < m_end && (int64_t)(m + a) * BM + r * FLASH_MASK_BLOCK < p.sq
+                        ? f[(int64_t)(m + a) * RB * fs.row]
+                        : 0u;
+#pragma unroll
+        for (int a = 0; a < NEXT_TILE_AHEAD; a++) {
+            flags = __reduce_or_sync(FULL_MASK, fl[a]);
+            if (flags & FLASH_MASK_ANY_VISIBLE)
+                return m + a;
+        }
     }
-    return m;
+    return m_end;
 }
 
 /* The query tile from m on that the CTA walks (dense: m itself). */
