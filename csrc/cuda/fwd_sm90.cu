@@ -12,8 +12,10 @@
  *     for the V tails below): one thread issues the TMA loads, K_j, V_j
  *     into a ring of kStages stages that runs on across work tiles, and Q (one box per 64-column panel)
  *     after each work tile's first K / V, once the consumers are done with the previous Q (Q_EMPTY); each
- *     load completes on its mbarrier (Q_FULL, K_FULL, V_FULL, transaction bytes), and a ring stage is reused
- *     once both consumers have released it (EMPTY). Out-of-range rows and columns of the tensor are
+ *     load completes on its mbarrier (Q_FULL, K_FULL, V_FULL, transaction bytes). A stage's K and V are
+ *     released apart: K once both consumers' S wgmma on it is done (K_EMPTY), V once their P V is (V_EMPTY),
+ *     so the next K loads a whole P V ahead of the next V (with 2 stages, one common release left the
+ *     tensor cores idle while the next K loaded). Out-of-range rows and columns of the tensor are
  *     zero-filled by the TMA unit. Where the keys of a sequence do not end at the tensor's row end (varlen,
  *     seqused_k) the V rows past them hold other data, which P = 0 cannot cancel if it is not finite:
  *     there the producer warp copies the sequence's last V tile itself (cp.async, rows past the
@@ -34,8 +36,8 @@
  *       O += P_j V_j        wgmma RS: P converted in registers from the S accumulators (two n8 blocks
  *                           = one k16 A fragment), V read MN-major; n = head dim (two n128 halves at 256)
  *     Overlap inside a warpgroup: iteration t issues S_t, then O += P_{t-1} V_{t-1}, waits for S_t
- *     alone, runs the softmax of S_t while the P V wgmma runs, then waits for it, releases stage t - 1,
- *     and rescales O. Ping-pong across the two warpgroups (FWD90_PINGPONG): named barriers hand the
+ *     alone (releases K_t), runs the softmax of S_t while the P V wgmma runs, then waits for it, releases
+ *     V_{t-1}, and rescales O. Ping-pong across the two warpgroups (FWD90_PINGPONG): named barriers hand the
  *     right to issue wgmma's back and forth, so one warpgroup's softmax runs under the other's GEMMs.
  *   Epilogue: per row (factor, lse) as fwd_sm80.cu (flash_row_finish_f with a sink), O * factor straight
  *     from the accumulators to global memory (4-byte stores, a quad's 16 bytes contiguous; no shared
@@ -188,7 +190,7 @@ typedef struct fwd90_maps {
 } fwd90_maps;
 
 /* Shared-memory layout from a 1024-byte aligned base: Q, K[kStages], V[kStages], then the mbarriers
- * Q_FULL, Q_EMPTY, K_FULL[kStages], V_FULL[kStages], EMPTY[kStages]. */
+ * Q_FULL, Q_EMPTY, K_FULL[kStages], V_FULL[kStages], K_EMPTY[kStages], V_EMPTY[kStages]. */
 template <int kHeadDim>
 struct fwd90_smem {
     static constexpr int kBlockN = fwd90_cfg<kHeadDim>::kBlockN, kStages = fwd90_cfg<kHeadDim>::kStages;
@@ -196,8 +198,9 @@ struct fwd90_smem {
     static constexpr int kKVBytes = kBlockN * kHeadDim * FWD90_ELEM_BYTES;
     static constexpr int kK = kQBytes, kV = kK + kStages * kKVBytes, kBars = kV + kStages * kKVBytes;
     static constexpr int kQFull = kBars, kQEmpty = kQFull + FWD90_BAR_BYTES, kKFull = kQEmpty + FWD90_BAR_BYTES,
-                         kVFull = kKFull + FWD90_BAR_BYTES * kStages, kEmpty = kVFull + FWD90_BAR_BYTES * kStages;
-    static constexpr size_t kBytes = (size_t)kEmpty + FWD90_BAR_BYTES * kStages + SW128_ATOM_BYTES; /* + alignment */
+                         kVFull = kKFull + FWD90_BAR_BYTES * kStages, kKEmpty = kVFull + FWD90_BAR_BYTES * kStages,
+                         kVEmpty = kKEmpty + FWD90_BAR_BYTES * kStages;
+    static constexpr size_t kBytes = (size_t)kVEmpty + FWD90_BAR_BYTES * kStages + SW128_ATOM_BYTES; /* + alignment */
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -594,9 +597,10 @@ __device__ __forceinline__ bool fwd90_tiles_partial(const fwd90_tiles &it, const
 }
 
 /* A consumer's view of the shared memory: the Q tile (its rows q_row0 .. + 63 of FWD90_BM), the K / V ring
- * and its mbarriers; c the consumer (its ping-pong turn), releaser the thread that arrives on EMPTY / Q_EMPTY. */
+ * and its mbarriers; c the consumer (its ping-pong turn), releaser the thread that arrives on K_EMPTY, V_EMPTY
+ * and Q_EMPTY. */
 struct fwd90_ring {
-    uint32_t sq, sk0, sv0, kfull, vfull, empty;
+    uint32_t sq, sk0, sv0, kfull, vfull, kempty, vempty;
     int q_row0, c;
     bool releaser;
 };
@@ -621,6 +625,8 @@ __device__ __forceinline__ void consumer_step(fwd90_state<kHeadDim, kBlockN> &st
     turn_pass(r.c);
     wgmma_wait<1>();
     fence_regs(st.s);
+    if (r.releaser)
+        mbar_arrive(r.kempty + FWD90_BAR_BYTES * s_cur);
     hook_tile<T, kHook, kCap>(st.s, p, tl, j * kBlockN + tl.lane_c, mask_partial);
     if (kMask)
         mask_tile(st.s, tl.r_t, j * kBlockN + tl.lane_c, tl.sk, tl.diag_lo, tl.diag_hi);
@@ -631,7 +637,7 @@ __device__ __forceinline__ void consumer_step(fwd90_state<kHeadDim, kBlockN> &st
     wgmma_wait<0>();
     fence_regs(st.o);
     if (r.releaser)
-        mbar_arrive(r.empty + FWD90_BAR_BYTES * s_prev);
+        mbar_arrive(r.vempty + FWD90_BAR_BYTES * s_prev);
     rescale_o<fwd90_cfg<kHeadDim>::kLazyRescale>(st.o, alpha);
     p_to_frags<T>(st.s, st.pa);
 }
@@ -650,6 +656,8 @@ __device__ __forceinline__ void consumer_first(fwd90_state<kHeadDim, kBlockN> &s
     turn_pass(r.c);
     wgmma_wait<0>();
     fence_regs(st.s);
+    if (r.releaser)
+        mbar_arrive(r.kempty + FWD90_BAR_BYTES * s0);
     hook_tile<T, kHook, kCap>(st.s, p, tl, j * kBlockN + tl.lane_c, kData && fwd90_tiles_partial(it, p, j));
     if (band_masked)
         mask_tile(st.s, tl.r_t, j * kBlockN + tl.lane_c, tl.sk, tl.diag_lo, tl.diag_hi);
@@ -781,7 +789,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     const uint32_t base = (smem_u32(smem_raw) + SW128_ATOM_BYTES - 1) & ~(uint32_t)(SW128_ATOM_BYTES - 1);
     const uint32_t sq = base, sk0 = base + L::kK, sv0 = base + L::kV;
     const uint32_t qfull = base + L::kQFull, qempty = base + L::kQEmpty, kfull = base + L::kKFull,
-                   vfull = base + L::kVFull, empty = base + L::kEmpty;
+                   vfull = base + L::kVFull, kempty = base + L::kKEmpty, vempty = base + L::kVEmpty;
     const int tid = threadIdx.x;
     const int m_tiles = (int)((p.sq + FWD90_BM - 1) / FWD90_BM);
     const bool paired = FWD90_PERSISTENT && fwd90_paired(p) && !(kData && p.mask != NULL); /* as the launcher's */
@@ -793,7 +801,8 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
         for (int s = 0; s < kStages; s++) {
             mbar_init(kfull + FWD90_BAR_BYTES * s, 1);
             mbar_init(vfull + FWD90_BAR_BYTES * s, 1);
-            mbar_init(empty + FWD90_BAR_BYTES * s, FWD90_CONSUMER_WGS);
+            mbar_init(kempty + FWD90_BAR_BYTES * s, FWD90_CONSUMER_WGS);
+            mbar_init(vempty + FWD90_BAR_BYTES * s, FWD90_CONSUMER_WGS);
         }
         mbar_fence_init();
     }
@@ -835,15 +844,16 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                     if (!kData)
                         j = end - 1 - t;
                     const int s = g % kStages;
-                    mbar_wait(empty + FWD90_BAR_BYTES * s, ((g / kStages) & 1) ^ 1);
                     const uint32_t dk = sk0 + s * L::kKVBytes, dv = sv0 + s * L::kKVBytes;
                     const int row = krow + j * kBlockN;
+                    mbar_wait(kempty + FWD90_BAR_BYTES * s, ((g / kStages) & 1) ^ 1);
                     if (lane == 0) {
                         mbar_arrive_expect_tx(kfull + FWD90_BAR_BYTES * s, L::kKVBytes);
                         for (int pn = 0; pn < kHeadDim / FWD90_PANEL; pn++)
                             tma_load_4d(dk + pn * kBlockN * SW128_ROW_BYTES, &maps.k, kfull + FWD90_BAR_BYTES * s,
                                         pn * FWD90_PANEL, row, hk, kb);
                     }
+                    mbar_wait(vempty + FWD90_BAR_BYTES * s, ((g / kStages) & 1) ^ 1);
                     if (!tail_by_tma && (j + 1) * kBlockN > skn) {
                         const T *vg = (const T *)p.v +
                                       flash_key_offset(&p, &seq, p.v_s.batch, p.v_s.row, (int64_t)j * kBlockN) +
@@ -886,7 +896,8 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     const float scale = p.scale_log2;
     const bool releaser = ctid == 0;
     fwd90_ring ring;
-    ring.sq = sq, ring.sk0 = sk0, ring.sv0 = sv0, ring.kfull = kfull, ring.vfull = vfull, ring.empty = empty;
+    ring.sq = sq, ring.sk0 = sk0, ring.sv0 = sv0, ring.kfull = kfull, ring.vfull = vfull, ring.kempty = kempty;
+    ring.vempty = vempty;
     ring.q_row0 = q_row0, ring.c = c, ring.releaser = releaser;
     int g = 0, qc = 0; /* as the producer's */
     for (int w = blockIdx.x; w < n_work; w += gridDim.x)
@@ -969,7 +980,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                 wgmma_wait<0>();
                 fence_regs(st.o);
                 if (releaser) {
-                    mbar_arrive(empty + FWD90_BAR_BYTES * s_last);
+                    mbar_arrive(vempty + FWD90_BAR_BYTES * s_last);
                     mbar_arrive(qempty); /* this consumer's rows of Q are read for the last time */
                 }
                 qc++;
