@@ -680,30 +680,31 @@ __device__ __forceinline__ int consumer_tiles(fwd90_state<kHeadDim, kBlockN> &st
     consumer_first<T, kHeadDim, kBlockN, kStages, true, kData, kCap>(st, p, r, it, g, j,
                                                                      j < full_first || j >= full_end, scale, tl, lane);
     int t = 1;
-    if (!kData || p.mask_blocks == NULL) {
-        /* every tile of the band: its masked tiles, full tiles, masked tiles, each by its compile-time copy */
-        const int end = (int)kt.end, n_tiles = end - first;
-        for (; t < n_tiles && end - 1 - t >= full_end; t++)
-            consumer_step<T, kHeadDim, kBlockN, kStages, true, true, kCap>(st, p, r, g + t, end - 1 - t, scale, tl,
-                                                                           false, lane);
-        for (; t < n_tiles && end - 1 - t >= full_first; t++)
-            consumer_step<T, kHeadDim, kBlockN, kStages, false, true, kCap>(st, p, r, g + t, end - 1 - t, scale, tl,
-                                                                            false, lane);
-        for (; t < n_tiles; t++)
-            consumer_step<T, kHeadDim, kBlockN, kStages, true, true, kCap>(st, p, r, g + t, end - 1 - t, scale, tl,
-                                                                           false, lane);
+    if (kData && p.mask_blocks != NULL) {
+        /* the visible tiles of the attn_mask's block flags, each by the copy its band position needs */
+        for (j = fwd90_tiles_prev<kBlockN>(it, p, j - 1, lane); j >= first;
+             j = fwd90_tiles_prev<kBlockN>(it, p, j - 1, lane), t++) {
+            const bool partial = fwd90_tiles_partial(it, p, j);
+            if (j < full_first || j >= full_end)
+                consumer_step<T, kHeadDim, kBlockN, kStages, true, true, kCap>(st, p, r, g + t, j, scale, tl, partial,
+                                                                               lane);
+            else
+                consumer_step<T, kHeadDim, kBlockN, kStages, false, true, kCap>(st, p, r, g + t, j, scale, tl,
+                                                                                partial, lane);
+        }
         return t;
     }
-    for (j = fwd90_tiles_prev<kBlockN>(it, p, j - 1, lane); j >= first;
-         j = fwd90_tiles_prev<kBlockN>(it, p, j - 1, lane), t++) {
-        const bool partial = fwd90_tiles_partial(it, p, j);
-        if (j < full_first || j >= full_end)
-            consumer_step<T, kHeadDim, kBlockN, kStages, true, true, kCap>(st, p, r, g + t, j, scale, tl, partial,
-                                                                           lane);
-        else
-            consumer_step<T, kHeadDim, kBlockN, kStages, false, true, kCap>(st, p, r, g + t, j, scale, tl, partial,
-                                                                            lane);
-    }
+    /* every tile of the band: its masked tiles, full tiles, masked tiles, each by its compile-time copy */
+    const int end = (int)kt.end, n_tiles = end - first;
+    for (; t < n_tiles && end - 1 - t >= full_end; t++)
+        consumer_step<T, kHeadDim, kBlockN, kStages, true, true, kCap>(st, p, r, g + t, end - 1 - t, scale, tl, false,
+                                                                       lane);
+    for (; t < n_tiles && end - 1 - t >= full_first; t++)
+        consumer_step<T, kHeadDim, kBlockN, kStages, false, true, kCap>(st, p, r, g + t, end - 1 - t, scale, tl, false,
+                                                                        lane);
+    for (; t < n_tiles; t++)
+        consumer_step<T, kHeadDim, kBlockN, kStages, true, true, kCap>(st, p, r, g + t, end - 1 - t, scale, tl, false,
+                                                                       lane);
     return t;
 }
 
