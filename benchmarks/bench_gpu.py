@@ -13,7 +13,8 @@ Three parts, all in one process:
    at B1 H32 S8192 D128 bf16, non-causal, for ours, flash, cuDNN and eager attention
    (matmul + softmax + matmul, bench_cpu.eager_attention).
 3. Training: ms/step of the examples/train_lm.py model (same seed, same batch) with
-   --attn flashattn_ext and with --attn sdpa under the flash backend, and the loss each reaches.
+   --attn flashattn_ext and with --attn sdpa (its default backend choice, and held to the flash and to the
+   cuDNN backend), and the loss each reaches.
 
 Timing: triton.testing.do_bench(return_mode="median") when triton is installed, else a median
 over CUDA events; forward+backward times the forward and torch.autograd.grad with a fixed dout,
@@ -78,7 +79,10 @@ MEMORY_IMPLS = ("ours", "flash", "cudnn", "eager")
 TRAIN_CONFIG = {"batch": 8, "seq": 2048, "layers": 8, "dmodel": 1024, "heads": 8}
 TRAIN_WARMUP_STEPS, TRAIN_STEPS = 5, 30
 DRY_TRAIN_WARMUP_STEPS, DRY_TRAIN_STEPS = 1, 3
-TRAIN_ATTN = {"flashattn_ext": ("flashattn_ext", None), "sdpa_flash": ("sdpa", SDPBackend.FLASH_ATTENTION)}
+# the training step with ours, with plain SDPA (its default backend choice: cuDNN on the H200) and with SDPA
+# held to its flash and cuDNN backends
+TRAIN_ATTN = {"flashattn_ext": ("flashattn_ext", None), "sdpa_default": ("sdpa", None),
+              "sdpa_flash": ("sdpa", SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": ("sdpa", SDPBackend.CUDNN_ATTENTION)}
 PASSES = ("fwd", "bwd", "fwd_bwd")
 FLOPS_PER_FWD = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
 DO_BENCH_WARMUP_MS, DO_BENCH_REP_MS = 25, 100

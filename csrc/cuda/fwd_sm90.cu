@@ -60,20 +60,23 @@
  *   batches) and dropout up to d128 (fwd90_cfg::kMaskDropout; at d256 fwd_sm80.cu).
  * Measured on the H200 (`dev/fwd_variants.sh fwd_sm90 bench`: dev/fwd_harness.cu, bf16, 16k tokens, nheads =
  * 2048 / d, TFLOP/s = 4 B H Sq Sk D / t, halved for causal), non-causal | causal at seqlen 512 / 2k / 8k:
- *   d64                281 417 474 | 183 341 439
- *   d128               383 586 640 | 213 441 584
- *   d256               305 441 512 | 222 419 540
+ *   d64                300 427 483 | 189 354 439
+ *   d128               387 595 651 | 219 434 594
+ *   d256               373 608 719 | 229 484 667
  * (fwd_sm80.cu on the same GPU and inputs: d64 261-325, d128 293-369, d256 258-318.) Knobs, each against
- * the rest of this config: ping-pong on +2-10%; 3 stages over 2 at d128 +11-27%; d256 80 keys over 64 +3-5%
- * from s2k (-2% at s512); d64 4 stages the same as 3; persistent non-causal +5-16% at s512 / s2k (within
- * +-5% at s8k); persistent causal in query-tile order lost up to 30%, in heavy + light pairs (fwd90_work)
- * it gains 4-25% at s512 / s2k (d256 s8k -2%); lazy rescale as its macros say; producer 40 / consumers 232
- * registers the same as 24 / 240. Instances differ by up to ~5% between calls: compare within one.
- * Hook kernels, d128 s8k / s16k (`fwd_harness variants 128`, TFLOP/s on the visible pairs; dense 689 / 640):
- * hook without a field 635 / 618, softcap 50 441 / 475, ALiBi causal 536 / 567, dropout 0.1 305 / 307, 25%
- * key padding 593 / 581, block-sparse 10% 326 / 418 (fwd_sm80.cu: 229-489).
- * Beside cuDNN and FA2: benchmarks/results/h200/fwd_sm90_2026-12-01; the variants beside FlexAttention and
- * SDPA: benchmarks/results/h200/variants_sm90_2026-12-01.
+ * the rest of this config: ping-pong on +2-10%; K and V released apart: d256 +17-43% (2 stages), d128 / d64
+ * within noise; 2 stages at d128 the same as 3 (before the split 3 were +11-27%); d128 176 keys (2 stages)
+ * s8k the same, s512 / s2k -3-5%, causal -5-20%; d64 192 keys -6-19%; d256 80 keys over 64 +3-5% from s2k
+ * (-2% at s512); d64 4 stages the same as 3; persistent non-causal +5-16% at s512 / s2k (within +-5% at
+ * s8k); persistent causal in query-tile order lost up to 30%, in heavy + light pairs (fwd90_work) it gains
+ * 4-25% at s512 / s2k (d256 s8k -2%); lazy rescale as its macros say; producer 40 / consumers 232 registers
+ * the same as 24 / 240. Instances differ by up to ~10% between calls: compare within one.
+ * Hook kernels, d128 s8k / s16k (`fwd_harness variants 128`, TFLOP/s on the visible pairs; dense 691 / 630):
+ * hook without a field 629 / 627, softcap 50 467 / 488, ALiBi causal 535 / 570, dropout 0.1 303 / 312, 25%
+ * key padding 573 / 556, block-sparse 10% 310 / 408 (fwd_sm80.cu: 229-489).
+ * Beside cuDNN and FA2: benchmarks/results/h200/fwd_sm90_2026-12-01 (full sweep) and fwd_kv_release_2026-12-01
+ * (s2k / s8k since K and V are released apart); the variants beside FlexAttention and SDPA: the same folder and
+ * benchmarks/results/h200/variants_sm90_2026-12-01.
  */
 #ifdef FLASHATTN_EXT_SM90A /* the whole file: builds with sm_90a only (launch.cu calls it under the same macro) */
 #include <cuda.h> /* CUtensorMap and its enums (no libcuda link: the encoder comes from cudaGetDriverEntryPoint) */
