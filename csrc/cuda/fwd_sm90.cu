@@ -671,17 +671,17 @@ __device__ __forceinline__ void consumer_first(fwd90_state<kHeadDim, kBlockN> &s
     p_to_frags<T>(st.s, st.pa);
 }
 
-/* A kHook kernel's key tiles of one work tile but the last P V: the first one (j, ring index g), then the
- * rest from the last one down, in any order of band-masked, full and attn_mask-partial tiles (kData: hidden
- * ones skipped, fwd90_tiles). Returns the tiles visited. */
-template <typename T, int kHeadDim, int kBlockN, int kStages, bool kData, bool kCap>
+/* The key tiles of one work tile but the last P V: the first one (j, ring index g), then the rest from the
+ * last one down, in any order of band-masked, full and attn_mask-partial tiles (kData with a mask: hidden ones
+ * skipped, fwd90_tiles). kHook: the score hook. Returns the tiles visited. */
+template <typename T, int kHeadDim, int kBlockN, int kStages, bool kHook, bool kData, bool kCap>
 __device__ __forceinline__ int consumer_tiles(fwd90_state<kHeadDim, kBlockN> &st, const flash_params &p,
                                               const fwd90_ring &r, fwd90_tiles &it, const flash_tile_range &kt,
                                               int g, int j, float scale, const fwd90_tile &tl, int lane)
 {
     const int first = (int)kt.first, full_first = (int)kt.full_first, full_end = (int)kt.full_end;
-    consumer_first<T, kHeadDim, kBlockN, kStages, true, kData, kCap>(st, p, r, it, g, j,
-                                                                     j < full_first || j >= full_end, scale, tl, lane);
+    consumer_first<T, kHeadDim, kBlockN, kStages, kHook, kData, kCap>(st, p, r, it, g, j,
+                                                                      j < full_first || j >= full_end, scale, tl, lane);
     int t = 1;
     if (kData && p.mask_blocks != NULL) {
         /* the visible tiles of the attn_mask's block flags, each by the copy its band position needs */
@@ -689,10 +689,10 @@ __device__ __forceinline__ int consumer_tiles(fwd90_state<kHeadDim, kBlockN> &st
              j = fwd90_tiles_prev<kBlockN>(it, p, j - 1, lane), t++) {
             const bool partial = fwd90_tiles_partial(it, p, j);
             if (j < full_first || j >= full_end)
-                consumer_step<T, kHeadDim, kBlockN, kStages, true, true, kCap>(st, p, r, g + t, j, scale, tl, partial,
+                consumer_step<T, kHeadDim, kBlockN, kStages, true, kHook, kCap>(st, p, r, g + t, j, scale, tl, partial,
                                                                                lane);
             else
-                consumer_step<T, kHeadDim, kBlockN, kStages, false, true, kCap>(st, p, r, g + t, j, scale, tl,
+                consumer_step<T, kHeadDim, kBlockN, kStages, false, kHook, kCap>(st, p, r, g + t, j, scale, tl,
                                                                                 partial, lane);
         }
         return t;
@@ -700,13 +700,13 @@ __device__ __forceinline__ int consumer_tiles(fwd90_state<kHeadDim, kBlockN> &st
     /* every tile of the band: its masked tiles, full tiles, masked tiles, each by its compile-time copy */
     const int end = (int)kt.end, n_tiles = end - first;
     for (; t < n_tiles && end - 1 - t >= full_end; t++)
-        consumer_step<T, kHeadDim, kBlockN, kStages, true, true, kCap>(st, p, r, g + t, end - 1 - t, scale, tl, false,
+        consumer_step<T, kHeadDim, kBlockN, kStages, true, kHook, kCap>(st, p, r, g + t, end - 1 - t, scale, tl, false,
                                                                        lane);
     for (; t < n_tiles && end - 1 - t >= full_first; t++)
-        consumer_step<T, kHeadDim, kBlockN, kStages, false, true, kCap>(st, p, r, g + t, end - 1 - t, scale, tl, false,
+        consumer_step<T, kHeadDim, kBlockN, kStages, false, kHook, kCap>(st, p, r, g + t, end - 1 - t, scale, tl, false,
                                                                         lane);
     for (; t < n_tiles; t++)
-        consumer_step<T, kHeadDim, kBlockN, kStages, true, true, kCap>(st, p, r, g + t, end - 1 - t, scale, tl, false,
+        consumer_step<T, kHeadDim, kBlockN, kStages, true, kHook, kCap>(st, p, r, g + t, end - 1 - t, scale, tl, false,
                                                                        lane);
     return t;
 }
@@ -913,7 +913,6 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
             const int m0 = wk.m0, skn = (int)seq.sk, qn = (int)flash_min64(seq.sq - m0, FWD90_BM);
             const flash_tile_range kt = flash_key_tiles(&seq, m0, qn, kBlockN);
             const int end = (int)kt.end, first = (int)kt.first, n_tiles = end - first;
-            const int full_first = (int)kt.full_first, full_end = (int)kt.full_end;
             fwd90_tile tl;
             tl.r_t = m0 + r_loc;
             tl.lane_c = lane_c;
@@ -952,29 +951,11 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                 if (c == 1)
                     turn_pass(c); /* consumer 0 issues first */
                 mbar_wait(qfull, qc & 1);
-                int t = 1; /* key tiles of this work tile */
-                if (kHook) {
-                    t = consumer_tiles<T, kHeadDim, kBlockN, kStages, kData, kCap>(st, p, ring, it, kt, g, j, scale, tl,
-                                                                                 lane);
-                } else {
-                    /* the band's masked tiles, full tiles, masked tiles, each run by its compile-time copy */
-                    consumer_first<T, kHeadDim, kBlockN, kStages, false, false, false>(
-                        st, p, ring, it, g, j, j < full_first || j >= full_end, scale, tl, lane);
-                    for (; t < n_tiles && end - 1 - t >= full_end; t++)
-                        consumer_step<T, kHeadDim, kBlockN, kStages, true, false, false>(st, p, ring, g + t,
-                                                                                         end - 1 - t, scale, tl, false,
-                                                                                         lane);
-                    for (; t < n_tiles && end - 1 - t >= full_first; t++)
-                        consumer_step<T, kHeadDim, kBlockN, kStages, false, false, false>(st, p, ring, g + t,
-                                                                                          end - 1 - t, scale, tl, false,
-                                                                                          lane);
-                    for (; t < n_tiles; t++)
-                        consumer_step<T, kHeadDim, kBlockN, kStages, true, false, false>(st, p, ring, g + t,
-                                                                                         end - 1 - t, scale, tl, false,
-                                                                                         lane);
-                }
+                /* key tiles of this work tile */
+                const int t = consumer_tiles<T, kHeadDim, kBlockN, kStages, kHook, kData, kCap>(st, p, ring, it, kt, g,
+                                                                                              j, scale, tl, lane);
                 /* the last key tile's O += P V */
-                g += kHook ? t : n_tiles;
+                g += kHook ? t : n_tiles; /* equal; n_tiles keeps the dense kernels' measured SASS */
                 const int s_last = (g - 1) % kStages;
                 turn_wait(c);
                 mbar_wait(vfull + FWD90_BAR_BYTES * s_last, ((g - 1) / kStages) & 1);
