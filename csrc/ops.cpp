@@ -343,8 +343,8 @@ at::Tensor rng_state_from(uint64_t seed, uint64_t offset)
 
 namespace {
 
-// Block flags of the mask (mask.h): (b, h, ceil(sq / B), ceil(sk / B)) uint8 as an expanded view.
-// Broadcast dimensions (stride 0) are reduced once, not per copy; no host synchronization.
+// Block flags of a CPU mask (mask.h): uint8 of flash_mask_flag_dims' sizes, contiguous (set_mask_blocks
+// expands them). Broadcast dimensions (stride 0) are reduced once, not per copy.
 at::Tensor mask_block_flags(const at::Tensor &mask)
 {
     at::Tensor m = mask;
@@ -409,9 +409,8 @@ void set_block_table(flash_params *p, const at::Tensor &table, const at::Tensor 
 
 void set_mask_blocks(flash_params *p, const at::Tensor &mask, const at::Tensor &flags, VariantTensors *keep)
 {
-    const int64_t nqb = (mask.size(2) + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK;
-    const int64_t nkb = (mask.size(3) + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK;
-    keep->mask_blocks = flags.expand({mask.size(0), mask.size(1), nqb, nkb});
+    keep->mask_blocks = flags.expand({mask.size(0), mask.size(1), flash_cdiv64(mask.size(2), FLASH_MASK_BLOCK),
+                                      flash_cdiv64(mask.size(3), FLASH_MASK_BLOCK)});
     p->mask_blocks = keep->mask_blocks.data_ptr<uint8_t>();
     p->mask_blocks_s = strides4_of(keep->mask_blocks);
 }

@@ -81,8 +81,8 @@ struct VariantTensors {
 void set_mask_blocks(flash_params *p, const at::Tensor &mask, const at::Tensor &flags, VariantTensors *keep);
 
 // Zero-filled params with the forward tensors, sizes, scale, mask geometry and variants set (a CPU
-// attn_mask's block flags too). The
-// dropout seed and offset are taken from rng_state (int64 (2,) on the CPU); the binding draws them.
+// attn_mask's block flags too). The dropout seed and offset are taken from rng_state (int64 (2,) on the
+// CPU); the binding draws them.
 flash_params make_params(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
                          const at::Tensor &lse, double softmax_scale, const Variants &var,
                          const at::Tensor &rng_state, VariantTensors *keep);

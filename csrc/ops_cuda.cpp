@@ -132,8 +132,6 @@ void check_launch(cudaError_t err, const char *what)
     TORCH_CHECK(err == cudaSuccess, "flashattn_ext: CUDA ", what, " kernel failed: ", cudaGetErrorString(err));
 }
 
-// (seed, offset) from torch's default generator of the current CUDA device, read on the host under the
-// generator's lock (no device synchronization; not capturable in a CUDA graph).
 // The attn_mask's block flags of params p made by make_params (which leaves a CUDA mask's to this): one pass
 // over the mask on the device (mask_flags.cu), held in keep.
 void set_cuda_mask_blocks(flash_params *p, const Variants &var, VariantTensors *keep)
@@ -147,6 +145,9 @@ void set_cuda_mask_blocks(flash_params *p, const Variants &var, VariantTensors *
                  "attn_mask block flags");
     set_mask_blocks(p, *var.attn_mask, flags, keep);
 }
+
+// (seed, offset) from torch's default generator of the current CUDA device, read on the host under the
+// generator's lock (no device synchronization; not capturable in a CUDA graph).
 
 at::Tensor draw_rng_state_cuda(const at::Tensor &q, double dropout_p)
 {

@@ -1,9 +1,9 @@
 /* launch.h: the plain-C entry points of the CUDA code. The binding (csrc/ops_cuda.cpp) calls only
  * flash_fwd_cuda / flash_bwd_cuda / flash_dropout_mask_cuda / flash_mask_flags_cuda and the shared-memory
- * queries; launch.cu, the one dispatcher, picks dtype -> arch -> tile configuration -> variant and calls the family entry points
- * below. Each launches on `stream`, allocates nothing, never synchronizes the host, and returns the first
- * CUDA error met (cudaSuccess otherwise). The params block is described in csrc/flash.h, the variants in
- * csrc/mask.h. Within a family, p->has_hook selects the general (score / probability hook) kernels.
+ * queries; launch.cu, the one dispatcher, picks dtype -> arch -> tile configuration -> variant and calls the
+ * family entry points below. Each launches on `stream`, allocates nothing, never synchronizes the host, and
+ * returns the first CUDA error met (cudaSuccess otherwise). The params block is described in csrc/flash.h, the
+ * variants in csrc/mask.h. Within a family, p->has_hook selects the general (score / probability hook) kernels.
  * Dense and variable-length batches (p->cu_seqlens_q) take the same entry points: grids cover p->sq /
  * p->sk (in varlen the max lengths) and each block finds its sequence through mask.h flash_seq_of. So do
  * KV caches (flash_attn_with_kvcache: seqused_k, k_batch_idx, k_leftpad, a paged block_table, forward
