@@ -85,6 +85,9 @@
 /* named barrier of the MMA warpgroups (0 is __syncthreads, used once before the roles split) */
 #define BAR_MMA 1
 #define SM90_BN 128   /* keys per CTA */
+#ifndef BWD90_BM_D64
+#define BWD90_BM_D64 128 /* queries per step of the dense kernel at D = 64 (64 or 128; HOOK: 64) */
+#endif
 #define WG_KEYS 64    /* keys per warpgroup: the M of one wgmma */
 #define DQ_N 64       /* dQ columns per warpgroup (D = 128) or all of them (D = 64) */
 #define WGMMA_K 16    /* K of one wgmma step */
@@ -98,11 +101,12 @@ __host__ __device__ constexpr int keep_warp_bytes(int nqw)
 }
 
 /* dQ_partial = dS K per tile: at D = 128 the warpgroups split its columns (one partial, 64 columns
- * each, K = all BN keys); at D = 64 each computes all 64 columns from its own 64 keys (two partials,
- * summed by the reducer), which keeps every wgmma operand on whole 64-column panels. */
-__host__ __device__ constexpr int dq_parts(int D)
+ * each, K = all BN keys); at D = 64 with BM = 64 each computes all 64 columns from its own 64 keys (two
+ * partials, summed by the reducer); at D = 64 with BM = 128 they split its rows (one partial, 64 queries
+ * each, K = all BN keys). Every wgmma operand stays on whole 64-column panels. */
+__host__ __device__ constexpr int dq_parts(int D, int BM)
 {
-    return D == 64 ? 2 : 1;
+    return D == 64 && BM == 64 ? 2 : 1;
 }
 
 /* Layout of the 8 accumulator values s8 of one 16-query block kq of a thread (wgmma D fragment of S^T,
@@ -367,7 +371,9 @@ template <bool HOOK, int BM, int BN>
 __device__ __forceinline__ int next_query_tile(const flash_params &p, int m, int m_end, unsigned &flags)
 {
     flags = FLASH_MASK_ANY_VISIBLE;
-    return HOOK ? next_visible_tile<BM, BN>(p, m, m_end, flags) : m;
+    if constexpr (HOOK)
+        return next_visible_tile<BM, BN>(p, m, m_end, flags);
+    return m;
 }
 
 /* Writes the dropout keep bits of one warp and query tile: keys kw + [0, WARP_KEYS) (kw a multiple of 8)
@@ -598,7 +604,7 @@ template <bool HOOK, int BM, int D>
 __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *dQb, float *dqa, uint32_t full,
                                            uint32_t empty, int m_first, int m_end, int sq, int rtid)
 {
-    constexpr int DQ_LD = D + DQ_PAD, V4_PER_ROW = D / 4, NPART = dq_parts(D);
+    constexpr int DQ_LD = D + DQ_PAD, V4_PER_ROW = D / 4, NPART = dq_parts(D, BM);
     const int d = (int)p.d;
     unsigned flags;
     int m = next_query_tile<HOOK, BM, SM90_BN>(p, m_first, m_end, flags); /* HOOK: the walked tiles */
@@ -634,8 +640,9 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     constexpr int K_BYTES = BN * D * 2, Q_BYTES = BM * D * 2, DS_BYTES = BN * BM * 2;
     constexpr int NQ = BM / 2, NDKV = D / 2, NDQ = DQ_N / 2; /* accumulator registers per thread */
     constexpr int DQ_LD = D + DQ_PAD;
-    constexpr int NPART = dq_parts(D), DQ_K = NPART == 2 ? WG_KEYS : BN; /* dQ partials, their K */
-    static_assert(BM == 64 && (D == 64 || D == 128), "tile configuration");
+    constexpr int NPART = dq_parts(D, BM), DQ_K = NPART == 2 ? WG_KEYS : BN; /* dQ partials, their K */
+    constexpr bool DQ_ROWS = BM == 2 * DQ_N;  /* the warpgroups split dQ's rows (D = 64, BM = 128) */
+    static_assert((BM == 64 && (D == 64 || D == 128)) || (BM == 128 && D == 64 && !HOOK), "tile configuration");
 
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + SW128_ATOM_BYTES - 1) & ~(uintptr_t)(SW128_ATOM_BYTES - 1));
@@ -716,9 +723,10 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
         const int tid = tid_now(), lane = tid % FLASH_WARP_SIZE, lc = lane % 4;
         const int wg = warp_uniform(tid / WARPGROUP_THREADS), w = (tid % WARPGROUP_THREADS) / FLASH_WARP_SIZE;
         const int key0 = wg * WG_KEYS;                    /* the warpgroup's first key in the tile */
-        const int dq_col0 = NPART == 2 ? 0 : wg * DQ_N;   /* the warpgroup's dQ block: columns, */
-        const int dq_key0 = NPART == 2 ? key0 : 0;        /* first key (K), */
-        const int dq_part = NPART == 2 ? wg : 0;          /* partial */
+        const int dq_col0 = NPART == 2 || DQ_ROWS ? 0 : wg * DQ_N; /* the warpgroup's dQ block: columns, */
+        const int dq_row0 = DQ_ROWS ? wg * DQ_N : 0;               /* rows (queries), */
+        const int dq_key0 = NPART == 2 ? key0 : 0;                 /* first key (K), */
+        const int dq_part = NPART == 2 ? wg : 0;                   /* partial */
         int m_next = m + 1; /* the next tile the CTA walks, its flags; HOOK: found under the wgmma's below */
         unsigned flags_next = FLASH_MASK_ANY_VISIBLE;
         if (!HOOK && m_next < m_end) {
@@ -818,7 +826,12 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
             }
         }
         wgmma_commit();
-        wgmma_wait<1>(); /* dP^T (dV may still run) */
+        /* dP^T; dV may still run, except at BM = 128, where its A fragments (pa) held through the dS^T loop
+         * would leave the wgmma's too few registers */
+        if constexpr (DQ_ROWS)
+            wgmma_wait<0>();
+        else
+            wgmma_wait<1>();
 #pragma unroll
         for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
             if (HOOK)
@@ -849,14 +862,14 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < DQ_K / WGMMA_K; ++kk)
-                wgmma_op<T, DQ_N>::template ss<1, 1>(acc_dq, desc_mn_major<BN>(dSa, dq_key0 + kk * WGMMA_K, 0),
+                wgmma_op<T, DQ_N>::template ss<1, 1>(acc_dq, desc_mn_major<BN>(dSa, dq_key0 + kk * WGMMA_K, dq_row0),
                                                      desc_mn_major<BN>(Ka, dq_key0 + kk * WGMMA_K, dq_col0), kk);
             wgmma_commit();
             wgmma_wait<0>();
             const int buf = step & 1;
             if (step >= 2) /* the reducer has added tile step - 2 from this buffer */
                 mbar_wait(smem_addr_now(mbar) + (2 + buf) * sizeof(uint64_t), (step / 2 - 1) & 1);
-            const uint32_t dst = smem_addr_now(dQb) + (uint32_t)((((buf * NPART + dq_part) * BM + w * 16 + lane / 4) * DQ_LD +
+            const uint32_t dst = smem_addr_now(dQb) + (uint32_t)((((buf * NPART + dq_part) * BM + dq_row0 + w * 16 + lane / 4) * DQ_LD +
                                                                   dq_col0 + 2 * lc) * sizeof(float)); /* (DQ_N) */
 #pragma unroll
             for (int i = 0; i < DQ_N / 8; ++i) {
@@ -1167,7 +1180,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
 static size_t smem_main_sm90(int D, int BM, bool hook)
 {
     return SW128_ATOM_BYTES + (size_t)(2 * SM90_BN * D + 4 * BM * D + SM90_BN * BM) * 2 +
-           (size_t)(4 * BM + 2 * dq_parts(D) * BM * (D + DQ_PAD)) * sizeof(float) + 4 * sizeof(uint64_t) +
+           (size_t)(4 * BM + 2 * dq_parts(D, BM) * BM * (D + DQ_PAD)) * sizeof(float) + 4 * sizeof(uint64_t) +
            (hook ? (size_t)SM90_MMA_WARPS * keep_warp_bytes(BM) : 0);
 }
 
@@ -1215,7 +1228,7 @@ static cudaError_t launch_main_sm90_dtype(const flash_params *p, cudaStream_t st
     }
     if (p->d > 64)
         return p->has_hook ? launch_main_sm90<T, 128, 64, true>(p, stream) : launch_main_sm90<T, 128, 64, false>(p, stream);
-    return p->has_hook ? launch_main_sm90<T, 64, 64, true>(p, stream) : launch_main_sm90<T, 64, 64, false>(p, stream);
+    return p->has_hook ? launch_main_sm90<T, 64, 64, true>(p, stream) : launch_main_sm90<T, 64, BWD90_BM_D64, false>(p, stream);
 }
 
 extern "C" cudaError_t flash_bwd_main_sm90(const flash_params *p, cudaStream_t stream)
