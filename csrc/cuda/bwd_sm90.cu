@@ -84,6 +84,7 @@
 #define DQ_PAD 8         /* fp32 padding per row of the dQ buffers: conflict-free float2 stores */
 /* named barrier of the MMA warpgroups (0 is __syncthreads, used once before the roles split) */
 #define BAR_MMA 1
+#define BAR_WG0 2 /* + wg: one MMA warpgroup's own (its P^T stored, PT_SMEM) */
 #define SM90_BN 128   /* keys per CTA */
 #ifndef BWD90_BM_D64
 #define BWD90_BM_D64 128 /* queries per step of the dense kernel at D = 64 (64 or 128; HOOK: 64) */
@@ -107,6 +108,20 @@ __host__ __device__ constexpr int keep_warp_bytes(int nqw)
 __host__ __device__ constexpr int dq_parts(int D, int BM)
 {
     return D == 64 && BM == 64 ? 2 : 1;
+}
+
+/* dQ buffers between the MMA warpgroups and the reducer: two, but one at D = 64 with BM = 128, whose P^T
+ * tile (dV as an SS wgmma) takes the shared memory of the second. */
+__host__ __device__ constexpr int dq_bufs(int D, int BM)
+{
+    return D == 64 && BM == 128 ? 1 : 2;
+}
+
+/* BM = 128 at D = 64: P^T goes through shared memory and dV runs SS (its A fragments held by in-flight RS
+ * wgmma's left ptxas too few registers: C7512) */
+__host__ __device__ constexpr bool pt_in_smem(int D, int BM)
+{
+    return D == 64 && BM == 128;
 }
 
 /* Layout of the 8 accumulator values s8 of one 16-query block kq of a thread (wgmma D fragment of S^T,
@@ -371,9 +386,8 @@ template <bool HOOK, int BM, int BN>
 __device__ __forceinline__ int next_query_tile(const flash_params &p, int m, int m_end, unsigned &flags)
 {
     flags = FLASH_MASK_ANY_VISIBLE;
-    if constexpr (HOOK)
-        return next_visible_tile<BM, BN>(p, m, m_end, flags);
-    return m;
+    /* HOOK kernels have BM = 64; the dense BM = 128 kernel never calls it (one mask block per lane needs BM <= 64) */
+    return HOOK ? next_visible_tile<HOOK ? BM : 64, BN>(p, m, m_end, flags) : m;
 }
 
 /* Writes the dropout keep bits of one warp and query tile: keys kw + [0, WARP_KEYS) (kw a multiple of 8)
@@ -604,13 +618,13 @@ template <bool HOOK, int BM, int D>
 __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *dQb, float *dqa, uint32_t full,
                                            uint32_t empty, int m_first, int m_end, int sq, int rtid)
 {
-    constexpr int DQ_LD = D + DQ_PAD, V4_PER_ROW = D / 4, NPART = dq_parts(D, BM);
+    constexpr int DQ_LD = D + DQ_PAD, V4_PER_ROW = D / 4, NPART = dq_parts(D, BM), NBUF = dq_bufs(D, BM);
     const int d = (int)p.d;
     unsigned flags;
     int m = next_query_tile<HOOK, BM, SM90_BN>(p, m_first, m_end, flags); /* HOOK: the walked tiles */
     for (int i = 0; HOOK ? m < m_end : i < m_end - m_first; ++i) {
-        const int buf = i & 1, m0 = (HOOK ? m : m_first + i) * BM;
-        mbar_wait(full + buf * sizeof(uint64_t), (i / 2) & 1);
+        const int buf = NBUF == 1 ? 0 : i & 1, m0 = (HOOK ? m : m_first + i) * BM;
+        mbar_wait(full + buf * sizeof(uint64_t), NBUF == 1 ? i & 1 : (i / 2) & 1);
         const uint32_t src = smem_u32(dQb + buf * NPART * BM * DQ_LD); /* [NPART][BM][DQ_LD] */
 #pragma unroll 4
         for (int idx = rtid; idx < BM * V4_PER_ROW; idx += WARPGROUP_THREADS) {
@@ -642,6 +656,8 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     constexpr int DQ_LD = D + DQ_PAD;
     constexpr int NPART = dq_parts(D, BM), DQ_K = NPART == 2 ? WG_KEYS : BN; /* dQ partials, their K */
     constexpr bool DQ_ROWS = BM == 2 * DQ_N;  /* the warpgroups split dQ's rows (D = 64, BM = 128) */
+    constexpr int NBUF = dq_bufs(D, BM);
+    constexpr bool PT_SMEM = pt_in_smem(D, BM);
     static_assert((BM == 64 && (D == 64 || D == 128)) || (BM == 128 && D == 64 && !HOOK), "tile configuration");
 
     extern __shared__ uint8_t smem_raw[];
@@ -651,10 +667,11 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     uint8_t *Qs = Vs + K_BYTES;               /* [2][BM][D] sw128 */
     uint8_t *dOs = Qs + 2 * Q_BYTES;          /* [2][BM][D] sw128 */
     uint8_t *dSs = dOs + 2 * Q_BYTES;         /* [BN][BM] sw128: dS^T of the current query tile */
-    float *lse_s = (float *)(dSs + DS_BYTES); /* [2][BM] */
+    uint8_t *Ps = dSs + DS_BYTES;             /* PT_SMEM: [BN][BM] sw128: P^T of the current query tile */
+    float *lse_s = (float *)(Ps + (PT_SMEM ? DS_BYTES : 0)); /* [2][BM] */
     float *delta_s = lse_s + 2 * BM;          /* [2][BM] */
-    float *dQb = delta_s + 2 * BM;            /* [2][NPART][BM][D + DQ_PAD] fp32: dQ_partial, MMA -> reducer */
-    uint64_t *mbar = (uint64_t *)(dQb + 2 * NPART * BM * DQ_LD); /* [2] FULL, [2] EMPTY of the dQ buffers */
+    float *dQb = delta_s + 2 * BM;            /* [NBUF][NPART][BM][D + DQ_PAD] fp32: dQ_partial, MMA -> reducer */
+    uint64_t *mbar = (uint64_t *)(dQb + NBUF * NPART * BM * DQ_LD); /* [2] FULL, [2] EMPTY of the dQ buffers */
     uint8_t *keep_s = (uint8_t *)(mbar + 4);  /* HOOK: [SM90_MMA_WARPS][keep_warp_bytes(BM)] dropout keep bits */
 
     const int tid = threadIdx.x;
@@ -736,6 +753,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
         }
         const uint32_t Qt = warp_uniform(smem_addr_now(Qs + st * Q_BYTES)), dOt = warp_uniform(smem_addr_now(dOs + st * Q_BYTES)); /* [BM][D] */
         const uint32_t Ka = warp_uniform(smem_addr_now(Ks)), Va = warp_uniform(smem_addr_now(Vs)), dSa = warp_uniform(smem_addr_now(dSs));
+        const uint32_t Pa = PT_SMEM ? warp_uniform(smem_addr_now(Ps)) : 0u; /* [BN][BM] */
         const uint32_t lse_t = smem_addr_now(lse_s + st * BM), delta_t = smem_addr_now(delta_s + st * BM); /* [BM] */
 
         /* S^T = K_wg Q^T, then dP^T = V_wg dO^T: 64 keys x BM queries each */
@@ -807,8 +825,12 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
                     hook_p<T, BM, D == 128>(pa[kq], s + 8 * kq, g8, kq, hkt, lane);
                 else
                     acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
-                wgmma_fence();
-                wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
+                if constexpr (PT_SMEM) {
+                    store_a_frag_sw128<BN>(Pa, key0 + w * WARP_KEYS, kq * WGMMA_K, pa[kq], lane);
+                } else {
+                    wgmma_fence();
+                    wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
+                }
             }
         } else {
 #pragma unroll
@@ -821,17 +843,26 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
                     hook_p<T, BM, D == 128>(pa[kq], s + 8 * kq, g8, kq, hkt, lane);
                 else
                     acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
-                wgmma_fence();
-                wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
+                if constexpr (PT_SMEM) {
+                    store_a_frag_sw128<BN>(Pa, key0 + w * WARP_KEYS, kq * WGMMA_K, pa[kq], lane);
+                } else {
+                    wgmma_fence();
+                    wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
+                }
             }
         }
+        if constexpr (PT_SMEM) {
+            /* dV += P^T dO from the warpgroup's P^T rows, once its 4 warps have stored them */
+            fence_proxy_async();
+            named_sync(BAR_WG0 + wg, WARPGROUP_THREADS);
+            wgmma_fence();
+#pragma unroll
+            for (int kq = 0; kq < BM / WGMMA_K; ++kq)
+                wgmma_op<T, D>::template ss<0, 1>(acc_dv, desc_k_major<BN>(Pa, key0, kq * WGMMA_K),
+                                                  desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
+        }
         wgmma_commit();
-        /* dP^T; dV may still run, except at BM = 128, where its A fragments (pa) held through the dS^T loop
-         * would leave the wgmma's too few registers */
-        if constexpr (DQ_ROWS)
-            wgmma_wait<0>();
-        else
-            wgmma_wait<1>();
+        wgmma_wait<1>(); /* dP^T (dV may still run) */
 #pragma unroll
         for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
             if (HOOK)
@@ -866,9 +897,10 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
                                                      desc_mn_major<BN>(Ka, dq_key0 + kk * WGMMA_K, dq_col0), kk);
             wgmma_commit();
             wgmma_wait<0>();
-            const int buf = step & 1;
-            if (step >= 2) /* the reducer has added tile step - 2 from this buffer */
-                mbar_wait(smem_addr_now(mbar) + (2 + buf) * sizeof(uint64_t), (step / 2 - 1) & 1);
+            const int buf = NBUF == 1 ? 0 : step & 1;
+            if (step >= NBUF) /* the reducer has added tile step - NBUF from this buffer */
+                mbar_wait(smem_addr_now(mbar) + (2 + buf) * sizeof(uint64_t),
+                          NBUF == 1 ? (step - 1) & 1 : (step / 2 - 1) & 1);
             const uint32_t dst = smem_addr_now(dQb) + (uint32_t)((((buf * NPART + dq_part) * BM + dq_row0 + w * 16 + lane / 4) * DQ_LD +
                                                                   dq_col0 + 2 * lc) * sizeof(float)); /* (DQ_N) */
 #pragma unroll
@@ -1180,7 +1212,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
 static size_t smem_main_sm90(int D, int BM, bool hook)
 {
     return SW128_ATOM_BYTES + (size_t)(2 * SM90_BN * D + 4 * BM * D + SM90_BN * BM) * 2 +
-           (size_t)(4 * BM + 2 * dq_parts(D, BM) * BM * (D + DQ_PAD)) * sizeof(float) + 4 * sizeof(uint64_t) +
+           (pt_in_smem(D, BM) ? (size_t)SM90_BN * BM * 2 : 0) +
+           (size_t)(4 * BM + dq_bufs(D, BM) * dq_parts(D, BM) * BM * (D + DQ_PAD)) * sizeof(float) + 4 * sizeof(uint64_t) +
            (hook ? (size_t)SM90_MMA_WARPS * keep_warp_bytes(BM) : 0);
 }
 
