@@ -12,12 +12,15 @@
  *   Warpgroup wg (threads 128 wg .. +127) owns keys [64 wg, +64) of the tile, the M of its wgmma's:
  *     S^T  = K_wg Q^T      wgmma SS, m64 n=BM, K = d       P^T  = exp2(S^T scale log2e - lse log2e)
  *     dP^T = V_wg dO^T     wgmma SS                         dS^T = P^T o (dP^T - delta)
- *     dV_wg += P^T dO      wgmma RS (P^T from registers, repacked from the S^T accumulators), n = D
+ *     dV_wg += P^T dO      wgmma RS (P^T from registers, repacked from the S^T accumulators), n = D;
+ *                          dense D = 64 (BM = 128): P^T stored to shared memory, wgmma SS after the
+ *                          warpgroup's own named barrier (BAR_WG0 + wg)
  *     dK_wg += dS^T Q      wgmma RS
  *     dS^T -> shared memory (both warpgroups), then dQ_partial = dS K, wgmma SS with both operands
- *     MN-major: at D = 128 the warpgroups split its columns (K = all 128 keys); at D = 64 each
- *     computes all 64 columns from its own 64 keys (two partials). The partials go to one of two
- *     smem buffers [NPART][BM][D + 8] fp32 and a third warpgroup, the dQ reducer (setmaxnreg 24;
+ *     MN-major: at D = 128 the warpgroups split its columns (K = all 128 keys); at D = 64 with
+ *     BM = 128 its rows (K = all 128 keys); at D = 64 with BM = 64 (HOOK) each computes all 64 columns
+ *     from its own 64 keys (two partials). The partials go to one of two smem buffers (one for the
+ *     dense D = 64 kernel, whose P^T tile takes the other's room) [NPART][BM][D + 8] fp32 and a third warpgroup, the dQ reducer (setmaxnreg 24;
  *     the MMA warpgroups take 240), sums them and adds them into the fp32 dq_accum with vector
  *     red.add while the MMA warpgroups go on with the next query tile. Handshake per buffer b through
  *     mbarriers: FULL[b] (every MMA thread arrives after its stores, release; the reducer waits,
@@ -30,8 +33,8 @@
  *   Masking: query tiles inside the band and the key range (flash_query_tiles' full tiles) take an
  *   unmasked copy of the P step; the others test each value against the band's upper bound and the key
  *   tail with one compare, and against the lower bound only in tiles that it cuts.
- * Tiles: BN 128 x BM 64, 3 warpgroups (384 threads). D = 128: 214 KB smem; D = 64: 154 KB (HOOK: + 1 KB
- *   of dropout keep bits). Shared-memory tiles use the 128-byte swizzled layout of wgmma.cuh; head
+ * Tiles: BN 128 x BM 64, 3 warpgroups (384 threads); the dense D = 64 kernel BN 128 x BM 128
+ *   (BWD90_BM_D64). D = 128: 214 KB smem; D = 64: 199 KB, HOOK 154 KB + 1 KB of dropout keep bits. Shared-memory tiles use the 128-byte swizzled layout of wgmma.cuh; head
  *   dims below D are zero-padded in smem and computed like the others, only global writes are guarded.
  * bwd_main_sm90_d256_kernel, head dims 129..256: 64 keys per CTA, the warpgroups split the columns of
  *   dK, dV and dQ; see its own comment.
@@ -52,7 +55,7 @@
  * Measured on the H200 (dev/bwd_harness.cu time; bf16, 16k tokens, nheads = 2048/d, whole backward
  * incl. pre/postprocess; bwd FLOPs = 2.5 * 4*B*H*Sq*Sk*D, halved for causal), TFLOP/s:
  *                     s512  s2048  s8192 | causal: s512  s2048  s8192
- *   d64                210   307    348  |         132    254    331
+ *   d64                215   346    399  |         128    270    377   (BM 128, 2026-12-01)
  *   d128               285   428    488  |         178    339    448
  *   d256               200   261    286  |         146    229    283
  *   deterministic mode (dQ by bwd_sm80.cu's dQ kernel), d128 s8192: 239 (causal 223).
