@@ -154,6 +154,10 @@ typedef struct flash_params {
     int num_splits;
     float *o_accum;         /* (num_splits, b, h, sq, d) contiguous fp32 workspace */
     float *lse_accum;       /* (num_splits, b, h, sq) contiguous fp32 workspace */
+
+    /* The Hopper forward's dynamic tile scheduler (launch.h flash_fwd_wants_tile_counter): one int32, zero at
+     * launch, that its persistent CTAs count work items off with atomicAdd; NULL: a static order. */
+    int32_t *tile_counter;
 } flash_params;
 
 #ifdef __cplusplus

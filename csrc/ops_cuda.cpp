@@ -102,20 +102,28 @@ at::Tensor unpad(const at::Tensor &t, int64_t d)
     return t.size(-1) == d ? t : t.narrow(-1, 0, d).contiguous();
 }
 
-// Split-KV (launch.h flash_fwd_splits): p->num_splits and, for more than one split, the fp32 workspaces of
-// the partial results in *o_accum / *lse_accum (freed when the caller returns, after the kernels that use
-// them, through the stream-ordered caching allocator). requested: the user's num_splits, 0 = heuristic.
-void set_fwd_splits(flash_params *p, int64_t requested, const at::Tensor &q, at::Tensor *o_accum,
-                    at::Tensor *lse_accum)
+// The forward's workspaces (csrc/flash.h), alive until the call returns (stream-ordered frees).
+struct FwdWorkspaces {
+    at::Tensor o_accum, lse_accum, tile_counter;
+};
+
+// Split-KV (launch.h flash_fwd_splits): p->num_splits and, for more than one split, the fp32 workspaces of the
+// partial results (requested: the user's num_splits, 0 = the heuristic); the dynamic tile scheduler's zeroed
+// counter where the kernel that runs p takes one (launch.h flash_fwd_wants_tile_counter).
+void set_fwd_workspaces(flash_params *p, int64_t requested, const at::Tensor &q, FwdWorkspaces *ws)
 {
     p->num_splits = flash_fwd_splits(p, (int)requested);
-    if (p->num_splits <= 1)
-        return;
-    const auto f32 = q.options().dtype(at::kFloat);
-    *o_accum = at::empty({p->num_splits, p->b, p->h, p->sq, p->d}, f32);
-    *lse_accum = at::empty({p->num_splits, p->b, p->h, p->sq}, f32);
-    p->o_accum = o_accum->data_ptr<float>();
-    p->lse_accum = lse_accum->data_ptr<float>();
+    if (p->num_splits > 1) {
+        const auto f32 = q.options().dtype(at::kFloat);
+        ws->o_accum = at::empty({p->num_splits, p->b, p->h, p->sq, p->d}, f32);
+        ws->lse_accum = at::empty({p->num_splits, p->b, p->h, p->sq}, f32);
+        p->o_accum = ws->o_accum.data_ptr<float>();
+        p->lse_accum = ws->lse_accum.data_ptr<float>();
+    }
+    if (flash_fwd_wants_tile_counter(p)) {
+        ws->tile_counter = at::zeros({1}, q.options().dtype(at::kInt));
+        p->tile_counter = ws->tile_counter.data_ptr<int32_t>();
+    }
 }
 
 // The tensor-core kernels' tiles need `need` bytes of shared memory per block at this head dim.
@@ -190,8 +198,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(const at::Tensor &q_in, 
     set_cuda_mask_blocks(&p, var, &keep);
     if (is_half(q))
         check_smem(flash_fwd_smem_needed(&p), d, "forward");
-    at::Tensor o_accum, lse_accum;
-    set_fwd_splits(&p, 0, q, &o_accum, &lse_accum);
+    FwdWorkspaces ws;
+    set_fwd_workspaces(&p, 0, q, &ws);
     check_launch(flash_fwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "forward");
     return {unpad(out, d), lse, rng_state};
 }
@@ -285,8 +293,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cuda(
     flash_params p = make_varlen_params(q, k, v, out, lse, vl, softmax_scale, var, rng_state, &keep);
     if (is_half(q))
         check_smem(flash_fwd_smem_needed(&p), d, "forward");
-    at::Tensor o_accum, lse_accum;
-    set_fwd_splits(&p, 0, q, &o_accum, &lse_accum);
+    FwdWorkspaces ws;
+    set_fwd_workspaces(&p, 0, q, &ws);
     check_launch(flash_fwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "varlen forward");
     return {unpad(out, d), lse, rng_state};
 }
@@ -379,8 +387,8 @@ std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cuda(
     flash_params p = make_kvcache_params(q, k, v, out, lse, kv, softmax_scale, var, &keep);
     if (is_half(q))
         check_smem(flash_fwd_smem_needed(&p), d, "forward");
-    at::Tensor o_accum, lse_accum;
-    set_fwd_splits(&p, num_splits, q, &o_accum, &lse_accum);
+    FwdWorkspaces ws;
+    set_fwd_workspaces(&p, num_splits, q, &ws);
     check_launch(flash_fwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "KV-cache forward");
     return {unpad(out, d), lse};
 }

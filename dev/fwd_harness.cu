@@ -22,7 +22,8 @@
  *        /tmp/fwd_harness decode-bench  the same decode shapes at b8 and b1 through launch.cu's dispatch (the
  *                                       decode kernel, split-KV by its heuristic and with one split)
  * Every forward runs with launch.cu's split-KV choice for HARNESS_NUM_SPLITS (default 0, the heuristic).
- * HARNESS_SEQ=S: bench and varlen-bench time seqlen S only (one config under ncu).
+ * HARNESS_SEQ=S: bench and varlen-bench time seqlen S only (one config under ncu). HARNESS_STATIC=1: no tile
+ * counter, so fwd_sm90.cu's items of unequal cost run one CTA per query tile (A/B of its dynamic scheduler).
  * Cases cover the band (full, causal both alignments, sliding windows), softcap, ALiBi (per head and per
  * batch), bool and additive attn_mask (random, key padding, block-sparse, rows with no visible key;
  * broadcast dimensions, strided / transposed storage; block flags), dropout, sinks, and pairs of them.
@@ -448,12 +449,21 @@ static int harness_splits(void)
     return env != NULL ? atoi(env) : 0;
 }
 
-/* flash_fwd_cuda with launch.cu's split count for `requested`; the split workspaces live in one buffer kept
- * between calls (grown when short, which synchronizes). */
+/* HARNESS_STATIC=1: no tile counter for the dynamic scheduler of fwd_sm90.cu (its static schedule, for A/B). */
+static bool harness_static(void)
+{
+    const char *env = getenv("HARNESS_STATIC");
+    return env != NULL && env[0] != '\0' && env[0] != '0';
+}
+
+/* flash_fwd_cuda with launch.cu's split count for `requested` and, where launch.cu asks for one, a zeroed tile
+ * counter (as the binding's); the split workspaces live in one buffer kept between calls (grown when short,
+ * which synchronizes), the counter in one int32 zeroed on the stream before each call. */
 static cudaError_t run_fwd_splits(const flash_params *p0, int requested, cudaStream_t stream)
 {
     static float *accum = NULL;
     static size_t accum_bytes = 0;
+    static int32_t *counter = NULL;
     flash_params p = *p0;
     p.num_splits = flash_fwd_splits(&p, requested);
     if (p.num_splits > 1) {
@@ -467,6 +477,12 @@ static cudaError_t run_fwd_splits(const flash_params *p0, int requested, cudaStr
         }
         p.o_accum = accum;
         p.lse_accum = accum + rows * p.d;
+    }
+    if (!harness_static() && flash_fwd_wants_tile_counter(&p)) {
+        if (counter == NULL)
+            CUDA_CHECK(cudaMalloc(&counter, sizeof(int32_t)));
+        CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(int32_t), stream));
+        p.tile_counter = counter;
     }
     return flash_fwd_cuda(&p, stream);
 }
@@ -1581,7 +1597,9 @@ static void bench_params(flash_params *p, const bench_buffers *bb, int s, int d)
 /* Median milliseconds of kTimedRuns calls of fwd(p, stream 0) (default: launch.cu's dispatch, which on Hopper
  * takes fwd_sm90.cu where it serves p unless FLASHATTN_EXT_DISABLE_SM90=1). */
 typedef cudaError_t (*fwd_fn)(const flash_params *, cudaStream_t);
-static double time_fwd(const flash_params *p, fwd_fn fwd = flash_fwd_cuda)
+static cudaError_t run_fwd(const flash_params *p, cudaStream_t stream);
+
+static double time_fwd(const flash_params *p, fwd_fn fwd = run_fwd)
 {
     cudaEvent_t start, stop;
     CUDA_CHECK(cudaEventCreate(&start));

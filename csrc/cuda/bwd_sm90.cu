@@ -246,13 +246,6 @@ __device__ __forceinline__ void load_a_frag_sw128(uint32_t s, int row0, int col0
                  : "memory");
 }
 
-__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr)
-{
-    uint32_t v;
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
-    return v;
-}
-
 __device__ __forceinline__ void st_shared_u8(uint32_t addr, uint32_t v)
 {
     asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");

@@ -6,8 +6,12 @@
  * last one down (the masked diagonal tiles of a causal band come first). Where every work item costs the
  * same (dense, no band, no per-sequence lengths; or a square causal band, its query tiles paired heavy
  * with light: fwd90_work) one CTA per SM walks the items (persistent, static order) and the producer runs
- * into the next tile while the consumers finish the current one; elsewhere one CTA per query tile,
- * heaviest first, balanced by the hardware's CTA scheduler.
+ * into the next tile while the consumers finish the current one. Elsewhere (varlen, seqused_k, leftpad,
+ * windows, a non-square causal band, an attn_mask) one CTA per SM takes the items in the same order, heaviest
+ * query tile of a head first, from the dynamic scheduler: the producer counts them off p.tile_counter (a zeroed
+ * int32 from the binding, launch.h flash_fwd_wants_tile_counter) and hands each to the consumers through two
+ * work slots in shared memory (fwd90_fetch / fwd90_publish / fwd90_take); without a counter, one CTA per
+ * query tile, balanced by the hardware's CTA scheduler.
  *   Warpgroup 0, the producer (setmaxnreg FWD90_PRODUCER_REGS; its warps 1-3 leave at once, warp 0 stays
  *     for the V tails below): one thread issues the TMA loads, K_j, V_j
  *     into a ring of kStages stages that runs on across work tiles, and Q (one box per 64-column panel)
@@ -103,6 +107,7 @@
 #define FWD90_PV_N 128 /* largest N of one P V wgmma (d256 issues two; one n256 measured no faster) */
 #define FWD90_CHUNK 8           /* 16-bit elements per 16-byte copy */
 #define FWD90_BAR_BYTES 8       /* one mbarrier (64 bits) */
+#define FWD90_WORK_SLOTS 2      /* work items the producer publishes ahead of the consumers (dynamic scheduler) */
 #define FWD90_FULL_MASK 0xffffffffu
 /* wgmma D fragment (wgmma.cuh): warp w of a warpgroup holds rows 16 w + lane / 4 and + 8 of each n8 block of
  * columns, value 4 i + 2 h + e = (row + 8 h, column 8 i + 2 (lane % 4) + e) */
@@ -193,7 +198,8 @@ typedef struct fwd90_maps {
 } fwd90_maps;
 
 /* Shared-memory layout from a 1024-byte aligned base: Q, K[kStages], V[kStages], then the mbarriers
- * Q_FULL, Q_EMPTY, K_FULL[kStages], V_FULL[kStages], K_EMPTY[kStages], V_EMPTY[kStages]. */
+ * Q_FULL, Q_EMPTY, K_FULL[kStages], V_FULL[kStages], K_EMPTY[kStages], V_EMPTY[kStages], W_FULL[2], W_EMPTY[2]
+ * and the dynamic scheduler's two work slots (int32). */
 template <int kHeadDim>
 struct fwd90_smem {
     static constexpr int kBlockN = fwd90_cfg<kHeadDim>::kBlockN, kStages = fwd90_cfg<kHeadDim>::kStages;
@@ -202,8 +208,11 @@ struct fwd90_smem {
     static constexpr int kK = kQBytes, kV = kK + kStages * kKVBytes, kBars = kV + kStages * kKVBytes;
     static constexpr int kQFull = kBars, kQEmpty = kQFull + FWD90_BAR_BYTES, kKFull = kQEmpty + FWD90_BAR_BYTES,
                          kVFull = kKFull + FWD90_BAR_BYTES * kStages, kKEmpty = kVFull + FWD90_BAR_BYTES * kStages,
-                         kVEmpty = kKEmpty + FWD90_BAR_BYTES * kStages;
-    static constexpr size_t kBytes = (size_t)kVEmpty + FWD90_BAR_BYTES * kStages + SW128_ATOM_BYTES; /* + alignment */
+                         kVEmpty = kKEmpty + FWD90_BAR_BYTES * kStages, kWFull = kVEmpty + FWD90_BAR_BYTES * kStages,
+                         kWEmpty = kWFull + FWD90_BAR_BYTES * FWD90_WORK_SLOTS,
+                         kWork = kWEmpty + FWD90_BAR_BYTES * FWD90_WORK_SLOTS;
+    static constexpr size_t kBytes =
+        (size_t)kWork + sizeof(int32_t) * FWD90_WORK_SLOTS + SW128_ATOM_BYTES; /* + alignment */
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -777,9 +786,55 @@ __host__ __device__ __forceinline__ bool fwd90_uniform(const flash_params &p)
            p.band_right < 0;
 }
 
-/* One CTA per SM (persistent, FWD90_PERSISTENT) or one per work tile walks the work tiles w = blockIdx.x,
- * + gridDim.x, ...; the producer runs ahead into the next work tile (its first K / V tile, then its Q
- * once the consumers are done with the current Q: Q_EMPTY) while the consumers finish the current one. */
+/* The work items cost the same, so that a static persistent order is balanced (paired or uniform, without an
+ * attn_mask); elsewhere the dynamic scheduler, given p.tile_counter. */
+__host__ __device__ __forceinline__ bool fwd90_static(const flash_params &p)
+{
+    return (fwd90_paired(p) || fwd90_uniform(p)) && p.mask == NULL;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* The dynamic scheduler (p.tile_counter != NULL; one CTA per SM). Work item blockIdx.x is each CTA's first;
+ * the producer counts the next ones off the counter (items gridDim.x, gridDim.x + 1, ...: the order of
+ * fwd90_work, heaviest causal query tiles of a head first) and publishes each through one of FWD90_WORK_SLOTS
+ * slots in shared memory (W_FULL / W_EMPTY, like the K / V ring), n_work for "no more". Lane 0 only. Items past
+ * their sequence's rows (varlen: the grid spans the longest) are skipped here. */
+__device__ __forceinline__ int fwd90_fetch(const flash_params &p, int n_work, int m_tiles)
+{
+    for (;;) {
+        const int64_t w = (int64_t)atomicAdd(p.tile_counter, 1) + gridDim.x;
+        if (w >= n_work)
+            return n_work;
+        const fwd90_work wk = fwd90_work_of((int)w, 0, m_tiles, (int)p.h, false);
+        if (wk.m0 < flash_seq_of(&p, wk.b).sq)
+            return (int)w;
+    }
+}
+
+/* Publishes item w as the CTA's k-th (lane 0 of the producer). */
+__device__ __forceinline__ void fwd90_publish(uint32_t work, uint32_t wfull, uint32_t wempty, int k, int w)
+{
+    const int s = k % FWD90_WORK_SLOTS, phase = (k / FWD90_WORK_SLOTS) & 1;
+    mbar_wait(wempty + FWD90_BAR_BYTES * s, phase ^ 1);
+    st_shared_u32(work + sizeof(int32_t) * s, (uint32_t)w);
+    mbar_arrive(wfull + FWD90_BAR_BYTES * s);
+}
+
+/* The CTA's k-th item, read by every consumer thread. */
+__device__ __forceinline__ int fwd90_take(uint32_t work, uint32_t wfull, uint32_t wempty, int k)
+{
+    const int s = k % FWD90_WORK_SLOTS, phase = (k / FWD90_WORK_SLOTS) & 1;
+    mbar_wait(wfull + FWD90_BAR_BYTES * s, phase);
+    const int w = (int)ld_shared_u32(work + sizeof(int32_t) * s);
+    mbar_arrive(wempty + FWD90_BAR_BYTES * s);
+    return w;
+}
+#endif
+
+/* One CTA per SM (persistent, FWD90_PERSISTENT) walks the work tiles w = blockIdx.x, + gridDim.x, ... (static)
+ * or those the dynamic scheduler hands it (p.tile_counter), or one CTA per work tile; the producer runs ahead into
+ * the next work tile (its first K / V tile, then its Q once the consumers are done with the current Q:
+ * Q_EMPTY) while the consumers finish the current one. */
 template <typename T, int kHeadDim, int kScore>
 __global__ void __launch_bounds__(FWD90_THREADS, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ flash_params p, const __grid_constant__ fwd90_maps maps)
@@ -794,9 +849,11 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     const uint32_t sq = base, sk0 = base + L::kK, sv0 = base + L::kV;
     const uint32_t qfull = base + L::kQFull, qempty = base + L::kQEmpty, kfull = base + L::kKFull,
                    vfull = base + L::kVFull, kempty = base + L::kKEmpty, vempty = base + L::kVEmpty;
+    const uint32_t wfull = base + L::kWFull, wempty = base + L::kWEmpty, work = base + L::kWork;
     const int tid = threadIdx.x;
     const int m_tiles = (int)((p.sq + FWD90_BM - 1) / FWD90_BM);
-    const bool paired = FWD90_PERSISTENT && fwd90_paired(p) && !(kData && p.mask != NULL); /* as the launcher's */
+    const bool dynamic = p.tile_counter != NULL; /* as the launcher's */
+    const bool paired = !dynamic && FWD90_PERSISTENT && fwd90_paired(p) && !(kData && p.mask != NULL);
     const int n_work = fwd90_items_per_head(m_tiles, paired) * (int)p.h * (int)p.b;
 
     if (tid == 0) {
@@ -807,6 +864,10 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
             mbar_init(vfull + FWD90_BAR_BYTES * s, 1);
             mbar_init(kempty + FWD90_BAR_BYTES * s, FWD90_CONSUMER_WGS);
             mbar_init(vempty + FWD90_BAR_BYTES * s, FWD90_CONSUMER_WGS);
+        }
+        for (int s = 0; s < FWD90_WORK_SLOTS; s++) {
+            mbar_init(wfull + FWD90_BAR_BYTES * s, 1);
+            mbar_init(wempty + FWD90_BAR_BYTES * s, FWD90_CONSUMER_WGS * FWD90_WG_THREADS);
         }
         mbar_fence_init();
     }
@@ -828,7 +889,18 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
             tma_prefetch_map(&maps.v);
         }
         int g = 0, qc = 0; /* K / V tiles and Q tiles loaded so far */
-        for (int w = blockIdx.x; w < n_work; w += gridDim.x)
+        for (int k = 0, w = blockIdx.x;; k++) { /* the CTA's k-th work item w */
+            if (dynamic) {
+                if (k > 0 && lane == 0)
+                    w = fwd90_fetch(p, n_work, m_tiles);
+                w = __shfl_sync(FWD90_FULL_MASK, w, 0);
+                if (lane == 0)
+                    fwd90_publish(work, wfull, wempty, k, w);
+            } else if (k > 0) {
+                w += gridDim.x;
+            }
+            if (w >= n_work)
+                break;
             for (int part = 0; part < fwd90_parts(w, m_tiles, paired); part++) {
                 const fwd90_work wk = fwd90_work_of(w, part, m_tiles, (int)p.h, paired);
                 const flash_seq seq = flash_seq_of(&p, wk.b);
@@ -887,6 +959,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                         j = fwd90_tiles_prev<kBlockN>(it, p, j - 1, lane);
                 }
             }
+        }
         return;
     }
 
@@ -904,7 +977,13 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     ring.vempty = vempty;
     ring.q_row0 = q_row0, ring.c = c, ring.releaser = releaser;
     int g = 0, qc = 0; /* as the producer's */
-    for (int w = blockIdx.x; w < n_work; w += gridDim.x)
+    for (int k = 0, w = blockIdx.x;; k++) {
+        if (dynamic)
+            w = fwd90_take(work, wfull, wempty, k);
+        else if (k > 0)
+            w += gridDim.x;
+        if (w >= n_work)
+            break;
         for (int part = 0; part < fwd90_parts(w, m_tiles, paired); part++) {
             const fwd90_work wk = fwd90_work_of(w, part, m_tiles, (int)p.h, paired);
             const flash_seq seq = flash_seq_of(&p, wk.b);
@@ -1000,6 +1079,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                 }
             }
         }
+    }
 #endif
 }
 
@@ -1078,6 +1158,11 @@ extern "C" size_t flash_fwd_sm90_smem(const flash_params *p)
     return hd == 64 ? fwd90_smem<64>::kBytes : hd == 128 ? fwd90_smem<128>::kBytes : fwd90_smem<256>::kBytes;
 }
 
+extern "C" int flash_fwd_sm90_dynamic(const flash_params *p)
+{
+    return FWD90_PERSISTENT && !fwd90_static(*p);
+}
+
 extern "C" int flash_fwd_sm90_ok(const flash_params *p)
 {
     int64_t q_rows, k_rows;
@@ -1123,15 +1208,16 @@ static cudaError_t launch_fwd90(const flash_params *p, cudaStream_t stream)
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
-    /* an attn_mask makes the work items' costs data: one CTA per query tile */
-    const bool paired = FWD90_PERSISTENT && fwd90_paired(*p) && p->mask == NULL;
+    /* items of unequal cost (an attn_mask makes them data): the dynamic scheduler where the caller passes a
+     * counter (flash_fwd_sm90_dynamic), else one CTA per query tile */
+    const bool dynamic = p->tile_counter != NULL;
+    const bool paired = !dynamic && FWD90_PERSISTENT && fwd90_paired(*p) && p->mask == NULL;
     const int64_t n_work = fwd90_items_per_head((int)((p->sq + FWD90_BM - 1) / FWD90_BM), paired) * p->h * p->b;
     int dev = 0, sms = 0;
     if ((err = cudaGetDevice(&dev)) != cudaSuccess ||
         (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
         return err;
-    const int64_t grid =
-        FWD90_PERSISTENT && (paired || (fwd90_uniform(*p) && p->mask == NULL)) && n_work > sms ? sms : n_work;
+    const int64_t grid = (dynamic || (FWD90_PERSISTENT && fwd90_static(*p))) && n_work > sms ? sms : n_work;
     kernel<<<(unsigned)grid, FWD90_THREADS, smem, stream>>>(*p, maps);
     return cudaGetLastError();
 }

@@ -80,17 +80,45 @@ extern "C" int flash_fwd_splits(const flash_params *p, int requested)
     return flash_fwd_decode_splits(p, requested, sms);
 }
 
-extern "C" cudaError_t flash_fwd_cuda(const flash_params *p, cudaStream_t stream)
+/* The forward kernel family that runs p. */
+typedef enum { FWD_SIMPLE, FWD_DECODE, FWD_SM90, FWD_SM80 } fwd_family;
+
+static fwd_family fwd_family_of(const flash_params *p)
 {
     if (is_simple(p))
-        return flash_fwd_simple(p, stream);
+        return FWD_SIMPLE;
     if (use_decode(p))
-        return flash_fwd_decode(p, stream);
+        return FWD_DECODE;
 #ifdef FLASHATTN_EXT_SM90A
     if (use_sm90() && flash_fwd_sm90_ok(p) && flash_smem_available() >= flash_fwd_sm90_smem(p))
+        return FWD_SM90;
+#endif
+    return FWD_SM80;
+}
+
+extern "C" int flash_fwd_wants_tile_counter(const flash_params *p)
+{
+#ifdef FLASHATTN_EXT_SM90A
+    return fwd_family_of(p) == FWD_SM90 && flash_fwd_sm90_dynamic(p);
+#else
+    return 0;
+#endif
+}
+
+extern "C" cudaError_t flash_fwd_cuda(const flash_params *p, cudaStream_t stream)
+{
+    switch (fwd_family_of(p)) {
+    case FWD_SIMPLE:
+        return flash_fwd_simple(p, stream);
+    case FWD_DECODE:
+        return flash_fwd_decode(p, stream);
+#ifdef FLASHATTN_EXT_SM90A
+    case FWD_SM90:
         return flash_fwd_sm90(p, stream);
 #endif
-    return flash_fwd_sm80(p, stream);
+    default:
+        return flash_fwd_sm80(p, stream);
+    }
 }
 
 extern "C" cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream)

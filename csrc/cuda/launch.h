@@ -28,6 +28,9 @@ cudaError_t flash_fwd_cuda(const flash_params *p, cudaStream_t stream);
  * p->num_splits = n and passes the workspaces o_accum / lse_accum of csrc/flash.h. requested: the user's
  * num_splits (flash_attn_with_kvcache), 0 = chosen from the SM count and the sizes. Host only, no sync. */
 int flash_fwd_splits(const flash_params *p, int requested);
+/* 1 where the forward of p runs fwd_sm90.cu's dynamic tile scheduler: the binding then passes a zeroed int32
+ * in p->tile_counter (csrc/flash.h). Host only, no sync. */
+int flash_fwd_wants_tile_counter(const flash_params *p);
 /* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv (and dbias if set); uses the workspaces
  * named in flash.h. */
 cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream);
@@ -73,6 +76,9 @@ cudaError_t flash_fwd_decode(const flash_params *p, cudaStream_t stream);
  * dim 128); flash_fwd_sm90_smem: its shared memory per CTA. */
 int flash_fwd_sm90_ok(const flash_params *p);
 size_t flash_fwd_sm90_smem(const flash_params *p);
+/* 1 where its work items differ in cost (varlen, seqused_k, leftpad, windows, a non-square causal band, an
+ * attn_mask): it then schedules them dynamically given p->tile_counter (else one CTA per query tile). */
+int flash_fwd_sm90_dynamic(const flash_params *p);
 cudaError_t flash_fwd_sm90(const flash_params *p, cudaStream_t stream);
 
 /* fp16 / bf16 forward on mma.sync, sm80+ (fwd_sm80.cu). */

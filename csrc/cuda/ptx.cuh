@@ -54,6 +54,13 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t x)
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
 }
 
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr)
+{
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+
 __device__ __forceinline__ uint4 ld_shared_v4_u32(uint32_t addr)
 {
     uint4 v;
