@@ -797,8 +797,8 @@ __host__ __device__ __forceinline__ bool fwd90_static(const flash_params &p)
 /* The dynamic scheduler (p.tile_counter != NULL; one CTA per SM). Work item blockIdx.x is each CTA's first;
  * the producer counts the next ones off the counter (items gridDim.x, gridDim.x + 1, ...: the order of
  * fwd90_work, heaviest causal query tiles of a head first) and publishes each through one of FWD90_WORK_SLOTS
- * slots in shared memory (W_FULL / W_EMPTY, like the K / V ring), n_work for "no more". Lane 0 only. Items past
- * their sequence's rows (varlen: the grid spans the longest) are skipped here. */
+ * slots in shared memory (W_FULL / W_EMPTY, like the K / V ring), n_work for "no more". fwd90_fetch: lane 0 only;
+ * items past their sequence's rows (varlen: the grid spans the longest) are skipped here. */
 __device__ __forceinline__ int fwd90_fetch(const flash_params &p, int n_work, int m_tiles)
 {
     for (;;) {
@@ -811,13 +811,15 @@ __device__ __forceinline__ int fwd90_fetch(const flash_params &p, int n_work, in
     }
 }
 
-/* Publishes item w as the CTA's k-th (lane 0 of the producer). */
-__device__ __forceinline__ void fwd90_publish(uint32_t work, uint32_t wfull, uint32_t wempty, int k, int w)
+/* Publishes item w as the CTA's k-th: the producer warp waits for the slot, lane 0 writes it. */
+__device__ __forceinline__ void fwd90_publish(uint32_t work, uint32_t wfull, uint32_t wempty, int k, int w, int lane)
 {
     const int s = k % FWD90_WORK_SLOTS, phase = (k / FWD90_WORK_SLOTS) & 1;
     mbar_wait(wempty + FWD90_BAR_BYTES * s, phase ^ 1);
-    st_shared_u32(work + sizeof(int32_t) * s, (uint32_t)w);
-    mbar_arrive(wfull + FWD90_BAR_BYTES * s);
+    if (lane == 0) {
+        st_shared_u32(work + sizeof(int32_t) * s, (uint32_t)w);
+        mbar_arrive(wfull + FWD90_BAR_BYTES * s);
+    }
 }
 
 /* The CTA's k-th item, read by every consumer thread. */
@@ -894,8 +896,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                 if (k > 0 && lane == 0)
                     w = fwd90_fetch(p, n_work, m_tiles);
                 w = __shfl_sync(FWD90_FULL_MASK, w, 0);
-                if (lane == 0)
-                    fwd90_publish(work, wfull, wempty, k, w);
+                fwd90_publish(work, wfull, wempty, k, w, lane);
             } else if (k > 0) {
                 w += gridDim.x;
             }
