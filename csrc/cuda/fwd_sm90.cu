@@ -8,12 +8,12 @@
  * with light: fwd90_work) one CTA per SM walks the items (persistent, static order) and the producer runs
  * into the next tile while the consumers finish the current one. Elsewhere (varlen, seqused_k, leftpad,
  * windows, a non-square causal band, an attn_mask) one CTA per SM takes the items in the same order, heaviest
- * query tile of a head first, from the dynamic scheduler: the producer counts them off p.tile_counter (a zeroed
- * int32 from the binding, launch.h flash_fwd_wants_tile_counter) and hands each to the consumers through two
- * work slots in shared memory (fwd90_fetch / fwd90_publish / fwd90_take); without a counter, one CTA per
- * query tile, balanced by the hardware's CTA scheduler.
- *   Warpgroup 0, the producer (setmaxnreg FWD90_PRODUCER_REGS; its warps 1-3 leave at once, warp 0 stays
- *     for the V tails below): one thread issues the TMA loads, K_j, V_j
+ * query tile of a head first, from the dynamic scheduler: warp 1 counts them off p.tile_counter (a zeroed
+ * int32 from the binding, launch.h flash_fwd_wants_tile_counter) and hands each to the producer warp and to the
+ * consumers through a work slot apiece in shared memory (fwd90_fetch / fwd90_schedule / fwd90_take); without a
+ * counter, one CTA per query tile, balanced by the hardware's CTA scheduler.
+ *   Warpgroup 0, the producer (setmaxnreg FWD90_PRODUCER_REGS; warp 1 stays for the dynamic scheduler, warps
+ *     2-3 leave at once, warp 0 stays for the V tails below): one thread issues the TMA loads, K_j, V_j
  *     into a ring of kStages stages that runs on across work tiles, and Q (one box per 64-column panel)
  *     after each work tile's first K / V, once the consumers are done with the previous Q (Q_EMPTY); each
  *     load completes on its mbarrier (Q_FULL, K_FULL, V_FULL, transaction bytes). A stage's K and V are
@@ -107,7 +107,7 @@
 #define FWD90_PV_N 128 /* largest N of one P V wgmma (d256 issues two; one n256 measured no faster) */
 #define FWD90_CHUNK 8           /* 16-bit elements per 16-byte copy */
 #define FWD90_BAR_BYTES 8       /* one mbarrier (64 bits) */
-#define FWD90_WORK_SLOTS 2      /* work items the producer publishes ahead of the consumers (dynamic scheduler) */
+#define FWD90_SCHED_WARP 1      /* the producer warpgroup's warp that runs the dynamic scheduler */
 #define FWD90_FULL_MASK 0xffffffffu
 /* wgmma D fragment (wgmma.cuh): warp w of a warpgroup holds rows 16 w + lane / 4 and + 8 of each n8 block of
  * columns, value 4 i + 2 h + e = (row + 8 h, column 8 i + 2 (lane % 4) + e) */
@@ -123,6 +123,14 @@
  * threads); epilogue of consumer c: FWD90_BAR_EPI + c (its own threads) */
 #define FWD90_BAR_TURN 1
 #define FWD90_BAR_EPI 3
+/* dynamic scheduler: its work slot for the producer warp (FULL / EMPTY, the two warps' threads) and for the
+ * consumers (FULL / EMPTY, the scheduler warp's and the consumers' threads) */
+#define FWD90_BAR_WORK_P_FULL 5
+#define FWD90_BAR_WORK_P_EMPTY 6
+#define FWD90_BAR_WORK_C_FULL 7
+#define FWD90_BAR_WORK_C_EMPTY 8
+#define FWD90_WORK_P_THREADS (2 * FLASH_WARP_SIZE)
+#define FWD90_WORK_C_THREADS (FLASH_WARP_SIZE + FWD90_CONSUMER_WGS * FWD90_WG_THREADS)
 
 /* compile-time score variants (the kernel's kScore): none (band geometry only), the hook (ALiBi, attn_mask,
  * dropout), the hook with softcap (a kernel of its own: a runtime softcap branch measured 4-6% slower, and a
@@ -198,8 +206,8 @@ typedef struct fwd90_maps {
 } fwd90_maps;
 
 /* Shared-memory layout from a 1024-byte aligned base: Q, K[kStages], V[kStages], then the mbarriers
- * Q_FULL, Q_EMPTY, K_FULL[kStages], V_FULL[kStages], K_EMPTY[kStages], V_EMPTY[kStages], W_FULL[2], W_EMPTY[2]
- * and the dynamic scheduler's two work slots (int32). */
+ * Q_FULL, Q_EMPTY, K_FULL[kStages], V_FULL[kStages], K_EMPTY[kStages], V_EMPTY[kStages], then the dynamic
+ * scheduler's work slots (int32) for the producer warp and for the consumers. */
 template <int kHeadDim>
 struct fwd90_smem {
     static constexpr int kBlockN = fwd90_cfg<kHeadDim>::kBlockN, kStages = fwd90_cfg<kHeadDim>::kStages;
@@ -208,11 +216,10 @@ struct fwd90_smem {
     static constexpr int kK = kQBytes, kV = kK + kStages * kKVBytes, kBars = kV + kStages * kKVBytes;
     static constexpr int kQFull = kBars, kQEmpty = kQFull + FWD90_BAR_BYTES, kKFull = kQEmpty + FWD90_BAR_BYTES,
                          kVFull = kKFull + FWD90_BAR_BYTES * kStages, kKEmpty = kVFull + FWD90_BAR_BYTES * kStages,
-                         kVEmpty = kKEmpty + FWD90_BAR_BYTES * kStages, kWFull = kVEmpty + FWD90_BAR_BYTES * kStages,
-                         kWEmpty = kWFull + FWD90_BAR_BYTES * FWD90_WORK_SLOTS,
-                         kWork = kWEmpty + FWD90_BAR_BYTES * FWD90_WORK_SLOTS;
+                         kVEmpty = kKEmpty + FWD90_BAR_BYTES * kStages, kWorkP = kVEmpty + FWD90_BAR_BYTES * kStages,
+                         kWorkC = kWorkP + (int)sizeof(int32_t);
     static constexpr size_t kBytes =
-        (size_t)kWork + sizeof(int32_t) * FWD90_WORK_SLOTS + SW128_ATOM_BYTES; /* + alignment */
+        (size_t)kWorkC + sizeof(int32_t) + SW128_ATOM_BYTES; /* + alignment */
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -795,10 +802,11 @@ __host__ __device__ __forceinline__ bool fwd90_static(const flash_params &p)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* The dynamic scheduler (p.tile_counter != NULL; one CTA per SM). Work item blockIdx.x is each CTA's first;
- * the producer counts the next ones off the counter (items gridDim.x, gridDim.x + 1, ...: the order of
- * fwd90_work, heaviest causal query tiles of a head first) and publishes each through one of FWD90_WORK_SLOTS
- * slots in shared memory (W_FULL / W_EMPTY, like the K / V ring), n_work for "no more". fwd90_fetch: lane 0 only;
- * items past their sequence's rows (varlen: the grid spans the longest) are skipped here. */
+ * warp FWD90_SCHED_WARP of the producer warpgroup counts the next ones off the counter (items gridDim.x,
+ * gridDim.x + 1, ...: the order of fwd90_work, heaviest causal query tiles of a head first), one ahead, and
+ * publishes each to the producer warp and to the consumers through a work slot apiece in shared memory
+ * (named barriers FULL / EMPTY: no phase to keep in the readers' registers), n_work for "no more".
+ * fwd90_fetch: lane 0 only; items past their sequence's rows (varlen: the grid spans the longest) are skipped. */
 __device__ __forceinline__ int fwd90_fetch(const flash_params &p, int n_work, int m_tiles)
 {
     for (;;) {
@@ -811,24 +819,41 @@ __device__ __forceinline__ int fwd90_fetch(const flash_params &p, int n_work, in
     }
 }
 
-/* Publishes item w as the CTA's k-th: the producer warp waits for the slot, lane 0 writes it. */
-__device__ __forceinline__ void fwd90_publish(uint32_t work, uint32_t wfull, uint32_t wempty, int k, int w, int lane)
+/* The scheduler warp: fetches the next item while the readers work, then publishes it in each reader's slot once
+ * that reader has taken the previous one (its first publication waits for nobody). */
+__device__ __forceinline__ void fwd90_schedule(const flash_params &p, int n_work, int m_tiles, uint32_t slot_p,
+                                               uint32_t slot_c, int lane)
 {
-    const int s = k % FWD90_WORK_SLOTS, phase = (k / FWD90_WORK_SLOTS) & 1;
-    mbar_wait(wempty + FWD90_BAR_BYTES * s, phase ^ 1);
-    if (lane == 0) {
-        st_shared_u32(work + sizeof(int32_t) * s, (uint32_t)w);
-        mbar_arrive(wfull + FWD90_BAR_BYTES * s);
+    for (bool first = true;; first = false) {
+        int w = 0;
+        if (lane == 0)
+            w = fwd90_fetch(p, n_work, m_tiles);
+        w = __shfl_sync(FWD90_FULL_MASK, w, 0);
+        if (!first)
+            named_sync(FWD90_BAR_WORK_P_EMPTY, FWD90_WORK_P_THREADS);
+        if (lane == 0)
+            st_shared_u32(slot_p, (uint32_t)w);
+        named_arrive(FWD90_BAR_WORK_P_FULL, FWD90_WORK_P_THREADS);
+        if (!first)
+            named_sync(FWD90_BAR_WORK_C_EMPTY, FWD90_WORK_C_THREADS);
+        if (lane == 0)
+            st_shared_u32(slot_c, (uint32_t)w);
+        named_arrive(FWD90_BAR_WORK_C_FULL, FWD90_WORK_C_THREADS);
+        if (w >= n_work)
+            return;
     }
 }
 
-/* The CTA's k-th item, read by every consumer thread. */
-__device__ __forceinline__ int fwd90_take(uint32_t work, uint32_t wfull, uint32_t wempty, int k)
+/* A reader's next item from its slot (every thread of the reader); it frees the slot unless that was the end. */
+template <int kFull, int kEmpty, int kThreads>
+__device__ __forceinline__ int fwd90_take(uint32_t slot, int n_work)
 {
-    const int s = k % FWD90_WORK_SLOTS, phase = (k / FWD90_WORK_SLOTS) & 1;
-    mbar_wait(wfull + FWD90_BAR_BYTES * s, phase);
-    const int w = (int)ld_shared_u32(work + sizeof(int32_t) * s);
-    mbar_arrive(wempty + FWD90_BAR_BYTES * s);
+    named_sync(kFull, kThreads);
+    /* broadcast from lane 0: the compiler's warp-uniform value, so that the item's indices and offsets stay on
+     * the uniform datapath as blockIdx.x's do (a plain load spills the producer's 24 registers) */
+    const int w = __shfl_sync(FWD90_FULL_MASK, (int)ld_shared_u32(slot), 0);
+    if (w < n_work)
+        named_arrive(kEmpty, kThreads);
     return w;
 }
 #endif
@@ -851,7 +876,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     const uint32_t sq = base, sk0 = base + L::kK, sv0 = base + L::kV;
     const uint32_t qfull = base + L::kQFull, qempty = base + L::kQEmpty, kfull = base + L::kKFull,
                    vfull = base + L::kVFull, kempty = base + L::kKEmpty, vempty = base + L::kVEmpty;
-    const uint32_t wfull = base + L::kWFull, wempty = base + L::kWEmpty, work = base + L::kWork;
+    const uint32_t slot_p = base + L::kWorkP, slot_c = base + L::kWorkC; /* [1] int32 each: dynamic scheduler */
     const int tid = threadIdx.x;
     const int m_tiles = (int)((p.sq + FWD90_BM - 1) / FWD90_BM);
     const bool dynamic = p.tile_counter != NULL; /* as the launcher's */
@@ -867,10 +892,6 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
             mbar_init(kempty + FWD90_BAR_BYTES * s, FWD90_CONSUMER_WGS);
             mbar_init(vempty + FWD90_BAR_BYTES * s, FWD90_CONSUMER_WGS);
         }
-        for (int s = 0; s < FWD90_WORK_SLOTS; s++) {
-            mbar_init(wfull + FWD90_BAR_BYTES * s, 1);
-            mbar_init(wempty + FWD90_BAR_BYTES * s, FWD90_CONSUMER_WGS * FWD90_WG_THREADS);
-        }
         mbar_fence_init();
     }
     __syncthreads();
@@ -879,8 +900,11 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     if (wg == 0) {
         /* ---- producer: warp 0 (lane 0 issues the TMA loads; the whole warp copies V tails) ---- */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FWD90_PRODUCER_REGS));
-        if (tid >= FLASH_WARP_SIZE)
+        if (tid >= FLASH_WARP_SIZE) {
+            if (dynamic && tid / FLASH_WARP_SIZE == FWD90_SCHED_WARP)
+                fwd90_schedule(p, n_work, m_tiles, slot_p, slot_c, tid % FLASH_WARP_SIZE);
             return;
+        }
         const int lane = tid;
         /* the V rows past the sequence's keys are the tensor's own end (zero-filled by the TMA) only in a
          * dense batch without seqused_k */
@@ -891,17 +915,9 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
             tma_prefetch_map(&maps.v);
         }
         int g = 0, qc = 0; /* K / V tiles and Q tiles loaded so far */
-        for (int k = 0, w = blockIdx.x;; k++) { /* the CTA's k-th work item w */
-            if (dynamic) {
-                if (k > 0 && lane == 0)
-                    w = fwd90_fetch(p, n_work, m_tiles);
-                w = __shfl_sync(FWD90_FULL_MASK, w, 0);
-                fwd90_publish(work, wfull, wempty, k, w, lane);
-            } else if (k > 0) {
-                w += gridDim.x;
-            }
-            if (w >= n_work)
-                break;
+        for (int w = blockIdx.x; w < n_work;
+             w = dynamic ? fwd90_take<FWD90_BAR_WORK_P_FULL, FWD90_BAR_WORK_P_EMPTY, FWD90_WORK_P_THREADS>(slot_p, n_work)
+                         : w + (int)gridDim.x) {
             for (int part = 0; part < fwd90_parts(w, m_tiles, paired); part++) {
                 const fwd90_work wk = fwd90_work_of(w, part, m_tiles, (int)p.h, paired);
                 const flash_seq seq = flash_seq_of(&p, wk.b);
@@ -978,13 +994,9 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     ring.vempty = vempty;
     ring.q_row0 = q_row0, ring.c = c, ring.releaser = releaser;
     int g = 0, qc = 0; /* as the producer's */
-    for (int k = 0, w = blockIdx.x;; k++) {
-        if (dynamic)
-            w = fwd90_take(work, wfull, wempty, k);
-        else if (k > 0)
-            w += gridDim.x;
-        if (w >= n_work)
-            break;
+    for (int w = blockIdx.x; w < n_work;
+         w = dynamic ? fwd90_take<FWD90_BAR_WORK_C_FULL, FWD90_BAR_WORK_C_EMPTY, FWD90_WORK_C_THREADS>(slot_c, n_work)
+                     : w + (int)gridDim.x) {
         for (int part = 0; part < fwd90_parts(w, m_tiles, paired); part++) {
             const fwd90_work wk = fwd90_work_of(w, part, m_tiles, (int)p.h, paired);
             const flash_seq seq = flash_seq_of(&p, wk.b);
