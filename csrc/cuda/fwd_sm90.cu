@@ -7,11 +7,12 @@
  * same (dense, no band, no per-sequence lengths; or a square causal band, its query tiles paired heavy
  * with light: fwd90_work) one CTA per SM walks the items (persistent, static order) and the producer runs
  * into the next tile while the consumers finish the current one. Elsewhere (varlen, seqused_k, leftpad,
- * windows, a non-square causal band, an attn_mask) one CTA per SM takes the items in the same order, heaviest
- * query tile of a head first, from the dynamic scheduler: warp 1 counts them off p.tile_counter (a zeroed
- * int32 from the binding, launch.h flash_fwd_wants_tile_counter) and hands each to the producer warp and to the
- * consumers through a work slot apiece in shared memory (fwd90_fetch / fwd90_schedule / fwd90_take); without a
- * counter, one CTA per query tile, balanced by the hardware's CTA scheduler.
+ * windows, a non-square causal band, an attn_mask) one CTA per query tile, heaviest first, balanced by the
+ * hardware's CTA scheduler; but short varlen batches of the dense kernel (FWD90_DYNAMIC_MAX_SEQ, d <= 128: the
+ * kDynamic instantiations) run one CTA per SM on the dynamic scheduler, in the same order: warp 1 counts the
+ * items off p.tile_counter (a zeroed int32 from the binding, launch.h flash_fwd_wants_tile_counter) and hands
+ * each to the producer warp and to the consumers through a work slot apiece in shared memory (fwd90_fetch /
+ * fwd90_schedule / fwd90_take).
  *   Warpgroup 0, the producer (setmaxnreg FWD90_PRODUCER_REGS; warp 1 stays for the dynamic scheduler, warps
  *     2-3 leave at once, warp 0 stays for the V tails below): one thread issues the TMA loads, K_j, V_j
  *     into a ring of kStages stages that runs on across work tiles, and Q (one box per 64-column panel)
@@ -108,6 +109,10 @@
 #define FWD90_CHUNK 8           /* 16-bit elements per 16-byte copy */
 #define FWD90_BAR_BYTES 8       /* one mbarrier (64 bits) */
 #define FWD90_SCHED_WARP 1      /* the producer warpgroup's warp that runs the dynamic scheduler */
+/* The dynamic scheduler runs varlen batches of the dense kernel up to this longest sequence and head dim; beyond
+ * them (and at d256) it measured slower than one CTA per query tile (causal s8k -5 to -15%) */
+#define FWD90_DYNAMIC_MAX_SEQ 2048
+#define FWD90_DYNAMIC_MAX_D 128
 #define FWD90_FULL_MASK 0xffffffffu
 /* wgmma D fragment (wgmma.cuh): warp w of a warpgroup holds rows 16 w + lane / 4 and + 8 of each n8 block of
  * columns, value 4 i + 2 h + e = (row + 8 h, column 8 i + 2 (lane % 4) + e) */
@@ -862,7 +867,7 @@ __device__ __forceinline__ int fwd90_take(uint32_t slot, int n_work)
  * or those the dynamic scheduler hands it (p.tile_counter), or one CTA per work tile; the producer runs ahead into
  * the next work tile (its first K / V tile, then its Q once the consumers are done with the current Q:
  * Q_EMPTY) while the consumers finish the current one. */
-template <typename T, int kHeadDim, int kScore>
+template <typename T, int kHeadDim, int kScore, bool kDynamic>
 __global__ void __launch_bounds__(FWD90_THREADS, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ flash_params p, const __grid_constant__ fwd90_maps maps)
 {
@@ -879,7 +884,8 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     const uint32_t slot_p = base + L::kWorkP, slot_c = base + L::kWorkC; /* [1] int32 each: dynamic scheduler */
     const int tid = threadIdx.x;
     const int m_tiles = (int)((p.sq + FWD90_BM - 1) / FWD90_BM);
-    const bool dynamic = p.tile_counter != NULL; /* as the launcher's */
+    static_assert(!kDynamic || kScore == FWD90_SCORE_DENSE, "the dynamic scheduler serves the dense kernels");
+    constexpr bool dynamic = kDynamic; /* p.tile_counter set: launch_fwd90 */
     const bool paired = !dynamic && FWD90_PERSISTENT && fwd90_paired(p) && !(kData && p.mask != NULL);
     const int n_work = fwd90_items_per_head(m_tiles, paired) * (int)p.h * (int)p.b;
 
@@ -1173,7 +1179,8 @@ extern "C" size_t flash_fwd_sm90_smem(const flash_params *p)
 
 extern "C" int flash_fwd_sm90_dynamic(const flash_params *p)
 {
-    return FWD90_PERSISTENT && !fwd90_static(*p);
+    return FWD90_PERSISTENT && p->cu_seqlens_q != NULL && !p->has_hook && fwd90_head_dim(p->d) <= FWD90_DYNAMIC_MAX_D &&
+           p->sq <= FWD90_DYNAMIC_MAX_SEQ;
 }
 
 extern "C" int flash_fwd_sm90_ok(const flash_params *p)
@@ -1216,14 +1223,19 @@ static cudaError_t launch_fwd90(const flash_params *p, cudaStream_t stream)
         !fwd90_make_map(&maps.k, p, p->k, &p->k_s, k_rows, p->h_kv, k_batches, fwd90_cfg<kHeadDim>::kBlockN) ||
         !fwd90_make_map(&maps.v, p, p->v, &p->v_s, k_rows, p->h_kv, k_batches, fwd90_cfg<kHeadDim>::kBlockN))
         return cudaErrorInvalidValue;
-    void (*kernel)(const flash_params, const fwd90_maps) = flash_fwd_sm90_kernel<T, kHeadDim, kScore>;
+    void (*kernel)(const flash_params, const fwd90_maps) = flash_fwd_sm90_kernel<T, kHeadDim, kScore, false>;
+    bool dynamic = false; /* short varlen batches: where the caller passes a counter (flash_fwd_sm90_dynamic) */
+    if constexpr (kScore == FWD90_SCORE_DENSE && kHeadDim <= FWD90_DYNAMIC_MAX_D) {
+        if (p->tile_counter != NULL) {
+            kernel = flash_fwd_sm90_kernel<T, kHeadDim, kScore, true>;
+            dynamic = true;
+        }
+    }
     const size_t smem = fwd90_smem<kHeadDim>::kBytes;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
-    /* items of unequal cost (an attn_mask makes them data): the dynamic scheduler where the caller passes a
-     * counter (flash_fwd_sm90_dynamic), else one CTA per query tile */
-    const bool dynamic = p->tile_counter != NULL;
+    /* items of unequal cost (an attn_mask makes them data): the dynamic scheduler or one CTA per query tile */
     const bool paired = !dynamic && FWD90_PERSISTENT && fwd90_paired(*p) && p->mask == NULL;
     const int64_t n_work = fwd90_items_per_head((int)((p->sq + FWD90_BM - 1) / FWD90_BM), paired) * p->h * p->b;
     int dev = 0, sms = 0;
