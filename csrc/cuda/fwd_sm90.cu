@@ -79,6 +79,9 @@
  * Hook kernels, d128 s8k / s16k (`fwd_harness variants 128`, TFLOP/s on the visible pairs; dense 691 / 630):
  * hook without a field 629 / 627, softcap 50 467 / 488, ALiBi causal 535 / 570, dropout 0.1 303 / 312, 25%
  * key padding 573 / 556, block-sparse 10% 310 / 408 (fwd_sm80.cu: 229-489).
+ * Varlen (`fwd_harness varlen-bench`, lengths 1..2 seq), the dynamic scheduler against one CTA per query tile
+ * (HARNESS_STATIC=1): s512 d64 183 -> 255, causal 116 -> 160; d128 254 -> 315, causal 163 -> 206; equal lengths
+ * +10-19% at s512, +0-4% at s2k (benchmarks/results/h200/fwd_dynamic_varlen_2026-12-01).
  * Beside cuDNN and FA2: benchmarks/results/h200/fwd_sm90_2026-12-01 (full sweep) and fwd_kv_release_2026-12-01
  * (s2k / s8k since K and V are released apart); the variants beside FlexAttention and SDPA: the same folder and
  * benchmarks/results/h200/variants_sm90_2026-12-01.
