@@ -60,7 +60,8 @@
  *   d256               200   261    286  |         146    229    283
  *   deterministic mode (dQ by bwd_sm80.cu's dQ kernel), d128 s8192: 239 (causal 223).
  * torch's flash backend (FA2) and cuDNN: benchmarks/results/h200 (backward, ours 1.16-1.55x FA2 at
- * d128, 1.06-1.28x at d64 from s1k, 1.03-1.14x at d256; 0.69-0.87x cuDNN). Measured before the
+ * d128, 1.06-1.28x at d64 from s1k, 1.03-1.14x at d256; 0.69-0.87x cuDNN; d64 since BM 128: 1.24-1.40x FA2,
+ * 0.84-0.91x cuDNN at s2k / s8k, benchmarks/results/h200/bwd_d64_bm128_2026-12-01). Measured before the
  * variants of issue 10 (the dense path's instructions per tile are unchanged: see the history,
  * benchmarks/results/h200/history_bwd_sm90.md, which also holds the steps that led here).
  */
