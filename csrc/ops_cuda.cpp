@@ -156,7 +156,6 @@ void set_cuda_mask_blocks(flash_params *p, const Variants &var, VariantTensors *
 
 // (seed, offset) from torch's default generator of the current CUDA device, read on the host under the
 // generator's lock (no device synchronization; not capturable in a CUDA graph).
-
 at::Tensor draw_rng_state_cuda(const at::Tensor &q, double dropout_p)
 {
     if (dropout_p <= 0.0)

@@ -383,8 +383,10 @@ template <bool HOOK, int BM, int BN>
 __device__ __forceinline__ int next_query_tile(const flash_params &p, int m, int m_end, unsigned &flags)
 {
     flags = FLASH_MASK_ANY_VISIBLE;
-    /* HOOK kernels have BM = 64; the dense BM = 128 kernel never calls it (one mask block per lane needs BM <= 64) */
-    return HOOK ? next_visible_tile<HOOK ? BM : 64, BN>(p, m, m_end, flags) : m;
+    if constexpr (HOOK) /* BM = 64 (one mask block per lane); the dense BM = 128 kernel walks every tile */
+        return next_visible_tile<BM, BN>(p, m, m_end, flags);
+    else
+        return m;
 }
 
 /* Writes the dropout keep bits of one warp and query tile: keys kw + [0, WARP_KEYS) (kw a multiple of 8)
@@ -621,7 +623,7 @@ __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *d
     int m = next_query_tile<HOOK, BM, SM90_BN>(p, m_first, m_end, flags); /* HOOK: the walked tiles */
     for (int i = 0; HOOK ? m < m_end : i < m_end - m_first; ++i) {
         const int buf = NBUF == 1 ? 0 : i & 1, m0 = (HOOK ? m : m_first + i) * BM;
-        mbar_wait(full + buf * sizeof(uint64_t), NBUF == 1 ? i & 1 : (i / 2) & 1);
+        mbar_wait(full + buf * sizeof(uint64_t), (i / NBUF) & 1);
         const uint32_t src = smem_u32(dQb + buf * NPART * BM * DQ_LD); /* [NPART][BM][DQ_LD] */
 #pragma unroll 4
         for (int idx = rtid; idx < BM * V4_PER_ROW; idx += WARPGROUP_THREADS) {
@@ -896,8 +898,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
             wgmma_wait<0>();
             const int buf = NBUF == 1 ? 0 : step & 1;
             if (step >= NBUF) /* the reducer has added tile step - NBUF from this buffer */
-                mbar_wait(smem_addr_now(mbar) + (2 + buf) * sizeof(uint64_t),
-                          NBUF == 1 ? (step - 1) & 1 : (step / 2 - 1) & 1);
+                mbar_wait(smem_addr_now(mbar) + (2 + buf) * sizeof(uint64_t), (step / NBUF - 1) & 1);
             const uint32_t dst = smem_addr_now(dQb) + (uint32_t)((((buf * NPART + dq_part) * BM + dq_row0 + w * 16 + lane / 4) * DQ_LD +
                                                                   dq_col0 + 2 * lc) * sizeof(float)); /* (DQ_N) */
 #pragma unroll
