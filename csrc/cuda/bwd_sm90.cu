@@ -327,6 +327,44 @@ __device__ __forceinline__ int computed_here(int x)
     return r;
 }
 
+/* The CTA's key tile, query head and batch. The grid is (key tiles, h, b), which the hardware starts in
+ * x, y, z order. A band with an upper bound (causal, windows) makes a key tile's work fall with its index;
+ * there the dense kernels walk the grid heaviest first within groups of query heads whose Q and dO fit in
+ * BWD90_GROUP_BYTES (so that the CTAs in flight share them in L2, as in the grid's own order): key tile 0
+ * of every head of the group, then key tile 1, ... The last CTAs of the grid are then light ones, not the
+ * heavy first key tiles of the last heads (causal d128 s2k / s8k +5%). */
+#ifndef BWD90_CAUSAL_ORDER
+#define BWD90_CAUSAL_ORDER 1 /* 0: the grid's own order everywhere (A/B) */
+#endif
+#define BWD90_GROUP_BYTES (16 << 20) /* Q and dO bytes of one group of query heads */
+struct bwd90_cta {
+    int tile, hq, b;
+};
+
+template <bool kOrdered>
+__device__ __forceinline__ bwd90_cta bwd90_cta_of(const flash_params &p, int qdo_row_bytes)
+{
+    bwd90_cta c;
+    const unsigned tiles = gridDim.x, pairs = gridDim.y * gridDim.z;
+    if (!kOrdered || !BWD90_CAUSAL_ORDER || p.band_right < 0 || (uint64_t)tiles * pairs > UINT_MAX) {
+        c.tile = (int)blockIdx.x;
+        c.hq = (int)blockIdx.y;
+        c.b = (int)blockIdx.z;
+        return c;
+    }
+    const unsigned lin = blockIdx.x + tiles * (blockIdx.y + gridDim.y * blockIdx.z);
+    const unsigned head_bytes = p.sq > BWD90_GROUP_BYTES / qdo_row_bytes ? BWD90_GROUP_BYTES
+                                                                          : (unsigned)flash_max64(p.sq, 1) * qdo_row_bytes;
+    const unsigned group = min(pairs, BWD90_GROUP_BYTES / head_bytes); /* query heads per group, >= 1 */
+    const unsigned g = lin / (group * tiles), r = lin - g * group * tiles;
+    const unsigned in_group = min(group, pairs - g * group); /* heads of this group (the last may be short) */
+    const unsigned pair = g * group + r % in_group;
+    c.tile = (int)(r / in_group);
+    c.hq = (int)(pair % gridDim.y);
+    c.b = (int)(pair / gridDim.y);
+    return c;
+}
+
 /* ------------------------------------------------------------------------------------------------ */
 /* The HOOK variant's pieces                                                                        */
 
@@ -674,7 +712,8 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     uint8_t *keep_s = (uint8_t *)(mbar + 4);  /* HOOK: [SM90_MMA_WARPS][keep_warp_bytes(BM)] dropout keep bits */
 
     const int tid = threadIdx.x;
-    const int n0 = blockIdx.x * BN, hq = blockIdx.y, b = blockIdx.z;
+    const bwd90_cta cta = bwd90_cta_of<!HOOK>(p, 2 * D * (int)sizeof(T));
+    const int n0 = cta.tile * BN, hq = cta.hq, b = cta.b;
     const flash_seq seq = flash_seq_uniform(p, b); /* the CTA's sequence: every row and key below is its own */
     if (n0 >= seq.sk)
         return; /* varlen: the grid spans the longest sequence */
@@ -997,7 +1036,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     uint8_t *keep_s = (uint8_t *)(delta_s + 2 * BM); /* HOOK: [SM90_MMA_WARPS][keep_warp_bytes(D256_QW)] */
 
     const int tid = threadIdx.x;
-    const int n0 = blockIdx.x * BN, hq = blockIdx.y, b = blockIdx.z;
+    const bwd90_cta cta = bwd90_cta_of<!HOOK>(p, 2 * D256_D * (int)sizeof(T));
+    const int n0 = cta.tile * BN, hq = cta.hq, b = cta.b;
     const flash_seq seq = flash_seq_uniform(p, b); /* the CTA's sequence: every row and key below is its own */
     if (n0 >= seq.sk)
         return; /* varlen: the grid spans the longest sequence */

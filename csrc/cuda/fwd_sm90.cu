@@ -8,11 +8,11 @@
  * with light: fwd90_work) one CTA per SM walks the items (persistent, static order) and the producer runs
  * into the next tile while the consumers finish the current one. Elsewhere (varlen, seqused_k, leftpad,
  * windows, a non-square causal band, an attn_mask) one CTA per query tile, heaviest first, balanced by the
- * hardware's CTA scheduler; but short varlen batches of the dense kernel (FWD90_DYNAMIC_MAX_SEQ, d <= 128: the
- * kDynamic instantiations) run one CTA per SM on the dynamic scheduler, in the same order: warp 1 counts the
- * items off p.tile_counter (a zeroed int32 from the binding, launch.h flash_fwd_wants_tile_counter) and hands
- * each to the producer warp and to the consumers through a work slot apiece in shared memory (fwd90_fetch /
- * fwd90_schedule / fwd90_take).
+ * hardware's CTA scheduler; but varlen batches of the dense kernel (d <= 128: the kDynamic instantiations) run
+ * one CTA per SM on the dynamic scheduler, heaviest query tiles first within groups of heads that share K / V
+ * in L2 (fwd90_work_grouped): warp 1 counts the items off p.tile_counter (a zeroed int32 from the binding,
+ * launch.h flash_fwd_wants_tile_counter) and hands each to the producer warp and to the consumers through a
+ * work slot apiece in shared memory (fwd90_fetch / fwd90_schedule / fwd90_take).
  *   Warpgroup 0, the producer (setmaxnreg FWD90_PRODUCER_REGS; warp 1 stays for the dynamic scheduler, warps
  *     2-3 leave at once, warp 0 stays for the V tails below): one thread issues the TMA loads, K_j, V_j
  *     into a ring of kStages stages that runs on across work tiles, and Q (one box per 64-column panel)
@@ -112,9 +112,8 @@
 #define FWD90_CHUNK 8           /* 16-bit elements per 16-byte copy */
 #define FWD90_BAR_BYTES 8       /* one mbarrier (64 bits) */
 #define FWD90_SCHED_WARP 1      /* the producer warpgroup's warp that runs the dynamic scheduler */
-/* The dynamic scheduler runs varlen batches of the dense kernel up to this longest sequence and head dim; beyond
- * them (and at d256) it measured slower than one CTA per query tile (causal s8k -5 to -15%) */
-#define FWD90_DYNAMIC_MAX_SEQ 2048
+/* The dynamic scheduler runs varlen batches of the dense kernel up to this head dim (d256: one CTA per query
+ * tile, no kDynamic instantiation) */
 #define FWD90_DYNAMIC_MAX_D 128
 #define FWD90_FULL_MASK 0xffffffffu
 /* wgmma D fragment (wgmma.cuh): warp w of a warpgroup holds rows 16 w + lane / 4 and + 8 of each n8 block of
@@ -787,6 +786,34 @@ __device__ __forceinline__ fwd90_work fwd90_work_of(int w, int part, int m_tiles
     return r;
 }
 
+/* The dynamic scheduler's order: groups of `group` (batch, query head) pairs whose K and V fit in
+ * FWD90_GROUP_BYTES (fwd90_group), so that the CTAs in flight share them in L2; within a group the query tiles
+ * heaviest first (the last tile of every pair, then the one before, ...): causal tiles cost their index, and in a
+ * varlen batch only long sequences have late tiles. The last items are the light ones. */
+#ifndef FWD90_GROUPED
+#define FWD90_GROUPED 1 /* 0: the 3-D grid's order for the dynamic scheduler too (A/B) */
+#endif
+#define FWD90_GROUP_BYTES (16 << 20)
+
+__device__ __forceinline__ int fwd90_group(const flash_params &p, int head_dim)
+{
+    const int64_t kv_bytes = flash_max64(p.sk, 1) * head_dim * 2 * FWD90_ELEM_BYTES; /* K and V of one head */
+    return FWD90_GROUPED ? (int)flash_min64(p.h * p.b, flash_max64(1, FWD90_GROUP_BYTES / kv_bytes)) : 1;
+}
+
+__device__ __forceinline__ fwd90_work fwd90_work_grouped(int w, int m_tiles, const flash_params &p, int group)
+{
+    const int pairs = (int)(p.h * p.b);
+    const int g = w / (group * m_tiles), r = w - g * group * m_tiles;
+    const int in_group = min(group, pairs - g * group); /* pairs of this group (the last may be short) */
+    const int pair = g * group + r % in_group;
+    fwd90_work wk;
+    wk.m0 = (m_tiles - 1 - r / in_group) * FWD90_BM;
+    wk.hq = pair % (int)p.h;
+    wk.b = pair / (int)p.h;
+    return wk;
+}
+
 /* The work items cost the same (fwd90_work's paired: a square causal band) or are uniform anyway (no band):
  * both need a dense batch without per-sequence key counts. */
 __host__ __device__ __forceinline__ bool fwd90_paired(const flash_params &p)
@@ -815,13 +842,13 @@ __host__ __device__ __forceinline__ bool fwd90_static(const flash_params &p)
  * publishes each to the producer warp and to the consumers through a work slot apiece in shared memory
  * (named barriers FULL / EMPTY: no phase to keep in the readers' registers), n_work for "no more".
  * fwd90_fetch: lane 0 only; items past their sequence's rows (varlen: the grid spans the longest) are skipped. */
-__device__ __forceinline__ int fwd90_fetch(const flash_params &p, int n_work, int m_tiles)
+__device__ __forceinline__ int fwd90_fetch(const flash_params &p, int n_work, int m_tiles, int group)
 {
     for (;;) {
         const int64_t w = (int64_t)atomicAdd(p.tile_counter, 1) + gridDim.x;
         if (w >= n_work)
             return n_work;
-        const fwd90_work wk = fwd90_work_of((int)w, 0, m_tiles, (int)p.h, false);
+        const fwd90_work wk = fwd90_work_grouped((int)w, m_tiles, p, group);
         if (wk.m0 < flash_seq_of(&p, wk.b).sq)
             return (int)w;
     }
@@ -829,13 +856,13 @@ __device__ __forceinline__ int fwd90_fetch(const flash_params &p, int n_work, in
 
 /* The scheduler warp: fetches the next item while the readers work, then publishes it in each reader's slot once
  * that reader has taken the previous one (its first publication waits for nobody). */
-__device__ __forceinline__ void fwd90_schedule(const flash_params &p, int n_work, int m_tiles, uint32_t slot_p,
-                                               uint32_t slot_c, int lane)
+__device__ __forceinline__ void fwd90_schedule(const flash_params &p, int n_work, int m_tiles, int group,
+                                               uint32_t slot_p, uint32_t slot_c, int lane)
 {
     for (bool first = true;; first = false) {
         int w = 0;
         if (lane == 0)
-            w = fwd90_fetch(p, n_work, m_tiles);
+            w = fwd90_fetch(p, n_work, m_tiles, group);
         w = __shfl_sync(FWD90_FULL_MASK, w, 0);
         if (!first)
             named_sync(FWD90_BAR_WORK_P_EMPTY, FWD90_WORK_P_THREADS);
@@ -911,7 +938,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FWD90_PRODUCER_REGS));
         if (tid >= FLASH_WARP_SIZE) {
             if (dynamic && tid / FLASH_WARP_SIZE == FWD90_SCHED_WARP)
-                fwd90_schedule(p, n_work, m_tiles, slot_p, slot_c, tid % FLASH_WARP_SIZE);
+                fwd90_schedule(p, n_work, m_tiles, fwd90_group(p, kHeadDim), slot_p, slot_c, tid % FLASH_WARP_SIZE);
             return;
         }
         const int lane = tid;
@@ -928,7 +955,8 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
              w = dynamic ? fwd90_take<FWD90_BAR_WORK_P_FULL, FWD90_BAR_WORK_P_EMPTY, FWD90_WORK_P_THREADS>(slot_p, n_work)
                          : w + (int)gridDim.x) {
             for (int part = 0; part < fwd90_parts(w, m_tiles, paired); part++) {
-                const fwd90_work wk = fwd90_work_of(w, part, m_tiles, (int)p.h, paired);
+                const fwd90_work wk = dynamic ? fwd90_work_grouped(w, m_tiles, p, fwd90_group(p, kHeadDim))
+                                          : fwd90_work_of(w, part, m_tiles, (int)p.h, paired);
                 const flash_seq seq = flash_seq_of(&p, wk.b);
                 if (wk.m0 >= seq.sq)
                     continue; /* varlen: the grid spans the longest sequence */
@@ -1007,7 +1035,8 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
          w = dynamic ? fwd90_take<FWD90_BAR_WORK_C_FULL, FWD90_BAR_WORK_C_EMPTY, FWD90_WORK_C_THREADS>(slot_c, n_work)
                      : w + (int)gridDim.x) {
         for (int part = 0; part < fwd90_parts(w, m_tiles, paired); part++) {
-            const fwd90_work wk = fwd90_work_of(w, part, m_tiles, (int)p.h, paired);
+            const fwd90_work wk = dynamic ? fwd90_work_grouped(w, m_tiles, p, fwd90_group(p, kHeadDim))
+                                          : fwd90_work_of(w, part, m_tiles, (int)p.h, paired);
             const flash_seq seq = flash_seq_of(&p, wk.b);
             if (wk.m0 >= seq.sq)
                 continue;
@@ -1182,8 +1211,7 @@ extern "C" size_t flash_fwd_sm90_smem(const flash_params *p)
 
 extern "C" int flash_fwd_sm90_dynamic(const flash_params *p)
 {
-    return FWD90_PERSISTENT && p->cu_seqlens_q != NULL && !p->has_hook && fwd90_head_dim(p->d) <= FWD90_DYNAMIC_MAX_D &&
-           p->sq <= FWD90_DYNAMIC_MAX_SEQ;
+    return FWD90_PERSISTENT && p->cu_seqlens_q != NULL && !p->has_hook && fwd90_head_dim(p->d) <= FWD90_DYNAMIC_MAX_D;
 }
 
 extern "C" int flash_fwd_sm90_ok(const flash_params *p)
