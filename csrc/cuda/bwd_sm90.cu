@@ -46,6 +46,9 @@
  *   (dropout_scale applied to dV at the end); then P^T times the softcap derivative. In the dS step:
  *   dP^T times keep * dropout_scale, dS^T = P^T (dP^T - delta); with dbias (dS^T before the softcap
  *   factor, written to p.dbias) the derivative waits in dS^T's shared memory (fp16) instead.
+ * Work order: the grid is (key tiles, h, b); with a band that has an upper bound (causal, windows) the dense
+ *   kernels map each CTA's linear index heaviest key tile first within groups of heads (bwd90_cta_of), so
+ *   that the grid's last CTAs are light ones.
  * Varlen (cu_seqlens, seqused_k): each CTA takes its sequence once (flash_seq_uniform: flash_seq_of
  *   as warp-uniform values, so the base pointers stay on the uniform datapath) and returns at once when
  *   its key tile is past the sequence's keys; the main loops' instructions are those of dense batches.
@@ -58,6 +61,8 @@
  *   d64                215   346    399  |         128    270    377   (BM 128, 2026-12-01)
  *   d128               285   428    488  |         178    339    448
  *   d256               200   261    286  |         146    229    283
+ *   causal since the heaviest-first order (2026-12-02, the same run's old order in brackets): d64 276 / 386
+ *   (271 / 375) at s2048 / s8192, d128 331 / 456 (317 / 435), d256 240 / 285 (230 / 285).
  *   deterministic mode (dQ by bwd_sm80.cu's dQ kernel), d128 s8192: 239 (causal 223).
  * torch's flash backend (FA2) and cuDNN: benchmarks/results/h200 (backward, ours 1.16-1.55x FA2 at
  * d128, 1.06-1.28x at d64 from s1k, 1.03-1.14x at d256; 0.69-0.87x cuDNN; d64 since BM 128: 1.24-1.40x FA2,

@@ -81,7 +81,10 @@
  * key padding 573 / 556, block-sparse 10% 310 / 408 (fwd_sm80.cu: 229-489).
  * Varlen (`fwd_harness varlen-bench`, lengths 1..2 seq), the dynamic scheduler against one CTA per query tile
  * (HARNESS_STATIC=1): s512 d64 183 -> 255, causal 116 -> 160; d128 254 -> 315, causal 163 -> 206; equal lengths
- * +10-19% at s512, +0-4% at s2k (benchmarks/results/h200/fwd_dynamic_varlen_2026-12-01).
+ * +10-19% at s512, +0-4% at s2k (benchmarks/results/h200/fwd_dynamic_varlen_2026-12-01). Since its grouped order
+ * (every varlen batch, benchmarks/results/h200/sched_order_2026-12-02), as a fraction of the dense call of the same
+ * shape, mixed lengths: d128 s2k 0.78 -> 0.87, s8k 0.87 -> 0.94, causal s8k 0.87 (static 0.87-0.92); bench_varlen.py
+ * (7 sequences of 677..3970) varlen / dense same work 0.84-0.93.
  * Beside cuDNN and FA2: benchmarks/results/h200/fwd_sm90_2026-12-01 (full sweep) and fwd_kv_release_2026-12-01
  * (s2k / s8k since K and V are released apart); the variants beside FlexAttention and SDPA: the same folder and
  * benchmarks/results/h200/variants_sm90_2026-12-01.
