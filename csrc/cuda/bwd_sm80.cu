@@ -4,7 +4,8 @@
  * this file's on every GPU.
  *
  * Algorithm (nothing of size sq x sk is ever stored):
- *   1. bwd_preprocess_kernel: delta_i = rowsum(dO_i * O_i) in fp32; zeroes the dq_accum row.
+ *   1. bwd_preprocess_kernel, grid (row blocks, h, b), a power of two of threads per row (row_lanes_log2):
+ *      delta_i = rowsum(dO_i * O_i) in fp32; zeroes the dq_accum row.
  *   2. bwd_main_kernel, grid (key tiles, h, b): a CTA owns BC keys of one query head. K and V of the
  *      tile are loaded once (cp.async); the CTA walks the query tiles of BR rows that the band of
  *      mask.h lets see the tile (flash_query_tiles: [first, end); tiles in [full_first, full_end)
@@ -17,7 +18,7 @@
  *                                          dq_accum with vector red.add (sm90) or scalar red.add (sm80).
  *      dK is scaled by `scale` at the end and written in the dtype (h == h_kv) or, for GQA, as fp32
  *      per query head into dk_accum/dv_accum.
- *   3. bwd_dq_post_kernel: dq = dq_accum * scale in the dtype; bwd_dkv_post_kernel (GQA only):
+ *   3. bwd_dq_post_kernel, the preprocess's grid: dq = dq_accum * scale in the dtype; bwd_dkv_post_kernel (GQA only):
  *      dk/dv = sum over the h/h_kv query heads of dk_accum/dv_accum, in a fixed order.
  *   Deterministic mode (p->deterministic): the main kernel skips dQ; bwd_dq_kernel, grid (query
  *   tiles, h, b), walks the key tiles of flash_key_tiles in order recomputing S, P, dP, dS, keeps dQ
@@ -103,8 +104,7 @@
  * bank groups, so ldmatrix (plain and .trans) and 4-byte fragment stores have no conflicts. */
 #define SMEM_PAD 8
 
-#define PRE_WARPS 8        /* rows per block of the preprocess kernel */
-#define POST_THREADS 256   /* threads per block of the postprocess kernels */
+#define POST_THREADS 256   /* threads per block of the preprocess and postprocess kernels */
 #define MAIN_WARPS 8       /* warps per CTA of the main kernel */
 #define MAX_GRID_YZ 65535  /* heads and batches index grid dimensions y and z */
 
@@ -309,25 +309,39 @@ __device__ __forceinline__ void hook_prepass(const flash_params &p, const hook_c
 /* ------------------------------------------------------------------------------------------------ */
 /* preprocess: delta = rowsum(dO * O), zero dq_accum                                                */
 
-/* One warp per (b, h, query row i < sq; varlen: sq = max_seqlen_q, rows past the sequence's end do
- * nothing); lane l reads 8 consecutive elements at column 8l (+256). */
-template <typename T>
-__global__ void __launch_bounds__(PRE_WARPS *FLASH_WARP_SIZE) bwd_preprocess_kernel(const flash_params p)
+/* The row-wise kernels (preprocess, dQ postprocess) give each query row 2^row_lanes_log2(d) threads, one per
+ * CHUNK columns rounded up to a power of two (a row's threads are an aligned group of lanes of one warp), and
+ * block x of the grid (row blocks, h, b) rows [x R, x R + R), R = POST_THREADS >> row_lanes_log2(d), of query
+ * head y of batch z: index arithmetic in shifts, every lane busy at d = 64, 128, 256. */
+__host__ __device__ inline int row_lanes_log2(int d)
 {
-    const int lane = threadIdx.x % FLASH_WARP_SIZE;
-    const int64_t idx = (int64_t)blockIdx.x * PRE_WARPS + threadIdx.x / FLASH_WARP_SIZE; /* (b*h + hq)*sq + i */
-    if (idx >= p.b * p.h * p.sq)
-        return;
-    const int64_t i = idx % p.sq, bh = idx / p.sq, hq = bh % p.h, b = bh / p.h;
+    int lg = 0;
+    while ((CHUNK << lg) < d)
+        ++lg;
+    return lg;
+}
+
+static dim3 row_grid(const flash_params *p)
+{
+    const int rows_per_block = POST_THREADS >> row_lanes_log2((int)p->d);
+    return dim3((unsigned int)((p->sq + rows_per_block - 1) / rows_per_block), (unsigned int)p->h, (unsigned int)p->b);
+}
+
+/* One row of a (b, hq) per 2^lg threads (varlen: sq = max_seqlen_q, rows past the sequence's end do nothing;
+ * they take part in the row's shuffles with a zero sum); thread l of the row reads CHUNK consecutive elements
+ * of O and dO at column CHUNK l and zeroes float4 columns l, l + 2^lg, ... of the row's dq_accum. */
+template <typename T>
+__global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_kernel(const flash_params p)
+{
+    const int d = (int)p.d, lg = row_lanes_log2(d), lanes = 1 << lg, lr = threadIdx.x & (lanes - 1);
+    const int64_t i = (int64_t)blockIdx.x * (POST_THREADS >> lg) + (threadIdx.x >> lg), hq = blockIdx.y, b = blockIdx.z;
     const flash_seq s = flash_seq_of(&p, b);
-    if (i >= s.sq)
-        return;
-    const int64_t row = flash_lse_offset(&p, &s, b, hq) + i; /* of delta; dq_accum: times d */
-    const int d = (int)p.d;
-    const T *o = (const T *)p.o + b * p.o_s.batch + (s.q_row0 + i) * p.o_s.row + hq * p.o_s.head;       /* (d) */
-    const T *dout = (const T *)p.dout + b * p.do_s.batch + (s.q_row0 + i) * p.do_s.row + hq * p.do_s.head; /* (d) */
+    const bool live = i < s.sq;
+    const int c = lr * CHUNK;
     float sum = 0.f;
-    for (int c = lane * CHUNK; c < d; c += FLASH_WARP_SIZE * CHUNK) {
+    if (live && c < d) {
+        const T *o = (const T *)p.o + b * p.o_s.batch + (s.q_row0 + i) * p.o_s.row + hq * p.o_s.head;       /* (d) */
+        const T *dout = (const T *)p.dout + b * p.do_s.batch + (s.q_row0 + i) * p.do_s.row + hq * p.do_s.head; /* (d) */
         const uint4 ov = *(const uint4 *)(o + c), dv = *(const uint4 *)(dout + c);
         const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
 #pragma unroll
@@ -336,15 +350,17 @@ __global__ void __launch_bounds__(PRE_WARPS *FLASH_WARP_SIZE) bwd_preprocess_ker
             sum += of.x * df.x + of.y * df.y;
         }
     }
-#pragma unroll
-    for (int off = FLASH_WARP_SIZE / 2; off > 0; off /= 2)
+    for (int off = lanes / 2; off > 0; off /= 2)
         sum += __shfl_xor_sync(FULL_MASK, sum, off);
-    if (lane == 0)
+    if (!live)
+        return;
+    const int64_t row = flash_lse_offset(&p, &s, b, hq) + i; /* of delta; dq_accum: times d */
+    if (lr == 0)
         ((float *)p.delta)[row] = sum;
     if (!p.deterministic) {
         float4 *acc = (float4 *)(p.dq_accum + row * d); /* (d / 4) */
-        for (int c = lane; c < d / 4; c += FLASH_WARP_SIZE)
-            acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int c4 = lr; c4 < d / 4; c4 += lanes)
+            acc[c4] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 }
 
@@ -1059,19 +1075,15 @@ __global__ void __launch_bounds__(BRQ / 16 * FLASH_WARP_SIZE, 1)
 /* ------------------------------------------------------------------------------------------------ */
 /* postprocess                                                                                      */
 
-/* One thread per 8 consecutive elements of dq (b, h, query row i < sq; varlen: rows past the
- * sequence's end do nothing): dq = dq_accum * scale. */
+/* dq = dq_accum * scale, one row of a (b, hq) per 2^lg threads as the preprocess (varlen: rows past the
+ * sequence's end do nothing); thread l of the row converts CHUNK consecutive elements at column CHUNK l. */
 template <typename T>
 __global__ void __launch_bounds__(POST_THREADS) bwd_dq_post_kernel(const flash_params p)
 {
-    const int64_t idx = (int64_t)blockIdx.x * POST_THREADS + threadIdx.x;
-    const int d = (int)p.d, cpr = d / CHUNK;
-    if (idx >= p.b * p.h * p.sq * cpr)
-        return;
-    const int c = (int)(idx % cpr) * CHUNK;
-    const int64_t r = idx / cpr, i = r % p.sq, bh = r / p.sq, hq = bh % p.h, b = bh / p.h;
+    const int d = (int)p.d, lg = row_lanes_log2(d), c = (int)(threadIdx.x & ((1u << lg) - 1)) * CHUNK;
+    const int64_t i = (int64_t)blockIdx.x * (POST_THREADS >> lg) + (threadIdx.x >> lg), hq = blockIdx.y, b = blockIdx.z;
     const flash_seq s = flash_seq_of(&p, b);
-    if (i >= s.sq)
+    if (i >= s.sq || c >= d)
         return;
     const int64_t row = flash_lse_offset(&p, &s, b, hq) + i;
     const float scale = (float)p.scale;
@@ -1269,13 +1281,12 @@ extern "C" cudaError_t flash_bwd_sm80_check(const flash_params *p)
 
 extern "C" cudaError_t flash_bwd_sm80_pre(const flash_params *p, cudaStream_t stream)
 {
-    const unsigned int blocks = blocks_for(p->b * p->h * p->sq, PRE_WARPS);
-    if (blocks == 0)
+    if (p->b == 0 || p->h == 0 || p->sq == 0)
         return cudaSuccess;
     if (p->dtype == FLASH_BF16)
-        bwd_preprocess_kernel<__nv_bfloat16><<<blocks, PRE_WARPS * FLASH_WARP_SIZE, 0, stream>>>(*p);
+        bwd_preprocess_kernel<__nv_bfloat16><<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
     else if (p->dtype == FLASH_FP16)
-        bwd_preprocess_kernel<__half><<<blocks, PRE_WARPS * FLASH_WARP_SIZE, 0, stream>>>(*p);
+        bwd_preprocess_kernel<__half><<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
     else
         return cudaErrorInvalidValue;
     return cudaGetLastError();
@@ -1290,13 +1301,12 @@ extern "C" cudaError_t flash_bwd_sm80_dq(const flash_params *p, flash_tiles t, c
 {
     if (p->deterministic)
         return launch_dtype(p, t, BWD_PART_DQ, stream);
-    const unsigned int blocks = blocks_for(p->b * p->h * p->sq * (p->d / CHUNK), POST_THREADS);
-    if (blocks == 0)
+    if (p->b == 0 || p->h == 0 || p->sq == 0)
         return cudaSuccess;
     if (p->dtype == FLASH_BF16)
-        bwd_dq_post_kernel<__nv_bfloat16><<<blocks, POST_THREADS, 0, stream>>>(*p);
+        bwd_dq_post_kernel<__nv_bfloat16><<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
     else if (p->dtype == FLASH_FP16)
-        bwd_dq_post_kernel<__half><<<blocks, POST_THREADS, 0, stream>>>(*p);
+        bwd_dq_post_kernel<__half><<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
     else
         return cudaErrorInvalidValue;
     return cudaGetLastError();

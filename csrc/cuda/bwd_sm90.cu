@@ -63,6 +63,9 @@
  *   d256               200   261    286  |         146    229    283
  *   causal since the heaviest-first order (2026-12-02, the same run's old order in brackets): d64 276 / 386
  *   (271 / 375) at s2048 / s8192, d128 331 / 456 (317 / 435), d256 240 / 285 (230 / 285).
+ *   since bwd_sm80.cu's row-wise preprocess / postprocess (2026-12-02, same call, before in brackets): d64 246 /
+ *   364 / 413 (216 / 348 / 406), causal 155 / 304 / 398 (130 / 277 / 385); d128 290 / 429 / 464 (277 / 418 /
+ *   469), causal 176 / 351 / 460 (166 / 332 / 454); d256 unchanged (one row per warp before and after).
  *   deterministic mode (dQ by bwd_sm80.cu's dQ kernel), d128 s8192: 239 (causal 223).
  * torch's flash backend (FA2) and cuDNN: benchmarks/results/h200 (backward, ours 1.16-1.55x FA2 at
  * d128, 1.06-1.28x at d64 from s1k, 1.03-1.14x at d256; 0.69-0.87x cuDNN; d64 since BM 128: 1.24-1.40x FA2,
