@@ -959,7 +959,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                          : w + (int)gridDim.x) {
             for (int part = 0; part < fwd90_parts(w, m_tiles, paired); part++) {
                 const fwd90_work wk = dynamic ? fwd90_work_grouped(w, m_tiles, p, fwd90_group(p, kHeadDim))
-                                          : fwd90_work_of(w, part, m_tiles, (int)p.h, paired);
+                                              : fwd90_work_of(w, part, m_tiles, (int)p.h, paired);
                 const flash_seq seq = flash_seq_of(&p, wk.b);
                 if (wk.m0 >= seq.sq)
                     continue; /* varlen: the grid spans the longest sequence */
