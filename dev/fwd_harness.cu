@@ -23,7 +23,7 @@
  *                                       decode kernel, split-KV by its heuristic and with one split)
  * Every forward runs with launch.cu's split-KV choice for HARNESS_NUM_SPLITS (default 0, the heuristic).
  * HARNESS_SEQ=S: bench and varlen-bench time seqlen S only (one config under ncu). HARNESS_STATIC=1: no tile
- * counter, so fwd_sm90.cu's short varlen batches run one CTA per query tile (A/B of its dynamic scheduler).
+ * counter, so fwd_sm90.cu's varlen batches run one CTA per query tile (A/B of its dynamic scheduler).
  * Cases cover the band (full, causal both alignments, sliding windows), softcap, ALiBi (per head and per
  * batch), bool and additive attn_mask (random, key padding, block-sparse, rows with no visible key;
  * broadcast dimensions, strided / transposed storage; block flags), dropout, sinks, and pairs of them.

@@ -321,12 +321,6 @@ __host__ __device__ inline int row_lanes_log2(int d)
     return lg;
 }
 
-static dim3 row_grid(const flash_params *p)
-{
-    const int rows_per_block = POST_THREADS >> row_lanes_log2((int)p->d);
-    return dim3((unsigned int)((p->sq + rows_per_block - 1) / rows_per_block), (unsigned int)p->h, (unsigned int)p->b);
-}
-
 /* One row of a (b, hq) per 2^lg threads (varlen: sq = max_seqlen_q, rows past the sequence's end do nothing;
  * they take part in the row's shuffles with a zero sum); thread l of the row reads CHUNK consecutive elements
  * of O and dO at column CHUNK l and zeroes float4 columns l, l + 2^lg, ... of the row's dq_accum. */
@@ -1139,6 +1133,12 @@ __global__ void __launch_bounds__(POST_THREADS) bwd_dkv_post_kernel(const flash_
 static unsigned int blocks_for(int64_t items, int per_block)
 {
     return (unsigned int)((items + per_block - 1) / per_block);
+}
+
+/* The grid of the row-wise kernels (preprocess, dQ postprocess): (row blocks, h, b). */
+static dim3 row_grid(const flash_params *p)
+{
+    return dim3(blocks_for(p->sq, POST_THREADS >> row_lanes_log2((int)p->d)), (unsigned int)p->h, (unsigned int)p->b);
 }
 
 /* Dynamic shared memory (bytes, 16-bit elements) of the main kernel (K, V, two Q and dO stages, P^T,

@@ -841,7 +841,7 @@ __host__ __device__ __forceinline__ bool fwd90_static(const flash_params &p)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* The dynamic scheduler (p.tile_counter != NULL; one CTA per SM). Work item blockIdx.x is each CTA's first;
  * warp FWD90_SCHED_WARP of the producer warpgroup counts the next ones off the counter (items gridDim.x,
- * gridDim.x + 1, ...: the order of fwd90_work, heaviest causal query tiles of a head first), one ahead, and
+ * gridDim.x + 1, ...: the order of fwd90_work_grouped), one ahead, and
  * publishes each to the producer warp and to the consumers through a work slot apiece in shared memory
  * (named barriers FULL / EMPTY: no phase to keep in the readers' registers), n_work for "no more".
  * fwd90_fetch: lane 0 only; items past their sequence's rows (varlen: the grid spans the longest) are skipped. */
@@ -1258,7 +1258,7 @@ static cudaError_t launch_fwd90(const flash_params *p, cudaStream_t stream)
         !fwd90_make_map(&maps.v, p, p->v, &p->v_s, k_rows, p->h_kv, k_batches, fwd90_cfg<kHeadDim>::kBlockN))
         return cudaErrorInvalidValue;
     void (*kernel)(const flash_params, const fwd90_maps) = flash_fwd_sm90_kernel<T, kHeadDim, kScore, false>;
-    bool dynamic = false; /* short varlen batches: where the caller passes a counter (flash_fwd_sm90_dynamic) */
+    bool dynamic = false; /* varlen batches: where the caller passes a counter (flash_fwd_sm90_dynamic) */
     if constexpr (kScore == FWD90_SCORE_DENSE && kHeadDim <= FWD90_DYNAMIC_MAX_D) {
         if (p->tile_counter != NULL) {
             kernel = flash_fwd_sm90_kernel<T, kHeadDim, kScore, true>;

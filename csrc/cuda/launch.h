@@ -76,7 +76,7 @@ cudaError_t flash_fwd_decode(const flash_params *p, cudaStream_t stream);
  * dim 128); flash_fwd_sm90_smem: its shared memory per CTA. */
 int flash_fwd_sm90_ok(const flash_params *p);
 size_t flash_fwd_sm90_smem(const flash_params *p);
-/* 1 where it schedules its work items dynamically given p->tile_counter (short varlen batches of the dense
+/* 1 where it schedules its work items dynamically given p->tile_counter (varlen batches of the dense
  * kernel; else one CTA per query tile). */
 int flash_fwd_sm90_dynamic(const flash_params *p);
 cudaError_t flash_fwd_sm90(const flash_params *p, cudaStream_t stream);
