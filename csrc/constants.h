@@ -14,5 +14,8 @@
 /* the fp16/bf16 forward takes the decode kernel (fwd_decode.cu) when seqlen_q * (nheads / nheads_kv) is at
  * most this (the rows that share one KV head) */
 #define FLASH_DECODE_MAX_ROWS 64
+/* query rows per entry of the deterministic backward's dQ semaphores (flash_params.dq_semaphore): the
+ * smallest query tile of the kernels that order their dQ additions */
+#define FLASH_DQ_SEM_ROWS 64
 
 #endif

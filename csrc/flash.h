@@ -158,6 +158,11 @@ typedef struct flash_params {
     /* The Hopper forward's dynamic tile scheduler (launch.h flash_fwd_wants_tile_counter): one int32, zero at
      * launch, that its persistent CTAs count work items off with atomicAdd; NULL: a static order. */
     int32_t *tile_counter;
+
+    /* Deterministic backward on Hopper (launch.h flash_bwd_wants_dq_semaphore): (b, h, cdiv(sq,
+     * FLASH_DQ_SEM_ROWS)) int32 workspace, zeroed by the preprocess, through which the main kernel's CTAs
+     * add their dQ partials of one query tile into dq_accum in a fixed order; NULL: the dQ kernel. */
+    int32_t *dq_semaphore;
 } flash_params;
 
 #ifdef __cplusplus

@@ -243,14 +243,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
     if (mask_grad)
         p.dbias = dmask.data_ptr();
 
-    // fp32 workspaces of the tensor-core backward (see csrc/flash.h); freed when this call returns,
-    // after the kernels that use them, through the stream-ordered caching allocator.
-    at::Tensor dq_accum, dk_accum, dv_accum;
+    // fp32 workspaces of the tensor-core backward (see csrc/flash.h; in deterministic mode on Hopper also the
+    // int32 dQ semaphores, zeroed by the preprocess); freed when this call returns, after the kernels that
+    // use them, through the stream-ordered caching allocator.
+    at::Tensor dq_accum, dk_accum, dv_accum, dq_semaphore;
     if (is_half(q)) {
         check_smem(flash_bwd_smem_needed(&p), d, "backward");
         const auto f32 = q.options().dtype(at::kFloat);
         dq_accum = at::empty({p.b, p.h, p.sq, p.d}, f32);
         p.dq_accum = dq_accum.data_ptr<float>();
+        if (flash_bwd_wants_dq_semaphore(&p)) {
+            dq_semaphore = at::empty({p.b, p.h, (p.sq + FLASH_DQ_SEM_ROWS - 1) / FLASH_DQ_SEM_ROWS},
+                                     q.options().dtype(at::kInt));
+            p.dq_semaphore = dq_semaphore.data_ptr<int32_t>();
+        }
         if (p.h != p.h_kv) {
             dk_accum = at::empty({p.b, p.sk, p.h, p.d}, f32);
             dv_accum = at::empty({p.b, p.sk, p.h, p.d}, f32);
@@ -336,13 +342,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
 
     // fp32 workspaces of the tensor-core backward in the varlen layouts of csrc/flash.h: dq_accum
     // (nheads, total_q, d), dk_accum / dv_accum (total_k, nheads, d), zero-filled (rows of no sequence
-    // and keys past seqused_k are never written by the kernels).
-    at::Tensor dq_accum, dk_accum, dv_accum;
+    // and keys past seqused_k are never written by the kernels); the dQ semaphores as in the dense case.
+    at::Tensor dq_accum, dk_accum, dv_accum, dq_semaphore;
     if (is_half(q)) {
         check_smem(flash_bwd_smem_needed(&p), d, "backward");
         const auto f32 = q.options().dtype(at::kFloat);
         dq_accum = at::zeros({p.h, p.total_q, p.d}, f32);
         p.dq_accum = dq_accum.data_ptr<float>();
+        if (flash_bwd_wants_dq_semaphore(&p)) {
+            dq_semaphore = at::empty({p.b, p.h, (p.sq + FLASH_DQ_SEM_ROWS - 1) / FLASH_DQ_SEM_ROWS},
+                                     q.options().dtype(at::kInt));
+            p.dq_semaphore = dq_semaphore.data_ptr<int32_t>();
+        }
         if (p.h != p.h_kv) {
             dk_accum = at::zeros({p.total_k, p.h, p.d}, f32);
             dv_accum = at::zeros({p.total_k, p.h, p.d}, f32);

@@ -813,9 +813,23 @@ static int64_t nonzero_rows(const std::vector<unsigned char> &host, const std::v
 typedef struct dev_bufs {
     void *q, *k, *v, *o, *dout, *lse, *dq, *dk, *dv, *delta, *dbias, *sink;
     float *dq_accum, *dk_accum, *dv_accum, *slopes;
+    int32_t *dq_sem;
     mask_dev mask;
-    size_t dq_bytes, dk_bytes, dv_bytes, delta_bytes, dqa_bytes, dkva_bytes, dbias_bytes;
+    size_t dq_bytes, dk_bytes, dv_bytes, delta_bytes, dqa_bytes, dkva_bytes, dbias_bytes, sem_bytes;
 } dev_bufs;
+
+/* The int32 dQ semaphores, set in p and allocated where the backward of p takes them (deterministic mode on
+ * Hopper: flash_bwd_wants_dq_semaphore), as the binding does; NULL elsewhere. Call with p complete. */
+static int32_t *alloc_dq_semaphore(flash_params *p, size_t *bytes)
+{
+    *bytes = 0;
+    if (!flash_bwd_wants_dq_semaphore(p))
+        return NULL;
+    *bytes = (size_t)p->b * p->h * ((p->sq + FLASH_DQ_SEM_ROWS - 1) / FLASH_DQ_SEM_ROWS) * sizeof(int32_t);
+    CHECK_CUDA(cudaMalloc(&p->dq_semaphore, *bytes));
+    CHECK_CUDA(cudaMemset(p->dq_semaphore, POISON_BYTE, *bytes)); /* the preprocess zeroes it */
+    return p->dq_semaphore;
+}
 
 static void poison(const dev_bufs &db)
 {
@@ -831,6 +845,8 @@ static void poison(const dev_bufs &db)
     }
     if (db.dbias)
         CHECK_CUDA(cudaMemset(db.dbias, 0, db.dbias_bytes)); /* the binding zero-fills it */
+    if (db.dq_sem)
+        CHECK_CUDA(cudaMemset(db.dq_sem, POISON_BYTE, db.sem_bytes));
 }
 
 static int run_test(const test_cfg &c, const prepared &pr)
@@ -894,6 +910,7 @@ static int run_test(const test_cfg &c, const prepared &pr)
     p.dbias = db.dbias;
     p.has_hook = (p.softcap > 0 || p.alibi_slopes || p.mask || p.dropout_threshold) ? 1 : 0;
     p.deterministic = c.det;
+    db.dq_sem = alloc_dq_semaphore(&p, &db.sem_bytes);
 
     std::vector<unsigned char> hq(db.dq_bytes), hk(db.dk_bytes), hv(db.dv_bytes), hb(db.dbias_bytes);
     std::vector<unsigned char> hq0, hk0, hv0, hb0;
@@ -963,7 +980,7 @@ static int run_test(const test_cfg &c, const prepared &pr)
 
     for (void *x : {db.q, db.k, db.v, db.o, db.dout, db.lse, db.dq, db.dk, db.dv, db.delta, db.dbias, db.sink,
                     (void *)db.dq_accum, (void *)db.dk_accum, (void *)db.dv_accum, (void *)db.slopes, db.mask.mask,
-                    (void *)db.mask.blocks})
+                    (void *)db.mask.blocks, (void *)db.dq_sem})
         if (x)
             CHECK_CUDA(cudaFree(x));
     return ok;
@@ -1076,6 +1093,7 @@ static int run_varlen(const test_cfg &c, const prepared &pr)
     }
     p.has_hook = (p.softcap > 0 || p.alibi_slopes) ? 1 : 0;
     p.deterministic = c.det;
+    db.dq_sem = alloc_dq_semaphore(&p, &db.sem_bytes);
 
     std::vector<unsigned char> hq(db.dq_bytes), hk(db.dk_bytes), hv(db.dv_bytes);
     std::vector<unsigned char> hq0, hk0, hv0;
@@ -1144,7 +1162,7 @@ static int run_varlen(const test_cfg &c, const prepared &pr)
 
     for (void *x : {db.q, db.k, db.v, db.o, db.dout, db.lse, db.dq, db.dk, db.dv, db.delta, db.sink,
                     (void *)db.dq_accum, (void *)db.dk_accum, (void *)db.dv_accum, (void *)db.slopes, (void *)cu_q,
-                    (void *)cu_k, (void *)used})
+                    (void *)cu_k, (void *)used, (void *)db.dq_sem})
         if (x)
             CHECK_CUDA(cudaFree(x));
     return ok;
@@ -1456,6 +1474,8 @@ static void time_variant(const test_cfg &c, const char *label)
     p.has_hook = (p.softcap > 0 || p.alibi_slopes || p.mask || p.dropout_threshold) ? 1 : 0;
     p.deterministic = c.det;
     p.dtype = FLASH_BF16;
+    size_t sem_bytes;
+    int32_t *sem = alloc_dq_semaphore(&p, &sem_bytes);
 
     /* visible pairs: the band, and the mask (broadcast over heads) */
     double pairs = 0;
@@ -1479,7 +1499,8 @@ static void time_variant(const test_cfg &c, const char *label)
            flops / (med * 1e-3) / 1e12, pairs / ((double)b * h * s * s));
     fflush(stdout);
     for (void *x : {(void *)q, (void *)k, (void *)v, (void *)o, (void *)dout, (void *)dq, (void *)dk, (void *)dv,
-                    (void *)lse, (void *)delta, (void *)dqa, (void *)slopes, (void *)dbias, md.mask, (void *)md.blocks})
+                    (void *)lse, (void *)delta, (void *)dqa, (void *)slopes, (void *)dbias, md.mask, (void *)md.blocks,
+                    (void *)sem})
         if (x)
             CHECK_CUDA(cudaFree(x));
 }
@@ -1597,8 +1618,10 @@ int main(int argc, char **argv)
             for (int causal : {0, 1})
                 for (int s : {512, 2048, 8192})
                     time_config(d, s, causal, 0);
-        for (int causal : {0, 1})
-            time_config(128, 8192, causal, 1);
+        for (int d : {64, 128}) /* deterministic mode */
+            for (int causal : {0, 1})
+                for (int s : {2048, 8192})
+                    time_config(d, s, causal, 1);
         return 0;
     }
     if (!strcmp(mode, "time1") && argc == 6) { /* time1 d seqlen causal det: one config (for ncu) */

@@ -295,7 +295,9 @@ def check_outside(mix, got):
             "dk / dv are not 0 on keys in no sequence"
 
 
-def run_and_check(mix, var, device, dtype):
+def run_and_check(mix, var, device, dtype, **kw):
+    """One call (kw: more flash_attn_varlen_func arguments) checked against the per-sequence reference;
+    returns the inputs and the results."""
     q, k, v, dout, cu_q, cu_k, used = make_varlen_inputs(mix, dtype, device)
     t = make_varlen_variant_tensors(mix, var, dtype, device)
     keep = None
@@ -303,7 +305,7 @@ def run_and_check(mix, var, device, dtype):
         rng_state = replay_rng_state(q, k, v, cu_q, cu_k, used, mix, var, t, DROPOUT_SEED)
         keep = keep_masks(q, mix, rng_state, var.dropout)
     torch.manual_seed(DROPOUT_SEED)
-    out, lse = run_varlen(q, k, v, cu_q, cu_k, used, mix, var, t, return_lse=True)
+    out, lse = run_varlen(q, k, v, cu_q, cu_k, used, mix, var, t, return_lse=True, **kw)
     assert out.shape == q.shape and out.dtype == dtype and out.device.type == device
     assert lse.shape == (mix.h, mix.total_q) and lse.dtype == expected_lse_dtype(dtype)
     got = dict(zip(grad_names(t), torch.autograd.grad(out, grad_inputs(q, k, v, t), dout)))
@@ -315,6 +317,7 @@ def run_and_check(mix, var, device, dtype):
     check_outside(mix, got)
     ref = varlen_reference(q, k, v, dout, mix, var, t, keep=keep)
     check_variant_results(got, ref, dtype)
+    return (q, k, v, dout, cu_q, cu_k, used, t), got
 
 
 def varlen_params(variants, mixes, pairs=DEVICE_DTYPES):
@@ -334,6 +337,30 @@ def varlen_params(variants, mixes, pairs=DEVICE_DTYPES):
 @pytest.mark.parametrize("mix, var, device, dtype", varlen_params(VARIANTS, MIXES))
 def test_varlen_variant(mix, var, device, dtype):
     run_and_check(mix, var, device, dtype)
+
+
+# Sequences of several query tiles (64 rows) and key tiles (128 keys) of the CUDA kernels, seqlen_q above and
+# below seqlen_k, one token, none: the chains of ordered dQ additions of the Hopper backward in deterministic
+# mode start, end and skip where the band and each sequence's lengths say.
+DET_MIXES = [
+    Mix(((300, 300), (1, 200), (129, 513), (513, 129), (0, 50), (64, 64)), 4, 2, 128, causal=True),
+    Mix(((257, 700), (700, 257), (5, 5)), 2, 2, 64),
+]
+
+
+@pytest.mark.parametrize("mix, var, device, dtype",
+                         varlen_params([Var(), Var(window=(100, 30)), Var(window=(-1, 0), sink=True)], DET_MIXES,
+                                       pairs=[("cpu", torch.float32), ("cuda", torch.bfloat16),
+                                              ("cuda", torch.float16)]))
+def test_varlen_deterministic(mix, var, device, dtype):
+    """deterministic=True: the per-sequence reference, and dq, dk, dv bitwise identical over runs."""
+    (q, k, v, dout, cu_q, cu_k, used, t), first = run_and_check(mix, var, device, dtype, deterministic=True)
+    for _ in range(3):
+        torch.manual_seed(DROPOUT_SEED)
+        out = run_varlen(q, k, v, cu_q, cu_k, used, mix, var, t, deterministic=True)
+        grads = torch.autograd.grad(out, grad_inputs(q, k, v, t), dout)
+        for name, g in zip(grad_names(t), grads):
+            assert torch.equal(g, first[name]), f"{name} not bitwise reproducible with deterministic=True"
 
 
 @pytest.mark.parametrize("var", [Var(), Var(window=(4, 3)), Var(sink=True, alibi="h"), Var(dropout=0.3)],

@@ -22,7 +22,8 @@
  *      dk/dv = sum over the h/h_kv query heads of dk_accum/dv_accum, in a fixed order.
  *   Deterministic mode (p->deterministic): the main kernel skips dQ; bwd_dq_kernel, grid (query
  *   tiles, h, b), walks the key tiles of flash_key_tiles in order recomputing S, P, dP, dS, keeps dQ
- *   in registers and writes dq directly. Bitwise reproducible; costs S and dP twice.
+ *   in registers and writes dq directly. Bitwise reproducible; costs S and dP twice. (On Hopper, the
+ *   dense main kernel at head dims <= 128 orders its own dQ additions instead: p->dq_semaphore, bwd_sm90.cu.)
  *   Variants (HOOK = p->has_hook, a template parameter of the main and dQ kernels; HOOK = false is
  *   the dense path, band geometry only): where P is recomputed from S, the score hook of mask.h
  *   (softcap with tanh_approx as the forward, ALiBi, attn_mask read only in tiles whose block flags say
@@ -307,7 +308,7 @@ __device__ __forceinline__ void hook_prepass(const flash_params &p, const hook_c
 }
 
 /* ------------------------------------------------------------------------------------------------ */
-/* preprocess: delta = rowsum(dO * O), zero dq_accum                                                */
+/* preprocess: delta = rowsum(dO * O), zero dq_accum and dq_semaphore                                */
 
 /* The row-wise kernels (preprocess, dQ postprocess) give each query row 2^row_lanes_log2(d) threads, one per
  * CHUNK columns rounded up to a power of two (a row's threads are an aligned group of lanes of one warp), and
@@ -323,7 +324,8 @@ __host__ __device__ inline int row_lanes_log2(int d)
 
 /* One row of a (b, hq) per 2^lg threads (varlen: sq = max_seqlen_q, rows past the sequence's end do nothing;
  * they take part in the row's shuffles with a zero sum); thread l of the row reads CHUNK consecutive elements
- * of O and dO at column CHUNK l and zeroes float4 columns l, l + 2^lg, ... of the row's dq_accum. */
+ * of O and dO at column CHUNK l and zeroes float4 columns l, l + 2^lg, ... of the row's dq_accum (where the
+ * main kernel adds dQ into it) and, at every FLASH_DQ_SEM_ROWS-th row, the row's dq_semaphore entry. */
 template <typename T>
 __global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_kernel(const flash_params p)
 {
@@ -351,10 +353,14 @@ __global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_kernel(const flas
     const int64_t row = flash_lse_offset(&p, &s, b, hq) + i; /* of delta; dq_accum: times d */
     if (lr == 0)
         ((float *)p.delta)[row] = sum;
-    if (!p.deterministic) {
+    if (!p.deterministic || p.dq_semaphore != NULL) {
         float4 *acc = (float4 *)(p.dq_accum + row * d); /* (d / 4) */
         for (int c4 = lr; c4 < d / 4; c4 += lanes)
             acc[c4] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    if (p.dq_semaphore != NULL && lr == 0 && i % FLASH_DQ_SEM_ROWS == 0) {
+        const int64_t sem_tiles = (p.sq + FLASH_DQ_SEM_ROWS - 1) / FLASH_DQ_SEM_ROWS;
+        p.dq_semaphore[(b * p.h + hq) * sem_tiles + i / FLASH_DQ_SEM_ROWS] = 0;
     }
 }
 
@@ -1266,7 +1272,7 @@ extern "C" cudaError_t flash_bwd_sm80_check(const flash_params *p)
     for (unsigned int i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); ++i)
         if (!aligned16(ptrs[i]))
             return cudaErrorInvalidValue;
-    if ((!p->deterministic && !aligned16(p->dq_accum)) ||
+    if (((!p->deterministic || p->dq_semaphore != NULL) && !aligned16(p->dq_accum)) ||
         (p->h != p->h_kv && (!aligned16(p->dk_accum) || !aligned16(p->dv_accum) || p->dk_accum == NULL ||
                              p->dv_accum == NULL)))
         return cudaErrorInvalidValue;
@@ -1299,8 +1305,11 @@ extern "C" cudaError_t flash_bwd_main_sm80(const flash_params *p, flash_tiles t,
 
 extern "C" cudaError_t flash_bwd_sm80_dq(const flash_params *p, flash_tiles t, cudaStream_t stream)
 {
-    if (p->deterministic)
-        return launch_dtype(p, t, BWD_PART_DQ, stream);
+    return launch_dtype(p, t, BWD_PART_DQ, stream);
+}
+
+extern "C" cudaError_t flash_bwd_sm80_dq_post(const flash_params *p, cudaStream_t stream)
+{
     if (p->b == 0 || p->h == 0 || p->sq == 0)
         return cudaSuccess;
     if (p->dtype == FLASH_BF16)

@@ -97,6 +97,7 @@
 /* named barrier of the MMA warpgroups (0 is __syncthreads, used once before the roles split) */
 #define BAR_MMA 1
 #define BAR_WG0 2 /* + wg: one MMA warpgroup's own (its P^T stored, PT_SMEM) */
+#define BAR_REDUCER 4 /* the dQ reducer warpgroup's own (ORDERED: the semaphore waited for / its adds done) */
 #define SM90_BN 128   /* keys per CTA */
 #ifndef BWD90_BM_D64
 #define BWD90_BM_D64 128 /* queries per step of the dense kernel at D = 64 (64 or 128; HOOK: 64) */
@@ -348,6 +349,19 @@ __device__ __forceinline__ int computed_here(int x)
 struct bwd90_cta {
     int tile, hq, b;
 };
+
+/* Deterministic mode with ordered dQ additions (ORDERED): key tiles in descending order within each (query
+ * head, batch), the order in which their dQ partials of a query tile are added (dq_reducer). A CTA then waits
+ * only for CTAs that the hardware started before it, and under a causal band the CTAs of a head, started
+ * together, reach each query tile one after the other in that order (no waits in lockstep). */
+__device__ __forceinline__ bwd90_cta bwd90_cta_descending(void)
+{
+    bwd90_cta c;
+    c.tile = (int)(gridDim.x - 1 - blockIdx.x);
+    c.hq = (int)blockIdx.y;
+    c.b = (int)blockIdx.z;
+    return c;
+}
 
 template <bool kOrdered>
 __device__ __forceinline__ bwd90_cta bwd90_cta_of(const flash_params &p, int qdo_row_bytes)
@@ -654,21 +668,57 @@ __device__ __forceinline__ void hook_ds(float ds8[8], int kq, const hook_tile &h
 
 /* ------------------------------------------------------------------------------------------------ */
 
+/* Ordered dQ additions (deterministic mode, ORDERED): the CTAs whose key tiles see query tile m add their
+ * partials of it in descending key-tile order. sem[m BM / FLASH_DQ_SEM_ROWS] (zeroed by the preprocess)
+ * holds t + 1 once key tile t has added; key tile t waits for t + 2 (the next higher tile, its predecessor)
+ * exactly where that tile sees m: the tiles that see a query tile are contiguous, so the first in the order
+ * waits for nothing. Values only grow along one tile's chain, so a stale value never matches. */
+struct dq_order {
+    int32_t *sem;          /* (cdiv(sq, FLASH_DQ_SEM_ROWS)) of this (batch, query head) */
+    int tile;              /* this CTA's key tile */
+    int pred_first, pred_end; /* query tiles [pred_first, pred_end) that key tile tile + 1 sees */
+};
+
+template <int BM>
+__device__ __forceinline__ dq_order dq_order_of(const flash_params &p, const flash_seq &seq, int b, int hq, int tile)
+{
+    static_assert(BM % FLASH_DQ_SEM_ROWS == 0, "a query tile is whole semaphore entries");
+    dq_order o;
+    const int64_t sem_tiles = (p.sq + FLASH_DQ_SEM_ROWS - 1) / FLASH_DQ_SEM_ROWS;
+    o.sem = p.dq_semaphore + ((int64_t)b * p.h + hq) * sem_tiles;
+    o.tile = tile;
+    const int64_t n1 = (int64_t)(tile + 1) * SM90_BN; /* the predecessor's first key */
+    const flash_tile_range r = n1 < seq.sk ? flash_query_tiles(&seq, n1, flash_min64(SM90_BN, seq.sk - n1), BM)
+                                           : flash_tile_range{0, 0, 0, 0};
+    o.pred_first = (int)r.first;
+    o.pred_end = (int)r.end;
+    return o;
+}
+
 /* The dQ reducer warpgroup: for each query tile the MMA warpgroups walk (the same sequence, step i),
  * wait on FULL[i % 2] until they have written its dQ_partial (BM x D fp32) into buffer i % 2, add its
  * rows below sq (the sequence's) into dq_accum with vector red.add, and hand the buffer back on
  * EMPTY[i % 2]. The MMA warpgroups never stall on these L2 reductions (they were 20-25% of the time
- * when the MMA warps issued them). */
-template <bool HOOK, int BM, int D>
+ * when the MMA warps issued them). ORDERED: the additions of each tile wait for the CTA before this one
+ * in dq_order (thread 0 spins, the warpgroup meets on BAR_REDUCER), and once every thread's reductions
+ * are performed (fence) thread 0 releases the next. */
+template <bool HOOK, int BM, int D, bool ORDERED>
 __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *dQb, float *dqa, uint32_t full,
-                                           uint32_t empty, int m_first, int m_end, int sq, int rtid)
+                                           uint32_t empty, int m_first, int m_end, int sq, int rtid,
+                                           const dq_order &ord)
 {
     constexpr int DQ_LD = D + DQ_PAD, V4_PER_ROW = D / 4, NPART = dq_parts(D, BM), NBUF = dq_bufs(D, BM);
+    static_assert(!(ORDERED && HOOK), "ordered dQ additions: dense kernels only");
     const int d = (int)p.d;
     unsigned flags;
     int m = next_query_tile<HOOK, BM, SM90_BN>(p, m_first, m_end, flags); /* HOOK: the walked tiles */
     for (int i = 0; HOOK ? m < m_end : i < m_end - m_first; ++i) {
-        const int buf = NBUF == 1 ? 0 : i & 1, m0 = (HOOK ? m : m_first + i) * BM;
+        const int buf = NBUF == 1 ? 0 : i & 1, mt = HOOK ? m : m_first + i, m0 = mt * BM;
+        if (ORDERED) {
+            if (rtid == 0 && mt >= ord.pred_first && mt < ord.pred_end)
+                spin_until_equal_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 2);
+            named_sync(BAR_REDUCER, WARPGROUP_THREADS);
+        }
         mbar_wait(full + buf * sizeof(uint64_t), (i / NBUF) & 1);
         const uint32_t src = smem_u32(dQb + buf * NPART * BM * DQ_LD); /* [NPART][BM][DQ_LD] */
 #pragma unroll 4
@@ -684,6 +734,12 @@ __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *d
             }
         }
         mbar_arrive(empty + buf * sizeof(uint64_t));
+        if (ORDERED) {
+            __threadfence(); /* this thread's reductions performed at GPU scope */
+            named_sync(BAR_REDUCER, WARPGROUP_THREADS);
+            if (rtid == 0)
+                st_release_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 1);
+        }
         if (HOOK)
             m = next_query_tile<HOOK, BM, SM90_BN>(p, m + 1, m_end, flags);
     }
@@ -691,7 +747,7 @@ __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *d
 
 #endif
 
-template <typename T, int D, int BM, bool HOOK>
+template <typename T, int D, int BM, bool HOOK, bool ORDERED>
 __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(const flash_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -720,14 +776,14 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     uint8_t *keep_s = (uint8_t *)(mbar + 4);  /* HOOK: [SM90_MMA_WARPS][keep_warp_bytes(BM)] dropout keep bits */
 
     const int tid = threadIdx.x;
-    const bwd90_cta cta = bwd90_cta_of<!HOOK>(p, 2 * D * (int)sizeof(T));
+    const bwd90_cta cta = ORDERED ? bwd90_cta_descending() : bwd90_cta_of<!HOOK>(p, 2 * D * (int)sizeof(T));
     const int n0 = cta.tile * BN, hq = cta.hq, b = cta.b;
     const flash_seq seq = flash_seq_uniform(p, b); /* the CTA's sequence: every row and key below is its own */
     if (n0 >= seq.sk)
         return; /* varlen: the grid spans the longest sequence */
     const int64_t hk = hq / p.h_per_kv;
     const int sq = (int)seq.sq, sk = (int)seq.sk, d = (int)p.d;
-    const bool do_dq = !p.deterministic;
+    const bool do_dq = ORDERED || !p.deterministic;
 
     const int64_t krow = seq.k_row0 + n0, lse0 = flash_lse_offset(&p, &seq, b, hq);
     const T *kg = (const T *)p.k + seq.k_batch * p.k_s.batch + hk * p.k_s.head + krow * p.k_s.row; /* (sk - n0, d) */
@@ -753,8 +809,12 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     __syncthreads(); /* the mbarriers initialized */
     if (tid >= SM90_THREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REDUCER_REGS));
-        if (do_dq)
-            dq_reducer<HOOK, BM, D>(p, dQb, dqa, full, empty, m_first, m_end, sq, tid - SM90_THREADS);
+        if (do_dq) {
+            dq_order ord = {};
+            if (ORDERED)
+                ord = dq_order_of<BM>(p, seq, b, hq, cta.tile);
+            dq_reducer<HOOK, BM, D, ORDERED>(p, dQb, dqa, full, empty, m_first, m_end, sq, tid - SM90_THREADS, ord);
+        }
     } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(MMA_REGS));
     load_tile_sw128<T, BN, D>(Ks, kg, p.k_s.row, kvalid, d, tid);
@@ -1282,11 +1342,11 @@ static cudaError_t launch_main_sm90_d256(const flash_params *p, cudaStream_t str
     return cudaGetLastError();
 }
 
-template <typename T, int D, int BM, bool HOOK>
+template <typename T, int D, int BM, bool HOOK, bool ORDERED = false>
 static cudaError_t launch_main_sm90(const flash_params *p, cudaStream_t stream)
 {
     const size_t smem = smem_main_sm90(D, BM, HOOK);
-    auto kernel = bwd_main_sm90_kernel<T, D, BM, HOOK>;
+    auto kernel = bwd_main_sm90_kernel<T, D, BM, HOOK, ORDERED>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
@@ -1295,7 +1355,13 @@ static cudaError_t launch_main_sm90(const flash_params *p, cudaStream_t stream)
     return cudaGetLastError();
 }
 
-/* Head dim -> kernel, p->has_hook -> variant (and, dense at d > 128, deterministic -> DO_DQ). */
+extern "C" int flash_bwd_sm90_orders_dq(const flash_params *p)
+{
+    return (p->dtype == FLASH_BF16 || p->dtype == FLASH_FP16) && !p->has_hook && p->d <= 128;
+}
+
+/* Head dim -> kernel, p->has_hook -> variant (and, dense, deterministic -> at d > 128 DO_DQ = false, at
+ * d <= 128 with p->dq_semaphore ORDERED). */
 template <typename T>
 static cudaError_t launch_main_sm90_dtype(const flash_params *p, cudaStream_t stream)
 {
@@ -1305,9 +1371,16 @@ static cudaError_t launch_main_sm90_dtype(const flash_params *p, cudaStream_t st
         return p->deterministic ? launch_main_sm90_d256<T, false, false>(p, stream)
                                 : launch_main_sm90_d256<T, true, false>(p, stream);
     }
-    if (p->d > 64)
-        return p->has_hook ? launch_main_sm90<T, 128, 64, true>(p, stream) : launch_main_sm90<T, 128, 64, false>(p, stream);
-    return p->has_hook ? launch_main_sm90<T, 64, 64, true>(p, stream) : launch_main_sm90<T, 64, BWD90_BM_D64, false>(p, stream);
+    const bool ordered = p->deterministic && p->dq_semaphore != NULL;
+    if (p->d > 64) {
+        if (p->has_hook)
+            return launch_main_sm90<T, 128, 64, true>(p, stream);
+        return ordered ? launch_main_sm90<T, 128, 64, false, true>(p, stream) : launch_main_sm90<T, 128, 64, false>(p, stream);
+    }
+    if (p->has_hook)
+        return launch_main_sm90<T, 64, 64, true>(p, stream);
+    return ordered ? launch_main_sm90<T, 64, BWD90_BM_D64, false, true>(p, stream)
+                   : launch_main_sm90<T, 64, BWD90_BM_D64, false>(p, stream);
 }
 
 extern "C" cudaError_t flash_bwd_main_sm90(const flash_params *p, cudaStream_t stream)

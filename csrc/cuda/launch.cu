@@ -121,6 +121,11 @@ extern "C" cudaError_t flash_fwd_cuda(const flash_params *p, cudaStream_t stream
     }
 }
 
+extern "C" int flash_bwd_wants_dq_semaphore(const flash_params *p)
+{
+    return !is_simple(p) && p->deterministic && use_sm90() && flash_bwd_sm90_orders_dq(p);
+}
+
 extern "C" cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream)
 {
     if (is_simple(p))
@@ -137,7 +142,10 @@ extern "C" cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream
     err = use_sm90() ? flash_bwd_main_sm90(p, stream) : flash_bwd_main_sm80(p, tiles, stream);
     if (err != cudaSuccess)
         return err;
-    if ((err = flash_bwd_sm80_dq(p, tiles, stream)) != cudaSuccess)
+    /* deterministic mode: dQ in the main kernel's fixed order where it has the semaphores, else the dQ kernel */
+    const int dq_added = !p->deterministic || (p->dq_semaphore != NULL && flash_bwd_wants_dq_semaphore(p));
+    err = dq_added ? flash_bwd_sm80_dq_post(p, stream) : flash_bwd_sm80_dq(p, tiles, stream);
+    if (err != cudaSuccess)
         return err;
     if (p->h != p->h_kv)
         return flash_bwd_sm80_dkv_post(p, stream);

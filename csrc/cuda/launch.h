@@ -31,6 +31,10 @@ int flash_fwd_splits(const flash_params *p, int requested);
 /* 1 where the forward of p runs fwd_sm90.cu's dynamic tile scheduler: the binding then passes a zeroed int32
  * in p->tile_counter (csrc/flash.h). Host only, no sync. */
 int flash_fwd_wants_tile_counter(const flash_params *p);
+/* 1 where the backward of p adds its dQ partials in a fixed order (deterministic mode, Hopper's dense main
+ * kernel at head dims <= 128) instead of running the dQ kernel: the binding then passes the int32 workspace
+ * p->dq_semaphore of csrc/flash.h. Host only, no sync. */
+int flash_bwd_wants_dq_semaphore(const flash_params *p);
 /* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv (and dbias if set); uses the workspaces
  * named in flash.h. */
 cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream);
@@ -86,10 +90,11 @@ cudaError_t flash_fwd_sm80(const flash_params *p, cudaStream_t stream);
 size_t flash_fwd_sm80_smem(const flash_params *p);
 
 /* fp16 / bf16 backward, in this order (launch.cu):
- *   flash_bwd_sm80_pre           delta = rowsum(dout * o), dq_accum = 0              (bwd_sm80.cu)
+ *   flash_bwd_sm80_pre           delta = rowsum(dout * o), dq_accum = 0, dq_semaphore = 0  (bwd_sm80.cu)
  *   flash_bwd_main_sm90 (Hopper) or flash_bwd_main_sm80: dK, dV (and dQ partials into dq_accum unless
- *                                deterministic)                          (bwd_sm90.cu / bwd_sm80.cu)
- *   flash_bwd_sm80_dq            deterministic: the dQ kernel; else dq = scale * dq_accum  (bwd_sm80.cu)
+ *                                deterministic without dq_semaphore)     (bwd_sm90.cu / bwd_sm80.cu)
+ *   flash_bwd_sm80_dq            deterministic without dq_semaphore: the dQ kernel   (bwd_sm80.cu)
+ *   or flash_bwd_sm80_dq_post    dq = scale * dq_accum                                (bwd_sm80.cu)
  *   flash_bwd_sm80_dkv_post      GQA only: dk, dv = sums of dk_accum, dv_accum over each group
  * flash_bwd_sm80_check validates what these kernels require of p (alignment, strides, head dim):
  * cudaErrorInvalidValue when unmet. flash_bwd_sm80_smem: shared memory of the sm80 main and dQ kernels
@@ -99,7 +104,10 @@ size_t flash_bwd_sm80_smem(const flash_params *p, flash_tiles t);
 cudaError_t flash_bwd_sm80_pre(const flash_params *p, cudaStream_t stream);
 cudaError_t flash_bwd_main_sm80(const flash_params *p, flash_tiles t, cudaStream_t stream);
 cudaError_t flash_bwd_main_sm90(const flash_params *p, cudaStream_t stream);
+/* 1 where flash_bwd_main_sm90 serves deterministic mode with ordered dQ additions (p->dq_semaphore). */
+int flash_bwd_sm90_orders_dq(const flash_params *p);
 cudaError_t flash_bwd_sm80_dq(const flash_params *p, flash_tiles t, cudaStream_t stream);
+cudaError_t flash_bwd_sm80_dq_post(const flash_params *p, cudaStream_t stream);
 cudaError_t flash_bwd_sm80_dkv_post(const flash_params *p, cudaStream_t stream);
 
 #ifdef __cplusplus

@@ -1,7 +1,8 @@
 /* ptx.cuh: the few inline-PTX wrappers the CUDA kernels are built from.
  *
  * sm80+ (also run on Hopper): mma.sync m16n8k16 with fp32 accumulators, ldmatrix (plain and .trans),
- * cp.async 16-byte copies with zero fill, exp2. Everything is __device__ __forceinline__; no state.
+ * cp.async 16-byte copies with zero fill, exp2, an acquire spin / release store on a global int32 (sm70+).
+ * Everything is __device__ __forceinline__; no state.
  * Fragment layouts follow the PTX ISA "Matrix Fragments for mma.m16n8k16" section:
  *   A (16x16, row): 4 x b32 regs, lane = 4*row_in_8 + col_pair; regs a0:(r, k0..7) a1:(r+8, k0..7)
  *                   a2:(r, k8..15) a3:(r+8, k8..15), each reg holding 2 consecutive k.
@@ -168,6 +169,22 @@ __device__ __forceinline__ void cp_async_4(uint32_t smem_addr, const void *gmem,
 {
     const int src_bytes = valid ? 4 : 0;
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
+}
+
+/* Spins until the int32 at gmem (global) reads `value`, with acquire semantics at GPU scope: what the
+ * thread that stored it (st_release_gpu) wrote before is visible after. */
+__device__ __forceinline__ void spin_until_equal_gpu(const int32_t *gmem, int32_t value)
+{
+    int32_t v;
+    do
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(gmem) : "memory");
+    while (v != value);
+}
+
+/* Stores `value` to the int32 at gmem (global) with release semantics at GPU scope. */
+__device__ __forceinline__ void st_release_gpu(int32_t *gmem, int32_t value)
+{
+    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(gmem), "r"(value) : "memory");
 }
 
 #endif
