@@ -15,6 +15,8 @@ CONFIGS = [
     # (dtype, batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, causal, deterministic, variants)
     (torch.bfloat16, 1, 77, 130, 4, 2, 64, True, False, {}),
     (torch.float16, 2, 130, 61, 2, 1, 128, True, True, {}),
+    (torch.bfloat16, 1, 200, 300, 2, 2, 64, False, True, {}),   # deterministic over 3 key tiles (Hopper: chained)
+    (torch.float16, 1, 300, 280, 2, 1, 128, True, True, {"window_size": (100, 0)}),
     (torch.bfloat16, 1, 65, 65, 2, 2, 256, False, False, {}),
     (torch.float16, 1, 33, 47, 2, 2, 40, False, False, {}),
     (torch.float32, 1, 19, 23, 2, 1, 24, True, False, {}),
