@@ -97,6 +97,7 @@
 /* named barrier of the MMA warpgroups (0 is __syncthreads, used once before the roles split) */
 #define BAR_MMA 1
 #define BAR_WG0 2 /* + wg: one MMA warpgroup's own (its P^T stored, PT_SMEM) */
+#define BAR_REDUCER 4 /* the dQ reducer warpgroup's own (ORDERED: the semaphore waited for / its adds done) */
 #define SM90_BN 128   /* keys per CTA */
 #ifndef BWD90_BM_D64
 #define BWD90_BM_D64 128 /* queries per step of the dense kernel at D = 64 (64 or 128; HOOK: 64) */
@@ -698,17 +699,26 @@ __device__ __forceinline__ dq_order dq_order_of(const flash_params &p, const fla
  * wait on FULL[i % 2] until they have written its dQ_partial (BM x D fp32) into buffer i % 2, add its
  * rows below sq (the sequence's) into dq_accum with vector red.add, and hand the buffer back on
  * EMPTY[i % 2]. The MMA warpgroups never stall on these L2 reductions (they were 20-25% of the time
- * when the MMA warps issued them). */
-template <bool HOOK, int BM, int D>
+ * when the MMA warps issued them). ORDERED: the additions of each tile wait for the CTA before this one
+ * in dq_order (thread 0 spins, the warpgroup meets on BAR_REDUCER), and once every thread's reductions
+ * are performed (fence) thread 0 releases the next. */
+template <bool HOOK, int BM, int D, bool ORDERED>
 __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *dQb, float *dqa, uint32_t full,
-                                           uint32_t empty, int m_first, int m_end, int sq, int rtid)
+                                           uint32_t empty, int m_first, int m_end, int sq, int rtid,
+                                           const dq_order &ord)
 {
     constexpr int DQ_LD = D + DQ_PAD, V4_PER_ROW = D / 4, NPART = dq_parts(D, BM), NBUF = dq_bufs(D, BM);
+    static_assert(!(ORDERED && HOOK), "ordered dQ additions: dense kernels only");
     const int d = (int)p.d;
     unsigned flags;
     int m = next_query_tile<HOOK, BM, SM90_BN>(p, m_first, m_end, flags); /* HOOK: the walked tiles */
     for (int i = 0; HOOK ? m < m_end : i < m_end - m_first; ++i) {
-        const int buf = NBUF == 1 ? 0 : i & 1, m0 = (HOOK ? m : m_first + i) * BM;
+        const int buf = NBUF == 1 ? 0 : i & 1, mt = HOOK ? m : m_first + i, m0 = mt * BM;
+        if (ORDERED) {
+            if (rtid == 0 && mt >= ord.pred_first && mt < ord.pred_end)
+                spin_until_equal_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 2);
+            named_sync(BAR_REDUCER, WARPGROUP_THREADS);
+        }
         mbar_wait(full + buf * sizeof(uint64_t), (i / NBUF) & 1);
         const uint32_t src = smem_u32(dQb + buf * NPART * BM * DQ_LD); /* [NPART][BM][DQ_LD] */
 #pragma unroll 4
@@ -724,38 +734,14 @@ __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *d
             }
         }
         mbar_arrive(empty + buf * sizeof(uint64_t));
+        if (ORDERED) {
+            __threadfence(); /* this thread's reductions performed at GPU scope */
+            named_sync(BAR_REDUCER, WARPGROUP_THREADS);
+            if (rtid == 0)
+                st_release_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 1);
+        }
         if (HOOK)
             m = next_query_tile<HOOK, BM, SM90_BN>(p, m + 1, m_end, flags);
-    }
-}
-
-/* The reducer of the ORDERED kernels (dense, one partial), one thread: for each query tile, wait for the
- * CTA before this one in dq_order (an acquire spin on the tile's semaphore), then for FULL, add the rows
- * below sq into dq_accum with one bulk reduction per row (the async proxy reads the dQ buffer), wait until
- * they have completed, release the next CTA (st.release of this tile's value) and hand the buffer back on
- * EMPTY. One wait per tile for the whole tile's reductions: the chain's latency is what ordered mode adds. */
-template <int BM, int D>
-__device__ __forceinline__ void dq_reducer_ordered(const flash_params &p, const float *dQb, float *dqa, uint32_t full,
-                                                   uint32_t empty, int m_first, int m_end, int sq, const dq_order &ord)
-{
-    constexpr int DQ_LD = D + DQ_PAD, NBUF = dq_bufs(D, BM);
-    static_assert(dq_parts(D, BM) == 1, "one dQ partial per tile");
-    const uint32_t row_bytes = (uint32_t)p.d * sizeof(float);
-    for (int i = 0; i < m_end - m_first; ++i) {
-        const int buf = NBUF == 1 ? 0 : i & 1, mt = m_first + i, m0 = mt * BM, rows = min(BM, sq - m0);
-        int32_t *sem = ord.sem + m0 / FLASH_DQ_SEM_ROWS;
-        if (mt >= ord.pred_first && mt < ord.pred_end) {
-            spin_until_equal_gpu(sem, ord.tile + 2);
-            fence_proxy_async_global(); /* the predecessor's reductions come before this CTA's */
-        }
-        mbar_wait(full + buf * sizeof(uint64_t), (i / NBUF) & 1);
-        const uint32_t src = smem_u32(dQb + buf * BM * DQ_LD); /* [BM][DQ_LD] */
-        for (int r = 0; r < rows; ++r)
-            bulk_reduce_add_f32(dqa + (int64_t)(m0 + r) * p.d, src + r * DQ_LD * (uint32_t)sizeof(float), row_bytes);
-        bulk_commit_wait_all();
-        fence_proxy_async_global();
-        st_release_gpu(sem, ord.tile + 1);
-        mbar_arrive(empty + buf * sizeof(uint64_t));
     }
 }
 
@@ -818,17 +804,16 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     const uint32_t full = smem_u32(mbar), empty = full + 2 * sizeof(uint64_t);
     if (tid < 2) {
         mbar_init(full + tid * sizeof(uint64_t), SM90_THREADS);
-        mbar_init(empty + tid * sizeof(uint64_t), ORDERED ? 1 : WARPGROUP_THREADS); /* the reducer's threads */
+        mbar_init(empty + tid * sizeof(uint64_t), WARPGROUP_THREADS);
     }
     __syncthreads(); /* the mbarriers initialized */
     if (tid >= SM90_THREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REDUCER_REGS));
-        if constexpr (ORDERED) {
-            if (tid == SM90_THREADS)
-                dq_reducer_ordered<BM, D>(p, dQb, dqa, full, empty, m_first, m_end, sq,
-                                          dq_order_of<BM>(p, seq, b, hq, cta.tile));
-        } else if (do_dq) {
-            dq_reducer<HOOK, BM, D>(p, dQb, dqa, full, empty, m_first, m_end, sq, tid - SM90_THREADS);
+        if (do_dq) {
+            dq_order ord = {};
+            if (ORDERED)
+                ord = dq_order_of<BM>(p, seq, b, hq, cta.tile);
+            dq_reducer<HOOK, BM, D, ORDERED>(p, dQb, dqa, full, empty, m_first, m_end, sq, tid - SM90_THREADS, ord);
         }
     } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(MMA_REGS));
@@ -1028,8 +1013,6 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
                 st_shared_v2_f32(dst + i * 8 * sizeof(float), acc_dq[4 * i], acc_dq[4 * i + 1]);
                 st_shared_v2_f32(dst + (8 * DQ_LD + i * 8) * sizeof(float), acc_dq[4 * i + 2], acc_dq[4 * i + 3]);
             }
-            if (ORDERED)
-                fence_proxy_async(); /* the buffer is read by the reducer's bulk reductions (async proxy) */
             mbar_arrive(smem_addr_now(mbar) + buf * sizeof(uint64_t));
         } else {
             wgmma_wait<0>();

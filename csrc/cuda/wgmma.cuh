@@ -244,28 +244,4 @@ __device__ __forceinline__ void tma_prefetch_map(const void *map)
     asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
 }
 
-/* ---- bulk reductions (cp.reduce.async.bulk, no tensor map) ---- */
-
-/* gmem[0 .. bytes / 4) += smem[0 .. bytes / 4) as fp32, by the async proxy (bytes a multiple of 16, both
- * addresses 16-byte aligned), in this thread's current bulk group. */
-__device__ __forceinline__ void bulk_reduce_add_f32(float *gmem, uint32_t smem, uint32_t bytes)
-{
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem),
-                 "r"(smem), "r"(bytes)
-                 : "memory");
-}
-
-/* Closes this thread's current bulk group and waits until every group it committed has completed (its
- * writes performed; its shared-memory sources free). */
-__device__ __forceinline__ void bulk_commit_wait_all(void)
-{
-    asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group 0;\n" ::: "memory");
-}
-
-/* Orders this thread's global accesses through the generic proxy against those through the async proxy. */
-__device__ __forceinline__ void fence_proxy_async_global(void)
-{
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");
-}
-
 #endif
