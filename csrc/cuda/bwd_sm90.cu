@@ -28,8 +28,11 @@
  *     before rewriting b, from the third tile on). The MMA warpgroups meet each other on named
  *     barrier 1, never on __syncthreads.
  *   dK (times scale) and dV stay in registers until the end: dtype when h == h_kv, else fp32 per query
- *   head into dk_accum / dv_accum for the GQA postprocess. Deterministic mode skips dQ here (the
- *   separate dQ kernel of bwd_sm80.cu computes it) and the reducer idles.
+ *   head into dk_accum / dv_accum for the GQA postprocess.
+ *   Deterministic mode: with p->dq_semaphore the dense kernels run as ORDERED instantiations, whose key
+ *   tiles start in descending order and whose reducers add each query tile's dQ after the next higher key
+ *   tile's (dq_order: an acquire spin on a per-tile semaphore, a release store after the fenced red.adds);
+ *   the HOOK kernels skip dQ (the separate dQ kernel of bwd_sm80.cu computes it) and the reducer idles.
  *   Masking: query tiles inside the band and the key range (flash_query_tiles' full tiles) take an
  *   unmasked copy of the P step; the others test each value against the band's upper bound and the key
  *   tail with one compare, and against the lower bound only in tiles that it cuts.
@@ -66,7 +69,9 @@
  *   since bwd_sm80.cu's row-wise preprocess / postprocess (2026-12-02, same call, before in brackets): d64 246 /
  *   364 / 413 (216 / 348 / 406), causal 155 / 304 / 398 (130 / 277 / 385); d128 290 / 429 / 464 (277 / 418 /
  *   469), causal 176 / 351 / 460 (166 / 332 / 454); d256 unchanged (one row per warp before and after).
- *   deterministic mode (dQ by bwd_sm80.cu's dQ kernel), d128 s8192: 239 (causal 223).
+ *   deterministic mode, ORDERED (2026-12-02, det / default time of the same run): d128 s2048 / s8192 1.38 / 1.31
+ *   (causal 1.21 / 1.32), d64 1.42 / 1.31 (causal 1.08 / 1.10); through the dQ kernel before: d128 s8192 1.83
+ *   (causal 1.85). benchmarks/results/h200/det_ordered_dq_2026-12-02.
  * torch's flash backend (FA2) and cuDNN: benchmarks/results/h200 (backward, ours 1.16-1.55x FA2 at
  * d128, 1.06-1.28x at d64 from s1k, 1.03-1.14x at d256; 0.69-0.87x cuDNN; d64 since BM 128: 1.24-1.40x FA2,
  * 0.84-0.91x cuDNN at s2k / s8k, benchmarks/results/h200/bwd_d64_bm128_2026-12-01). Measured before the
