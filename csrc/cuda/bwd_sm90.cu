@@ -103,6 +103,10 @@
 #define BAR_MMA 1
 #define BAR_WG0 2 /* + wg: one MMA warpgroup's own (its P^T stored, PT_SMEM) */
 #define BAR_REDUCER 4 /* the dQ reducer warpgroup's own (ORDERED: the semaphore waited for / its adds done) */
+#ifndef BWD90_DET_FENCE_ALL
+#define BWD90_DET_FENCE_ALL 1 /* ORDERED: every reducer thread fences its red.adds before the barrier (A/B: 0,
+                               * thread 0's st.release alone after it) */
+#endif
 #define SM90_BN 128   /* keys per CTA */
 #ifndef BWD90_BM_D64
 #define BWD90_BM_D64 128 /* queries per step of the dense kernel at D = 64 (64 or 128; HOOK: 64) */
@@ -355,30 +359,12 @@ struct bwd90_cta {
     int tile, hq, b;
 };
 
-/* Deterministic mode with ordered dQ additions (ORDERED): key tiles in descending order within each (query
- * head, batch), the order in which their dQ partials of a query tile are added (dq_reducer). A CTA then waits
- * only for CTAs that the hardware started before it, and under a causal band the CTAs of a head, started
- * together, reach each query tile one after the other in that order (no waits in lockstep). */
-__device__ __forceinline__ bwd90_cta bwd90_cta_descending(void)
-{
-    bwd90_cta c;
-    c.tile = (int)(gridDim.x - 1 - blockIdx.x);
-    c.hq = (int)blockIdx.y;
-    c.b = (int)blockIdx.z;
-    return c;
-}
-
-template <bool kOrdered>
-__device__ __forceinline__ bwd90_cta bwd90_cta_of(const flash_params &p, int qdo_row_bytes)
+/* The grid's linear index walked in groups of query heads (BWD90_GROUP_BYTES of Q and dO each), key tile
+ * as the outer index inside a group: c.tile is the key tile's position in that walk (0 first). */
+__device__ __forceinline__ bwd90_cta bwd90_grouped(const flash_params &p, int qdo_row_bytes)
 {
     bwd90_cta c;
     const unsigned tiles = gridDim.x, pairs = gridDim.y * gridDim.z;
-    if (!kOrdered || !BWD90_CAUSAL_ORDER || p.band_right < 0 || (uint64_t)tiles * pairs > UINT_MAX) {
-        c.tile = (int)blockIdx.x;
-        c.hq = (int)blockIdx.y;
-        c.b = (int)blockIdx.z;
-        return c;
-    }
     const unsigned lin = blockIdx.x + tiles * (blockIdx.y + gridDim.y * blockIdx.z);
     const unsigned head_bytes = p.sq > BWD90_GROUP_BYTES / qdo_row_bytes ? BWD90_GROUP_BYTES
                                                                           : (unsigned)flash_max64(p.sq, 1) * qdo_row_bytes;
@@ -389,6 +375,44 @@ __device__ __forceinline__ bwd90_cta bwd90_cta_of(const flash_params &p, int qdo
     c.tile = (int)(r / in_group);
     c.hq = (int)(pair % gridDim.y);
     c.b = (int)(pair / gridDim.y);
+    return c;
+}
+
+template <bool kOrdered>
+__device__ __forceinline__ bwd90_cta bwd90_cta_of(const flash_params &p, int qdo_row_bytes)
+{
+    const unsigned tiles = gridDim.x, pairs = gridDim.y * gridDim.z;
+    if (!kOrdered || !BWD90_CAUSAL_ORDER || p.band_right < 0 || (uint64_t)tiles * pairs > UINT_MAX) {
+        bwd90_cta c;
+        c.tile = (int)blockIdx.x;
+        c.hq = (int)blockIdx.y;
+        c.b = (int)blockIdx.z;
+        return c;
+    }
+    return bwd90_grouped(p, qdo_row_bytes);
+}
+
+/* Deterministic mode with ordered dQ additions (ORDERED): key tiles in descending order within each (query
+ * head, batch), the order in which their dQ partials of a query tile are added (dq_reducer). A CTA then waits
+ * only for CTAs that the hardware started before it, and under a causal band the CTAs of a head, started
+ * together, reach each query tile one after the other in that order (no waits in lockstep).
+ * BWD90_DET_GROUPED = 1 walks the heads in groups as bwd90_grouped (key tiles descending): the CTAs that
+ * start as earlier ones finish then spread over the group's heads, one per head and chain link, instead of
+ * piling onto one head's chain (A/B: 0, the grid's own order with the key tiles reversed). */
+#ifndef BWD90_DET_GROUPED
+#define BWD90_DET_GROUPED 1
+#endif
+__device__ __forceinline__ bwd90_cta bwd90_cta_descending(const flash_params &p, int qdo_row_bytes)
+{
+    bwd90_cta c;
+    if (BWD90_DET_GROUPED && (uint64_t)gridDim.x * gridDim.y * gridDim.z <= UINT_MAX) {
+        c = bwd90_grouped(p, qdo_row_bytes);
+    } else {
+        c.tile = (int)blockIdx.x;
+        c.hq = (int)blockIdx.y;
+        c.b = (int)blockIdx.z;
+    }
+    c.tile = (int)gridDim.x - 1 - c.tile;
     return c;
 }
 
@@ -740,8 +764,9 @@ __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *d
         }
         mbar_arrive(empty + buf * sizeof(uint64_t));
         if (ORDERED) {
-            __threadfence(); /* this thread's reductions performed at GPU scope */
-            named_sync(BAR_REDUCER, WARPGROUP_THREADS);
+            if (BWD90_DET_FENCE_ALL)
+                __threadfence(); /* this thread's reductions performed at GPU scope */
+            named_sync(BAR_REDUCER, WARPGROUP_THREADS); /* then thread 0's release covers them (cumulativity) */
             if (rtid == 0)
                 st_release_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 1);
         }
@@ -781,7 +806,8 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     uint8_t *keep_s = (uint8_t *)(mbar + 4);  /* HOOK: [SM90_MMA_WARPS][keep_warp_bytes(BM)] dropout keep bits */
 
     const int tid = threadIdx.x;
-    const bwd90_cta cta = ORDERED ? bwd90_cta_descending() : bwd90_cta_of<!HOOK>(p, 2 * D * (int)sizeof(T));
+    const bwd90_cta cta = ORDERED ? bwd90_cta_descending(p, 2 * D * (int)sizeof(T))
+                                  : bwd90_cta_of<!HOOK>(p, 2 * D * (int)sizeof(T));
     const int n0 = cta.tile * BN, hq = cta.hq, b = cta.b;
     const flash_seq seq = flash_seq_uniform(p, b); /* the CTA's sequence: every row and key below is its own */
     if (n0 >= seq.sk)
