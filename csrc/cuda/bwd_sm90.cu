@@ -104,8 +104,8 @@
 #define BAR_WG0 2 /* + wg: one MMA warpgroup's own (its P^T stored, PT_SMEM) */
 #define BAR_REDUCER 4 /* the dQ reducer warpgroup's own (ORDERED: the semaphore waited for / its adds done) */
 #ifndef BWD90_DET_FENCE_ALL
-#define BWD90_DET_FENCE_ALL 1 /* ORDERED: every reducer thread fences its red.adds before the barrier (A/B: 0,
-                               * thread 0's st.release alone after it) */
+#define BWD90_DET_FENCE_ALL 1 /* ORDERED: every reducer thread fences its red.adds before the barrier (A/B knob,
+                               * 0 not yet measured: thread 0's st.release alone after it) */
 #endif
 #define SM90_BN 128   /* keys per CTA */
 #ifndef BWD90_BM_D64
@@ -396,11 +396,11 @@ __device__ __forceinline__ bwd90_cta bwd90_cta_of(const flash_params &p, int qdo
  * head, batch), the order in which their dQ partials of a query tile are added (dq_reducer). A CTA then waits
  * only for CTAs that the hardware started before it, and under a causal band the CTAs of a head, started
  * together, reach each query tile one after the other in that order (no waits in lockstep).
- * BWD90_DET_GROUPED = 1 walks the heads in groups as bwd90_grouped (key tiles descending): the CTAs that
- * start as earlier ones finish then spread over the group's heads, one per head and chain link, instead of
- * piling onto one head's chain (A/B: 0, the grid's own order with the key tiles reversed). */
+ * BWD90_DET_GROUPED = 1 (an A/B knob, not yet measured) walks the heads in groups as bwd90_grouped (key
+ * tiles descending): the CTAs that start as earlier ones finish would then spread over the group's heads, one
+ * per head and chain link, instead of piling onto one head's chain. 0: the grid's own order, key tiles reversed. */
 #ifndef BWD90_DET_GROUPED
-#define BWD90_DET_GROUPED 1
+#define BWD90_DET_GROUPED 0 /* not yet measured */
 #endif
 __device__ __forceinline__ bwd90_cta bwd90_cta_descending(const flash_params &p, int qdo_row_bytes)
 {
