@@ -16,6 +16,8 @@
  *   bwd_harness small   a few small configs, variants included (for compute-sanitizer)
  *   bwd_harness time    bf16 TFLOP/s, 16k tokens, nheads = 2048/d (CUDA events, median of 10)
  *   bwd_harness time1 D SEQLEN CAUSAL DET    one timing config (e.g. under ncu)
+ *   bwd_harness timedet d64 / d128, s2048 / s8192, causal and not: the default and deterministic mode one
+ *                       after the other (their ratio, for the BWD90_DET_* knobs of bwd_sm90.cu)
  *   bwd_harness timev   bf16 d128 (d256 for softcap) TFLOP/s of each variant, counted on the visible
  *                              (i, j) pairs
  *   bwd_harness timevl  bf16 d64 / d128 TFLOP/s of time's shapes dense, as one varlen batch of equal
@@ -1622,6 +1624,14 @@ int main(int argc, char **argv)
             for (int causal : {0, 1})
                 for (int s : {2048, 8192})
                     time_config(d, s, causal, 1);
+        return 0;
+    }
+    if (!strcmp(mode, "timedet")) { /* deterministic mode beside the default, the same shapes interleaved */
+        for (int d : {64, 128})
+            for (int causal : {0, 1})
+                for (int s : {2048, 8192})
+                    for (int det : {0, 1})
+                        time_config(d, s, causal, det);
         return 0;
     }
     if (!strcmp(mode, "time1") && argc == 6) { /* time1 d seqlen causal det: one config (for ncu) */

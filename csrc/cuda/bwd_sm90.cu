@@ -103,9 +103,12 @@
 #define BAR_MMA 1
 #define BAR_WG0 2 /* + wg: one MMA warpgroup's own (its P^T stored, PT_SMEM) */
 #define BAR_REDUCER 4 /* the dQ reducer warpgroup's own (ORDERED: the semaphore waited for / its adds done) */
-#ifndef BWD90_DET_FENCE_ALL
-#define BWD90_DET_FENCE_ALL 1 /* ORDERED: every reducer thread fences its red.adds before the barrier (A/B knob,
-                               * 0 not yet measured: thread 0's st.release alone after it) */
+/* ORDERED: what each reducer thread does after its red.adds of a tile, before the barrier that precedes thread
+ * 0's st.release: 2 __threadfence (fence.sc.gpu, measured), 1 fence.acq_rel.gpu, 0 nothing (the release alone,
+ * cumulative over the barrier). A/B knob (dev/det_ab.sh); 0 and 1 not yet measured. With 1 or 2 ptxas issues
+ * the red.adds as returning ATOMG, with 0 as REDG. */
+#ifndef BWD90_DET_FENCE
+#define BWD90_DET_FENCE 2
 #endif
 #define SM90_BN 128   /* keys per CTA */
 #ifndef BWD90_BM_D64
@@ -396,7 +399,7 @@ __device__ __forceinline__ bwd90_cta bwd90_cta_of(const flash_params &p, int qdo
  * head, batch), the order in which their dQ partials of a query tile are added (dq_reducer). A CTA then waits
  * only for CTAs that the hardware started before it, and under a causal band the CTAs of a head, started
  * together, reach each query tile one after the other in that order (no waits in lockstep).
- * BWD90_DET_GROUPED = 1 (an A/B knob, not yet measured) walks the heads in groups as bwd90_grouped (key
+ * BWD90_DET_GROUPED = 1 (an A/B knob, dev/det_ab.sh, not yet measured) walks the heads in groups as bwd90_grouped (key
  * tiles descending): the CTAs that start as earlier ones finish would then spread over the group's heads, one
  * per head and chain link, instead of piling onto one head's chain. 0: the grid's own order, key tiles reversed. */
 #ifndef BWD90_DET_GROUPED
@@ -764,8 +767,10 @@ __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *d
         }
         mbar_arrive(empty + buf * sizeof(uint64_t));
         if (ORDERED) {
-            if (BWD90_DET_FENCE_ALL)
+            if (BWD90_DET_FENCE == 2)
                 __threadfence(); /* this thread's reductions performed at GPU scope */
+            else if (BWD90_DET_FENCE == 1)
+                fence_acq_rel_gpu();
             named_sync(BAR_REDUCER, WARPGROUP_THREADS); /* then thread 0's release covers them (cumulativity) */
             if (rtid == 0)
                 st_release_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 1);

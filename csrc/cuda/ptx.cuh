@@ -181,6 +181,12 @@ __device__ __forceinline__ void spin_until_equal_gpu(const int32_t *gmem, int32_
     while (v != value);
 }
 
+/* fence.acq_rel at GPU scope (lighter than __threadfence's fence.sc). */
+__device__ __forceinline__ void fence_acq_rel_gpu(void)
+{
+    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+}
+
 /* Stores `value` to the int32 at gmem (global) with release semantics at GPU scope. */
 __device__ __forceinline__ void st_release_gpu(int32_t *gmem, int32_t value)
 {
