@@ -7,7 +7,9 @@ Three parts, all in one process:
    3.5 × fwd) for ours and each SDPA backend, on the same inputs: ours gets q, k, v as
    (B, S, H, D) tensors and torch their (B, H, S, D) transposed views (same storage, same memory
    traffic). Each backend runs under torch.nn.attention.sdpa_kernel; a configuration a backend
-   does not support, or a pass ours does not implement yet, is recorded as null.
+   does not support, or a pass ours does not implement yet, is recorded as null. `ours_det` is ours
+   with deterministic=True, backward passes only (the forward is the same kernel); its column
+   ours/ours_det is the default mode's speed over deterministic mode's.
 2. Memory: the peak extra memory (torch.cuda.max_memory_allocated minus what was allocated
    before, i.e. minus the inputs) of one inference forward (no_grad) and of one forward+backward
    at B1 H32 S8192 D128 bf16, non-causal, for ours, flash, cuDNN and eager attention
@@ -66,12 +68,13 @@ SDPA_BACKENDS = {
 FULL_SWEEP = {
     "device": "cuda", "dtype": torch.bfloat16, "total_tokens": 16384, "hidden": 2048,
     "headdims": (64, 128, 256), "seqlens": (512, 1024, 2048, 4096, 8192, 16384),
-    "impls": ("ours", "flash", "cudnn", "efficient"),
+    "impls": ("ours", "ours_det", "flash", "cudnn", "efficient"),
 }
+FWD_SAME_AS_OURS = ("ours_det",)  # implementations whose forward is ours: timed in the backward passes only
 QUICK_SEQLENS = (2048, 8192)
 DRY_SWEEP = {
     "device": "cpu", "dtype": torch.float32, "total_tokens": 1024, "hidden": 256,
-    "headdims": (64,), "seqlens": (128, 256), "impls": ("ours", "eager"),
+    "headdims": (64,), "seqlens": (128, 256), "impls": ("ours", "ours_det", "eager"),
 }
 MEMORY_SHAPE = {"batch": 1, "nheads": 32, "seqlen": 8192, "headdim": 128}
 MEMORY_IMPLS = ("ours", "flash", "cudnn", "eager")
@@ -99,8 +102,8 @@ def backend_context(impl):
 
 def attention(impl, q, k, v, causal):
     """q, k, v: (B, S, H, D) -> out (B, S, H, D); torch's backends and eager see (B, H, S, D) views."""
-    if impl == "ours":
-        return flashattn_ext.flash_attn_func(q, k, v, causal=causal)
+    if impl in ("ours", "ours_det"):
+        return flashattn_ext.flash_attn_func(q, k, v, causal=causal, deterministic=impl == "ours_det")
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, S, D), same storage
     if impl == "eager":
         return eager_attention(qt, kt, vt, causal).transpose(1, 2)
@@ -185,7 +188,8 @@ def run_sweep(sweep, passes, deadline):
                          "causal": causal, "ms": {}, "tflops": {}, "errors": {}}
                 flops = fwd_flops(batch, nheads, seqlen, headdim, causal)
                 for impl in sweep["impls"]:
-                    times, errors = time_impl(impl, q, k, v, dout, causal, passes, device)
+                    impl_passes = [name for name in passes if name != "fwd" or impl not in FWD_SAME_AS_OURS]
+                    times, errors = time_impl(impl, q, k, v, dout, causal, impl_passes, device)
                     point["ms"][impl] = times
                     point["tflops"][impl] = {
                         name: None if ms is None else FLOPS_PER_FWD[name] * flops / (ms * 1e-3) / 1e12

@@ -19,6 +19,7 @@ PASS_TITLES = {"fwd": "forward", "bwd": "backward"}
 # Label and colour of each implementation bench_gpu.py times (others get matplotlib's cycle).
 IMPLS = {
     "ours": ("flashattn_ext (ours)", "tab:red"),
+    "ours_det": ("ours, deterministic", "tab:orange"),
     "flash": ("torch flash (FA2)", "tab:blue"),
     "cudnn": ("torch cuDNN", "tab:green"),
     "efficient": ("torch efficient", "tab:gray"),
