@@ -16,7 +16,7 @@
  *   bwd_harness small   a few small configs, variants included (for compute-sanitizer)
  *   bwd_harness time    bf16 TFLOP/s, 16k tokens, nheads = 2048/d (CUDA events, median of 10)
  *   bwd_harness time1 D SEQLEN CAUSAL DET    one timing config (e.g. under ncu)
- *   bwd_harness timedet d64 / d128, s2048 / s8192, causal and not: the default and deterministic mode one
+ *   bwd_harness timedet d64 / d128 / d256, s2048 / s8192, causal and not: the default and deterministic mode one
  *                       after the other (their ratio, for the BWD90_DET_* knobs of bwd_sm90.cu)
  *   bwd_harness timev   bf16 d128 (d256 for softcap) TFLOP/s of each variant, counted on the visible
  *                              (i, j) pairs
@@ -1627,7 +1627,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(mode, "timedet")) { /* deterministic mode beside the default, the same shapes interleaved */
-        for (int d : {64, 128})
+        for (int d : {64, 128, 256})
             for (int causal : {0, 1})
                 for (int s : {2048, 8192})
                     for (int det : {0, 1})

@@ -711,7 +711,7 @@ struct dq_order {
     int pred_first, pred_end; /* query tiles [pred_first, pred_end) that key tile tile + 1 sees */
 };
 
-template <int BM>
+template <int BM, int BN>
 __device__ __forceinline__ dq_order dq_order_of(const flash_params &p, const flash_seq &seq, int b, int hq, int tile)
 {
     static_assert(BM % FLASH_DQ_SEM_ROWS == 0, "a query tile is whole semaphore entries");
@@ -719,8 +719,8 @@ __device__ __forceinline__ dq_order dq_order_of(const flash_params &p, const fla
     const int64_t sem_tiles = (p.sq + FLASH_DQ_SEM_ROWS - 1) / FLASH_DQ_SEM_ROWS;
     o.sem = p.dq_semaphore + ((int64_t)b * p.h + hq) * sem_tiles;
     o.tile = tile;
-    const int64_t n1 = (int64_t)(tile + 1) * SM90_BN; /* the predecessor's first key */
-    const flash_tile_range r = n1 < seq.sk ? flash_query_tiles(&seq, n1, flash_min64(SM90_BN, seq.sk - n1), BM)
+    const int64_t n1 = (int64_t)(tile + 1) * BN; /* the predecessor's first key */
+    const flash_tile_range r = n1 < seq.sk ? flash_query_tiles(&seq, n1, flash_min64(BN, seq.sk - n1), BM)
                                            : flash_tile_range{0, 0, 0, 0};
     o.pred_first = (int)r.first;
     o.pred_end = (int)r.end;
@@ -848,7 +848,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
         if (do_dq) {
             dq_order ord = {};
             if (ORDERED)
-                ord = dq_order_of<BM>(p, seq, b, hq, cta.tile);
+                ord = dq_order_of<BM, BN>(p, seq, b, hq, cta.tile);
             dq_reducer<HOOK, BM, D, ORDERED>(p, dQb, dqa, full, empty, m_first, m_end, sq, tid - SM90_THREADS, ord);
         }
     } else {
@@ -1115,11 +1115,14 @@ __device__ __forceinline__ void add_dq_chunk_d256(float *dqa, int d, int sq, int
  *              added into dq_accum with red.add.
  * The query tiles, masks and hooks are those of bwd_main_sm90_kernel (the warpgroup's 32 queries take
  * the place of its 64 keys). DO_DQ (dense: !deterministic; HOOK: always) is a template parameter:
- * ptxas keeps the wgmma pipeline only when the dQ chunk 0 issue is unconditional.
+ * ptxas keeps the wgmma pipeline only when the dQ chunk 0 issue is unconditional. ORDERED (deterministic
+ * mode with p->dq_semaphore, compiled with BWD90_DET_D256 = 1 only, not yet run on a GPU): key tiles
+ * descending, and both warpgroups add a tile's dQ after the next higher key tile's (thread 0 spins, BAR_MMA),
+ * then fence, meet again and thread 0 releases the next lower one (dq_order).
  * smem: K, V 32 KB each, Q/dO 2 stages x 2 x 32 KB, P^T and dS^T 8 KB each: 210 KB (HOOK: + 512 bytes
  * of dropout keep bits). 198 registers (deterministic 190, HOOK 238).
  * Measured (H200, bf16, 16k tokens, harness): 261 TFLOP/s at s2048, 286 at s8192 (mma.sync kernel: 170, 178). */
-template <typename T, bool DO_DQ, bool HOOK>
+template <typename T, bool DO_DQ, bool HOOK, bool ORDERED>
 __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(const flash_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1140,7 +1143,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     uint8_t *keep_s = (uint8_t *)(delta_s + 2 * BM); /* HOOK: [SM90_MMA_WARPS][keep_warp_bytes(D256_QW)] */
 
     const int tid = threadIdx.x;
-    const bwd90_cta cta = bwd90_cta_of<!HOOK>(p, 2 * D256_D * (int)sizeof(T));
+    const bwd90_cta cta = ORDERED ? bwd90_cta_descending(p, 2 * D256_D * (int)sizeof(T))
+                                  : bwd90_cta_of<!HOOK>(p, 2 * D256_D * (int)sizeof(T));
     const int n0 = cta.tile * BN, hq = cta.hq, b = cta.b;
     const flash_seq seq = flash_seq_uniform(p, b); /* the CTA's sequence: every row and key below is its own */
     if (n0 >= seq.sk)
@@ -1148,6 +1152,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     const int64_t hk = hq / p.h_per_kv;
     const int sq = (int)seq.sq, sk = (int)seq.sk, d = (int)p.d;
     static_assert(DO_DQ || !HOOK, "the HOOK kernel always issues the dQ wgmma's");
+    static_assert(!ORDERED || (DO_DQ && !HOOK), "ordered dQ additions: the dense kernel that adds dQ");
     /* HOOK: one kernel for both modes, so the dQ wgmma's are always issued and deterministic mode only
      * skips their red.adds (a runtime condition around the issue would serialize the wgmma's) */
     const bool do_dq = HOOK ? !p.deterministic : DO_DQ;
@@ -1327,11 +1332,26 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         if (DO_DQ) {
             const int dq_rows = do_dq ? sq : 0; /* rows added into dq_accum: none in deterministic mode */
             wgmma_wait<1>(); /* chunk 0 (dV, dK may still run) */
+            if constexpr (ORDERED) { /* after the next higher key tile's additions of this query tile (dq_order) */
+                if (tid == 0) {
+                    const dq_order ord = dq_order_of<BM, BN>(p, seq, b, hq, cta.tile);
+                    if (m >= ord.pred_first && m < ord.pred_end)
+                        spin_until_equal_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 2);
+                }
+                named_sync(BAR_MMA, SM90_THREADS);
+            }
             add_dq_chunk_d256(dqa, d, dq_rows, row, c0, acc_dq, lc, lane);
             issue_dq_chunk_d256<T>(acc_dq, dSa, Ka, c0 + D256_DQ_CHUNK);
             wgmma_commit();
             wgmma_wait<0>();
             add_dq_chunk_d256(dqa, d, dq_rows, row, c0 + D256_DQ_CHUNK, acc_dq, lc, lane);
+            if constexpr (ORDERED) { /* every thread's additions performed, then the next lower key tile's turn */
+                __threadfence();
+                named_sync(BAR_MMA, SM90_THREADS);
+                if (tid == 0)
+                    st_release_gpu(dq_order_of<BM, BN>(p, seq, b, hq, cta.tile).sem + m0 / FLASH_DQ_SEM_ROWS,
+                                   cta.tile + 1);
+            }
         } else {
             wgmma_wait<0>();
         }
@@ -1365,11 +1385,11 @@ static size_t smem_main_sm90_d256(bool hook)
            4 * D256_BM * sizeof(float) + (hook ? (size_t)SM90_MMA_WARPS * keep_warp_bytes(D256_QW) : 0);
 }
 
-template <typename T, bool DO_DQ, bool HOOK>
+template <typename T, bool DO_DQ, bool HOOK, bool ORDERED = false>
 static cudaError_t launch_main_sm90_d256(const flash_params *p, cudaStream_t stream)
 {
     const size_t smem = smem_main_sm90_d256(HOOK);
-    auto kernel = bwd_main_sm90_d256_kernel<T, DO_DQ, HOOK>;
+    auto kernel = bwd_main_sm90_d256_kernel<T, DO_DQ, HOOK, ORDERED>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
@@ -1391,9 +1411,15 @@ static cudaError_t launch_main_sm90(const flash_params *p, cudaStream_t stream)
     return cudaGetLastError();
 }
 
+/* Deterministic mode at d > 128 through the ORDERED d256 kernel (1; A/B knob, not yet run on a GPU) or
+ * through the dQ kernel (0). */
+#ifndef BWD90_DET_D256
+#define BWD90_DET_D256 0
+#endif
+
 extern "C" int flash_bwd_sm90_orders_dq(const flash_params *p)
 {
-    return (p->dtype == FLASH_BF16 || p->dtype == FLASH_FP16) && !p->has_hook && p->d <= 128;
+    return (p->dtype == FLASH_BF16 || p->dtype == FLASH_FP16) && !p->has_hook && (p->d <= 128 || BWD90_DET_D256);
 }
 
 /* Head dim -> kernel, p->has_hook -> variant (and, dense, deterministic -> at d > 128 DO_DQ = false, at
@@ -1404,8 +1430,12 @@ static cudaError_t launch_main_sm90_dtype(const flash_params *p, cudaStream_t st
     if (p->d > 128) {
         if (p->has_hook)
             return launch_main_sm90_d256<T, true, true>(p, stream);
-        return p->deterministic ? launch_main_sm90_d256<T, false, false>(p, stream)
-                                : launch_main_sm90_d256<T, true, false>(p, stream);
+        if (!p->deterministic)
+            return launch_main_sm90_d256<T, true, false>(p, stream);
+        if constexpr (BWD90_DET_D256)
+            if (p->dq_semaphore != NULL)
+                return launch_main_sm90_d256<T, true, false, true>(p, stream);
+        return launch_main_sm90_d256<T, false, false>(p, stream);
     }
     const bool ordered = p->deterministic && p->dq_semaphore != NULL;
     if (p->d > 64) {
