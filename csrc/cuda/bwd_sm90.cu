@@ -32,7 +32,9 @@
  *   Deterministic mode: with p->dq_semaphore the dense kernels run as ORDERED instantiations, whose key
  *   tiles start in descending order and whose reducers add each query tile's dQ after the next higher key
  *   tile's (dq_order: an acquire spin on a per-tile semaphore, a release store after the fenced red.adds);
- *   the HOOK kernels skip dQ (the separate dQ kernel of bwd_sm80.cu computes it) and the reducer idles.
+ *   the HOOK kernels skip dQ (the separate dQ kernel of bwd_sm80.cu computes it) and the reducer idles,
+ *   unless compiled with BWD90_DET_HOOK = 1 (not yet run on a GPU): then they are ORDERED too, their
+ *   reducers pass the chain's turn on every tile of the band, adding on the tiles they walk.
  *   Masking: query tiles inside the band and the key range (flash_query_tiles' full tiles) take an
  *   unmasked copy of the P step; the others test each value against the band's upper bound and the key
  *   tail with one compare, and against the lower bound only in tiles that it cuts.
@@ -405,10 +407,11 @@ __device__ __forceinline__ bwd90_cta bwd90_cta_of(const flash_params &p, int qdo
 #ifndef BWD90_DET_GROUPED
 #define BWD90_DET_GROUPED 0 /* not yet measured */
 #endif
+template <bool kGrouped> /* false: the HOOK kernels, whose helpers read the head and batch from blockIdx */
 __device__ __forceinline__ bwd90_cta bwd90_cta_descending(const flash_params &p, int qdo_row_bytes)
 {
     bwd90_cta c;
-    if (BWD90_DET_GROUPED && (uint64_t)gridDim.x * gridDim.y * gridDim.z <= UINT_MAX) {
+    if (kGrouped && BWD90_DET_GROUPED && (uint64_t)gridDim.x * gridDim.y * gridDim.z <= UINT_MAX) {
         c = bwd90_grouped(p, qdo_row_bytes);
     } else {
         c.tile = (int)blockIdx.x;
@@ -429,7 +432,7 @@ __device__ __forceinline__ bwd90_cta bwd90_cta_descending(const flash_params &p,
  * and the block index at each call, so that no state is held across the main loop (the dQ reducer has
  * 24 registers). */
 #define NEXT_TILE_AHEAD 4 /* flag loads in flight while next_visible_tile skips hidden tiles */
-template <int BM, int BN>
+template <int BM, int BN, bool REVERSED>
 __device__ __forceinline__ int next_visible_tile(const flash_params &p, int m, int m_end, unsigned &flags)
 {
     constexpr int RB = BM / FLASH_MASK_BLOCK, CB = BN / FLASH_MASK_BLOCK;
@@ -440,7 +443,7 @@ __device__ __forceinline__ int next_visible_tile(const flash_params &p, int m, i
         return m;
     /* a mask exists for dense batches only: p.sq, p.sk are the sequence's and the flags' extent */
     const int lane = threadIdx.x % FLASH_WARP_SIZE, r = lane / CB, c = lane % CB;
-    const int64_t n0 = (int64_t)blockIdx.x * BN;
+    const int64_t n0 = (int64_t)(REVERSED ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BN; /* bwd90_cta_descending */
     const bool lane_ok = r < RB && n0 + c * FLASH_MASK_BLOCK < p.sk;
     const flash_strides4 &fs = p.mask_blocks_s;
     const uint8_t *f = p.mask_blocks + blockIdx.z * fs.batch + blockIdx.y * fs.head + r * fs.row +
@@ -470,13 +473,14 @@ __device__ __forceinline__ int next_visible_tile(const flash_params &p, int m, i
     return m_end;
 }
 
-/* The query tile from m on that the CTA walks (dense: m itself). */
-template <bool HOOK, int BM, int BN>
+/* The query tile from m on that the CTA walks (dense: m itself). REVERSED: the grid's key tiles run
+ * backwards (ORDERED, bwd90_cta_descending). */
+template <bool HOOK, int BM, int BN, bool REVERSED = false>
 __device__ __forceinline__ int next_query_tile(const flash_params &p, int m, int m_end, unsigned &flags)
 {
     flags = FLASH_MASK_ANY_VISIBLE;
     if constexpr (HOOK) /* BM = 64 (one mask block per lane); the dense BM = 128 kernel walks every tile */
-        return next_visible_tile<BM, BN>(p, m, m_end, flags);
+        return next_visible_tile<BM, BN, REVERSED>(p, m, m_end, flags);
     else
         return m;
 }
@@ -734,49 +738,81 @@ __device__ __forceinline__ dq_order dq_order_of(const flash_params &p, const fla
  * when the MMA warps issued them). ORDERED: the additions of each tile wait for the CTA before this one
  * in dq_order (thread 0 spins, the warpgroup meets on BAR_REDUCER), and once every thread's reductions
  * are performed (fence) thread 0 releases the next. */
+/* The reducer's part of one walked tile (walk index i, first row m0): wait on FULL[i % NBUF], add the
+ * rows below sq into dq_accum, hand the buffer back on EMPTY. */
+template <int BM, int D>
+__device__ __forceinline__ void dq_add_tile(const flash_params &p, const float *dQb, float *dqa, uint32_t full,
+                                            uint32_t empty, int i, int m0, int sq, int rtid)
+{
+    constexpr int DQ_LD = D + DQ_PAD, V4_PER_ROW = D / 4, NPART = dq_parts(D, BM), NBUF = dq_bufs(D, BM);
+    const int d = (int)p.d, buf = NBUF == 1 ? 0 : i & 1;
+    mbar_wait(full + buf * sizeof(uint64_t), (i / NBUF) & 1);
+    const uint32_t src = smem_u32(dQb + buf * NPART * BM * DQ_LD); /* [NPART][BM][DQ_LD] */
+#pragma unroll 4
+    for (int idx = rtid; idx < BM * V4_PER_ROW; idx += WARPGROUP_THREADS) {
+        const int r = idx / V4_PER_ROW, c = (idx % V4_PER_ROW) * 4;
+        if (c < d && m0 + r < sq) {
+            float4 v = ld_shared_v4_f32(src + (r * DQ_LD + c) * sizeof(float));
+            if (NPART == 2) {
+                const float4 u = ld_shared_v4_f32(src + ((BM + r) * DQ_LD + c) * sizeof(float));
+                v = make_float4(v.x + u.x, v.y + u.y, v.z + u.z, v.w + u.w);
+            }
+            atomicAdd((float4 *)(dqa + (int64_t)(m0 + r) * d + c), v);
+        }
+    }
+    mbar_arrive(empty + buf * sizeof(uint64_t));
+}
+
+/* ORDERED: thread 0 waits for the predecessor's additions of query tile mt (first row m0) where it has
+ * any; the warpgroup meets. */
+__device__ __forceinline__ void dq_chain_wait(const dq_order &ord, int mt, int m0, int rtid)
+{
+    if (rtid == 0 && mt >= ord.pred_first && mt < ord.pred_end)
+        spin_until_equal_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 2);
+    named_sync(BAR_REDUCER, WARPGROUP_THREADS);
+}
+
+/* ORDERED: this thread's reductions performed, the warpgroup meets, thread 0 hands query tile m0 on. */
+__device__ __forceinline__ void dq_chain_release(const dq_order &ord, int m0, int rtid)
+{
+    if (BWD90_DET_FENCE == 2)
+        __threadfence(); /* this thread's reductions performed at GPU scope */
+    else if (BWD90_DET_FENCE == 1)
+        fence_acq_rel_gpu();
+    named_sync(BAR_REDUCER, WARPGROUP_THREADS); /* then thread 0's release covers them (cumulativity) */
+    if (rtid == 0)
+        st_release_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 1);
+}
+
 template <bool HOOK, int BM, int D, bool ORDERED>
 __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *dQb, float *dqa, uint32_t full,
                                            uint32_t empty, int m_first, int m_end, int sq, int rtid,
                                            const dq_order &ord)
 {
-    constexpr int DQ_LD = D + DQ_PAD, V4_PER_ROW = D / 4, NPART = dq_parts(D, BM), NBUF = dq_bufs(D, BM);
-    static_assert(!(ORDERED && HOOK), "ordered dQ additions: dense kernels only");
-    const int d = (int)p.d;
     unsigned flags;
-    int m = next_query_tile<HOOK, BM, SM90_BN>(p, m_first, m_end, flags); /* HOOK: the walked tiles */
-    for (int i = 0; HOOK ? m < m_end : i < m_end - m_first; ++i) {
-        const int buf = NBUF == 1 ? 0 : i & 1, mt = HOOK ? m : m_first + i, m0 = mt * BM;
-        if (ORDERED) {
-            if (rtid == 0 && mt >= ord.pred_first && mt < ord.pred_end)
-                spin_until_equal_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 2);
-            named_sync(BAR_REDUCER, WARPGROUP_THREADS);
-        }
-        mbar_wait(full + buf * sizeof(uint64_t), (i / NBUF) & 1);
-        const uint32_t src = smem_u32(dQb + buf * NPART * BM * DQ_LD); /* [NPART][BM][DQ_LD] */
-#pragma unroll 4
-        for (int idx = rtid; idx < BM * V4_PER_ROW; idx += WARPGROUP_THREADS) {
-            const int r = idx / V4_PER_ROW, c = (idx % V4_PER_ROW) * 4;
-            if (c < d && m0 + r < sq) {
-                float4 v = ld_shared_v4_f32(src + (r * DQ_LD + c) * sizeof(float));
-                if (NPART == 2) {
-                    const float4 u = ld_shared_v4_f32(src + ((BM + r) * DQ_LD + c) * sizeof(float));
-                    v = make_float4(v.x + u.x, v.y + u.y, v.z + u.z, v.w + u.w);
-                }
-                atomicAdd((float4 *)(dqa + (int64_t)(m0 + r) * d + c), v);
+    int m = next_query_tile<HOOK, BM, SM90_BN, ORDERED>(p, m_first, m_end, flags); /* HOOK: the walked tiles */
+    if constexpr (HOOK && ORDERED) {
+        /* every tile of the band takes its turn in the chain (the other CTAs cannot know which ones this
+         * CTA's attn_mask hides); the walked ones also add */
+        for (int mt = m_first, i = 0; mt < m_end; ++mt) {
+            dq_chain_wait(ord, mt, mt * BM, rtid);
+            if (mt == m) {
+                dq_add_tile<BM, D>(p, dQb, dqa, full, empty, i++, mt * BM, sq, rtid);
+                m = next_query_tile<HOOK, BM, SM90_BN, ORDERED>(p, mt + 1, m_end, flags);
             }
+            dq_chain_release(ord, mt * BM, rtid);
         }
-        mbar_arrive(empty + buf * sizeof(uint64_t));
-        if (ORDERED) {
-            if (BWD90_DET_FENCE == 2)
-                __threadfence(); /* this thread's reductions performed at GPU scope */
-            else if (BWD90_DET_FENCE == 1)
-                fence_acq_rel_gpu();
-            named_sync(BAR_REDUCER, WARPGROUP_THREADS); /* then thread 0's release covers them (cumulativity) */
-            if (rtid == 0)
-                st_release_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 1);
+    } else {
+        for (int i = 0; HOOK ? m < m_end : i < m_end - m_first; ++i) {
+            const int mt = HOOK ? m : m_first + i, m0 = mt * BM;
+            if (ORDERED)
+                dq_chain_wait(ord, mt, m0, rtid);
+            dq_add_tile<BM, D>(p, dQb, dqa, full, empty, i, m0, sq, rtid);
+            if (ORDERED)
+                dq_chain_release(ord, m0, rtid);
+            if (HOOK)
+                m = next_query_tile<HOOK, BM, SM90_BN>(p, m + 1, m_end, flags);
         }
-        if (HOOK)
-            m = next_query_tile<HOOK, BM, SM90_BN>(p, m + 1, m_end, flags);
     }
 }
 
@@ -811,7 +847,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     uint8_t *keep_s = (uint8_t *)(mbar + 4);  /* HOOK: [SM90_MMA_WARPS][keep_warp_bytes(BM)] dropout keep bits */
 
     const int tid = threadIdx.x;
-    const bwd90_cta cta = ORDERED ? bwd90_cta_descending(p, 2 * D * (int)sizeof(T))
+    const bwd90_cta cta = ORDERED ? bwd90_cta_descending<!HOOK>(p, 2 * D * (int)sizeof(T))
                                   : bwd90_cta_of<!HOOK>(p, 2 * D * (int)sizeof(T));
     const int n0 = cta.tile * BN, hq = cta.hq, b = cta.b;
     const flash_seq seq = flash_seq_uniform(p, b); /* the CTA's sequence: every row and key below is its own */
@@ -856,7 +892,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     load_tile_sw128<T, BN, D>(Ks, kg, p.k_s.row, kvalid, d, tid);
     load_tile_sw128<T, BN, D>(Vs, vg, p.v_s.row, kvalid, d, tid);
     unsigned flags; /* attn_mask flags of the current tile (HOOK) */
-    int m = next_query_tile<HOOK, BM, BN>(p, m_first, m_end, flags);
+    int m = next_query_tile<HOOK, BM, BN, ORDERED>(p, m_first, m_end, flags);
     if (m < m_end)
         load_query_tile<T, BM, D>(Qs, dOs, lse_s, delta_s, p, qg, dog, lseg, deltag, sq, d, m * BM, tid);
     cp_async_commit();
@@ -916,7 +952,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
         if (HOOK) {
             /* under the S^T, dP^T wgmma's: the next tile's loads (after its search through the mask
              * flags), this tile's dropout keep bits and hook state */
-            m_next = next_query_tile<HOOK, BM, BN>(p, m + 1, m_end, flags_next);
+            m_next = next_query_tile<HOOK, BM, BN, ORDERED>(p, m + 1, m_end, flags_next);
             if (m_next < m_end) {
                 load_query_tile<T, BM, D>(Qs + (st ^ 1) * Q_BYTES, dOs + (st ^ 1) * Q_BYTES, lse_s + (st ^ 1) * BM,
                                           delta_s + (st ^ 1) * BM, p, qg, dog, lseg, deltag, sq, d, m_next * BM, tid);
@@ -1143,7 +1179,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     uint8_t *keep_s = (uint8_t *)(delta_s + 2 * BM); /* HOOK: [SM90_MMA_WARPS][keep_warp_bytes(D256_QW)] */
 
     const int tid = threadIdx.x;
-    const bwd90_cta cta = ORDERED ? bwd90_cta_descending(p, 2 * D256_D * (int)sizeof(T))
+    const bwd90_cta cta = ORDERED ? bwd90_cta_descending<true>(p, 2 * D256_D * (int)sizeof(T))
                                   : bwd90_cta_of<!HOOK>(p, 2 * D256_D * (int)sizeof(T));
     const int n0 = cta.tile * BN, hq = cta.hq, b = cta.b;
     const flash_seq seq = flash_seq_uniform(p, b); /* the CTA's sequence: every row and key below is its own */
@@ -1417,13 +1453,21 @@ static cudaError_t launch_main_sm90(const flash_params *p, cudaStream_t stream)
 #define BWD90_DET_D256 0
 #endif
 
+/* Deterministic mode of the HOOK kernels at d <= 128 through their ORDERED instantiations (1; A/B knob, not
+ * yet run on a GPU) or through the dQ kernel (0). */
+#ifndef BWD90_DET_HOOK
+#define BWD90_DET_HOOK 0
+#endif
+
 extern "C" int flash_bwd_sm90_orders_dq(const flash_params *p)
 {
-    return (p->dtype == FLASH_BF16 || p->dtype == FLASH_FP16) && !p->has_hook && (p->d <= 128 || BWD90_DET_D256);
+    return (p->dtype == FLASH_BF16 || p->dtype == FLASH_FP16) &&
+           (p->d <= 128 ? !p->has_hook || BWD90_DET_HOOK : !p->has_hook && BWD90_DET_D256);
 }
 
-/* Head dim -> kernel, p->has_hook -> variant (and, dense, deterministic -> at d > 128 DO_DQ = false, at
- * d <= 128 with p->dq_semaphore ORDERED). */
+/* Head dim -> kernel, p->has_hook -> variant; deterministic with p->dq_semaphore -> ORDERED (dense d <= 128;
+ * HOOK d <= 128 with BWD90_DET_HOOK, dense d > 128 with BWD90_DET_D256), without it DO_DQ = false at d > 128
+ * (the dQ kernel computes dQ). */
 template <typename T>
 static cudaError_t launch_main_sm90_dtype(const flash_params *p, cudaStream_t stream)
 {
@@ -1439,12 +1483,20 @@ static cudaError_t launch_main_sm90_dtype(const flash_params *p, cudaStream_t st
     }
     const bool ordered = p->deterministic && p->dq_semaphore != NULL;
     if (p->d > 64) {
-        if (p->has_hook)
+        if (p->has_hook) {
+            if constexpr (BWD90_DET_HOOK)
+                if (ordered)
+                    return launch_main_sm90<T, 128, 64, true, true>(p, stream);
             return launch_main_sm90<T, 128, 64, true>(p, stream);
+        }
         return ordered ? launch_main_sm90<T, 128, 64, false, true>(p, stream) : launch_main_sm90<T, 128, 64, false>(p, stream);
     }
-    if (p->has_hook)
+    if (p->has_hook) {
+        if constexpr (BWD90_DET_HOOK)
+            if (ordered)
+                return launch_main_sm90<T, 64, 64, true, true>(p, stream);
         return launch_main_sm90<T, 64, 64, true>(p, stream);
+    }
     return ordered ? launch_main_sm90<T, 64, BWD90_BM_D64, false, true>(p, stream)
                    : launch_main_sm90<T, 64, BWD90_BM_D64, false>(p, stream);
 }
