@@ -738,14 +738,13 @@ __device__ __forceinline__ dq_order dq_order_of(const flash_params &p, const fla
  * when the MMA warps issued them). ORDERED: the additions of each tile wait for the CTA before this one
  * in dq_order (thread 0 spins, the warpgroup meets on BAR_REDUCER), and once every thread's reductions
  * are performed (fence) thread 0 releases the next. */
-/* The reducer's part of one walked tile (walk index i, first row m0): wait on FULL[i % NBUF], add the
- * rows below sq into dq_accum, hand the buffer back on EMPTY. */
+/* The reducer's part of one walked tile (walk index i, its buffer buf = i % NBUF, first row m0): wait on
+ * FULL[buf], add the rows below sq into dq_accum (sq, d), hand the buffer back on EMPTY[buf]. */
 template <int BM, int D>
-__device__ __forceinline__ void dq_add_tile(const flash_params &p, const float *dQb, float *dqa, uint32_t full,
-                                            uint32_t empty, int i, int m0, int sq, int rtid)
+__device__ __forceinline__ void dq_add_tile(const float *dQb, float *dqa, uint32_t full, uint32_t empty, int i,
+                                            int buf, int m0, int sq, int d, int rtid)
 {
     constexpr int DQ_LD = D + DQ_PAD, V4_PER_ROW = D / 4, NPART = dq_parts(D, BM), NBUF = dq_bufs(D, BM);
-    const int d = (int)p.d, buf = NBUF == 1 ? 0 : i & 1;
     mbar_wait(full + buf * sizeof(uint64_t), (i / NBUF) & 1);
     const uint32_t src = smem_u32(dQb + buf * NPART * BM * DQ_LD); /* [NPART][BM][DQ_LD] */
 #pragma unroll 4
@@ -789,6 +788,8 @@ __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *d
                                            uint32_t empty, int m_first, int m_end, int sq, int rtid,
                                            const dq_order &ord)
 {
+    constexpr int NBUF = dq_bufs(D, BM);
+    const int d = (int)p.d;
     unsigned flags;
     int m = next_query_tile<HOOK, BM, SM90_BN, ORDERED>(p, m_first, m_end, flags); /* HOOK: the walked tiles */
     if constexpr (HOOK && ORDERED) {
@@ -797,17 +798,18 @@ __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *d
         for (int mt = m_first, i = 0; mt < m_end; ++mt) {
             dq_chain_wait(ord, mt, mt * BM, rtid);
             if (mt == m) {
-                dq_add_tile<BM, D>(p, dQb, dqa, full, empty, i++, mt * BM, sq, rtid);
+                dq_add_tile<BM, D>(dQb, dqa, full, empty, i, NBUF == 1 ? 0 : i & 1, mt * BM, sq, d, rtid);
+                ++i;
                 m = next_query_tile<HOOK, BM, SM90_BN, ORDERED>(p, mt + 1, m_end, flags);
             }
             dq_chain_release(ord, mt * BM, rtid);
         }
     } else {
         for (int i = 0; HOOK ? m < m_end : i < m_end - m_first; ++i) {
-            const int mt = HOOK ? m : m_first + i, m0 = mt * BM;
+            const int buf = NBUF == 1 ? 0 : i & 1, mt = HOOK ? m : m_first + i, m0 = mt * BM;
             if (ORDERED)
                 dq_chain_wait(ord, mt, m0, rtid);
-            dq_add_tile<BM, D>(p, dQb, dqa, full, empty, i, m0, sq, rtid);
+            dq_add_tile<BM, D>(dQb, dqa, full, empty, i, buf, m0, sq, d, rtid);
             if (ORDERED)
                 dq_chain_release(ord, m0, rtid);
             if (HOOK)
