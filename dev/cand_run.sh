@@ -1,6 +1,6 @@
 #!/bin/bash
 # Device check of candidates for csrc/cuda/bwd_sm90.cu against the working tree's file, without torch:
-# the harness's correctness suite (432 configs) through each candidate, then TFLOP/s side by side.
+# the harness's correctness suite (`test`) through each candidate, then TFLOP/s side by side.
 # Every step has a timeout and line-buffered logs, so a hang still leaves a trace. A candidate's own
 # directory comes first on the include path (a wgmma.cuh beside it replaces csrc/cuda's).
 # Run from the repo root: bash dev/cand_run.sh cand1.cu [cand2.cu ...]   (logs under $OUT)
@@ -8,7 +8,8 @@
 # candidates (timings only); SANITIZE=1 adds memcheck + racecheck on each binary the suite runs on.
 B=/tmp/cand; mkdir -p $B; O=${OUT:-$B}
 F="-std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Icsrc -Icsrc/cuda -DFLASHATTN_EXT_SM90A"
-S="dev/bwd_harness.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_simple.cu"
+S="dev/bwd_harness.cu csrc/cuda/launch.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_simple.cu csrc/cuda/fwd_sm80.cu
+   csrc/cuda/fwd_sm90.cu csrc/cuda/fwd_decode.cu csrc/cuda/fwd_simple.cu" # the harness calls launch.cu
 t0=$(date +%s)
 nvcc $F $S csrc/cuda/bwd_sm90.cu -o $B/c0 > $O/build_c0.log 2>&1 &
 i=0; for c in "$@"; do i=$((i + 1)); nvcc -I$(dirname $c) $F $S $c -o $B/c$i > $O/build_c$i.log 2>&1 & done

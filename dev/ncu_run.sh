@@ -4,7 +4,9 @@
 #   bash dev/ncu_run.sh [candidate_bwd_sm90.cu] ["64 8192" "128 8192" ...]   (logs under $OUT)
 CAND=${1:-csrc/cuda/bwd_sm90.cu}; shift; B=/tmp/ncu; mkdir -p $B; O=${OUT:-$B}
 F="-std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Icsrc -Icsrc/cuda -DFLASHATTN_EXT_SM90A"
-nvcc $F dev/bwd_harness.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_simple.cu $CAND -o $B/h || exit 1
+S="dev/bwd_harness.cu csrc/cuda/launch.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_simple.cu csrc/cuda/fwd_sm80.cu
+   csrc/cuda/fwd_sm90.cu csrc/cuda/fwd_decode.cu csrc/cuda/fwd_simple.cu" # the harness calls launch.cu
+nvcc $F $S $CAND -o $B/h || exit 1
 for cfg in "${@:-64 8192}"; do
     set -- $cfg
     n=d$1_s$2
