@@ -1,10 +1,11 @@
 #!/bin/bash
 # Device A/B of the deterministic backward's knobs in csrc/cuda/bwd_sm90.cu (BWD90_DET_GROUPED,
-# BWD90_DET_FENCE, BWD90_DET_D256, BWD90_DET_HOOK), without torch: one bwd_harness per setting, each run with `timedet` (the default and
+# BWD90_DET_FENCE, BWD90_DET_D256, BWD90_DET_HOOK, BWD90_DET_RELAXED_POLLS), without torch: one bwd_harness per setting, each run with `timedet` (the default and
 # deterministic mode of the same shapes, interleaved), then a table of det / default time per setting;
 # then the deterministic configs of the harness's suite (`test all det`, bitwise over DET_RUNS runs) on each.
-# Run from the repo root: bash dev/det_ab.sh "GROUPED FENCE [D256 [HOOK]]" ...  e.g. bash dev/det_ab.sh "0 2" "1 2" "0 0 1 1"
-# (D256 and HOOK default to 0; the first setting is the baseline; logs under $OUT). `timev`'s dropout rows
+# Run from the repo root: bash dev/det_ab.sh "GROUPED FENCE [D256 [HOOK [RELAXED]]]" ...
+#   e.g. bash dev/det_ab.sh "0 2" "1 2" "0 0" "0 2 0 0 1" "0 2 1 1"
+# (D256, HOOK and RELAXED default to 0; the first setting is the baseline; logs under $OUT). `timev`'s dropout rows
 # (a HOOK kernel) are printed too.
 set -u
 B=/tmp/det_ab; mkdir -p $B; O=${OUT:-$B}
@@ -14,7 +15,7 @@ settings=("$@")
 c() { local src=$1 name=$2; shift 2; nvcc $F "$@" -c $src -o $B/$name.o > $B/$name.log 2>&1 || { echo "FAIL $name"; tail -20 $B/$name.log; }; }
 for f in launch fwd_sm80 fwd_decode fwd_simple bwd_sm80 bwd_simple fwd_sm90; do c csrc/cuda/$f.cu $f & done
 c dev/bwd_harness.cu bwdh &
-i=0; for s in "${settings[@]}"; do read -r g fe d2 hk <<< "$s"; c csrc/cuda/bwd_sm90.cu bwd_sm90_$i -DBWD90_DET_GROUPED=$g -DBWD90_DET_FENCE=$fe -DBWD90_DET_D256=${d2:-0} -DBWD90_DET_HOOK=${hk:-0} & i=$((i + 1)); done
+i=0; for s in "${settings[@]}"; do read -r g fe d2 hk rp <<< "$s"; c csrc/cuda/bwd_sm90.cu bwd_sm90_$i -DBWD90_DET_GROUPED=$g -DBWD90_DET_FENCE=$fe -DBWD90_DET_D256=${d2:-0} -DBWD90_DET_HOOK=${hk:-0} -DBWD90_DET_RELAXED_POLLS=${rp:-0} & i=$((i + 1)); done
 wait
 CO="$B/launch.o $B/fwd_sm80.o $B/fwd_decode.o $B/fwd_simple.o $B/bwd_sm80.o $B/bwd_simple.o $B/fwd_sm90.o"
 n=$i; for i in $(seq 0 $((n - 1))); do nvcc $F $B/bwdh.o $CO $B/bwd_sm90_$i.o -o $B/h$i & done; wait
@@ -27,7 +28,7 @@ done
 python3 - $O $n "${settings[@]}" <<'PY'
 import re, sys
 o, n, settings = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-print("det / default time (GROUPED FENCE D256 HOOK):", " | ".join(f"h{i} = {s}" for i, s in enumerate(settings)))
+print("det / default time (GROUPED FENCE D256 HOOK RELAXED):", " | ".join(f"h{i} = {s}" for i, s in enumerate(settings)))
 rows = {}
 for i in range(n):
     try: lines = open(f"{o}/timedet_h{i}.log").read().splitlines()

@@ -112,6 +112,11 @@
 #ifndef BWD90_DET_FENCE
 #define BWD90_DET_FENCE 2
 #endif
+/* ORDERED: the spin on a tile's semaphore polls with relaxed loads and fences once (1; A/B knob, not yet
+ * measured) or polls with acquire loads (0, measured). */
+#ifndef BWD90_DET_RELAXED_POLLS
+#define BWD90_DET_RELAXED_POLLS 0
+#endif
 #define SM90_BN 128   /* keys per CTA */
 #ifndef BWD90_BM_D64
 #define BWD90_BM_D64 128 /* queries per step of the dense kernel at D = 64 (64 or 128; HOOK: 64) */
@@ -767,7 +772,7 @@ __device__ __forceinline__ void dq_add_tile(const float *dQb, float *dqa, uint32
 __device__ __forceinline__ void dq_chain_wait(const dq_order &ord, int mt, int m0, int rtid)
 {
     if (rtid == 0 && mt >= ord.pred_first && mt < ord.pred_end)
-        spin_until_equal_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 2);
+        spin_until_equal_gpu<BWD90_DET_RELAXED_POLLS>(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 2);
     named_sync(BAR_REDUCER, WARPGROUP_THREADS);
 }
 
@@ -1374,7 +1379,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
                 if (tid == 0) {
                     const dq_order ord = dq_order_of<BM, BN>(p, seq, b, hq, cta.tile);
                     if (m >= ord.pred_first && m < ord.pred_end)
-                        spin_until_equal_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 2);
+                        spin_until_equal_gpu<BWD90_DET_RELAXED_POLLS>(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 2);
                 }
                 named_sync(BAR_MMA, SM90_THREADS);
             }

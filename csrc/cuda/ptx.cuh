@@ -172,13 +172,23 @@ __device__ __forceinline__ void cp_async_4(uint32_t smem_addr, const void *gmem,
 }
 
 /* Spins until the int32 at gmem (global) reads `value`, with acquire semantics at GPU scope: what the
- * thread that stored it (st_release_gpu) wrote before is visible after. */
+ * thread that stored it (st_release_gpu) wrote before is visible after. RELAXED_POLLS: the polls are
+ * relaxed loads and one fence.acq_rel follows the last (on sm90 an acquire load also invalidates L1 at
+ * each poll); else every poll is an acquire load. */
+template <bool RELAXED_POLLS = false>
 __device__ __forceinline__ void spin_until_equal_gpu(const int32_t *gmem, int32_t value)
 {
     int32_t v;
-    do
-        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(gmem) : "memory");
-    while (v != value);
+    if (RELAXED_POLLS) {
+        do
+            asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(gmem) : "memory");
+        while (v != value);
+        asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+    } else {
+        do
+            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(gmem) : "memory");
+        while (v != value);
+    }
 }
 
 /* fence.acq_rel at GPU scope (lighter than __threadfence's fence.sc). */
