@@ -736,13 +736,6 @@ __device__ __forceinline__ dq_order dq_order_of(const flash_params &p, const fla
     return o;
 }
 
-/* The dQ reducer warpgroup: for each query tile the MMA warpgroups walk (the same sequence, step i),
- * wait on FULL[i % 2] until they have written its dQ_partial (BM x D fp32) into buffer i % 2, add its
- * rows below sq (the sequence's) into dq_accum with vector red.add, and hand the buffer back on
- * EMPTY[i % 2]. The MMA warpgroups never stall on these L2 reductions (they were 20-25% of the time
- * when the MMA warps issued them). ORDERED: the additions of each tile wait for the CTA before this one
- * in dq_order (thread 0 spins, the warpgroup meets on BAR_REDUCER), and once every thread's reductions
- * are performed (fence) thread 0 releases the next. */
 /* The reducer's part of one walked tile (walk index i, its buffer buf = i % NBUF, first row m0): wait on
  * FULL[buf], add the rows below sq into dq_accum (sq, d), hand the buffer back on EMPTY[buf]. */
 template <int BM, int D>
@@ -788,6 +781,14 @@ __device__ __forceinline__ void dq_chain_release(const dq_order &ord, int m0, in
         st_release_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 1);
 }
 
+/* The dQ reducer warpgroup: for each query tile the MMA warpgroups walk (the same sequence, step i),
+ * wait on FULL[i % 2] until they have written its dQ_partial (BM x D fp32) into buffer i % 2, add its
+ * rows below sq (the sequence's) into dq_accum with vector red.add, and hand the buffer back on
+ * EMPTY[i % 2]. The MMA warpgroups never stall on these L2 reductions (they were 20-25% of the time
+ * when the MMA warps issued them). ORDERED: the additions of each tile wait for the CTA before this one
+ * in dq_order (thread 0 spins, the warpgroup meets on BAR_REDUCER), and once every thread's reductions
+ * are performed (fence) thread 0 releases the next; HOOK and ORDERED: every tile of the band takes its
+ * turn in that chain, the walked ones also add. */
 template <bool HOOK, int BM, int D, bool ORDERED>
 __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *dQb, float *dqa, uint32_t full,
                                            uint32_t empty, int m_first, int m_end, int sq, int rtid,
