@@ -109,6 +109,10 @@ FLASH_HD flash_seq flash_seq_of(const flash_params *p, int64_t b)
     return s;
 }
 
+/* Entries per (batch, query head) of flash_params.dq_semaphore: one per FLASH_DQ_SEM_ROWS query rows of sq
+ * (varlen: max_seqlen_q). Entry (b, hq, m) is at (b h + hq) flash_dq_sem_tiles(p) + m. */
+FLASH_HD int64_t flash_dq_sem_tiles(const flash_params *p) { return flash_cdiv64(p->sq, FLASH_DQ_SEM_ROWS); }
+
 /* Offset of lse / delta element (b, hq, 0) of sequence s (row i: + i; dq_accum: times d). */
 FLASH_HD int64_t flash_lse_offset(const flash_params *p, const flash_seq *s, int64_t b, int64_t hq)
 {

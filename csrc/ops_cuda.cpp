@@ -203,6 +203,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(const at::Tensor &q_in, 
     return {unpad(out, d), lse, rng_state};
 }
 
+// The int32 dQ semaphores of csrc/flash.h, set in p, where the backward of p takes them (deterministic mode on
+// Hopper: launch.h flash_bwd_wants_dq_semaphore); an undefined tensor elsewhere. The preprocess zeroes them.
+at::Tensor set_dq_semaphore(flash_params *p, const at::Tensor &q)
+{
+    if (!flash_bwd_wants_dq_semaphore(p))
+        return at::Tensor();
+    at::Tensor sem = at::empty({p->b, p->h, flash_dq_sem_tiles(p)}, q.options().dtype(at::kInt));
+    p->dq_semaphore = sem.data_ptr<int32_t>();
+    return sem;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
     const at::Tensor &dout_in, const at::Tensor &q_in, const at::Tensor &k_in, const at::Tensor &v_in,
     const at::Tensor &out_in, const at::Tensor &lse_in, const at::Tensor &rng_state, double softmax_scale, bool causal,
@@ -252,11 +263,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
         const auto f32 = q.options().dtype(at::kFloat);
         dq_accum = at::empty({p.b, p.h, p.sq, p.d}, f32);
         p.dq_accum = dq_accum.data_ptr<float>();
-        if (flash_bwd_wants_dq_semaphore(&p)) {
-            dq_semaphore = at::empty({p.b, p.h, (p.sq + FLASH_DQ_SEM_ROWS - 1) / FLASH_DQ_SEM_ROWS},
-                                     q.options().dtype(at::kInt));
-            p.dq_semaphore = dq_semaphore.data_ptr<int32_t>();
-        }
+        dq_semaphore = set_dq_semaphore(&p, q);
         if (p.h != p.h_kv) {
             dk_accum = at::empty({p.b, p.sk, p.h, p.d}, f32);
             dv_accum = at::empty({p.b, p.sk, p.h, p.d}, f32);
@@ -349,11 +356,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
         const auto f32 = q.options().dtype(at::kFloat);
         dq_accum = at::zeros({p.h, p.total_q, p.d}, f32);
         p.dq_accum = dq_accum.data_ptr<float>();
-        if (flash_bwd_wants_dq_semaphore(&p)) {
-            dq_semaphore = at::empty({p.b, p.h, (p.sq + FLASH_DQ_SEM_ROWS - 1) / FLASH_DQ_SEM_ROWS},
-                                     q.options().dtype(at::kInt));
-            p.dq_semaphore = dq_semaphore.data_ptr<int32_t>();
-        }
+        dq_semaphore = set_dq_semaphore(&p, q);
         if (p.h != p.h_kv) {
             dk_accum = at::zeros({p.total_k, p.h, p.d}, f32);
             dv_accum = at::zeros({p.total_k, p.h, p.d}, f32);

@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_kernel(const flas
             acc[c4] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
     if (p.dq_semaphore != NULL && lr == 0 && i % FLASH_DQ_SEM_ROWS == 0) {
-        const int64_t sem_tiles = (p.sq + FLASH_DQ_SEM_ROWS - 1) / FLASH_DQ_SEM_ROWS;
+        const int64_t sem_tiles = flash_dq_sem_tiles(&p);
         p.dq_semaphore[(b * p.h + hq) * sem_tiles + i / FLASH_DQ_SEM_ROWS] = 0;
     }
 }

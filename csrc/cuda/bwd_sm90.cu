@@ -725,7 +725,7 @@ __device__ __forceinline__ dq_order dq_order_of(const flash_params &p, const fla
 {
     static_assert(BM % FLASH_DQ_SEM_ROWS == 0, "a query tile is whole semaphore entries");
     dq_order o;
-    const int64_t sem_tiles = (p.sq + FLASH_DQ_SEM_ROWS - 1) / FLASH_DQ_SEM_ROWS;
+    const int64_t sem_tiles = flash_dq_sem_tiles(&p);
     o.sem = p.dq_semaphore + ((int64_t)b * p.h + hq) * sem_tiles;
     o.tile = tile;
     const int64_t n1 = (int64_t)(tile + 1) * BN; /* the predecessor's first key */

@@ -171,6 +171,12 @@ __device__ __forceinline__ void cp_async_4(uint32_t smem_addr, const void *gmem,
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
 }
 
+/* fence.acq_rel at GPU scope (lighter than __threadfence's fence.sc). */
+__device__ __forceinline__ void fence_acq_rel_gpu(void)
+{
+    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+}
+
 /* Spins until the int32 at gmem (global) reads `value`, with acquire semantics at GPU scope: what the
  * thread that stored it (st_release_gpu) wrote before is visible after. RELAXED_POLLS: the polls are
  * relaxed loads and one fence.acq_rel follows the last (on sm90 an acquire load also invalidates L1 at
@@ -179,22 +185,16 @@ template <bool RELAXED_POLLS = false>
 __device__ __forceinline__ void spin_until_equal_gpu(const int32_t *gmem, int32_t value)
 {
     int32_t v;
-    if (RELAXED_POLLS) {
+    if constexpr (RELAXED_POLLS) {
         do
             asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(gmem) : "memory");
         while (v != value);
-        asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+        fence_acq_rel_gpu();
     } else {
         do
             asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(gmem) : "memory");
         while (v != value);
     }
-}
-
-/* fence.acq_rel at GPU scope (lighter than __threadfence's fence.sc). */
-__device__ __forceinline__ void fence_acq_rel_gpu(void)
-{
-    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
 }
 
 /* Stores `value` to the int32 at gmem (global) with release semantics at GPU scope. */
