@@ -29,12 +29,10 @@
  *     barrier 1, never on __syncthreads.
  *   dK (times scale) and dV stay in registers until the end: dtype when h == h_kv, else fp32 per query
  *   head into dk_accum / dv_accum for the GQA postprocess.
- *   Deterministic mode: with p->dq_semaphore the dense kernels run as ORDERED instantiations, whose key
- *   tiles start in descending order and whose reducers add each query tile's dQ after the next higher key
- *   tile's (dq_order: an acquire spin on a per-tile semaphore, a release store after the fenced red.adds);
- *   the HOOK kernels skip dQ (the separate dQ kernel of bwd_sm80.cu computes it) and the reducer idles,
- *   unless compiled with BWD90_DET_HOOK = 1 (not yet run on a GPU): then they are ORDERED too, their
- *   reducers pass the chain's turn on every tile of the band, adding on the tiles they walk.
+ *   Deterministic mode: with p->dq_semaphore the kernels run as ORDERED instantiations, whose key tiles
+ *   start in descending order and whose reducers add each query tile's dQ after the next higher key tile's
+ *   (dq_order: an acquire spin on a per-tile semaphore, a release store after the red.adds and a barrier);
+ *   the HOOK kernels' reducers pass the chain's turn on every tile of the band, adding on the tiles they walk.
  *   Masking: query tiles inside the band and the key range (flash_query_tiles' full tiles) take an
  *   unmasked copy of the P step; the others test each value against the band's upper bound and the key
  *   tail with one compare, and against the lower bound only in tiles that it cuts.
@@ -104,19 +102,15 @@
 /* named barrier of the MMA warpgroups (0 is __syncthreads, used once before the roles split) */
 #define BAR_MMA 1
 #define BAR_WG0 2 /* + wg: one MMA warpgroup's own (its P^T stored, PT_SMEM) */
-#define BAR_REDUCER 4 /* the dQ reducer warpgroup's own (ORDERED: the semaphore waited for / its adds done) */
-/* ORDERED: what each reducer thread does after its red.adds of a tile, before the barrier that precedes thread
- * 0's st.release: 2 __threadfence (fence.sc.gpu, measured), 1 fence.acq_rel.gpu, 0 nothing (the release alone,
- * cumulative over the barrier). A/B knob (dev/det_ab.sh); 0 and 1 not yet measured. With 1 or 2 ptxas issues
- * the red.adds as returning ATOMG, with 0 as REDG. */
-#ifndef BWD90_DET_FENCE
-#define BWD90_DET_FENCE 2
+#define BAR_REDUCER 4 /* the dQ reducer warpgroup's own (ORDERED: the semaphore waited for / its adds done);
+                       * + 1: its second half's (BWD90_DET_SPLIT) */
+/* ORDERED at D = 128 (two dQ buffers): the reducer's halves (64 threads each) take the tiles of one buffer
+ * each, so that one half's wait, additions and release overlap the other's (1; A/B knob, dev/det_ab.sh, not
+ * yet measured), or the whole warpgroup takes every tile (0). */
+#ifndef BWD90_DET_SPLIT
+#define BWD90_DET_SPLIT 0
 #endif
-/* ORDERED: the spin on a tile's semaphore polls with relaxed loads and fences once (1; A/B knob, not yet
- * measured) or polls with acquire loads (0, measured). */
-#ifndef BWD90_DET_RELAXED_POLLS
-#define BWD90_DET_RELAXED_POLLS 0
-#endif
+#define DQ_HALF_THREADS (WARPGROUP_THREADS / 2)
 #define SM90_BN 128   /* keys per CTA */
 #ifndef BWD90_BM_D64
 #define BWD90_BM_D64 128 /* queries per step of the dense kernel at D = 64 (64 or 128; HOOK: 64) */
@@ -147,6 +141,13 @@ __host__ __device__ constexpr int dq_parts(int D, int BM)
 __host__ __device__ constexpr int dq_bufs(int D, int BM)
 {
     return D == 64 && BM == 128 ? 1 : 2;
+}
+
+/* ORDERED, dense, two dQ buffers: the reducer's halves take one buffer's tiles each (BWD90_DET_SPLIT); the
+ * EMPTY barriers then count one half's arrivals. */
+__host__ __device__ constexpr bool dq_split(int D, int BM, bool hook, bool ordered)
+{
+    return BWD90_DET_SPLIT && ordered && !hook && dq_bufs(D, BM) == 2;
 }
 
 /* BM = 128 at D = 64: P^T goes through shared memory and dV runs SS (its A fragments held by in-flight RS
@@ -406,11 +407,12 @@ __device__ __forceinline__ bwd90_cta bwd90_cta_of(const flash_params &p, int qdo
  * head, batch), the order in which their dQ partials of a query tile are added (dq_reducer). A CTA then waits
  * only for CTAs that the hardware started before it, and under a causal band the CTAs of a head, started
  * together, reach each query tile one after the other in that order (no waits in lockstep).
- * BWD90_DET_GROUPED = 1 (an A/B knob, dev/det_ab.sh, not yet measured) walks the heads in groups as bwd90_grouped (key
- * tiles descending): the CTAs that start as earlier ones finish would then spread over the group's heads, one
- * per head and chain link, instead of piling onto one head's chain. 0: the grid's own order, key tiles reversed. */
+ * BWD90_DET_GROUPED = 1 walks the heads in groups as bwd90_grouped (key tiles descending): the CTAs that start
+ * together spread over the group's heads instead of piling onto one head's chain, whose links they would then
+ * wait for in a wavefront (non-causal det / default time d64 s2k / s8k 1.41 / 1.33 -> 1.08 / 1.11, d128 s2k
+ * 1.38 -> 1.23; det_ab_2026-12-02). 0: the grid's own order, key tiles reversed (an A/B knob, dev/det_ab.sh). */
 #ifndef BWD90_DET_GROUPED
-#define BWD90_DET_GROUPED 0 /* not yet measured */
+#define BWD90_DET_GROUPED 1
 #endif
 template <bool kGrouped> /* false: the HOOK kernels, whose helpers read the head and batch from blockIdx */
 __device__ __forceinline__ bwd90_cta bwd90_cta_descending(const flash_params &p, int qdo_row_bytes)
@@ -738,15 +740,16 @@ __device__ __forceinline__ dq_order dq_order_of(const flash_params &p, const fla
 
 /* The reducer's part of one walked tile (walk index i, its buffer buf = i % NBUF, first row m0): wait on
  * FULL[buf], add the rows below sq into dq_accum (sq, d), hand the buffer back on EMPTY[buf]. */
-template <int BM, int D>
+template <int BM, int D, int THREADS = WARPGROUP_THREADS>
 __device__ __forceinline__ void dq_add_tile(const float *dQb, float *dqa, uint32_t full, uint32_t empty, int i,
                                             int buf, int m0, int sq, int d, int rtid)
 {
     constexpr int DQ_LD = D + DQ_PAD, V4_PER_ROW = D / 4, NPART = dq_parts(D, BM), NBUF = dq_bufs(D, BM);
     mbar_wait(full + buf * sizeof(uint64_t), (i / NBUF) & 1);
     const uint32_t src = smem_u32(dQb + buf * NPART * BM * DQ_LD); /* [NPART][BM][DQ_LD] */
-#pragma unroll 4
-    for (int idx = rtid; idx < BM * V4_PER_ROW; idx += WARPGROUP_THREADS) {
+    constexpr int UNROLL = THREADS == WARPGROUP_THREADS ? 4 : 1; /* a half: 2 or 4 spilled (24 registers) */
+#pragma unroll UNROLL
+    for (int idx = rtid; idx < BM * V4_PER_ROW; idx += THREADS) {
         const int r = idx / V4_PER_ROW, c = (idx % V4_PER_ROW) * 4;
         if (c < d && m0 + r < sq) {
             float4 v = ld_shared_v4_f32(src + (r * DQ_LD + c) * sizeof(float));
@@ -760,23 +763,24 @@ __device__ __forceinline__ void dq_add_tile(const float *dQb, float *dqa, uint32
     mbar_arrive(empty + buf * sizeof(uint64_t));
 }
 
-/* ORDERED: thread 0 waits for the predecessor's additions of query tile mt (first row m0) where it has
- * any; the warpgroup meets. */
-__device__ __forceinline__ void dq_chain_wait(const dq_order &ord, int mt, int m0, int rtid)
+/* ORDERED: thread 0 of the THREADS that add a tile waits for the predecessor's additions of query tile mt
+ * (first row m0) where it has any; they meet on named barrier bar. */
+template <int THREADS = WARPGROUP_THREADS>
+__device__ __forceinline__ void dq_chain_wait(const dq_order &ord, int mt, int m0, int rtid, int bar = BAR_REDUCER)
 {
     if (rtid == 0 && mt >= ord.pred_first && mt < ord.pred_end)
-        spin_until_equal_gpu<BWD90_DET_RELAXED_POLLS>(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 2);
-    named_sync(BAR_REDUCER, WARPGROUP_THREADS);
+        spin_until_equal_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 2);
+    named_sync(bar, THREADS);
 }
 
-/* ORDERED: this thread's reductions performed, the warpgroup meets, thread 0 hands query tile m0 on. */
-__device__ __forceinline__ void dq_chain_release(const dq_order &ord, int m0, int rtid)
+/* ORDERED: the THREADS that added query tile m0 meet, then thread 0 hands it on. Its st.release is cumulative
+ * over the barrier: every thread's red.adds before it are performed before the next tile's acquire sees the
+ * value (PTX memory model; a __threadfence per thread before the barrier cost 10-15% of the deterministic
+ * time, benchmarks/results/h200/det_ab_2026-12-02). */
+template <int THREADS = WARPGROUP_THREADS>
+__device__ __forceinline__ void dq_chain_release(const dq_order &ord, int m0, int rtid, int bar = BAR_REDUCER)
 {
-    if (BWD90_DET_FENCE == 2)
-        __threadfence(); /* this thread's reductions performed at GPU scope */
-    else if (BWD90_DET_FENCE == 1)
-        fence_acq_rel_gpu();
-    named_sync(BAR_REDUCER, WARPGROUP_THREADS); /* then thread 0's release covers them (cumulativity) */
+    named_sync(bar, THREADS);
     if (rtid == 0)
         st_release_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 1);
 }
@@ -809,6 +813,15 @@ __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *d
                 m = next_query_tile<HOOK, BM, SM90_BN, ORDERED>(p, mt + 1, m_end, flags);
             }
             dq_chain_release(ord, mt * BM, rtid);
+        }
+    } else if constexpr (dq_split(D, BM, HOOK, ORDERED)) {
+        /* half h takes the tiles of buffer h (walk steps i = h, h + 2, ...), a chain link of its own each */
+        const int half = rtid / DQ_HALF_THREADS, hr = rtid % DQ_HALF_THREADS;
+        for (int i = half; i < m_end - m_first; i += NBUF) {
+            const int m0 = (m_first + i) * BM;
+            dq_chain_wait<DQ_HALF_THREADS>(ord, m_first + i, m0, hr, BAR_REDUCER + half);
+            dq_add_tile<BM, D, DQ_HALF_THREADS>(dQb, dqa, full, empty, i, half, m0, sq, d, hr);
+            dq_chain_release<DQ_HALF_THREADS>(ord, m0, hr, BAR_REDUCER + half);
         }
     } else {
         for (int i = 0; HOOK ? m < m_end : i < m_end - m_first; ++i) {
@@ -884,7 +897,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
     const uint32_t full = smem_u32(mbar), empty = full + 2 * sizeof(uint64_t);
     if (tid < 2) {
         mbar_init(full + tid * sizeof(uint64_t), SM90_THREADS);
-        mbar_init(empty + tid * sizeof(uint64_t), WARPGROUP_THREADS);
+        mbar_init(empty + tid * sizeof(uint64_t), dq_split(D, BM, HOOK, ORDERED) ? DQ_HALF_THREADS : WARPGROUP_THREADS);
     }
     __syncthreads(); /* the mbarriers initialized */
     if (tid >= SM90_THREADS) {
@@ -1159,14 +1172,11 @@ __device__ __forceinline__ void add_dq_chunk_d256(float *dqa, int d, int sq, int
  *              added into dq_accum with red.add.
  * The query tiles, masks and hooks are those of bwd_main_sm90_kernel (the warpgroup's 32 queries take
  * the place of its 64 keys). DO_DQ (dense: !deterministic; HOOK: always) is a template parameter:
- * ptxas keeps the wgmma pipeline only when the dQ chunk 0 issue is unconditional. ORDERED (deterministic
- * mode with p->dq_semaphore, compiled with BWD90_DET_D256 = 1 only, not yet run on a GPU): key tiles
- * descending, and both warpgroups add a tile's dQ after the next higher key tile's (thread 0 spins, BAR_MMA),
- * then fence, meet again and thread 0 releases the next lower one (dq_order).
+ * ptxas keeps the wgmma pipeline only when the dQ chunk 0 issue is unconditional.
  * smem: K, V 32 KB each, Q/dO 2 stages x 2 x 32 KB, P^T and dS^T 8 KB each: 210 KB (HOOK: + 512 bytes
  * of dropout keep bits). 198 registers (deterministic 190, HOOK 238).
  * Measured (H200, bf16, 16k tokens, harness): 261 TFLOP/s at s2048, 286 at s8192 (mma.sync kernel: 170, 178). */
-template <typename T, bool DO_DQ, bool HOOK, bool ORDERED>
+template <typename T, bool DO_DQ, bool HOOK>
 __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(const flash_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1187,8 +1197,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     uint8_t *keep_s = (uint8_t *)(delta_s + 2 * BM); /* HOOK: [SM90_MMA_WARPS][keep_warp_bytes(D256_QW)] */
 
     const int tid = threadIdx.x;
-    const bwd90_cta cta = ORDERED ? bwd90_cta_descending<true>(p, 2 * D256_D * (int)sizeof(T))
-                                  : bwd90_cta_of<!HOOK>(p, 2 * D256_D * (int)sizeof(T));
+    const bwd90_cta cta = bwd90_cta_of<!HOOK>(p, 2 * D256_D * (int)sizeof(T));
     const int n0 = cta.tile * BN, hq = cta.hq, b = cta.b;
     const flash_seq seq = flash_seq_uniform(p, b); /* the CTA's sequence: every row and key below is its own */
     if (n0 >= seq.sk)
@@ -1196,7 +1205,6 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     const int64_t hk = hq / p.h_per_kv;
     const int sq = (int)seq.sq, sk = (int)seq.sk, d = (int)p.d;
     static_assert(DO_DQ || !HOOK, "the HOOK kernel always issues the dQ wgmma's");
-    static_assert(!ORDERED || (DO_DQ && !HOOK), "ordered dQ additions: the dense kernel that adds dQ");
     /* HOOK: one kernel for both modes, so the dQ wgmma's are always issued and deterministic mode only
      * skips their red.adds (a runtime condition around the issue would serialize the wgmma's) */
     const bool do_dq = HOOK ? !p.deterministic : DO_DQ;
@@ -1376,26 +1384,11 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         if (DO_DQ) {
             const int dq_rows = do_dq ? sq : 0; /* rows added into dq_accum: none in deterministic mode */
             wgmma_wait<1>(); /* chunk 0 (dV, dK may still run) */
-            if constexpr (ORDERED) { /* after the next higher key tile's additions of this query tile (dq_order) */
-                if (tid == 0) {
-                    const dq_order ord = dq_order_of<BM, BN>(p, seq, b, hq, cta.tile);
-                    if (m >= ord.pred_first && m < ord.pred_end)
-                        spin_until_equal_gpu<BWD90_DET_RELAXED_POLLS>(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 2);
-                }
-                named_sync(BAR_MMA, SM90_THREADS);
-            }
             add_dq_chunk_d256(dqa, d, dq_rows, row, c0, acc_dq, lc, lane);
             issue_dq_chunk_d256<T>(acc_dq, dSa, Ka, c0 + D256_DQ_CHUNK);
             wgmma_commit();
             wgmma_wait<0>();
             add_dq_chunk_d256(dqa, d, dq_rows, row, c0 + D256_DQ_CHUNK, acc_dq, lc, lane);
-            if constexpr (ORDERED) { /* every thread's additions performed, then the next lower key tile's turn */
-                __threadfence();
-                named_sync(BAR_MMA, SM90_THREADS);
-                if (tid == 0)
-                    st_release_gpu(dq_order_of<BM, BN>(p, seq, b, hq, cta.tile).sem + m0 / FLASH_DQ_SEM_ROWS,
-                                   cta.tile + 1);
-            }
         } else {
             wgmma_wait<0>();
         }
@@ -1429,11 +1422,11 @@ static size_t smem_main_sm90_d256(bool hook)
            4 * D256_BM * sizeof(float) + (hook ? (size_t)SM90_MMA_WARPS * keep_warp_bytes(D256_QW) : 0);
 }
 
-template <typename T, bool DO_DQ, bool HOOK, bool ORDERED = false>
+template <typename T, bool DO_DQ, bool HOOK>
 static cudaError_t launch_main_sm90_d256(const flash_params *p, cudaStream_t stream)
 {
     const size_t smem = smem_main_sm90_d256(HOOK);
-    auto kernel = bwd_main_sm90_d256_kernel<T, DO_DQ, HOOK, ORDERED>;
+    auto kernel = bwd_main_sm90_d256_kernel<T, DO_DQ, HOOK>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
@@ -1455,56 +1448,32 @@ static cudaError_t launch_main_sm90(const flash_params *p, cudaStream_t stream)
     return cudaGetLastError();
 }
 
-/* Deterministic mode at d > 128 through the ORDERED d256 kernel (1; A/B knob, not yet run on a GPU) or
- * through the dQ kernel (0). */
-#ifndef BWD90_DET_D256
-#define BWD90_DET_D256 0
-#endif
-
-/* Deterministic mode of the HOOK kernels at d <= 128 through their ORDERED instantiations (1; A/B knob, not
- * yet run on a GPU) or through the dQ kernel (0). */
-#ifndef BWD90_DET_HOOK
-#define BWD90_DET_HOOK 0
-#endif
-
 extern "C" int flash_bwd_sm90_orders_dq(const flash_params *p)
 {
-    return (p->dtype == FLASH_BF16 || p->dtype == FLASH_FP16) &&
-           (p->d <= 128 ? !p->has_hook || BWD90_DET_HOOK : !p->has_hook && BWD90_DET_D256);
+    return (p->dtype == FLASH_BF16 || p->dtype == FLASH_FP16) && p->d <= 128;
 }
 
-/* Head dim -> kernel, p->has_hook -> variant; deterministic with p->dq_semaphore -> ORDERED (dense d <= 128;
- * HOOK d <= 128 with BWD90_DET_HOOK, dense d > 128 with BWD90_DET_D256), without it DO_DQ = false at d > 128
- * (the dQ kernel computes dQ). */
+/* Head dim -> kernel, p->has_hook -> variant; deterministic with p->dq_semaphore -> ORDERED (d <= 128); at
+ * d > 128 deterministic mode takes DO_DQ = false (the dQ kernel computes dQ: an ORDERED d256 kernel, both MMA
+ * warpgroups waiting on the chain around their red.adds, was slower, 2.02x / 1.64x the default's time against
+ * the dQ kernel's 1.54x / 1.60x at s2k / s8k: benchmarks/results/h200/det_ab_2026-12-02). */
 template <typename T>
 static cudaError_t launch_main_sm90_dtype(const flash_params *p, cudaStream_t stream)
 {
     if (p->d > 128) {
         if (p->has_hook)
             return launch_main_sm90_d256<T, true, true>(p, stream);
-        if (!p->deterministic)
-            return launch_main_sm90_d256<T, true, false>(p, stream);
-        if constexpr (BWD90_DET_D256)
-            if (p->dq_semaphore != NULL)
-                return launch_main_sm90_d256<T, true, false, true>(p, stream);
-        return launch_main_sm90_d256<T, false, false>(p, stream);
+        return p->deterministic ? launch_main_sm90_d256<T, false, false>(p, stream)
+                                : launch_main_sm90_d256<T, true, false>(p, stream);
     }
     const bool ordered = p->deterministic && p->dq_semaphore != NULL;
     if (p->d > 64) {
-        if (p->has_hook) {
-            if constexpr (BWD90_DET_HOOK)
-                if (ordered)
-                    return launch_main_sm90<T, 128, 64, true, true>(p, stream);
-            return launch_main_sm90<T, 128, 64, true>(p, stream);
-        }
+        if (p->has_hook)
+            return ordered ? launch_main_sm90<T, 128, 64, true, true>(p, stream) : launch_main_sm90<T, 128, 64, true>(p, stream);
         return ordered ? launch_main_sm90<T, 128, 64, false, true>(p, stream) : launch_main_sm90<T, 128, 64, false>(p, stream);
     }
-    if (p->has_hook) {
-        if constexpr (BWD90_DET_HOOK)
-            if (ordered)
-                return launch_main_sm90<T, 64, 64, true, true>(p, stream);
-        return launch_main_sm90<T, 64, 64, true>(p, stream);
-    }
+    if (p->has_hook)
+        return ordered ? launch_main_sm90<T, 64, 64, true, true>(p, stream) : launch_main_sm90<T, 64, 64, true>(p, stream);
     return ordered ? launch_main_sm90<T, 64, BWD90_BM_D64, false, true>(p, stream)
                    : launch_main_sm90<T, 64, BWD90_BM_D64, false>(p, stream);
 }

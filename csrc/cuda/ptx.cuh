@@ -178,23 +178,14 @@ __device__ __forceinline__ void fence_acq_rel_gpu(void)
 }
 
 /* Spins until the int32 at gmem (global) reads `value`, with acquire semantics at GPU scope: what the
- * thread that stored it (st_release_gpu) wrote before is visible after. RELAXED_POLLS: the polls are
- * relaxed loads and one fence.acq_rel follows the last (on sm90 an acquire load also invalidates L1 at
- * each poll); else every poll is an acquire load. */
-template <bool RELAXED_POLLS = false>
+ * thread that stored it (st_release_gpu) wrote before is visible after. (Relaxed polls with one fence after
+ * the last were slower on the H200: benchmarks/results/h200/det_ordered_dq_2026-12-02.) */
 __device__ __forceinline__ void spin_until_equal_gpu(const int32_t *gmem, int32_t value)
 {
     int32_t v;
-    if constexpr (RELAXED_POLLS) {
-        do
-            asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(gmem) : "memory");
-        while (v != value);
-        fence_acq_rel_gpu();
-    } else {
-        do
-            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(gmem) : "memory");
-        while (v != value);
-    }
+    do
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(gmem) : "memory");
+    while (v != value);
 }
 
 /* Stores `value` to the int32 at gmem (global) with release semantics at GPU scope. */
