@@ -1,9 +1,10 @@
 #!/bin/bash
-# Device A/B of the deterministic backward's knobs in csrc/cuda/bwd_sm90.cu (BWD90_DET_GROUPED,
-# BWD90_DET_SPLIT), without torch: one bwd_harness per setting, each run with `timedet` (the default and
-# deterministic mode of the same shapes, interleaved), then a table of det / default time per setting;
-# then the deterministic configs of the harness's suite (`test all det`, bitwise over DET_RUNS runs) on each.
-# Run from the repo root: bash dev/det_ab.sh "GROUPED SPLIT" ...   e.g. bash dev/det_ab.sh "1 0" "1 1" "0 1"
+# Device A/B of compile-time settings of csrc/cuda/bwd_sm90.cu for the deterministic backward, without torch:
+# one bwd_harness per setting (a string of nvcc flags, e.g. -DBWD90_CAUSAL_ORDER=0; "" the tree as it is),
+# each run with `timedet` (the default and deterministic mode of the same shapes, interleaved), then a table
+# of det / default time per setting; then the deterministic configs of the harness's suite (`test all det`,
+# bitwise over DET_RUNS runs) on each.
+# Run from the repo root: bash dev/det_ab.sh "" "-DSOME_KNOB=1" ...
 # (the first setting is the baseline; logs under $OUT, one file per kind: at most 8 files come back from the
 # device). `timev`'s dropout rows (a HOOK kernel) are printed for the baseline; the suites run side by side at
 # the end.
@@ -15,7 +16,7 @@ settings=("$@")
 c() { local src=$1 name=$2; shift 2; nvcc $F "$@" -c $src -o $B/$name.o > $B/$name.log 2>&1 || { echo "FAIL $name"; tail -20 $B/$name.log; }; }
 for f in launch fwd_sm80 fwd_decode fwd_simple bwd_sm80 bwd_simple fwd_sm90; do c csrc/cuda/$f.cu $f & done
 c dev/bwd_harness.cu bwdh &
-i=0; for s in "${settings[@]}"; do read -r g sp <<< "$s"; c csrc/cuda/bwd_sm90.cu bwd_sm90_$i -DBWD90_DET_GROUPED=$g -DBWD90_DET_SPLIT=$sp & i=$((i + 1)); done
+i=0; for s in "${settings[@]}"; do c csrc/cuda/bwd_sm90.cu bwd_sm90_$i $s & i=$((i + 1)); done
 wait
 CO="$B/launch.o $B/fwd_sm80.o $B/fwd_decode.o $B/fwd_simple.o $B/bwd_sm80.o $B/bwd_simple.o $B/fwd_sm90.o"
 n=$i; for i in $(seq 0 $((n - 1))); do nvcc $F $B/bwdh.o $CO $B/bwd_sm90_$i.o -o $B/h$i & done; wait
@@ -30,7 +31,7 @@ done
 python3 - $B $n "${settings[@]}" <<'PY'
 import re, sys
 o, n, settings = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-print("det / default time (GROUPED SPLIT):", " | ".join(f"h{i} = {s}" for i, s in enumerate(settings)))
+print("det / default time:", " | ".join(f"h{i} = [{s}]" for i, s in enumerate(settings)))
 rows = {}
 for i in range(n):
     try: lines = open(f"{o}/timedet_h{i}.log").read().splitlines()

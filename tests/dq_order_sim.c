@@ -7,9 +7,10 @@
  *   - the query tiles that a key tile sees (flash_query_tiles of its keys, as the kernels compute them) are
  *     exactly those holding a visible (i, j) pair (brute force over flash_visible, for the smaller shapes);
  *   - the key tiles that see one query tile are contiguous;
- *   - CTAs dispatched in the grid's order (key tiles descending) onto a few resident slots, each walking its
+ *   - CTAs of 1-3 heads dispatched in the grid's order (bwd90_cta_descending: in groups of heads, key tile
+ *     descending as the outer index inside a group, head inner) onto a few resident slots, each walking its
  *     band in order and running in a random interleaving, never deadlock: key tile t adds query tile m
- *     after waiting for the value t + 2 where key tile t + 1 sees m, then stores t + 1;
+ *     after waiting for the value t + 2 where key tile t + 1 of its head sees m, then stores t + 1;
  *   - every query tile receives the additions of exactly the key tiles that walk it, in descending order.
  * Prints one line per failure and "ok N" at the end; exit status 1 on any failure. */
 #include <stdio.h>
@@ -23,6 +24,7 @@
 #define MAX_TILES 64        /* key / query tiles of one simulated sequence at most */
 #define MAX_SLOTS 8         /* resident CTAs at most */
 #define MAX_EXTRA 3         /* grid tiles past the sequence's keys (a varlen grid spans the longest one) */
+#define MAX_HEADS 3         /* heads of one simulated grid */
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -48,9 +50,9 @@ static flash_tile_range key_tile_queries(const flash_seq *s, int64_t t, int64_t 
 
 static int in_range(const flash_tile_range *r, int64_t m) { return m >= r->first && m < r->end; }
 
-/* One CTA of the simulation: key tile t walking query tiles cur .. end - 1 of its band. */
+/* One CTA of the simulation: key tile t of head h walking query tiles cur .. end - 1 of its band. */
 typedef struct cta {
-    int t, cur, end;
+    int t, h, cur, end;
 } cta;
 
 static int failures = 0;
@@ -125,27 +127,40 @@ int main(void)
             for (int m = 0; m < nm; ++m)
                 hidden[t][m] = hide && rnd(hide + 1) == 0;
 
-        /* the chain: dispatch in the grid's order (tile grid - 1 first) onto `slots` resident CTAs */
-        int32_t sem[MAX_TILES];
-        int added[MAX_TILES][MAX_TILES], nadded[MAX_TILES];
+        /* the chain: dispatch in the grid's order onto `slots` resident CTAs, heads in groups of `group`, key
+         * tile grid - 1 of each head of a group first (bwd90_grouped, reversed) */
+        const int heads = 1 + (int)rnd(MAX_HEADS), group = 1 + (int)rnd(heads);
+        int order_t[MAX_HEADS * (MAX_TILES + MAX_EXTRA)], order_h[MAX_HEADS * (MAX_TILES + MAX_EXTRA)], norder = 0;
+        for (int g0 = 0; g0 < heads; g0 += group) {
+            const int in_group = heads - g0 < group ? heads - g0 : group;
+            for (int pos = 0; pos < grid; ++pos)
+                for (int h = g0; h < g0 + in_group; ++h) {
+                    order_t[norder] = grid - 1 - pos;
+                    order_h[norder++] = h;
+                }
+        }
+        int32_t sem[MAX_HEADS][MAX_TILES];
+        int added[MAX_HEADS][MAX_TILES][MAX_TILES], nadded[MAX_HEADS][MAX_TILES];
         memset(sem, 0, sizeof(sem));
         memset(nadded, 0, sizeof(nadded));
         const int slots = 1 + (int)rnd(MAX_SLOTS);
         cta resident[MAX_SLOTS];
-        int nres = 0, next = grid - 1, deadlock = 0;
-        while (next >= 0 || nres > 0) {
-            while (nres < slots && next >= 0) { /* in-order dispatch */
-                resident[nres].t = next;
-                resident[nres].cur = (int)own[next].first;
-                resident[nres].end = (int)own[next].end;
+        int nres = 0, next = 0, deadlock = 0;
+        while (next < norder || nres > 0) {
+            while (nres < slots && next < norder) { /* in-order dispatch */
+                const int t = order_t[next];
+                resident[nres].t = t;
+                resident[nres].h = order_h[next];
+                resident[nres].cur = (int)own[t].first;
+                resident[nres].end = (int)own[t].end;
                 ++nres;
-                --next;
+                ++next;
             }
             int ready[MAX_SLOTS], nready = 0;
             for (int r = 0; r < nres; ++r) {
                 const cta *x = &resident[r];
                 const int waits = x->cur < x->end && in_range(&own[x->t + 1], x->cur);
-                if (x->cur >= x->end || !waits || sem[x->cur] == x->t + 2)
+                if (x->cur >= x->end || !waits || sem[x->h][x->cur] == x->t + 2)
                     ready[nready++] = r;
             }
             if (nready == 0) {
@@ -159,23 +174,24 @@ int main(void)
                 continue;
             }
             if (!hidden[x->t][x->cur])
-                added[x->cur][nadded[x->cur]++] = x->t;
-            sem[x->cur] = x->t + 1;
+                added[x->h][x->cur][nadded[x->h][x->cur]++] = x->t;
+            sem[x->h][x->cur] = x->t + 1;
             ++x->cur;
         }
         if (deadlock) {
             fail("the chain deadlocks", sq, sk, left, right, p.band_bottom_right, bm, bn);
             continue;
         }
-        for (int m = 0; m < nm; ++m) {
-            int k = 0, ok = 1;
-            for (int t = nt - 1; t >= 0; --t)
-                if (in_range(&own[t], m) && !hidden[t][m])
-                    ok &= k < nadded[m] && added[m][k++] == t;
-            if (!ok || k != nadded[m])
-                fail("a query tile's additions are not those of its key tiles in descending order", sq, sk, left,
-                     right, p.band_bottom_right, bm, bn);
-        }
+        for (int h = 0; h < heads; ++h)
+            for (int m = 0; m < nm; ++m) {
+                int k = 0, ok = 1;
+                for (int t = nt - 1; t >= 0; --t)
+                    if (in_range(&own[t], m) && !hidden[t][m])
+                        ok &= k < nadded[h][m] && added[h][m][k++] == t;
+                if (!ok || k != nadded[h][m])
+                    fail("a query tile's additions are not those of its key tiles in descending order", sq, sk,
+                         left, right, p.band_bottom_right, bm, bn);
+            }
     }
     if (failures)
         return 1;

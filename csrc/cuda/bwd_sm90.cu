@@ -69,9 +69,9 @@
  *   since bwd_sm80.cu's row-wise preprocess / postprocess (2026-12-02, same call, before in brackets): d64 246 /
  *   364 / 413 (216 / 348 / 406), causal 155 / 304 / 398 (130 / 277 / 385); d128 290 / 429 / 464 (277 / 418 /
  *   469), causal 176 / 351 / 460 (166 / 332 / 454); d256 unchanged (one row per warp before and after).
- *   deterministic mode, ORDERED (2026-12-02, det / default time of the same run): d128 s2048 / s8192 1.38 / 1.31
- *   (causal 1.21 / 1.32), d64 1.42 / 1.31 (causal 1.08 / 1.10); through the dQ kernel before: d128 s8192 1.83
- *   (causal 1.85). benchmarks/results/h200/det_ordered_dq_2026-12-02.
+ *   deterministic mode, ORDERED (det / default time of the same run): d128 s2048 / s8192 1.04 / 1.06 (causal
+ *   1.05 / 1.12), d64 1.02 / 1.04 (causal 1.02 / 1.04), dropout 0.1 d128 s8192 1.05; d256 through the dQ kernel
+ *   1.53-1.68. benchmarks/results/h200/det_ab_2026-12-02.
  * torch's flash backend (FA2) and cuDNN: benchmarks/results/h200 (backward, ours 1.16-1.55x FA2 at
  * d128, 1.06-1.28x at d64 from s1k, 1.03-1.14x at d256; 0.69-0.87x cuDNN; d64 since BM 128: 1.24-1.40x FA2,
  * 0.84-0.91x cuDNN at s2k / s8k, benchmarks/results/h200/bwd_d64_bm128_2026-12-01). Measured before the
@@ -103,14 +103,8 @@
 #define BAR_MMA 1
 #define BAR_WG0 2 /* + wg: one MMA warpgroup's own (its P^T stored, PT_SMEM) */
 #define BAR_REDUCER 4 /* the dQ reducer warpgroup's own (ORDERED: the semaphore waited for / its adds done);
-                       * + 1: its second half's (BWD90_DET_SPLIT) */
-/* ORDERED at D = 128 (two dQ buffers): the reducer's halves (64 threads each) take the tiles of one buffer
- * each, so that one half's wait, additions and release overlap the other's (1; A/B knob, dev/det_ab.sh, not
- * yet measured), or the whole warpgroup takes every tile (0). */
-#ifndef BWD90_DET_SPLIT
-#define BWD90_DET_SPLIT 0
-#endif
-#define DQ_HALF_THREADS (WARPGROUP_THREADS / 2)
+                       * + 1: its second half's (dq_split) */
+#define DQ_HALF_THREADS (WARPGROUP_THREADS / 2) /* ORDERED, two dQ buffers: the reducer's halves (dq_split) */
 #define SM90_BN 128   /* keys per CTA */
 #ifndef BWD90_BM_D64
 #define BWD90_BM_D64 128 /* queries per step of the dense kernel at D = 64 (64 or 128; HOOK: 64) */
@@ -143,11 +137,13 @@ __host__ __device__ constexpr int dq_bufs(int D, int BM)
     return D == 64 && BM == 128 ? 1 : 2;
 }
 
-/* ORDERED, dense, two dQ buffers: the reducer's halves take one buffer's tiles each (BWD90_DET_SPLIT); the
- * EMPTY barriers then count one half's arrivals. */
+/* ORDERED, dense, two dQ buffers (D = 128): the reducer's halves take the tiles of one buffer each, so that one
+ * half's wait, additions and release overlap the other's (det / default time d128 s2k / s8k 1.13 / 1.12 ->
+ * 1.04 / 1.06, causal 1.12 / 1.21 -> 1.05 / 1.12: benchmarks/results/h200/det_ab_2026-12-02). The EMPTY
+ * barriers then count one half's arrivals. */
 __host__ __device__ constexpr bool dq_split(int D, int BM, bool hook, bool ordered)
 {
-    return BWD90_DET_SPLIT && ordered && !hook && dq_bufs(D, BM) == 2;
+    return ordered && !hook && dq_bufs(D, BM) == 2;
 }
 
 /* BM = 128 at D = 64: P^T goes through shared memory and dV runs SS (its A fragments held by in-flight RS
@@ -407,18 +403,15 @@ __device__ __forceinline__ bwd90_cta bwd90_cta_of(const flash_params &p, int qdo
  * head, batch), the order in which their dQ partials of a query tile are added (dq_reducer). A CTA then waits
  * only for CTAs that the hardware started before it, and under a causal band the CTAs of a head, started
  * together, reach each query tile one after the other in that order (no waits in lockstep).
- * BWD90_DET_GROUPED = 1 walks the heads in groups as bwd90_grouped (key tiles descending): the CTAs that start
+ * The dense kernels walk the heads in groups as bwd90_grouped (key tiles descending): the CTAs that start
  * together spread over the group's heads instead of piling onto one head's chain, whose links they would then
- * wait for in a wavefront (non-causal det / default time d64 s2k / s8k 1.41 / 1.33 -> 1.08 / 1.11, d128 s2k
- * 1.38 -> 1.23; det_ab_2026-12-02). 0: the grid's own order, key tiles reversed (an A/B knob, dev/det_ab.sh). */
-#ifndef BWD90_DET_GROUPED
-#define BWD90_DET_GROUPED 1
-#endif
+ * wait for in a wavefront (non-causal det / default time d64 s2k / s8k 1.30 / 1.19 -> 1.02 / 1.03, d128 s2k
+ * 1.26 -> 1.13, against the grid's own order: benchmarks/results/h200/det_ab_2026-12-02). */
 template <bool kGrouped> /* false: the HOOK kernels, whose helpers read the head and batch from blockIdx */
 __device__ __forceinline__ bwd90_cta bwd90_cta_descending(const flash_params &p, int qdo_row_bytes)
 {
     bwd90_cta c;
-    if (kGrouped && BWD90_DET_GROUPED && (uint64_t)gridDim.x * gridDim.y * gridDim.z <= UINT_MAX) {
+    if (kGrouped && (uint64_t)gridDim.x * gridDim.y * gridDim.z <= UINT_MAX) {
         c = bwd90_grouped(p, qdo_row_bytes);
     } else {
         c.tile = (int)blockIdx.x;
