@@ -1165,11 +1165,15 @@ __device__ __forceinline__ void add_dq_chunk_d256(float *dqa, int d, int sq, int
  *              added into dq_accum with red.add.
  * The query tiles, masks and hooks are those of bwd_main_sm90_kernel (the warpgroup's 32 queries take
  * the place of its 64 keys). DO_DQ (dense: !deterministic; HOOK: always) is a template parameter:
- * ptxas keeps the wgmma pipeline only when the dQ chunk 0 issue is unconditional.
+ * ptxas keeps the wgmma pipeline only when the dQ chunk 0 issue is unconditional. ORDERED (deterministic
+ * mode with p->dq_semaphore; BWD90_DET_D256, an A/B knob): key tiles descending in head groups, and a tile's
+ * dQ added after the next higher key tile's (dq_order). Thread 0 does the chain's part under the S^T, dP^T
+ * wgmma's of each step: it releases the previous tile (whose additions every thread finished before the
+ * step's first barrier) and waits for this tile's predecessor (before the barrier ahead of the additions).
  * smem: K, V 32 KB each, Q/dO 2 stages x 2 x 32 KB, P^T and dS^T 8 KB each: 210 KB (HOOK: + 512 bytes
  * of dropout keep bits). 198 registers (deterministic 190, HOOK 238).
  * Measured (H200, bf16, 16k tokens, harness): 261 TFLOP/s at s2048, 286 at s8192 (mma.sync kernel: 170, 178). */
-template <typename T, bool DO_DQ, bool HOOK>
+template <typename T, bool DO_DQ, bool HOOK, bool ORDERED>
 __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(const flash_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1190,7 +1194,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     uint8_t *keep_s = (uint8_t *)(delta_s + 2 * BM); /* HOOK: [SM90_MMA_WARPS][keep_warp_bytes(D256_QW)] */
 
     const int tid = threadIdx.x;
-    const bwd90_cta cta = bwd90_cta_of<!HOOK>(p, 2 * D256_D * (int)sizeof(T));
+    const bwd90_cta cta = ORDERED ? bwd90_cta_descending<true>(p, 2 * D256_D * (int)sizeof(T))
+                                  : bwd90_cta_of<!HOOK>(p, 2 * D256_D * (int)sizeof(T));
     const int n0 = cta.tile * BN, hq = cta.hq, b = cta.b;
     const flash_seq seq = flash_seq_uniform(p, b); /* the CTA's sequence: every row and key below is its own */
     if (n0 >= seq.sk)
@@ -1198,6 +1203,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     const int64_t hk = hq / p.h_per_kv;
     const int sq = (int)seq.sq, sk = (int)seq.sk, d = (int)p.d;
     static_assert(DO_DQ || !HOOK, "the HOOK kernel always issues the dQ wgmma's");
+    static_assert(!ORDERED || (DO_DQ && !HOOK), "ordered dQ additions: the dense kernel that adds dQ");
     /* HOOK: one kernel for both modes, so the dQ wgmma's are always issued and deterministic mode only
      * skips their red.adds (a runtime condition around the issue would serialize the wgmma's) */
     const bool do_dq = HOOK ? !p.deterministic : DO_DQ;
@@ -1217,6 +1223,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     const int m_first = (int)qt.first, m_end = (int)qt.end;
     const int full_first = (int)qt.full_first, full_end = (int)qt.full_end;
     const int hb = band_cta_hi(seq, n0), lb = band_cta_lo(seq, n0);
+    dq_order ord = {};
+    if constexpr (ORDERED)
+        ord = dq_order_of<BM, BN>(p, seq, b, hq, cta.tile);
 
     load_tile_sw128<T, BN, D>(Ks, kg, p.k_s.row, kvalid, d, tid);
     load_tile_sw128<T, BN, D>(Vs, vg, p.v_s.row, kvalid, d, tid);
@@ -1271,6 +1280,14 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         for (int kk = 0; kk < D / WGMMA_K; ++kk)
             wgmma_op<T, D256_QW>::template ss<0, 0>(dp, desc_k_major<BN>(Va, 0, kk * WGMMA_K), desc_k_major<BM>(dOt, q0, kk * WGMMA_K), kk);
         wgmma_commit();
+        if constexpr (ORDERED) { /* thread 0, under the wgmma's: the chain's part (dq_order) */
+            if (tid == 0) {
+                if (m > m_first) /* every thread's additions of tile m - 1 came before this step's first barrier */
+                    st_release_gpu(ord.sem + (m0 - BM) / FLASH_DQ_SEM_ROWS, ord.tile + 1);
+                if (m >= ord.pred_first && m < ord.pred_end) /* before the barrier ahead of the additions */
+                    spin_until_equal_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 2);
+            }
+        }
 
         const int jb = w * WARP_KEYS + lane / 4; /* the thread's first key row */
         if (HOOK) {
@@ -1389,6 +1406,11 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         flags = flags_next;
     }
     cp_async_wait<0>(); /* K/V still in flight when no query tile sees the key tile */
+    if constexpr (ORDERED) { /* the last tile's additions done by every thread: hand it on */
+        __syncthreads();
+        if (tid == 0 && m_end > m_first)
+            st_release_gpu(ord.sem + (m_end - 1) * BM / FLASH_DQ_SEM_ROWS, ord.tile + 1);
+    }
 
     const int j0 = n0 + (tid % WARPGROUP_THREADS) / FLASH_WARP_SIZE * WARP_KEYS, c0 = tid / WARPGROUP_THREADS * D256_COLS;
     const float dv_mul = HOOK && p.dropout_threshold != 0 ? (float)p.dropout_scale : 1.f;
@@ -1415,11 +1437,11 @@ static size_t smem_main_sm90_d256(bool hook)
            4 * D256_BM * sizeof(float) + (hook ? (size_t)SM90_MMA_WARPS * keep_warp_bytes(D256_QW) : 0);
 }
 
-template <typename T, bool DO_DQ, bool HOOK>
+template <typename T, bool DO_DQ, bool HOOK, bool ORDERED = false>
 static cudaError_t launch_main_sm90_d256(const flash_params *p, cudaStream_t stream)
 {
     const size_t smem = smem_main_sm90_d256(HOOK);
-    auto kernel = bwd_main_sm90_d256_kernel<T, DO_DQ, HOOK>;
+    auto kernel = bwd_main_sm90_d256_kernel<T, DO_DQ, HOOK, ORDERED>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
@@ -1441,9 +1463,15 @@ static cudaError_t launch_main_sm90(const flash_params *p, cudaStream_t stream)
     return cudaGetLastError();
 }
 
+/* Deterministic mode of the dense d > 128 kernel: ORDERED (1) or DO_DQ = false and the dQ kernel (0). A/B knob
+ * (dev/det_ab.sh), 1 not yet run on a GPU. */
+#ifndef BWD90_DET_D256
+#define BWD90_DET_D256 1
+#endif
+
 extern "C" int flash_bwd_sm90_orders_dq(const flash_params *p)
 {
-    return (p->dtype == FLASH_BF16 || p->dtype == FLASH_FP16) && p->d <= 128;
+    return (p->dtype == FLASH_BF16 || p->dtype == FLASH_FP16) && (p->d <= 128 || (BWD90_DET_D256 && !p->has_hook));
 }
 
 /* Head dim -> kernel, p->has_hook -> variant; deterministic with p->dq_semaphore -> ORDERED (d <= 128); at
@@ -1456,8 +1484,13 @@ static cudaError_t launch_main_sm90_dtype(const flash_params *p, cudaStream_t st
     if (p->d > 128) {
         if (p->has_hook)
             return launch_main_sm90_d256<T, true, true>(p, stream);
-        return p->deterministic ? launch_main_sm90_d256<T, false, false>(p, stream)
-                                : launch_main_sm90_d256<T, true, false>(p, stream);
+        if (!p->deterministic)
+            return launch_main_sm90_d256<T, true, false>(p, stream);
+        if constexpr (BWD90_DET_D256)
+            return p->dq_semaphore != NULL ? launch_main_sm90_d256<T, true, false, true>(p, stream)
+                                           : launch_main_sm90_d256<T, true, true>(p, stream); /* the dQ kernel's */
+        else
+            return launch_main_sm90_d256<T, false, false>(p, stream);
     }
     const bool ordered = p->deterministic && p->dq_semaphore != NULL;
     if (p->d > 64) {
