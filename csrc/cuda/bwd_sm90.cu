@@ -70,8 +70,8 @@
  *   364 / 413 (216 / 348 / 406), causal 155 / 304 / 398 (130 / 277 / 385); d128 290 / 429 / 464 (277 / 418 /
  *   469), causal 176 / 351 / 460 (166 / 332 / 454); d256 unchanged (one row per warp before and after).
  *   deterministic mode, ORDERED (det / default time of the same run): d128 s2048 / s8192 1.04 / 1.06 (causal
- *   1.05 / 1.12), d64 1.02 / 1.04 (causal 1.02 / 1.04), dropout 0.1 d128 s8192 1.05; d256 through the dQ kernel
- *   1.53-1.68. benchmarks/results/h200/det_ab_2026-12-02.
+ *   1.05 / 1.12), d64 1.02 / 1.04 (causal 1.02 / 1.04), dropout 0.1 d128 s8192 1.05, d256 1.12 / 1.18 (causal
+ *   1.16 / 1.21). benchmarks/results/h200/det_ab_2026-12-02.
  * torch's flash backend (FA2) and cuDNN: benchmarks/results/h200 (backward, ours 1.16-1.55x FA2 at
  * d128, 1.06-1.28x at d64 from s1k, 1.03-1.14x at d256; 0.69-0.87x cuDNN; d64 since BM 128: 1.24-1.40x FA2,
  * 0.84-0.91x cuDNN at s2k / s8k, benchmarks/results/h200/bwd_d64_bm128_2026-12-01). Measured before the
@@ -1164,16 +1164,18 @@ __device__ __forceinline__ void add_dq_chunk_d256(float *dqa, int d, int sq, int
  *   dQ[:, cols] = dS K[:, cols]   two passes of m64 n64, K = 64 keys (A: dS^T MN-major; B: K MN-major),
  *              added into dq_accum with red.add.
  * The query tiles, masks and hooks are those of bwd_main_sm90_kernel (the warpgroup's 32 queries take
- * the place of its 64 keys). DO_DQ (dense: !deterministic; HOOK: always) is a template parameter:
- * ptxas keeps the wgmma pipeline only when the dQ chunk 0 issue is unconditional. ORDERED (deterministic
- * mode with p->dq_semaphore; BWD90_DET_D256, an A/B knob): key tiles descending in head groups, and a tile's
- * dQ added after the next higher key tile's (dq_order). Thread 0 does the chain's part under the S^T, dP^T
- * wgmma's of each step: it releases the previous tile (whose additions every thread finished before the
- * step's first barrier) and waits for this tile's predecessor (before the barrier ahead of the additions).
+ * the place of its 64 keys). The dQ wgmma's are always issued (ptxas keeps the wgmma pipeline only when the
+ * dQ chunk 0 issue is unconditional); the HOOK kernel in deterministic mode skips their red.adds, and the dQ
+ * kernel computes dQ. ORDERED (deterministic mode with p->dq_semaphore, dense): key tiles descending in head
+ * groups, and a tile's dQ added after the next higher key tile's (dq_order). Thread 0 does the chain's part
+ * under the S^T, dP^T wgmma's of each step: it releases the previous tile (whose additions every thread
+ * finished before the step's first barrier) and waits for this tile's predecessor (before the barrier ahead
+ * of the additions). det / default time 1.12 / 1.18 at s2048 / s8192 (causal 1.16 / 1.21), against the dQ
+ * kernel's 1.53 / 1.61 (1.58 / 1.66): benchmarks/results/h200/det_ab_2026-12-02.
  * smem: K, V 32 KB each, Q/dO 2 stages x 2 x 32 KB, P^T and dS^T 8 KB each: 210 KB (HOOK: + 512 bytes
- * of dropout keep bits). 198 registers (deterministic 190, HOOK 238).
+ * of dropout keep bits). 198 registers (ORDERED 212, HOOK 252).
  * Measured (H200, bf16, 16k tokens, harness): 261 TFLOP/s at s2048, 286 at s8192 (mma.sync kernel: 170, 178). */
-template <typename T, bool DO_DQ, bool HOOK, bool ORDERED>
+template <typename T, bool HOOK, bool ORDERED>
 __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(const flash_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1202,11 +1204,10 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         return; /* varlen: the grid spans the longest sequence */
     const int64_t hk = hq / p.h_per_kv;
     const int sq = (int)seq.sq, sk = (int)seq.sk, d = (int)p.d;
-    static_assert(DO_DQ || !HOOK, "the HOOK kernel always issues the dQ wgmma's");
-    static_assert(!ORDERED || (DO_DQ && !HOOK), "ordered dQ additions: the dense kernel that adds dQ");
+    static_assert(!ORDERED || !HOOK, "ordered dQ additions: the dense kernel");
     /* HOOK: one kernel for both modes, so the dQ wgmma's are always issued and deterministic mode only
      * skips their red.adds (a runtime condition around the issue would serialize the wgmma's) */
-    const bool do_dq = HOOK ? !p.deterministic : DO_DQ;
+    const bool do_dq = !HOOK || !p.deterministic;
 
     const int64_t krow = seq.k_row0 + n0, lse0 = flash_lse_offset(&p, &seq, b, hq);
     const T *kg = (const T *)p.k + seq.k_batch * p.k_s.batch + hk * p.k_s.head + krow * p.k_s.row; /* (sk - n0, d) */
@@ -1377,10 +1378,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         static_assert(D256_COLS == 2 * D256_DQ_CHUNK, "two dQ chunks");
         const int row = m0 + w * 16 + lane / 4;
         float acc_dq[NDQ]; /* overwritten by the first step of each chunk (accumulate = 0) */
-        if (DO_DQ) {
-            issue_dq_chunk_d256<T>(acc_dq, dSa, Ka, c0);
-            wgmma_commit();
-        }
+        issue_dq_chunk_d256<T>(acc_dq, dSa, Ka, c0);
+        wgmma_commit();
         wgmma_fence();
 #pragma unroll
         for (int kq = 0; kq < BM / WGMMA_K; ++kq)
@@ -1391,17 +1390,13 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
             wgmma_op<T, D256_COLS>::template ss<0, 1>(acc_dk, desc_k_major<BN>(dSa, 0, kq * WGMMA_K),
                                                       desc_mn_major<BM>(Qt, kq * WGMMA_K, c0), 1);
         wgmma_commit();
-        if (DO_DQ) {
-            const int dq_rows = do_dq ? sq : 0; /* rows added into dq_accum: none in deterministic mode */
-            wgmma_wait<1>(); /* chunk 0 (dV, dK may still run) */
-            add_dq_chunk_d256(dqa, d, dq_rows, row, c0, acc_dq, lc, lane);
-            issue_dq_chunk_d256<T>(acc_dq, dSa, Ka, c0 + D256_DQ_CHUNK);
-            wgmma_commit();
-            wgmma_wait<0>();
-            add_dq_chunk_d256(dqa, d, dq_rows, row, c0 + D256_DQ_CHUNK, acc_dq, lc, lane);
-        } else {
-            wgmma_wait<0>();
-        }
+        const int dq_rows = do_dq ? sq : 0; /* rows added into dq_accum: none for HOOK in deterministic mode */
+        wgmma_wait<1>(); /* chunk 0 (dV, dK may still run) */
+        add_dq_chunk_d256(dqa, d, dq_rows, row, c0, acc_dq, lc, lane);
+        issue_dq_chunk_d256<T>(acc_dq, dSa, Ka, c0 + D256_DQ_CHUNK);
+        wgmma_commit();
+        wgmma_wait<0>();
+        add_dq_chunk_d256(dqa, d, dq_rows, row, c0 + D256_DQ_CHUNK, acc_dq, lc, lane);
         m = m_next;
         flags = flags_next;
     }
@@ -1437,11 +1432,11 @@ static size_t smem_main_sm90_d256(bool hook)
            4 * D256_BM * sizeof(float) + (hook ? (size_t)SM90_MMA_WARPS * keep_warp_bytes(D256_QW) : 0);
 }
 
-template <typename T, bool DO_DQ, bool HOOK, bool ORDERED = false>
+template <typename T, bool HOOK, bool ORDERED = false>
 static cudaError_t launch_main_sm90_d256(const flash_params *p, cudaStream_t stream)
 {
     const size_t smem = smem_main_sm90_d256(HOOK);
-    auto kernel = bwd_main_sm90_d256_kernel<T, DO_DQ, HOOK, ORDERED>;
+    auto kernel = bwd_main_sm90_d256_kernel<T, HOOK, ORDERED>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
@@ -1463,34 +1458,20 @@ static cudaError_t launch_main_sm90(const flash_params *p, cudaStream_t stream)
     return cudaGetLastError();
 }
 
-/* Deterministic mode of the dense d > 128 kernel: ORDERED (1) or DO_DQ = false and the dQ kernel (0). A/B knob
- * (dev/det_ab.sh), 1 not yet run on a GPU. */
-#ifndef BWD90_DET_D256
-#define BWD90_DET_D256 1
-#endif
-
 extern "C" int flash_bwd_sm90_orders_dq(const flash_params *p)
 {
-    return (p->dtype == FLASH_BF16 || p->dtype == FLASH_FP16) && (p->d <= 128 || (BWD90_DET_D256 && !p->has_hook));
+    return (p->dtype == FLASH_BF16 || p->dtype == FLASH_FP16) && (p->d <= 128 || !p->has_hook);
 }
 
-/* Head dim -> kernel, p->has_hook -> variant; deterministic with p->dq_semaphore -> ORDERED (d <= 128); at
- * d > 128 deterministic mode takes DO_DQ = false (the dQ kernel computes dQ: an ORDERED d256 kernel, both MMA
- * warpgroups waiting on the chain around their red.adds, was slower, 2.02x / 1.64x the default's time against
- * the dQ kernel's 1.54x / 1.60x at s2k / s8k: benchmarks/results/h200/det_ab_2026-12-02). */
+/* Head dim -> kernel, p->has_hook -> variant; deterministic with p->dq_semaphore -> ORDERED (every head dim; at
+ * d > 128 the dense kernel only: the HOOK kernel then skips dQ's red.adds and the dQ kernel computes dQ). */
 template <typename T>
 static cudaError_t launch_main_sm90_dtype(const flash_params *p, cudaStream_t stream)
 {
     if (p->d > 128) {
-        if (p->has_hook)
-            return launch_main_sm90_d256<T, true, true>(p, stream);
-        if (!p->deterministic)
-            return launch_main_sm90_d256<T, true, false>(p, stream);
-        if constexpr (BWD90_DET_D256)
-            return p->dq_semaphore != NULL ? launch_main_sm90_d256<T, true, false, true>(p, stream)
-                                           : launch_main_sm90_d256<T, true, true>(p, stream); /* the dQ kernel's */
-        else
-            return launch_main_sm90_d256<T, false, false>(p, stream);
+        if (p->has_hook || (p->deterministic && p->dq_semaphore == NULL)) /* the latter: the dQ kernel's dQ */
+            return launch_main_sm90_d256<T, true>(p, stream);
+        return p->deterministic ? launch_main_sm90_d256<T, false, true>(p, stream) : launch_main_sm90_d256<T, false>(p, stream);
     }
     const bool ordered = p->deterministic && p->dq_semaphore != NULL;
     if (p->d > 64) {
