@@ -21,6 +21,7 @@ CONFIGS = [
     (torch.float16, 1, 300, 280, 2, 1, 128, True, True, {"window_size": (100, 0)}),
     (torch.bfloat16, 1, 200, 270, 2, 1, 128, False, True, {"mask": "bool", "dropout_p": 0.1}),  # HOOK, chained
     (torch.float16, 1, 150, 260, 2, 2, 64, True, True, {"softcap": 10.0, "alibi": True}),
+    (torch.bfloat16, 1, 140, 200, 2, 1, 256, True, True, {}),  # d256 ORDERED over 4 key tiles
     (torch.bfloat16, 1, 65, 65, 2, 2, 256, False, False, {}),
     (torch.float16, 1, 33, 47, 2, 2, 40, False, False, {}),
     (torch.float32, 1, 19, 23, 2, 1, 24, True, False, {}),
