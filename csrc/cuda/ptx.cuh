@@ -62,13 +62,6 @@ __device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr)
     return v;
 }
 
-__device__ __forceinline__ uint4 ld_shared_v4_u32(uint32_t addr)
-{
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-    return v;
-}
-
 __device__ __forceinline__ float2 ld_shared_v2_f32(uint32_t addr)
 {
     float2 v;
@@ -171,15 +164,9 @@ __device__ __forceinline__ void cp_async_4(uint32_t smem_addr, const void *gmem,
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
 }
 
-/* fence.acq_rel at GPU scope (lighter than __threadfence's fence.sc). */
-__device__ __forceinline__ void fence_acq_rel_gpu(void)
-{
-    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-}
-
 /* Spins until the int32 at gmem (global) reads `value`, with acquire semantics at GPU scope: what the
  * thread that stored it (st_release_gpu) wrote before is visible after. (Relaxed polls with one fence after
- * the last were slower on the H200: benchmarks/results/h200/det_ordered_dq_2026-12-02.) */
+ * the last were slower on the H200: benchmarks/results/h200/det_ab_2026-12-02.) */
 __device__ __forceinline__ void spin_until_equal_gpu(const int32_t *gmem, int32_t value)
 {
     int32_t v;
