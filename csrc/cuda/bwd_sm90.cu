@@ -1127,6 +1127,13 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
 #define D256_QW 32        /* S^T / dP^T queries per warpgroup */
 #define D256_COLS 128     /* dK, dV and dQ columns per warpgroup */
 #define D256_DQ_CHUNK 64  /* dQ columns per wgmma pass (keeps its accumulators at 32 registers) */
+/* ORDERED: the thread whose st.release hands a tile on. 0 (measured): thread 0, which also polls, so its warp
+ * stalls for both; FLASH_WARP_SIZE * w: a thread of warp w, whose stall then runs beside the poll's (an A/B
+ * knob for dev/det_ab.sh, e.g. -DBWD90_D256_RELEASE_WARP=4, the other warpgroup's first warp; not yet run). */
+#ifndef BWD90_D256_RELEASE_WARP
+#define BWD90_D256_RELEASE_WARP 0
+#endif
+#define D256_RELEASE_THREAD (BWD90_D256_RELEASE_WARP * FLASH_WARP_SIZE)
 
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1281,11 +1288,19 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         for (int kk = 0; kk < D / WGMMA_K; ++kk)
             wgmma_op<T, D256_QW>::template ss<0, 0>(dp, desc_k_major<BN>(Va, 0, kk * WGMMA_K), desc_k_major<BM>(dOt, q0, kk * WGMMA_K), kk);
         wgmma_commit();
-        if constexpr (ORDERED) { /* thread 0, under the wgmma's: the chain's part (dq_order) */
-            if (tid == 0) {
-                if (m > m_first) /* every thread's additions of tile m - 1 came before this step's first barrier */
+        if constexpr (ORDERED) { /* under the wgmma's: the chain's part (dq_order) */
+            /* the release: every thread's additions of tile m - 1 came before this step's first barrier; the
+             * wait: before the barrier ahead of the additions */
+            const bool release = m > m_first, wait = m >= ord.pred_first && m < ord.pred_end;
+            if (D256_RELEASE_THREAD == 0 && tid == 0) {
+                if (release)
                     st_release_gpu(ord.sem + (m0 - BM) / FLASH_DQ_SEM_ROWS, ord.tile + 1);
-                if (m >= ord.pred_first && m < ord.pred_end) /* before the barrier ahead of the additions */
+                if (wait)
+                    spin_until_equal_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 2);
+            } else if (D256_RELEASE_THREAD != 0) {
+                if (tid == D256_RELEASE_THREAD && release)
+                    st_release_gpu(ord.sem + (m0 - BM) / FLASH_DQ_SEM_ROWS, ord.tile + 1);
+                if (tid == 0 && wait)
                     spin_until_equal_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 2);
             }
         }
@@ -1403,7 +1418,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     cp_async_wait<0>(); /* K/V still in flight when no query tile sees the key tile */
     if constexpr (ORDERED) { /* the last tile's additions done by every thread: hand it on */
         __syncthreads();
-        if (tid == 0 && m_end > m_first)
+        if (tid == D256_RELEASE_THREAD && m_end > m_first)
             st_release_gpu(ord.sem + (m_end - 1) * BM / FLASH_DQ_SEM_ROWS, ord.tile + 1);
     }
 
