@@ -109,6 +109,19 @@ FLASH_HD flash_seq flash_seq_of(const flash_params *p, int64_t b)
     return s;
 }
 
+/* The grouped walk of the Hopper kernels' grids (fwd_sm90.cu fwd90_work_grouped, bwd_sm90.cu bwd90_grouped):
+ * item lin (0, 1, ...) of `pairs` (batch, head) pairs x `tiles` tiles, the pairs taken in groups of `group`
+ * (>= 1; the last group may be short), the tile position the outer index inside a group: item lin is tile
+ * position *pos of pair *pair. */
+FLASH_HD void flash_group_walk(uint32_t lin, uint32_t tiles, uint32_t pairs, uint32_t group, uint32_t *pair,
+                               uint32_t *pos)
+{
+    const uint32_t g = lin / (group * tiles), r = lin - g * group * tiles;
+    const uint32_t in_group = pairs - g * group < group ? pairs - g * group : group;
+    *pair = g * group + r % in_group;
+    *pos = r / in_group;
+}
+
 /* Entries per (batch, query head) of flash_params.dq_semaphore: one per FLASH_DQ_SEM_ROWS query rows of sq
  * (varlen: max_seqlen_q). Entry (b, hq, m) is at (b h + hq) flash_dq_sem_tiles(p) + m. */
 FLASH_HD int64_t flash_dq_sem_tiles(const flash_params *p) { return flash_cdiv64(p->sq, FLASH_DQ_SEM_ROWS); }

@@ -7,6 +7,7 @@
  *   - the query tiles that a key tile sees (flash_query_tiles of its keys, as the kernels compute them) are
  *     exactly those holding a visible (i, j) pair (brute force over flash_visible, for the smaller shapes);
  *   - the key tiles that see one query tile are contiguous;
+ *   - mask.h's flash_group_walk visits every (head, key tile) of the grid once;
  *   - CTAs of 1-3 heads dispatched in the grid's order (bwd90_cta_descending: in groups of heads, key tile
  *     descending as the outer index inside a group, head inner) onto a few resident slots, each walking its
  *     band in order and running in a random interleaving, never deadlock: key tile t adds query tile m
@@ -128,17 +129,25 @@ int main(void)
                 hidden[t][m] = hide && rnd(hide + 1) == 0;
 
         /* the chain: dispatch in the grid's order onto `slots` resident CTAs, heads in groups of `group`, key
-         * tile grid - 1 of each head of a group first (bwd90_grouped, reversed) */
+         * tile grid - 1 of each head of a group first (mask.h flash_group_walk, reversed: bwd90_cta_descending);
+         * the walk visits every (head, key tile) once */
         const int heads = 1 + (int)rnd(MAX_HEADS), group = 1 + (int)rnd(heads);
         int order_t[MAX_HEADS * (MAX_TILES + MAX_EXTRA)], order_h[MAX_HEADS * (MAX_TILES + MAX_EXTRA)], norder = 0;
-        for (int g0 = 0; g0 < heads; g0 += group) {
-            const int in_group = heads - g0 < group ? heads - g0 : group;
-            for (int pos = 0; pos < grid; ++pos)
-                for (int h = g0; h < g0 + in_group; ++h) {
-                    order_t[norder] = grid - 1 - pos;
-                    order_h[norder++] = h;
-                }
+        unsigned char seen[MAX_HEADS][MAX_TILES + MAX_EXTRA];
+        memset(seen, 0, sizeof(seen));
+        for (; norder < heads * grid; ++norder) {
+            uint32_t pair, pos;
+            flash_group_walk((uint32_t)norder, (uint32_t)grid, (uint32_t)heads, (uint32_t)group, &pair, &pos);
+            if (pair >= (uint32_t)heads || pos >= (uint32_t)grid || seen[pair][pos]++) {
+                fail("the grouped walk is not a permutation of the grid", sq, sk, left, right, p.band_bottom_right,
+                     bm, bn);
+                break;
+            }
+            order_t[norder] = grid - 1 - (int)pos;
+            order_h[norder] = (int)pair;
         }
+        if (norder < heads * grid)
+            continue;
         int32_t sem[MAX_HEADS][MAX_TILES];
         int added[MAX_HEADS][MAX_TILES][MAX_TILES], nadded[MAX_HEADS][MAX_TILES];
         memset(sem, 0, sizeof(sem));

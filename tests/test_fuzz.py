@@ -1,9 +1,10 @@
 """Fuzz tests: random shapes (batch, seqlens, nheads / nheads_kv, head dims 1-256), memory layouts per
 tensor (contiguous, (B, H, S, D) transposed, sliced with padding, padded rows, broadcast k/v),
 variants and their combinations, through flash_attn_func (some of its cases with deterministic=True) and
-scaled_dot_product_attention, forward and backward against the float64 reference of fa_testing.py. The cases come from fixed seeds (40 on the CPU
-in fp32/fp64, 200 on CUDA in every dtype), so a failure is reproducible from its test id; the two
-shapes of issue 10's bug (fp16, head dim 1, transposed inputs) are tested by name."""
+scaled_dot_product_attention, forward and backward against the float64 reference of fa_testing.py. The
+cases come from fixed seeds (40 on the CPU in fp32/fp64, 200 on CUDA in every dtype), so a failure is
+reproducible from its test id; the two shapes of issue 10's bug (fp16, head dim 1, transposed inputs) are
+tested by name."""
 import dataclasses
 import math
 import random

@@ -22,8 +22,8 @@
  *      dk/dv = sum over the h/h_kv query heads of dk_accum/dv_accum, in a fixed order.
  *   Deterministic mode (p->deterministic): the main kernel skips dQ; bwd_dq_kernel, grid (query
  *   tiles, h, b), walks the key tiles of flash_key_tiles in order recomputing S, P, dP, dS, keeps dQ
- *   in registers and writes dq directly. Bitwise reproducible; costs S and dP twice. (On Hopper, the
- *   dense main kernel at head dims <= 128 orders its own dQ additions instead: p->dq_semaphore, bwd_sm90.cu.)
+ *   in registers and writes dq directly. Bitwise reproducible; costs S and dP twice. (On Hopper the
+ *   main kernel orders its own dQ additions instead, but for the d > 128 variants: p->dq_semaphore, bwd_sm90.cu.)
  *   Variants (HOOK = p->has_hook, a template parameter of the main and dQ kernels; HOOK = false is
  *   the dense path, band geometry only): where P is recomputed from S, the score hook of mask.h
  *   (softcap with tanh_approx as the forward, ALiBi, attn_mask read only in tiles whose block flags say

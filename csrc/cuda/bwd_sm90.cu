@@ -376,10 +376,9 @@ __device__ __forceinline__ bwd90_cta bwd90_grouped(const flash_params &p, int qd
     const unsigned head_bytes = p.sq > BWD90_GROUP_BYTES / qdo_row_bytes ? BWD90_GROUP_BYTES
                                                                           : (unsigned)flash_max64(p.sq, 1) * qdo_row_bytes;
     const unsigned group = min(pairs, BWD90_GROUP_BYTES / head_bytes); /* query heads per group, >= 1 */
-    const unsigned g = lin / (group * tiles), r = lin - g * group * tiles;
-    const unsigned in_group = min(group, pairs - g * group); /* heads of this group (the last may be short) */
-    const unsigned pair = g * group + r % in_group;
-    c.tile = (int)(r / in_group);
+    uint32_t pair, pos;
+    flash_group_walk(lin, tiles, pairs, group, &pair, &pos);
+    c.tile = (int)pos;
     c.hq = (int)(pair % gridDim.y);
     c.b = (int)(pair / gridDim.y);
     return c;
@@ -756,13 +755,30 @@ __device__ __forceinline__ void dq_add_tile(const float *dQb, float *dqa, uint32
     mbar_arrive(empty + buf * sizeof(uint64_t));
 }
 
-/* ORDERED: thread 0 of the THREADS that add a tile waits for the predecessor's additions of query tile mt
- * (first row m0) where it has any; they meet on named barrier bar. */
+/* dq_order, one thread: whether query tile mt has a predecessor's additions to wait for; the wait for them
+ * (query tile first row m0); the hand-on of query tile m0. */
+__device__ __forceinline__ bool dq_order_has_pred(const dq_order &ord, int mt)
+{
+    return mt >= ord.pred_first && mt < ord.pred_end;
+}
+
+__device__ __forceinline__ void dq_order_wait(const dq_order &ord, int m0)
+{
+    spin_until_equal_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 2);
+}
+
+__device__ __forceinline__ void dq_order_release(const dq_order &ord, int m0)
+{
+    st_release_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 1);
+}
+
+/* ORDERED: thread 0 of the THREADS that add query tile mt (first row m0) waits for its predecessor where it
+ * has one; they meet on named barrier bar. */
 template <int THREADS = WARPGROUP_THREADS>
 __device__ __forceinline__ void dq_chain_wait(const dq_order &ord, int mt, int m0, int rtid, int bar = BAR_REDUCER)
 {
-    if (rtid == 0 && mt >= ord.pred_first && mt < ord.pred_end)
-        spin_until_equal_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 2);
+    if (rtid == 0 && dq_order_has_pred(ord, mt))
+        dq_order_wait(ord, m0);
     named_sync(bar, THREADS);
 }
 
@@ -775,7 +791,7 @@ __device__ __forceinline__ void dq_chain_release(const dq_order &ord, int m0, in
 {
     named_sync(bar, THREADS);
     if (rtid == 0)
-        st_release_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 1);
+        dq_order_release(ord, m0);
 }
 
 /* The dQ reducer warpgroup: for each query tile the MMA warpgroups walk (the same sequence, step i),
@@ -1127,13 +1143,6 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
 #define D256_QW 32        /* S^T / dP^T queries per warpgroup */
 #define D256_COLS 128     /* dK, dV and dQ columns per warpgroup */
 #define D256_DQ_CHUNK 64  /* dQ columns per wgmma pass (keeps its accumulators at 32 registers) */
-/* ORDERED: the thread whose st.release hands a tile on. 0 (measured): thread 0, which also polls, so its warp
- * stalls for both; FLASH_WARP_SIZE * w: a thread of warp w, whose stall then runs beside the poll's (an A/B
- * knob for dev/det_ab.sh, e.g. -DBWD90_D256_RELEASE_WARP=4, the other warpgroup's first warp; not yet run). */
-#ifndef BWD90_D256_RELEASE_WARP
-#define BWD90_D256_RELEASE_WARP 0
-#endif
-#define D256_RELEASE_THREAD (BWD90_D256_RELEASE_WARP * FLASH_WARP_SIZE)
 
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1288,20 +1297,12 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         for (int kk = 0; kk < D / WGMMA_K; ++kk)
             wgmma_op<T, D256_QW>::template ss<0, 0>(dp, desc_k_major<BN>(Va, 0, kk * WGMMA_K), desc_k_major<BM>(dOt, q0, kk * WGMMA_K), kk);
         wgmma_commit();
-        if constexpr (ORDERED) { /* under the wgmma's: the chain's part (dq_order) */
-            /* the release: every thread's additions of tile m - 1 came before this step's first barrier; the
-             * wait: before the barrier ahead of the additions */
-            const bool release = m > m_first, wait = m >= ord.pred_first && m < ord.pred_end;
-            if (D256_RELEASE_THREAD == 0 && tid == 0) {
-                if (release)
-                    st_release_gpu(ord.sem + (m0 - BM) / FLASH_DQ_SEM_ROWS, ord.tile + 1);
-                if (wait)
-                    spin_until_equal_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 2);
-            } else if (D256_RELEASE_THREAD != 0) {
-                if (tid == D256_RELEASE_THREAD && release)
-                    st_release_gpu(ord.sem + (m0 - BM) / FLASH_DQ_SEM_ROWS, ord.tile + 1);
-                if (tid == 0 && wait)
-                    spin_until_equal_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 2);
+        if constexpr (ORDERED) { /* thread 0, under the wgmma's: the chain's part (dq_order) */
+            if (tid == 0) {
+                if (m > m_first) /* every thread's additions of tile m - 1 came before this step's first barrier */
+                    dq_order_release(ord, m0 - BM);
+                if (dq_order_has_pred(ord, m)) /* before the barrier ahead of the additions */
+                    dq_order_wait(ord, m0);
             }
         }
 
@@ -1418,8 +1419,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     cp_async_wait<0>(); /* K/V still in flight when no query tile sees the key tile */
     if constexpr (ORDERED) { /* the last tile's additions done by every thread: hand it on */
         __syncthreads();
-        if (tid == D256_RELEASE_THREAD && m_end > m_first)
-            st_release_gpu(ord.sem + (m_end - 1) * BM / FLASH_DQ_SEM_ROWS, ord.tile + 1);
+        if (tid == 0 && m_end > m_first)
+            dq_order_release(ord, (m_end - 1) * BM);
     }
 
     const int j0 = n0 + (tid % WARPGROUP_THREADS) / FLASH_WARP_SIZE * WARP_KEYS, c0 = tid / WARPGROUP_THREADS * D256_COLS;

@@ -806,14 +806,12 @@ __device__ __forceinline__ int fwd90_group(const flash_params &p, int head_dim)
 
 __device__ __forceinline__ fwd90_work fwd90_work_grouped(int w, int m_tiles, const flash_params &p, int group)
 {
-    const int pairs = (int)(p.h * p.b);
-    const int g = w / (group * m_tiles), r = w - g * group * m_tiles;
-    const int in_group = min(group, pairs - g * group); /* pairs of this group (the last may be short) */
-    const int pair = g * group + r % in_group;
+    uint32_t pair, pos;
+    flash_group_walk((uint32_t)w, (uint32_t)m_tiles, (uint32_t)(p.h * p.b), (uint32_t)group, &pair, &pos);
     fwd90_work wk;
-    wk.m0 = (m_tiles - 1 - r / in_group) * FWD90_BM;
-    wk.hq = pair % (int)p.h;
-    wk.b = pair / (int)p.h;
+    wk.m0 = (m_tiles - 1 - (int)pos) * FWD90_BM;
+    wk.hq = (int)pair % (int)p.h;
+    wk.b = (int)pair / (int)p.h;
     return wk;
 }
 

@@ -31,8 +31,8 @@ int flash_fwd_splits(const flash_params *p, int requested);
 /* 1 where the forward of p runs fwd_sm90.cu's dynamic tile scheduler: the binding then passes a zeroed int32
  * in p->tile_counter (csrc/flash.h). Host only, no sync. */
 int flash_fwd_wants_tile_counter(const flash_params *p);
-/* 1 where the backward of p adds its dQ partials in a fixed order (deterministic mode, Hopper's dense main
- * kernel at head dims <= 128) instead of running the dQ kernel: the binding then passes the int32 workspace
+/* 1 where the backward of p adds its dQ partials in a fixed order (deterministic mode, Hopper's main kernels
+ * but the d > 128 variants: bwd_sm90.cu flash_bwd_sm90_orders_dq) instead of running the dQ kernel: the binding then passes the int32 workspace
  * p->dq_semaphore of csrc/flash.h. Host only, no sync. */
 int flash_bwd_wants_dq_semaphore(const flash_params *p);
 /* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv (and dbias if set); uses the workspaces
