@@ -8,7 +8,7 @@
  * Run:   /tmp/fwd_harness check [t]     every correctness case (or those of dtype t), relative L2 error of
  *                                       out and lse against dev/attn_ref.h (double); exit 1 on any failure
  *        /tmp/fwd_harness bench [d]     bf16 TFLOP/s, 16k tokens, nheads = 2048 / d, d 64/128/256 (or only
- *                                       d), seqlen 512/2048/8192, causal and not (median of kTimedRuns),
+ *                                       d), seqlen 512/1k/2k/4k/8k, causal and not (median of kTimedRuns),
  *                                       through launch.cu's dispatch (on Hopper fwd_sm90.cu;
  *                                       FLASHATTN_EXT_DISABLE_SM90=1: fwd_sm80.cu), as variants, varlen-bench
  *        /tmp/fwd_harness variants [d]  bf16 TFLOP/s of each variant (window, softcap, ALiBi, masks,
@@ -23,7 +23,8 @@
  *                                       decode kernel, split-KV by its heuristic and with one split)
  * Every forward runs with launch.cu's split-KV choice for HARNESS_NUM_SPLITS (default 0, the heuristic).
  * HARNESS_SEQ=S: bench and varlen-bench time seqlen S only (one config under ncu). HARNESS_STATIC=1: no tile
- * counter, so fwd_sm90.cu's varlen batches run one CTA per query tile (A/B of its dynamic scheduler).
+ * counter, so fwd_sm90.cu's varlen batches run one CTA per query tile (A/B of its dynamic scheduler);
+ * HARNESS_DYNAMIC=1: a counter for dense batches too (the dynamic scheduler against the static order).
  * Cases cover the band (full, causal both alignments, sliding windows), softcap, ALiBi (per head and per
  * batch), bool and additive attn_mask (random, key padding, block-sparse, rows with no visible key;
  * broadcast dimensions, strided / transposed storage; block flags), dropout, sinks, and pairs of them.
@@ -449,11 +450,23 @@ static int harness_splits(void)
     return env != NULL ? atoi(env) : 0;
 }
 
+static bool env_flag(const char *name)
+{
+    const char *env = getenv(name);
+    return env != NULL && env[0] != '\0' && env[0] != '0';
+}
+
 /* HARNESS_STATIC=1: no tile counter for the dynamic scheduler of fwd_sm90.cu (its static schedule, for A/B). */
 static bool harness_static(void)
 {
-    const char *env = getenv("HARNESS_STATIC");
-    return env != NULL && env[0] != '\0' && env[0] != '0';
+    return env_flag("HARNESS_STATIC");
+}
+
+/* HARNESS_DYNAMIC=1: a tile counter for dense batches too, so that fwd_sm90.cu's dense d <= 128 kernel runs them
+ * on its dynamic scheduler (A/B against the static persistent order). */
+static bool harness_dynamic(const flash_params *p)
+{
+    return env_flag("HARNESS_DYNAMIC") && !p->has_hook && p->d <= 128 && p->sq > 16;
 }
 
 /* flash_fwd_cuda with launch.cu's split count for `requested` and, where launch.cu asks for one, a zeroed tile
@@ -478,7 +491,7 @@ static cudaError_t run_fwd_splits(const flash_params *p0, int requested, cudaStr
         p.o_accum = accum;
         p.lse_accum = accum + rows * p.d;
     }
-    if (!harness_static() && flash_fwd_wants_tile_counter(&p)) {
+    if (!harness_static() && (flash_fwd_wants_tile_counter(&p) || harness_dynamic(&p))) {
         if (counter == NULL)
             CUDA_CHECK(cudaMalloc(&counter, sizeof(int32_t)));
         CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(int32_t), stream));
@@ -1632,7 +1645,7 @@ static void run_bench(int only_d)
     bench_buffers bb;
     bench_alloc(&bb);
     const int dims[] = {64, 128, 256};
-    const int seqs[] = {512, 2048, 8192};
+    const int seqs[] = {512, 1024, 2048, 4096, 8192};
     const int only_s = only_seqlen();
     printf("bf16 fwd TFLOP/s (16k tokens, nheads = 2048 / d)\n");
     printf("%-5s %-6s %-7s %-9s %s\n", "d", "seq", "causal", "ms", "TFLOP/s");
