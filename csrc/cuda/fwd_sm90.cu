@@ -187,6 +187,14 @@
 #ifndef FWD90_STAGES_D256
 #define FWD90_STAGES_D256 2
 #endif
+/* Q tiles in shared memory (1 or 2): with 2 the next work tile's Q loads while the consumers still read the
+ * current one (d256 has no room for a second) */
+#ifndef FWD90_QSTAGES_D64
+#define FWD90_QSTAGES_D64 1
+#endif
+#ifndef FWD90_QSTAGES_D128
+#define FWD90_QSTAGES_D128 1
+#endif
 
 /* Tile configuration of one compiled head dim: keys per tile, ring stages, lazy O rescale, and whether its
  * kHook kernel takes attn_mask and dropout too (at d256 their registers spill in the main loop: fwd_sm80.cu). */
@@ -194,17 +202,17 @@ template <int kHeadDim>
 struct fwd90_cfg;
 template <>
 struct fwd90_cfg<64> {
-    static constexpr int kBlockN = FWD90_BN_D64, kStages = FWD90_STAGES_D64;
+    static constexpr int kBlockN = FWD90_BN_D64, kStages = FWD90_STAGES_D64, kQStages = FWD90_QSTAGES_D64;
     static constexpr bool kLazyRescale = FWD90_LAZY_D64, kMaskDropout = true;
 };
 template <>
 struct fwd90_cfg<128> {
-    static constexpr int kBlockN = FWD90_BN_D128, kStages = FWD90_STAGES_D128;
+    static constexpr int kBlockN = FWD90_BN_D128, kStages = FWD90_STAGES_D128, kQStages = FWD90_QSTAGES_D128;
     static constexpr bool kLazyRescale = FWD90_LAZY_D128, kMaskDropout = true;
 };
 template <>
 struct fwd90_cfg<256> {
-    static constexpr int kBlockN = FWD90_BN_D256, kStages = FWD90_STAGES_D256;
+    static constexpr int kBlockN = FWD90_BN_D256, kStages = FWD90_STAGES_D256, kQStages = 1;
     static constexpr bool kLazyRescale = FWD90_LAZY_D256, kMaskDropout = false;
 };
 
@@ -215,16 +223,18 @@ typedef struct fwd90_maps {
     CUtensorMap q, k, v;
 } fwd90_maps;
 
-/* Shared-memory layout from a 1024-byte aligned base: Q, K[kStages], V[kStages], then the mbarriers
- * Q_FULL, Q_EMPTY, K_FULL[kStages], V_FULL[kStages], K_EMPTY[kStages], V_EMPTY[kStages], then the dynamic
+/* Shared-memory layout from a 1024-byte aligned base: Q[kQStages], K[kStages], V[kStages], then the mbarriers
+ * Q_FULL[kQStages], Q_EMPTY[kQStages], K_FULL[kStages], V_FULL[kStages], K_EMPTY[kStages], V_EMPTY[kStages], then the dynamic
  * scheduler's work slots (int32) for the producer warp and for the consumers. */
 template <int kHeadDim>
 struct fwd90_smem {
     static constexpr int kBlockN = fwd90_cfg<kHeadDim>::kBlockN, kStages = fwd90_cfg<kHeadDim>::kStages;
+    static constexpr int kQStages = fwd90_cfg<kHeadDim>::kQStages;
     static constexpr int kQBytes = FWD90_BM * kHeadDim * FWD90_ELEM_BYTES;
     static constexpr int kKVBytes = kBlockN * kHeadDim * FWD90_ELEM_BYTES;
-    static constexpr int kK = kQBytes, kV = kK + kStages * kKVBytes, kBars = kV + kStages * kKVBytes;
-    static constexpr int kQFull = kBars, kQEmpty = kQFull + FWD90_BAR_BYTES, kKFull = kQEmpty + FWD90_BAR_BYTES,
+    static constexpr int kK = kQStages * kQBytes, kV = kK + kStages * kKVBytes, kBars = kV + kStages * kKVBytes;
+    static constexpr int kQFull = kBars, kQEmpty = kQFull + FWD90_BAR_BYTES * kQStages,
+                         kKFull = kQEmpty + FWD90_BAR_BYTES * kQStages,
                          kVFull = kKFull + FWD90_BAR_BYTES * kStages, kKEmpty = kVFull + FWD90_BAR_BYTES * kStages,
                          kVEmpty = kKEmpty + FWD90_BAR_BYTES * kStages, kWorkP = kVEmpty + FWD90_BAR_BYTES * kStages,
                          kWorkC = kWorkP + (int)sizeof(int32_t);
@@ -904,7 +914,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using L = fwd90_smem<kHeadDim>;
-    constexpr int kBlockN = L::kBlockN, kStages = L::kStages;
+    constexpr int kBlockN = L::kBlockN, kStages = L::kStages, kQStages = L::kQStages;
     constexpr bool kHook = kScore != FWD90_SCORE_DENSE, kCap = kScore == FWD90_SCORE_SOFTCAP;
     constexpr bool kData = kHook && fwd90_cfg<kHeadDim>::kMaskDropout; /* attn_mask and dropout */
     extern __shared__ uint8_t smem_raw[];
@@ -921,8 +931,10 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     const int n_work = fwd90_items_per_head(m_tiles, paired) * (int)p.h * (int)p.b;
 
     if (tid == 0) {
-        mbar_init(qfull, 1);
-        mbar_init(qempty, FWD90_CONSUMER_WGS);
+        for (int s = 0; s < kQStages; s++) {
+            mbar_init(qfull + FWD90_BAR_BYTES * s, 1);
+            mbar_init(qempty + FWD90_BAR_BYTES * s, FWD90_CONSUMER_WGS);
+        }
         for (int s = 0; s < kStages; s++) {
             mbar_init(kfull + FWD90_BAR_BYTES * s, 1);
             mbar_init(vfull + FWD90_BAR_BYTES * s, 1);
@@ -1001,11 +1013,13 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                     }
                     if (t == 0) {
                         /* Q after the first K / V tile: the consumers release the previous Q at their last wgmma */
-                        mbar_wait(qempty, (qc & 1) ^ 1);
+                        const int qs = qc % kQStages;
+                        const uint32_t qf = qfull + FWD90_BAR_BYTES * qs, dq = sq + qs * L::kQBytes;
+                        mbar_wait(qempty + FWD90_BAR_BYTES * qs, ((qc / kQStages) & 1) ^ 1);
                         if (lane == 0) {
-                            mbar_arrive_expect_tx(qfull, L::kQBytes);
+                            mbar_arrive_expect_tx(qf, L::kQBytes);
                             for (int pn = 0; pn < kHeadDim / FWD90_PANEL; pn++)
-                                tma_load_4d(sq + pn * FWD90_BM * SW128_ROW_BYTES, &maps.q, qfull, pn * FWD90_PANEL,
+                                tma_load_4d(dq + pn * FWD90_BM * SW128_ROW_BYTES, &maps.q, qf, pn * FWD90_PANEL,
                                             (int)(seq.q_row0 + wk.m0), wk.hq, qb);
                         }
                         qc++;
@@ -1081,7 +1095,9 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
             if (j >= first) {
                 if (c == 1)
                     turn_pass(c); /* consumer 0 issues first */
-                mbar_wait(qfull, qc & 1);
+                const int qs = qc % kQStages;
+                ring.sq = sq + qs * L::kQBytes;
+                mbar_wait(qfull + FWD90_BAR_BYTES * qs, (qc / kQStages) & 1);
                 /* key tiles of this work tile */
                 const int t = consumer_tiles<T, kHeadDim, kBlockN, kStages, kHook, kData, kCap>(st, p, ring, it, kt, g,
                                                                                               j, scale, tl, lane);
@@ -1097,7 +1113,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                 fence_regs(st.o);
                 if (releaser) {
                     mbar_arrive(vempty + FWD90_BAR_BYTES * s_last);
-                    mbar_arrive(qempty); /* this consumer's rows of Q are read for the last time */
+                    mbar_arrive(qempty + FWD90_BAR_BYTES * qs); /* this consumer's rows of Q read for the last time */
                 }
                 qc++;
             }
