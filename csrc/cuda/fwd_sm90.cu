@@ -16,7 +16,8 @@
  *   Warpgroup 0, the producer (setmaxnreg FWD90_PRODUCER_REGS; warp 1 stays for the dynamic scheduler, warps
  *     2-3 leave at once, warp 0 stays for the V tails below): one thread issues the TMA loads, K_j, V_j
  *     into a ring of kStages stages that runs on across work tiles, and Q (one box per 64-column panel)
- *     after each work tile's first K / V, once the consumers are done with the previous Q (Q_EMPTY); each
+ *     after each work tile's first K / V into a ring of kQStages (d128: 2, so that it loads while the
+ *     consumers finish the previous work tile), once the consumers are done with that stage (Q_EMPTY); each
  *     load completes on its mbarrier (Q_FULL, K_FULL, V_FULL, transaction bytes). A stage's K and V are
  *     released apart: K once both consumers' S wgmma on it is done (K_EMPTY), V once their P V is (V_EMPTY),
  *     so the next K loads a whole P V ahead of the next V (with 2 stages, one common release left the
@@ -50,9 +51,10 @@
  *     no visible key: O = 0, lse = -inf (the sink with one).
  * Tiles (fwd90_cfg; -D FWD90_BN_D* / FWD90_STAGES_D* for tuning with dev/fwd_variants.sh, N of a wgmma.cuh
  *   wrapper; BN 176 at d128 and 192 at d64 measured slower, see benchmarks/results/h200/fwd_sm90_2026-12-01): M
- *   128 (2 consumer warpgroups) x kBlockN 128 at d <= 64 and d <= 128 (3 stages), x 80 at d <= 256 (2 stages). Shared
- *   memory: Q (128 x D) + stages x (K + V) (kBlockN x D), all in the 128-byte swizzled layout of wgmma.cuh (the TMA's
- *   SWIZZLE_128B with 64-column boxes); d = 64: 113 KB, d = 128: 225 KB, d = 256: 225 KB. Head dims below
+ *   128 (2 consumer warpgroups) x kBlockN 128 at d <= 64 (3 stages, 1 Q) and d <= 128 (2 stages, 2 Q), x 80 at d <= 256
+ *   (2 stages, 1 Q). Shared memory: Q stages x (128 x D) + stages x (K + V) (kBlockN x D), all in the 128-byte swizzled
+ *   layout of wgmma.cuh (the TMA's SWIZZLE_128B with 64-column boxes); d = 64: 113 KB, d = 128: 193 KB, d = 256:
+ *   225 KB. Head dims below
  *   the config's are zero-filled by the TMA (boxes past the tensor's d) and computed like the others; only
  *   the global stores are guarded.
  * attn_mask (kHook, d <= 128): the producer and every consumer warp walk the same visible key tiles of the
@@ -66,7 +68,8 @@
  * Measured on the H200 (`dev/fwd_variants.sh fwd_sm90 bench`: dev/fwd_harness.cu, bf16, 16k tokens, nheads =
  * 2048 / d, TFLOP/s = 4 B H Sq Sk D / t, halved for causal), non-causal | causal at seqlen 512 / 2k / 8k:
  *   d64                300 427 483 | 189 354 439
- *   d128               387 595 651 | 219 434 594
+ *   d128               411 614 643 | 232 448 601   (2 Q stages, 2026-12-02; the same call's 1 Q / 3 stages:
+ *                                                    392 601 642 | 224 443 600)
  *   d256               373 608 719 | 229 484 667
  * (fwd_sm80.cu on the same GPU and inputs: d64 261-325, d128 293-369, d256 258-318.) Knobs, each against
  * the rest of this config: ping-pong on +2-10%; K and V released apart: d256 +17-43% (2 stages), d128 / d64
@@ -182,18 +185,20 @@
 #define FWD90_STAGES_D64 3
 #endif
 #ifndef FWD90_STAGES_D128
-#define FWD90_STAGES_D128 3
+#define FWD90_STAGES_D128 2
 #endif
 #ifndef FWD90_STAGES_D256
 #define FWD90_STAGES_D256 2
 #endif
 /* Q tiles in shared memory (1 or 2): with 2 the next work tile's Q loads while the consumers still read the
- * current one (d256 has no room for a second) */
+ * current one (d256 has no room for a second). d128 (2 Q, 2 K / V stages against 1 and 3): +2-5% non-causal at
+ * s512-s4k, +0-4% causal, s8k the same; d64 (2 Q, 3 stages): +3% at s512 and causal s512 / s1k, -2% at s4k / s8k
+ * non-causal, so 1 (benchmarks/results/h200/fwd_q_ring_2026-12-02) */
 #ifndef FWD90_QSTAGES_D64
 #define FWD90_QSTAGES_D64 1
 #endif
 #ifndef FWD90_QSTAGES_D128
-#define FWD90_QSTAGES_D128 1
+#define FWD90_QSTAGES_D128 2
 #endif
 
 /* Tile configuration of one compiled head dim: keys per tile, ring stages, lazy O rescale, and whether its
