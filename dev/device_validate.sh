@@ -3,7 +3,8 @@
 # then `pytest tests -k cuda` beside the harnesses' suites (bwd_harness `test`, fwd_harness `check`), then
 # compute-sanitizer memcheck and racecheck (--det) over scripts/sanitize_small.py. Optional steps after those:
 #   ncu   Nsight Compute of the backward at d128 (s8192 main kernel: full set, stall reasons per SASS line;
-#         s512 and s8192: the duration of each backward kernel, pre / main / post).
+#         s512 and s8192: the duration of each backward kernel, pre / main / post);
+#   fwdbench  the forward harness's bench and `variants 128`.
 # Run from the repo root: bash dev/device_validate.sh [ncu]; at most 8 logs under $OUT.
 set -u
 O=${OUT:-/tmp/validate}; mkdir -p $O
@@ -41,6 +42,10 @@ ncu)
         timeout 60 ncu -k regex:bwd_ -c 3 --metrics gpu__time_duration.sum $B/bh time1 128 $s $c 0 2>&1 | grep -E "bwd_|duration"
     done; done > $O/ncu_durations.txt
     el "ncu done"
+    ;;
+fwdbench)
+    { $B/fh bench; $B/fh variants 128; } > $O/fwd_harness_bench.log 2>&1
+    el "fwd harness bench / variants done"
     ;;
 esac; done
 el "done"
