@@ -7,6 +7,7 @@
 #   fwdbench  the forward harness's bench and `variants 128`.
 # Run from the repo root: bash dev/device_validate.sh [ncu]; at most 8 logs under $OUT.
 set -u
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 O=${OUT:-/tmp/validate}; mkdir -p $O
 B=/tmp/validate_bin; mkdir -p $B
 F="-std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Icsrc -Icsrc/cuda -DFLASHATTN_EXT_SM90A"
