@@ -7,20 +7,9 @@
 #   fwdbench  the forward harness's bench and `variants 128`.
 # Run from the repo root: bash dev/device_validate.sh [ncu]; at most 8 logs under $OUT.
 set -u
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 O=${OUT:-/tmp/validate}; mkdir -p $O
 B=/tmp/validate_bin; mkdir -p $B
-F="-std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Icsrc -Icsrc/cuda -DFLASHATTN_EXT_SM90A"
-t0=$(date +%s)
-el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-( FLASHATTN_EXT_CUDA_ARCHS=90a MAX_JOBS=10 python3 setup.py build_ext --inplace > $B/build_ext.log 2>&1; echo $? > $B/ext_rc ) &
-for f in csrc/cuda/*.cu dev/bwd_harness.cu dev/fwd_harness.cu; do
-    nvcc $F -c $f -o $B/$(basename $f .cu).o > $B/$(basename $f .cu).log 2>&1 || echo "FAIL $f" &
-done
-wait
-K="$B/launch.o $B/bwd_sm80.o $B/bwd_sm90.o $B/bwd_simple.o $B/fwd_sm80.o $B/fwd_sm90.o $B/fwd_decode.o $B/fwd_simple.o"
-nvcc $F $B/bwd_harness.o $K -o $B/bh & nvcc $F $B/fwd_harness.o $K -o $B/fh & wait
-el "builds; ext rc $(cat $B/ext_rc)"; [ "$(cat $B/ext_rc)" = 0 ] || { tail -30 $B/build_ext.log; exit 1; }
+. dev/device_build.sh
 ( timeout 300 $B/bh test > $B/bh_test.log 2>&1; echo "bwd_harness test rc $?: $(tail -1 $B/bh_test.log)"
   timeout 200 $B/fh check > $B/fh_check.log 2>&1; echo "fwd_harness check rc $?: $(tail -1 $B/fh_check.log)" ) &
 PYTHONUNBUFFERED=1 timeout 330 python3 -m pytest tests -q -rf --maxfail=20 -n 12 -k cuda -p no:cacheprovider > $O/pytest.log 2>&1

@@ -8,32 +8,22 @@ GPU spent in kernels per call, launch gaps excluded).
 import argparse
 import json
 import pathlib
-import statistics
 import sys
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-import flashattn_ext  # noqa: E402
-
-try:
-    from triton.testing import do_bench
-except ImportError:  # pragma: no cover - the GPU machine has triton
-    do_bench = None
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench_gpu import attention, backend_context, median_ms  # noqa: E402
 
 TOKENS, HIDDEN = 16384, 2048
 EVENT_RUNS, PROFILED_RUNS = 50, 20
 
 
 def run(impl, q, k, v, causal):
-    if impl == "ours":
-        return flashattn_ext.flash_attn_func(q, k, v, causal=causal)
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                              is_causal=causal)
+    """bench_gpu.py's call of impl ("ours" or "cudnn") under its backend context."""
+    with backend_context(impl):
+        return attention(impl, q, k, v, causal)
 
 
 def event_ms(fn):
@@ -82,7 +72,7 @@ def main():
             entry = {}
             for impl in ("ours", "cudnn"):
                 fn = lambda: run(impl, q, k, v, bool(causal))  # noqa: E731
-                cold = do_bench(fn, warmup=25, rep=100, return_mode="median") if do_bench else float("nan")
+                cold = median_ms(fn, q.device)  # bench_gpu.py's own timing
                 warm = event_ms(fn)
                 kern, names = kernel_ms(fn)
                 entry[impl] = {"do_bench_ms": cold, "event_ms": warm, "kernel_ms": kern,

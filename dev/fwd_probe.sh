@@ -1,5 +1,5 @@
 #!/bin/bash
-# One device call that measures the forward: the extension and the forward harness built side by side; the
+# One device call that measures the forward: the extension and the harnesses built (dev/device_build.sh); the
 # harness bench (static persistent order, then HARNESS_DYNAMIC=1, twice each, interleaved); dev/fwd_probe.py
 # (ours and cuDNN alternating: do_bench, CUDA events, kernel durations); benchmarks/bench_gpu.py --only fwd
 # (the full sweep); ncu of the d128 causal s2048 forward (speed of light, warp states, hot SASS lines).
@@ -7,19 +7,8 @@
 set -u
 O=${OUT:-/tmp/fwd_probe}; mkdir -p $O
 B=/tmp/fwd_probe_bin; mkdir -p $B
-F="-std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Icsrc -Icsrc/cuda -DFLASHATTN_EXT_SM90A"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-t0=$(date +%s)
-el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 steps=${*:-harness probe sweep ncu}
-( FLASHATTN_EXT_CUDA_ARCHS=90a MAX_JOBS=10 python3 setup.py build_ext --inplace > $B/build_ext.log 2>&1; echo $? > $B/ext_rc ) &
-for f in csrc/cuda/launch.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu csrc/cuda/bwd_simple.cu csrc/cuda/fwd_sm80.cu \
-         csrc/cuda/fwd_sm90.cu csrc/cuda/fwd_decode.cu csrc/cuda/fwd_simple.cu dev/fwd_harness.cu; do
-    nvcc $F -c $f -o $B/$(basename $f .cu).o > $B/$(basename $f .cu).log 2>&1 || echo "FAIL $f" &
-done
-wait
-nvcc $F $B/*.o -o $B/fh || echo "FAIL link"
-el "builds; ext rc $(cat $B/ext_rc)"; [ "$(cat $B/ext_rc)" = 0 ] || { tail -30 $B/build_ext.log; exit 1; }
+. dev/device_build.sh
 for step in $steps; do case $step in
 harness)
     for r in 1 2; do

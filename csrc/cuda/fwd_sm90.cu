@@ -51,12 +51,11 @@
  *     no visible key: O = 0, lse = -inf (the sink with one).
  * Tiles (fwd90_cfg; -D FWD90_BN_D* / FWD90_STAGES_D* for tuning with dev/fwd_variants.sh, N of a wgmma.cuh
  *   wrapper; BN 176 at d128 and 192 at d64 measured slower, see benchmarks/results/h200/fwd_sm90_2026-12-01): M
- *   128 (2 consumer warpgroups) x kBlockN 128 at d <= 64 (3 stages, 1 Q) and d <= 128 (2 stages, 2 Q), x 80 at d <= 256
- *   (2 stages, 1 Q). Shared memory: Q stages x (128 x D) + stages x (K + V) (kBlockN x D), all in the 128-byte swizzled
- *   layout of wgmma.cuh (the TMA's SWIZZLE_128B with 64-column boxes); d = 64: 113 KB, d = 128: 193 KB, d = 256:
- *   225 KB. Head dims below
- *   the config's are zero-filled by the TMA (boxes past the tensor's d) and computed like the others; only
- *   the global stores are guarded.
+ *   128 (2 consumer warpgroups) x kBlockN 128 at d <= 64 (3 stages, 1 Q) and d <= 128 (2 stages, 2 Q), x 80 at
+ *   d <= 256 (2 stages, 1 Q). Shared memory: Q stages x (128 x D) + stages x (K + V) (kBlockN x D), all in the
+ *   128-byte swizzled layout of wgmma.cuh (the TMA's SWIZZLE_128B with 64-column boxes); d = 64: 113 KB, d = 128:
+ *   193 KB, d = 256: 225 KB. Head dims below the config's are zero-filled by the TMA (boxes past the tensor's
+ *   d) and computed like the others; only the global stores are guarded.
  * attn_mask (kHook, d <= 128): the producer and every consumer warp walk the same visible key tiles of the
  *   work tile (fwd90_tiles: the mask's block flags, 32 tiles per ballot); hidden tiles are never loaded, plain
  *   ones take no mask reads, and an attn_mask call runs one CTA per query tile.
@@ -229,8 +228,8 @@ typedef struct fwd90_maps {
 } fwd90_maps;
 
 /* Shared-memory layout from a 1024-byte aligned base: Q[kQStages], K[kStages], V[kStages], then the mbarriers
- * Q_FULL[kQStages], Q_EMPTY[kQStages], K_FULL[kStages], V_FULL[kStages], K_EMPTY[kStages], V_EMPTY[kStages], then the dynamic
- * scheduler's work slots (int32) for the producer warp and for the consumers. */
+ * Q_FULL[kQStages], Q_EMPTY[kQStages], K_FULL[kStages], V_FULL[kStages], K_EMPTY[kStages], V_EMPTY[kStages],
+ * then the dynamic scheduler's work slots (int32) for the producer warp and for the consumers. */
 template <int kHeadDim>
 struct fwd90_smem {
     static constexpr int kBlockN = fwd90_cfg<kHeadDim>::kBlockN, kStages = fwd90_cfg<kHeadDim>::kStages;
@@ -1017,7 +1016,8 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                                         pn * FWD90_PANEL, row, hk, kb);
                     }
                     if (t == 0) {
-                        /* Q after the first K / V tile: the consumers release the previous Q at their last wgmma */
+                        /* Q after the first K / V tile, into stage qc % kQStages: the consumers release a
+                         * stage at their last wgmma on it */
                         const int qs = qc % kQStages;
                         const uint32_t qf = qfull + FWD90_BAR_BYTES * qs, dq = sq + qs * L::kQBytes;
                         mbar_wait(qempty + FWD90_BAR_BYTES * qs, ((qc / kQStages) & 1) ^ 1);
