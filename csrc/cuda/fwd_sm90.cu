@@ -46,9 +46,9 @@
  *     V_{t-1}, and rescales O. Ping-pong across the two warpgroups (FWD90_PINGPONG): named barriers hand the
  *     right to issue wgmma's back and forth, so one warpgroup's softmax runs under the other's GEMMs.
  *   Epilogue: per row (factor, lse) as fwd_sm80.cu (flash_row_finish_f with a sink), O * factor straight
- *     from the accumulators to global memory (4-byte stores, a quad's 16 bytes contiguous; no shared
- *     memory, so the next Q can load meanwhile), rows < sq and columns < d only; lse in fp32. A row with
- *     no visible key: O = 0, lse = -inf (the sink with one).
+ *     from the accumulators to global memory (a quad's words transposed across its lanes, so that each lane
+ *     stores 16 contiguous bytes under a predicate; no shared memory, so the next Q can load meanwhile), rows
+ *     < sq and columns < d only; lse in fp32. A row with no visible key: O = 0, lse = -inf (the sink with one).
  * Tiles (fwd90_cfg; -D FWD90_BN_D* / FWD90_STAGES_D* for tuning with dev/fwd_variants.sh, N of a wgmma.cuh
  *   wrapper; BN 176 at d128 and 192 at d64 measured slower, see benchmarks/results/h200/fwd_sm90_2026-12-01): M
  *   128 (2 consumer warpgroups) x kBlockN 128 at d <= 64 (3 stages, 1 Q) and d <= 128 (2 stages, 2 Q), x 80 at
@@ -1138,17 +1138,26 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
                 if (kData && p.dropout_threshold != 0)
                     factor *= (float)p.dropout_scale;
                 const int r = r_loc + FWD90_HALF_ROWS * h;
-                if (r < qn) {
-                    if (lane % FWD90_QUAD == 0)
-                        lse[r] = row_lse;
-                    T *orow = og + (int64_t)r * p.o_s.row;
+                /* the quad's words of n8 blocks 4 u .. 4 u + 3 transposed (quad_transpose): lane q stores block
+                 * 4 u + q, 16 contiguous bytes, under a predicate (d % 8 == 0: a block is in or out), without
+                 * branches (4-byte stores behind a branch each measured 10-20% slower at s512 / s1k) */
+                const bool row_in = r < qn;
+                if (row_in && lane % FWD90_QUAD == 0)
+                    lse[r] = row_lse;
+                T *orow = og + (int64_t)r * p.o_s.row;
+                const int q = lane % FWD90_QUAD;
 #pragma unroll
-                    for (int i = 0; i < kHeadDim / FWD90_N8; i++) {
-                        const int col = FWD90_N8 * i + lane_c;
-                        if (col < d)
-                            *(uint32_t *)(orow + col) =
-                                pack2<T>(st.o[4 * i + 2 * h] * factor, st.o[4 * i + 2 * h + 1] * factor);
+                for (int u = 0; u < kHeadDim / FWD90_N8 / FWD90_QUAD; u++) {
+                    uint32_t w[FWD90_QUAD], f[FWD90_QUAD];
+#pragma unroll
+                    for (int k = 0; k < FWD90_QUAD; k++) {
+                        const int i = FWD90_QUAD * u + k;
+                        w[k] = pack2<T>(st.o[4 * i + 2 * h] * factor, st.o[4 * i + 2 * h + 1] * factor);
                     }
+                    quad_transpose(w, f, q);
+                    const int col = FWD90_N8 * (FWD90_QUAD * u + q);
+                    if (row_in && col < d)
+                        *(uint4 *)(orow + col) = make_uint4(f[0], f[1], f[2], f[3]);
                 }
             }
         }
