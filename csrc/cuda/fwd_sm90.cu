@@ -66,10 +66,9 @@
  *   batches) and dropout up to d128 (fwd90_cfg::kMaskDropout; at d256 fwd_sm80.cu).
  * Measured on the H200 (`dev/fwd_variants.sh fwd_sm90 bench`: dev/fwd_harness.cu, bf16, 16k tokens, nheads =
  * 2048 / d, TFLOP/s = 4 B H Sq Sk D / t, halved for causal), non-causal | causal at seqlen 512 / 2k / 8k:
- *   d64                300 427 483 | 189 354 439
- *   d128               411 614 643 | 232 448 601   (2 Q stages, 2026-12-02; the same call's 1 Q / 3 stages:
- *                                                    392 601 642 | 224 443 600)
- *   d256               373 608 719 | 229 484 667
+ *   d64                323 434 471 | 204 357 455   (2026-12-02, 16-byte epilogue stores:
+ *   d128               473 639 659 | 276 503 624    benchmarks/results/h200/fwd_epilogue_2026-12-02)
+ *   d256               472 666 703 | 267 497 657
  * (fwd_sm80.cu on the same GPU and inputs: d64 261-325, d128 293-369, d256 258-318.) Knobs, each against
  * the rest of this config: ping-pong on +2-10%; K and V released apart: d256 +17-43% (2 stages), d128 / d64
  * within noise; 2 stages at d128 the same as 3 (before the split 3 were +11-27%); d128 176 keys (2 stages)
@@ -78,9 +77,9 @@
  * s8k); persistent causal in query-tile order lost up to 30%, in heavy + light pairs (fwd90_work) it gains
  * 4-25% at s512 / s2k (d256 s8k -2%); lazy rescale as its macros say; producer 40 / consumers 232 registers
  * the same as 24 / 240. Instances differ by up to ~10% between calls: compare within one.
- * Hook kernels, d128 s8k / s16k (`fwd_harness variants 128`, TFLOP/s on the visible pairs; dense 691 / 630):
- * hook without a field 629 / 627, softcap 50 467 / 488, ALiBi causal 535 / 570, dropout 0.1 303 / 312, 25%
- * key padding 573 / 556, block-sparse 10% 310 / 408 (fwd_sm80.cu: 229-489).
+ * Hook kernels, d128 s8k / s16k (`fwd_harness variants 128`, TFLOP/s on the visible pairs; dense 704 / 659):
+ * hook without a field 682 / 644, softcap 50 456 / 494, ALiBi causal 551 / 604, dropout 0.1 292 / 300, 25%
+ * key padding 593 / 599, block-sparse 10% 335 / 421, causal window 4096 548 / 569 (fwd_sm80.cu: 229-489).
  * Varlen (`fwd_harness varlen-bench`, lengths 1..2 seq), the dynamic scheduler against one CTA per query tile
  * (HARNESS_STATIC=1): s512 d64 183 -> 255, causal 116 -> 160; d128 254 -> 315, causal 163 -> 206; equal lengths
  * +10-19% at s512, +0-4% at s2k (benchmarks/results/h200/fwd_dynamic_varlen_2026-12-01). Since its grouped order
