@@ -29,6 +29,12 @@ def run(name, args, env_extra):
     return rows
 
 
+def rotated(names, r):
+    """The variants' order in round r: rotated by r, so that none always runs first."""
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
 def table(title, names, data):
     print(f"== {title}: median TFLOP/s of the rounds; ratio to {names[0]}")
     print("d     seq    case                     " + "".join(f"{n:>10}" for n in names) +
@@ -52,8 +58,7 @@ def main():
     for d in filter(None, a.dims.split(",")):
         for s in a.seqs.split(","):
             for r in range(a.rounds):
-                order = names[r % len(names):] + names[:r % len(names)]
-                for n in order:
+                for n in rotated(names, r):
                     for k, v in run(n, ["bench", d], {"HARNESS_SEQ": s}).items():
                         bench[n][k].append(v)
     if a.dims:
@@ -61,8 +66,7 @@ def main():
     if a.variants_dim:
         var = {n: defaultdict(list) for n in names}
         for r in range(a.rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
-            for n in order:
+            for n in rotated(names, r):
                 for k, v in run(n, ["variants", str(a.variants_dim)], {}).items():
                     var[n][k].append(v)
         table(f"variants {a.variants_dim}", names, var)

@@ -462,11 +462,12 @@ static bool harness_static(void)
     return env_flag("HARNESS_STATIC");
 }
 
-/* HARNESS_DYNAMIC=1: a tile counter for dense batches too, so that fwd_sm90.cu's dense d <= 128 kernel runs them
- * on its dynamic scheduler (A/B against the static persistent order). */
-static bool harness_dynamic(const flash_params *p)
+/* HARNESS_DYNAMIC=1: a tile counter for every call, dense batches too; fwd_sm90.cu runs its dynamic scheduler
+ * wherever its kernel has one (the dense kernels at d <= 128) and every other kernel ignores the counter (A/B
+ * against the static persistent order). */
+static bool harness_dynamic(void)
 {
-    return env_flag("HARNESS_DYNAMIC") && !p->has_hook && p->d <= 128 && p->sq > 16;
+    return env_flag("HARNESS_DYNAMIC");
 }
 
 /* flash_fwd_cuda with launch.cu's split count for `requested` and, where launch.cu asks for one, a zeroed tile
@@ -491,7 +492,7 @@ static cudaError_t run_fwd_splits(const flash_params *p0, int requested, cudaStr
         p.o_accum = accum;
         p.lse_accum = accum + rows * p.d;
     }
-    if (!harness_static() && (flash_fwd_wants_tile_counter(&p) || harness_dynamic(&p))) {
+    if (!harness_static() && (flash_fwd_wants_tile_counter(&p) || harness_dynamic())) {
         if (counter == NULL)
             CUDA_CHECK(cudaMalloc(&counter, sizeof(int32_t)));
         CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(int32_t), stream));
