@@ -22,7 +22,7 @@ Timing: triton.testing.do_bench(return_mode="median") when triton is installed, 
 over CUDA events; forward+backward times the forward and torch.autograd.grad with a fixed dout,
 backward times torch.autograd.grad alone on a retained graph.
 
-    python benchmarks/bench_gpu.py --out benchmarks/results/h200     # full run, a few minutes
+    python benchmarks/bench_gpu.py --out benchmarks/results/h200/sweep_DATE   # full run, a few minutes
     python benchmarks/bench_gpu.py --quick --time-budget 120         # d64/128/256 at s2k, s8k
     python benchmarks/bench_gpu.py --dry-run --out /tmp/dry          # tiny, on the CPU, ours vs eager
 

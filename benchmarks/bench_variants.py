@@ -28,7 +28,7 @@ compared with ours (max |difference|, not for dropout), a check that both comput
 Anything a backend cannot run is recorded as null with its error and never stops the run. The
 Flex calls (compilation included) run after all others, so that a --time-budget cut drops them first.
 
-    python benchmarks/bench_variants.py --out benchmarks/results/h200        # about 3 minutes
+    python benchmarks/bench_variants.py --out benchmarks/results/h200/variants_DATE   # about 3 minutes
     python benchmarks/bench_variants.py --out /tmp/v --variants window softcap
     python benchmarks/bench_variants.py --dry-run --out /tmp/dry            # tiny, CPU, ours vs eager
 

@@ -5,7 +5,7 @@ one line per implementation (ours beside torch's SDPA backends), the GPU, torch 
 the title. Needs matplotlib only (no torch, no GPU), so a results.json from the device can be drawn
 anywhere; bench_gpu.py calls plot() at the end of a run.
 
-    python benchmarks/plot_results.py benchmarks/results/h200       # reads results.json, writes tflops.png
+    python benchmarks/plot_results.py benchmarks/results/h200/sweep_2026-11-29   # reads results.json, writes tflops.png
     python benchmarks/plot_results.py run/results.json --out run.png
 """
 import argparse
