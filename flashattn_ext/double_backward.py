@@ -117,7 +117,11 @@ def attention_vjp(q, k, v, dout, alibi_slopes, sink, attn_mask, keep, var, cotan
                 seconds = torch.autograd.grad(outs, [blk[n] for n in wrt], grads_out, create_graph=create_graph,
                                               allow_unused=True)
             for n, s in zip(wrt, seconds):
-                parts[n].append(_zero_or(s, blk[n]))
+                s = _zero_or(s, blk[n])
+                if n in ("q", "dout", "mask"):  # per block rows
+                    parts[n].append(s)
+                else:  # summed over the blocks
+                    parts[n] = [s] if not parts[n] else [parts[n][0] + s]
     result = {}
     inputs = {"q": q, "k": k, "v": v, "dout": dout, "sink": sink, "mask": attn_mask}
     for n in needs:
@@ -129,7 +133,7 @@ def attention_vjp(q, k, v, dout, alibi_slopes, sink, attn_mask, keep, var, cotan
         elif n == "mask":
             result[n] = torch.cat(parts[n], 2)
         else:
-            result[n] = torch.stack(parts[n]).sum(0) if len(parts[n]) > 1 else parts[n][0]
+            result[n] = parts[n][0]
     return result
 
 
