@@ -173,7 +173,8 @@ def _bwd_setup_context(ctx, inputs, output):
 
 def _bwd_backward(ctx, gdq, gdk, gdv, gdmask):
     """The gradients of dout, q, k, v, sink and a floating attn_mask from those of dq, dk, dv, dmask (none
-    for out and lse: the composite recomputes them from q, k, v, sink and attn_mask)."""
+    for out and lse: the composite recomputes them from q, k, v, sink and attn_mask). Exact when out, lse
+    and rng_state are fwd's for these inputs, as fwd's autograd passes them."""
     dout, q, k, v, rng_state, alibi_slopes, sink, attn_mask = ctx.saved_tensors
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
     needs = [n for n, i in _BWD_GRAD.items() if ctx.needs_input_grad[i] and (n != "mask" or float_mask)]
