@@ -44,7 +44,7 @@ TARGET_SECONDS = 20.0
 MAX_RUNS = 5
 SEED = 0
 MIB = 2**20
-DEFAULT_OUT = pathlib.Path(__file__).resolve().parent / "results" / "grad_penalty"
+DEFAULT_OUT = pathlib.Path(__file__).resolve().parent / "results" / "cpu" / "grad_penalty"
 
 
 def attention(impl, q, k, v):
@@ -159,22 +159,25 @@ def main():
     if torch.cuda.is_available():
         targets.append((torch.device("cuda"), torch.bfloat16))
     report = {"machine": machine_info(), "sections": []}
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def write():  # after every point: a long sweep stopped midway keeps what it measured
+        report["total_seconds"] = time.perf_counter() - start
+        (args.out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+        (args.out / "results.md").write_text(markdown(report))
     if torch.cuda.is_available():
         report["machine"]["gpu"] = torch.cuda.get_device_name()
     start = time.perf_counter()
     for device, dtype in targets:
         section = {"device": device.type, "dtype": str(dtype).removeprefix("torch."), "results": []}
+        report["sections"].append(section)
         for seqlen in args.seqlens:
             impls = bench(seqlen, dtype, device)
             section["results"].append({"seqlen": seqlen, "impls": impls})
             print(f"{device.type} S={seqlen}: " + "  ".join(
                 f"{i} {r['ms']:.0f} ms {r['peak_bytes'] // MIB} MiB" for i, r in impls.items() if r is not None)
                 + f"  [{time.perf_counter() - start:.0f} s]", flush=True)
-        report["sections"].append(section)
-    report["total_seconds"] = time.perf_counter() - start
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "results.md").write_text(markdown(report))
+            write()
     print(markdown(report))
 
 
