@@ -166,6 +166,7 @@ class _RingAttention(torch.autograd.Function):
         return out, lse_acc
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # bwd's autograd needs the out / lse of its own k, v: not these
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         ring, causal, scale, layout, deterministic = ctx.args
@@ -225,7 +226,8 @@ def ring_attention(q, k, v, group=None, causal=False, softmax_scale=None, layout
     multiple of nheads_kv (GQA/MQA); this rank's shard of the sequence in the given layout
     ("contiguous" or "zigzag", see shard_sequence; zigzag needs an even local_seqlen). The same shapes on
     every rank. causal: query i of the whole sequence sees keys j <= i. softmax_scale: default
-    1/sqrt(headdim). deterministic: a reproducible backward on CUDA.
+    1/sqrt(headdim). deterministic: a reproducible backward on CUDA. With more than one rank the backward
+    is once differentiable: differentiating it again (create_graph) raises.
     Returns out (batch, local_seqlen, nheads, headdim), this rank's rows of attention over the whole
     sequence, differentiable in q, k and v; with return_lse also lse (batch, nheads, local_seqlen),
     float32 (float64 for float64 inputs)."""

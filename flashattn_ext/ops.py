@@ -2,11 +2,16 @@
 ::varlen_bwd and ::kvcache_fwd: fake (meta) kernels with shape checks for tracing, and the autograd
 formulas of fwd and varlen_fwd, which save q, k, v, out, lse, the dropout rng_state, the sequence
 boundaries (varlen) and the user's own alibi/sink/mask tensors only, and call bwd / varlen_bwd.
+bwd and varlen_bwd have autograd formulas too (double_backward: a composite over query blocks), and so
+has the sink's gradient, so that derivatives of any order are exact.
 kvcache_fwd and varlen_fwd with a block_table (a paged KV cache) have no backward (as flash-attn's):
 their autograd formulas raise."""
+import functools
 import math
 
 import torch
+
+from . import double_backward
 
 PAGE_MULTIPLE = 16  # FLASHPAGE_MULTIPLE (csrc/constants.h): page sizes of a paged KV cache are multiples of it
 
@@ -88,6 +93,39 @@ def _sink_grad(dout, out, lse, sink):
     return -(p_sink * delta).transpose(0, -2).reshape(sink.shape[0], -1).sum(1)
 
 
+class _SinkGrad(torch.autograd.Function):
+    """_sink_grad(dout, out, lse, sink) differentiable in full: lse, which _sink_grad takes as a constant, is
+    a function of q, k, v, sink and attn_mask, so its backward is the composite's (vjp: the dense or varlen
+    double_backward function with the call's other arguments bound) and out / lse get no gradient."""
+
+    @staticmethod
+    def forward(ctx, vjp, dout, out, lse, sink, q, k, v, attn_mask):
+        ctx.vjp = vjp
+        ctx.save_for_backward(dout, sink, q, k, v, attn_mask)
+        return _sink_grad(dout, out, lse, sink)
+
+    @staticmethod
+    def backward(ctx, gsink):
+        dout, sink, q, k, v, attn_mask = ctx.saved_tensors
+        names = ("dout", None, None, "sink", "q", "k", "v", "mask")
+        needs = [n for n, need in zip(names, ctx.needs_input_grad[1:]) if n is not None and need]
+        g = ctx.vjp(q, k, v, dout, sink, attn_mask, {"sink": gsink}, needs, torch.is_grad_enabled())
+        return (None,) + tuple(None if n is None else g.get(n) for n in names)
+
+
+def _differentiable_sink_grad(vjp, dout, out, lse, sink, q, k, v, attn_mask):
+    """_sink_grad, through _SinkGrad when a graph is being recorded (a backward with create_graph)."""
+    if torch.is_grad_enabled():
+        return _SinkGrad.apply(vjp, dout, out, lse, sink, q, k, v, attn_mask)
+    return _sink_grad(dout, out, lse, sink)
+
+
+def _dense_vjp(alibi_slopes, rng_state, var, q, k, v, dout, sink, attn_mask, cotangents, needs, create_graph):
+    keep = double_backward.dense_keep(q, rng_state, k.shape[1], var.dropout_p)
+    return double_backward.attention_vjp(q, k, v, dout, alibi_slopes, sink, attn_mask, keep, var, cotangents, needs,
+                                         create_graph)
+
+
 def _setup_context(ctx, inputs, output):
     (q, k, v, softmax_scale, causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink, attn_mask,
      dropout_p, deterministic) = inputs
@@ -106,12 +144,50 @@ def _backward(ctx, dout, _dlse, _drng):
         dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right, window_left, window_right, softcap,
         alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad,
     )
-    dsink = _sink_grad(dout, out, lse, sink) if sink is not None and ctx.needs_input_grad[_SINK] else None
+    dsink = None
+    if sink is not None and ctx.needs_input_grad[_SINK]:
+        var = double_backward.Variant(softmax_scale, causal, bottom_right, (window_left, window_right), softcap,
+                                      dropout_p)
+        vjp = functools.partial(_dense_vjp, alibi_slopes, rng_state, var)
+        dsink = _differentiable_sink_grad(vjp, dout, out, lse, sink, q, k, v, attn_mask)
     dattn_mask = dmask.to(attn_mask.dtype) if mask_grad else None
     return dq, dk, dv, None, None, None, None, None, None, None, dsink, dattn_mask, None, None
 
 
 torch.library.register_autograd("flashattn_ext::fwd", _backward, setup_context=_setup_context)
+
+
+# Positions of bwd's inputs (the schema in csrc/ops.cpp).
+_BWD_INPUTS = 19
+_BWD_GRAD = {"dout": 0, "q": 1, "k": 2, "v": 3, "sink": 14, "mask": 15}
+
+
+def _bwd_setup_context(ctx, inputs, output):
+    (dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right, window_left, window_right, softcap,
+     alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad) = inputs
+    ctx.save_for_backward(dout, q, k, v, rng_state, alibi_slopes, sink, attn_mask)
+    ctx.var = double_backward.Variant(softmax_scale, causal, bottom_right, (window_left, window_right), softcap,
+                                      dropout_p)
+    ctx.mask_grad = mask_grad
+
+
+def _bwd_backward(ctx, gdq, gdk, gdv, gdmask):
+    """The gradients of dout, q, k, v, sink and a floating attn_mask from those of dq, dk, dv, dmask (none
+    for out and lse: the composite recomputes them from q, k, v, sink and attn_mask). Exact when out, lse
+    and rng_state are fwd's for these inputs, as fwd's autograd passes them."""
+    dout, q, k, v, rng_state, alibi_slopes, sink, attn_mask = ctx.saved_tensors
+    float_mask = attn_mask is not None and attn_mask.is_floating_point()
+    needs = [n for n, i in _BWD_GRAD.items() if ctx.needs_input_grad[i] and (n != "mask" or float_mask)]
+    cotangents = {"q": gdq, "k": gdk, "v": gdv, "mask": gdmask if ctx.mask_grad else None}
+    g = _dense_vjp(alibi_slopes, rng_state, ctx.var, q, k, v, dout, sink, attn_mask, cotangents, needs,
+                   torch.is_grad_enabled())
+    grads = [None] * _BWD_INPUTS
+    for n, i in _BWD_GRAD.items():
+        grads[i] = g.get(n)
+    return tuple(grads)
+
+
+torch.library.register_autograd("flashattn_ext::bwd", _bwd_backward, setup_context=_bwd_setup_context)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -201,11 +277,51 @@ def _varlen_backward(ctx, dout, _dlse, _drng):
     )
     grads = [dq, dk, dv] + [None] * (_VARLEN_INPUTS - 3)
     if sink is not None and ctx.needs_input_grad[_VARLEN_SINK]:
-        grads[_VARLEN_SINK] = _sink_grad(dout, out, lse, sink)
+        var = double_backward.Variant(softmax_scale, causal, True, (window_left, window_right), softcap, dropout_p)
+        vjp = functools.partial(_varlen_vjp, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                alibi_slopes, rng_state, var)
+        grads[_VARLEN_SINK] = _differentiable_sink_grad(vjp, dout, out, lse, sink, q, k, v, None)
     return tuple(grads)
 
 
 torch.library.register_autograd("flashattn_ext::varlen_fwd", _varlen_backward, setup_context=_varlen_setup_context)
+
+
+def _varlen_vjp(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state, var, q, k,
+                v, dout, sink, attn_mask, cotangents, needs, create_graph):
+    return double_backward.varlen_vjp(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                                      max_seqlen_k, alibi_slopes, sink, rng_state, var, cotangents, needs,
+                                      create_graph)
+
+
+# Positions of varlen_bwd's inputs (the schema in csrc/ops.cpp).
+_VARLEN_BWD_INPUTS = 21
+_VARLEN_BWD_GRAD = {"dout": 0, "q": 1, "k": 2, "v": 3, "sink": 18}
+
+
+def _varlen_bwd_setup_context(ctx, inputs, output):
+    (dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+     softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic) = inputs
+    ctx.save_for_backward(dout, q, k, v, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink)
+    ctx.args = (max_seqlen_q, max_seqlen_k,
+                double_backward.Variant(softmax_scale, causal, True, (window_left, window_right), softcap, dropout_p))
+
+
+def _varlen_bwd_backward(ctx, gdq, gdk, gdv):
+    """varlen_bwd's gradients of dout, q, k, v and sink (none for out and lse, as _bwd_backward)."""
+    dout, q, k, v, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink = ctx.saved_tensors
+    max_seqlen_q, max_seqlen_k, var = ctx.args
+    needs = [n for n, i in _VARLEN_BWD_GRAD.items() if ctx.needs_input_grad[i]]
+    g = _varlen_vjp(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state, var,
+                    q, k, v, dout, sink, None, {"q": gdq, "k": gdk, "v": gdv}, needs, torch.is_grad_enabled())
+    grads = [None] * _VARLEN_BWD_INPUTS
+    for n, i in _VARLEN_BWD_GRAD.items():
+        grads[i] = g.get(n)
+    return tuple(grads)
+
+
+torch.library.register_autograd("flashattn_ext::varlen_bwd", _varlen_bwd_backward,
+                                setup_context=_varlen_bwd_setup_context)
 
 
 # ------------------------------------------------------------------------------------------------
