@@ -86,8 +86,9 @@ def run(fn, q, k, v, mask, kwargs):
     out = fn(q, k, v, attn_mask=mask, **kwargs)
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     inputs = [t for t in (q, k, v, mask) if t is not None and t.requires_grad]
-    grads = torch.autograd.grad(out, inputs, dout.to(out.device, out.dtype)) if out.numel() else [None] * len(inputs)
-    return out, grads
+    if not out.numel():
+        return out, [None] * len(inputs)
+    return out, torch.autograd.grad(out, inputs, dout.to(out.device, out.dtype))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
