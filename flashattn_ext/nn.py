@@ -20,6 +20,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from .interface import _attention, _check_dropout, _check_mask, flash_attn_func
 from .reference import dropout_keep_probability
@@ -93,12 +94,14 @@ class MultiheadAttention(nn.Module):
     need_weights=True, by an extra eager pass (it materializes (N, num_heads, L, S), as torch does),
     averaged over the heads ((N, L, S)) or per head ((N, num_heads, L, S)) as average_attn_weights asks,
     with dropout the weights the kernel used (its keep mask, scaled); None with need_weights=False.
-    Differences from torch: is_causal=True needs no attn_mask (torch requires one as a hint): a square
-    causal mask is applied; given together with attn_mask, it is trusted as torch trusts it (the kernels
-    skip the tiles above the diagonal) unless add_bias_kv / add_zero_attn appended keys, where the mask is
-    applied as given (torch's fused path would hide the appended keys from every query there). A query
-    that may attend to no key gets 0 output and 0 weights (torch: 0 output with need_weights=False, NaN
-    output and weights with need_weights=True). Dropout draws its own random numbers.
+    Differences from torch (README.md, Modules, lists them too): is_causal=True needs no attn_mask (torch
+    requires one as a hint): a square causal mask is applied; given together with attn_mask, it is trusted
+    as torch trusts it (the kernels skip the tiles above the diagonal) unless add_bias_kv / add_zero_attn
+    appended keys, where the mask is applied as given, the appended keys visible to every query (torch's
+    need_weights=False path without a key_padding_mask hides them). A query that may attend to no key gets
+    0 attention and 0 weights (torch: the same output with need_weights=False, NaN output and weights with
+    need_weights=True). Dropout draws its own random numbers. torch's fused inference path is never taken
+    (so NestedTensor inputs, which only it takes, raise). Errors are ValueError / TypeError.
     """
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
@@ -136,7 +139,7 @@ class MultiheadAttention(nn.Module):
             self.in_proj_bias = nn.Parameter(torch.empty(3 * embed_dim, **factory))
         else:
             self.register_parameter("in_proj_bias", None)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias, **factory)
         if add_bias_kv:
             self.bias_k = nn.Parameter(torch.empty(1, 1, embed_dim, **factory))
             self.bias_v = nn.Parameter(torch.empty(1, 1, embed_dim, **factory))
@@ -213,6 +216,9 @@ class MultiheadAttention(nn.Module):
         vdim) likewise. Returns (attn_output shaped like query, attn_weights (N, L, S) averaged over the heads
         or (N, num_heads, L, S) with average_attn_weights=False ((L, S) / (num_heads, L, S) unbatched), or
         None with need_weights=False); S counts the keys add_bias_kv and add_zero_attn append."""
+        if query.is_nested or key.is_nested or value.is_nested:
+            raise ValueError("MultiheadAttention: NestedTensor query, key or value is not supported (torch takes "
+                             "them on its fused inference path only); pad the batch and pass key_padding_mask")
         same_qkv, same_kv = query is key and key is value, key is value
         unbatched = query.dim() == 2
         if unbatched:
@@ -315,7 +321,11 @@ class Attention(nn.Module):
         """x (B, S, dim). attn_mask: bool (True = take part) or additive float, broadcastable to
         (B, num_heads, S, S), combined with the causal and window bands (e.g. mask[:, None, None, :] for a
         (B, S) key padding mask). positions: (S,) or (B, S) rotary positions, default 0..S-1."""
-        batch, seqlen, _ = x.shape
+        dim = self.qkv.in_features
+        if x.is_nested or x.dim() != 3 or x.shape[-1] != dim:
+            raise ValueError(f"Attention: x must be a (batch, seqlen, dim) tensor with dim = {dim}, got "
+                             f"{'a NestedTensor' if x.is_nested else tuple(x.shape)}")
+        seqlen = x.shape[1]
         sizes = [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim]
         q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in self.qkv(x).split(sizes, dim=-1))
         if self.rotary:

@@ -318,6 +318,9 @@ def test_mha_errors():
                                                                  torch.randn(BATCH, SEQ_K + 1, 12))):
         with pytest.raises(ValueError, match=r"\(E, kdim, vdim\) = \(32, 8, 12\)"):
             cross(x, k, v)
+    nested = torch.nested.nested_tensor([torch.randn(SEQ_Q, EMBED), torch.randn(SEQ_K, EMBED)], layout=torch.jagged)
+    with pytest.raises(ValueError, match="NestedTensor"):
+        mha(nested, nested, nested)
     with pytest.raises(ValueError, match="divisible"):
         fnn.MultiheadAttention(EMBED, 5)
 
@@ -443,3 +446,6 @@ def test_attention_parameters_and_errors():
         fnn.Attention(EMBED, 5)
     with pytest.raises(ValueError, match="even head_dim"):
         fnn.Attention(EMBED, 4, head_dim=7, rotary=True)
+    for x in (torch.randn(SEQ_Q, EMBED), torch.randn(BATCH, SEQ_Q, EMBED + 1)):
+        with pytest.raises(ValueError, match=rf"x must be a \(batch, seqlen, dim\) tensor with dim = {EMBED}"):
+            attn(x)
