@@ -284,8 +284,8 @@ def scaled_dot_product_attention(
     strides; the batch dims broadcast against each other as in torch, and so do the head counts unless
     enable_gqa=True, which lets nheads_kv (of key and of value, each) divide nheads instead. is_causal is
     top-left aligned, as in torch: query i sees keys j <= i. attn_mask: bool (True = take part) or additive
-    float (cast to query's dtype), broadcastable to (..., nheads, seqlen_q, seqlen_k); not together with
-    is_causal (as torch). A query row whose keys are all masked gives 0 (as torch). Returns (..., nheads,
+    float (cast to query's dtype), broadcastable to (..., nheads, seqlen_q, seqlen_k) (a 1-D (seqlen_k,)
+    mask too, which torch rejects); not together with is_causal (as torch). A query row whose keys are all masked gives 0 (as torch). Returns (..., nheads,
     seqlen_q, headdim_v), a transposed view of a (..., seqlen_q, nheads, headdim_v) tensor.
 
     Broadcast inputs reach the kernel as expanded views (stride 0, never an expanded copy) and the batch
@@ -329,9 +329,9 @@ def scaled_dot_product_attention(
     heads, seqlen_q, seqlen_k = query.shape[-3], query.shape[-2], key.shape[-2]
     if attn_mask is not None:
         _check_tensor("attn_mask", attn_mask)
-        if not 2 <= attn_mask.dim() <= rank:
-            raise ValueError(f"{fn}: attn_mask must have at least 2 dimensions (..., seqlen_q, seqlen_k) and at most "
-                             f"{rank}, as many as the attention weights, got shape {tuple(attn_mask.shape)}")
+        if attn_mask.dim() > rank:
+            raise ValueError(f"{fn}: attn_mask must have at most {rank} dimensions, as many as the attention "
+                             f"weights (..., seqlen_q, seqlen_k), got shape {tuple(attn_mask.shape)}")
     mask = _check_mask(fn, attn_mask, query.dtype, query.device, (*batch, heads, seqlen_q, seqlen_k))
     views = [t.expand(*batch, *t.shape[-3:]) for t in (query, key, value)] + ([] if mask is None else [mask])
     if not batch:
