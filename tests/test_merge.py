@@ -1,5 +1,7 @@
 """merge_attention_states against attention over the union of the two key sets (float64 reference),
-rows where one or both sides saw no key, gradients (gradcheck in float64), CPU and CUDA."""
+in the dense layout and in the varlen layout flash_attn_varlen_func(return_lse=True) returns (against one
+varlen call over all keys), rows where one or both sides saw no key,
+gradients (gradcheck in float64), CPU and CUDA."""
 import pytest
 import torch
 
@@ -35,6 +37,71 @@ def test_merge_equals_union(device, dtype, sq, sk, split, causal):
     assert not out.isnan().any()
 
 
+def varlen_halves(k, lengths, tail):
+    """k (total_k, ...) of sequences with key lengths `lengths` -> (head keys, cu_seqlens), (tail keys,
+    cu_seqlens): each sequence's keys split before its last `tail`."""
+    heads, tails, cu_head, cu_tail, start = [], [], [0], [0], 0
+    for n in lengths:
+        heads.append(k[start:start + n - tail])
+        tails.append(k[start + n - tail:start + n])
+        cu_head.append(cu_head[-1] + n - tail)
+        cu_tail.append(cu_tail[-1] + tail)
+        start += n
+    cu = lambda c: torch.tensor(c, dtype=torch.int32, device=k.device)  # noqa: E731
+    return (torch.cat(heads), cu(cu_head)), (torch.cat(tails), cu(cu_tail))
+
+
+VARLEN_LENS = [(5, 9), (7, 7), (1, 12), (6, 3)]  # (seqlen_q, seqlen_k); the last: no head keys, and with
+VARLEN_TAIL = 3                                    # causal 3 queries see no key at all
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_merge_varlen_layout(device, dtype, causal):
+    """A varlen batch's keys split per sequence into a head and its last VARLEN_TAIL keys, two
+    flash_attn_varlen_func(return_lse=True) calls (the head with the window that bottom-right causal puts
+    on it: right = VARLEN_TAIL), merged: the output and lse of one call over all keys."""
+    gen = torch.Generator().manual_seed(3)
+    total_q, total_k = sum(sq for sq, _ in VARLEN_LENS), sum(sk for _, sk in VARLEN_LENS)
+    q, k, v = (torch.randn(total, h, 16, generator=gen, dtype=torch.float64).to(device, dtype)
+               for total, h in ((total_q, 4), (total_k, 2), (total_k, 2)))
+    cu_q = torch.tensor([0] + [sum(sq for sq, _ in VARLEN_LENS[:i + 1]) for i in range(len(VARLEN_LENS))],
+                        dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0] + [sum(sk for _, sk in VARLEN_LENS[:i + 1]) for i in range(len(VARLEN_LENS))],
+                        dtype=torch.int32, device=device)
+    max_q, max_k = max(sq for sq, _ in VARLEN_LENS), max(sk for _, sk in VARLEN_LENS)
+    lengths = [sk for _, sk in VARLEN_LENS]
+    (k_a, cu_a), (k_b, cu_b) = varlen_halves(k, lengths, VARLEN_TAIL)
+    (v_a, _), (v_b, _) = varlen_halves(v, lengths, VARLEN_TAIL)
+    out_a, lse_a = flashattn_ext.flash_attn_varlen_func(q, k_a, v_a, cu_q, cu_a, max_q, max_k - VARLEN_TAIL,
+                                                        window_size=(-1, VARLEN_TAIL if causal else -1),
+                                                        return_lse=True)
+    out_b, lse_b = flashattn_ext.flash_attn_varlen_func(q, k_b, v_b, cu_q, cu_b, max_q, VARLEN_TAIL, causal=causal,
+                                                        return_lse=True)
+    assert out_a.shape == (total_q, 4, 16) and lse_a.shape == (4, total_q)
+    out, lse = flashattn_ext.merge_attention_states(out_a, lse_a, out_b, lse_b)
+    ref_out, ref_lse = flashattn_ext.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal,
+                                                            return_lse=True)
+    tol = dict(atol=1e-12, rtol=1e-12) if dtype == torch.float64 else dict(atol=2e-6, rtol=1e-5)
+    assert out.shape == ref_out.shape and lse.shape == ref_lse.shape and out.dtype == dtype
+    torch.testing.assert_close(out, ref_out, **tol)
+    torch.testing.assert_close(lse, ref_lse, **tol)
+    if causal:  # the last sequence's first 3 queries (6 queries, 3 keys) see no key, on either side
+        empty = slice(total_q - 6, total_q - 3)
+        assert torch.isneginf(lse[:, empty]).all() and (out[empty] == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_merge_varlen_gradcheck(device):
+    torch.manual_seed(1)
+    args = [torch.randn(5, 2, 4, device=device, dtype=torch.float64, requires_grad=True),
+            torch.randn(2, 5, device=device, dtype=torch.float64, requires_grad=True),
+            torch.randn(5, 2, 4, device=device, dtype=torch.float64, requires_grad=True),
+            torch.randn(2, 5, device=device, dtype=torch.float64, requires_grad=True)]
+    assert torch.autograd.gradcheck(flashattn_ext.merge_attention_states, args)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_merge_rows_without_keys(device):
     """-inf on one side: the other side unchanged; on both: out 0, lse -inf, finite gradients."""
@@ -68,5 +135,9 @@ def test_merge_bad_inputs():
         flashattn_ext.merge_attention_states(o, lse, torch.zeros(1, 3, 2, 5), lse)
     with pytest.raises(ValueError, match="lse"):
         flashattn_ext.merge_attention_states(o, torch.zeros(1, 3, 2), o, torch.zeros(1, 3, 2))
+    with pytest.raises(ValueError, match=r"lse must have shape \(nheads, total\)"):
+        flashattn_ext.merge_attention_states(o[0], lse[0].T, o[0], lse[0].T)  # (total, nheads): transposed
+    with pytest.raises(ValueError, match="out_a must have 4 dimensions"):
+        flashattn_ext.merge_attention_states(o[0, 0], lse[0, 0], o[0, 0], lse[0, 0])
     with pytest.raises(TypeError, match="lse_a"):
         flashattn_ext.merge_attention_states(o, torch.zeros(1, 2, 3, dtype=torch.int64), o, lse)
