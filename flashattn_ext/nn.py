@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .interface import flash_attn_func
+from .interface import _check_bools, _check_dropout, _check_softcap, _check_window, flash_attn_func
 
 _NO_WINDOW = (-1, -1)
 
@@ -147,6 +147,7 @@ class MultiheadAttention(nn.Module):
                 average_attn_weights=True, is_causal=False):
         """query (L, N, E) ((N, L, E) with batch_first, (L, E) unbatched), key and value (S, N, E) likewise.
         Returns (attn_output shaped like query, None). average_attn_weights only matters with weights."""
+        _check_bools("MultiheadAttention", is_causal=is_causal)
         if need_weights:
             raise ValueError("MultiheadAttention: need_weights=True is not supported: flashattn_ext never "
                              "materializes the attention weights; pass need_weights=False (or use "
@@ -207,6 +208,9 @@ class Attention(nn.Module):
                  window_size=_NO_WINDOW, rotary=False, rotary_base=10000.0, dropout=0.0, softcap=0.0, device=None,
                  dtype=None):
         super().__init__()
+        _check_bools("Attention", causal=causal, rotary=rotary)
+        window_size, softcap = _check_window(window_size, "Attention"), _check_softcap(softcap, "Attention")
+        dropout = _check_dropout("Attention", dropout)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads:
             raise ValueError(f"Attention: num_heads ({num_heads}) must be a positive multiple of num_kv_heads "
@@ -218,7 +222,7 @@ class Attention(nn.Module):
         if rotary and head_dim % 2:
             raise ValueError(f"Attention: rotary needs an even head_dim, got {head_dim}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.causal, self.window_size, self.softcap, self.dropout = causal, tuple(window_size), softcap, dropout
+        self.causal, self.window_size, self.softcap, self.dropout = causal, window_size, softcap, dropout
         self.rotary, self.rotary_base = rotary, rotary_base
         factory = {"device": device, "dtype": dtype}
         self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * head_dim, bias=bias, **factory)
