@@ -208,13 +208,13 @@ def test_compile_varlen_max_seqlen_one_graph(device, dtype):
         assert counter.frame_count == compiles, (dynamic, counter.frame_count)
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("device, dtype", device_dtype_params([("cpu", torch.float32), ("cuda", torch.bfloat16)]))
-def test_compile_varlen_max_seqlen_aot_eager_and_inductor(device, dtype):
+def test_compile_varlen_max_seqlen_backends(device, dtype, backend):
     """The same through aot_eager and inductor (forward and backward graphs): no recompile past the second
     max_seqlen, results equal to eager and the float64 reference."""
-    for backend in ("aot_eager", "inductor"):
-        torch._dynamo.reset()
-        counter = CompileCounterWithBackend(backend)
-        compiled = torch.compile(varlen_fn, fullgraph=True, backend=counter)
-        check_varlen_compiled(compiled, dtype, device)
-        assert counter.frame_count == 2, (backend, counter.frame_count)
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend(backend)
+    compiled = torch.compile(varlen_fn, fullgraph=True, backend=counter)
+    check_varlen_compiled(compiled, dtype, device)
+    assert counter.frame_count == 2, counter.frame_count
