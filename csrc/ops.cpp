@@ -832,12 +832,14 @@ TORCH_LIBRARY(flashattn_ext, m)
           "Tensor? alibi_slopes, Tensor? sink, Tensor? attn_mask, float dropout_p, bool deterministic, "
           "bool mask_grad) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dmask)");
     m.def("dropout_mask(Tensor q, Tensor rng_state, int seqlen_k, float dropout_p) -> Tensor");
+    // max_seqlen_* are SymInts: under torch.compile they stay symbolic (one graph for all values; the kernels
+    // take them as int64_t, the fake kernels never read them).
     m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, "
-          "int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, int window_left, int window_right, "
-          "float softcap, Tensor? alibi_slopes, Tensor? sink, float dropout_p, bool deterministic, "
+          "SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, bool causal, int window_left, "
+          "int window_right, float softcap, Tensor? alibi_slopes, Tensor? sink, float dropout_p, bool deterministic, "
           "Tensor? block_table=None) -> (Tensor out, Tensor lse, Tensor rng_state)");
     m.def("varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor rng_state, "
-          "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, "
+          "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, SymInt max_seqlen_q, SymInt max_seqlen_k, "
           "float softmax_scale, bool causal, int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
           "Tensor? sink, float dropout_p, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)");
     m.def("kvcache_fwd(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, Tensor? cache_batch_idx, "

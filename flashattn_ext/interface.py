@@ -31,13 +31,22 @@ def _symbolic(x):
     return isinstance(x, (torch.SymFloat, torch.SymInt))
 
 
-def _check_scale(name, scale):
+def _check_bools(fn, **flags):
+    """Each flag a Python bool, as torch's own bool arguments (not an int, a string, a tensor or None)."""
+    for name, x in flags.items():
+        if not isinstance(x, bool):
+            raise TypeError(f"{fn}: {name} must be a bool, got {type(x).__name__}")
+
+
+def _check_scale(fn, name, scale):
+    """A real number (Python or NumPy int / float), finite -> float. Not a bool, and not a tensor: its gradient
+    would be silently dropped and reading a CUDA tensor would synchronize (pass float(t) / t.item())."""
     if _symbolic(scale):
         return scale
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"{name} must be a float or None, got {type(scale).__name__}")
+        raise TypeError(f"{fn}: {name} must be a float or None, got {type(scale).__name__}")
     if not -math.inf < scale < math.inf:  # comparisons, not math.isfinite: torch.compile traces them
-        raise ValueError(f"{name} must be finite, got {scale}")
+        raise ValueError(f"{fn}: {name} must be finite, got {scale}")
     return float(scale)
 
 
@@ -207,6 +216,8 @@ def flash_attn_func(
         _check_tensor(name, t)
     if q.dim() != 4:
         raise ValueError(f"flash_attn_func: q must have 4 dimensions (batch, seqlen, nheads, headdim), got {q.dim()}")
+    _check_bools("flash_attn_func", causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs,
+                 return_lse=return_lse)
     if sink is not None and s_aux is not None:
         raise ValueError("flash_attn_func: pass sink or s_aux, not both")
     dropout_p = _check_dropout("flash_attn_func", dropout_p)
@@ -216,7 +227,8 @@ def flash_attn_func(
     sink = _check_sink("flash_attn_func", s_aux if sink is None else sink, q, q.shape[2])
     shape = (q.shape[0], q.shape[2], q.shape[1], k.shape[1] if k.dim() == 4 else 0)
     mask = _check_mask("flash_attn_func", attn_mask, q.dtype, q.device, shape)
-    scale = _default_scale(q) if softmax_scale is None else _check_scale("softmax_scale", softmax_scale)
+    scale = (_default_scale(q) if softmax_scale is None
+             else _check_scale("flash_attn_func", "softmax_scale", softmax_scale))
     out, lse, rng_state = _attention(q, k, v, scale, causal, True, window, softcap, alibi_slopes, sink, mask,
                                      dropout_p, deterministic)
     if return_attn_probs:
@@ -295,6 +307,7 @@ def scaled_dot_product_attention(
     zero-padded), key and value heads that differ under enable_gqa.
     """
     fn = "scaled_dot_product_attention"
+    _check_bools(fn, is_causal=is_causal, enable_gqa=enable_gqa)
     for name, t in (("query", query), ("key", key), ("value", value)):
         _check_tensor(name, t)
         if t.dim() < 2 or (enable_gqa and t.dim() < 3):
@@ -309,7 +322,7 @@ def scaled_dot_product_attention(
         raise ValueError(f"{fn}: key's head dim ({key.shape[-1]}) must equal query's ({headdim})")
     if key.shape[-2] != value.shape[-2]:
         raise ValueError(f"{fn}: seqlen of key ({key.shape[-2]}) and value ({value.shape[-2]}) must match")
-    softmax_scale = _default_scale(query) if scale is None else _check_scale("scale", scale)
+    softmax_scale = _default_scale(query) if scale is None else _check_scale(fn, "scale", scale)
     rank = max(query.dim(), key.dim(), value.dim())
     # The kernel's layout: last stride 1 (copy otherwise), one head dim for all three (zero-pad the smaller:
     # zero columns change neither the scores nor, sliced off, the output).
@@ -527,6 +540,8 @@ def _flash_attn_varlen(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             raise ValueError(f"{fn}: seqused_k must have shape (batch,) = ({batch},), got {tuple(seqused_k.shape)}")
     max_seqlen_q = _check_max_seqlen(fn, "max_seqlen_q", max_seqlen_q)
     max_seqlen_k = _check_max_seqlen(fn, "max_seqlen_k", max_seqlen_k)
+    _check_bools(fn, causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs,
+                 return_lse=return_lse)
     if sink is not None and s_aux is not None:
         raise ValueError(f"{fn}: pass sink or s_aux, not both")
     dropout_p = _check_dropout(fn, dropout_p)
@@ -536,7 +551,7 @@ def _flash_attn_varlen(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     sink = _check_sink(fn, s_aux if sink is None else sink, q, nheads)
     if block_table is not None:
         _check_paged(fn, q, k, v, block_table, batch)
-    scale = _default_scale(q) if softmax_scale is None else _check_scale("softmax_scale", softmax_scale)
+    scale = _default_scale(q) if softmax_scale is None else _check_scale(fn, "softmax_scale", softmax_scale)
     out, lse, rng_state = torch.ops.flashattn_ext.varlen_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, bool(causal), window[0],
         window[1], softcap, alibi_slopes, sink, dropout_p, bool(deterministic), block_table,

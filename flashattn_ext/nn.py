@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
-from .interface import _attention, _check_dropout, _check_mask, flash_attn_func
+from .interface import (_attention, _check_bools, _check_dropout, _check_mask, _check_softcap, _check_window,
+                        flash_attn_func)
 from .reference import dropout_keep_probability
 
 _NO_WINDOW = (-1, -1)
@@ -219,6 +220,8 @@ class MultiheadAttention(nn.Module):
         if query.is_nested or key.is_nested or value.is_nested:
             raise ValueError("MultiheadAttention: NestedTensor query, key or value is not supported (torch takes "
                              "them on its fused inference path only); pad the batch and pass key_padding_mask")
+        _check_bools("MultiheadAttention", need_weights=need_weights, average_attn_weights=average_attn_weights,
+                     is_causal=is_causal)
         same_qkv, same_kv = query is key and key is value, key is value
         unbatched = query.dim() == 2
         if unbatched:
@@ -294,6 +297,9 @@ class Attention(nn.Module):
                  window_size=_NO_WINDOW, rotary=False, rotary_base=10000.0, dropout=0.0, softcap=0.0, device=None,
                  dtype=None):
         super().__init__()
+        _check_bools("Attention", causal=causal, rotary=rotary)
+        window_size, softcap = _check_window(window_size, "Attention"), _check_softcap(softcap, "Attention")
+        dropout = _check_dropout("Attention", dropout)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads:
             raise ValueError(f"Attention: num_heads ({num_heads}) must be a positive multiple of num_kv_heads "
@@ -305,7 +311,7 @@ class Attention(nn.Module):
         if rotary and head_dim % 2:
             raise ValueError(f"Attention: rotary needs an even head_dim, got {head_dim}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.causal, self.window_size, self.softcap, self.dropout = causal, tuple(window_size), softcap, dropout
+        self.causal, self.window_size, self.softcap, self.dropout = causal, window_size, softcap, dropout
         self.rotary, self.rotary_base = rotary, rotary_base
         factory = {"device": device, "dtype": dtype}
         self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * head_dim, bias=bias, **factory)

@@ -28,6 +28,19 @@ def _check_rank4(name, t):
     _check_rank(name, t, 4)
 
 
+def _check_devices_fake(q, rng_state=None, **tensors):
+    """Every tensor argument (None: absent) on q's device, rng_state on the CPU (or on q's device, meta). A meta
+    tensor beside real ones dispatches the op here, to its fake kernel, which would return uninitialised memory
+    on q's device: it raises instead. All arguments on one device (meta, or torch.compile's fake tensors) pass."""
+    for name, t in tensors.items():
+        if t is not None:
+            torch._check(t.device == q.device,
+                         lambda: f"flashattn_ext: {name} must be on the device of q ({q.device}), got {t.device}")
+    if rng_state is not None:
+        torch._check(rng_state.device.type == "cpu" or rng_state.device == q.device,
+                     lambda: f"flashattn_ext: rng_state must be on the CPU (device cpu), got {rng_state.device}")
+
+
 def _check_qkv_fake(q, k, v):
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_rank4(name, t)
@@ -49,6 +62,7 @@ def _check_mask_fake(attn_mask, q, k):
 @torch.library.register_fake("flashattn_ext::fwd")
 def _fwd_fake(q, k, v, softmax_scale, causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
               attn_mask, dropout_p, deterministic):
+    _check_devices_fake(q, k=k, v=v, alibi_slopes=alibi_slopes, sink=sink, attn_mask=attn_mask)
     _check_qkv_fake(q, k, v)
     _check_mask_fake(attn_mask, q, k)
     batch, seqlen_q, nheads, _ = q.shape
@@ -61,6 +75,8 @@ def _fwd_fake(q, k, v, softmax_scale, causal, bottom_right, window_left, window_
 @torch.library.register_fake("flashattn_ext::bwd")
 def _bwd_fake(dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right, window_left, window_right,
               softcap, alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad):
+    _check_devices_fake(q, rng_state, dout=dout, k=k, v=v, out=out, lse=lse, alibi_slopes=alibi_slopes, sink=sink,
+                        attn_mask=attn_mask)
     _check_qkv_fake(q, k, v)
     _check_mask_fake(attn_mask, q, k)
     torch._check(dout.shape == q.shape, lambda: "flashattn_ext: dout must have the shape of q")
@@ -75,6 +91,7 @@ def _bwd_fake(dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_
 
 @torch.library.register_fake("flashattn_ext::dropout_mask")
 def _dropout_mask_fake(q, rng_state, seqlen_k, dropout_p):
+    _check_devices_fake(q, rng_state)
     _check_rank4("q", q)
     return q.new_empty((q.shape[0], q.shape[2], q.shape[1], seqlen_k), dtype=torch.bool)
 
@@ -227,6 +244,8 @@ def _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_tab
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                      causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic,
                      block_table=None):
+    _check_devices_fake(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+                        alibi_slopes=alibi_slopes, sink=sink, block_table=block_table)
     _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table)
     total_q, nheads, _ = q.shape
     out = q.new_empty((total_q, nheads, v.shape[-1]))
@@ -239,6 +258,8 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_
 def _varlen_bwd_fake(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                      max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink,
                      dropout_p, deterministic):
+    _check_devices_fake(q, rng_state, dout=dout, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q,
+                        cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, alibi_slopes=alibi_slopes, sink=sink)
     _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
     torch._check(dout.shape == q.shape, lambda: "flashattn_ext: dout must have the shape of q")
     torch._check(out.shape == q.shape, lambda: "flashattn_ext: out must have the shape of q")
@@ -362,6 +383,9 @@ def _check_kvcache_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cac
 @torch.library.register_fake("flashattn_ext::kvcache_fwd")
 def _kvcache_fwd_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, softmax_scale,
                       causal, window_left, window_right, softcap, alibi_slopes, sink, num_splits=0):
+    _check_devices_fake(q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
+                        cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
+                        alibi_slopes=alibi_slopes, sink=sink)
     _check_kvcache_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
     torch._check(num_splits >= 0, lambda: "flashattn_ext: num_splits must be 0 or a positive count")
     batch, seqlen_q, nheads, _ = q.shape
