@@ -116,14 +116,24 @@ def attention_vjp(q, k, v, dout, alibi_slopes, sink, attn_mask, keep, var, cotan
             if outs and wrt:
                 seconds = torch.autograd.grad(outs, [blk[n] for n in wrt], grads_out, create_graph=create_graph,
                                               allow_unused=True)
-            for n, s in zip(wrt, seconds):
-                s = _zero_or(s, blk[n])
-                if n in ("q", "dout", "mask"):  # per block rows
-                    parts[n].append(s)
-                else:  # summed over the blocks
-                    parts[n] = [s] if not parts[n] else [parts[n][0] + s]
+            _accumulate(parts, wrt, seconds, blk)
+    return _assemble(parts, {"q": q, "k": k, "v": v, "dout": dout, "sink": sink, "mask": attn_mask}, needs)
+
+
+def _accumulate(parts, wrt, grads, blk):
+    """One block's gradients (None: zero) of the inputs named wrt into parts: rows of q, dout and the mask
+    per block, the others summed over the blocks."""
+    for n, g in zip(wrt, grads):
+        g = _zero_or(g, blk[n])
+        if n in ("q", "dout", "mask"):
+            parts[n].append(g)
+        else:
+            parts[n] = [g] if not parts[n] else [parts[n][0] + g]
+
+
+def _assemble(parts, inputs, needs):
+    """{name: gradient} of the inputs named needs from the blocks' parts (none: zeros of the input)."""
     result = {}
-    inputs = {"q": q, "k": k, "v": v, "dout": dout, "sink": sink, "mask": attn_mask}
     for n in needs:
         x = inputs[n]
         if not parts[n]:
@@ -137,11 +147,79 @@ def attention_vjp(q, k, v, dout, alibi_slopes, sink, attn_mask, keep, var, cotan
     return result
 
 
+def lse_vjp(q, k, alibi_slopes, sink, attn_mask, var, dlse, needs, create_graph):
+    """The vector-Jacobian product of the lse that fwd returns (the logsumexp of the final scores and the
+    sink, before dropout; dense layout as attention_vjp), over the same query blocks: dlse (batch, nheads,
+    seqlen_q) is its cotangent, needs the names among "q", "k", "sink", "mask" whose gradients to return
+    (v and dropout do not enter lse). Rows that see no key (lse -inf, or the sink) get no gradient through
+    their keys. Returns {name: gradient}; differentiable when create_graph."""
+    batch, seqlen_q, nheads, _ = q.shape
+    seqlen_k = k.shape[1]
+    acc = _acc_dtype(q.dtype)
+    float_mask = attn_mask is not None and attn_mask.is_floating_point()
+    block = query_block(batch, nheads, seqlen_q, seqlen_k, q.dtype)
+    alibi = None if alibi_slopes is None else alibi_slopes.detach()
+    parts = {name: [] for name in needs}
+    with torch.enable_grad():
+        at = {"q": _point(q, create_graph), "k": _point(k, create_graph)}
+        if sink is not None:
+            at["sink"] = _point(sink, create_graph)
+        mask = _point(attn_mask, create_graph) if float_mask else attn_mask
+        no_v = k.new_zeros(k.shape[:3] + (1,), dtype=acc)  # lse does not read v
+        for r0 in range(0, seqlen_q, block):
+            rows = slice(r0, min(seqlen_q, r0 + block))
+            blk = {"q": at["q"][:, rows], "k": at["k"]}
+            if sink is not None:
+                blk["sink"] = at["sink"]
+            if mask is not None:
+                blk["mask"] = mask[:, :, rows]
+            _, lse = attention_ref(
+                blk["q"].to(acc), blk["k"].to(acc), no_v, var.softmax_scale, var.causal, var.bottom_right,
+                var.window, var.softcap, alibi, blk.get("sink"), None if mask is None else blk["mask"],
+                query_rows=(r0, seqlen_q))
+            wrt = [n for n in needs if n in blk and (n != "mask" or float_mask)]
+            grads = [None] * len(wrt)
+            if wrt and lse.requires_grad:
+                grads = torch.autograd.grad(lse, [blk[n] for n in wrt], dlse[:, :, rows].to(lse.dtype),
+                                            create_graph=create_graph, allow_unused=True)
+            _accumulate(parts, wrt, grads, blk)
+    return _assemble(parts, {"q": q, "k": k, "sink": sink, "mask": attn_mask}, needs)
+
+
 def dense_keep(q, rng_state, seqlen_k, dropout_p):
     """The keep mask of a fwd call (None without dropout): the dropout_mask op on its rng_state."""
     if dropout_p <= 0.0:
         return None
     return torch.ops.flashattn_ext.dropout_mask(q.detach(), rng_state, seqlen_k, dropout_p)
+
+
+def varlen_lse_vjp(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, alibi_slopes, sink, var,
+                   dlse, needs, create_graph):
+    """lse_vjp for a variable-length batch (varlen_fwd's layout: dlse (nheads, total_q)), sequence by sequence
+    as varlen_vjp; needs among "q", "k", "sink"."""
+    inputs = {"q": q, "k": k, "sink": sink}
+    result = {n: torch.zeros_like(inputs[n]) for n in needs}
+    for s, (q0, sq, k0, sk) in enumerate(varlen_sequences(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                                                          max_seqlen_k, q.shape[0], k.shape[0])):
+        if sq == 0:
+            continue
+        qs, ks = slice(q0, q0 + sq), slice(k0, k0 + sk)
+        slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[s:s + 1]
+        g = lse_vjp(q[None, qs], k[None, ks], slopes, sink, None, var, dlse[None, :, qs], needs, create_graph)
+        _add_sequence(result, g, needs, q0, sq, k0, sk)
+    return result
+
+
+def _add_sequence(result, g, needs, q0, sq, k0, sk):
+    """One sequence's gradients (batch 1) into the varlen batch's: rows q0 .. q0 + sq - 1 of q and dout, keys
+    k0 .. k0 + sk - 1 of k and v, the rest (sink) summed."""
+    for n in needs:
+        if n in ("q", "dout"):
+            result[n] = result[n].index_add(0, torch.arange(q0, q0 + sq, device=result[n].device), g[n][0])
+        elif n in ("k", "v"):
+            result[n] = result[n].index_add(0, torch.arange(k0, k0 + sk, device=result[n].device), g[n][0])
+        else:
+            result[n] = result[n] + g[n]
 
 
 def varlen_vjp(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, alibi_slopes, sink,
@@ -169,11 +247,5 @@ def varlen_vjp(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_
                 "sink": cotangents.get("sink")}
         g = attention_vjp(q[None, qs], k[None, ks], v[None, ks], dout[None, qs], slopes, sink, None,
                           None if keep is None else keep[s:s + 1, :, :sq, :sk], var, cots, needs, create_graph)
-        for n in needs:
-            if n in ("q", "dout"):
-                result[n] = result[n].index_add(0, torch.arange(q0, q0 + sq, device=q.device), g[n][0])
-            elif n in ("k", "v"):
-                result[n] = result[n].index_add(0, torch.arange(k0, k0 + sk, device=k.device), g[n][0])
-            else:
-                result[n] = result[n] + g[n]
+        _add_sequence(result, g, needs, q0, sq, k0, sk)
     return result

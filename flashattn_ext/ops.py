@@ -149,26 +149,43 @@ def _setup_context(ctx, inputs, output):
     out, lse, rng_state = output
     ctx.save_for_backward(q, k, v, out, lse, rng_state, alibi_slopes, sink, attn_mask)
     ctx.args = (softmax_scale, causal, bottom_right, window_left, window_right, softcap, dropout_p, deterministic)
-    # lse and rng_state carry no gradient (returned for inspection, merging and the backward).
-    ctx.mark_non_differentiable(lse, rng_state)
+    # rng_state carries no gradient. Unused outputs get None, not zeros: lse's gradient (merging partial
+    # attentions) is computed only where one flows.
+    ctx.mark_non_differentiable(rng_state)
+    ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, dout, _dlse, _drng):
+def _add_grads(grads, positions, g):
+    """grads[positions[name]] += g[name] (None counts as zero)."""
+    for n, x in g.items():
+        i = positions[n]
+        grads[i] = x if grads[i] is None else grads[i] + x
+
+
+def _backward(ctx, dout, dlse, _drng):
     q, k, v, out, lse, rng_state, alibi_slopes, sink, attn_mask = ctx.saved_tensors
     softmax_scale, causal, bottom_right, window_left, window_right, softcap, dropout_p, deterministic = ctx.args
-    mask_grad = attn_mask is not None and attn_mask.is_floating_point() and ctx.needs_input_grad[_MASK]
-    dq, dk, dv, dmask = torch.ops.flashattn_ext.bwd(
-        dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right, window_left, window_right, softcap,
-        alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad,
-    )
-    dsink = None
-    if sink is not None and ctx.needs_input_grad[_SINK]:
-        var = double_backward.Variant(softmax_scale, causal, bottom_right, (window_left, window_right), softcap,
-                                      dropout_p)
-        vjp = functools.partial(_dense_vjp, alibi_slopes, rng_state, var)
-        dsink = _differentiable_sink_grad(vjp, dout, out, lse, sink, q, k, v, attn_mask)
-    dattn_mask = dmask.to(attn_mask.dtype) if mask_grad else None
-    return dq, dk, dv, None, None, None, None, None, None, None, dsink, dattn_mask, None, None
+    var = double_backward.Variant(softmax_scale, causal, bottom_right, (window_left, window_right), softcap, dropout_p)
+    float_mask = attn_mask is not None and attn_mask.is_floating_point()
+    grads = [None] * 14
+    if dout is not None:
+        mask_grad = float_mask and ctx.needs_input_grad[_MASK]
+        dq, dk, dv, dmask = torch.ops.flashattn_ext.bwd(
+            dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right, window_left, window_right,
+            softcap, alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad,
+        )
+        grads[:3] = dq, dk, dv
+        if sink is not None and ctx.needs_input_grad[_SINK]:
+            vjp = functools.partial(_dense_vjp, alibi_slopes, rng_state, var)
+            grads[_SINK] = _differentiable_sink_grad(vjp, dout, out, lse, sink, q, k, v, attn_mask)
+        if mask_grad:
+            grads[_MASK] = dmask.to(attn_mask.dtype)
+    if dlse is not None:
+        positions = {"q": 0, "k": 1, "sink": _SINK, "mask": _MASK}
+        needs = [n for n, i in positions.items() if ctx.needs_input_grad[i] and (n != "mask" or float_mask)]
+        _add_grads(grads, positions, double_backward.lse_vjp(q, k, alibi_slopes, sink, attn_mask, var, dlse, needs,
+                                                             torch.is_grad_enabled()))
+    return tuple(grads)
 
 
 torch.library.register_autograd("flashattn_ext::fwd", _backward, setup_context=_setup_context)
@@ -276,7 +293,8 @@ def _varlen_setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
      window_right, softcap, alibi_slopes, sink, dropout_p, deterministic, block_table) = inputs
     out, lse, rng_state = output
-    ctx.mark_non_differentiable(lse, rng_state)
+    ctx.mark_non_differentiable(rng_state)
+    ctx.set_materialize_grads(False)  # as fwd's: lse's gradient only where one flows
     ctx.paged = block_table is not None
     if ctx.paged:  # no backward: nothing to save
         return
@@ -285,23 +303,30 @@ def _varlen_setup_context(ctx, inputs, output):
                 deterministic)
 
 
-def _varlen_backward(ctx, dout, _dlse, _drng):
+def _varlen_backward(ctx, dout, dlse, _drng):
     if ctx.paged:
         raise RuntimeError("flashattn_ext: varlen_fwd with a block_table (a paged KV cache) has no backward, as "
                            "flash-attn's; pass k and v as (total_k, nheads_kv, headdim) tensors for gradients")
     q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink = ctx.saved_tensors
     (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, dropout_p,
      deterministic) = ctx.args
-    dq, dk, dv = torch.ops.flashattn_ext.varlen_bwd(
-        dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-        softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic,
-    )
-    grads = [dq, dk, dv] + [None] * (_VARLEN_INPUTS - 3)
-    if sink is not None and ctx.needs_input_grad[_VARLEN_SINK]:
-        var = double_backward.Variant(softmax_scale, causal, True, (window_left, window_right), softcap, dropout_p)
-        vjp = functools.partial(_varlen_vjp, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                                alibi_slopes, rng_state, var)
-        grads[_VARLEN_SINK] = _differentiable_sink_grad(vjp, dout, out, lse, sink, q, k, v, None)
+    var = double_backward.Variant(softmax_scale, causal, True, (window_left, window_right), softcap, dropout_p)
+    grads = [None] * _VARLEN_INPUTS
+    if dout is not None:
+        grads[:3] = torch.ops.flashattn_ext.varlen_bwd(
+            dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+            softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic,
+        )
+        if sink is not None and ctx.needs_input_grad[_VARLEN_SINK]:
+            vjp = functools.partial(_varlen_vjp, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                    alibi_slopes, rng_state, var)
+            grads[_VARLEN_SINK] = _differentiable_sink_grad(vjp, dout, out, lse, sink, q, k, v, None)
+    if dlse is not None:  # lse (nheads, total_q)
+        positions = {"q": 0, "k": 1, "sink": _VARLEN_SINK}
+        needs = [n for n, i in positions.items() if ctx.needs_input_grad[i]]
+        _add_grads(grads, positions, double_backward.varlen_lse_vjp(
+            q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, alibi_slopes, sink, var, dlse,
+            needs, torch.is_grad_enabled()))
     return tuple(grads)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import flashattn_ext
-from fa_testing import DEVICES, attention64
+from fa_testing import DEVICES, attention64, band_mask
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -141,3 +141,66 @@ def test_merge_bad_inputs():
         flashattn_ext.merge_attention_states(o[0, 0], lse[0, 0], o[0, 0], lse[0, 0])
     with pytest.raises(TypeError, match="lse_a"):
         flashattn_ext.merge_attention_states(o, torch.zeros(1, 2, 3, dtype=torch.int64), o, lse)
+
+
+def lse64(q, k, causal):
+    """Differentiable float64 logsumexp of the visible scaled scores q.k (bottom-right causal), (B, H, Sq)."""
+    kx = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, kx) / q.shape[-1] ** 0.5
+    vis = band_mask(q.shape[1], k.shape[1], causal, True, (-1, -1), q.device)
+    return torch.logsumexp(torch.where(vis, s, torch.tensor(float("-inf"), dtype=s.dtype, device=s.device)), -1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_merge_gradients_equal_one_call(device, causal):
+    """lse is differentiable: gradients of out and lse through a merge of two calls equal those of one call
+    over all keys (float64), for q, k, v and the sink; the lse of one call passes gradcheck with every score
+    variant that enters it (softcap, ALiBi, a float mask with its gradient, a sink)."""
+    torch.manual_seed(3)
+    sq, sk, split = 9, 13, 5
+    q = torch.randn(2, sq, 4, 8, device=device, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, sk, 2, 8, device=device, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, sk, 2, 8, device=device, dtype=torch.float64, requires_grad=True)
+    out_a, lse_a, out_b, lse_b = split_attention(q, k, v, split, causal)
+    out, lse = flashattn_ext.merge_attention_states(out_a, lse_a, out_b, lse_b)
+    full_out, full_lse = flashattn_ext.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    g_out, g_lse = torch.randn_like(out), torch.randn_like(lse)
+    merged = torch.autograd.grad((out * g_out).sum() + (lse.nan_to_num(0, 0, 0) * g_lse).sum(), (q, k, v))
+    full = torch.autograd.grad((full_out * g_out).sum() + (full_lse.nan_to_num(0, 0, 0) * g_lse).sum(), (q, k, v))
+    for name, a, b in zip("qkv", merged, full):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10, msg=name)
+    # against the logsumexp of eager float64 scores
+    ref_lse = lse64(q, k, causal)
+    g_ref = torch.autograd.grad((ref_lse.nan_to_num(0, 0, 0) * g_lse).sum(), (q, k))
+    full_lse = flashattn_ext.flash_attn_func(q, k, v, causal=causal, return_lse=True)[1]
+    g_ours = torch.autograd.grad((full_lse.nan_to_num(0, 0, 0) * g_lse).sum(), (q, k))
+    for a, b in zip(g_ours, g_ref):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+    sink = torch.randn(4, device=device, dtype=torch.float64, requires_grad=True)
+    slopes = torch.rand(4, device=device, dtype=torch.float64).float()
+    mask = torch.randn(2, 4, sq, sk, device=device, dtype=torch.float64, requires_grad=True)
+    lse_of = lambda q, k, s, m: flashattn_ext.flash_attn_func(  # noqa: E731
+        q, k, v.detach(), causal=causal, softcap=3.0, alibi_slopes=slopes, sink=s, attn_mask=m, return_lse=True)[1]
+    assert torch.autograd.gradcheck(lse_of, (q, k, sink, mask))
+    assert torch.autograd.gradgradcheck(lse_of, (q, k, sink, mask))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_lse_gradient_only_where_one_flows(device, monkeypatch):
+    """A backward through out alone never runs lse's composite (the kernels' speed is untouched), eager and
+    under torch.compile; a backward through lse alone still gives q, k their gradients (v none)."""
+    from flashattn_ext import double_backward
+    calls = []
+    real = double_backward.lse_vjp
+    monkeypatch.setattr(double_backward, "lse_vjp", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q, k, v = (torch.randn(1, 6, 2, 8, device=device, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    f = lambda q, k, v: flashattn_ext.flash_attn_func(q, k, v, causal=True, return_lse=True)  # noqa: E731
+    f(q, k, v)[0].sum().backward()
+    torch.compile(lambda q, k, v: f(q, k, v)[0], backend="aot_eager", fullgraph=True)(q, k, v).sum().backward()
+    assert not calls
+    gq, gk, gv = torch.autograd.grad(f(q, k, v)[1].sum(), (q, k, v), allow_unused=True)
+    assert calls and gv is None
+    lse_ref = lse64(q, k, True)
+    for a, b in zip((gq, gk), torch.autograd.grad(lse_ref.sum(), (q, k))):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
