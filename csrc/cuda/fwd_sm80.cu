@@ -613,9 +613,8 @@ __device__ __forceinline__ void apply_dropout(float (&s)[kMT][kNT][4], const fla
  * dense one (band geometry only). Both apply sinks in the epilogue. kPaged: K / V rows through the
  * block_table (page_rows, load_tile_paged), a kernel of its own so that the unpaged ones keep their code
  * and registers; else through the slice pointers (load_tile). */
-template <typename T, bool HOOK, int kHeadDim, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs, int kMinBlocks,
-          bool kPaged>
-__global__ void __launch_bounds__(kNWarps *FLASH_WARP_SIZE, kMinBlocks)
+template <typename T, bool HOOK, int kHeadDim, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs, bool kPaged>
+__global__ void __launch_bounds__(kNWarps *FLASH_WARP_SIZE, 1)
 flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
 {
     constexpr int kThreads = kNWarps * FLASH_WARP_SIZE;
@@ -987,7 +986,7 @@ static cudaError_t launch_fwd(const flash_params *p, cudaStream_t stream)
 {
     const size_t smem_bytes = config_smem_bytes<C>(kPaged);
     void (*kernel)(const flash_params) =
-        flash_fwd_sm80_kernel<T, HOOK, C::D, C::BM, C::BN, C::WARPS, C::Q_IN_REGS, C::MIN_CTAS, kPaged>;
+        flash_fwd_sm80_kernel<T, HOOK, C::D, C::BM, C::BN, C::WARPS, C::Q_IN_REGS, kPaged>;
     if (smem_bytes > kDefaultSmemBytes) {
         const cudaError_t err =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes);
