@@ -17,5 +17,8 @@
 /* query rows per entry of the deterministic backward's dQ semaphores (flash_params.dq_semaphore): the
  * smallest query tile of the kernels that order their dQ additions */
 #define FLASH_DQ_SEM_ROWS 64
+/* largest grid dimension y or z of a CUDA launch (batch and nheads index them), and the CTA cap of the kernels
+ * whose loops stride over the rest */
+#define FLASH_MAX_GRID_YZ 65535
 
 #endif

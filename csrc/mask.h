@@ -171,12 +171,6 @@ FLASH_HD int flash_visible(const flash_seq *s, int64_t i, int64_t j)
     return t >= s->diag_lo && t <= s->diag_hi;
 }
 
-/* True when the band hides nothing (no causal, no window): only the tails need masking. */
-FLASH_HD int flash_band_is_full(const flash_seq *s)
-{
-    return s->diag_lo <= -(s->sq - 1) && s->diag_hi >= s->sk - 1;
-}
-
 /* Tiles [first, end) of one axis hold every position visible to the other axis's rows; tiles
  * [full_first, full_end) are visible to every one of them and lie wholly inside the axis (no
  * per-element test). first <= full_first <= full_end <= end; no tile at all: first = end = 0. */

@@ -31,7 +31,6 @@ constexpr int64_t kMaxHeadDim = FLASH_CUDA_MAX_HEAD_DIM;
 constexpr uint64_t kPhiloxOffsetStep = 4;
 constexpr int64_t kVecElems = 8;      // 16-byte vector of fp16/bf16 elements
 constexpr int64_t kVecBytes = 16;
-constexpr int64_t kMaxGridDim = 65535;  // batch and nheads each index a grid dimension (y or z)
 
 bool is_half(const at::Tensor &t)
 {
@@ -46,10 +45,10 @@ void check_cuda_sizes(const at::Tensor &q, int64_t batch, int64_t nheads, int64_
                 "flashattn_ext: on CUDA, q, k and v must be float16, bfloat16, float32 or float64, got ", t);
     TORCH_CHECK(q.size(-1) <= kMaxHeadDim, "flashattn_ext: on CUDA, the head dim (last dimension of q) must be at most ",
                 num(kMaxHeadDim), ", got ", num(q.size(-1)));
-    TORCH_CHECK(batch <= kMaxGridDim, "flashattn_ext: on CUDA, the batch size must be at most ", num(kMaxGridDim),
-                ", got ", num(batch));
-    TORCH_CHECK(nheads <= kMaxGridDim, "flashattn_ext: on CUDA, nheads of q must be at most ", num(kMaxGridDim),
-                ", got ", num(nheads));
+    TORCH_CHECK(batch <= FLASH_MAX_GRID_YZ, "flashattn_ext: on CUDA, the batch size must be at most ",
+                num(FLASH_MAX_GRID_YZ), ", got ", num(batch));
+    TORCH_CHECK(nheads <= FLASH_MAX_GRID_YZ, "flashattn_ext: on CUDA, nheads of q must be at most ",
+                num(FLASH_MAX_GRID_YZ), ", got ", num(nheads));
     TORCH_CHECK(seqlen_q <= INT_MAX && seqlen_k <= INT_MAX,
                 "flashattn_ext: on CUDA, seqlen of q and k must be at most ", num(INT_MAX));
 }

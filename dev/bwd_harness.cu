@@ -17,7 +17,7 @@
  *   bwd_harness time    bf16 TFLOP/s, 16k tokens, nheads = 2048/d (CUDA events, median of 10)
  *   bwd_harness time1 D SEQLEN CAUSAL DET    one timing config (e.g. under ncu)
  *   bwd_harness timedet d64 / d128 / d256, s2048 / s8192, causal and not: the default and deterministic mode one
- *                       after the other (their ratio; dev/det_ab.sh compares builds)
+ *                       after the other (their ratio)
  *   bwd_harness timev   bf16 d128 (d256 for softcap) TFLOP/s of each variant, counted on the visible
  *                              (i, j) pairs
  *   bwd_harness timevl  bf16 d64 / d128 TFLOP/s of time's shapes dense, as one varlen batch of equal

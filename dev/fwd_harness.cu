@@ -4,7 +4,7 @@
  *            dev/fwd_harness.cu csrc/cuda/launch.cu csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_sm90.cu csrc/cuda/fwd_decode.cu \
  *            csrc/cuda/fwd_simple.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu csrc/cuda/bwd_simple.cu \
  *            -o /tmp/fwd_harness
- *        (the checks call launch.cu's flash_fwd_cuda, which links the backward too; dev/fwd_bench.sh)
+ *        (the checks call launch.cu's flash_fwd_cuda, which links the backward too; dev/fwd_variants.sh)
  * Run:   /tmp/fwd_harness check [t]     every correctness case (or those of dtype t), relative L2 error of
  *                                       out and lse against dev/attn_ref.h (double); exit 1 on any failure
  *        /tmp/fwd_harness bench [d]     bf16 TFLOP/s, 16k tokens, nheads = 2048 / d, d 64/128/256 (or only

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # fwd_variants.sh: on the GPU machine, from the repo root: build the forward harness (dev/fwd_harness.cu) once
-# per variant of one forward kernel file (its -D tuning knobs) and run harness modes on each.
-#   bash dev/fwd_variants.sh KERNEL "MODES" [NAME=MACRO=VALUE[,MACRO=VALUE...] ...]      (default: base=)
-#   KERNEL: a forward file of csrc/cuda without .cu (fwd_sm90, fwd_decode, fwd_sm80); MODES: harness modes,
-#   each run on every variant, except `check`, which runs on the first one (its log: $TMPDIR/fwd_variants/check.log)
-#   e.g. bash dev/fwd_variants.sh fwd_sm90 "check bench" base= nopp=FWD90_PINGPONG=0
+# per variant of one forward kernel file and run harness modes on each.
+#   bash dev/fwd_variants.sh KERNEL "MODES" [NAME=[PATCH] ...]      (default: base=)
+#   KERNEL: a forward file of csrc/cuda without .cu (fwd_sm90, fwd_decode, fwd_sm80); NAME=PATCH: KERNEL.cu built
+#   from a copy of csrc with PATCH applied (`git diff` output, e.g. other tiles in csrc/cuda/tiles.h; only KERNEL.cu
+#   is rebuilt from the copy), NAME= the tree as it is; MODES: harness modes, each run on every variant, except
+#   `check`, which runs on the first one (its log: $TMPDIR/fwd_variants/check.log)
+#   e.g. bash dev/fwd_variants.sh fwd_sm90 "check bench" base= bn176=/tmp/bn176.patch
+#        bash dev/fwd_variants.sh fwd_sm80 "check bench variants varlen-bench paged-bench"
 # Env: MODE_ARG (one argument for every mode but check, e.g. a head dim for bench); SM80=1 first runs the modes
 # with FLASHATTN_EXT_DISABLE_SM90=1 on the first variant (the mma.sync kernels, for comparison).
 set -uo pipefail
@@ -22,9 +25,13 @@ for f in csrc/cuda/launch.cu csrc/cuda/fwd_*.cu csrc/cuda/bwd_*.cu dev/fwd_harne
 done
 variants=${*:-base=}
 for v in $variants; do
-    name=${v%%=*} defs="" spec=${v#*=}
-    [ -n "$spec" ] && for kv in ${spec//,/ }; do defs="$defs -D$kv"; done
-    nvcc $FLAGS -Xptxas -v $defs -c "csrc/cuda/$kernel.cu" -o "$BIN/k_$name.o" >"$BIN/k_$name.log" 2>&1 \
+    name=${v%%=*} patch=${v#*=} src=csrc
+    if [ -n "$patch" ]; then
+        src=$BIN/tree_$name/csrc
+        rm -rf "$BIN/tree_$name" && mkdir -p "$BIN/tree_$name" && cp -r csrc "$src"
+        patch -s -p1 -d "$BIN/tree_$name" <"$patch" || { echo "patch $patch failed"; continue; }
+    fi
+    nvcc $FLAGS -Xptxas -v -c "$src/cuda/$kernel.cu" -o "$BIN/k_$name.o" >"$BIN/k_$name.log" 2>&1 \
         || { echo "build $name failed"; grep -m5 error "$BIN/k_$name.log"; } &
 done
 wait

@@ -53,7 +53,7 @@
  * are computed like the others, only the global writes are guarded; head dims other than 64/128/256
  * pay for this with the work of the padding (e.g. 25% of it at d=96).
  *
- * Tiles (bwd_tiles_d*_* below; D = head dim rounded up to 64/128/256; smem rows padded by 16 bytes so
+ * Tiles (tiles.h bwd80_tiles_d*_*; D = head dim rounded up to 64/128/256; smem rows padded by 16 bytes so
  * that ldmatrix and the fragment stores are bank-conflict free; warp tiles keys x queries for S^T,
  * keys x columns for dK/dV, rows x columns for dQ):
  *   D=64 : BC=128 x BR=128, WK=4: S^T 32x64, dK/dV 32x32, dQ 32x32; 178 KB smem.
@@ -99,6 +99,7 @@
 #include "bwd_common.cuh"
 #include "launch.h"
 #include "ptx.cuh"
+#include "tiles.h"
 
 
 /* 16 bytes of padding per shared-memory row: 8 consecutive rows then start in 8 distinct 16-byte
@@ -107,20 +108,6 @@
 
 #define POST_THREADS 256   /* threads per block of the preprocess and postprocess kernels */
 #define MAIN_WARPS 8       /* warps per CTA of the main kernel */
-#define MAX_GRID_YZ 65535  /* heads and batches index grid dimensions y and z */
-
-/* Tile configurations (see the header): D head dim (padded); main kernel: BC keys per CTA, BR queries
- * per pipeline stage, WK warps along the keys of S^T (MAIN_WARPS / WK along its queries), DQ_WM warps
- * along the rows of dQ, DQC dQ columns per chunk; BRQ x BCQ the tile of the deterministic dQ kernel.
- * The large ones need the 227 KB per CTA of sm90; the small ones fit the A100's 163 KB and, up to
- * d = 128, the 99 KB of sm86/sm89 (not measured: no such GPU here). */
-struct bwd_tiles_d64_large  { static constexpr int D = 64,  BC = 128, BR = 128, WK = 4, DQ_WM = 4, DQC = 32, BRQ = 128, BCQ = 64; };
-struct bwd_tiles_d64_small  { static constexpr int D = 64,  BC = 64,  BR = 64,  WK = 2, DQ_WM = 2, DQC = 16, BRQ = 128, BCQ = 64; };
-struct bwd_tiles_d128_large { static constexpr int D = 128, BC = 128, BR = 64,  WK = 4, DQ_WM = 2, DQC = 32, BRQ = 128, BCQ = 64; };
-struct bwd_tiles_d128_small { static constexpr int D = 128, BC = 64,  BR = 32,  WK = 4, DQ_WM = 2, DQC = 32, BRQ = 64,  BCQ = 32; };
-struct bwd_tiles_d256_large { static constexpr int D = 256, BC = 64,  BR = 64,  WK = 2, DQ_WM = 2, DQC = 32, BRQ = 64,  BCQ = 32; };
-struct bwd_tiles_d256_small { static constexpr int D = 256, BC = 64,  BR = 32,  WK = 4, DQ_WM = 2, DQC = 32, BRQ = 64,  BCQ = 32; };
-
 
 /* ------------------------------------------------------------------------------------------------ */
 /* small helpers                                                                                    */
@@ -1211,13 +1198,13 @@ static cudaError_t launch_tiles(const flash_params *p, flash_tiles t, bwd_part p
 {
     const bool large = t == FLASH_TILES_LARGE;
     if (p->d <= 64)
-        return large ? launch_part<T, bwd_tiles_d64_large>(p, part, stream)
-                     : launch_part<T, bwd_tiles_d64_small>(p, part, stream);
+        return large ? launch_part<T, bwd80_tiles_d64_large>(p, part, stream)
+                     : launch_part<T, bwd80_tiles_d64_small>(p, part, stream);
     if (p->d <= 128)
-        return large ? launch_part<T, bwd_tiles_d128_large>(p, part, stream)
-                     : launch_part<T, bwd_tiles_d128_small>(p, part, stream);
-    return large ? launch_part<T, bwd_tiles_d256_large>(p, part, stream)
-                 : launch_part<T, bwd_tiles_d256_small>(p, part, stream);
+        return large ? launch_part<T, bwd80_tiles_d128_large>(p, part, stream)
+                     : launch_part<T, bwd80_tiles_d128_small>(p, part, stream);
+    return large ? launch_part<T, bwd80_tiles_d256_large>(p, part, stream)
+                 : launch_part<T, bwd80_tiles_d256_small>(p, part, stream);
 }
 
 static cudaError_t launch_dtype(const flash_params *p, flash_tiles t, bwd_part part, cudaStream_t stream)
@@ -1233,10 +1220,10 @@ extern "C" size_t flash_bwd_sm80_smem(const flash_params *p, flash_tiles t)
 {
     const bool large = t == FLASH_TILES_LARGE;
     if (p->d <= 64)
-        return large ? tiles_smem_bytes<bwd_tiles_d64_large>() : tiles_smem_bytes<bwd_tiles_d64_small>();
+        return large ? tiles_smem_bytes<bwd80_tiles_d64_large>() : tiles_smem_bytes<bwd80_tiles_d64_small>();
     if (p->d <= 128)
-        return large ? tiles_smem_bytes<bwd_tiles_d128_large>() : tiles_smem_bytes<bwd_tiles_d128_small>();
-    return large ? tiles_smem_bytes<bwd_tiles_d256_large>() : tiles_smem_bytes<bwd_tiles_d256_small>();
+        return large ? tiles_smem_bytes<bwd80_tiles_d128_large>() : tiles_smem_bytes<bwd80_tiles_d128_small>();
+    return large ? tiles_smem_bytes<bwd80_tiles_d256_large>() : tiles_smem_bytes<bwd80_tiles_d256_small>();
 }
 
 static int aligned16(const void *ptr)
@@ -1255,7 +1242,7 @@ extern "C" cudaError_t flash_bwd_sm80_check(const flash_params *p)
 {
     if ((p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16) || p->d < 1 || p->d % CHUNK != 0 ||
         p->d > FLASH_CUDA_MAX_HEAD_DIM || p->h_kv < 1 || p->h % p->h_kv != 0 || p->h_per_kv != p->h / p->h_kv ||
-        p->sq > INT_MAX || p->sk > INT_MAX || p->h > MAX_GRID_YZ || p->b > MAX_GRID_YZ)
+        p->sq > INT_MAX || p->sk > INT_MAX || p->h > FLASH_MAX_GRID_YZ || p->b > FLASH_MAX_GRID_YZ)
         return cudaErrorInvalidValue;
     /* the dense kernels know nothing of the variants; the HOOK kernels read the mask through its flags;
      * attn_mask and dbias exist for dense batches only; KV caches (k_batch_idx, k_leftpad, block_table)

@@ -36,9 +36,10 @@
  *   Masking: query tiles inside the band and the key range (flash_query_tiles' full tiles) take an
  *   unmasked copy of the P step; the others test each value against the band's upper bound and the key
  *   tail with one compare, and against the lower bound only in tiles that it cuts.
- * Tiles: BN 128 x BM 64, 3 warpgroups (384 threads); the dense D = 64 kernel BN 128 x BM 128
- *   (BWD90_BM_D64). D = 128: 214 KB smem; D = 64: 199 KB, HOOK 154 KB + 1 KB of dropout keep bits. Shared-memory tiles use the 128-byte swizzled layout of wgmma.cuh; head
- *   dims below D are zero-padded in smem and computed like the others, only global writes are guarded.
+ * Tiles (tiles.h bwd90_tiles): BN 128 x BM 64, 3 warpgroups (384 threads); the dense D = 64 kernel BN 128 x
+ *   BM 128. D = 128: 214 KB smem; D = 64: 199 KB, HOOK 154 KB + 1 KB of dropout keep bits. Shared-memory tiles
+ *   use the 128-byte swizzled layout of wgmma.cuh; head dims below D are zero-padded in smem and computed like
+ *   the others, only global writes are guarded.
  * bwd_main_sm90_d256_kernel, head dims 129..256: 64 keys per CTA, the warpgroups split the columns of
  *   dK, dV and dQ; see its own comment.
  * HOOK variant, per element of S^T (keys x queries: row = key j, column = query i), in the P step:
@@ -61,22 +62,12 @@
  * Measured on the H200 (dev/bwd_harness.cu time; bf16, 16k tokens, nheads = 2048/d, whole backward
  * incl. pre/postprocess; bwd FLOPs = 2.5 * 4*B*H*Sq*Sk*D, halved for causal), TFLOP/s:
  *                     s512  s2048  s8192 | causal: s512  s2048  s8192
- *   d64                215   346    399  |         128    270    377   (BM 128, 2026-12-01)
- *   d128               285   428    488  |         178    339    448
- *   d256               200   261    286  |         146    229    283
- *   causal since the heaviest-first order (2026-12-02, the same run's old order in brackets): d64 276 / 386
- *   (271 / 375) at s2048 / s8192, d128 331 / 456 (317 / 435), d256 240 / 285 (230 / 285).
- *   since bwd_sm80.cu's row-wise preprocess / postprocess (2026-12-02, same call, before in brackets): d64 246 /
- *   364 / 413 (216 / 348 / 406), causal 155 / 304 / 398 (130 / 277 / 385); d128 290 / 429 / 464 (277 / 418 /
- *   469), causal 176 / 351 / 460 (166 / 332 / 454); d256 unchanged (one row per warp before and after).
- *   deterministic mode, ORDERED (det / default time of the same run): d128 s2048 / s8192 1.04 / 1.06 (causal
- *   1.05 / 1.12), d64 1.02 / 1.04 (causal 1.02 / 1.04), dropout 0.1 d128 s8192 1.05, d256 1.12 / 1.18 (causal
- *   1.16 / 1.21). benchmarks/results/h200/det_ab_2026-12-02.
- * torch's flash backend (FA2) and cuDNN: benchmarks/results/h200 (backward, ours 1.16-1.55x FA2 at
- * d128, 1.06-1.28x at d64 from s1k, 1.03-1.14x at d256; 0.69-0.87x cuDNN; d64 since BM 128: 1.24-1.40x FA2,
- * 0.84-0.91x cuDNN at s2k / s8k, benchmarks/results/h200/bwd_d64_bm128_2026-12-01). Measured before the
- * variants of issue 10 (the dense path's instructions per tile are unchanged: see the history,
- * benchmarks/results/h200/history_bwd_sm90.md, which also holds the steps that led here).
+ *   d64                246   364    413  |         155    304    398   (2026-12-02, since bwd_sm80.cu's
+ *   d128               290   429    464  |         176    351    460    row-wise pre / postprocess)
+ *   d256               200   261    286  |         146    229    283   (2026-12-01; causal 240 / 285 at
+ *                                                                        s2048 / s8192 since 2026-12-02)
+ * The history, the deterministic mode's cost and the runs beside FA2 and cuDNN:
+ * benchmarks/results/h200/history_bwd_sm90.md.
  */
 #include <cuda_runtime.h>
 #include <limits.h>
@@ -88,6 +79,7 @@
 #include "bwd_common.cuh"
 #include "launch.h"
 #include "ptx.cuh"
+#include "tiles.h"
 #include "wgmma.cuh"
 
 #define SM90_WARPGROUPS 2
@@ -105,10 +97,8 @@
 #define BAR_REDUCER 4 /* the dQ reducer warpgroup's own (ORDERED: the semaphore waited for / its adds done);
                        * + 1: its second half's (dq_split) */
 #define DQ_HALF_THREADS (WARPGROUP_THREADS / 2) /* ORDERED, two dQ buffers: the reducer's halves (dq_split) */
-#define SM90_BN 128   /* keys per CTA */
-#ifndef BWD90_BM_D64
-#define BWD90_BM_D64 128 /* queries per step of the dense kernel at D = 64 (64 or 128; HOOK: 64) */
-#endif
+#define SM90_BN (bwd90_tiles<128>::BN) /* keys per CTA (tiles.h) */
+static_assert(bwd90_tiles<64>::BN == SM90_BN, "one key tile for the kernel of head dims up to 128");
 #define WG_KEYS 64    /* keys per warpgroup: the M of one wgmma */
 #define DQ_N 64       /* dQ columns per warpgroup (D = 128) or all of them (D = 64) */
 #define WGMMA_K 16    /* K of one wgmma step */
@@ -357,10 +347,7 @@ __device__ __forceinline__ int computed_here(int x)
  * there the dense kernels walk the grid heaviest first within groups of query heads whose Q and dO fit in
  * BWD90_GROUP_BYTES (so that the CTAs in flight share them in L2, as in the grid's own order): key tile 0
  * of every head of the group, then key tile 1, ... The last CTAs of the grid are then light ones, not the
- * heavy first key tiles of the last heads (causal d128 s2k / s8k +5%). */
-#ifndef BWD90_CAUSAL_ORDER
-#define BWD90_CAUSAL_ORDER 1 /* 0: the grid's own order everywhere (A/B) */
-#endif
+ * heavy first key tiles of the last heads. */
 #define BWD90_GROUP_BYTES (16 << 20) /* Q and dO bytes of one group of query heads */
 struct bwd90_cta {
     int tile, hq, b;
@@ -388,7 +375,7 @@ template <bool kOrdered>
 __device__ __forceinline__ bwd90_cta bwd90_cta_of(const flash_params &p, int qdo_row_bytes)
 {
     const unsigned tiles = gridDim.x, pairs = gridDim.y * gridDim.z;
-    if (!kOrdered || !BWD90_CAUSAL_ORDER || p.band_right < 0 || (uint64_t)tiles * pairs > UINT_MAX) {
+    if (!kOrdered || p.band_right < 0 || (uint64_t)tiles * pairs > UINT_MAX) {
         bwd90_cta c;
         c.tile = (int)blockIdx.x;
         c.hq = (int)blockIdx.y;
@@ -1138,11 +1125,11 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1) bwd_main_sm90_kernel(cons
 /* D = 256 (head dims 129..256)                                                                     */
 
 #define D256_D FLASH_CUDA_MAX_HEAD_DIM /* the head dim computed (head dims 129..256, zero-padded) */
-#define D256_BN 64        /* keys per CTA: the M of every key-side wgmma, shared by both warpgroups */
-#define D256_BM 64        /* queries per step */
-#define D256_QW 32        /* S^T / dP^T queries per warpgroup */
-#define D256_COLS 128     /* dK, dV and dQ columns per warpgroup */
-#define D256_DQ_CHUNK 64  /* dQ columns per wgmma pass (keeps its accumulators at 32 registers) */
+#define D256_BN (bwd90_tiles<256>::BN) /* tiles.h */
+#define D256_BM (bwd90_tiles<256>::BM)
+#define D256_QW (bwd90_tiles<256>::QW)
+#define D256_COLS (bwd90_tiles<256>::COLS)
+#define D256_DQ_CHUNK (bwd90_tiles<256>::DQ_CHUNK)
 
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1474,6 +1461,17 @@ static cudaError_t launch_main_sm90(const flash_params *p, cudaStream_t stream)
     return cudaGetLastError();
 }
 
+/* The kernel of head dim D (64 or 128) with its tiles.h query tile: HOOK from p->has_hook, ORDERED from ordered. */
+template <typename T, int D>
+static cudaError_t launch_main_sm90_d(const flash_params *p, bool ordered, cudaStream_t stream)
+{
+    constexpr int BM = bwd90_tiles<D>::BM, BM_HOOK = bwd90_tiles<D>::BM_HOOK;
+    if (p->has_hook)
+        return ordered ? launch_main_sm90<T, D, BM_HOOK, true, true>(p, stream)
+                       : launch_main_sm90<T, D, BM_HOOK, true>(p, stream);
+    return ordered ? launch_main_sm90<T, D, BM, false, true>(p, stream) : launch_main_sm90<T, D, BM, false>(p, stream);
+}
+
 extern "C" int flash_bwd_sm90_orders_dq(const flash_params *p)
 {
     return (p->dtype == FLASH_BF16 || p->dtype == FLASH_FP16) && (p->d <= 128 || !p->has_hook);
@@ -1490,15 +1488,9 @@ static cudaError_t launch_main_sm90_dtype(const flash_params *p, cudaStream_t st
         return p->deterministic ? launch_main_sm90_d256<T, false, true>(p, stream) : launch_main_sm90_d256<T, false>(p, stream);
     }
     const bool ordered = p->deterministic && p->dq_semaphore != NULL;
-    if (p->d > 64) {
-        if (p->has_hook)
-            return ordered ? launch_main_sm90<T, 128, 64, true, true>(p, stream) : launch_main_sm90<T, 128, 64, true>(p, stream);
-        return ordered ? launch_main_sm90<T, 128, 64, false, true>(p, stream) : launch_main_sm90<T, 128, 64, false>(p, stream);
-    }
-    if (p->has_hook)
-        return ordered ? launch_main_sm90<T, 64, 64, true, true>(p, stream) : launch_main_sm90<T, 64, 64, true>(p, stream);
-    return ordered ? launch_main_sm90<T, 64, BWD90_BM_D64, false, true>(p, stream)
-                   : launch_main_sm90<T, 64, BWD90_BM_D64, false>(p, stream);
+    if (p->d > 64)
+        return launch_main_sm90_d<T, 128>(p, ordered, stream);
+    return launch_main_sm90_d<T, 64>(p, ordered, stream);
 }
 
 extern "C" cudaError_t flash_bwd_main_sm90(const flash_params *p, cudaStream_t stream)

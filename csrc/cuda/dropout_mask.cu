@@ -13,7 +13,6 @@
 #include "launch.h"
 
 static constexpr int kMaskThreads = 256;       /* threads per CTA */
-static constexpr int64_t kMaskMaxCtas = 65535; /* grid size cap; the loop strides over the rest */
 
 __global__ void __launch_bounds__(kMaskThreads)
 flash_dropout_mask_kernel(const flash_params p, uint8_t *keep /* (b, h, sq, sk) */)
@@ -42,7 +41,7 @@ extern "C" cudaError_t flash_dropout_mask_cuda(const flash_params *p, uint8_t *k
     if (p->b == 0 || p->h == 0 || p->sq == 0 || p->sk == 0)
         return cudaSuccess;
     const int64_t groups = p->b * p->h * p->sq * flash_cdiv64(p->sk, FLASH_DROPOUT_KEYS_PER_DRAW);
-    const int64_t ctas = flash_min64(flash_cdiv64(groups, kMaskThreads), kMaskMaxCtas);
+    const int64_t ctas = flash_min64(flash_cdiv64(groups, kMaskThreads), FLASH_MAX_GRID_YZ);
     flash_dropout_mask_kernel<<<(unsigned)ctas, kMaskThreads, 0, stream>>>(*p, keep);
     return cudaGetLastError();
 }

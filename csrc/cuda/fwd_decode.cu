@@ -19,15 +19,15 @@
  * lse_accum, and flash_fwd_combine_kernel merges the splits of each row (exactly: weights exp(lse_s -
  * lse)) and applies the sink; on sm90 it is a programmatic dependent launch, started while the decode grid
  * drains. Split count: flash_fwd_decode_splits, FA2's wave-efficiency rule over the SMs' CTA slots, each
- * split FWD_DECODE_MIN_ROUNDS rounds of kWarps tiles at least.
+ * split kMinRounds rounds of kWarps tiles at least.
  * Paged KV caches (kPaged): each lane looks up the page of one key of the tile (mask.h flash_key_offset)
  * and the lanes exchange the rows' offsets by shuffle: one table read per key and tile.
  *
- * Tiles (DecodeCfg): kRows 16, kWarpKeys 16, kStages 4 / 3 / 2 at d 64 / 128 / 256; 4 warps (shared memory
- * 66 / 100 / 136 KB: 3 / 2 / 1 CTAs per SM), or 8 at d <= 128 when the unsplit grid is small (decode_warps;
- * 130 / 196 KB, 1 CTA per SM). Speed on the H200 (bf16 d128, TB/s of K+V read, benchmarks/results/h200/
- * decode_2026-12-01c): B8 H32 131k 4.47 (cuDNN 4.49), B1 H32/KV8 131k 3.64 with 4 warps (cuDNN 3.86; 8
- * warps: 3% faster in the harness), 0.85-1.00x cuDNN over 4k-131k caches.
+ * Tiles (DecodeCfg from tiles.h decode_tiles): kRows 16, kWarpKeys 16, kStages 4 / 3 / 2 at d 64 / 128 / 256;
+ * 4 warps (shared memory 66 / 100 / 136 KB: 3 / 2 / 1 CTAs per SM), or 8 at d <= 128 when the unsplit grid is
+ * small (decode_warps; 130 / 196 KB, 1 CTA per SM). Speed on the H200 (bf16 d128, TB/s of K+V read,
+ * benchmarks/results/h200/decode_2026-12-01c): B8 H32 131k 4.47 (cuDNN 4.49), B1 H32/KV8 131k 3.64 with 4 warps
+ * (cuDNN 3.86; 8 warps: 3% faster in the harness), 0.85-1.00x cuDNN over 4k-131k caches.
  * Varlen batches (flash_attn_varlen_func, paged or not) as dense ones: each CTA reads its sequence through
  * flash_seq_of; the grid spans max_seqlen_q and CTAs past a sequence's rows leave at once.
  * Not served here (launch.cu sends them to fwd_sm80): attn_mask, dropout, more than FLASH_DECODE_MAX_ROWS
@@ -41,22 +41,7 @@
 #include "../mask.h"
 #include "launch.h"
 #include "ptx.cuh"
-
-/* Tuning knobs (`dev/fwd_variants.sh fwd_decode decode-bench` overrides them with -D; the defaults are the
- * measured best): the cp.async ring depth per warp at each compiled head dim, and the fewest rounds of kWarps
- * key tiles the split heuristic gives one split. */
-#ifndef FWD_DECODE_STAGES_D64
-#define FWD_DECODE_STAGES_D64 4
-#endif
-#ifndef FWD_DECODE_STAGES_D128
-#define FWD_DECODE_STAGES_D128 3
-#endif
-#ifndef FWD_DECODE_STAGES_D256
-#define FWD_DECODE_STAGES_D256 2
-#endif
-#ifndef FWD_DECODE_MIN_ROUNDS
-#define FWD_DECODE_MIN_ROUNDS 4
-#endif
+#include "tiles.h"
 
 namespace {
 
@@ -70,30 +55,25 @@ constexpr int kChunkShift = 4;  /* log2(16 bytes) */
 constexpr int kSwizzleMask = 7; /* 8 chunks of 16 bytes span all 32 banks */
 constexpr int kQuadLanes = 4;   /* lanes sharing one accumulator row */
 constexpr int kHalfRows = 8;    /* accumulator rows lane / 4 and lane / 4 + 8 */
-constexpr int kWarpsMany = 4;  /* warps per CTA when the grid fills the SMs without splitting much */
-constexpr int kWarpsFew = 8;   /* warps per CTA when it does not (decode_warps), head dims <= 128 */
+constexpr int kWarpsMany = decode_warps_per_cta::WARPS; /* when the grid fills the SMs without splitting much */
+constexpr int kWarpsFew = decode_warps_per_cta::WARPS_FEW; /* when it does not (decode_warps), head dims <= 128 */
 constexpr int kFewCtasPerSm = 4; /* "few": fewer than one unsplit CTA per kFewCtasPerSm SMs */
 constexpr int kRows = kMmaM;     /* rows of a CTA */
 constexpr int kWarpKeys = 16;    /* keys of one warp tile: 2 n8 tiles of S, one k16 step of P V */
 constexpr int kMaxSplits = 128;            /* most key splits of one row block */
 constexpr double kWaveEfficiency = 0.95;   /* the split heuristic's tolerance to the best wave efficiency */
-constexpr int kMaxGridYZ = 65535;
+constexpr int kMinRounds = 4;              /* the fewest rounds of kWarps key tiles per split */
 constexpr size_t kDefaultSmemBytes = 48 * 1024;
 constexpr int kMergePad = 4;     /* floats of padding per merge row (bank spread) */
 constexpr int kCombineWarps = 4; /* rows per combine CTA, one warp each */
 constexpr float kLog2e = FLASH_LOG2E_F;
 
 /* A config: kHeadDim (compiled width; smaller head dims are zero-filled), warps per CTA, cp.async ring depth
- * per warp, Q fragments in registers (d <= 128). */
-__host__ __device__ constexpr int decode_stages(int head_dim)
-{
-    return head_dim <= 64 ? FWD_DECODE_STAGES_D64 : (head_dim <= 128 ? FWD_DECODE_STAGES_D128 : FWD_DECODE_STAGES_D256);
-}
-
+ * per warp (tiles.h), Q fragments in registers (d <= 128). */
 template <int kHeadDim_, int kWarps_>
 struct DecodeCfg {
     static constexpr int kHeadDim = kHeadDim_, kWarps = kWarps_, kThreads = kWarps_ * FLASH_WARP_SIZE;
-    static constexpr int kStages = decode_stages(kHeadDim_);
+    static constexpr int kStages = decode_tiles<kHeadDim_>::STAGES;
     static constexpr bool kQInRegs = kHeadDim_ <= 128;
 };
 
@@ -676,16 +656,16 @@ extern "C" int flash_fwd_decode_ok(const flash_params *p)
     const bool hook_ok = p->has_hook || (p->softcap <= 0.0 && p->alibi_slopes == NULL);
     return (p->dtype == FLASH_FP16 || p->dtype == FLASH_BF16) && hook_ok && p->mask == NULL &&
            p->dropout_threshold == 0 && p->d >= 1 && p->d <= FLASH_CUDA_MAX_HEAD_DIM && p->d % kChunkElems == 0 &&
-           p->h_per_kv >= 1 && p->h_kv >= 1 && p->h == p->h_kv * p->h_per_kv && p->b <= kMaxGridYZ &&
+           p->h_per_kv >= 1 && p->h_kv >= 1 && p->h == p->h_kv * p->h_per_kv && p->b <= FLASH_MAX_GRID_YZ &&
            p->sq >= 1 && decode_packed_rows(p) <= FLASH_DECODE_MAX_ROWS &&
-           decode_row_blocks(p) * p->h_kv <= kMaxGridYZ && p->sk <= INT_MAX && flash_block_table_ok(p);
+           decode_row_blocks(p) * p->h_kv <= FLASH_MAX_GRID_YZ && p->sk <= INT_MAX && flash_block_table_ok(p);
 }
 
 extern "C" int flash_fwd_decode_splits(const flash_params *p, int requested, int num_sms)
 {
     const int warps = decode_warps(p, num_sms);
     const int64_t tiles = flash_cdiv64(p->sk, kWarpKeys);
-    const int64_t max_splits = flash_max64(1, flash_min64(kMaxSplits, tiles / (FWD_DECODE_MIN_ROUNDS * warps)));
+    const int64_t max_splits = flash_max64(1, flash_min64(kMaxSplits, tiles / (kMinRounds * warps)));
     if (requested > 0)
         return (int)flash_min64(requested, flash_min64(kMaxSplits, flash_max64(1, flash_cdiv64(tiles, warps))));
     /* per (head dim config, dtype, warps) */

@@ -30,7 +30,6 @@ static constexpr unsigned kSimpleFullMask = 0xffffffffu;
 static constexpr int kRows = 8;                                    /* query rows (= warps) per CTA */
 static constexpr int kBlockN = FLASH_DROPOUT_KEYS_PER_DRAW; /* keys per shared-memory tile: one dropout draw */
 static constexpr int kPerLane = FLASH_CUDA_MAX_HEAD_DIM / FLASH_WARP_SIZE; /* head-dim elements per lane */
-static constexpr int kSimpleMaxGridYZ = 65535;
 /* launch-bounds occupancy hint: lets ptxas go past 128 registers, which fp64 needs to avoid spills */
 static constexpr int kMinCtasPerSm = 1;
 
@@ -204,7 +203,7 @@ extern "C" cudaError_t flash_fwd_simple(const flash_params *p, cudaStream_t stre
     /* the attn_mask is dense-only: key j of a sequence is its column j (no varlen, no k_leftpad, no
      * block_table); a paged KV cache serves dense and varlen batches (flash_block_table_ok) */
     if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->sq > INT_MAX || p->sk > INT_MAX ||
-        p->h > kSimpleMaxGridYZ || p->b > kSimpleMaxGridYZ || p->h_per_kv < 1 || !flash_block_table_ok(p) ||
+        p->h > FLASH_MAX_GRID_YZ || p->b > FLASH_MAX_GRID_YZ || p->h_per_kv < 1 || !flash_block_table_ok(p) ||
         (p->mask != NULL && (p->cu_seqlens_q != NULL || p->k_leftpad != NULL || p->block_table != NULL)))
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0 || p->sq == 0)

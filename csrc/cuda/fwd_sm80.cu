@@ -54,9 +54,9 @@
  * A negative softmax scale negates Q in shared memory once and runs with |scale| (the max-subtraction
  * needs a positive factor); a zero scale runs with FLT_MIN (HOOK: kHookMinScaleLog2).
  *
- * Configs (FWD_CFG_* dense, FWD_HOOK_CFG_* HOOK), chosen on the H200 with dev/fwd_bench.sh; bf16,
- * 16k tokens, nheads = 2048 / d, TFLOP/s = 4 B H Sq Sk D / t (halved for causal), non-causal | causal
- * at seqlen 512 / 2k / 8k (dev/fwd_harness.cu bench):
+ * Tiles (tiles.h fwd80_dense_*, fwd80_hook_*, fwd80_paged_d128), measured on the H200: bf16, 16k tokens,
+ * nheads = 2048 / d, TFLOP/s = 4 B H Sq Sk D / t (halved for causal), non-causal | causal at seqlen
+ * 512 / 2k / 8k (dev/fwd_harness.cu bench):
  *   d <= 64 : 128 x 64, 4 warps, Q in registers, 2 x V    272 311 323 | 181 266 299
  *   d <= 128: 128 x 48, 4 warps, Q from smem,    2 x V    299 362 380 | 196 287 327
  *   d <= 256: 128 x 64, 8 warps, Q from smem,    1 x V    270 317 332 | 186 260 299
@@ -64,7 +64,7 @@
  * same tiles except d <= 128: 128 x 32 (kBlockN % 32; 128 x 64 spills). HOOK TFLOP/s on the visible
  * pairs, d128 s8k (dev/fwd_harness.cu variants): no hook field 314, softcap 50 287, ALiBi causal 267,
  * dropout 0.1 231, 25% key padding 298, 10% block-sparse 164; sliding window 4096 (dense kernel) 340.
- * The paged kernels use the same tiles except dense d <= 128: 128 x 32 (FWD_PAGED_CFG_D128; 128 x 48
+ * The paged kernels use the same tiles except dense d <= 128: 128 x 32 (fwd80_paged_d128; 128 x 48
  * spills with the page rows); their speed: dev/fwd_harness.cu paged-bench.
  * 2 CTAs (8 warps) per SM at d <= 128, 1 CTA at d256. Where the time goes: 2 warps per scheduler with
  * no overlap inside a warp between its mma, softmax and loads (registers allow no more); at d256
@@ -80,33 +80,7 @@
 #include "../mask.h"
 #include "launch.h"
 #include "ptx.cuh"
-
-/* Tile configs: head dim, block M, block N, warps, Q fragments kept in registers, minimum CTAs per SM
- * (register cap for __launch_bounds__). Overridable with -D for tuning (dev/fwd_bench.sh); the
- * defaults are the measured best. FWD_CFG_*: the dense kernels; FWD_HOOK_CFG_*: the general ones
- * (block N a multiple of kPermKeys). */
-#ifndef FWD_CFG_D64
-#define FWD_CFG_D64 64, 128, 64, 4, true, 1
-#endif
-#ifndef FWD_CFG_D128
-#define FWD_CFG_D128 128, 128, 48, 4, false, 1
-#endif
-#ifndef FWD_CFG_D256
-#define FWD_CFG_D256 256, 128, 64, 8, false, 1
-#endif
-/* the dense kernel's d <= 128 tile with a paged KV cache (FWD_CFG_D128's 128 x 48 spills there; not tuned) */
-#ifndef FWD_PAGED_CFG_D128
-#define FWD_PAGED_CFG_D128 128, 128, 32, 4, false, 1
-#endif
-#ifndef FWD_HOOK_CFG_D64
-#define FWD_HOOK_CFG_D64 64, 128, 64, 4, true, 1
-#endif
-#ifndef FWD_HOOK_CFG_D128
-#define FWD_HOOK_CFG_D128 128, 128, 32, 4, false, 1
-#endif
-#ifndef FWD_HOOK_CFG_D256
-#define FWD_HOOK_CFG_D256 256, 128, 64, 8, false, 1
-#endif
+#include "tiles.h"
 
 static constexpr unsigned kFullMask = 0xffffffffu;
 static constexpr int kMmaM = 16;              /* m16n8k16 */
@@ -121,7 +95,6 @@ static constexpr int kQuadLanes = 4;          /* lanes sharing one accumulator r
 static constexpr int kHalfRows = 8;           /* accumulator rows lane / 4 and lane / 4 + 8 */
 static constexpr int kPermTiles = 4;          /* HOOK key order: n8 tiles per permuted group */
 static constexpr int kPermKeys = kPermTiles * kMmaN; /* keys per permuted group */
-static constexpr int kMaxGridYZ = 65535;
 static constexpr size_t kDefaultSmemBytes = 48 * 1024;
 static constexpr size_t kSm80MaxSmemBytes = 163 * 1024; /* A100 opt-in limit per CTA */
 static constexpr uint32_t kSignBits2 = 0x80008000u; /* sign bits of two packed 16-bit floats */
@@ -640,9 +613,8 @@ __device__ __forceinline__ void apply_dropout(float (&s)[kMT][kNT][4], const fla
  * dense one (band geometry only). Both apply sinks in the epilogue. kPaged: K / V rows through the
  * block_table (page_rows, load_tile_paged), a kernel of its own so that the unpaged ones keep their code
  * and registers; else through the slice pointers (load_tile). */
-template <typename T, bool HOOK, int kHeadDim, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs, int kMinBlocks,
-          bool kPaged>
-__global__ void __launch_bounds__(kNWarps *FLASH_WARP_SIZE, kMinBlocks)
+template <typename T, bool HOOK, int kHeadDim, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs, bool kPaged>
+__global__ void __launch_bounds__(kNWarps *FLASH_WARP_SIZE, 1)
 flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
 {
     constexpr int kThreads = kNWarps * FLASH_WARP_SIZE;
@@ -1002,21 +974,27 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
     }
 }
 
-template <typename T, bool HOOK, bool kPaged, int kHeadDim, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs,
-          int kMinBlocks>
+/* Dynamic shared memory of tile config C (fwd_smem_bytes, + the page offsets' buffers of a paged kernel). */
+template <typename C>
+static constexpr size_t config_smem_bytes(bool paged)
+{
+    return fwd_smem_bytes(C::D, C::BM, C::BN) + (paged ? fwd_page_bytes(C::BN) : 0);
+}
+
+template <typename T, bool HOOK, bool kPaged, typename C>
 static cudaError_t launch_fwd(const flash_params *p, cudaStream_t stream)
 {
-    const size_t smem_bytes = fwd_smem_bytes(kHeadDim, kBlockM, kBlockN) + (kPaged ? fwd_page_bytes(kBlockN) : 0);
+    const size_t smem_bytes = config_smem_bytes<C>(kPaged);
     void (*kernel)(const flash_params) =
-        flash_fwd_sm80_kernel<T, HOOK, kHeadDim, kBlockM, kBlockN, kNWarps, kQInRegs, kMinBlocks, kPaged>;
+        flash_fwd_sm80_kernel<T, HOOK, C::D, C::BM, C::BN, C::WARPS, C::Q_IN_REGS, kPaged>;
     if (smem_bytes > kDefaultSmemBytes) {
         const cudaError_t err =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes);
         if (err != cudaSuccess)
             return err;
     }
-    const dim3 grid((unsigned)((p->sq + kBlockM - 1) / kBlockM), (unsigned)p->h, (unsigned)p->b);
-    kernel<<<grid, kNWarps * FLASH_WARP_SIZE, smem_bytes, stream>>>(*p);
+    const dim3 grid((unsigned)((p->sq + C::BM - 1) / C::BM), (unsigned)p->h, (unsigned)p->b);
+    kernel<<<grid, C::WARPS * FLASH_WARP_SIZE, smem_bytes, stream>>>(*p);
     return cudaGetLastError();
 }
 
@@ -1025,26 +1003,20 @@ static cudaError_t dispatch_head_dim(const flash_params *p, cudaStream_t stream)
 {
     if (p->has_hook) {
         if (p->d <= 64)
-            return launch_fwd<T, true, kPaged, FWD_HOOK_CFG_D64>(p, stream);
+            return launch_fwd<T, true, kPaged, fwd80_hook_d64>(p, stream);
         if (p->d <= 128)
-            return launch_fwd<T, true, kPaged, FWD_HOOK_CFG_D128>(p, stream);
-        return launch_fwd<T, true, kPaged, FWD_HOOK_CFG_D256>(p, stream);
+            return launch_fwd<T, true, kPaged, fwd80_hook_d128>(p, stream);
+        return launch_fwd<T, true, kPaged, fwd80_hook_d256>(p, stream);
     }
     if (p->d <= 64)
-        return launch_fwd<T, false, kPaged, FWD_CFG_D64>(p, stream);
+        return launch_fwd<T, false, kPaged, fwd80_dense_d64>(p, stream);
     if (p->d <= 128) {
         if constexpr (kPaged)
-            return launch_fwd<T, false, true, FWD_PAGED_CFG_D128>(p, stream);
+            return launch_fwd<T, false, true, fwd80_paged_d128>(p, stream);
         else
-            return launch_fwd<T, false, false, FWD_CFG_D128>(p, stream);
+            return launch_fwd<T, false, false, fwd80_dense_d128>(p, stream);
     }
-    return launch_fwd<T, false, kPaged, FWD_CFG_D256>(p, stream);
-}
-
-template <int kHeadDim, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs, int kMinBlocks>
-static constexpr size_t config_smem_bytes(bool paged)
-{
-    return fwd_smem_bytes(kHeadDim, kBlockM, kBlockN) + (paged ? fwd_page_bytes(kBlockN) : 0);
+    return launch_fwd<T, false, kPaged, fwd80_dense_d256>(p, stream);
 }
 
 extern "C" size_t flash_fwd_sm80_smem(const flash_params *p)
@@ -1052,16 +1024,16 @@ extern "C" size_t flash_fwd_sm80_smem(const flash_params *p)
     const bool paged = p->block_table != NULL;
     if (p->has_hook) {
         if (p->d <= 64)
-            return config_smem_bytes<FWD_HOOK_CFG_D64>(paged);
+            return config_smem_bytes<fwd80_hook_d64>(paged);
         if (p->d <= 128)
-            return config_smem_bytes<FWD_HOOK_CFG_D128>(paged);
-        return config_smem_bytes<FWD_HOOK_CFG_D256>(paged);
+            return config_smem_bytes<fwd80_hook_d128>(paged);
+        return config_smem_bytes<fwd80_hook_d256>(paged);
     }
     if (p->d <= 64)
-        return config_smem_bytes<FWD_CFG_D64>(paged);
+        return config_smem_bytes<fwd80_dense_d64>(paged);
     if (p->d <= 128)
-        return paged ? config_smem_bytes<FWD_PAGED_CFG_D128>(true) : config_smem_bytes<FWD_CFG_D128>(false);
-    return config_smem_bytes<FWD_CFG_D256>(paged);
+        return paged ? config_smem_bytes<fwd80_paged_d128>(true) : config_smem_bytes<fwd80_dense_d128>(false);
+    return config_smem_bytes<fwd80_dense_d256>(paged);
 }
 
 extern "C" cudaError_t flash_fwd_sm80(const flash_params *p, cudaStream_t stream)
@@ -1075,7 +1047,7 @@ extern "C" cudaError_t flash_fwd_sm80(const flash_params *p, cudaStream_t stream
                                                p->k_leftpad == NULL && p->block_table == NULL &&
                                                (p->mask_kind == FLASH_MASK_BOOL || p->mask_kind == FLASH_MASK_ADD);
     if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->d % kChunkElems != 0 || p->sq > INT_MAX ||
-        p->sk > INT_MAX || p->h > kMaxGridYZ || p->b > kMaxGridYZ || p->h_per_kv < 1 ||
+        p->sk > INT_MAX || p->h > FLASH_MAX_GRID_YZ || p->b > FLASH_MAX_GRID_YZ || p->h_per_kv < 1 ||
         (hook_fields && !p->has_hook) || !mask_ok || !flash_block_table_ok(p))
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0 || p->sq == 0)

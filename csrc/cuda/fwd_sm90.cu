@@ -36,26 +36,25 @@
  *                           and full tiles run separate copies of the loop body)
  *       online softmax      base 2 (one FFMA + EX2 per score), row max / sum over the 4 lanes of a quad,
  *                           O and l rescaled by exp2(m_old - m_new) (O not at all where no row of the warp
- *                           changed its max: kLazyRescale)
+ *                           changed its max: fwd90_cfg::LAZY_RESCALE)
  *       dropout             kHook kernels: P = 0 where the Philox draw (one call per row and n8 block, handed
  *                           round a quad by quad_transpose) says so, after the row sum (dropout_tile)
  *       O += P_j V_j        wgmma RS: P converted in registers from the S accumulators (two n8 blocks
  *                           = one k16 A fragment), V read MN-major; n = head dim (two n128 halves at 256)
  *     Overlap inside a warpgroup: iteration t issues S_t, then O += P_{t-1} V_{t-1}, waits for S_t
  *     alone (releases K_t), runs the softmax of S_t while the P V wgmma runs, then waits for it, releases
- *     V_{t-1}, and rescales O. Ping-pong across the two warpgroups (FWD90_PINGPONG): named barriers hand the
- *     right to issue wgmma's back and forth, so one warpgroup's softmax runs under the other's GEMMs.
+ *     V_{t-1}, and rescales O. Ping-pong across the two warpgroups: named barriers hand the right to issue
+ *     wgmma's back and forth, so one warpgroup's softmax runs under the other's GEMMs.
  *   Epilogue: per row (factor, lse) as fwd_sm80.cu (flash_row_finish_f with a sink), O * factor straight
  *     from the accumulators to global memory (a quad's words transposed across its lanes, so that each lane
  *     stores 16 contiguous bytes under a predicate; no shared memory, so the next Q can load meanwhile), rows
  *     < sq and columns < d only; lse in fp32. A row with no visible key: O = 0, lse = -inf (the sink with one).
- * Tiles (fwd90_cfg; -D FWD90_BN_D* / FWD90_STAGES_D* for tuning with dev/fwd_variants.sh, N of a wgmma.cuh
- *   wrapper; BN 176 at d128 and 192 at d64 measured slower, see benchmarks/results/h200/fwd_sm90_2026-12-01): M
- *   128 (2 consumer warpgroups) x kBlockN 128 at d <= 64 (3 stages, 1 Q) and d <= 128 (2 stages, 2 Q), x 80 at
- *   d <= 256 (2 stages, 1 Q). Shared memory: Q stages x (128 x D) + stages x (K + V) (kBlockN x D), all in the
- *   128-byte swizzled layout of wgmma.cuh (the TMA's SWIZZLE_128B with 64-column boxes); d = 64: 113 KB, d = 128:
- *   193 KB, d = 256: 225 KB. Head dims below the config's are zero-filled by the TMA (boxes past the tensor's
- *   d) and computed like the others; only the global stores are guarded.
+ * Tiles (tiles.h fwd90_cfg; kBlockN the N of a wgmma.cuh wrapper): M 128 (2 consumer warpgroups) x kBlockN 128
+ *   at d <= 64 (3 stages, 1 Q) and d <= 128 (2 stages, 2 Q), x 80 at d <= 256 (2 stages, 1 Q). Shared memory:
+ *   Q stages x (128 x D) + stages x (K + V) (kBlockN x D), all in the 128-byte swizzled layout of wgmma.cuh (the
+ *   TMA's SWIZZLE_128B with 64-column boxes); d = 64: 113 KB, d = 128: 193 KB, d = 256: 225 KB. Head dims below
+ *   the config's are zero-filled by the TMA (boxes past the tensor's d) and computed like the others; only the
+ *   global stores are guarded.
  * attn_mask (kHook, d <= 128): the producer and every consumer warp walk the same visible key tiles of the
  *   work tile (fwd90_tiles: the mask's block flags, 32 tiles per ballot); hidden tiles are never loaded, plain
  *   ones take no mask reads, and an attn_mask call runs one CTA per query tile.
@@ -63,32 +62,15 @@
  *   positive softmax scale, no paged KV cache, no split-KV; dense and varlen batches, seqused_k,
  *   k_batch_idx, k_leftpad, GQA, every band (causal both alignments, sliding windows), sinks; softcap and
  *   ALiBi in the kHook kernels (p.has_hook; on the raw scores before the band mask); attn_mask (dense
- *   batches) and dropout up to d128 (fwd90_cfg::kMaskDropout; at d256 fwd_sm80.cu).
+ *   batches) and dropout up to d128 (fwd90_cfg::MASK_DROPOUT; at d256 fwd_sm80.cu).
  * Measured on the H200 (`dev/fwd_variants.sh fwd_sm90 bench`: dev/fwd_harness.cu, bf16, 16k tokens, nheads =
  * 2048 / d, TFLOP/s = 4 B H Sq Sk D / t, halved for causal), non-causal | causal at seqlen 512 / 2k / 8k:
  *   d64                323 434 471 | 204 357 455   (2026-12-02, 16-byte epilogue stores:
  *   d128               473 639 659 | 276 503 624    benchmarks/results/h200/fwd_epilogue_2026-12-02)
  *   d256               472 666 703 | 267 497 657
- * (fwd_sm80.cu on the same GPU and inputs: d64 261-325, d128 293-369, d256 258-318.) Knobs, each against
- * the rest of this config: ping-pong on +2-10%; K and V released apart: d256 +17-43% (2 stages), d128 / d64
- * within noise; 2 stages at d128 the same as 3 (before the split 3 were +11-27%); d128 176 keys (2 stages)
- * s8k the same, s512 / s2k -3-5%, causal -5-20%; d64 192 keys -6-19%; d256 80 keys over 64 +3-5% from s2k
- * (-2% at s512); d64 4 stages the same as 3; persistent non-causal +5-16% at s512 / s2k (within +-5% at
- * s8k); persistent causal in query-tile order lost up to 30%, in heavy + light pairs (fwd90_work) it gains
- * 4-25% at s512 / s2k (d256 s8k -2%); lazy rescale as its macros say; producer 40 / consumers 232 registers
- * the same as 24 / 240. Instances differ by up to ~10% between calls: compare within one.
- * Hook kernels, d128 s8k / s16k (`fwd_harness variants 128`, TFLOP/s on the visible pairs; dense 704 / 659):
- * hook without a field 682 / 644, softcap 50 456 / 494, ALiBi causal 551 / 604, dropout 0.1 292 / 300, 25%
- * key padding 593 / 599, block-sparse 10% 335 / 421, causal window 4096 548 / 569 (fwd_sm80.cu: 229-489).
- * Varlen (`fwd_harness varlen-bench`, lengths 1..2 seq), the dynamic scheduler against one CTA per query tile
- * (HARNESS_STATIC=1): s512 d64 183 -> 255, causal 116 -> 160; d128 254 -> 315, causal 163 -> 206; equal lengths
- * +10-19% at s512, +0-4% at s2k (benchmarks/results/h200/fwd_dynamic_varlen_2026-12-01). Since its grouped order
- * (every varlen batch, benchmarks/results/h200/sched_order_2026-12-02), as a fraction of the dense call of the same
- * shape, mixed lengths: d128 s2k 0.78 -> 0.87, s8k 0.87 -> 0.94, causal s8k 0.87 (static 0.87-0.92); bench_varlen.py
- * (7 sequences of 677..3970) varlen / dense same work 0.84-0.93.
- * Beside cuDNN and FA2: benchmarks/results/h200/fwd_sm90_2026-12-01 (full sweep) and fwd_kv_release_2026-12-01
- * (s2k / s8k since K and V are released apart); the variants beside FlexAttention and SDPA: the same folder and
- * benchmarks/results/h200/variants_sm90_2026-12-01.
+ * (fwd_sm80.cu on the same GPU and inputs: d64 261-325, d128 293-369, d256 258-318.) The hook kernels, varlen
+ * batches, the tile and scheduling choices and the runs beside cuDNN / FA2: benchmarks/results/h200/
+ * history_fwd_sm90.md.
  */
 #ifdef FLASHATTN_EXT_SM90A /* the whole file: builds with sm_90a only (launch.cu calls it under the same macro) */
 #include <cuda.h> /* CUtensorMap and its enums (no libcuda link: the encoder comes from cudaGetDriverEntryPoint) */
@@ -101,6 +83,7 @@
 #include "../mask.h"
 #include "launch.h"
 #include "ptx.cuh"
+#include "tiles.h"
 #include "wgmma.cuh"
 
 #define FWD90_WG_THREADS 128
@@ -150,75 +133,6 @@
 #define FWD90_SCORE_HOOK 1
 #define FWD90_SCORE_SOFTCAP 2
 
-#ifndef FWD90_PINGPONG
-#define FWD90_PINGPONG 1
-#endif
-/* 1: where every work item costs the same (fwd90_uniform, fwd90_paired), one CTA per SM walks the work items
- * (the next tile's loads overlap the current one's end); elsewhere, and with 0, one CTA per query tile (the
- * hardware's dynamic CTA scheduling balances uneven tiles; heaviest first) */
-#ifndef FWD90_PERSISTENT
-#define FWD90_PERSISTENT 1
-#endif
-/* skip the O rescale where no row of a warp changed its max (exact), per head-dim config: measured -10% at
- * d64 (the vote costs more than the 32 multiplies it saves), +1-4% at d128 and d256 */
-#ifndef FWD90_LAZY_D64
-#define FWD90_LAZY_D64 0
-#endif
-#ifndef FWD90_LAZY_D128
-#define FWD90_LAZY_D128 1
-#endif
-#ifndef FWD90_LAZY_D256
-#define FWD90_LAZY_D256 1
-#endif
-#ifndef FWD90_BN_D64
-#define FWD90_BN_D64 128
-#endif
-#ifndef FWD90_BN_D128
-#define FWD90_BN_D128 128
-#endif
-#ifndef FWD90_BN_D256
-#define FWD90_BN_D256 80
-#endif
-#ifndef FWD90_STAGES_D64
-#define FWD90_STAGES_D64 3
-#endif
-#ifndef FWD90_STAGES_D128
-#define FWD90_STAGES_D128 2
-#endif
-#ifndef FWD90_STAGES_D256
-#define FWD90_STAGES_D256 2
-#endif
-/* Q tiles in shared memory (1 or 2): with 2 the next work tile's Q loads while the consumers still read the
- * current one (d256 has no room for a second). d128 (2 Q, 2 K / V stages against 1 and 3): +2-5% non-causal at
- * s512-s4k, +0-4% causal, s8k the same; d64 (2 Q, 3 stages): +3% at s512 and causal s512 / s1k, -2% at s4k / s8k
- * non-causal, so 1 (benchmarks/results/h200/fwd_q_ring_2026-12-02) */
-#ifndef FWD90_QSTAGES_D64
-#define FWD90_QSTAGES_D64 1
-#endif
-#ifndef FWD90_QSTAGES_D128
-#define FWD90_QSTAGES_D128 2
-#endif
-
-/* Tile configuration of one compiled head dim: keys per tile, ring stages, lazy O rescale, and whether its
- * kHook kernel takes attn_mask and dropout too (at d256 their registers spill in the main loop: fwd_sm80.cu). */
-template <int kHeadDim>
-struct fwd90_cfg;
-template <>
-struct fwd90_cfg<64> {
-    static constexpr int kBlockN = FWD90_BN_D64, kStages = FWD90_STAGES_D64, kQStages = FWD90_QSTAGES_D64;
-    static constexpr bool kLazyRescale = FWD90_LAZY_D64, kMaskDropout = true;
-};
-template <>
-struct fwd90_cfg<128> {
-    static constexpr int kBlockN = FWD90_BN_D128, kStages = FWD90_STAGES_D128, kQStages = FWD90_QSTAGES_D128;
-    static constexpr bool kLazyRescale = FWD90_LAZY_D128, kMaskDropout = true;
-};
-template <>
-struct fwd90_cfg<256> {
-    static constexpr int kBlockN = FWD90_BN_D256, kStages = FWD90_STAGES_D256, kQStages = 1;
-    static constexpr bool kLazyRescale = FWD90_LAZY_D256, kMaskDropout = false;
-};
-
 /* The TMA tensor maps of q, k, v, 4-D (d, rows, heads, batches), boxes of 64 columns x FWD90_BM (q) or
  * kBlockN (k, v) rows, 128-byte swizzle. Built per call by the launcher from the params' pointers and
  * strides; passed beside them as a __grid_constant__ parameter. */
@@ -231,8 +145,8 @@ typedef struct fwd90_maps {
  * then the dynamic scheduler's work slots (int32) for the producer warp and for the consumers. */
 template <int kHeadDim>
 struct fwd90_smem {
-    static constexpr int kBlockN = fwd90_cfg<kHeadDim>::kBlockN, kStages = fwd90_cfg<kHeadDim>::kStages;
-    static constexpr int kQStages = fwd90_cfg<kHeadDim>::kQStages;
+    static constexpr int kBlockN = fwd90_cfg<kHeadDim>::BN, kStages = fwd90_cfg<kHeadDim>::STAGES;
+    static constexpr int kQStages = fwd90_cfg<kHeadDim>::Q_STAGES;
     static constexpr int kQBytes = FWD90_BM * kHeadDim * FWD90_ELEM_BYTES;
     static constexpr int kKVBytes = kBlockN * kHeadDim * FWD90_ELEM_BYTES;
     static constexpr int kK = kQStages * kQBytes, kV = kK + kStages * kKVBytes, kBars = kV + kStages * kKVBytes;
@@ -366,17 +280,15 @@ __device__ __forceinline__ void rescale_o(float (&o)[kN], const float (&alpha)[2
             o[4 * i + e] *= alpha[e / 2];
 }
 
-/* The consumers' turn to issue wgmma's (FWD90_PINGPONG): consumer c waits for its barrier, issues, then
- * hands the turn to the other. */
+/* The consumers' turn to issue wgmma's (ping-pong): consumer c waits for its barrier, issues, then hands the
+ * turn to the other. */
 __device__ __forceinline__ void turn_wait(int c)
 {
-    if (FWD90_PINGPONG)
-        named_sync(FWD90_BAR_TURN + c, FWD90_CONSUMER_WGS * FWD90_WG_THREADS);
+    named_sync(FWD90_BAR_TURN + c, FWD90_CONSUMER_WGS * FWD90_WG_THREADS);
 }
 __device__ __forceinline__ void turn_pass(int c)
 {
-    if (FWD90_PINGPONG)
-        named_arrive(FWD90_BAR_TURN + (c ^ 1), FWD90_CONSUMER_WGS * FWD90_WG_THREADS);
+    named_arrive(FWD90_BAR_TURN + (c ^ 1), FWD90_CONSUMER_WGS * FWD90_WG_THREADS);
 }
 
 /* What a consumer's main loop carries. */
@@ -543,9 +455,7 @@ __device__ __forceinline__ void dropout_tile(float (&s)[kN], const flash_params 
  * of [first, end)). Block flags (mask.h flash_mask_tile_flags) of 32 tiles per ballot; lane w holds the words
  * of tiles base + 32 w + bit of a chunk of FWD90_CHUNK_TILES tiles: vis (some entry visible) and part (some
  * entry masked). Every warp of the CTA computes the same, so producer and consumers walk one sequence. */
-#ifndef FWD90_CHUNK_TILES
-#define FWD90_CHUNK_TILES (FLASH_WARP_SIZE * FLASH_WARP_SIZE) /* at most this; smaller only to test the rescans */
-#endif
+#define FWD90_CHUNK_TILES (FLASH_WARP_SIZE * FLASH_WARP_SIZE) /* a ballot's 32 bits in each of 32 lanes */
 struct fwd90_tiles {
     int first, base, b, hq, m0, qn;
     uint32_t vis, part;
@@ -674,13 +584,13 @@ __device__ __forceinline__ void consumer_step(fwd90_state<kHeadDim, kBlockN> &st
         mask_tile(st.s, tl.r_t, j * kBlockN + tl.lane_c, tl.sk, tl.diag_lo, tl.diag_hi);
     float alpha[2];
     softmax_tile(st.s, st.m, st.l, alpha, scale);
-    if (kHook && fwd90_cfg<kHeadDim>::kMaskDropout && p.dropout_threshold != 0)
+    if (kHook && fwd90_cfg<kHeadDim>::MASK_DROPOUT && p.dropout_threshold != 0)
         dropout_tile(st.s, p, tl, j * kBlockN, lane);
     wgmma_wait<0>();
     fence_regs(st.o);
     if (r.releaser)
         mbar_arrive(r.vempty + FWD90_BAR_BYTES * s_prev);
-    rescale_o<fwd90_cfg<kHeadDim>::kLazyRescale>(st.o, alpha);
+    rescale_o<fwd90_cfg<kHeadDim>::LAZY_RESCALE>(st.o, alpha);
     p_to_frags<T>(st.s, st.pa);
 }
 
@@ -806,15 +716,12 @@ __device__ __forceinline__ fwd90_work fwd90_work_of(int w, int part, int m_tiles
  * FWD90_GROUP_BYTES (fwd90_group), so that the CTAs in flight share them in L2; within a group the query tiles
  * heaviest first (the last tile of every pair, then the one before, ...): causal tiles cost their index, and in a
  * varlen batch only long sequences have late tiles. The last items are the light ones. */
-#ifndef FWD90_GROUPED
-#define FWD90_GROUPED 1 /* 0: the 3-D grid's order for the dynamic scheduler too (A/B) */
-#endif
 #define FWD90_GROUP_BYTES (16 << 20)
 
 __device__ __forceinline__ int fwd90_group(const flash_params &p, int head_dim)
 {
     const int64_t kv_bytes = flash_max64(p.sk, 1) * head_dim * 2 * FWD90_ELEM_BYTES; /* K and V of one head */
-    return FWD90_GROUPED ? (int)flash_min64(p.h * p.b, flash_max64(1, FWD90_GROUP_BYTES / kv_bytes)) : 1;
+    return (int)flash_min64(p.h * p.b, flash_max64(1, FWD90_GROUP_BYTES / kv_bytes));
 }
 
 __device__ __forceinline__ fwd90_work fwd90_work_grouped(int w, int m_tiles, const flash_params &p, int group)
@@ -907,7 +814,7 @@ __device__ __forceinline__ int fwd90_take(uint32_t slot, int n_work)
 }
 #endif
 
-/* One CTA per SM (persistent, FWD90_PERSISTENT) walks the work tiles w = blockIdx.x, + gridDim.x, ... (static)
+/* One CTA per SM (persistent) walks the work tiles w = blockIdx.x, + gridDim.x, ... (static)
  * or those the dynamic scheduler hands it (p.tile_counter), or one CTA per work tile; the producer runs ahead into
  * the next work tile (its first K / V tile, then its Q once the consumers are done with the current Q:
  * Q_EMPTY) while the consumers finish the current one. */
@@ -919,7 +826,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     using L = fwd90_smem<kHeadDim>;
     constexpr int kBlockN = L::kBlockN, kStages = L::kStages, kQStages = L::kQStages;
     constexpr bool kHook = kScore != FWD90_SCORE_DENSE, kCap = kScore == FWD90_SCORE_SOFTCAP;
-    constexpr bool kData = kHook && fwd90_cfg<kHeadDim>::kMaskDropout; /* attn_mask and dropout */
+    constexpr bool kData = kHook && fwd90_cfg<kHeadDim>::MASK_DROPOUT; /* attn_mask and dropout */
     extern __shared__ uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + SW128_ATOM_BYTES - 1) & ~(uint32_t)(SW128_ATOM_BYTES - 1);
     const uint32_t sq = base, sk0 = base + L::kK, sv0 = base + L::kV;
@@ -930,7 +837,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     const int m_tiles = (int)((p.sq + FWD90_BM - 1) / FWD90_BM);
     static_assert(!kDynamic || kScore == FWD90_SCORE_DENSE, "the dynamic scheduler serves the dense kernels");
     constexpr bool dynamic = kDynamic; /* p.tile_counter set: launch_fwd90 */
-    const bool paired = !dynamic && FWD90_PERSISTENT && fwd90_paired(p) && !(kData && p.mask != NULL);
+    const bool paired = !dynamic && fwd90_paired(p) && !(kData && p.mask != NULL);
     const int n_work = fwd90_items_per_head(m_tiles, paired) * (int)p.h * (int)p.b;
 
     if (tid == 0) {
@@ -1241,7 +1148,7 @@ extern "C" size_t flash_fwd_sm90_smem(const flash_params *p)
 
 extern "C" int flash_fwd_sm90_dynamic(const flash_params *p)
 {
-    return FWD90_PERSISTENT && p->cu_seqlens_q != NULL && !p->has_hook && fwd90_head_dim(p->d) <= FWD90_DYNAMIC_MAX_D;
+    return p->cu_seqlens_q != NULL && !p->has_hook && fwd90_head_dim(p->d) <= FWD90_DYNAMIC_MAX_D;
 }
 
 extern "C" int flash_fwd_sm90_ok(const flash_params *p)
@@ -1250,15 +1157,15 @@ extern "C" int flash_fwd_sm90_ok(const flash_params *p)
     fwd90_rows(p, &q_rows, &k_rows);
     /* hooks with has_hook (a hook field without it is an error that fwd_sm80.cu reports) and a scale its raw
      * units can divide by; the attn_mask (with its block flags) in dense batches only, as fwd_sm80.cu's: key j
-     * of a sequence is the mask's column j; attn_mask and dropout up to d128 (fwd90_cfg::kMaskDropout) */
+     * of a sequence is the mask's column j; attn_mask and dropout up to d128 (fwd90_cfg::MASK_DROPOUT) */
     const bool mask_ok = p->mask == NULL ? p->mask_blocks == NULL
                                          : p->mask_blocks != NULL && p->cu_seqlens_q == NULL && p->k_leftpad == NULL &&
                                                (p->mask_kind == FLASH_MASK_BOOL || p->mask_kind == FLASH_MASK_ADD);
     const int hd = fwd90_head_dim(p->d);
     const bool data_ok = (p->mask == NULL && p->dropout_threshold == 0) ||
-                         (hd == 64    ? fwd90_cfg<64>::kMaskDropout
-                          : hd == 128 ? fwd90_cfg<128>::kMaskDropout
-                                      : fwd90_cfg<256>::kMaskDropout);
+                         (hd == 64    ? fwd90_cfg<64>::MASK_DROPOUT
+                          : hd == 128 ? fwd90_cfg<128>::MASK_DROPOUT
+                                      : fwd90_cfg<256>::MASK_DROPOUT);
     const bool hooks_ok = mask_ok && data_ok && (p->has_hook ? p->scale_log2 >= FWD90_HOOK_MIN_SCALE_LOG2
                                                   : p->softcap == 0.0 && p->alibi_slopes == NULL && p->mask == NULL &&
                                                         p->dropout_threshold == 0);
@@ -1281,8 +1188,8 @@ static cudaError_t launch_fwd90(const flash_params *p, cudaStream_t stream)
     fwd90_rows(p, &q_rows, &k_rows);
     const int64_t k_batches = varlen ? 1 : p->k_batch_idx ? p->k_batches : p->b; /* k / v's batch dimension */
     if (!fwd90_make_map(&maps.q, p, p->q, &p->q_s, q_rows, p->h, varlen ? 1 : p->b, FWD90_BM) ||
-        !fwd90_make_map(&maps.k, p, p->k, &p->k_s, k_rows, p->h_kv, k_batches, fwd90_cfg<kHeadDim>::kBlockN) ||
-        !fwd90_make_map(&maps.v, p, p->v, &p->v_s, k_rows, p->h_kv, k_batches, fwd90_cfg<kHeadDim>::kBlockN))
+        !fwd90_make_map(&maps.k, p, p->k, &p->k_s, k_rows, p->h_kv, k_batches, fwd90_cfg<kHeadDim>::BN) ||
+        !fwd90_make_map(&maps.v, p, p->v, &p->v_s, k_rows, p->h_kv, k_batches, fwd90_cfg<kHeadDim>::BN))
         return cudaErrorInvalidValue;
     void (*kernel)(const flash_params, const fwd90_maps) = flash_fwd_sm90_kernel<T, kHeadDim, kScore, false>;
     bool dynamic = false; /* varlen batches: where the caller passes a counter (flash_fwd_sm90_dynamic) */
@@ -1297,13 +1204,13 @@ static cudaError_t launch_fwd90(const flash_params *p, cudaStream_t stream)
     if (err != cudaSuccess)
         return err;
     /* items of unequal cost (an attn_mask makes them data): the dynamic scheduler or one CTA per query tile */
-    const bool paired = !dynamic && FWD90_PERSISTENT && fwd90_paired(*p) && p->mask == NULL;
+    const bool paired = !dynamic && fwd90_paired(*p) && p->mask == NULL;
     const int64_t n_work = fwd90_items_per_head((int)((p->sq + FWD90_BM - 1) / FWD90_BM), paired) * p->h * p->b;
     int dev = 0, sms = 0;
     if ((err = cudaGetDevice(&dev)) != cudaSuccess ||
         (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
         return err;
-    const int64_t grid = (dynamic || (FWD90_PERSISTENT && fwd90_static(*p))) && n_work > sms ? sms : n_work;
+    const int64_t grid = (dynamic || fwd90_static(*p)) && n_work > sms ? sms : n_work;
     kernel<<<(unsigned)grid, FWD90_THREADS, smem, stream>>>(*p, maps);
     return cudaGetLastError();
 }

@@ -20,7 +20,6 @@
 #include "launch.h"
 
 static constexpr int kFlagThreads = 256;       /* threads per CTA */
-static constexpr int64_t kFlagMaxCtas = 65535; /* grid size cap; the loop strides over the rest */
 static constexpr int kVecBytes = 16;           /* one vector load */
 
 /* The flags of one entry: bool (stored as uint8) or additive in the dtype of q. */
@@ -83,7 +82,7 @@ extern "C" cudaError_t flash_mask_flags_cuda(const flash_params *p, uint8_t *blo
     const int64_t n = dims[0] * dims[1] * dims[2] * dims[3];
     if (n == 0 || p->sq == 0 || p->sk == 0)
         return cudaSuccess;
-    const unsigned ctas = (unsigned)flash_min64(flash_cdiv64(n, kFlagThreads), kFlagMaxCtas);
+    const unsigned ctas = (unsigned)flash_min64(flash_cdiv64(n, kFlagThreads), FLASH_MAX_GRID_YZ);
     if (p->mask_kind == FLASH_MASK_BOOL)
         flash_mask_flags_kernel<uint8_t><<<ctas, kFlagThreads, 0, stream>>>(*p, blocks);
     else if (p->dtype == FLASH_FP16)
