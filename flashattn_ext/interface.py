@@ -191,8 +191,8 @@ def flash_attn_func(
     """Exact attention softmax(q kᵀ · softmax_scale) v with flash-attn's variants.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_kv, headdim), nheads a
-    multiple of nheads_kv (GQA/MQA). Any strides with the last one 1. CPU: float32/float64; CUDA:
-    float16/bfloat16 (head dim <= 256) and float32/float64.
+    multiple of nheads_kv (GQA/MQA). Any strides with the last one 1. float16/bfloat16 (CUDA: head dim
+    <= 256; CPU: computed in float32, results rounded to the input dtype) and float32/float64.
     softmax_scale: default 1/sqrt(headdim).
     causal: bottom-right aligned as flash-attn >= 2.1: query i sees keys j <= i + seqlen_k - seqlen_q.
     window_size (left, right): query i sees keys i + seqlen_k - seqlen_q - left <= j <= ... + right;
