@@ -66,7 +66,7 @@ def report_build():
 
 def report_cpu():
     threads = os.environ.get("OMP_NUM_THREADS") or f"{os.cpu_count()} (all cores; OMP_NUM_THREADS sets it)"
-    print("CPU: float16/bfloat16 (computed in float32)/float32/float64 forward and backward: the C11 kernels of "
+    print("CPU: float32/float64 (float16/bfloat16 computed in float32) forward and backward: the C11 kernels of "
           f"csrc/cpu, OpenMP threads: {threads}; hot loops: {cpu_isa()}")
 
 
