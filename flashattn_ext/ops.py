@@ -293,8 +293,10 @@ def _varlen_setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
      window_right, softcap, alibi_slopes, sink, dropout_p, deterministic, block_table) = inputs
     out, lse, rng_state = output
-    ctx.mark_non_differentiable(rng_state)
-    ctx.set_materialize_grads(False)  # as fwd's: lse's gradient only where one flows
+    # As fwd's: lse's gradient only where one flows. Under torch.compile lse carries none (as flash-attn's):
+    # its composite reads cu_seqlens on the host, which a traced backward cannot.
+    ctx.mark_non_differentiable(*((lse, rng_state) if torch.compiler.is_compiling() else (rng_state,)))
+    ctx.set_materialize_grads(False)
     ctx.paged = block_table is not None
     if ctx.paged:  # no backward: nothing to save
         return
