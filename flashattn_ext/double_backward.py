@@ -193,23 +193,6 @@ def dense_keep(q, rng_state, seqlen_k, dropout_p):
     return torch.ops.flashattn_ext.dropout_mask(q.detach(), rng_state, seqlen_k, dropout_p)
 
 
-def varlen_lse_vjp(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, alibi_slopes, sink, var,
-                   dlse, needs, create_graph):
-    """lse_vjp for a variable-length batch (varlen_fwd's layout: dlse (nheads, total_q)), sequence by sequence
-    as varlen_vjp; needs among "q", "k", "sink"."""
-    inputs = {"q": q, "k": k, "sink": sink}
-    result = {n: torch.zeros_like(inputs[n]) for n in needs}
-    for s, (q0, sq, k0, sk) in enumerate(varlen_sequences(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-                                                          max_seqlen_k, q.shape[0], k.shape[0])):
-        if sq == 0:
-            continue
-        qs, ks = slice(q0, q0 + sq), slice(k0, k0 + sk)
-        slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[s:s + 1]
-        g = lse_vjp(q[None, qs], k[None, ks], slopes, sink, None, var, dlse[None, :, qs], needs, create_graph)
-        _add_sequence(result, g, needs, q0, sq, k0, sk)
-    return result
-
-
 def _add_sequence(result, g, needs, q0, sq, k0, sk):
     """One sequence's gradients (batch 1) into the varlen batch's: rows q0 .. q0 + sq - 1 of q and dout, keys
     k0 .. k0 + sk - 1 of k and v, the rest (sink) summed."""

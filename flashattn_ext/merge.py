@@ -46,6 +46,11 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
                          f"{tuple(out_a.shape)}, got {tuple(lse_a.shape)}")
     if len({t.device for t in (out_a, lse_a, out_b, lse_b)}) != 1:
         raise ValueError("merge_attention_states: all four tensors must be on one device")
+    for side, out, lse in (("a", out_a, lse_a), ("b", out_b, lse_b)):
+        if torch.is_grad_enabled() and out.requires_grad and not lse.requires_grad:
+            raise ValueError(f"merge_attention_states: out_{side} requires grad but lse_{side} does not, so the "
+                             f"merged gradient would miss lse_{side}'s part (flash_attn_varlen_func's lse carries no "
+                             f"gradient; flash_attn_func's does): merge under torch.no_grad(), or detach out_{side}")
     work = torch.float64 if torch.float64 in (out_a.dtype, lse_a.dtype) else torch.float32
     la, lb = lse_a.to(work), lse_b.to(work)
     # lse = m + log(exp(la - m) + exp(lb - m)) with m = max(la, lb) detached (an identity, so the gradient is

@@ -293,10 +293,10 @@ def _varlen_setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
      window_right, softcap, alibi_slopes, sink, dropout_p, deterministic, block_table) = inputs
     out, lse, rng_state = output
-    # As fwd's: lse's gradient only where one flows. Under torch.compile lse carries none (as flash-attn's):
-    # its composite reads cu_seqlens on the host, which a traced backward cannot.
-    ctx.mark_non_differentiable(*((lse, rng_state) if torch.compiler.is_compiling() else (rng_state,)))
-    ctx.set_materialize_grads(False)
+    # lse carries no gradient here (as flash-attn's; fwd's does): its composite would read cu_seqlens on the
+    # host, which a traced backward cannot. merge_attention_states refuses such an lse beside an out that
+    # requires grad rather than return gradients without lse's part.
+    ctx.mark_non_differentiable(lse, rng_state)
     ctx.paged = block_table is not None
     if ctx.paged:  # no backward: nothing to save
         return
@@ -305,7 +305,7 @@ def _varlen_setup_context(ctx, inputs, output):
                 deterministic)
 
 
-def _varlen_backward(ctx, dout, dlse, _drng):
+def _varlen_backward(ctx, dout, _dlse, _drng):
     if ctx.paged:
         raise RuntimeError("flashattn_ext: varlen_fwd with a block_table (a paged KV cache) has no backward, as "
                            "flash-attn's; pass k and v as (total_k, nheads_kv, headdim) tensors for gradients")
@@ -314,21 +314,14 @@ def _varlen_backward(ctx, dout, dlse, _drng):
      deterministic) = ctx.args
     var = double_backward.Variant(softmax_scale, causal, True, (window_left, window_right), softcap, dropout_p)
     grads = [None] * _VARLEN_INPUTS
-    if dout is not None:
-        grads[:3] = torch.ops.flashattn_ext.varlen_bwd(
-            dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-            softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic,
-        )
-        if sink is not None and ctx.needs_input_grad[_VARLEN_SINK]:
-            vjp = functools.partial(_varlen_vjp, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                                    alibi_slopes, rng_state, var)
-            grads[_VARLEN_SINK] = _differentiable_sink_grad(vjp, dout, out, lse, sink, q, k, v, None)
-    if dlse is not None:  # lse (nheads, total_q)
-        positions = {"q": 0, "k": 1, "sink": _VARLEN_SINK}
-        needs = [n for n, i in positions.items() if ctx.needs_input_grad[i]]
-        _add_grads(grads, positions, double_backward.varlen_lse_vjp(
-            q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, alibi_slopes, sink, var, dlse,
-            needs, torch.is_grad_enabled()))
+    grads[:3] = torch.ops.flashattn_ext.varlen_bwd(
+        dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+        softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic,
+    )
+    if sink is not None and ctx.needs_input_grad[_VARLEN_SINK]:
+        vjp = functools.partial(_varlen_vjp, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                alibi_slopes, rng_state, var)
+        grads[_VARLEN_SINK] = _differentiable_sink_grad(vjp, dout, out, lse, sink, q, k, v, None)
     return tuple(grads)
 
 

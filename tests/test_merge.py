@@ -204,3 +204,18 @@ def test_lse_gradient_only_where_one_flows(device, monkeypatch):
     lse_ref = lse64(q, k, True)
     for a, b in zip((gq, gk), torch.autograd.grad(lse_ref.sum(), (q, k))):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+def test_merge_refuses_an_lse_without_gradient_beside_an_out_with_one():
+    """flash_attn_varlen_func's lse carries no gradient: merging its halves while out requires grad raises
+    (naming the argument) instead of returning gradients without lse's part; under no_grad it merges."""
+    torch.manual_seed(0)
+    cu = torch.tensor([0, 5, 9], dtype=torch.int32)
+    q, k, v = (torch.randn(9, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    halves = [flashattn_ext.flash_attn_varlen_func(q, k[idx], v[idx], cu, cu, 5, 5, return_lse=True)
+              for idx in (slice(0, 9), slice(0, 9))]
+    with pytest.raises(ValueError, match="lse_a does not"):
+        flashattn_ext.merge_attention_states(*halves[0], *halves[1])
+    with torch.no_grad():
+        out, _ = flashattn_ext.merge_attention_states(*halves[0], *halves[1])
+    torch.testing.assert_close(out, halves[0][0].detach(), atol=1e-12, rtol=1e-12)  # two equal halves
