@@ -1,11 +1,13 @@
 """CPU benchmark: flashattn_ext against eager attention and torch's scaled_dot_product_attention.
 
-fp32, batch 1, 8 heads, head dim 64, seqlen 512 ... 8192, non-causal and causal. For each
-implementation: forward time, forward+backward time, and the peak extra memory of one
+fp32 (--dtype: also bf16 / fp16), batch 1, 8 heads, head dim 64, seqlen 512 ... 8192, non-causal and
+causal. For each implementation: forward time, forward+backward time, and the peak extra memory of one
 forward+backward.
 
     python benchmarks/bench_cpu.py                        # full sweep, ~5-10 min on 2 cores
     python benchmarks/bench_cpu.py --seqlens 512 1024     # a subset
+    OMP_NUM_THREADS=1 python benchmarks/bench_cpu.py --dtype bfloat16 --impls ours sdpa --clock cpu \
+        --no-memory --seqlens 512 1024 2048 4096 --out benchmarks/results/cpu/bf16_2026-12-03/bfloat16
 
 Implementations, all fed the same values:
 - ours:  flashattn_ext.flash_attn_func on q, k, v of shape (B, S, H, D), contiguous;
@@ -14,7 +16,9 @@ Implementations, all fed the same values:
 - sdpa:  torch.nn.functional.scaled_dot_product_attention on the same (B, H, S, D) views.
 
 Time: all implementations run in this process on the same inputs (which require grad, as in
-training). CPU ops are synchronous, so time.perf_counter around a call is its time. After one
+training). CPU ops are synchronous, so time.perf_counter around a call is its time. --clock cpu
+measures the process's CPU time instead (time.process_time), with one thread (OMP_NUM_THREADS=1):
+insensitive to other jobs on a shared machine, where wall time with two threads is not. After one
 warm-up call each, the implementations run round-robin (so background load on a shared machine
 hits them alike) for about TARGET_SECONDS, MIN_RUNS to MAX_RUNS rounds, and each keeps its median.
 Forward+backward is the forward followed by torch.autograd.grad with a fixed dout.
@@ -52,7 +56,10 @@ import torch.nn.functional as F
 import flashattn_ext
 
 BATCH, HEADS, HEADDIM = 1, 8, 64
-DTYPE = torch.float32
+DTYPE = torch.float32  # --dtype sets it
+DTYPES = ("float32", "bfloat16", "float16")
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = time.perf_counter  # --clock sets it
 SEQLENS = (512, 1024, 2048, 4096, 8192)
 IMPLS = ("ours", "eager", "sdpa")
 TARGET_SECONDS = 1.0
@@ -105,16 +112,16 @@ def median_seconds(fns):
     """fns: name -> callable. Median wall time of each after warm-up, the calls interleaved."""
     warmup = {}
     for name, fn in fns.items():
-        start = time.perf_counter()
+        start = clock()
         fn()
-        warmup[name] = time.perf_counter() - start
+        warmup[name] = clock() - start
     rounds = min(MAX_RUNS, max(MIN_RUNS, int(TARGET_SECONDS / sum(warmup.values()))))
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = clock()
             fn()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -131,7 +138,7 @@ def proc_status_bytes(field):
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def child_peak_memory(impl, seqlen, causal):
+def child_peak_memory(impl, seqlen, causal):  # DTYPE set by the caller
     """Runs in the child process: peak extra bytes of one forward+backward (see the docstring)."""
     forward_backward(impl, *make_inputs(CHILD_WARMUP_SEQLEN), causal)
     q, k, v, dout = make_inputs(seqlen)
@@ -148,7 +155,8 @@ def peak_memory(impl, seqlen, causal):
     """Peak extra bytes of one forward+backward, measured in a fresh child process."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MALLOC_MMAP_THRESHOLD))
     child = subprocess.run(
-        [sys.executable, __file__, "--child-memory", impl, str(seqlen), str(int(causal))],
+        [sys.executable, __file__, "--child-memory", impl, str(seqlen), str(int(causal)),
+         "--dtype", str(DTYPE).removeprefix("torch.")],
         env=env, capture_output=True, text=True,
     )
     if child.returncode != 0:
@@ -157,10 +165,11 @@ def peak_memory(impl, seqlen, causal):
     return int(child.stdout.split()[-1])
 
 
-def bench_point(seqlen, causal):
-    """All implementations at one (seqlen, causal): times, peak memory and agreement with sdpa."""
+def bench_point(seqlen, causal, run, memory):
+    """The implementations in run (sdpa among them) at one (seqlen, causal): times, peak memory (if
+    memory) and agreement with sdpa."""
     q, k, v, dout = make_inputs(seqlen)
-    impls = [impl for impl in IMPLS if impl != "eager" or eager_fits(seqlen)]
+    impls = [impl for impl in IMPLS if impl in run and (impl != "eager" or eager_fits(seqlen))]
     with torch.no_grad():
         outs = {impl: attention(impl, q, k, v, causal) for impl in impls}
     fwd = median_seconds({impl: lambda impl=impl: attention(impl, q, k, v, causal) for impl in impls})
@@ -171,7 +180,7 @@ def bench_point(seqlen, causal):
         results[impl] = {
             "fwd_ms": 1e3 * fwd[impl],
             "fwd_bwd_ms": 1e3 * fwd_bwd[impl],
-            "peak_bytes": peak_memory(impl, seqlen, causal),
+            "peak_bytes": peak_memory(impl, seqlen, causal) if memory else None,
             "max_abs_diff_vs_sdpa": (outs[impl] - outs["sdpa"]).abs().max().item(),
         }
     return results
@@ -212,9 +221,11 @@ def markdown(report):
         "",
         f"{machine['cpu_model']}, {machine['cores']} cores ({machine['torch_threads']} torch threads), "
         f"torch {machine['torch_version']}, flashattn_ext {machine['flashattn_ext_version']}, {machine['date']}.",
-        f"fp32, B={BATCH}, H={HEADS}, D={HEADDIM}. Median times in ms; memory is the peak extra MiB of one "
+        f"{report['settings']['dtype']}, B={BATCH}, H={HEADS}, D={HEADDIM}. Median "
+        f"{'CPU times of one thread' if report['settings']['clock'] == 'cpu' else 'times'} in ms; memory is the "
+        "peak extra MiB of one "
         "forward+backward. Ratios are ours ÷ other: below 1 means ours is faster or smaller. "
-        "– : not run (eager above the memory limit) or failed.",
+        "– : not run (not asked for, eager above the memory limit) or failed.",
         "",
         "| S | causal | fwd ours | fwd eager | fwd sdpa | f+b ours | f+b eager | f+b sdpa "
         "| ours/eager fwd | ours/eager f+b | ours/sdpa fwd | ours/sdpa f+b |",
@@ -254,9 +265,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seqlens", type=int, nargs="+", default=SEQLENS)
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="of q, k, v (default float32)")
+    parser.add_argument("--impls", nargs="+", choices=IMPLS, default=IMPLS, help="those to run (sdpa always)")
+    parser.add_argument("--clock", choices=CLOCKS, default="wall", help="cpu: process CPU time, one thread")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
     parser.add_argument("--child-memory", nargs=3, metavar=("IMPL", "SEQLEN", "CAUSAL"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global DTYPE, clock
+    DTYPE = getattr(torch, args.dtype)
+    clock = CLOCKS[args.clock]
+    if args.clock == "cpu" and torch.get_num_threads() != 1:
+        parser.error("--clock cpu needs one thread: run with OMP_NUM_THREADS=1")
     if args.child_memory:
         impl, seqlen, causal = args.child_memory
         print(child_peak_memory(impl, int(seqlen), bool(int(causal))))
@@ -264,7 +284,7 @@ def main():
 
     report = {
         "machine": machine_info(),
-        "settings": {"dtype": "float32", "batch": BATCH, "nheads": HEADS, "headdim": HEADDIM,
+        "settings": {"dtype": args.dtype, "clock": args.clock, "batch": BATCH, "nheads": HEADS, "headdim": HEADDIM,
                      "warmup_runs": 1, "min_runs": MIN_RUNS, "max_runs": MAX_RUNS,
                      "eager_memory_limit_bytes": EAGER_MEMORY_LIMIT},
         "results": [],
@@ -272,7 +292,7 @@ def main():
     start = time.perf_counter()
     for seqlen in args.seqlens:
         for causal in (False, True):
-            impls = bench_point(seqlen, causal)
+            impls = bench_point(seqlen, causal, set(args.impls) | {"sdpa"}, not args.no_memory)
             report["results"].append({"seqlen": seqlen, "causal": causal, "impls": impls})
             summary = "  ".join(
                 f"{impl} {r['fwd_ms']:.1f}/{r['fwd_bwd_ms']:.1f} ms "

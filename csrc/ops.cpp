@@ -650,8 +650,37 @@ namespace {
 
 void check_cpu_dtype(const at::Tensor &q)
 {
-    TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
-                "flashattn_ext: on CPU, q, k and v must be float32 or float64, got ", q.scalar_type());
+    const at::ScalarType t = q.scalar_type();
+    TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
+                "flashattn_ext: on CPU, q, k and v must be float16, bfloat16, float32 or float64, got ", t);
+}
+
+// fp16 / bf16 on the CPU: the kernels (flash_cpu.c) run in fp32. Each op checks its arguments in their own
+// dtypes, then calls itself on fp32 copies (f32) and rounds out / dq / dk / dv back to the input dtype once;
+// lse and dmask are fp32, as on CUDA. out_f32_note: the backward recomputes out in fp32 (one forward) for
+// delta = rowsum(dout * out): the rounded out would add its rounding error to every gradient (bf16 with an
+// additive mask: dq and dk 4% further from the float64 result than its rounding, where torch's CPU SDPA
+// reaches the rounding); the forward costs about a third of the backward.
+bool is_half(const at::Tensor &q)
+{
+    return q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
+}
+
+at::Tensor f32(const at::Tensor &t)
+{
+    return t.to(at::kFloat);
+}
+
+// A float attn_mask in fp32 without materialising its broadcast (stride 0) dimensions.
+c10::optional<at::Tensor> mask_f32(const c10::optional<at::Tensor> &mask)
+{
+    if (!mask || mask->scalar_type() == at::kBool)
+        return mask;
+    at::Tensor m = *mask;
+    for (int64_t d = 0; d < m.dim(); ++d)
+        if (m.size(d) > 1 && m.stride(d) == 0)
+            m = m.narrow(d, 0, 1);
+    return f32(m).expand(mask->sizes());
 }
 
 void check_cpu_status(flash_cpu_status status, const char *what)
@@ -683,6 +712,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cpu(const at::Tensor &q, cons
     const Variants var = variants_of(causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
                                      attn_mask, dropout_p, deterministic);
     check_variants(var, q, k);
+    if (is_half(q)) {
+        auto [out, lse, rng_state] = fwd_cpu(f32(q), f32(k), f32(v), softmax_scale, causal, bottom_right, window_left,
+                                             window_right, softcap, alibi_slopes, sink, mask_f32(attn_mask), dropout_p,
+                                             deterministic);
+        return {out.to(q.scalar_type()), lse, rng_state};
+    }
     at::Tensor rng_state = draw_rng_state_cpu(dropout_p);
     if (no_work(q) || k.size(1) == 0) {
         auto [out, lse] = fwd_without_keys(q, v, sink);
@@ -713,6 +748,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
     check_variants(var, q, k);
     TORCH_CHECK(!mask_grad || (attn_mask && attn_mask->scalar_type() != at::kBool),
                 "flashattn_ext: mask_grad needs a floating attn_mask");
+    if (is_half(q)) {
+        const at::Tensor q32 = f32(q), k32 = f32(k), v32 = f32(v);
+        const c10::optional<at::Tensor> mask32 = mask_f32(attn_mask);
+        at::Tensor out32 = at::zeros(q.sizes(), q32.options());
+        if (!no_work(q) && k.size(1) > 0) {  // out in fp32 again: see out_f32_note
+            at::Tensor lse = at::empty(lse_in.sizes(), lse_in.options());
+            VariantTensors keep;
+            const flash_params p = make_params(q32, k32, v32, out32, lse, softmax_scale,
+                                               variants_of(causal, bottom_right, window_left, window_right, softcap,
+                                                           alibi_slopes, sink, mask32, dropout_p, deterministic),
+                                               rng_state, &keep);
+            check_cpu_status(flash_fwd_cpu(&p), "forward");
+        }
+        auto [dq, dk, dv, dmask] = bwd_cpu(f32(dout_in), q32, k32, v32, out32, lse_in, rng_state, softmax_scale, causal,
+                                           bottom_right, window_left, window_right, softcap, alibi_slopes, sink, mask32,
+                                           dropout_p, deterministic, mask_grad);
+        return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dmask};
+    }
     at::Tensor dmask = make_dmask(q, k, mask_grad);
     if (no_work(q) || k.size(1) == 0)
         return {at::zeros(q.sizes(), q.options()), at::zeros(k.sizes(), k.options()), at::zeros(v.sizes(), v.options()),
@@ -745,6 +798,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cpu(
     const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
                                      c10::nullopt, dropout_p, deterministic);
     check_variants(var, q, vl.batch(), max_seqlen_q, q.size(1), max_seqlen_k);
+    if (is_half(q)) {
+        auto [out, lse, rng_state] = varlen_fwd_cpu(f32(q), f32(k), f32(v), cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                                    max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                                                    window_right, softcap, alibi_slopes, sink, dropout_p,
+                                                    deterministic, block_table);
+        return {out.to(q.scalar_type()), lse, rng_state};
+    }
     at::Tensor rng_state = draw_rng_state_cpu(dropout_p);
     auto [out, lse] = varlen_fwd_outputs(q, v);
     if (varlen_fwd_no_work(q, vl, var))
@@ -771,6 +831,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
                                      c10::nullopt, dropout_p, deterministic);
     check_variants(var, q, vl.batch(), max_seqlen_q, q.size(1), max_seqlen_k);
+    if (is_half(q)) {
+        const at::Tensor q32 = f32(q), k32 = f32(k), v32 = f32(v);
+        auto [out32, lse] = varlen_fwd_outputs(q32, v32);
+        if (!varlen_fwd_no_work(q, vl, var)) {  // out in fp32 again: see out_f32_note
+            VariantTensors keep;
+            const flash_params p = make_varlen_params(q32, k32, v32, out32, lse, vl, softmax_scale, var, rng_state,
+                                                      &keep);
+            check_cpu_status(flash_fwd_cpu(&p), "forward");
+        }
+        auto [dq, dk, dv] = varlen_bwd_cpu(f32(dout_in), q32, k32, v32, out32, lse_in, rng_state, cu_seqlens_q,
+                                           cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                                           window_left, window_right, softcap, alibi_slopes, sink, dropout_p,
+                                           deterministic);
+        return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type())};
+    }
     at::Tensor dq = at::zeros(q.sizes(), q.options());
     at::Tensor dk = at::zeros(k.sizes(), k.options());
     at::Tensor dv = at::zeros(v.sizes(), v.options());
@@ -800,6 +875,12 @@ std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cpu(
     const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
                                      c10::nullopt, 0.0, false);
     check_variants(var, q, q.size(0), q.size(1), q.size(2), kv.seqlen_k(k_cache));
+    if (is_half(q)) {
+        auto [out, lse] = kvcache_fwd_cpu(f32(q), f32(k_cache), f32(v_cache), cache_seqlens, cache_batch_idx,
+                                          cache_leftpad, block_table, softmax_scale, causal, window_left,
+                                          window_right, softcap, alibi_slopes, sink, num_splits);
+        return {out.to(q.scalar_type()), lse};
+    }
     if (no_work(q) || kv.seqlen_k(k_cache) == 0)
         return fwd_without_keys(q, v_cache, sink);
     at::Tensor out = at::empty(q.sizes(), q.options());
@@ -832,12 +913,14 @@ TORCH_LIBRARY(flashattn_ext, m)
           "Tensor? alibi_slopes, Tensor? sink, Tensor? attn_mask, float dropout_p, bool deterministic, "
           "bool mask_grad) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dmask)");
     m.def("dropout_mask(Tensor q, Tensor rng_state, int seqlen_k, float dropout_p) -> Tensor");
+    // max_seqlen_* are SymInts: under torch.compile they stay symbolic (one graph for all values; the kernels
+    // take them as int64_t, the fake kernels never read them).
     m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, "
-          "int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, int window_left, int window_right, "
-          "float softcap, Tensor? alibi_slopes, Tensor? sink, float dropout_p, bool deterministic, "
+          "SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, bool causal, int window_left, "
+          "int window_right, float softcap, Tensor? alibi_slopes, Tensor? sink, float dropout_p, bool deterministic, "
           "Tensor? block_table=None) -> (Tensor out, Tensor lse, Tensor rng_state)");
     m.def("varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor rng_state, "
-          "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, "
+          "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, SymInt max_seqlen_q, SymInt max_seqlen_k, "
           "float softmax_scale, bool causal, int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
           "Tensor? sink, float dropout_p, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)");
     m.def("kvcache_fwd(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, Tensor? cache_batch_idx, "

@@ -15,7 +15,7 @@ from flashattn_ext.reference import attention_ref
 # One configuration per check: GQA, causal with more keys than queries (bottom-right), odd lengths.
 CHECK_SHAPE = dict(batch=2, seqlen_q=61, seqlen_k=96, nheads=4, nheads_kv=2)
 CHECK_HEADDIM = {"cpu": 64, "cuda": 128}
-CHECK_DTYPES = {"cpu": (torch.float32,), "cuda": (torch.bfloat16, torch.float32)}
+CHECK_DTYPES = {"cpu": (torch.bfloat16, torch.float32), "cuda": (torch.bfloat16, torch.float32)}
 # Relative L2 error against the float64 reference (out; gradients get twice as much).
 CHECK_TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 # x86-64 feature levels of the CPU kernels' target_clones (csrc/cpu/flash_cpu.c), by /proc/cpuinfo flags.
@@ -66,8 +66,8 @@ def report_build():
 
 def report_cpu():
     threads = os.environ.get("OMP_NUM_THREADS") or f"{os.cpu_count()} (all cores; OMP_NUM_THREADS sets it)"
-    print("CPU: float32/float64 forward and backward: the C11 kernels of csrc/cpu, OpenMP threads: "
-          f"{threads}; hot loops: {cpu_isa()}")
+    print("CPU: float32/float64 (float16/bfloat16 computed in float32) forward and backward: the C11 kernels of "
+          f"csrc/cpu, OpenMP threads: {threads}; hot loops: {cpu_isa()}")
 
 
 def report_cuda():

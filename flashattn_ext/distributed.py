@@ -31,6 +31,8 @@ All ranks must pass tensors of the same shape (the same local sequence length) o
 import torch
 import torch.distributed as dist
 
+from .interface import _check_bools, _check_scale
+
 LAYOUTS = ("contiguous", "zigzag")
 # batch_isend_irecv tags: the K/V ring and the dK/dV ring of the backward can be in flight together.
 _TAG_KV, _TAG_DKV = 0, 1
@@ -166,6 +168,7 @@ class _RingAttention(torch.autograd.Function):
         return out, lse_acc
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # bwd's autograd needs the out / lse of its own k, v: not these
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         ring, causal, scale, layout, deterministic = ctx.args
@@ -225,10 +228,12 @@ def ring_attention(q, k, v, group=None, causal=False, softmax_scale=None, layout
     multiple of nheads_kv (GQA/MQA); this rank's shard of the sequence in the given layout
     ("contiguous" or "zigzag", see shard_sequence; zigzag needs an even local_seqlen). The same shapes on
     every rank. causal: query i of the whole sequence sees keys j <= i. softmax_scale: default
-    1/sqrt(headdim). deterministic: a reproducible backward on CUDA.
+    1/sqrt(headdim). deterministic: a reproducible backward on CUDA. With more than one rank the backward
+    is once differentiable: differentiating it again (create_graph) raises.
     Returns out (batch, local_seqlen, nheads, headdim), this rank's rows of attention over the whole
     sequence, differentiable in q, k and v; with return_lse also lse (batch, nheads, local_seqlen),
     float32 (float64 for float64 inputs)."""
+    _check_bools("ring_attention", causal=causal, deterministic=deterministic, return_lse=return_lse)
     _check_layout(layout)
     _check_inputs(q, k, v)
     if layout == "zigzag" and q.shape[1] % 2:
@@ -236,7 +241,7 @@ def ring_attention(q, k, v, group=None, causal=False, softmax_scale=None, layout
     if softmax_scale is None:
         scale = q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0
     else:
-        scale = float(softmax_scale)
+        scale = _check_scale("ring_attention", "softmax_scale", softmax_scale)
     ring = _Ring(group)
     if ring.size == 1:
         out, lse, _ = torch.ops.flashattn_ext.fwd(q, k, v, scale, bool(causal), True, _NO_WINDOW, _NO_WINDOW, 0.0,

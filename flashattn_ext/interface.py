@@ -1,14 +1,17 @@
 """The public functions: flash_attn_func on (batch, seqlen, nheads, headdim) tensors with
 flash-attn's argument order, its packed forms, flash_attn_varlen_func (and packed forms) on
 variable-length batches (total_tokens, nheads, headdim) with cu_seqlens, and
-scaled_dot_product_attention with torch's signature on (batch, nheads, seqlen, headdim) tensors. All
+scaled_dot_product_attention with torch's signature and contract (any rank, broadcast batch dims). All
 check their arguments (errors name them; no host synchronization) and pass views (strides), never
-copies, to the ops; a broadcast attn_mask travels as an expanded view, packed tensors as unbound views
-(so their gradients come back into the packed tensor)."""
+copies, to the ops (scaled_dot_product_attention copies where the kernel needs it, see there); a
+broadcast attn_mask travels as an expanded view, packed tensors as unbound views (so their gradients
+come back into the packed tensor)."""
+import itertools
 import math
 import numbers
 
 import torch
+import torch.nn.functional as F
 
 from .ops import PAGE_MULTIPLE
 
@@ -28,13 +31,22 @@ def _symbolic(x):
     return isinstance(x, (torch.SymFloat, torch.SymInt))
 
 
-def _check_scale(name, scale):
+def _check_bools(fn, **flags):
+    """Each flag a Python bool, as torch's own bool arguments (not an int, a string, a tensor or None)."""
+    for name, x in flags.items():
+        if not isinstance(x, bool):
+            raise TypeError(f"{fn}: {name} must be a bool, got {type(x).__name__}")
+
+
+def _check_scale(fn, name, scale):
+    """A real number (Python or NumPy int / float), finite -> float. Not a bool, and not a tensor: its gradient
+    would be silently dropped and reading a CUDA tensor would synchronize (pass float(t) / t.item())."""
     if _symbolic(scale):
         return scale
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"{name} must be a float or None, got {type(scale).__name__}")
+        raise TypeError(f"{fn}: {name} must be a float or None, got {type(scale).__name__}")
     if not -math.inf < scale < math.inf:  # comparisons, not math.isfinite: torch.compile traces them
-        raise ValueError(f"{name} must be finite, got {scale}")
+        raise ValueError(f"{fn}: {name} must be finite, got {scale}")
     return float(scale)
 
 
@@ -112,7 +124,7 @@ def _check_sink(fn, sink, q, nheads):
 
 
 def _check_mask(fn, attn_mask, q_dtype, device, shape):
-    """attn_mask broadcastable to shape = (batch, nheads, seqlen_q, seqlen_k) -> an expanded view of it,
+    """attn_mask broadcastable to shape = (..., nheads, seqlen_q, seqlen_k) -> an expanded view of it,
     bool or in q's dtype (a float mask of another dtype is cast, differentiably)."""
     if attn_mask is None:
         return None
@@ -121,8 +133,9 @@ def _check_mask(fn, attn_mask, q_dtype, device, shape):
         raise TypeError(f"{fn}: attn_mask must be bool or floating point, got {attn_mask.dtype}")
     if attn_mask.device != device:
         raise ValueError(f"{fn}: attn_mask must be on the device of the query ({device}), got {attn_mask.device}")
-    if attn_mask.dim() > 4:
-        raise ValueError(f"{fn}: attn_mask must have at most 4 dimensions, got shape {tuple(attn_mask.shape)}")
+    if attn_mask.dim() > len(shape):
+        raise ValueError(f"{fn}: attn_mask must have at most {len(shape)} dimensions, got shape "
+                         f"{tuple(attn_mask.shape)}")
     # Cast before expanding: a cast of the expanded view would materialize (batch, nheads, seqlen_q, seqlen_k).
     if attn_mask.is_floating_point() and attn_mask.dtype != q_dtype:
         attn_mask = attn_mask.to(q_dtype)
@@ -130,7 +143,7 @@ def _check_mask(fn, attn_mask, q_dtype, device, shape):
         return attn_mask.expand(shape)
     except RuntimeError:
         raise ValueError(
-            f"{fn}: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (batch, nheads, seqlen_q, "
+            f"{fn}: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (..., nheads, seqlen_q, "
             f"seqlen_k) = {tuple(shape)}"
         ) from None
 
@@ -178,8 +191,8 @@ def flash_attn_func(
     """Exact attention softmax(q kᵀ · softmax_scale) v with flash-attn's variants.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_kv, headdim), nheads a
-    multiple of nheads_kv (GQA/MQA). Any strides with the last one 1. CPU: float32/float64; CUDA:
-    float16/bfloat16 (head dim <= 256) and float32/float64.
+    multiple of nheads_kv (GQA/MQA). Any strides with the last one 1. float16/bfloat16 (CUDA: head dim
+    <= 256; CPU: computed in float32, results rounded to the input dtype) and float32/float64.
     softmax_scale: default 1/sqrt(headdim).
     causal: bottom-right aligned as flash-attn >= 2.1: query i sees keys j <= i + seqlen_k - seqlen_q.
     window_size (left, right): query i sees keys i + seqlen_k - seqlen_q - left <= j <= ... + right;
@@ -203,6 +216,8 @@ def flash_attn_func(
         _check_tensor(name, t)
     if q.dim() != 4:
         raise ValueError(f"flash_attn_func: q must have 4 dimensions (batch, seqlen, nheads, headdim), got {q.dim()}")
+    _check_bools("flash_attn_func", causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs,
+                 return_lse=return_lse)
     if sink is not None and s_aux is not None:
         raise ValueError("flash_attn_func: pass sink or s_aux, not both")
     dropout_p = _check_dropout("flash_attn_func", dropout_p)
@@ -212,7 +227,8 @@ def flash_attn_func(
     sink = _check_sink("flash_attn_func", s_aux if sink is None else sink, q, q.shape[2])
     shape = (q.shape[0], q.shape[2], q.shape[1], k.shape[1] if k.dim() == 4 else 0)
     mask = _check_mask("flash_attn_func", attn_mask, q.dtype, q.device, shape)
-    scale = _default_scale(q) if softmax_scale is None else _check_scale("softmax_scale", softmax_scale)
+    scale = (_default_scale(q) if softmax_scale is None
+             else _check_scale("flash_attn_func", "softmax_scale", softmax_scale))
     out, lse, rng_state = _attention(q, k, v, scale, causal, True, window, softcap, alibi_slopes, sink, mask,
                                      dropout_p, deterministic)
     if return_attn_probs:
@@ -223,39 +239,137 @@ def flash_attn_func(
     return (out, lse) if return_lse else out
 
 
+def _joins(t, i):
+    """Whether dims i and i + 1 of t flatten into one without a copy."""
+    size = t.shape[i + 1]
+    return t.numel() == 0 or t.shape[i] == 1 or size == 1 or t.stride(i) == t.stride(i + 1) * size
+
+
+def _batch_split(tensors, nbatch):
+    """The leading nbatch (batch) dims of tensors, all of one shape there, as (loop, flat): flat the longest
+    run of dims that every tensor flattens into one without a copy (the kernel's batch), loop the others
+    (one kernel call per index). A run breaks where some tensor's strides do not allow it (a broadcast
+    dim, stride 0, next to a real one, say)."""
+    runs, start = [], 0
+    for i in range(nbatch - 1):
+        if not all(_joins(t, i) for t in tensors):
+            runs.append(range(start, i + 1))
+            start = i + 1
+    runs.append(range(start, nbatch))
+    sizes = [math.prod([tensors[0].shape[d] for d in run]) for run in runs]
+    flat = runs[sizes.index(max(sizes))]
+    return [d for d in range(nbatch) if d not in flat], flat
+
+
+def _sdpa_heads(query, key, value, enable_gqa):
+    """query, key, value (..., nheads*, seqlen, headdim) with the heads as the kernel takes them: query with
+    nheads heads, key and value with one count that divides it. torch's rules: with enable_gqa, key and
+    value heads each divide query's and are repeated (a copy only when they differ from each other); without
+    it, heads broadcast as batch dims do (views)."""
+    fn = "scaled_dot_product_attention"
+    hq, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
+    if enable_gqa:
+        if not (hq == hk == hv or (hk > 0 and hv > 0 and hq % hk == 0 and hq % hv == 0)):
+            raise ValueError(f"{fn}: with enable_gqa=True, nheads of key ({hk}) and value ({hv}) must divide nheads "
+                             f"of query ({hq})")
+        if hk != hv:  # the kernel takes one head count for key and value: repeat both to their lcm
+            common = math.lcm(hk, hv)
+            key, value = key.repeat_interleave(common // hk, -3), value.repeat_interleave(common // hv, -3)
+        return query, key, value
+    try:
+        hkv = torch.broadcast_shapes((hk,), (hv,))[0]
+        heads = torch.broadcast_shapes((hq,), (hkv,))[0]
+    except RuntimeError:
+        raise ValueError(f"{fn}: nheads of query ({hq}), key ({hk}) and value ({hv}) do not broadcast; pass "
+                         "enable_gqa=True for grouped-query attention") from None
+    expand = lambda t, h: t.expand(*t.shape[:-3], h, *t.shape[-2:])  # noqa: E731
+    return expand(query, heads), expand(key, hkv), expand(value, hkv)
+
+
 def scaled_dot_product_attention(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
-    """Drop-in for torch.nn.functional.scaled_dot_product_attention on 4-D inputs.
+    """Drop-in for torch.nn.functional.scaled_dot_product_attention.
 
-    query: (batch, nheads, seqlen_q, headdim); key, value: (batch, nheads_kv, seqlen_k, headdim).
-    is_causal is top-left aligned, as in torch: query i sees keys j <= i. nheads != nheads_kv needs
-    enable_gqa=True, as in torch. attn_mask: bool (True = take part) or additive float, broadcastable to
-    (batch, nheads, seqlen_q, seqlen_k); not together with is_causal (as torch). A query row whose keys
-    are all masked gives 0 (torch's math backend gives NaN there). Returns (batch, nheads, seqlen_q,
-    headdim), a transposed view of a (batch, seqlen_q, nheads, headdim) tensor.
+    query (..., nheads, seqlen_q, headdim), key (..., nheads_kv, seqlen_k, headdim), value (..., nheads_kv,
+    seqlen_k, headdim_v), any rank >= 2 (2-D: one head; the dims before nheads are batch dims) and any
+    strides; the batch dims broadcast against each other as in torch, and so do the head counts unless
+    enable_gqa=True, which lets nheads_kv (of key and of value, each) divide nheads instead. is_causal is
+    top-left aligned, as in torch: query i sees keys j <= i. attn_mask: bool (True = take part) or additive
+    float (cast to query's dtype), broadcastable to (..., nheads, seqlen_q, seqlen_k) (a 1-D (seqlen_k,)
+    mask too, which torch rejects); not together with is_causal (as torch). A query row whose keys are all masked gives 0 (as torch). Returns (..., nheads,
+    seqlen_q, headdim_v), a transposed view of a (..., seqlen_q, nheads, headdim_v) tensor.
+
+    Broadcast inputs reach the kernel as expanded views (stride 0, never an expanded copy) and the batch
+    dims are flattened into one without a copy; where their strides do not allow that (a broadcast dim next
+    to a real one), the kernel runs once per index of the dims that do not flatten. Copies only where the
+    kernel needs one: an input whose last stride is not 1, headdim_v != headdim (the smaller one is
+    zero-padded), key and value heads that differ under enable_gqa.
     """
+    fn = "scaled_dot_product_attention"
+    _check_bools(fn, is_causal=is_causal, enable_gqa=enable_gqa)
     for name, t in (("query", query), ("key", key), ("value", value)):
         _check_tensor(name, t)
-        if t.dim() != 4:
-            raise ValueError(
-                f"scaled_dot_product_attention: {name} must have 4 dimensions (batch, nheads, seqlen, headdim), "
-                f"got {t.dim()}"
-            )
+        if t.dim() < 2 or (enable_gqa and t.dim() < 3):
+            least = "3 dimensions (..., nheads, seqlen, headdim) with enable_gqa=True" if enable_gqa else \
+                "2 dimensions (..., seqlen, headdim)"
+            raise ValueError(f"{fn}: {name} must have at least {least}, got {t.dim()}")
     if attn_mask is not None and is_causal:
-        raise ValueError("scaled_dot_product_attention: attn_mask and is_causal=True cannot be combined (as in torch)")
-    dropout_p = _check_dropout("scaled_dot_product_attention", dropout_p)
-    if not enable_gqa and query.shape[1] != key.shape[1]:
-        raise ValueError(
-            f"scaled_dot_product_attention: nheads of query ({query.shape[1]}) and key ({key.shape[1]}) differ; "
-            "pass enable_gqa=True for grouped-query attention"
-        )
-    shape = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
-    mask = _check_mask("scaled_dot_product_attention", attn_mask, query.dtype, query.device, shape)
-    softmax_scale = _default_scale(query) if scale is None else _check_scale("scale", scale)
-    out, _, _ = _attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale,
-                           is_causal, False, (-1, -1), 0.0, None, None, mask, dropout_p, False)
-    return out.transpose(1, 2)
+        raise ValueError(f"{fn}: attn_mask and is_causal=True cannot be combined (as in torch)")
+    dropout_p = _check_dropout(fn, dropout_p)
+    headdim, headdim_v = query.shape[-1], value.shape[-1]
+    if key.shape[-1] != headdim:
+        raise ValueError(f"{fn}: key's head dim ({key.shape[-1]}) must equal query's ({headdim})")
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(f"{fn}: seqlen of key ({key.shape[-2]}) and value ({value.shape[-2]}) must match")
+    softmax_scale = _default_scale(query) if scale is None else _check_scale(fn, "scale", scale)
+    rank = max(query.dim(), key.dim(), value.dim())
+    # The kernel's layout: last stride 1 (copy otherwise), one head dim for all three (zero-pad the smaller:
+    # zero columns change neither the scores nor, sliced off, the output).
+    query, key, value = [t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.clone(memory_format=torch.contiguous_format)
+                         for t in (query, key, value)]  # clone: contiguous() keeps an empty tensor's strides
+    if headdim_v < headdim:
+        value = F.pad(value, (0, headdim - headdim_v))
+    elif headdim_v > headdim:
+        query, key = F.pad(query, (0, headdim_v - headdim)), F.pad(key, (0, headdim_v - headdim))
+    query, key, value = [t if t.dim() >= 3 else t.unsqueeze(0) for t in (query, key, value)]
+    query, key, value = _sdpa_heads(query, key, value, enable_gqa)
+    try:
+        batch = torch.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
+    except RuntimeError:
+        raise ValueError(f"{fn}: the batch dims of query {tuple(query.shape[:-3])}, key {tuple(key.shape[:-3])} and "
+                         f"value {tuple(value.shape[:-3])} do not broadcast") from None
+    heads, seqlen_q, seqlen_k = query.shape[-3], query.shape[-2], key.shape[-2]
+    if attn_mask is not None:
+        _check_tensor("attn_mask", attn_mask)
+        if attn_mask.dim() > rank:
+            raise ValueError(f"{fn}: attn_mask must have at most {rank} dimensions, as many as the attention "
+                             f"weights (..., seqlen_q, seqlen_k), got shape {tuple(attn_mask.shape)}")
+    mask = _check_mask(fn, attn_mask, query.dtype, query.device, (*batch, heads, seqlen_q, seqlen_k))
+    views = [t.expand(*batch, *t.shape[-3:]) for t in (query, key, value)] + ([] if mask is None else [mask])
+    if not batch:
+        views = [t.unsqueeze(0) for t in views]
+    loop, flat = _batch_split(views, max(len(batch), 1))
+    outs = []
+    for index in itertools.product(*[range(views[0].shape[d]) for d in loop]):
+        at = [slice(None)] * len(views[0].shape)
+        for d, i in zip(loop, index):
+            at[d] = i
+        q, k, v, *m = [t[tuple(at)].flatten(0, len(flat) - 1) for t in views]
+        out, _, _ = _attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale, is_causal,
+                               False, (-1, -1), 0.0, None, None, m[0] if m else None, dropout_p, False)
+        outs.append(out)  # (flat batch, seqlen_q, nheads, headdim)
+    order = [*loop, *flat]
+    out = torch.stack(outs) if loop else outs[0]
+    out = out.reshape(*[views[0].shape[d] for d in order], *out.shape[-3:])
+    if loop:  # back to the batch dims' order
+        out = out.permute(*sorted(range(len(order)), key=order.__getitem__), *range(len(order), out.dim()))
+    out = out.transpose(-3, -2)
+    if not batch:
+        out = out.squeeze(0)
+    if rank < 3:
+        out = out.squeeze(0)
+    return out[..., :headdim_v] if headdim_v < headdim else out
 
 
 def _check_packed(fn, name, t, rank, index, count, layout):
@@ -426,6 +540,8 @@ def _flash_attn_varlen(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             raise ValueError(f"{fn}: seqused_k must have shape (batch,) = ({batch},), got {tuple(seqused_k.shape)}")
     max_seqlen_q = _check_max_seqlen(fn, "max_seqlen_q", max_seqlen_q)
     max_seqlen_k = _check_max_seqlen(fn, "max_seqlen_k", max_seqlen_k)
+    _check_bools(fn, causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs,
+                 return_lse=return_lse)
     if sink is not None and s_aux is not None:
         raise ValueError(f"{fn}: pass sink or s_aux, not both")
     dropout_p = _check_dropout(fn, dropout_p)
@@ -435,7 +551,7 @@ def _flash_attn_varlen(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     sink = _check_sink(fn, s_aux if sink is None else sink, q, nheads)
     if block_table is not None:
         _check_paged(fn, q, k, v, block_table, batch)
-    scale = _default_scale(q) if softmax_scale is None else _check_scale("softmax_scale", softmax_scale)
+    scale = _default_scale(q) if softmax_scale is None else _check_scale(fn, "softmax_scale", softmax_scale)
     out, lse, rng_state = torch.ops.flashattn_ext.varlen_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, bool(causal), window[0],
         window[1], softcap, alibi_slopes, sink, dropout_p, bool(deterministic), block_table,

@@ -3,13 +3,15 @@
 first when cos / sin are given), then one forward (torch.ops.flashattn_ext.kvcache_fwd) attends over each
 sequence's keys. Dense caches (batch_cache, seqlen_cache, nheads_kv, headdim), rows picked by
 cache_batch_idx, or paged caches (num_pages, page_size, nheads_kv, headdim) with a block_table. Everything
-runs as torch ops on q's device: no host synchronization, nothing read back from cache_seqlens."""
+runs as torch ops on q's device: no host synchronization, nothing read back from cache_seqlens (unless
+check_cache_seqlens=True asks for it)."""
 import numbers
 
 import torch
 
 from .interface import (
     _check_alibi,
+    _check_bools,
     _check_scale,
     _check_sink,
     _check_softcap,
@@ -39,6 +41,22 @@ def _check_int(name, x):
     if isinstance(x, bool) or not isinstance(x, (numbers.Integral, torch.SymInt)):
         raise TypeError(f"{_FN}: {name} must be an int, got {type(x).__name__}")
     return x
+
+
+def _capacity(seqlen_k, block_table):
+    """The rows a sequence can reach, for error messages."""
+    if block_table is None:
+        return f"{seqlen_k} rows per sequence"
+    return f"{seqlen_k} rows per sequence: block_table's {block_table.shape[1]} pages"
+
+
+def _check_seqlens_fit(cache_seqlens, seqlen_new, seqlen_k, block_table):
+    """check_cache_seqlens=True: 0 <= cache_seqlens[b] <= seqlen_k - seqlen_new for every b, read on the host
+    (a device synchronization on CUDA)."""
+    for b, n in enumerate(cache_seqlens.tolist()):  # one copy to the host
+        if not 0 <= n <= seqlen_k - seqlen_new:
+            raise ValueError(f"{_FN}: cache_seqlens[{b}] ({n}) plus seqlen_new ({seqlen_new}) must fit k_cache "
+                             f"({_capacity(seqlen_k, block_table)}) and be >= 0")
 
 
 def _rotary_positions(start, length):
@@ -121,6 +139,7 @@ def flash_attn_with_kvcache(
     *,
     sink=None,
     s_aux=None,
+    check_cache_seqlens=False,
 ):
     """Attention of q against a KV cache, after appending k, v to it (flash-attn's flash_attn_with_kvcache).
 
@@ -149,10 +168,17 @@ def flash_attn_with_kvcache(
     each query split over n blocks whose partial results one combine kernel merges, 0 = chosen from the GPU's
     SM count and the sizes; the result agrees within float rounding whatever the count (the CPU and the
     fp32/fp64 kernels do not split).
-    Out-of-range contents are clamped on the device, never checked on the host: with an int cache_seqlens a
-    cache too small for the append is an error; with a tensor, rows past the cache are dropped (never written
-    outside it), attention uses the rows that exist, and cache_batch_idx / block_table entries are clamped to
-    the cache. Sequences that share cache rows (or pages) and append to them race, as in flash-attn.
+    A cache too small for the append raises (ValueError naming k_cache) before anything is written, from
+    shapes alone: seqlen_new rows longer than the cache's (seqlen_cache, or max_pages * page_size), or an
+    int cache_seqlens with cache_seqlens + seqlen_new past them. The contents of a cache_seqlens tensor are
+    checked only with check_cache_seqlens=True: then every 0 <= cache_seqlens[b] <= rows - seqlen_new, or
+    ValueError before anything is written. That reads cache_seqlens on the host, a device synchronization
+    on CUDA (flash-attn >= #2709 always does it for paged caches), and under torch.compile a graph break;
+    on the CPU it costs about 1-2 us, in the noise of a decode step (README). Unchecked, out-of-range
+    contents stay memory-safe: they are clamped on the device (rows past the cache are dropped, never
+    written outside it, attention uses the rows that exist; cache_batch_idx / block_table entries are
+    clamped to the cache). Sequences that share cache rows (or pages) and append to them race, as in
+    flash-attn.
     No autograd: the result never requires grad (flash-attn's function has no backward either).
     Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse) with return_softmax_lse=True, lse
     (batch, nheads, seqlen_q) float32 (float64 for float64 inputs).
@@ -169,6 +195,8 @@ def flash_attn_with_kvcache(
     if tuple(v_cache.shape) != tuple(k_cache.shape):
         raise ValueError(f"{_FN}: v_cache must have the shape of k_cache {tuple(k_cache.shape)}, got "
                          f"{tuple(v_cache.shape)}")
+    _check_bools(_FN, causal=causal, rotary_interleaved=rotary_interleaved, return_softmax_lse=return_softmax_lse,
+                 check_cache_seqlens=check_cache_seqlens)
     batch, seqlen_q, nheads, headdim = q.shape
     nheads_kv = k_cache.shape[2]
     device = q.device
@@ -215,6 +243,9 @@ def flash_attn_with_kvcache(
         seqlen_new = k.shape[1]
         if cache_seqlens is None:
             raise ValueError(f"{_FN}: appending k, v needs cache_seqlens (where the new rows go)")
+        if seqlen_new > seqlen_k:
+            raise ValueError(f"{_FN}: k, v append {seqlen_new} rows per sequence, more than k_cache holds "
+                             f"({_capacity(seqlen_k, block_table)})")
 
     fits = False  # every appended row known to be inside the cache
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
@@ -222,11 +253,13 @@ def flash_attn_with_kvcache(
         if not _symbolic(cache_seqlens):
             if not 0 <= cache_seqlens <= seqlen_k - seqlen_new:
                 raise ValueError(f"{_FN}: cache_seqlens ({cache_seqlens}) plus seqlen_new ({seqlen_new}) must fit "
-                                 f"the cache's {seqlen_k} rows")
+                                 f"k_cache ({_capacity(seqlen_k, block_table)})")
             fits = True
         cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
     elif cache_seqlens is not None:
         _check_index("cache_seqlens", cache_seqlens, device, (batch,))
+        if check_cache_seqlens:
+            _check_seqlens_fit(cache_seqlens, seqlen_new, seqlen_k, block_table)
 
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError(f"{_FN}: pass both rotary_cos and rotary_sin or neither")
@@ -255,7 +288,7 @@ def flash_attn_with_kvcache(
     _check_int("num_splits", num_splits)
     if num_splits < 0:
         raise ValueError(f"{_FN}: num_splits must be 0 (chosen by the kernels) or a positive count, got {num_splits}")
-    scale = _default_scale(q) if softmax_scale is None else _check_scale("softmax_scale", softmax_scale)
+    scale = _default_scale(q) if softmax_scale is None else _check_scale(_FN, "softmax_scale", softmax_scale)
 
     with torch.no_grad():
         sink = _check_sink(_FN, s_aux if sink is None else sink, q, nheads)

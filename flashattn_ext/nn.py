@@ -6,8 +6,11 @@
     y = attn(x)
 
 MultiheadAttention takes torch.nn.MultiheadAttention's constructor and forward arguments and has its
-parameters (in_proj_weight (3E, E), in_proj_bias (3E,), out_proj.weight (E, E), out_proj.bias (E,)) with
-the same initialization, so a state dict loads either way and the same seed gives the same weights.
+parameters (in_proj_weight (3E, E), or q_proj_weight (E, E), k_proj_weight (E, kdim) and v_proj_weight
+(E, vdim) when kdim or vdim differs from E; in_proj_bias (3E,), bias_k and bias_v (1, 1, E) with
+add_bias_kv, out_proj.weight (E, E), out_proj.bias (E,)) with the same initialization, so a state dict
+loads either way and the same seed gives the same weights; the attention weights (need_weights=True,
+torch's default) come from an extra eager pass, the output from the kernel.
 Attention is a compact self-attention block: one fused qkv projection, grouped-query heads, optional
 rotary position embedding, causal and sliding-window bands, dropout; its forward calls attend(), the
 one method to override to put another kernel under the same parameters.
@@ -17,8 +20,11 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
-from .interface import flash_attn_func
+from .interface import (_attention, _check_bools, _check_dropout, _check_mask, _check_softcap, _check_window,
+                        flash_attn_func)
+from .reference import dropout_keep_probability
 
 _NO_WINDOW = (-1, -1)
 
@@ -48,20 +54,55 @@ def _merge_masks(first, second, dtype):
     return additive(first) + additive(second)
 
 
+def _visible(mask, count):
+    """count more columns for mask (..., S): visible (bool True, float 0)."""
+    shape = (*mask.shape[:-1], count)
+    if mask.dtype == torch.bool:
+        return torch.ones(shape, dtype=torch.bool, device=mask.device)
+    return mask.new_zeros(shape)
+
+
+def _attention_weights(q, k, mask, causal, scale, dropout_p, rng_state):
+    """The attention weights (N, H, L, S) of q (N, L, H, D) and k (N, S, H, D) in q's dtype, eager: the
+    softmax of the scaled scores under mask (visibility: bool True = attended, or additive float,
+    broadcastable) and the top-left causal band; rows that attend to no key 0. With dropout_p > 0, the
+    keep mask the kernel drew from rng_state, scaled as the kernel scales: weights @ v is the kernel's
+    output."""
+    scores = torch.einsum("nlhd,nshd->nhls", q * scale, k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask
+    if causal:
+        above = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1)
+        scores = scores.masked_fill(above, -math.inf)
+    empty = torch.isneginf(scores).all(-1, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
+    if dropout_p > 0.0:
+        keep = torch.ops.flashattn_ext.dropout_mask(q, rng_state, k.shape[1], dropout_p)
+        weights = weights * keep / dropout_keep_probability(dropout_p)
+    return weights
+
+
 class MultiheadAttention(nn.Module):
     """Drop-in for torch.nn.MultiheadAttention on flashattn_ext's kernels.
 
-    Same constructor, parameters, initialization and forward(query, key, value, key_padding_mask,
-    need_weights, attn_mask, average_attn_weights, is_causal) with torch's conventions: batch_first or
-    (L, N, E) inputs (unbatched (L, E) too), key_padding_mask (N, S) and attn_mask (L, S) or
-    (N * num_heads, L, S), bool True = NOT attended or additive float, both combinable. Returns
-    (attn_output, None).
-    Differences: the attention weights are never materialized, so need_weights defaults to False and
-    need_weights=True raises; add_bias_kv, add_zero_attn and kdim/vdim other than embed_dim raise.
-    is_causal=True needs no attn_mask here (torch requires one as a hint): a square causal mask is
-    applied; given together with attn_mask, it is trusted as torch trusts it (the mask is then the
-    causal one and the kernels skip the tiles above the diagonal). A query that may attend to no key
-    gets 0 (torch gives NaN).
+    Same constructor (kdim / vdim, add_bias_kv, add_zero_attn, batch_first, bias, dropout), parameters
+    (in_proj_weight, or q_proj_weight / k_proj_weight / v_proj_weight when kdim or vdim differs from
+    embed_dim; in_proj_bias, bias_k, bias_v, out_proj), initialization and forward(query, key, value,
+    key_padding_mask, need_weights=True, attn_mask, average_attn_weights=True, is_causal) with torch's
+    conventions: batch_first or (L, N, E) inputs (unbatched (L, E) too), key_padding_mask (N, S) and
+    attn_mask (L, S) or (N * num_heads, L, S), bool True = NOT attended or additive float, both combinable.
+    Returns (attn_output, attn_weights): the output from flashattn_ext's kernel; the weights, only with
+    need_weights=True, by an extra eager pass (it materializes (N, num_heads, L, S), as torch does),
+    averaged over the heads ((N, L, S)) or per head ((N, num_heads, L, S)) as average_attn_weights asks,
+    with dropout the weights the kernel used (its keep mask, scaled); None with need_weights=False.
+    Differences from torch (README.md, Modules, lists them too): is_causal=True needs no attn_mask (torch
+    requires one as a hint): a square causal mask is applied; given together with attn_mask, it is trusted
+    as torch trusts it (the kernels skip the tiles above the diagonal) unless add_bias_kv / add_zero_attn
+    appended keys, where the mask is applied as given, the appended keys visible to every query (torch's
+    need_weights=False path without a key_padding_mask hides them). A query that may attend to no key gets
+    0 attention and 0 weights (torch: the same output with need_weights=False, NaN output and weights with
+    need_weights=True). Dropout draws its own random numbers. torch's fused inference path is never taken
+    (so NestedTensor inputs, which only it takes, raise). Errors are ValueError / TypeError.
     """
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
@@ -72,49 +113,63 @@ class MultiheadAttention(nn.Module):
         if embed_dim % num_heads:
             raise ValueError(f"MultiheadAttention: embed_dim ({embed_dim}) must be divisible by num_heads "
                              f"({num_heads})")
-        for name, dim in (("kdim", kdim), ("vdim", vdim)):
-            if dim is not None and dim != embed_dim:
-                raise ValueError(f"MultiheadAttention: {name}={dim} differs from embed_dim={embed_dim}: not supported "
-                                 "(use torch.nn.MultiheadAttention)")
-        for name, flag in (("add_bias_kv", add_bias_kv), ("add_zero_attn", add_zero_attn)):
-            if flag:
-                raise ValueError(f"MultiheadAttention: {name}=True is not supported (use torch.nn.MultiheadAttention)")
         super().__init__()
         factory = {"device": device, "dtype": dtype}
-        self.embed_dim = self.kdim = self.vdim = embed_dim
+        self.embed_dim = embed_dim
+        self.kdim = embed_dim if kdim is None else kdim
+        self.vdim = embed_dim if vdim is None else vdim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.dropout = dropout
         self.batch_first = batch_first
-        self.add_zero_attn = False
+        self.add_zero_attn = add_zero_attn
         # Read by torch.nn.TransformerEncoder(Layer)'s inference fast path, which would call torch's fused
         # kernel with these weights: False keeps that path off, so this module's forward runs there too.
         self._qkv_same_embed_dim = False
         # Created in torch.nn.MultiheadAttention's order, so one seed gives both modules the same weights.
-        self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **factory))
-        self.register_parameter("q_proj_weight", None)
-        self.register_parameter("k_proj_weight", None)
-        self.register_parameter("v_proj_weight", None)
+        if self.kdim == embed_dim and self.vdim == embed_dim:
+            self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **factory))
+            for name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"):
+                self.register_parameter(name, None)
+        else:
+            self.q_proj_weight = nn.Parameter(torch.empty(embed_dim, embed_dim, **factory))
+            self.k_proj_weight = nn.Parameter(torch.empty(embed_dim, self.kdim, **factory))
+            self.v_proj_weight = nn.Parameter(torch.empty(embed_dim, self.vdim, **factory))
+            self.register_parameter("in_proj_weight", None)
         if bias:
             self.in_proj_bias = nn.Parameter(torch.empty(3 * embed_dim, **factory))
         else:
             self.register_parameter("in_proj_bias", None)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
-        self.bias_k = self.bias_v = None
+        self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias, **factory)
+        if add_bias_kv:
+            self.bias_k = nn.Parameter(torch.empty(1, 1, embed_dim, **factory))
+            self.bias_v = nn.Parameter(torch.empty(1, 1, embed_dim, **factory))
+        else:
+            self.bias_k = self.bias_v = None
         self._reset_parameters()
 
     def _reset_parameters(self):
-        nn.init.xavier_uniform_(self.in_proj_weight)
+        for weight in (self.in_proj_weight, self.q_proj_weight, self.k_proj_weight, self.v_proj_weight):
+            if weight is not None:
+                nn.init.xavier_uniform_(weight)
         if self.in_proj_bias is not None:
             nn.init.zeros_(self.in_proj_bias)
             nn.init.zeros_(self.out_proj.bias)
+        for extra in (self.bias_k, self.bias_v):
+            if extra is not None:
+                nn.init.xavier_normal_(extra)
 
     def _project(self, query, key, value, same_qkv, same_kv):
-        """q (N, L, H, D), k and v (N, S, H, D), views of the projections; one matmul for the inputs that
-        are one tensor (same_qkv: query, key and value; same_kv: key and value)."""
-        weight, bias, e = self.in_proj_weight, self.in_proj_bias, self.embed_dim
+        """q (N, L, H, D), k and v (N, S, H, D), views of the projections; with in_proj_weight, one matmul
+        for the inputs that are one tensor (same_qkv: query, key and value; same_kv: key and value)."""
+        e, bias = self.embed_dim, self.in_proj_bias
         bias_q, bias_k, bias_v = (None, None, None) if bias is None else bias.split(e)
         heads = (self.num_heads, self.head_dim)
+        if self.in_proj_weight is None:
+            return (F.linear(query, self.q_proj_weight, bias_q).unflatten(-1, heads),
+                    F.linear(key, self.k_proj_weight, bias_k).unflatten(-1, heads),
+                    F.linear(value, self.v_proj_weight, bias_v).unflatten(-1, heads))
+        weight = self.in_proj_weight
         if same_qkv:
             return F.linear(query, weight, bias).unflatten(-1, (3, *heads)).unbind(-3)
         q = F.linear(query, weight[:e], bias_q).unflatten(-1, heads)
@@ -125,8 +180,19 @@ class MultiheadAttention(nn.Module):
         return (q, F.linear(key, weight[e:2 * e], bias_k).unflatten(-1, heads),
                 F.linear(value, weight[2 * e:], bias_v).unflatten(-1, heads))
 
-    def _masks(self, attn_mask, key_padding_mask, batch, seqlen_q, seqlen_k, dtype):
-        """One visibility mask broadcastable to (N, H, L, S), or None."""
+    def _append_keys(self, k, v):
+        """k, v (N, S, H, D) with bias_k / bias_v and then a zero key and value appended as keys S, S + 1
+        (as torch: add_bias_kv, add_zero_attn)."""
+        if self.bias_k is not None:
+            k = torch.cat([k, self.bias_k.view(1, 1, *k.shape[2:]).expand(k.shape[0], 1, *k.shape[2:])], 1)
+            v = torch.cat([v, self.bias_v.view(1, 1, *v.shape[2:]).expand(v.shape[0], 1, *v.shape[2:])], 1)
+        if self.add_zero_attn:
+            k, v = (torch.cat([t, t.new_zeros(t.shape[0], 1, *t.shape[2:])], 1) for t in (k, v))
+        return k, v
+
+    def _masks(self, attn_mask, key_padding_mask, batch, seqlen_q, seqlen_k, appended, dtype):
+        """One visibility mask broadcastable to (N, H, L, S + appended), or None; the appended keys are
+        visible to every query."""
         pad = None
         if key_padding_mask is not None:
             if tuple(key_padding_mask.shape) != (batch, seqlen_k):
@@ -141,16 +207,21 @@ class MultiheadAttention(nn.Module):
                                  f"(batch * num_heads, L, S) = {shapes[3]}, got {tuple(attn_mask.shape)}")
             mask = _visibility(attn_mask, "attn_mask", dtype)
             mask = mask.view(batch, self.num_heads, seqlen_q, seqlen_k) if mask.dim() == 3 else mask[None, None]
+        if appended:
+            pad, mask = (None if m is None else torch.cat([m, _visible(m, appended)], -1) for m in (pad, mask))
         return _merge_masks(pad, mask, dtype)
 
-    def forward(self, query, key, value, key_padding_mask=None, need_weights=False, attn_mask=None,
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
-        """query (L, N, E) ((N, L, E) with batch_first, (L, E) unbatched), key and value (S, N, E) likewise.
-        Returns (attn_output shaped like query, None). average_attn_weights only matters with weights."""
-        if need_weights:
-            raise ValueError("MultiheadAttention: need_weights=True is not supported: flashattn_ext never "
-                             "materializes the attention weights; pass need_weights=False (or use "
-                             "torch.nn.MultiheadAttention)")
+        """query (L, N, E) ((N, L, E) with batch_first, (L, E) unbatched), key (S, N, kdim) and value (S, N,
+        vdim) likewise. Returns (attn_output shaped like query, attn_weights (N, L, S) averaged over the heads
+        or (N, num_heads, L, S) with average_attn_weights=False ((L, S) / (num_heads, L, S) unbatched), or
+        None with need_weights=False); S counts the keys add_bias_kv and add_zero_attn append."""
+        if query.is_nested or key.is_nested or value.is_nested:
+            raise ValueError("MultiheadAttention: NestedTensor query, key or value is not supported (torch takes "
+                             "them on its fused inference path only); pad the batch and pass key_padding_mask")
+        _check_bools("MultiheadAttention", need_weights=need_weights, average_attn_weights=average_attn_weights,
+                     is_causal=is_causal)
         same_qkv, same_kv = query is key and key is value, key is value
         unbatched = query.dim() == 2
         if unbatched:
@@ -159,23 +230,42 @@ class MultiheadAttention(nn.Module):
                 key_padding_mask = key_padding_mask.unsqueeze(0)
         elif not self.batch_first:  # (L, N, E) -> (N, L, E) views
             query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
-        if query.dim() != 3 or key.dim() != 3 or value.dim() != 3 or query.shape[-1] != self.embed_dim:
-            raise ValueError(f"MultiheadAttention: query, key and value must be (L, N, E) / (N, L, E) with "
-                             f"E = {self.embed_dim}, or (L, E) unbatched; got {tuple(query.shape)}, "
-                             f"{tuple(key.shape)}, {tuple(value.shape)}")
+        dims = (self.embed_dim, self.kdim, self.vdim)
+        if (query.dim(), key.dim(), value.dim()) != (3, 3, 3) or tuple(t.shape[-1] for t in (query, key, value)) != \
+                dims or key.shape[:2] != value.shape[:2] or query.shape[0] != key.shape[0]:
+            raise ValueError(f"MultiheadAttention: query, key and value must be (L, N, E), (S, N, kdim), (S, N, vdim) "
+                             f"((N, L, E) ... with batch_first; (L, E) ... unbatched) with (E, kdim, vdim) = {dims}; "
+                             f"got {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
         batch, seqlen_q, seqlen_k = query.shape[0], query.shape[1], key.shape[1]
-        if is_causal and attn_mask is None and seqlen_q != seqlen_k:
-            raise ValueError(f"MultiheadAttention: is_causal=True without attn_mask needs as many queries as keys, "
-                             f"got {seqlen_q} and {seqlen_k}")
-        causal = is_causal and seqlen_q == seqlen_k
+        appended = (self.bias_k is not None) + self.add_zero_attn
+        if is_causal and attn_mask is None:
+            if seqlen_q != seqlen_k:
+                raise ValueError(f"MultiheadAttention: is_causal=True without attn_mask needs as many queries as "
+                                 f"keys, got {seqlen_q} and {seqlen_k}")
+            if appended:  # the causal mask, explicit: the appended keys stay visible, as with a given mask
+                attn_mask = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=query.device).triu(1)
+        causal = is_causal and seqlen_q == seqlen_k and not appended
         q, k, v = self._project(query, key, value, same_qkv, same_kv)
-        mask = self._masks(None if causal else attn_mask, key_padding_mask, batch, seqlen_q, seqlen_k, q.dtype)
-        out = flash_attn_func(q, k, v, dropout_p=self.dropout if self.training else 0.0, causal=causal,
-                              attn_mask=mask)
+        k, v = self._append_keys(k, v)
+        mask = self._masks(None if causal else attn_mask, key_padding_mask, batch, seqlen_q, seqlen_k, appended,
+                           q.dtype)
+        dropout_p = _check_dropout("MultiheadAttention", self.dropout) if self.training else 0.0
+        scale = 1.0 / math.sqrt(self.head_dim)
+        shape = (batch, self.num_heads, seqlen_q, k.shape[1])
+        full_mask = _check_mask("MultiheadAttention", mask, q.dtype, q.device, shape)
+        out, _, rng_state = _attention(q, k, v, scale, causal, False, _NO_WINDOW, 0.0, None, None, full_mask,
+                                       dropout_p, False)
         out = self.out_proj(out.flatten(-2))  # (N, L, E)
+        weights = None
+        if need_weights:
+            weights = _attention_weights(q, k, mask, causal, scale, dropout_p, rng_state)
+            if average_attn_weights:
+                weights = weights.mean(1)
+            if unbatched:
+                weights = weights.squeeze(0)
         if unbatched:
-            return out.squeeze(0), None
-        return (out if self.batch_first else out.transpose(0, 1)), None
+            return out.squeeze(0), weights
+        return (out if self.batch_first else out.transpose(0, 1)), weights
 
 
 def rotary_embedding(x, positions, base):
@@ -207,6 +297,9 @@ class Attention(nn.Module):
                  window_size=_NO_WINDOW, rotary=False, rotary_base=10000.0, dropout=0.0, softcap=0.0, device=None,
                  dtype=None):
         super().__init__()
+        _check_bools("Attention", causal=causal, rotary=rotary)
+        window_size, softcap = _check_window(window_size, "Attention"), _check_softcap(softcap, "Attention")
+        dropout = _check_dropout("Attention", dropout)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads:
             raise ValueError(f"Attention: num_heads ({num_heads}) must be a positive multiple of num_kv_heads "
@@ -218,7 +311,7 @@ class Attention(nn.Module):
         if rotary and head_dim % 2:
             raise ValueError(f"Attention: rotary needs an even head_dim, got {head_dim}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.causal, self.window_size, self.softcap, self.dropout = causal, tuple(window_size), softcap, dropout
+        self.causal, self.window_size, self.softcap, self.dropout = causal, window_size, softcap, dropout
         self.rotary, self.rotary_base = rotary, rotary_base
         factory = {"device": device, "dtype": dtype}
         self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * head_dim, bias=bias, **factory)
@@ -234,7 +327,11 @@ class Attention(nn.Module):
         """x (B, S, dim). attn_mask: bool (True = take part) or additive float, broadcastable to
         (B, num_heads, S, S), combined with the causal and window bands (e.g. mask[:, None, None, :] for a
         (B, S) key padding mask). positions: (S,) or (B, S) rotary positions, default 0..S-1."""
-        batch, seqlen, _ = x.shape
+        dim = self.qkv.in_features
+        if x.is_nested or x.dim() != 3 or x.shape[-1] != dim:
+            raise ValueError(f"Attention: x must be a (batch, seqlen, dim) tensor with dim = {dim}, got "
+                             f"{'a NestedTensor' if x.is_nested else tuple(x.shape)}")
+        seqlen = x.shape[1]
         sizes = [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim]
         q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in self.qkv(x).split(sizes, dim=-1))
         if self.rotary:

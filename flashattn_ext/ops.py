@@ -2,11 +2,16 @@
 ::varlen_bwd and ::kvcache_fwd: fake (meta) kernels with shape checks for tracing, and the autograd
 formulas of fwd and varlen_fwd, which save q, k, v, out, lse, the dropout rng_state, the sequence
 boundaries (varlen) and the user's own alibi/sink/mask tensors only, and call bwd / varlen_bwd.
+bwd and varlen_bwd have autograd formulas too (double_backward: a composite over query blocks), and so
+has the sink's gradient, so that derivatives of any order are exact.
 kvcache_fwd and varlen_fwd with a block_table (a paged KV cache) have no backward (as flash-attn's):
 their autograd formulas raise."""
+import functools
 import math
 
 import torch
+
+from . import double_backward
 
 PAGE_MULTIPLE = 16  # FLASHPAGE_MULTIPLE (csrc/constants.h): page sizes of a paged KV cache are multiples of it
 
@@ -21,6 +26,19 @@ def _check_rank(name, t, rank):
 
 def _check_rank4(name, t):
     _check_rank(name, t, 4)
+
+
+def _check_devices_fake(q, rng_state=None, **tensors):
+    """Every tensor argument (None: absent) on q's device, rng_state on the CPU (or on q's device, meta). A meta
+    tensor beside real ones dispatches the op here, to its fake kernel, which would return uninitialised memory
+    on q's device: it raises instead. All arguments on one device (meta, or torch.compile's fake tensors) pass."""
+    for name, t in tensors.items():
+        if t is not None:
+            torch._check(t.device == q.device,
+                         lambda: f"flashattn_ext: {name} must be on the device of q ({q.device}), got {t.device}")
+    if rng_state is not None:
+        torch._check(rng_state.device.type == "cpu" or rng_state.device == q.device,
+                     lambda: f"flashattn_ext: rng_state must be on the CPU (device cpu), got {rng_state.device}")
 
 
 def _check_qkv_fake(q, k, v):
@@ -44,6 +62,7 @@ def _check_mask_fake(attn_mask, q, k):
 @torch.library.register_fake("flashattn_ext::fwd")
 def _fwd_fake(q, k, v, softmax_scale, causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
               attn_mask, dropout_p, deterministic):
+    _check_devices_fake(q, k=k, v=v, alibi_slopes=alibi_slopes, sink=sink, attn_mask=attn_mask)
     _check_qkv_fake(q, k, v)
     _check_mask_fake(attn_mask, q, k)
     batch, seqlen_q, nheads, _ = q.shape
@@ -56,6 +75,8 @@ def _fwd_fake(q, k, v, softmax_scale, causal, bottom_right, window_left, window_
 @torch.library.register_fake("flashattn_ext::bwd")
 def _bwd_fake(dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right, window_left, window_right,
               softcap, alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad):
+    _check_devices_fake(q, rng_state, dout=dout, k=k, v=v, out=out, lse=lse, alibi_slopes=alibi_slopes, sink=sink,
+                        attn_mask=attn_mask)
     _check_qkv_fake(q, k, v)
     _check_mask_fake(attn_mask, q, k)
     torch._check(dout.shape == q.shape, lambda: "flashattn_ext: dout must have the shape of q")
@@ -70,6 +91,7 @@ def _bwd_fake(dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_
 
 @torch.library.register_fake("flashattn_ext::dropout_mask")
 def _dropout_mask_fake(q, rng_state, seqlen_k, dropout_p):
+    _check_devices_fake(q, rng_state)
     _check_rank4("q", q)
     return q.new_empty((q.shape[0], q.shape[2], q.shape[1], seqlen_k), dtype=torch.bool)
 
@@ -88,30 +110,118 @@ def _sink_grad(dout, out, lse, sink):
     return -(p_sink * delta).transpose(0, -2).reshape(sink.shape[0], -1).sum(1)
 
 
+class _SinkGrad(torch.autograd.Function):
+    """_sink_grad(dout, out, lse, sink) differentiable in full: lse, which _sink_grad takes as a constant, is
+    a function of q, k, v, sink and attn_mask, so its backward is the composite's (vjp: the dense or varlen
+    double_backward function with the call's other arguments bound) and out / lse get no gradient."""
+
+    @staticmethod
+    def forward(ctx, vjp, dout, out, lse, sink, q, k, v, attn_mask):
+        ctx.vjp = vjp
+        ctx.save_for_backward(dout, sink, q, k, v, attn_mask)
+        return _sink_grad(dout, out, lse, sink)
+
+    @staticmethod
+    def backward(ctx, gsink):
+        dout, sink, q, k, v, attn_mask = ctx.saved_tensors
+        names = ("dout", None, None, "sink", "q", "k", "v", "mask")
+        needs = [n for n, need in zip(names, ctx.needs_input_grad[1:]) if n is not None and need]
+        g = ctx.vjp(q, k, v, dout, sink, attn_mask, {"sink": gsink}, needs, torch.is_grad_enabled())
+        return (None,) + tuple(None if n is None else g.get(n) for n in names)
+
+
+def _differentiable_sink_grad(vjp, dout, out, lse, sink, q, k, v, attn_mask):
+    """_sink_grad, through _SinkGrad when a graph is being recorded (a backward with create_graph)."""
+    if torch.is_grad_enabled():
+        return _SinkGrad.apply(vjp, dout, out, lse, sink, q, k, v, attn_mask)
+    return _sink_grad(dout, out, lse, sink)
+
+
+def _dense_vjp(alibi_slopes, rng_state, var, q, k, v, dout, sink, attn_mask, cotangents, needs, create_graph):
+    keep = double_backward.dense_keep(q, rng_state, k.shape[1], var.dropout_p)
+    return double_backward.attention_vjp(q, k, v, dout, alibi_slopes, sink, attn_mask, keep, var, cotangents, needs,
+                                         create_graph)
+
+
 def _setup_context(ctx, inputs, output):
     (q, k, v, softmax_scale, causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink, attn_mask,
      dropout_p, deterministic) = inputs
     out, lse, rng_state = output
     ctx.save_for_backward(q, k, v, out, lse, rng_state, alibi_slopes, sink, attn_mask)
     ctx.args = (softmax_scale, causal, bottom_right, window_left, window_right, softcap, dropout_p, deterministic)
-    # lse and rng_state carry no gradient (returned for inspection, merging and the backward).
-    ctx.mark_non_differentiable(lse, rng_state)
+    # rng_state carries no gradient. Unused outputs get None, not zeros: lse's gradient (merging partial
+    # attentions) is computed only where one flows.
+    ctx.mark_non_differentiable(rng_state)
+    ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, dout, _dlse, _drng):
+def _add_grads(grads, positions, g):
+    """grads[positions[name]] += g[name] (None counts as zero)."""
+    for n, x in g.items():
+        i = positions[n]
+        grads[i] = x if grads[i] is None else grads[i] + x
+
+
+def _backward(ctx, dout, dlse, _drng):
     q, k, v, out, lse, rng_state, alibi_slopes, sink, attn_mask = ctx.saved_tensors
     softmax_scale, causal, bottom_right, window_left, window_right, softcap, dropout_p, deterministic = ctx.args
-    mask_grad = attn_mask is not None and attn_mask.is_floating_point() and ctx.needs_input_grad[_MASK]
-    dq, dk, dv, dmask = torch.ops.flashattn_ext.bwd(
-        dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right, window_left, window_right, softcap,
-        alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad,
-    )
-    dsink = _sink_grad(dout, out, lse, sink) if sink is not None and ctx.needs_input_grad[_SINK] else None
-    dattn_mask = dmask.to(attn_mask.dtype) if mask_grad else None
-    return dq, dk, dv, None, None, None, None, None, None, None, dsink, dattn_mask, None, None
+    var = double_backward.Variant(softmax_scale, causal, bottom_right, (window_left, window_right), softcap, dropout_p)
+    float_mask = attn_mask is not None and attn_mask.is_floating_point()
+    grads = [None] * 14
+    if dout is not None:
+        mask_grad = float_mask and ctx.needs_input_grad[_MASK]
+        dq, dk, dv, dmask = torch.ops.flashattn_ext.bwd(
+            dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right, window_left, window_right,
+            softcap, alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad,
+        )
+        grads[:3] = dq, dk, dv
+        if sink is not None and ctx.needs_input_grad[_SINK]:
+            vjp = functools.partial(_dense_vjp, alibi_slopes, rng_state, var)
+            grads[_SINK] = _differentiable_sink_grad(vjp, dout, out, lse, sink, q, k, v, attn_mask)
+        if mask_grad:
+            grads[_MASK] = dmask.to(attn_mask.dtype)
+    if dlse is not None:
+        positions = {"q": 0, "k": 1, "sink": _SINK, "mask": _MASK}
+        needs = [n for n, i in positions.items() if ctx.needs_input_grad[i] and (n != "mask" or float_mask)]
+        _add_grads(grads, positions, double_backward.lse_vjp(q, k, alibi_slopes, sink, attn_mask, var, dlse, needs,
+                                                             torch.is_grad_enabled()))
+    return tuple(grads)
 
 
 torch.library.register_autograd("flashattn_ext::fwd", _backward, setup_context=_setup_context)
+
+
+# Positions of bwd's inputs (the schema in csrc/ops.cpp).
+_BWD_INPUTS = 19
+_BWD_GRAD = {"dout": 0, "q": 1, "k": 2, "v": 3, "sink": 14, "mask": 15}
+
+
+def _bwd_setup_context(ctx, inputs, output):
+    (dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right, window_left, window_right, softcap,
+     alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad) = inputs
+    ctx.save_for_backward(dout, q, k, v, rng_state, alibi_slopes, sink, attn_mask)
+    ctx.var = double_backward.Variant(softmax_scale, causal, bottom_right, (window_left, window_right), softcap,
+                                      dropout_p)
+    ctx.mask_grad = mask_grad
+
+
+def _bwd_backward(ctx, gdq, gdk, gdv, gdmask):
+    """The gradients of dout, q, k, v, sink and a floating attn_mask from those of dq, dk, dv, dmask (none
+    for out and lse: the composite recomputes them from q, k, v, sink and attn_mask). Exact when out, lse
+    and rng_state are fwd's for these inputs, as fwd's autograd passes them."""
+    dout, q, k, v, rng_state, alibi_slopes, sink, attn_mask = ctx.saved_tensors
+    float_mask = attn_mask is not None and attn_mask.is_floating_point()
+    needs = [n for n, i in _BWD_GRAD.items() if ctx.needs_input_grad[i] and (n != "mask" or float_mask)]
+    cotangents = {"q": gdq, "k": gdk, "v": gdv, "mask": gdmask if ctx.mask_grad else None}
+    g = _dense_vjp(alibi_slopes, rng_state, ctx.var, q, k, v, dout, sink, attn_mask, cotangents, needs,
+                   torch.is_grad_enabled())
+    grads = [None] * _BWD_INPUTS
+    for n, i in _BWD_GRAD.items():
+        grads[i] = g.get(n)
+    return tuple(grads)
+
+
+torch.library.register_autograd("flashattn_ext::bwd", _bwd_backward, setup_context=_bwd_setup_context)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -151,6 +261,8 @@ def _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_tab
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                      causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic,
                      block_table=None):
+    _check_devices_fake(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+                        alibi_slopes=alibi_slopes, sink=sink, block_table=block_table)
     _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table)
     total_q, nheads, _ = q.shape
     out = q.new_empty((total_q, nheads, v.shape[-1]))
@@ -163,6 +275,8 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_
 def _varlen_bwd_fake(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                      max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink,
                      dropout_p, deterministic):
+    _check_devices_fake(q, rng_state, dout=dout, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q,
+                        cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, alibi_slopes=alibi_slopes, sink=sink)
     _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
     torch._check(dout.shape == q.shape, lambda: "flashattn_ext: dout must have the shape of q")
     torch._check(out.shape == q.shape, lambda: "flashattn_ext: out must have the shape of q")
@@ -179,6 +293,9 @@ def _varlen_setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
      window_right, softcap, alibi_slopes, sink, dropout_p, deterministic, block_table) = inputs
     out, lse, rng_state = output
+    # lse carries no gradient here (as flash-attn's; fwd's does): its composite would read cu_seqlens on the
+    # host, which a traced backward cannot. merge_attention_states refuses such an lse beside an out that
+    # requires grad rather than return gradients without lse's part.
     ctx.mark_non_differentiable(lse, rng_state)
     ctx.paged = block_table is not None
     if ctx.paged:  # no backward: nothing to save
@@ -195,17 +312,57 @@ def _varlen_backward(ctx, dout, _dlse, _drng):
     q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink = ctx.saved_tensors
     (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, dropout_p,
      deterministic) = ctx.args
-    dq, dk, dv = torch.ops.flashattn_ext.varlen_bwd(
+    var = double_backward.Variant(softmax_scale, causal, True, (window_left, window_right), softcap, dropout_p)
+    grads = [None] * _VARLEN_INPUTS
+    grads[:3] = torch.ops.flashattn_ext.varlen_bwd(
         dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
         softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic,
     )
-    grads = [dq, dk, dv] + [None] * (_VARLEN_INPUTS - 3)
     if sink is not None and ctx.needs_input_grad[_VARLEN_SINK]:
-        grads[_VARLEN_SINK] = _sink_grad(dout, out, lse, sink)
+        vjp = functools.partial(_varlen_vjp, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                alibi_slopes, rng_state, var)
+        grads[_VARLEN_SINK] = _differentiable_sink_grad(vjp, dout, out, lse, sink, q, k, v, None)
     return tuple(grads)
 
 
 torch.library.register_autograd("flashattn_ext::varlen_fwd", _varlen_backward, setup_context=_varlen_setup_context)
+
+
+def _varlen_vjp(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state, var, q, k,
+                v, dout, sink, attn_mask, cotangents, needs, create_graph):
+    return double_backward.varlen_vjp(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                                      max_seqlen_k, alibi_slopes, sink, rng_state, var, cotangents, needs,
+                                      create_graph)
+
+
+# Positions of varlen_bwd's inputs (the schema in csrc/ops.cpp).
+_VARLEN_BWD_INPUTS = 21
+_VARLEN_BWD_GRAD = {"dout": 0, "q": 1, "k": 2, "v": 3, "sink": 18}
+
+
+def _varlen_bwd_setup_context(ctx, inputs, output):
+    (dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+     softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic) = inputs
+    ctx.save_for_backward(dout, q, k, v, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink)
+    ctx.args = (max_seqlen_q, max_seqlen_k,
+                double_backward.Variant(softmax_scale, causal, True, (window_left, window_right), softcap, dropout_p))
+
+
+def _varlen_bwd_backward(ctx, gdq, gdk, gdv):
+    """varlen_bwd's gradients of dout, q, k, v and sink (none for out and lse, as _bwd_backward)."""
+    dout, q, k, v, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink = ctx.saved_tensors
+    max_seqlen_q, max_seqlen_k, var = ctx.args
+    needs = [n for n, i in _VARLEN_BWD_GRAD.items() if ctx.needs_input_grad[i]]
+    g = _varlen_vjp(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state, var,
+                    q, k, v, dout, sink, None, {"q": gdq, "k": gdk, "v": gdv}, needs, torch.is_grad_enabled())
+    grads = [None] * _VARLEN_BWD_INPUTS
+    for n, i in _VARLEN_BWD_GRAD.items():
+        grads[i] = g.get(n)
+    return tuple(grads)
+
+
+torch.library.register_autograd("flashattn_ext::varlen_bwd", _varlen_bwd_backward,
+                                setup_context=_varlen_bwd_setup_context)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -246,6 +403,9 @@ def _check_kvcache_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cac
 @torch.library.register_fake("flashattn_ext::kvcache_fwd")
 def _kvcache_fwd_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, softmax_scale,
                       causal, window_left, window_right, softcap, alibi_slopes, sink, num_splits=0):
+    _check_devices_fake(q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
+                        cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
+                        alibi_slopes=alibi_slopes, sink=sink)
     _check_kvcache_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
     torch._check(num_splits >= 0, lambda: "flashattn_ext: num_splits must be 0 or a positive count")
     batch, seqlen_q, nheads, _ = q.shape

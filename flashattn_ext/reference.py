@@ -14,16 +14,19 @@ def dropout_keep_probability(dropout_p):
     return 1.0 - round(dropout_p * 65536) / 65536
 
 
-def visible_band(seqlen_q, seqlen_k, causal=False, bottom_right=True, window_size=(-1, -1), device="cpu"):
+def visible_band(seqlen_q, seqlen_k, causal=False, bottom_right=True, window_size=(-1, -1), device="cpu",
+                 rows=None):
     """(seqlen_q, seqlen_k) bool, True where query i sees key j by position: with offset =
     seqlen_k - seqlen_q (bottom_right, flash_attn_func) or 0 (top-left, torch's is_causal),
-    i + offset - left <= j <= i + offset + right, -1 meaning unbounded; causal forces right = 0."""
+    i + offset - left <= j <= i + offset + right, -1 meaning unbounded; causal forces right = 0.
+    rows = (start, stop): only query rows start .. stop - 1, a (stop - start, seqlen_k) band."""
     left, right = window_size
     if causal:
         right = 0
     offset = seqlen_k - seqlen_q if bottom_right else 0
-    rel = (torch.arange(seqlen_k, device=device)[None, :] - torch.arange(seqlen_q, device=device)[:, None]) - offset
-    band = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    start, stop = (0, seqlen_q) if rows is None else rows
+    rel = (torch.arange(seqlen_k, device=device)[None, :] - torch.arange(start, stop, device=device)[:, None]) - offset
+    band = torch.ones(stop - start, seqlen_k, dtype=torch.bool, device=device)
     if left >= 0:
         band &= rel >= -left
     if right >= 0:
@@ -31,11 +34,13 @@ def visible_band(seqlen_q, seqlen_k, causal=False, bottom_right=True, window_siz
     return band
 
 
-def _scores(q, k, softmax_scale, causal, bottom_right, window_size, softcap, alibi_slopes, attn_mask, dtype):
-    """The final scores (batch, nheads, seqlen_q, seqlen_k) in dtype (hidden keys hold arbitrary values)
-    and the bool `visible` of the same shape (band and mask)."""
-    batch, seqlen_q, nheads, headdim = q.shape
+def _scores(q, k, softmax_scale, causal, bottom_right, window_size, softcap, alibi_slopes, attn_mask, dtype,
+            query_rows=None):
+    """The final scores (batch, nheads, rows, seqlen_k) in dtype (hidden keys hold arbitrary values)
+    and the bool `visible` of the same shape (band and mask); query_rows as attention_ref's."""
+    batch, rows, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    start, seqlen_q = (0, rows) if query_rows is None else query_rows
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(headdim) if headdim > 0 else 1.0
     device = q.device
@@ -47,15 +52,15 @@ def _scores(q, k, softmax_scale, causal, bottom_right, window_size, softcap, ali
         scores = softcap * torch.tanh(scores / softcap)
     if alibi_slopes is not None:
         slopes = alibi_slopes.to(device=device, dtype=dtype).reshape(-1, nheads)  # (1 or batch, nheads)
-        rows = torch.arange(seqlen_q, device=device)[:, None]
-        cols = torch.arange(seqlen_k, device=device)[None, :]
-        dist = (rows + (seqlen_k - seqlen_q) - cols).abs().to(dtype)  # (seqlen_q, seqlen_k)
+        i = torch.arange(start, start + rows, device=device)[:, None]
+        j = torch.arange(seqlen_k, device=device)[None, :]
+        dist = (i + (seqlen_k - seqlen_q) - j).abs().to(dtype)  # (rows, seqlen_k)
         scores = scores - slopes[:, :, None, None] * dist
-    visible = visible_band(seqlen_q, seqlen_k, causal, bottom_right, window_size, device)
-    visible = visible.expand(batch, nheads, seqlen_q, seqlen_k)
+    visible = visible_band(seqlen_q, seqlen_k, causal, bottom_right, window_size, device, (start, start + rows))
+    visible = visible.expand(batch, nheads, rows, seqlen_k)
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
-            visible = visible & attn_mask.to(device).expand(batch, nheads, seqlen_q, seqlen_k)
+            visible = visible & attn_mask.to(device).expand(batch, nheads, rows, seqlen_k)
         else:
             scores = scores + attn_mask.to(device=device, dtype=dtype)
             visible = visible & (scores.detach() != -math.inf)
@@ -76,6 +81,7 @@ def attention_ref(
     attn_mask=None,
     dropout_p=0.0,
     dropout_mask=None,
+    query_rows=None,
 ):
     """Returns (out, lse) for q (batch, seqlen_q, nheads, headdim), k/v (batch, seqlen_k, nheads_kv, headdim).
 
@@ -93,6 +99,9 @@ def attention_ref(
     Rows that see no key: out 0, lse -inf (lse = sink with a sink), zero gradients.
     lse: (batch, nheads, seqlen_q) in q's dtype, the logsumexp of the row's final scores and the sink,
         taken before dropout.
+    query_rows = (start, seqlen_q): q holds query rows start .. start + q.shape[1] - 1 of seqlen_q (the
+        alignment of causal, window_size and alibi_slopes); attn_mask and dropout_mask then cover those
+        rows only, and out / lse are theirs. None: q holds all rows.
     """
     batch, seqlen_q, nheads, _ = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
@@ -100,7 +109,7 @@ def attention_ref(
         raise ValueError("attention_ref: dropout_p > 0 needs the keep mask as dropout_mask")
     dtype, device = q.dtype, q.device
     scores, visible = _scores(q, k, softmax_scale, causal, bottom_right, window_size, softcap, alibi_slopes,
-                              attn_mask, dtype)
+                              attn_mask, dtype, query_rows)
     vh = v.transpose(1, 2).repeat_interleave(nheads // nheads_kv, dim=1)  # (batch, nheads, seqlen_k, headdim)
     # Rows without a visible key: every score replaced by 0 (finite: no -inf - -inf anywhere, in the
     # forward or the backward graph), the probabilities zeroed by `visible` below.

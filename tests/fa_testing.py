@@ -40,7 +40,7 @@ def grad_tol(dtype):
 
 
 # (device, dtype) pairs: CPU supports fp32/fp64; CUDA fp16/bf16/fp32/fp64.
-DEVICE_DTYPES = [("cpu", torch.float32), ("cpu", torch.float64)] + [
+DEVICE_DTYPES = [("cpu", dt) for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)] + [
     ("cuda", dt) for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 ]
 

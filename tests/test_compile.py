@@ -1,8 +1,10 @@
 """torch.library.opcheck of the fwd and bwd ops and torch.compile(fullgraph=True) of the public
 functions, fed by the SMOKE subset of the one SAMPLES list (with every variant off; the variants'
-opcheck and compile tests are in test_variants.py)."""
+opcheck and compile tests are in test_variants.py); flash_attn_varlen_func compiled once for every
+max_seqlen."""
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 
 import flashattn_ext
 from fa_testing import (
@@ -13,6 +15,7 @@ from fa_testing import (
     Var,
     assert_close,
     assert_lse_close,
+    attention64,
     device_dtype_params,
     grad_tol,
     make_inputs,
@@ -136,3 +139,82 @@ def test_compile_inductor(device, dtype):
     assert_close("out (inductor vs eager)", c_out, e_out, OUT_TOL[dtype])
     for name, c, e in zip(("dq", "dk", "dv"), c_grads, e_grads):
         assert_close(f"{name} (inductor vs eager)", c, e, grad_tol(dtype))
+
+
+# ----------------------------------------------------------------------------------------------
+# flash_attn_varlen_func: one graph for every max_seqlen (SymInt max_seqlen_q / max_seqlen_k in the schema)
+# ----------------------------------------------------------------------------------------------
+
+VARLEN_TOTAL = 16  # every batch packs 2 sequences in 16 tokens: only max_seqlen changes between calls
+VARLEN_BATCHES = ([5, 11], [9, 7], [3, 13], [8, 8])  # max_seqlen 11, 9, 13, 8
+
+
+def varlen_fn(q, k, v, cu_seqlens, max_seqlen):
+    return flashattn_ext.flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True,
+                                                return_lse=True)
+
+
+def varlen_batch(lens, dtype, device, seed):
+    """q, k, v (VARLEN_TOTAL, 4 / 2 heads, 16) requiring grad, dout, cu_seqlens of lens, max_seqlen."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, dout = (torch.randn(VARLEN_TOTAL, h, 16, generator=gen, dtype=torch.float64).to(dtype=dtype,
+                                                                                              device=device)
+                     for h in (4, 2, 2, 4))
+    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32, device=device)
+    return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), dout, cu, max(lens)
+
+
+def varlen_reference(q, k, v, dout, lens):
+    """out and dq, dk, dv in float64, sequence by sequence with attention64."""
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    outs, start = [], 0
+    for n in lens:
+        rows = slice(start, start + n)
+        outs.append(attention64(q64[None, rows], k64[None, rows], v64[None, rows], causal=True)[0][0])
+        start += n
+    out = torch.cat(outs)
+    return (out,) + torch.autograd.grad(out, (q64, k64, v64), dout.double())
+
+
+def run_varlen(fn, lens, dtype, device, seed):
+    q, k, v, dout, cu, max_seqlen = varlen_batch(lens, dtype, device, seed)
+    out, lse = fn(q, k, v, cu, max_seqlen)
+    return (q, k, v, dout), (out, lse) + torch.autograd.grad(out, (q, k, v), dout)
+
+
+def check_varlen_compiled(compiled, dtype, device):
+    for seed, lens in enumerate(VARLEN_BATCHES):
+        inputs, (c_out, c_lse, *c_grads) = run_varlen(compiled, lens, dtype, device, seed)
+        _, (e_out, e_lse, *e_grads) = run_varlen(varlen_fn, lens, dtype, device, seed)
+        assert_close("out (compiled vs eager)", c_out, e_out, OUT_TOL[dtype])
+        assert_lse_close(c_lse, e_lse, OUT_TOL[dtype])
+        ref_out, *ref_grads = varlen_reference(*inputs, lens)
+        assert_close("out", c_out, ref_out, OUT_TOL[dtype])
+        for name, c, e, r in zip(("dq", "dk", "dv"), c_grads, e_grads, ref_grads):
+            assert_close(f"{name} (compiled vs eager)", c, e, grad_tol(dtype))
+            assert_close(name, c, r, grad_tol(dtype))
+
+
+@pytest.mark.parametrize("device, dtype", device_dtype_params([("cpu", torch.float32), ("cuda", torch.bfloat16)]))
+def test_compile_varlen_max_seqlen_one_graph(device, dtype):
+    """dynamic=None (the default): the first call is specialised, as torch.compile does for every int and size
+    (automatic dynamic); the second value makes max_seqlen symbolic and that one graph serves every other value
+    (the old int schema recompiled for each). dynamic=True: one graph from the start."""
+    for dynamic, compiles in ((None, 2), (True, 1)):
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        compiled = torch.compile(varlen_fn, fullgraph=True, backend=counter, dynamic=dynamic)
+        check_varlen_compiled(compiled, dtype, device)
+        assert counter.frame_count == compiles, (dynamic, counter.frame_count)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("device, dtype", device_dtype_params([("cpu", torch.float32), ("cuda", torch.bfloat16)]))
+def test_compile_varlen_max_seqlen_backends(device, dtype, backend):
+    """The same through aot_eager and inductor (forward and backward graphs): no recompile past the second
+    max_seqlen, results equal to eager and the float64 reference."""
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend(backend)
+    compiled = torch.compile(varlen_fn, fullgraph=True, backend=counter)
+    check_varlen_compiled(compiled, dtype, device)
+    assert counter.frame_count == 2, counter.frame_count

@@ -14,6 +14,7 @@ import torch
 
 import flashattn_ext
 from fa_testing import (
+    attention64,
     DTYPE_NAMES,
     OUT_TOL,
     Cfg,
@@ -268,3 +269,117 @@ def test_issue_bug_shapes_with_variants(device, dtype):
     for cfg, var, api in cases:
         case = Case(0, device, dtype, cfg, var, ("bhsd", "bhsd", "bhsd", "bhsd"), api)
         check_case(case)
+
+
+# ---- torch's SDPA contract: random ranks, broadcast batch dims and heads, strides, masks (CPU, float64) --------
+
+
+def draw_sdpa_case(seed):
+    """Shapes and layouts of one SDPA call as torch accepts it: query (*bq, h, sq, d), key / value (*bk, hk,
+    sk, d / dv) with the batch dims broadcasting against each other (some of them 1), heads broadcast (hk 1)
+    or grouped (enable_gqa), an optional bool / float mask of a broadcastable shape or is_causal."""
+    rng = random.Random(seed)
+    nbatch = rng.randint(0, 3)
+    batch = [rng.randint(1, 3) for _ in range(nbatch)]
+    bq = [1 if rng.random() < 0.3 else n for n in batch]
+    bk = [1 if rng.random() < 0.3 else n for n in batch]
+    gqa = rng.random() < 0.3
+    hk = rng.choice((1, 2))
+    h = hk * rng.choice((1, 2)) if gqa else rng.choice((hk, 1 if hk == 1 else hk))
+    if not gqa and rng.random() < 0.3:
+        hk, h = 1, rng.choice((1, 3))  # heads broadcast from 1
+    sq, sk = rng.randint(1, 9), rng.randint(1, 9)
+    d = rng.choice((1, 4, 8, 13))
+    dv = d if rng.random() < 0.7 else rng.choice((2, 8, 16))
+    causal = rng.random() < 0.3
+    mask = None if causal or rng.random() < 0.4 else (rng.choice(("bool", "float")),
+                                                     tuple(rng.choice((1, n)) for n in batch + [h, sq, sk]))
+    strided = tuple(rng.random() < 0.3 for _ in range(3))  # last stride 2 (a copy is needed)
+    transposed = tuple(rng.random() < 0.5 for _ in range(3))  # (..., s, h, d) storage
+    scale = None if rng.random() < 0.5 else rng.uniform(0.2, 1.5)
+    return dict(bq=bq, bk=bk, h=h, hk=hk, sq=sq, sk=sk, d=d, dv=dv, causal=causal, mask=mask, gqa=gqa,
+                strided=strided, transposed=transposed, scale=scale)
+
+
+def make_sdpa_tensor(gen, shape, strided, transposed):
+    """A float64 leaf that requires grad and the view of `shape` built from it in the drawn layout."""
+    *lead, hh, s, dd = shape
+    full = [*lead, s, hh, dd * (2 if strided else 1)] if transposed else [*lead, hh, s, dd * (2 if strided else 1)]
+    leaf = torch.randn(full, generator=gen, dtype=torch.float64).requires_grad_()
+    x = leaf[..., ::2] if strided else leaf
+    return leaf, (x.transpose(-3, -2) if transposed else x)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_fuzz_sdpa_torch_contract(seed):
+    c = draw_sdpa_case(seed)
+    gen = torch.Generator().manual_seed(seed)
+    leaves, views = [], []
+    for i, shape in enumerate(([*c["bq"], c["h"], c["sq"], c["d"]], [*c["bk"], c["hk"], c["sk"], c["d"]],
+                               [*c["bk"], c["hk"], c["sk"], c["dv"]])):
+        leaf, view = make_sdpa_tensor(gen, shape, c["strided"][i], c["transposed"][i])
+        leaves.append(leaf)
+        views.append(view)
+    mask = None
+    if c["mask"] is not None:
+        kind, shape = c["mask"]
+        mask = (torch.rand(shape, generator=gen) > 0.3) if kind == "bool" else \
+            torch.randn(shape, generator=gen, dtype=torch.float64).requires_grad_()
+    kwargs = dict(attn_mask=mask, is_causal=c["causal"], scale=c["scale"], enable_gqa=c["gqa"])
+    inputs = leaves + ([mask] if mask is not None and mask.requires_grad else [])
+    out = flashattn_ext.scaled_dot_product_attention(*views, **kwargs)
+    dout = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    ours = torch.autograd.grad(out, inputs, dout)
+    ref_out = torch.nn.functional.scaled_dot_product_attention(*views, **kwargs)
+    ref = torch.autograd.grad(ref_out, inputs, dout)
+    assert out.shape == ref_out.shape
+    # torch's math gives NaN on rows a bool mask hides entirely where ours (and its fused kernels) give 0
+    hidden = ref_out.isnan()
+    torch.testing.assert_close(out[~hidden], ref_out[~hidden], atol=1e-12, rtol=1e-10)
+    for a, b in zip(ours, ref):
+        if not b.isnan().any():
+            torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-9)
+
+
+# ---- double backward: gradient penalties of random variant combinations against eager float64 (CPU) -----------
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_fuzz_double_backward(seed):
+    """loss = <out, g> + ||dq||^2 + ||dk||^2 + ||dv||^2 (the first-order gradients taken with create_graph), then
+    its gradients of q, k, v, the sink and a float mask: ours against eager float64 attention (attention64) to
+    1e-9, over random shapes, GQA, both causal alignments, windows, softcap, ALiBi, sinks and masks."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    b, hkv = rng.randint(1, 2), rng.choice((1, 2))
+    h, sq, sk, d = hkv * rng.choice((1, 2)), rng.randint(1, 11), rng.randint(1, 11), rng.choice((3, 8, 16))
+    kw = dict(causal=rng.random() < 0.4)
+    if rng.random() < 0.3:
+        kw["window_size"] = (rng.randint(0, 6), rng.randint(0, 6))
+    if rng.random() < 0.3:
+        kw["softcap"] = rng.uniform(1.0, 8.0)
+    if rng.random() < 0.3:
+        kw["alibi_slopes"] = torch.rand(h, generator=gen, dtype=torch.float64).float()
+    leaf = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64).requires_grad_()  # noqa: E731
+    q, k, v = leaf(b, sq, h, d), leaf(b, sk, hkv, d), leaf(b, sk, hkv, d)
+    extra = {}
+    if rng.random() < 0.3:
+        extra["sink"] = leaf(h)
+    if rng.random() < 0.3:
+        extra["attn_mask"] = leaf(b, h, sq, sk)
+    g = torch.randn(b, sq, h, d, generator=gen, dtype=torch.float64)
+    inputs = [q, k, v] + list(extra.values())
+
+    def penalty(out):
+        firsts = torch.autograd.grad((out * g).sum(), (q, k, v), create_graph=True)
+        loss = (out * g).sum() + sum((f * f).sum() for f in firsts)
+        return torch.autograd.grad(loss, inputs, allow_unused=True)
+
+    ours = penalty(flashattn_ext.flash_attn_func(q, k, v, **kw, **extra))
+    window = kw.get("window_size", (-1, -1))
+    ref = penalty(attention64(q, k, v, causal=kw["causal"], window=window, softcap=kw.get("softcap", 0.0),
+                              alibi_slopes=kw.get("alibi_slopes"), **extra)[0])
+    for a, r in zip(ours, ref):
+        a = torch.zeros_like(r) if a is None else a
+        r = torch.zeros_like(a) if r is None else r
+        torch.testing.assert_close(a, r, atol=1e-9, rtol=1e-9)

@@ -17,7 +17,7 @@ import flashattn_ext
 from fa_testing import DTYPE_NAMES, HAS_CUDA, OUT_TOL, assert_close, assert_lse_close, attention64, no_host_sync
 
 CUDA_MARKS = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
-DEVICE_DTYPES = [("cpu", torch.float32), ("cpu", torch.float64)] + [
+DEVICE_DTYPES = [("cpu", dt) for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)] + [
     ("cuda", dt) for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)]
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=CUDA_MARKS)]
 # The appended keys are rotated in float32 (half inputs) or in their dtype and rounded, the reference in
@@ -514,3 +514,95 @@ def test_bad_op_inputs(name, changes, words):
         op_call(**changes)
     for word in words:
         assert word in str(info.value), f"{name}: {word!r} not in {str(info.value)!r}"
+
+
+# ----------------------------------------------------------------------------------------------
+# An append longer than the cache: shapes always, cache_seqlens' contents with check_cache_seqlens=True
+# ----------------------------------------------------------------------------------------------
+
+OVERFLOW_CASES = [c for c in CASES if c.id.startswith("overflow")]
+FITTING_CASES = [c for c in CASES if not c.id.startswith("overflow")]
+
+
+def snapshot(t):
+    return {name: x.clone() for name, x in t.items() if isinstance(x, torch.Tensor)}
+
+
+def assert_unchanged(t, before):
+    for name, x in before.items():
+        assert torch.equal(t[name], x), f"{name} was modified"
+
+
+@pytest.mark.parametrize("paged_cache", [False, True], ids=["dense", "paged"])
+@pytest.mark.parametrize("seqlens", ["tensor", "int"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_append_longer_than_the_cache(device, seqlens, paged_cache):
+    """seqlen_new past the cache's rows (seqlen_cache, or max_pages * page_size) raises from shapes alone,
+    naming k_cache, before anything is written; the check reads nothing on the host."""
+    c = Case(new=1, seqlens=(0, 0) if seqlens == "tensor" else 0, page=16 if paged_cache else 0, cache=32)
+    t = make_inputs(c, torch.float32, device)
+    t["k"], t["v"] = (torch.randn(c.b, 33, c.hkv, c.d, device=device) for _ in range(2))
+    before = snapshot(t)
+    with pytest.raises(ValueError, match="k_cache") as info:
+        if device == "cuda" and seqlens == "tensor":
+            with no_host_sync():
+                call(c, t)
+        else:
+            call(c, t)
+    assert "33" in str(info.value) and "32" in str(info.value)
+    assert_unchanged(t, before)
+
+
+@pytest.mark.parametrize("case", OVERFLOW_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("device", DEVICES)
+def test_check_cache_seqlens_raises_before_writing(device, case):
+    """check_cache_seqlens=True: cache_seqlens[b] + seqlen_new past the cache raises (naming cache_seqlens,
+    the first row b outside and k_cache) and leaves every tensor as it was."""
+    t = make_inputs(case, torch.float32, device)
+    before = snapshot(t)
+    with pytest.raises(ValueError, match="cache_seqlens\\[0\\].*k_cache"):
+        call(case, t, check_cache_seqlens=True)
+    assert_unchanged(t, before)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_check_cache_seqlens_negative_and_without_append(device):
+    c = Case(seqlens=(5, 30))
+    for seqlens in ((-1, 3), (5, 41)):  # no append: cache_seqlens alone must fit the 40 rows
+        t = make_inputs(c, torch.float32, device)
+        t["cache_seqlens"] = torch.tensor(seqlens, dtype=torch.int32, device=device)
+        with pytest.raises(ValueError, match="cache_seqlens\\[[01]\\].*k_cache"):
+            call(c, t, check_cache_seqlens=True)
+
+
+@pytest.mark.parametrize("case", [c for c in FITTING_CASES if isinstance(c.seqlens, tuple)], ids=lambda c: c.id)
+def test_check_cache_seqlens_passes_what_fits(case):
+    """Contents that fit pass the check and give the unchecked call's results, bit for bit."""
+    results = []
+    for check in (False, True):
+        t = make_inputs(case, torch.float32, "cpu")
+        results.append((call(case, t, check_cache_seqlens=check, return_softmax_lse=True), t["k_cache"],
+                        t["v_cache"]))
+    (out0, lse0), k0, v0 = results[0]
+    (out1, lse1), k1, v1 = results[1]
+    assert torch.equal(out0, out1) and torch.equal(lse0, lse1) and torch.equal(k0, k1) and torch.equal(v0, v1)
+
+
+@pytest.mark.parametrize("case", OVERFLOW_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("device", DEVICES)
+def test_unchecked_overflow_stays_inside_the_cache(device, case):
+    """Unchecked, rows past the cache are dropped (test_kvcache compares what is written with the reference):
+    the memory beside the cache, in the same allocation, is never touched."""
+    t = make_inputs(case, torch.float32, device)
+    guard = 8  # rows (dense) or pages (paged) of the allocation past the cache
+    for name in ("k_cache", "v_cache"):
+        x = t[name]
+        shape = (x.shape[0] + guard,) + tuple(x.shape[1:]) if case.page else (x.shape[0], x.shape[1] + guard,
+                                                                                *x.shape[2:])
+        storage = torch.randn(shape, device=device)
+        t[name] = storage[:x.shape[0]] if case.page else storage[:, :x.shape[1]]
+        t[name].copy_(x)
+        t[name + "_outside"] = storage[x.shape[0]:] if case.page else storage[:, x.shape[1]:]
+    outside = {name: t[name].clone() for name in ("k_cache_outside", "v_cache_outside")}
+    call(case, t)
+    assert_unchanged(t, outside)

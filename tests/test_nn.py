@@ -1,7 +1,9 @@
 """flashattn_ext.nn: MultiheadAttention against torch.nn.MultiheadAttention with the same state dict
-(outputs and the gradients of the inputs and parameters; batch_first or not, unbatched, self-, key=value
-and separate cross-attention, key_padding_mask, attn_mask (2-D and per-head 3-D, bool and float),
-is_causal, bias, dropout), state dicts both ways, initialization, errors, and the module inside
+(outputs, attention weights averaged and per head, and the gradients of the inputs and parameters through
+both; every constructor option: bias, kdim / vdim, add_bias_kv, add_zero_attn, batch_first both ways;
+unbatched, self-, key=value and separate cross-attention, key_padding_mask, attn_mask (2-D and per-head
+3-D, bool and float), is_causal, dropout (the weights returned are those the kernel used)), state dicts
+both ways for every option, initialization, errors, and the module inside
 torch.nn.TransformerEncoderLayer; Attention (GQA, rotary, causal, window, softcap, masks) against the
 same projections around an eager attention core. CPU in float32 and float64, CUDA in float32."""
 import math
@@ -24,6 +26,29 @@ DEVICE_DTYPES = [
 # torch's own warning when key_padding_mask and attn_mask differ in type (bool and float): we test that case
 pytestmark = pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask:UserWarning")
 TOL = {torch.float64: dict(atol=1e-10, rtol=1e-10), torch.float32: dict(atol=2e-5, rtol=1e-4)}
+# every constructor option of torch.nn.MultiheadAttention that shapes the parameters or the keys
+OPTIONS = {
+    "default": {},
+    "no_bias": dict(bias=False),
+    "kdim_vdim": dict(kdim=EMBED // 2, vdim=EMBED + 8),
+    "kdim_eq_vdim": dict(kdim=EMBED // 2, vdim=EMBED // 2),
+    "bias_kv": dict(add_bias_kv=True),
+    "zero_attn": dict(add_zero_attn=True),
+    "bias_kv_zero_attn": dict(add_bias_kv=True, add_zero_attn=True),
+    "all": dict(bias=False, kdim=EMBED // 2, vdim=EMBED // 4, add_bias_kv=True, add_zero_attn=True),
+}
+WEIGHTS = {"no_weights": dict(need_weights=False), "averaged": {}, "per_head": dict(average_attn_weights=False)}
+
+
+def kinds(options):
+    """The input kinds an option allows: self-attention needs kdim = vdim = embed_dim, key is value
+    needs kdim = vdim."""
+    kdim, vdim = options.get("kdim", EMBED), options.get("vdim", EMBED)
+    allowed = {"self": kdim == vdim == EMBED, "kv": kdim == vdim, "cross": True}
+    return [kind for kind, ok in allowed.items() if ok]
+
+
+CASES = [pytest.param(name, kind, id=f"{name}-{kind}") for name, options in OPTIONS.items() for kind in kinds(options)]
 
 
 def mha_pair(device, dtype, seed=0, **kwargs):
@@ -62,40 +87,45 @@ def attention_mask(kind, per_head, seqlen_q, seqlen_k, device, dtype, seed=3):
     return torch.randn(shape, generator=gen, dtype=torch.float64).masked_fill(hidden, -math.inf).to(device, dtype)
 
 
-def inputs(kind, batch_first, device, dtype, seed=1):
+def inputs(kind, batch_first, device, dtype, seed=1, kdim=EMBED, vdim=EMBED):
     """(query, key, value) with grads: kind "self" (one tensor), "kv" (key is value), "cross" (three)."""
     gen = torch.Generator().manual_seed(seed)
 
-    def make(seqlen):
-        shape = (BATCH, seqlen, EMBED) if batch_first else (seqlen, BATCH, EMBED)
+    def make(seqlen, dim):
+        shape = (BATCH, seqlen, dim) if batch_first else (seqlen, BATCH, dim)
         return torch.randn(shape, generator=gen, dtype=torch.float64).to(device, dtype).requires_grad_()
 
     if kind == "self":
-        x = make(SEQ_Q)
+        x = make(SEQ_Q, EMBED)
         return x, x, x
-    q, k = make(SEQ_Q), make(SEQ_K)
-    return (q, k, k) if kind == "kv" else (q, k, make(SEQ_K))
+    q, k = make(SEQ_Q, EMBED), make(SEQ_K, kdim)
+    return (q, k, k) if kind == "kv" else (q, k, make(SEQ_K, vdim))
 
 
-def run(module, query, key, value, **kwargs):
-    """Output and the gradients of (the distinct) inputs and of the parameters, for a fixed random
-    upstream gradient."""
+def run(module, query, key, value, need_weights=False, **kwargs):
+    """Output, attention weights (None without need_weights) and the gradients of (the distinct) inputs
+    and of the parameters, for fixed random upstream gradients of the output and of the weights."""
     for t in (query, key, value):
         t.grad = None
     module.zero_grad(set_to_none=True)
-    out, weights = module(query, key, value, need_weights=False, **kwargs)
-    assert weights is None
-    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
-    out.backward(dout.to(out.device, out.dtype))
+    out, weights = module(query, key, value, need_weights=need_weights, **kwargs)
+    assert (weights is None) == (not need_weights)
+    gen = torch.Generator().manual_seed(9)
+    loss = (out * torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out.device, out.dtype)).sum()
+    if weights is not None:
+        dw = torch.randn(weights.shape, generator=gen, dtype=torch.float64).to(out.device, out.dtype)
+        loss = loss + (weights * dw).sum()
+    loss.backward()
     grads = {f"input{i}": t.grad for i, t in enumerate(dict.fromkeys((query, key, value)))}
     grads.update({name: p.grad for name, p in module.named_parameters()})
-    return out.detach(), grads
+    return out.detach(), None if weights is None else weights.detach(), grads
 
 
 def assert_same(got, ref, dtype):
-    out, grads = got
-    ref_out, ref_grads = ref
+    out, weights, grads = got
+    ref_out, ref_weights, ref_grads = ref
     torch.testing.assert_close(out, ref_out, **TOL[dtype])
+    torch.testing.assert_close(weights, ref_weights, **TOL[dtype])
     assert grads.keys() == ref_grads.keys()
     for name in ref_grads:
         torch.testing.assert_close(grads[name], ref_grads[name], msg=lambda m: f"grad {name}: {m}", **TOL[dtype])
@@ -103,23 +133,40 @@ def assert_same(got, ref, dtype):
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("batch_first", [True, False], ids=["batch_first", "seq_first"])
-@pytest.mark.parametrize("kind", ["self", "kv", "cross"])
-@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
-def test_mha_plain(device, dtype, batch_first, kind, bias):
-    ours, ref = mha_pair(device, dtype, bias=bias, batch_first=batch_first)
-    q, k, v = inputs(kind, batch_first, device, dtype)
-    assert_same(run(ours, q, k, v), run(ref, q, k, v), dtype)
+@pytest.mark.parametrize("option, kind", CASES)
+@pytest.mark.parametrize("weights", list(WEIGHTS))
+def test_mha_options(device, dtype, batch_first, option, kind, weights):
+    """Every constructor option, both layouts, each input kind; the output, the weights (averaged, per
+    head, or none) and the gradients through both."""
+    options = OPTIONS[option]
+    ours, ref = mha_pair(device, dtype, batch_first=batch_first, **options)
+    q, k, v = inputs(kind, batch_first, device, dtype, kdim=ours.kdim, vdim=ours.vdim)
+    kwargs = dict(WEIGHTS[weights], need_weights=WEIGHTS[weights].get("need_weights", True))
+    assert_same(run(ours, q, k, v, **kwargs), run(ref, q, k, v, **kwargs), dtype)
+
+
+def test_mha_need_weights_by_default():
+    """mha(x, x, x) returns torch's averaged weights, as torch's default need_weights=True does."""
+    ours, ref = mha_pair("cpu", torch.float64, batch_first=True)
+    x = inputs("self", True, "cpu", torch.float64)[0].detach()
+    out, weights = ours(x, x, x)
+    ref_out, ref_weights = ref(x, x, x)
+    assert weights.shape == (BATCH, SEQ_Q, SEQ_Q)
+    torch.testing.assert_close(out, ref_out, **TOL[torch.float64])
+    torch.testing.assert_close(weights, ref_weights, **TOL[torch.float64])
 
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("pad", [None, "bool", "float"])
 @pytest.mark.parametrize("mask", [None, "bool-2d", "bool-3d", "float-2d", "float-3d"])
-def test_mha_masks(device, dtype, pad, mask):
+@pytest.mark.parametrize("option", ["default", "bias_kv_zero_attn"])
+@pytest.mark.parametrize("need_weights", [False, True], ids=["no_weights", "weights"])
+def test_mha_masks(device, dtype, pad, mask, option, need_weights):
     if pad is None and mask is None:
-        pytest.skip("no mask: test_mha_plain")
-    ours, ref = mha_pair(device, dtype, batch_first=True)
+        pytest.skip("no mask: test_mha_options")
+    ours, ref = mha_pair(device, dtype, batch_first=True, **OPTIONS[option])
     q, k, v = inputs("kv", True, device, dtype)
-    kwargs = {}
+    kwargs = {"need_weights": need_weights, "average_attn_weights": False}
     if pad is not None:
         kwargs["key_padding_mask"] = key_padding(device, pad == "float", dtype)
     if mask is not None:
@@ -130,54 +177,110 @@ def test_mha_masks(device, dtype, pad, mask):
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("pad", [False, True], ids=["no_pad", "pad"])
-def test_mha_is_causal(device, dtype, pad):
+@pytest.mark.parametrize("need_weights", [False, True], ids=["no_weights", "weights"])
+def test_mha_is_causal(device, dtype, pad, need_weights):
     """is_causal with torch's square causal mask as the hint; without the mask on ours alone."""
     ours, ref = mha_pair(device, dtype, batch_first=True)
     q = inputs("self", True, device, dtype)[0]
     causal = torch.nn.Transformer.generate_square_subsequent_mask(SEQ_Q, device=device, dtype=dtype)
     kwargs = {"key_padding_mask": key_padding(device)[:, :SEQ_Q]} if pad else {}
+    kwargs["need_weights"] = need_weights
     expected = run(ref, q, q, q, attn_mask=causal, is_causal=True, **kwargs)
     assert_same(run(ours, q, q, q, attn_mask=causal, is_causal=True, **kwargs), expected, dtype)
     assert_same(run(ours, q, q, q, is_causal=True, **kwargs), expected, dtype)
     assert_same(run(ours, q, q, q, attn_mask=causal, **kwargs), expected, dtype)
 
 
+@pytest.mark.parametrize("option", ["bias_kv", "zero_attn"])
+def test_mha_is_causal_with_appended_keys(option):
+    """With add_bias_kv / add_zero_attn, is_causal applies the causal mask as given, the appended keys
+    visible to every query: torch's result wherever torch applies the mask (with weights or a padding
+    mask); is_causal without a mask is the same."""
+    dtype = torch.float64
+    ours, ref = mha_pair("cpu", dtype, batch_first=True, **OPTIONS[option])
+    q = inputs("self", True, "cpu", dtype)[0]
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(SEQ_Q, dtype=dtype)
+    expected = run(ref, q, q, q, attn_mask=causal, is_causal=True, need_weights=True)
+    for kwargs in (dict(attn_mask=causal), {}):
+        for need_weights in (False, True):
+            got = run(ours, q, q, q, is_causal=True, need_weights=need_weights, **kwargs)
+            if need_weights:
+                assert_same(got, expected, dtype)
+            else:
+                torch.testing.assert_close(got[0], expected[0], **TOL[dtype])
+
+
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("batch_first", [True, False], ids=["batch_first", "seq_first"])
-def test_mha_unbatched(device, dtype, batch_first):
-    ours, ref = mha_pair(device, dtype, batch_first=batch_first)
+@pytest.mark.parametrize("option", ["default", "all"])
+@pytest.mark.parametrize("weights", list(WEIGHTS))
+def test_mha_unbatched(device, dtype, batch_first, option, weights):
+    ours, ref = mha_pair(device, dtype, batch_first=batch_first, **OPTIONS[option])
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(SEQ_Q, EMBED, generator=gen, dtype=torch.float64).to(device, dtype).requires_grad_()
-    kv = torch.randn(SEQ_K, EMBED, generator=gen, dtype=torch.float64).to(device, dtype).requires_grad_()
+    k = torch.randn(SEQ_K, ours.kdim, generator=gen, dtype=torch.float64).to(device, dtype).requires_grad_()
+    v = torch.randn(SEQ_K, ours.vdim, generator=gen, dtype=torch.float64).to(device, dtype).requires_grad_()
     pad = key_padding(device)[1]
     mask = attention_mask("bool", False, SEQ_Q, SEQ_K, device, dtype)
-    for kwargs in ({}, {"key_padding_mask": pad, "attn_mask": mask}):
-        assert_same(run(ours, x, kv, kv, **kwargs), run(ref, x, kv, kv, **kwargs), dtype)
+    per_head = attention_mask("float", True, SEQ_Q, SEQ_K, device, dtype)[:HEADS]
+    kwargs = dict(WEIGHTS[weights], need_weights=WEIGHTS[weights].get("need_weights", True))
+    for masks in ({}, {"key_padding_mask": pad, "attn_mask": mask}, {"attn_mask": per_head}):
+        assert_same(run(ours, x, k, v, **masks, **kwargs), run(ref, x, k, v, **masks, **kwargs), dtype)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_mha_fully_masked_rows(device, dtype):
+    """A query whose keys are all masked: output as torch's without weights (the out_proj bias alone), weights
+    0 there (torch gives NaN output and weights with need_weights=True), finite gradients."""
+    ours, ref = mha_pair(device, dtype, batch_first=True)
+    q, k, v = inputs("kv", True, device, dtype)
+    mask = attention_mask("bool", False, SEQ_Q, SEQ_K, device, dtype)
+    mask[2] = True
+    out, weights, grads = run(ours, q, k, v, need_weights=True, attn_mask=mask, average_attn_weights=False)
+    ref_out, _, _ = run(ref, q, k, v, need_weights=False, attn_mask=mask)
+    torch.testing.assert_close(out, ref_out, **TOL[dtype])
+    assert (weights[:, :, 2] == 0).all()
+    mask[2] = False  # torch's weights of the other rows, without the NaN row
+    _, ref_weights, _ = run(ref, q, k, v, need_weights=True, attn_mask=mask, average_attn_weights=False)
+    other = [i for i in range(SEQ_Q) if i != 2]
+    torch.testing.assert_close(weights[:, :, other], ref_weights[:, :, other], **TOL[dtype])
+    assert all(torch.isfinite(g).all() for g in grads.values())
 
 
 def test_mha_dropout():
     """Training with dropout: the probability reaches the kernel (outputs change, seeded runs repeat,
-    gradients finite); eval mode: no dropout, torch's output."""
-    ours, ref = mha_pair("cpu", torch.float32, dropout=0.5, batch_first=True)
-    q = inputs("self", True, "cpu", torch.float32)[0]
+    gradients finite), and the weights returned are the ones the kernel used: out_proj(weights @ v) is the
+    output; eval mode: no dropout, torch's output."""
+    ours, ref = mha_pair("cpu", torch.float64, dropout=0.5, batch_first=True)
+    q = inputs("self", True, "cpu", torch.float64)[0]
     outs = []
     for _ in range(2):
         torch.manual_seed(5)
-        outs.append(run(ours, q, q, q))
+        outs.append(run(ours, q, q, q, need_weights=True, average_attn_weights=False))
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=0, rtol=0)
+    out, weights, grads = outs[0]
+    assert (weights == 0).any()  # dropped
+    with torch.no_grad():
+        v = torch.nn.functional.linear(q, ours.in_proj_weight[2 * EMBED:], ours.in_proj_bias[2 * EMBED:])
+        heads = weights @ v.unflatten(-1, (HEADS, -1)).transpose(1, 2)  # (N, H, L, D)
+        torch.testing.assert_close(ours.out_proj(heads.transpose(1, 2).flatten(-2)), out, **TOL[torch.float64])
     ours.eval(), ref.eval()
     with torch.no_grad():
         eval_out = ours(q, q, q)[0]
-        torch.testing.assert_close(eval_out, ref(q, q, q, need_weights=False)[0], **TOL[torch.float32])
-    assert not torch.allclose(outs[0][0], eval_out)
-    assert all(torch.isfinite(g).all() for g in outs[0][1].values())
+        torch.testing.assert_close(eval_out, ref(q, q, q)[0], **TOL[torch.float64])
+    assert not torch.allclose(out, eval_out)
+    assert all(torch.isfinite(g).all() for g in grads.values())
 
 
-def test_state_dict_both_ways_and_init():
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_state_dict_both_ways_and_init(option):
+    """For every constructor option: the same parameter names, shapes and order as torch's; one seed, one
+    initialization; a state dict goes torch -> ours -> torch and gives the same results."""
+    options = OPTIONS[option]
     torch.manual_seed(7)
-    ref = torch.nn.MultiheadAttention(EMBED, HEADS, batch_first=True)
+    ref = torch.nn.MultiheadAttention(EMBED, HEADS, batch_first=True, dtype=torch.float64, **options)
     torch.manual_seed(7)
-    ours = fnn.MultiheadAttention(EMBED, HEADS, batch_first=True)
+    ours = fnn.MultiheadAttention(EMBED, HEADS, batch_first=True, dtype=torch.float64, **options)
     ref_state, our_state = ref.state_dict(), ours.state_dict()
     assert list(our_state) == list(ref_state)
     for name in ref_state:  # one seed, one initialization
@@ -185,25 +288,22 @@ def test_state_dict_both_ways_and_init():
     with torch.no_grad():
         for p in ours.parameters():
             p.add_(torch.randn_like(p))
-    back = torch.nn.MultiheadAttention(EMBED, HEADS, batch_first=True)
+    back = torch.nn.MultiheadAttention(EMBED, HEADS, batch_first=True, dtype=torch.float64, **options)
     back.load_state_dict(ours.state_dict())
-    again = fnn.MultiheadAttention(EMBED, HEADS, batch_first=True)
+    again = fnn.MultiheadAttention(EMBED, HEADS, batch_first=True, dtype=torch.float64, **options)
     again.load_state_dict(back.state_dict())
-    q = inputs("self", True, "cpu", torch.float32)[0].detach()
+    q, k, v = (t.detach() for t in inputs("cross", True, "cpu", torch.float64, kdim=ours.kdim, vdim=ours.vdim))
     with torch.no_grad():
-        out = ours(q, q, q)[0]
-        torch.testing.assert_close(back(q, q, q, need_weights=False)[0], out, **TOL[torch.float32])
-        torch.testing.assert_close(again(q, q, q)[0], out, atol=0, rtol=0)
-    no_bias = fnn.MultiheadAttention(EMBED, HEADS, bias=False)
-    assert no_bias.in_proj_bias is None and no_bias.out_proj.bias is None
-    assert list(no_bias.state_dict()) == list(torch.nn.MultiheadAttention(EMBED, HEADS, bias=False).state_dict())
+        out, weights = ours(q, k, v)
+        ref_out, ref_weights = back(q, k, v)
+        torch.testing.assert_close(ref_out, out, **TOL[torch.float64])
+        torch.testing.assert_close(ref_weights, weights, **TOL[torch.float64])
+        torch.testing.assert_close(again(q, k, v)[0], out, atol=0, rtol=0)
 
 
 def test_mha_errors():
     mha = fnn.MultiheadAttention(EMBED, HEADS, batch_first=True)
     x = torch.randn(BATCH, SEQ_Q, EMBED)
-    with pytest.raises(ValueError, match="need_weights=True is not supported"):
-        mha(x, x, x, need_weights=True)
     with pytest.raises(ValueError, match="key_padding_mask must have shape"):
         mha(x, x, x, key_padding_mask=torch.zeros(BATCH, SEQ_Q + 1, dtype=torch.bool))
     with pytest.raises(ValueError, match="attn_mask must have shape"):
@@ -213,10 +313,14 @@ def test_mha_errors():
     kv = torch.randn(BATCH, SEQ_K, EMBED)
     with pytest.raises(ValueError, match="is_causal=True without attn_mask"):
         mha(x, kv, kv, is_causal=True)
-    for kwargs, match in (({"add_bias_kv": True}, "add_bias_kv"), ({"add_zero_attn": True}, "add_zero_attn"),
-                          ({"kdim": EMBED // 2}, "kdim"), ({"vdim": EMBED // 2}, "vdim")):
-        with pytest.raises(ValueError, match=match):
-            fnn.MultiheadAttention(EMBED, HEADS, **kwargs)
+    cross = fnn.MultiheadAttention(EMBED, HEADS, kdim=8, vdim=12, batch_first=True)
+    for k, v in ((kv, kv), (torch.randn(BATCH, SEQ_K, 8), kv), (torch.randn(BATCH, SEQ_K, 8),
+                                                                 torch.randn(BATCH, SEQ_K + 1, 12))):
+        with pytest.raises(ValueError, match=r"\(E, kdim, vdim\) = \(32, 8, 12\)"):
+            cross(x, k, v)
+    nested = torch.nested.nested_tensor([torch.randn(SEQ_Q, EMBED), torch.randn(SEQ_K, EMBED)], layout=torch.jagged)
+    with pytest.raises(ValueError, match="NestedTensor"):
+        mha(nested, nested, nested)
     with pytest.raises(ValueError, match="divisible"):
         fnn.MultiheadAttention(EMBED, 5)
 
@@ -233,13 +337,13 @@ def test_inside_transformer_encoder_layer(monkeypatch):
         ours = fnn.MultiheadAttention(EMBED, HEADS, batch_first=True)
         ours.load_state_dict(layer.self_attn.state_dict())
         layer.self_attn = ours.eval()
-        calls, real = [], fnn.flash_attn_func
+        calls, real = [], fnn._attention
 
-        def spy(*args, **kwargs):
-            calls.append(kwargs)
-            return real(*args, **kwargs)
+        def spy(*args):
+            calls.append(args)
+            return real(*args)
 
-        monkeypatch.setattr(fnn, "flash_attn_func", spy)
+        monkeypatch.setattr(fnn, "_attention", spy)
         got = layer(x, src_key_padding_mask=pad)
     assert len(calls) == 1
     valid = ~pad  # torch's fused path zeroes padded positions; compare the real ones
@@ -326,7 +430,7 @@ def test_attention_module(device, dtype, case, mask):
         module.zero_grad(set_to_none=True)
         y = module(x, attn_mask=attn_mask, positions=positions)
         y.backward(torch.ones_like(y))
-        return y.detach(), {"x": x.grad, **{n: p.grad for n, p in module.named_parameters()}}
+        return y.detach(), None, {"x": x.grad, **{n: p.grad for n, p in module.named_parameters()}}
 
     assert_same(result(ours), result(ref), dtype)
 
@@ -342,3 +446,6 @@ def test_attention_parameters_and_errors():
         fnn.Attention(EMBED, 5)
     with pytest.raises(ValueError, match="even head_dim"):
         fnn.Attention(EMBED, 4, head_dim=7, rotary=True)
+    for x in (torch.randn(SEQ_Q, EMBED), torch.randn(BATCH, SEQ_Q, EMBED + 1)):
+        with pytest.raises(ValueError, match=rf"x must be a \(batch, seqlen, dim\) tensor with dim = {EMBED}"):
+            attn(x)

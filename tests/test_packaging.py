@@ -37,5 +37,5 @@ def test_self_check_runs_and_passes():
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert out.startswith(f"flashattn_ext {flashattn_ext.__version__}")
-    assert "CPU: float32/float64" in out and "check cpu float32" in out
+    assert "CPU: float32/float64" in out and "check cpu float32" in out and "check cpu bfloat16" in out
     assert "all checks passed" in out

@@ -295,8 +295,8 @@ def test_fallback_passes_the_call_unchanged_and_warns_once(monkeypatch):
     monkeypatch.setattr(reg, "_warned", set())
     original = _TorchKernel()
     kernel = reg._kernel("_flash_attention_forward", reg._flash_forward_kernel, original, reg._FWD_KWARGS)
-    q = torch.randn(1, 8, 2, 16, dtype=torch.float16)  # fp16 is not served on the CPU
-    with pytest.warns(UserWarning, match="runs torch's own kernel: dtype torch.float16"):
+    q = torch.randn(1, 8, 2, 16, dtype=torch.complex64)  # complex is served nowhere
+    with pytest.warns(UserWarning, match="runs torch's own kernel: dtype torch.complex64"):
         assert kernel(None, q, q, q, None, None, 8, 8, 0.0, True, False, scale=0.5) == "torch's result"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -338,7 +338,7 @@ def test_backward_follows_its_forward():
     ours = torch.zeros(2, dtype=torch.uint64)
     assert reg._backward_unsupported(q, q, q, None, None, 0.1, ours) is None
     with pytest.raises(RuntimeError, match="backward of our dropout forward"):
-        reg._backward_unsupported(q.half(), q.half(), q.half(), None, None, 0.1, ours)
+        reg._backward_unsupported(q[0], q[0], q[0], None, None, 0.1, ours)  # 3-D: not served
 
 
 # ------------------------------------------------------------------------------------------------

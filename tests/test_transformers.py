@@ -67,7 +67,7 @@ MODELS = [
     pytest.param(gpt_oss, "eager", id="gpt_oss",
                  marks=pytest.mark.skipif(not HAS_GPT_OSS, reason="transformers without GptOss")),
 ]
-# float32 on the CPU; bfloat16 on CUDA (the CPU kernels serve float32/float64 only)
+# float32 on the CPU; bfloat16 on CUDA (bfloat16 on the CPU: test_cpu_half.py)
 DEVICE_DTYPES = [
     pytest.param("cpu", torch.float32, id="cpu-fp32"),
     pytest.param("cuda", torch.bfloat16, id="cuda-bf16",

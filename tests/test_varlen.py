@@ -32,7 +32,7 @@ from fa_testing import (
 
 DROPOUT_SEED = 4321
 CUDA_MARKS = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
-DEVICE_DTYPES = [("cpu", torch.float32), ("cpu", torch.float64)] + [
+DEVICE_DTYPES = [("cpu", dt) for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)] + [
     ("cuda", dt) for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)]
 
 

@@ -21,7 +21,7 @@ from fa_testing import (DTYPE_NAMES, HAS_CUDA, OUT_TOL, assert_close, assert_lse
                         no_host_sync)
 
 CUDA_MARKS = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
-DEVICE_DTYPES = [("cpu", torch.float32), ("cpu", torch.float64)] + [
+DEVICE_DTYPES = [("cpu", dt) for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)] + [
     ("cuda", dt) for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)]
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=CUDA_MARKS)]
 DROPOUT_SEED = 1234

@@ -7,7 +7,8 @@
  * sink) gives out and lse. Backward: delta = rowsum(dout * o), then pass 1, one task per (batch, kv
  * head, key tile), owns its dK, dV rows (and the dbias columns of its keys) and loops over every
  * query head of its GQA group and every query tile that sees the key tile; pass 2, one task per
- * (batch, head, query tile), accumulates dQ. P = exp(S - lse) is recomputed in both passes. No buffer
+ * (batch, head, query tile), accumulates dQ. P = exp(S - lse) is recomputed in both passes (times
+ * 1 / sum_j P_ij for the rare rows whose |lse| is too large to hold log l: renorm_rows). No buffer
  * of size sq * sk exists; nothing is written by two tasks.
  *
  * Sequences (mask.h flash_seq_of): every task takes its sequence's lengths, first rows and band once;
@@ -180,6 +181,9 @@ static void query_task(const flash_params *p, int64_t task, int64_t *bi, int64_t
     *hq = task % p->h;
     *q0 = (flash_cdiv64(p->sq, FLASH_CPU_TILE_Q) - 1 - task / n_bh) * FLASH_CPU_TILE_Q;
 }
+
+/* The backward renormalizes the probabilities of rows whose |lse| is at least this (renorm_rows). */
+#define LSE_RENORM_MIN 1024
 
 /* Each thread's workspace: FLASH_CPU_TILE_BUFFERS buffers of tile_buffer_elems elements. */
 #define FLASH_CPU_TILE_BUFFERS 9
@@ -403,13 +407,15 @@ static void FN(mask_outside)(T *restrict row, int64_t lo, int64_t hi, int64_t n,
 }
 
 /* Row statistics of query rows [0, n_pad) of a tile: lse_eff = lse, or +inf for a row that sees no
- * key and for padding rows (so that exp(s - lse_eff) = 0), and delta (0 for padding rows). */
-static void FN(load_row_stats)(T *restrict lse_eff, T *restrict delta, int64_t n_pad, const T *lse,
-                               const T *dl, int64_t n)
+ * key and for padding rows (so that exp(s - lse_eff) = 0), delta (0 for padding rows) and the factor
+ * renorm of P (renorm_rows; 1 where rn is NULL). */
+static void FN(load_row_stats)(T *restrict lse_eff, T *restrict delta, T *restrict renorm, int64_t n_pad,
+                               const T *lse, const T *dl, const T *rn, int64_t n)
 {
     for (int64_t i = 0; i < n_pad; i++) {
         lse_eff[i] = i < n && lse[i] != -INFINITY ? lse[i] : INFINITY;
         delta[i] = i < n ? dl[i] : 0;
+        renorm[i] = i < n && rn ? rn[i] : 1;
     }
 }
 
@@ -449,22 +455,22 @@ FLASH_CPU_SIMD static void FN(softmax_step)(T *restrict s, int64_t km, int64_t q
             acc[c * TILE_Q_NR + u] *= alpha[u];
 }
 
-/* Unscaled S^T tile (rows x cols, leading dim ld) -> P^T = exp(scale * s - lse_eff[col]). */
+/* Unscaled S^T tile (rows x cols, leading dim ld) -> P^T = exp(scale * s - lse_eff[col]) * renorm[col]. */
 FLASH_CPU_SIMD static void FN(probs_by_column)(T *restrict s, int64_t rows, int64_t cols, int64_t ld,
-                                               T scale, const T *restrict lse_eff)
+                                               T scale, const T *restrict lse_eff, const T *restrict renorm)
 {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++)
-            s[r * ld + c] = EXP(scale * s[r * ld + c] - lse_eff[c]);
+            s[r * ld + c] = EXP(scale * s[r * ld + c] - lse_eff[c]) * renorm[c];
 }
 
-/* Unscaled S tile (rows x cols, leading dim ld) -> P = exp(scale * s - lse_eff[row]). */
+/* Unscaled S tile (rows x cols, leading dim ld) -> P = exp(scale * s - lse_eff[row]) * renorm[row]. */
 FLASH_CPU_SIMD static void FN(probs_by_row)(T *restrict s, int64_t rows, int64_t cols, int64_t ld,
-                                            T scale, const T *restrict lse_eff)
+                                            T scale, const T *restrict lse_eff, const T *restrict renorm)
 {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++)
-            s[r * ld + c] = EXP(scale * s[r * ld + c] - lse_eff[r]);
+            s[r * ld + c] = EXP(scale * s[r * ld + c] - lse_eff[r]) * renorm[r];
 }
 
 /* dP^T tile -> dS^T = P^T * (dP^T - delta[col]). */
@@ -653,6 +659,7 @@ static void FN(store_dbias)(const flash_params *p, const T *restrict ds, const t
 
 typedef struct FN(workspace) {
     T *q, *dout, *k, *v, *s, *ds, *acc, *acc2, *grad; /* tile buffers; the layout is per pass */
+    const T *renorm; /* backward: renorm_rows' factors (lse layout), or NULL */
 } FN(workspace);
 
 /* Forward task: one (batch, head, query tile), working on S^T = K Q^T (keys x queries):
@@ -734,7 +741,7 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
     const int64_t kp = ROUND_UP(t.kn, FLASH_CPU_NR);
     const FN(key_rows) k = {(const T *)p->k + hk * p->k_s.head, p->k_s.batch, p->k_s.row};
     const FN(key_rows) v = {(const T *)p->v + hk * p->v_s.head, p->v_s.batch, p->v_s.row};
-    T lse_eff[TILE_MAX_NR], delta[TILE_MAX_NR];
+    T lse_eff[TILE_MAX_NR], delta[TILE_MAX_NR], renorm[TILE_MAX_NR];
 
     FN(load_key_transposed)(w->k, TILE_K_NR, kp, k, p, &seq, t.k0, t.kn, d);
     FN(load_key_transposed)(w->v, TILE_K_NR, kp, v, p, &seq, t.k0, t.kn, d);
@@ -747,6 +754,7 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
         const int64_t row_off = flash_lse_offset(p, &seq, bi, hq);
         const T *lse = (const T *)p->lse + row_off;
         const T *dl = (const T *)p->delta + row_off;
+        const T *rn = w->renorm ? w->renorm + row_off : NULL;
         for (t.q0 = rows.first; t.q0 < rows.end; t.q0 += FLASH_CPU_TILE_Q) {
             t.qn = flash_min64(FLASH_CPU_TILE_Q, rows.end - t.q0);
             const unsigned flags = flash_mask_tile_flags(p, bi, hq, t.q0, t.qn, t.k0, t.kn);
@@ -757,11 +765,11 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
             const int hooked = p->has_hook && hooked_scores(p, flags);
             FN(load_rows)(w->q, dm, qm, dm, q + t.q0 * p->q_s.row, p->q_s.row, t.qn, d);
             FN(load_rows)(w->dout, dm, qm, dm, dout + t.q0 * p->do_s.row, p->do_s.row, t.qn, d);
-            FN(load_row_stats)(lse_eff, delta, qm, lse + t.q0, dl + t.q0, t.qn);
+            FN(load_row_stats)(lse_eff, delta, renorm, qm, lse + t.q0, dl + t.q0, rn ? rn + t.q0 : NULL, t.qn);
             FN(gemm)(qm, kp, d, w->q, dm, 1, w->k, TILE_K_NR, w->s, TILE_K_NR, 0);
             if (hooked)
                 FN(score_hook)(w->s, TILE_K_NR, 0, p, &seq, &t, bi, hq, (T)p->scale, flags, w->grad);
-            FN(probs_by_row)(w->s, qm, kp, TILE_K_NR, hooked ? 1 : (T)p->scale, lse_eff);
+            FN(probs_by_row)(w->s, qm, kp, TILE_K_NR, hooked ? 1 : (T)p->scale, lse_eff, renorm);
             if (!full)
                 FN(mask_band)(w->s, qm, kp, &seq, &t, 0);
             FN(gemm)(qm, kp, d, w->dout, dm, 1, w->v, TILE_K_NR, w->ds, TILE_K_NR, 0);
@@ -806,12 +814,12 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
     const FN(key_rows) v = {(const T *)p->v + hk * p->v_s.head, p->v_s.batch, p->v_s.row};
     const int64_t row_off = flash_lse_offset(p, &seq, bi, hq) + q0;
     T *dq = (T *)p->dq + bi * p->dq_s.batch + q_row * p->dq_s.row + hq * p->dq_s.head;
-    T lse_eff[TILE_Q_NR], delta[TILE_Q_NR];
+    T lse_eff[TILE_Q_NR], delta[TILE_Q_NR], renorm[TILE_Q_NR];
 
     FN(load_transposed)(w->q, TILE_Q_NR, qp, q, p->q_s.row, t.qn, d, 1);
     FN(load_transposed)(w->dout, TILE_Q_NR, qp, dout, p->do_s.row, t.qn, d, 1);
-    FN(load_row_stats)(lse_eff, delta, qp, (const T *)p->lse + row_off,
-                       (const T *)p->delta + row_off, t.qn);
+    FN(load_row_stats)(lse_eff, delta, renorm, qp, (const T *)p->lse + row_off, (const T *)p->delta + row_off,
+                       w->renorm ? w->renorm + row_off : NULL, t.qn);
     FN(zero_tile)(w->acc, TILE_Q_NR, dm, qp);
     const flash_tile_range keys = flash_key_tiles(&seq, q0, t.qn, 1); /* in keys, not tiles */
     for (t.k0 = keys.first; t.k0 < keys.end; t.k0 += FLASH_CPU_TILE_K) {
@@ -827,7 +835,7 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
         FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
         if (hooked)
             FN(score_hook)(w->s, TILE_Q_NR, 1, p, &seq, &t, bi, hq, (T)p->scale, flags, w->grad);
-        FN(probs_by_column)(w->s, km, qp, TILE_Q_NR, hooked ? 1 : (T)p->scale, lse_eff);
+        FN(probs_by_column)(w->s, km, qp, TILE_Q_NR, hooked ? 1 : (T)p->scale, lse_eff, renorm);
         if (!full)
             FN(mask_band_t)(w->s, km, qp, &seq, &t, 0);
         FN(gemm)(km, qp, d, w->v, dm, 1, w->dout, TILE_Q_NR, w->ds, TILE_Q_NR, 0);
@@ -843,8 +851,9 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
 
 typedef void (*FN(task_fn))(const flash_params *p, const FN(workspace) *w, int64_t task);
 
-/* Runs tasks [0, n_tasks) on the OpenMP threads, each thread with its own workspace. */
-static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN(task_fn) run_task)
+/* Runs tasks [0, n_tasks) on the OpenMP threads, each thread with its own workspace (renorm: the
+ * backward's factors, or NULL). */
+static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN(task_fn) run_task, const T *renorm)
 {
     if (n_tasks <= 0)
         return FLASH_CPU_OK;
@@ -859,7 +868,7 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
         T *base = pool + omp_get_thread_num() * FLASH_CPU_TILE_BUFFERS * buf;
         const FN(workspace) w = {base,           base + buf,     base + 2 * buf,
                                  base + 3 * buf, base + 4 * buf, base + 5 * buf,
-                                 base + 6 * buf, base + 7 * buf, base + 8 * buf};
+                                 base + 6 * buf, base + 7 * buf, base + 8 * buf, renorm};
 #pragma omp for schedule(dynamic)
         for (int64_t task = 0; task < n_tasks; task++)
             run_task(p, &w, task);
@@ -870,14 +879,16 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
 
 static flash_cpu_status FN(fwd)(const flash_params *p)
 {
-    return FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(fwd_task));
+    return FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(fwd_task), NULL);
 }
 
-/* delta[b][h][i] = dot(dout_i, o_i), in the data type, for the rows of every sequence. */
-static void FN(delta_rows)(const flash_params *p)
+/* delta[b][h][i] = dot(dout_i, o_i), in the data type, for the rows of every sequence. Returns the
+ * number of rows whose lse needs renorm_rows. */
+static int64_t FN(delta_rows)(const flash_params *p)
 {
     const int64_t rows = p->b * p->h * p->sq;
-#pragma omp parallel for schedule(static)
+    int64_t wide = 0;
+#pragma omp parallel for schedule(static) reduction(+ : wide)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t i = r % p->sq, hq = r / p->sq % p->h, bi = r / (p->sq * p->h);
         const flash_seq seq = flash_seq_of(p, bi);
@@ -889,18 +900,81 @@ static void FN(delta_rows)(const flash_params *p)
         T acc = 0;
         for (int64_t c = 0; c < p->d; c++)
             acc += dout[c] * o[c];
-        ((T *)p->delta)[flash_lse_offset(p, &seq, bi, hq) + i] = acc;
+        const int64_t at = flash_lse_offset(p, &seq, bi, hq) + i;
+        ((T *)p->delta)[at] = acc;
+        wide += FABS(((const T *)p->lse)[at]) >= LSE_RENORM_MIN && isfinite(((const T *)p->lse)[at]);
     }
+    return wide;
+}
+
+/* sum_j exp(S_ij - lse_i) over the keys query row i of (bi, hq) sees, plus exp(sink - lse_i): 1 up to the
+ * rounding of lse (renorm_rows). S by the score hook of mask.h, element by element. */
+static T FN(row_mass)(const flash_params *p, const flash_seq *seq, int64_t bi, int64_t hq, int64_t i, T lse)
+{
+    const int64_t hk = hq / p->h_per_kv;
+    const T *q = (const T *)p->q + bi * p->q_s.batch + (seq->q_row0 + i) * p->q_s.row + hq * p->q_s.head;
+    const T scale = (T)p->scale, cap = (T)p->softcap, slope = (T)flash_alibi_slope(p, bi, hq);
+    T mass = EXP((T)flash_sink(p, hq) - lse);
+    for (int64_t j = 0; j < seq->sk; j++) {
+        if (!flash_visible(seq, i, j))
+            continue;
+        const T *k = (const T *)p->k + hk * p->k_s.head + flash_key_offset(p, seq, p->k_s.batch, p->k_s.row, j);
+        T s = 0;
+        for (int64_t c = 0; c < p->d; c++)
+            s += q[c] * k[c];
+        s = cap > 0 ? cap * TANH(scale * s / cap) : scale * s;
+        s -= slope * (T)flash_alibi_distance(seq, i, j);
+        if (p->mask) {
+            const int64_t m = flash_mask_offset(p, bi, hq, i, j);
+            if (p->mask_kind == FLASH_MASK_ADD)
+                s += ((const T *)p->mask)[m];
+            else if (!((const uint8_t *)p->mask)[m])
+                continue;
+        }
+        mass += EXP(s - lse);
+    }
+    return mass;
+}
+
+/* Rows with |lse| >= LSE_RENORM_MIN: lse = m + log l rounds at the scale of the row maximum m, and a row
+ * whose keys are all at finfo.min (Hugging Face's padding) has lse = m, so exp(S - lse) would give every
+ * key 1 instead of 1 / l. Their P is multiplied by renorm = 1 / row_mass (exact probabilities again);
+ * every other row's factor is 1. Returns the factors in the lse layout, or NULL with *st set on failure. */
+static T *FN(renorm_rows)(const flash_params *p, flash_cpu_status *st)
+{
+    const int64_t n = p->b * p->lse_batch + p->h * p->lse_head; /* covers every flash_lse_offset + i */
+    T *renorm = malloc((size_t)n * sizeof(T));
+    if (!renorm) {
+        *st = FLASH_CPU_ERR_NOMEM;
+        return NULL;
+    }
+    for (int64_t e = 0; e < n; e++)
+        renorm[e] = 1;
+    const int64_t rows = p->b * p->h * p->sq;
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t i = r % p->sq, hq = r / p->sq % p->h, bi = r / (p->sq * p->h);
+        const flash_seq seq = flash_seq_of(p, bi);
+        if (i >= seq.sq)
+            continue;
+        const int64_t at = flash_lse_offset(p, &seq, bi, hq) + i;
+        const T lse = ((const T *)p->lse)[at];
+        if (FABS(lse) >= LSE_RENORM_MIN && isfinite(lse))
+            renorm[at] = 1 / FN(row_mass)(p, &seq, bi, hq, i, lse);
+    }
+    return renorm;
 }
 
 static flash_cpu_status FN(bwd)(const flash_params *p)
 {
-    FN(delta_rows)(p);
-    const flash_cpu_status st =
-        FN(run_tasks)(p, p->b * p->h_kv * flash_cdiv64(p->sk, FLASH_CPU_TILE_K), FN(dkdv_task));
-    if (st != FLASH_CPU_OK)
-        return st;
-    return FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(dq_task));
+    flash_cpu_status st = FLASH_CPU_OK;
+    T *renorm = FN(delta_rows)(p) ? FN(renorm_rows)(p, &st) : NULL;
+    if (st == FLASH_CPU_OK)
+        st = FN(run_tasks)(p, p->b * p->h_kv * flash_cdiv64(p->sk, FLASH_CPU_TILE_K), FN(dkdv_task), renorm);
+    if (st == FLASH_CPU_OK)
+        st = FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(dq_task), renorm);
+    free(renorm);
+    return st;
 }
 
 #endif /* FLASH_CPU_GENERIC_PASS */

@@ -52,7 +52,8 @@ _MIN_CAPABILITY = (8, 0)  # mma.sync kernels
 
 # What each device type serves through the registered kernels: CUDA is what activation installs; the
 # CPU entry lets the tests run the same kernels through the dispatcher on a machine without a GPU.
-_DTYPES = {"cuda": (torch.float16, torch.bfloat16), "cpu": (torch.float32, torch.float64)}
+_DTYPES = {"cuda": (torch.float16, torch.bfloat16),
+           "cpu": (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
 
 # Arguments of the ops as of torch 2.14 (2.11 lacks block_table and num_splits); num_splits only tunes
 # torch's kernel. A name not listed here is an argument of a newer torch: a call that sets it falls back.

@@ -1,0 +1,75 @@
+"""float16 / bfloat16 on the CPU (issue 33): the kernels compute in float32 and round the results once, so
+out and every gradient must be at least as close to the float64 result as torch's own CPU
+scaled_dot_product_attention in the same dtype, on the same rounded inputs. (Every variant and function
+also runs in float16 / bfloat16 on the CPU against the float64 reference in test_variants.py,
+test_varlen*.py, test_kvcache.py and test_attention.py.)"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flashattn_ext
+from fa_testing import DTYPE_NAMES, HALF_DTYPES, OUT_TOL, rel_l2
+
+# (batch, nheads, nheads_kv, seqlen_q, seqlen_k, headdim), SDPA's arguments
+CASES = {
+    "dense": ((2, 4, 4, 150, 170, 64), {}),
+    "causal": ((1, 4, 4, 200, 200, 32), dict(is_causal=True)),
+    "gqa": ((2, 6, 2, 90, 130, 64), dict(enable_gqa=True)),
+    "mask_add": ((2, 4, 4, 120, 140, 64), dict(attn_mask="add")),
+    "mask_bool": ((1, 3, 3, 100, 160, 16), dict(attn_mask="bool")),
+}
+
+
+def run(fn, q, k, v, dout, kwargs):
+    """out and the gradients of q, k, v (and of a float mask) of fn on leaf copies of the inputs."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    mask = kwargs.get("attn_mask")
+    if mask is not None and mask.is_floating_point():
+        mask = mask.detach().clone().requires_grad_()
+        leaves.append(mask)
+    out = fn(*leaves[:3], **{**kwargs, "attn_mask": mask} if mask is not None else kwargs)
+    grads = torch.autograd.grad(out, leaves, dout)
+    return [out.detach()] + list(grads)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda dt: DTYPE_NAMES[dt])
+def test_error_no_worse_than_torch(dtype, case):
+    (b, h, hkv, sq, sk, d), kwargs = CASES[case]
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(b, h, sq, d, generator=gen).to(dtype)
+    k, v = (torch.randn(b, hkv, sk, d, generator=gen).to(dtype) for _ in range(2))
+    dout = torch.randn(b, h, sq, d, generator=gen).to(dtype)
+    if kwargs.get("attn_mask") == "add":
+        kwargs = {**kwargs, "attn_mask": torch.randn(b, 1, sq, sk, generator=gen).to(dtype).expand(b, h, sq, sk)}
+    elif kwargs.get("attn_mask") == "bool":
+        kwargs = {**kwargs, "attn_mask": torch.rand(b, h, sq, sk, generator=gen) > 0.3}
+    kwargs64 = {name: (x.double() if torch.is_tensor(x) and x.is_floating_point() else x) for name, x in kwargs.items()}
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        ref = run(F.scaled_dot_product_attention, q.double(), k.double(), v.double(), dout.double(), kwargs64)
+    ours = run(flashattn_ext.scaled_dot_product_attention, q, k, v, dout, kwargs)
+    theirs = run(F.scaled_dot_product_attention, q, k, v, dout, kwargs)
+    names = ["out", "dq", "dk", "dv", "dmask"]
+    for name, got, other, want in zip(names, ours, theirs, ref):
+        assert got.dtype == dtype, name
+        ours_err, torch_err = rel_l2(got, want), rel_l2(other, want)
+        # Where torch reaches the floor (the float64 result rounded to dtype), ours may pass it by as much
+        # as float32 arithmetic moves a value across a rounding boundary.
+        floor = rel_l2(want.to(dtype), want)
+        bound = max(torch_err, floor * (1 + OUT_TOL[torch.float32]))
+        assert ours_err <= bound, f"{name}: ours {ours_err:.3g}, torch's {torch_err:.3g}, floor {floor:.3g}"
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda dt: DTYPE_NAMES[dt])
+def test_results_in_the_input_dtype(dtype):
+    """out and the gradients in the input dtype, lse and a float mask's gradient in float32, as on CUDA."""
+    q, k, v = (torch.randn(1, 40, 2, 16, dtype=dtype, requires_grad=True) for _ in range(3))
+    mask = torch.randn(1, 2, 40, 40, dtype=dtype, requires_grad=True)
+    out, lse = flashattn_ext.flash_attn_func(q, k, v, attn_mask=mask, return_lse=True)
+    out.sum().backward()
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert q.grad.dtype == k.grad.dtype == v.grad.dtype == mask.grad.dtype == dtype
+    dq, dk, dv, dmask = torch.ops.flashattn_ext.bwd(
+        torch.ones_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse,
+        torch.zeros(2, dtype=torch.int64), 0.25, False, True, -1, -1, 0.0, None, None, mask.detach(), 0.0, False, True)
+    assert dq.dtype == dk.dtype == dv.dtype == dtype and dmask.dtype == torch.float32
