@@ -20,6 +20,7 @@ import dataclasses
 
 import torch
 
+from . import _core
 from .reference import attention_ref, varlen_sequences
 
 # Bytes of one block's scores-sized tensors: the block holds query rows such that
@@ -190,7 +191,7 @@ def dense_keep(q, rng_state, seqlen_k, dropout_p):
     """The keep mask of a fwd call (None without dropout): the dropout_mask op on its rng_state."""
     if dropout_p <= 0.0:
         return None
-    return torch.ops.flashattn_ext.dropout_mask(q.detach(), rng_state, seqlen_k, dropout_p)
+    return _core.dropout_mask(q=q.detach(), rng_state=rng_state, seqlen_k=seqlen_k, dropout_p=dropout_p)
 
 
 def _add_sequence(result, g, needs, q0, sq, k0, sk):
@@ -215,7 +216,7 @@ def varlen_vjp(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_
     keep = None
     if var.dropout_p > 0.0:  # sequence s draws from the Philox stream of batch index s
         shape_q = q.new_empty((batch, max_seqlen_q, nheads, 1))
-        keep = torch.ops.flashattn_ext.dropout_mask(shape_q, rng_state, max_seqlen_k, var.dropout_p)
+        keep = _core.dropout_mask(q=shape_q, rng_state=rng_state, seqlen_k=max_seqlen_k, dropout_p=var.dropout_p)
     inputs = {"q": q, "k": k, "v": v, "dout": dout, "sink": sink}
     result = {n: torch.zeros_like(inputs[n]) for n in needs}
     for s, (q0, sq, k0, sk) in enumerate(varlen_sequences(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,

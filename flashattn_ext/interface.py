@@ -13,7 +13,8 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from .ops import PAGE_MULTIPLE
+from . import _core
+from ._core import PAGE_MULTIPLE
 
 
 def _check_tensor(name, t):
@@ -150,11 +151,9 @@ def _check_mask(fn, attn_mask, q_dtype, device, shape):
 
 def _attention(q, k, v, scale, causal, bottom_right, window, softcap, alibi_slopes, sink, mask, dropout_p,
                deterministic):
-    out, lse, rng_state = torch.ops.flashattn_ext.fwd(
-        q, k, v, scale, bool(causal), bottom_right, window[0], window[1], softcap, alibi_slopes, sink, mask,
-        dropout_p, bool(deterministic),
-    )
-    return out, lse, rng_state
+    return _core.fwd(q=q, k=k, v=v, softmax_scale=scale, causal=bool(causal), bottom_right=bottom_right,
+                     window_left=window[0], window_right=window[1], softcap=softcap, alibi_slopes=alibi_slopes,
+                     sink=sink, attn_mask=mask, dropout_p=dropout_p, deterministic=bool(deterministic))
 
 
 def _probs_signed(q, k, v, scale, causal, window, softcap, alibi_slopes, sink, mask, dropout_p, lse, rng_state):
@@ -165,7 +164,7 @@ def _probs_signed(q, k, v, scale, causal, window, softcap, alibi_slopes, sink, m
     p = attention_probs(q, k, v, softmax_scale=scale, causal=causal, window_size=window, softcap=softcap,
                         alibi_slopes=alibi_slopes, sink=sink, attn_mask=mask, lse=lse)
     if dropout_p > 0.0:
-        keep = torch.ops.flashattn_ext.dropout_mask(q, rng_state, k.shape[1], dropout_p)
+        keep = _core.dropout_mask(q=q, rng_state=rng_state, seqlen_k=k.shape[1], dropout_p=dropout_p)
         p = torch.where(keep, p, -p)
     return p
 
@@ -466,7 +465,7 @@ def _varlen_probs_signed(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen
     keep = None
     if dropout_p > 0.0:  # sequence s draws from the Philox stream of batch index s
         shape_q = q.new_empty((batch, max_seqlen_q, nheads, 1))
-        keep = torch.ops.flashattn_ext.dropout_mask(shape_q, rng_state, max_seqlen_k, dropout_p)
+        keep = _core.dropout_mask(q=shape_q, rng_state=rng_state, seqlen_k=max_seqlen_k, dropout_p=dropout_p)
     sequences = varlen_sequences(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, q.shape[0],
                                  k.shape[0])
     for s, (q0, sq, k0, sk) in enumerate(sequences):
@@ -552,9 +551,11 @@ def _flash_attn_varlen(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if block_table is not None:
         _check_paged(fn, q, k, v, block_table, batch)
     scale = _default_scale(q) if softmax_scale is None else _check_scale(fn, "softmax_scale", softmax_scale)
-    out, lse, rng_state = torch.ops.flashattn_ext.varlen_fwd(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, bool(causal), window[0],
-        window[1], softcap, alibi_slopes, sink, dropout_p, bool(deterministic), block_table,
+    out, lse, rng_state = _core.varlen_fwd(
+        q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=scale, causal=bool(causal),
+        window_left=window[0], window_right=window[1], softcap=softcap, alibi_slopes=alibi_slopes, sink=sink,
+        dropout_p=dropout_p, deterministic=bool(deterministic), block_table=block_table,
     )
     if return_attn_probs:
         with torch.no_grad():

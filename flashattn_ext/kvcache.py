@@ -1,6 +1,6 @@
 """flash_attn_with_kvcache: attention of new queries against a KV cache (generation), with flash-attn
 2.8.3's signature and semantics. New keys / values are appended into the cache in place (rotary applied
-first when cos / sin are given), then one forward (torch.ops.flashattn_ext.kvcache_fwd) attends over each
+first when cos / sin are given), then one forward (the op flashattn_ext::kvcache_fwd) attends over each
 sequence's keys. Dense caches (batch_cache, seqlen_cache, nheads_kv, headdim), rows picked by
 cache_batch_idx, or paged caches (num_pages, page_size, nheads_kv, headdim) with a block_table. Everything
 runs as torch ops on q's device: no host synchronization, nothing read back from cache_seqlens (unless
@@ -20,7 +20,8 @@ from .interface import (
     _default_scale,
     _symbolic,
 )
-from .ops import PAGE_MULTIPLE
+from . import _core
+from ._core import PAGE_MULTIPLE
 
 _FN = "flash_attn_with_kvcache"
 
@@ -309,8 +310,10 @@ def flash_attn_with_kvcache(
                 _append(k_cache, k, start, seqlen_k, batch_rows, table, page_size, fits)
                 _append(v_cache, v, start, seqlen_k, batch_rows, table, page_size, fits)
             seqused = start + seqlen_new
-        out, lse = torch.ops.flashattn_ext.kvcache_fwd(
-            q, k_cache, v_cache, seqused, cache_batch_idx, cache_leftpad, block_table, scale, bool(causal), window[0],
-            window[1], softcap, alibi_slopes, sink, num_splits,
+        out, lse = _core.kvcache_fwd(
+            q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=seqused, cache_batch_idx=cache_batch_idx,
+            cache_leftpad=cache_leftpad, block_table=block_table, softmax_scale=scale, causal=bool(causal),
+            window_left=window[0], window_right=window[1], softcap=softcap, alibi_slopes=alibi_slopes, sink=sink,
+            num_splits=num_splits,
         )
     return (out, lse) if return_softmax_lse else out

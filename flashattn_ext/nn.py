@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
+from . import _core
 from .interface import (_attention, _check_bools, _check_dropout, _check_mask, _check_softcap, _check_window,
                         flash_attn_func)
 from .reference import dropout_keep_probability
@@ -77,7 +78,7 @@ def _attention_weights(q, k, mask, causal, scale, dropout_p, rng_state):
     empty = torch.isneginf(scores).all(-1, keepdim=True)
     weights = torch.softmax(scores.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
     if dropout_p > 0.0:
-        keep = torch.ops.flashattn_ext.dropout_mask(q, rng_state, k.shape[1], dropout_p)
+        keep = _core.dropout_mask(q=q, rng_state=rng_state, seqlen_k=k.shape[1], dropout_p=dropout_p)
         weights = weights * keep / dropout_keep_probability(dropout_p)
     return weights
 
