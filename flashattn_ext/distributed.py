@@ -32,15 +32,11 @@ import torch
 import torch.distributed as dist
 
 from . import _core
-from .interface import _check_bools, _check_scale
+from ._checks import _check_bools, _check_scale, _default_scale
 
 LAYOUTS = ("contiguous", "zigzag")
 # batch_isend_irecv tags: the K/V ring and the dK/dV ring of the backward can be in flight together.
 _TAG_KV, _TAG_DKV = 0, 1
-
-
-def _lse_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _check_layout(layout):
@@ -238,7 +234,7 @@ def ring_attention(q, k, v, group=None, causal=False, softmax_scale=None, layout
     if layout == "zigzag" and q.shape[1] % 2:
         raise ValueError(f"ring_attention: the zigzag layout needs an even local_seqlen, got {q.shape[1]}")
     if softmax_scale is None:
-        scale = q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0
+        scale = _default_scale(q.shape[-1])
     else:
         scale = _check_scale("ring_attention", "softmax_scale", softmax_scale)
     ring = _Ring(group)

@@ -21,6 +21,7 @@ import dataclasses
 import torch
 
 from . import _core
+from ._checks import _lse_dtype
 from .reference import attention_ref, varlen_sequences
 
 # Bytes of one block's scores-sized tensors: the block holds query rows such that
@@ -29,13 +30,9 @@ BLOCK_BYTES = 1 << 28
 BLOCK_TENSORS = 24  # scores-sized tensors alive in the double-backward graph of one block (measured: 16-22)
 
 
-def _acc_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def query_block(batch, nheads, seqlen_q, seqlen_k, dtype):
     """The number of query rows per block (1 .. seqlen_q) for scores of (batch, nheads, rows, seqlen_k)."""
-    per_row = max(1, batch * nheads * seqlen_k) * torch.finfo(_acc_dtype(dtype)).bits // 8 * BLOCK_TENSORS
+    per_row = max(1, batch * nheads * seqlen_k) * torch.finfo(_lse_dtype(dtype)).bits // 8 * BLOCK_TENSORS
     return max(1, min(seqlen_q, BLOCK_BYTES // per_row))
 
 
@@ -73,7 +70,7 @@ def attention_vjp(q, k, v, dout, alibi_slopes, sink, attn_mask, keep, var, cotan
     of its input's shape and dtype; differentiable when create_graph."""
     batch, seqlen_q, nheads, _ = q.shape
     seqlen_k = k.shape[1]
-    acc = _acc_dtype(q.dtype)
+    acc = _lse_dtype(q.dtype)
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
     cots = {name: g for name, g in cotangents.items() if g is not None}
     block = query_block(batch, nheads, seqlen_q, seqlen_k, q.dtype)
@@ -156,7 +153,7 @@ def lse_vjp(q, k, alibi_slopes, sink, attn_mask, var, dlse, needs, create_graph)
     their keys. Returns {name: gradient}; differentiable when create_graph."""
     batch, seqlen_q, nheads, _ = q.shape
     seqlen_k = k.shape[1]
-    acc = _acc_dtype(q.dtype)
+    acc = _lse_dtype(q.dtype)
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
     block = query_block(batch, nheads, seqlen_q, seqlen_k, q.dtype)
     alibi = None if alibi_slopes is None else alibi_slopes.detach()

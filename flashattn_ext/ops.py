@@ -12,11 +12,8 @@ import math
 import torch
 
 from . import _core, double_backward
+from ._checks import _lse_dtype
 from ._core import PAGE_MULTIPLE
-
-
-def _lse_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _check_rank(name, t, rank):

@@ -34,13 +34,13 @@ Conventions (those of torch's FA2 kernel, which the ops' fake kernels describe):
   kernel (taken before activation, say) gets torch's backward, never ours with another mask.
 """
 import functools
-import math
 import os
 import warnings
 
 import torch
 
 from .. import _core
+from .._checks import _default_scale
 
 NAME = "flashattn_ext"
 
@@ -329,7 +329,7 @@ def _window(w):
 
 
 def _scale(scale, query):
-    return 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    return _default_scale(query.shape[-1]) if scale is None else float(scale)
 
 
 def _layout_of(like):
