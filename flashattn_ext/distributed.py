@@ -31,16 +31,12 @@ All ranks must pass tensors of the same shape (the same local sequence length) o
 import torch
 import torch.distributed as dist
 
-from .interface import _check_bools, _check_scale
+from . import _core
+from ._checks import _check_bools, _check_scale, _default_scale
 
 LAYOUTS = ("contiguous", "zigzag")
 # batch_isend_irecv tags: the K/V ring and the dK/dV ring of the backward can be in flight together.
 _TAG_KV, _TAG_DKV = 0, 1
-_NO_WINDOW = -1
-
-
-def _lse_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _check_layout(layout):
@@ -130,14 +126,13 @@ def _merge_(out_acc, lse_acc, out, lse):
 
 
 def _fwd_op(q, k, v, scale, causal, deterministic):
-    out, lse, _ = torch.ops.flashattn_ext.fwd(q, k, v, scale, causal, True, _NO_WINDOW, _NO_WINDOW, 0.0, None, None,
-                                              None, 0.0, deterministic)
+    out, lse, _ = _core.fwd(q=q, k=k, v=v, softmax_scale=scale, causal=causal, deterministic=deterministic)
     return out, lse
 
 
 def _bwd_op(dout, q, k, v, out, lse, rng_state, scale, causal, deterministic):
-    dq, dk, dv, _ = torch.ops.flashattn_ext.bwd(dout, q, k, v, out, lse, rng_state, scale, causal, True, _NO_WINDOW,
-                                                _NO_WINDOW, 0.0, None, None, None, 0.0, deterministic, False)
+    dq, dk, dv, _ = _core.bwd(dout=dout, q=q, k=k, v=v, out=out, lse=lse, rng_state=rng_state, softmax_scale=scale,
+                              causal=causal, deterministic=deterministic)
     return dq, dk, dv
 
 
@@ -239,13 +234,13 @@ def ring_attention(q, k, v, group=None, causal=False, softmax_scale=None, layout
     if layout == "zigzag" and q.shape[1] % 2:
         raise ValueError(f"ring_attention: the zigzag layout needs an even local_seqlen, got {q.shape[1]}")
     if softmax_scale is None:
-        scale = q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0
+        scale = _default_scale(q.shape[-1])
     else:
         scale = _check_scale("ring_attention", "softmax_scale", softmax_scale)
     ring = _Ring(group)
     if ring.size == 1:
-        out, lse, _ = torch.ops.flashattn_ext.fwd(q, k, v, scale, bool(causal), True, _NO_WINDOW, _NO_WINDOW, 0.0,
-                                                  None, None, None, 0.0, bool(deterministic))
+        out, lse, _ = _core.fwd(q=q, k=k, v=v, softmax_scale=scale, causal=bool(causal),
+                                deterministic=bool(deterministic))
     else:
         out, lse = _RingAttention.apply(q, k, v, ring, bool(causal), scale, layout, bool(deterministic))
     return (out, lse) if return_lse else out

@@ -20,6 +20,8 @@ import dataclasses
 
 import torch
 
+from . import _core
+from ._checks import _lse_dtype
 from .reference import attention_ref, varlen_sequences
 
 # Bytes of one block's scores-sized tensors: the block holds query rows such that
@@ -28,13 +30,9 @@ BLOCK_BYTES = 1 << 28
 BLOCK_TENSORS = 24  # scores-sized tensors alive in the double-backward graph of one block (measured: 16-22)
 
 
-def _acc_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def query_block(batch, nheads, seqlen_q, seqlen_k, dtype):
     """The number of query rows per block (1 .. seqlen_q) for scores of (batch, nheads, rows, seqlen_k)."""
-    per_row = max(1, batch * nheads * seqlen_k) * torch.finfo(_acc_dtype(dtype)).bits // 8 * BLOCK_TENSORS
+    per_row = max(1, batch * nheads * seqlen_k) * torch.finfo(_lse_dtype(dtype)).bits // 8 * BLOCK_TENSORS
     return max(1, min(seqlen_q, BLOCK_BYTES // per_row))
 
 
@@ -72,7 +70,7 @@ def attention_vjp(q, k, v, dout, alibi_slopes, sink, attn_mask, keep, var, cotan
     of its input's shape and dtype; differentiable when create_graph."""
     batch, seqlen_q, nheads, _ = q.shape
     seqlen_k = k.shape[1]
-    acc = _acc_dtype(q.dtype)
+    acc = _lse_dtype(q.dtype)
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
     cots = {name: g for name, g in cotangents.items() if g is not None}
     block = query_block(batch, nheads, seqlen_q, seqlen_k, q.dtype)
@@ -155,7 +153,7 @@ def lse_vjp(q, k, alibi_slopes, sink, attn_mask, var, dlse, needs, create_graph)
     their keys. Returns {name: gradient}; differentiable when create_graph."""
     batch, seqlen_q, nheads, _ = q.shape
     seqlen_k = k.shape[1]
-    acc = _acc_dtype(q.dtype)
+    acc = _lse_dtype(q.dtype)
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
     block = query_block(batch, nheads, seqlen_q, seqlen_k, q.dtype)
     alibi = None if alibi_slopes is None else alibi_slopes.detach()
@@ -190,7 +188,7 @@ def dense_keep(q, rng_state, seqlen_k, dropout_p):
     """The keep mask of a fwd call (None without dropout): the dropout_mask op on its rng_state."""
     if dropout_p <= 0.0:
         return None
-    return torch.ops.flashattn_ext.dropout_mask(q.detach(), rng_state, seqlen_k, dropout_p)
+    return _core.dropout_mask(q=q.detach(), rng_state=rng_state, seqlen_k=seqlen_k, dropout_p=dropout_p)
 
 
 def _add_sequence(result, g, needs, q0, sq, k0, sk):
@@ -215,7 +213,7 @@ def varlen_vjp(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_
     keep = None
     if var.dropout_p > 0.0:  # sequence s draws from the Philox stream of batch index s
         shape_q = q.new_empty((batch, max_seqlen_q, nheads, 1))
-        keep = torch.ops.flashattn_ext.dropout_mask(shape_q, rng_state, max_seqlen_k, var.dropout_p)
+        keep = _core.dropout_mask(q=shape_q, rng_state=rng_state, seqlen_k=max_seqlen_k, dropout_p=var.dropout_p)
     inputs = {"q": q, "k": k, "v": v, "dout": dout, "sink": sink}
     result = {n: torch.zeros_like(inputs[n]) for n in needs}
     for s, (q0, sq, k0, sk) in enumerate(varlen_sequences(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,

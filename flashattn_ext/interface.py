@@ -8,153 +8,21 @@ broadcast attn_mask travels as an expanded view, packed tensors as unbound views
 come back into the packed tensor)."""
 import itertools
 import math
-import numbers
 
 import torch
 import torch.nn.functional as F
 
-from .ops import PAGE_MULTIPLE
-
-
-def _check_tensor(name, t):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-
-
-def _default_scale(t):
-    headdim = t.shape[-1] if t.dim() > 0 else 1
-    return 1.0 / math.sqrt(headdim) if headdim > 0 else 1.0
-
-
-def _symbolic(x):
-    """True for torch.compile's symbolic numbers (dynamic shapes): their checks run in the op instead."""
-    return isinstance(x, (torch.SymFloat, torch.SymInt))
-
-
-def _check_bools(fn, **flags):
-    """Each flag a Python bool, as torch's own bool arguments (not an int, a string, a tensor or None)."""
-    for name, x in flags.items():
-        if not isinstance(x, bool):
-            raise TypeError(f"{fn}: {name} must be a bool, got {type(x).__name__}")
-
-
-def _check_scale(fn, name, scale):
-    """A real number (Python or NumPy int / float), finite -> float. Not a bool, and not a tensor: its gradient
-    would be silently dropped and reading a CUDA tensor would synchronize (pass float(t) / t.item())."""
-    if _symbolic(scale):
-        return scale
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"{fn}: {name} must be a float or None, got {type(scale).__name__}")
-    if not -math.inf < scale < math.inf:  # comparisons, not math.isfinite: torch.compile traces them
-        raise ValueError(f"{fn}: {name} must be finite, got {scale}")
-    return float(scale)
-
-
-def _lse_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _check_dropout(fn, dropout_p):
-    if _symbolic(dropout_p):
-        return dropout_p
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
-        raise TypeError(f"{fn}: dropout_p must be a float, got {type(dropout_p).__name__}")
-    if not (0.0 <= dropout_p < 1.0):
-        raise ValueError(f"{fn}: dropout_p must be in [0, 1), got {dropout_p}")
-    return float(dropout_p)
-
-
-def _check_window(window_size, fn="flash_attn_func"):
-    try:
-        left, right = window_size
-    except (TypeError, ValueError):
-        raise TypeError(f"{fn}: window_size must be a pair (left, right) of ints, got {window_size!r}")
-    for name, w in (("left", left), ("right", right)):
-        if _symbolic(w):
-            continue
-        if isinstance(w, bool) or not isinstance(w, numbers.Integral):
-            raise TypeError(f"{fn}: window_size {name} must be an int, got {type(w).__name__}")
-        if w < -1:
-            raise ValueError(f"{fn}: window_size values must be >= -1 (-1: unbounded), got {window_size}")
-    return tuple(w if _symbolic(w) else int(w) for w in (left, right))
-
-
-def _check_softcap(softcap, fn="flash_attn_func"):
-    if _symbolic(softcap):
-        return softcap
-    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
-        raise TypeError(f"{fn}: softcap must be a float, got {type(softcap).__name__}")
-    if not 0 <= softcap < math.inf:
-        raise ValueError(f"{fn}: softcap must be finite and >= 0 (0: off), got {softcap}")
-    return float(softcap)
-
-
-def _check_alibi(alibi_slopes, q, fn="flash_attn_func", batch=None, nheads=None):
-    """alibi_slopes (nheads,) or (batch, nheads) float32 on q's device; batch / nheads default to those
-    of a (batch, seqlen, nheads, headdim) q."""
-    if alibi_slopes is None:
-        return None
-    _check_tensor("alibi_slopes", alibi_slopes)
-    if batch is None:
-        batch, nheads = q.shape[0], q.shape[2]
-    if alibi_slopes.dtype != torch.float32:
-        raise TypeError(f"{fn}: alibi_slopes must be float32, got {alibi_slopes.dtype}")
-    if alibi_slopes.device != q.device:
-        raise ValueError(f"{fn}: alibi_slopes must be on the device of q ({q.device}), got {alibi_slopes.device}")
-    if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
-        raise ValueError(
-            f"{fn}: alibi_slopes must have shape (nheads,) = ({nheads},) or (batch, nheads) = "
-            f"({batch}, {nheads}), got {tuple(alibi_slopes.shape)}"
-        )
-    return alibi_slopes
-
-
-def _check_sink(fn, sink, q, nheads):
-    """sink (nheads,) of any floating dtype -> the lse dtype (a differentiable cast)."""
-    if sink is None:
-        return None
-    _check_tensor("sink", sink)
-    if not sink.is_floating_point():
-        raise TypeError(f"{fn}: sink must be a floating-point tensor, got {sink.dtype}")
-    if sink.device != q.device:
-        raise ValueError(f"{fn}: sink must be on the device of q ({q.device}), got {sink.device}")
-    if tuple(sink.shape) != (nheads,):
-        raise ValueError(f"{fn}: sink must have shape (nheads,) = ({nheads},), got {tuple(sink.shape)}")
-    return sink.to(_lse_dtype(q.dtype))
-
-
-def _check_mask(fn, attn_mask, q_dtype, device, shape):
-    """attn_mask broadcastable to shape = (..., nheads, seqlen_q, seqlen_k) -> an expanded view of it,
-    bool or in q's dtype (a float mask of another dtype is cast, differentiably)."""
-    if attn_mask is None:
-        return None
-    _check_tensor("attn_mask", attn_mask)
-    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
-        raise TypeError(f"{fn}: attn_mask must be bool or floating point, got {attn_mask.dtype}")
-    if attn_mask.device != device:
-        raise ValueError(f"{fn}: attn_mask must be on the device of the query ({device}), got {attn_mask.device}")
-    if attn_mask.dim() > len(shape):
-        raise ValueError(f"{fn}: attn_mask must have at most {len(shape)} dimensions, got shape "
-                         f"{tuple(attn_mask.shape)}")
-    # Cast before expanding: a cast of the expanded view would materialize (batch, nheads, seqlen_q, seqlen_k).
-    if attn_mask.is_floating_point() and attn_mask.dtype != q_dtype:
-        attn_mask = attn_mask.to(q_dtype)
-    try:
-        return attn_mask.expand(shape)
-    except RuntimeError:
-        raise ValueError(
-            f"{fn}: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (..., nheads, seqlen_q, "
-            f"seqlen_k) = {tuple(shape)}"
-        ) from None
+from . import _core
+from ._checks import (_check_alibi, _check_bools, _check_dropout, _check_index, _check_mask, _check_max_seqlen,
+                      _check_packed, _check_paged, _check_scale, _check_sink, _check_softcap, _check_tensor,
+                      _check_window, _default_scale)
 
 
 def _attention(q, k, v, scale, causal, bottom_right, window, softcap, alibi_slopes, sink, mask, dropout_p,
                deterministic):
-    out, lse, rng_state = torch.ops.flashattn_ext.fwd(
-        q, k, v, scale, bool(causal), bottom_right, window[0], window[1], softcap, alibi_slopes, sink, mask,
-        dropout_p, bool(deterministic),
-    )
-    return out, lse, rng_state
+    return _core.fwd(q=q, k=k, v=v, softmax_scale=scale, causal=bool(causal), bottom_right=bottom_right,
+                     window_left=window[0], window_right=window[1], softcap=softcap, alibi_slopes=alibi_slopes,
+                     sink=sink, attn_mask=mask, dropout_p=dropout_p, deterministic=bool(deterministic))
 
 
 def _probs_signed(q, k, v, scale, causal, window, softcap, alibi_slopes, sink, mask, dropout_p, lse, rng_state):
@@ -165,7 +33,7 @@ def _probs_signed(q, k, v, scale, causal, window, softcap, alibi_slopes, sink, m
     p = attention_probs(q, k, v, softmax_scale=scale, causal=causal, window_size=window, softcap=softcap,
                         alibi_slopes=alibi_slopes, sink=sink, attn_mask=mask, lse=lse)
     if dropout_p > 0.0:
-        keep = torch.ops.flashattn_ext.dropout_mask(q, rng_state, k.shape[1], dropout_p)
+        keep = _core.dropout_mask(q=q, rng_state=rng_state, seqlen_k=k.shape[1], dropout_p=dropout_p)
         p = torch.where(keep, p, -p)
     return p
 
@@ -221,13 +89,13 @@ def flash_attn_func(
     if sink is not None and s_aux is not None:
         raise ValueError("flash_attn_func: pass sink or s_aux, not both")
     dropout_p = _check_dropout("flash_attn_func", dropout_p)
-    window = _check_window(window_size)
-    softcap = _check_softcap(softcap)
-    alibi_slopes = _check_alibi(alibi_slopes, q)
+    window = _check_window("flash_attn_func", window_size)
+    softcap = _check_softcap("flash_attn_func", softcap)
+    alibi_slopes = _check_alibi("flash_attn_func", alibi_slopes, q)
     sink = _check_sink("flash_attn_func", s_aux if sink is None else sink, q, q.shape[2])
     shape = (q.shape[0], q.shape[2], q.shape[1], k.shape[1] if k.dim() == 4 else 0)
     mask = _check_mask("flash_attn_func", attn_mask, q.dtype, q.device, shape)
-    scale = (_default_scale(q) if softmax_scale is None
+    scale = (_default_scale(q.shape[-1]) if softmax_scale is None
              else _check_scale("flash_attn_func", "softmax_scale", softmax_scale))
     out, lse, rng_state = _attention(q, k, v, scale, causal, True, window, softcap, alibi_slopes, sink, mask,
                                      dropout_p, deterministic)
@@ -322,7 +190,7 @@ def scaled_dot_product_attention(
         raise ValueError(f"{fn}: key's head dim ({key.shape[-1]}) must equal query's ({headdim})")
     if key.shape[-2] != value.shape[-2]:
         raise ValueError(f"{fn}: seqlen of key ({key.shape[-2]}) and value ({value.shape[-2]}) must match")
-    softmax_scale = _default_scale(query) if scale is None else _check_scale(fn, "scale", scale)
+    softmax_scale = _default_scale(query.shape[-1]) if scale is None else _check_scale(fn, "scale", scale)
     rank = max(query.dim(), key.dim(), value.dim())
     # The kernel's layout: last stride 1 (copy otherwise), one head dim for all three (zero-pad the smaller:
     # zero columns change neither the scores nor, sliced off, the output).
@@ -370,14 +238,6 @@ def scaled_dot_product_attention(
     if rank < 3:
         out = out.squeeze(0)
     return out[..., :headdim_v] if headdim_v < headdim else out
-
-
-def _check_packed(fn, name, t, rank, index, count, layout):
-    """A packed tensor (qkv / kv): `rank` dimensions with `count` entries at dimension `index`."""
-    _check_tensor(name, t)
-    if t.dim() != rank or t.shape[index] != count:
-        raise ValueError(f"{fn}: {name} must have shape {layout}, got {tuple(t.shape)}")
-    return t.unbind(index)
 
 
 def flash_attn_qkvpacked_func(
@@ -430,30 +290,6 @@ def flash_attn_kvpacked_func(
 # ------------------------------------------------------------------------------------------------
 
 
-
-def _check_index(fn, name, t, device):
-    """An int32 1-D index tensor (cu_seqlens_* / seqused_k) on the device of q; its contents are not read."""
-    _check_tensor(name, t)
-    if t.dtype != torch.int32:
-        raise TypeError(f"{fn}: {name} must be int32, got {t.dtype}")
-    if t.dim() != 1:
-        raise ValueError(f"{fn}: {name} must be 1-D, got shape {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{fn}: {name} must be on the device of q ({device}), got {t.device}")
-    return t
-
-
-def _check_max_seqlen(fn, name, x):
-    if _symbolic(x):
-        return x
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        raise TypeError(f"{fn}: {name} must be a Python int (the longest sequence of the batch), got "
-                        f"{type(x).__name__}")
-    if x < 0:
-        raise ValueError(f"{fn}: {name} must be >= 0, got {x}")
-    return int(x)
-
-
 def _varlen_probs_signed(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, causal,
                          window, softcap, alibi_slopes, sink, dropout_p, lse, rng_state):
     """S_dmask of the varlen functions' return_attn_probs: (batch, nheads, max_seqlen_q, max_seqlen_k) in
@@ -466,7 +302,7 @@ def _varlen_probs_signed(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen
     keep = None
     if dropout_p > 0.0:  # sequence s draws from the Philox stream of batch index s
         shape_q = q.new_empty((batch, max_seqlen_q, nheads, 1))
-        keep = torch.ops.flashattn_ext.dropout_mask(shape_q, rng_state, max_seqlen_k, dropout_p)
+        keep = _core.dropout_mask(q=shape_q, rng_state=rng_state, seqlen_k=max_seqlen_k, dropout_p=dropout_p)
     sequences = varlen_sequences(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, q.shape[0],
                                  k.shape[0])
     for s, (q0, sq, k0, sk) in enumerate(sequences):
@@ -497,26 +333,6 @@ def _paged_keys(k, block_table, cu_seqlens_k):
     return k[pages, rows % page_size], cu
 
 
-def _check_paged(fn, q, k, v, block_table, batch):
-    """block_table int32 (batch, max_pages >= 1) on q's device, k / v (num_pages, page_size, nheads_kv, headdim)
-    with page_size a positive multiple of 16."""
-    _check_tensor("block_table", block_table)
-    if block_table.dtype != torch.int32:
-        raise TypeError(f"{fn}: block_table must be int32, got {block_table.dtype}")
-    if block_table.device != q.device:
-        raise ValueError(f"{fn}: block_table must be on the device of q ({q.device}), got {block_table.device}")
-    if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] < 1:
-        raise ValueError(f"{fn}: block_table must have shape (batch, max_pages) with batch = {batch} and max_pages "
-                         f">= 1, got {tuple(block_table.shape)}")
-    if v.shape[:3] != k.shape[:3]:
-        raise ValueError(f"{fn}: with block_table, v must have the pages, page size and nheads_kv of k "
-                         f"{tuple(k.shape[:3])}, got {tuple(v.shape[:3])}")
-    page_size = k.shape[1]
-    if not _symbolic(page_size) and (page_size <= 0 or page_size % PAGE_MULTIPLE != 0):
-        raise ValueError(f"{fn}: with block_table, the page size (dimension 1 of k (num_pages, page_size, nheads_kv, "
-                         f"headdim)) must be a positive multiple of {PAGE_MULTIPLE}, got {page_size}")
-
-
 def _flash_attn_varlen(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                        causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, seqused_k,
                        return_lse, sink, s_aux, block_table=None):
@@ -545,16 +361,18 @@ def _flash_attn_varlen(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if sink is not None and s_aux is not None:
         raise ValueError(f"{fn}: pass sink or s_aux, not both")
     dropout_p = _check_dropout(fn, dropout_p)
-    window = _check_window(window_size, fn)
-    softcap = _check_softcap(softcap, fn)
-    alibi_slopes = _check_alibi(alibi_slopes, q, fn, batch, nheads)
+    window = _check_window(fn, window_size)
+    softcap = _check_softcap(fn, softcap)
+    alibi_slopes = _check_alibi(fn, alibi_slopes, q, batch, nheads)
     sink = _check_sink(fn, s_aux if sink is None else sink, q, nheads)
     if block_table is not None:
         _check_paged(fn, q, k, v, block_table, batch)
-    scale = _default_scale(q) if softmax_scale is None else _check_scale(fn, "softmax_scale", softmax_scale)
-    out, lse, rng_state = torch.ops.flashattn_ext.varlen_fwd(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, bool(causal), window[0],
-        window[1], softcap, alibi_slopes, sink, dropout_p, bool(deterministic), block_table,
+    scale = _default_scale(q.shape[-1]) if softmax_scale is None else _check_scale(fn, "softmax_scale", softmax_scale)
+    out, lse, rng_state = _core.varlen_fwd(
+        q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=scale, causal=bool(causal),
+        window_left=window[0], window_right=window[1], softcap=softcap, alibi_slopes=alibi_slopes, sink=sink,
+        dropout_p=dropout_p, deterministic=bool(deterministic), block_table=block_table,
     )
     if return_attn_probs:
         with torch.no_grad():

@@ -1,46 +1,18 @@
 """flash_attn_with_kvcache: attention of new queries against a KV cache (generation), with flash-attn
 2.8.3's signature and semantics. New keys / values are appended into the cache in place (rotary applied
-first when cos / sin are given), then one forward (torch.ops.flashattn_ext.kvcache_fwd) attends over each
+first when cos / sin are given), then one forward (the op flashattn_ext::kvcache_fwd) attends over each
 sequence's keys. Dense caches (batch_cache, seqlen_cache, nheads_kv, headdim), rows picked by
 cache_batch_idx, or paged caches (num_pages, page_size, nheads_kv, headdim) with a block_table. Everything
 runs as torch ops on q's device: no host synchronization, nothing read back from cache_seqlens (unless
 check_cache_seqlens=True asks for it)."""
-import numbers
-
 import torch
 
-from .interface import (
-    _check_alibi,
-    _check_bools,
-    _check_scale,
-    _check_sink,
-    _check_softcap,
-    _check_tensor,
-    _check_window,
-    _default_scale,
-    _symbolic,
-)
-from .ops import PAGE_MULTIPLE
+from . import _core
+from ._checks import (_check_alibi, _check_bools, _check_index, _check_int, _check_scale, _check_sink, _check_softcap,
+                      _check_tensor, _check_window, _default_scale, _symbolic)
+from ._core import PAGE_MULTIPLE
 
 _FN = "flash_attn_with_kvcache"
-
-
-def _check_index(name, t, device, shape):
-    """An int32 index tensor of the given shape on q's device (contents are never read on the host)."""
-    _check_tensor(name, t)
-    if t.dtype != torch.int32:
-        raise TypeError(f"{_FN}: {name} must be int32, got {t.dtype}")
-    if t.device != device:
-        raise ValueError(f"{_FN}: {name} must be on the device of q ({device}), got {t.device}")
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{_FN}: {name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
-    return t
-
-
-def _check_int(name, x):
-    if isinstance(x, bool) or not isinstance(x, (numbers.Integral, torch.SymInt)):
-        raise TypeError(f"{_FN}: {name} must be an int, got {type(x).__name__}")
-    return x
 
 
 def _capacity(seqlen_k, block_table):
@@ -201,9 +173,9 @@ def flash_attn_with_kvcache(
     nheads_kv = k_cache.shape[2]
     device = q.device
     if cache_batch_idx is not None:
-        _check_index("cache_batch_idx", cache_batch_idx, device, (batch,))
+        _check_index(_FN, "cache_batch_idx", cache_batch_idx, device, (batch,))
     if cache_leftpad is not None:
-        _check_index("cache_leftpad", cache_leftpad, device, (batch,))
+        _check_index(_FN, "cache_leftpad", cache_leftpad, device, (batch,))
     page_size = None
     if block_table is not None:
         _check_tensor("block_table", block_table)
@@ -249,7 +221,7 @@ def flash_attn_with_kvcache(
 
     fits = False  # every appended row known to be inside the cache
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
-        _check_int("cache_seqlens", cache_seqlens)
+        _check_int(_FN, "cache_seqlens", cache_seqlens)
         if not _symbolic(cache_seqlens):
             if not 0 <= cache_seqlens <= seqlen_k - seqlen_new:
                 raise ValueError(f"{_FN}: cache_seqlens ({cache_seqlens}) plus seqlen_new ({seqlen_new}) must fit "
@@ -257,7 +229,7 @@ def flash_attn_with_kvcache(
             fits = True
         cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
     elif cache_seqlens is not None:
-        _check_index("cache_seqlens", cache_seqlens, device, (batch,))
+        _check_index(_FN, "cache_seqlens", cache_seqlens, device, (batch,))
         if check_cache_seqlens:
             _check_seqlens_fit(cache_seqlens, seqlen_new, seqlen_k, block_table)
 
@@ -282,13 +254,13 @@ def flash_attn_with_kvcache(
 
     if sink is not None and s_aux is not None:
         raise ValueError(f"{_FN}: pass sink or s_aux, not both")
-    window = _check_window(window_size, _FN)
-    softcap = _check_softcap(softcap, _FN)
-    alibi_slopes = _check_alibi(alibi_slopes, q, _FN)
-    _check_int("num_splits", num_splits)
+    window = _check_window(_FN, window_size)
+    softcap = _check_softcap(_FN, softcap)
+    alibi_slopes = _check_alibi(_FN, alibi_slopes, q)
+    _check_int(_FN, "num_splits", num_splits)
     if num_splits < 0:
         raise ValueError(f"{_FN}: num_splits must be 0 (chosen by the kernels) or a positive count, got {num_splits}")
-    scale = _default_scale(q) if softmax_scale is None else _check_scale(_FN, "softmax_scale", softmax_scale)
+    scale = _default_scale(q.shape[-1]) if softmax_scale is None else _check_scale(_FN, "softmax_scale", softmax_scale)
 
     with torch.no_grad():
         sink = _check_sink(_FN, s_aux if sink is None else sink, q, nheads)
@@ -309,8 +281,10 @@ def flash_attn_with_kvcache(
                 _append(k_cache, k, start, seqlen_k, batch_rows, table, page_size, fits)
                 _append(v_cache, v, start, seqlen_k, batch_rows, table, page_size, fits)
             seqused = start + seqlen_new
-        out, lse = torch.ops.flashattn_ext.kvcache_fwd(
-            q, k_cache, v_cache, seqused, cache_batch_idx, cache_leftpad, block_table, scale, bool(causal), window[0],
-            window[1], softcap, alibi_slopes, sink, num_splits,
+        out, lse = _core.kvcache_fwd(
+            q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=seqused, cache_batch_idx=cache_batch_idx,
+            cache_leftpad=cache_leftpad, block_table=block_table, softmax_scale=scale, causal=bool(causal),
+            window_left=window[0], window_right=window[1], softcap=softcap, alibi_slopes=alibi_slopes, sink=sink,
+            num_splits=num_splits,
         )
     return (out, lse) if return_softmax_lse else out

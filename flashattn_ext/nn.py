@@ -22,8 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
-from .interface import (_attention, _check_bools, _check_dropout, _check_mask, _check_softcap, _check_window,
-                        flash_attn_func)
+from . import _core
+from ._checks import _check_bools, _check_dropout, _check_mask, _check_softcap, _check_window, _default_scale
+from .interface import _attention, flash_attn_func
 from .reference import dropout_keep_probability
 
 _NO_WINDOW = (-1, -1)
@@ -77,7 +78,7 @@ def _attention_weights(q, k, mask, causal, scale, dropout_p, rng_state):
     empty = torch.isneginf(scores).all(-1, keepdim=True)
     weights = torch.softmax(scores.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
     if dropout_p > 0.0:
-        keep = torch.ops.flashattn_ext.dropout_mask(q, rng_state, k.shape[1], dropout_p)
+        keep = _core.dropout_mask(q=q, rng_state=rng_state, seqlen_k=k.shape[1], dropout_p=dropout_p)
         weights = weights * keep / dropout_keep_probability(dropout_p)
     return weights
 
@@ -250,7 +251,7 @@ class MultiheadAttention(nn.Module):
         mask = self._masks(None if causal else attn_mask, key_padding_mask, batch, seqlen_q, seqlen_k, appended,
                            q.dtype)
         dropout_p = _check_dropout("MultiheadAttention", self.dropout) if self.training else 0.0
-        scale = 1.0 / math.sqrt(self.head_dim)
+        scale = _default_scale(self.head_dim)
         shape = (batch, self.num_heads, seqlen_q, k.shape[1])
         full_mask = _check_mask("MultiheadAttention", mask, q.dtype, q.device, shape)
         out, _, rng_state = _attention(q, k, v, scale, causal, False, _NO_WINDOW, 0.0, None, None, full_mask,
@@ -298,7 +299,7 @@ class Attention(nn.Module):
                  dtype=None):
         super().__init__()
         _check_bools("Attention", causal=causal, rotary=rotary)
-        window_size, softcap = _check_window(window_size, "Attention"), _check_softcap(softcap, "Attention")
+        window_size, softcap = _check_window("Attention", window_size), _check_softcap("Attention", softcap)
         dropout = _check_dropout("Attention", dropout)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads:

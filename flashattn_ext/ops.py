@@ -11,13 +11,9 @@ import math
 
 import torch
 
-from . import double_backward
-
-PAGE_MULTIPLE = 16  # FLASHPAGE_MULTIPLE (csrc/constants.h): page sizes of a paged KV cache are multiples of it
-
-
-def _lse_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
+from . import _core, double_backward
+from ._checks import _lse_dtype
+from ._core import PAGE_MULTIPLE
 
 
 def _check_rank(name, t, rank):
@@ -96,8 +92,8 @@ def _dropout_mask_fake(q, rng_state, seqlen_k, dropout_p):
     return q.new_empty((q.shape[0], q.shape[2], q.shape[1], seqlen_k), dtype=torch.bool)
 
 
-# Positions of fwd's inputs (the schema in csrc/ops.cpp).
-_ALIBI, _SINK, _MASK = 9, 10, 11
+# Positions of fwd's inputs.
+_SINK, _MASK = _core.FWD_ARGS.index("sink"), _core.FWD_ARGS.index("attn_mask")
 
 
 def _sink_grad(dout, out, lse, sink):
@@ -167,12 +163,14 @@ def _backward(ctx, dout, dlse, _drng):
     softmax_scale, causal, bottom_right, window_left, window_right, softcap, dropout_p, deterministic = ctx.args
     var = double_backward.Variant(softmax_scale, causal, bottom_right, (window_left, window_right), softcap, dropout_p)
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
-    grads = [None] * 14
+    grads = [None] * len(_core.FWD_ARGS)
     if dout is not None:
         mask_grad = float_mask and ctx.needs_input_grad[_MASK]
-        dq, dk, dv, dmask = torch.ops.flashattn_ext.bwd(
-            dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right, window_left, window_right,
-            softcap, alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad,
+        dq, dk, dv, dmask = _core.bwd(
+            dout=dout, q=q, k=k, v=v, out=out, lse=lse, rng_state=rng_state, softmax_scale=softmax_scale,
+            causal=causal, bottom_right=bottom_right, window_left=window_left, window_right=window_right,
+            softcap=softcap, alibi_slopes=alibi_slopes, sink=sink, attn_mask=attn_mask, dropout_p=dropout_p,
+            deterministic=deterministic, mask_grad=mask_grad,
         )
         grads[:3] = dq, dk, dv
         if sink is not None and ctx.needs_input_grad[_SINK]:
@@ -181,7 +179,7 @@ def _backward(ctx, dout, dlse, _drng):
         if mask_grad:
             grads[_MASK] = dmask.to(attn_mask.dtype)
     if dlse is not None:
-        positions = {"q": 0, "k": 1, "sink": _SINK, "mask": _MASK}
+        positions = {"q": _core.FWD_ARGS.index("q"), "k": _core.FWD_ARGS.index("k"), "sink": _SINK, "mask": _MASK}
         needs = [n for n, i in positions.items() if ctx.needs_input_grad[i] and (n != "mask" or float_mask)]
         _add_grads(grads, positions, double_backward.lse_vjp(q, k, alibi_slopes, sink, attn_mask, var, dlse, needs,
                                                              torch.is_grad_enabled()))
@@ -191,9 +189,9 @@ def _backward(ctx, dout, dlse, _drng):
 torch.library.register_autograd("flashattn_ext::fwd", _backward, setup_context=_setup_context)
 
 
-# Positions of bwd's inputs (the schema in csrc/ops.cpp).
-_BWD_INPUTS = 19
-_BWD_GRAD = {"dout": 0, "q": 1, "k": 2, "v": 3, "sink": 14, "mask": 15}
+# Positions of bwd's differentiable inputs, by double_backward's names.
+_BWD_GRAD = {n: _core.BWD_ARGS.index(arg) for n, arg in
+             (("dout", "dout"), ("q", "q"), ("k", "k"), ("v", "v"), ("sink", "sink"), ("mask", "attn_mask"))}
 
 
 def _bwd_setup_context(ctx, inputs, output):
@@ -215,7 +213,7 @@ def _bwd_backward(ctx, gdq, gdk, gdv, gdmask):
     cotangents = {"q": gdq, "k": gdk, "v": gdv, "mask": gdmask if ctx.mask_grad else None}
     g = _dense_vjp(alibi_slopes, rng_state, ctx.var, q, k, v, dout, sink, attn_mask, cotangents, needs,
                    torch.is_grad_enabled())
-    grads = [None] * _BWD_INPUTS
+    grads = [None] * len(_core.BWD_ARGS)
     for n, i in _BWD_GRAD.items():
         grads[i] = g.get(n)
     return tuple(grads)
@@ -284,9 +282,8 @@ def _varlen_bwd_fake(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlen
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-# Positions of varlen_fwd's inputs (the schema in csrc/ops.cpp).
-_VARLEN_SINK = 14
-_VARLEN_INPUTS = 18
+# Position of varlen_fwd's sink.
+_VARLEN_SINK = _core.VARLEN_FWD_ARGS.index("sink")
 
 
 def _varlen_setup_context(ctx, inputs, output):
@@ -313,10 +310,12 @@ def _varlen_backward(ctx, dout, _dlse, _drng):
     (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, dropout_p,
      deterministic) = ctx.args
     var = double_backward.Variant(softmax_scale, causal, True, (window_left, window_right), softcap, dropout_p)
-    grads = [None] * _VARLEN_INPUTS
-    grads[:3] = torch.ops.flashattn_ext.varlen_bwd(
-        dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-        softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic,
+    grads = [None] * len(_core.VARLEN_FWD_ARGS)
+    grads[:3] = _core.varlen_bwd(
+        dout=dout, q=q, k=k, v=v, out=out, lse=lse, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+        softmax_scale=softmax_scale, causal=causal, window_left=window_left, window_right=window_right,
+        softcap=softcap, alibi_slopes=alibi_slopes, sink=sink, dropout_p=dropout_p, deterministic=deterministic,
     )
     if sink is not None and ctx.needs_input_grad[_VARLEN_SINK]:
         vjp = functools.partial(_varlen_vjp, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
@@ -335,9 +334,8 @@ def _varlen_vjp(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_
                                       create_graph)
 
 
-# Positions of varlen_bwd's inputs (the schema in csrc/ops.cpp).
-_VARLEN_BWD_INPUTS = 21
-_VARLEN_BWD_GRAD = {"dout": 0, "q": 1, "k": 2, "v": 3, "sink": 18}
+# Positions of varlen_bwd's differentiable inputs.
+_VARLEN_BWD_GRAD = {n: _core.VARLEN_BWD_ARGS.index(n) for n in ("dout", "q", "k", "v", "sink")}
 
 
 def _varlen_bwd_setup_context(ctx, inputs, output):
@@ -355,7 +353,7 @@ def _varlen_bwd_backward(ctx, gdq, gdk, gdv):
     needs = [n for n, i in _VARLEN_BWD_GRAD.items() if ctx.needs_input_grad[i]]
     g = _varlen_vjp(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state, var,
                     q, k, v, dout, sink, None, {"q": gdq, "k": gdk, "v": gdv}, needs, torch.is_grad_enabled())
-    grads = [None] * _VARLEN_BWD_INPUTS
+    grads = [None] * len(_core.VARLEN_BWD_ARGS)
     for n, i in _VARLEN_BWD_GRAD.items():
         grads[i] = g.get(n)
     return tuple(grads)
@@ -370,7 +368,6 @@ torch.library.register_autograd("flashattn_ext::varlen_bwd", _varlen_bwd_backwar
 # (batch_cache, seqlen_cache, nheads_kv, headdim), or paged (num_pages, page_size, nheads_kv, headdim)
 # with block_table (batch, max_pages). Forward only.
 # ------------------------------------------------------------------------------------------------
-
 
 
 def _check_kvcache_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table):

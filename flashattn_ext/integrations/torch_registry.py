@@ -34,11 +34,13 @@ Conventions (those of torch's FA2 kernel, which the ops' fake kernels describe):
   kernel (taken before activation, say) gets torch's backward, never ours with another mask.
 """
 import functools
-import math
 import os
 import warnings
 
 import torch
+
+from .. import _core
+from .._checks import _default_scale
 
 NAME = "flashattn_ext"
 
@@ -327,7 +329,7 @@ def _window(w):
 
 
 def _scale(scale, query):
-    return 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    return _default_scale(query.shape[-1]) if scale is None else float(scale)
 
 
 def _layout_of(like):
@@ -393,15 +395,15 @@ def flash_forward(query, key, value, dropout_p, is_causal, scale=None, window_si
     deterministic = torch.are_deterministic_algorithms_enabled()
     if _folds(query, key, value, dropout_p):
         batch, seqlen_q, nheads, _ = query.shape
-        out, lse, rng = torch.ops.flashattn_ext.fwd(
-            _fold(query), _fold(key), _fold(value), softmax_scale, bool(is_causal), True, window[0], window[1],
-            0.0, None, None, None, 0.0, deterministic)
+        out, lse, rng = _core.fwd(q=_fold(query), k=_fold(key), v=_fold(value), softmax_scale=softmax_scale,
+                                  causal=bool(is_causal), window_left=window[0], window_right=window[1],
+                                  deterministic=deterministic)
         out = _unfold(out, batch, nheads)
         lse = lse.view(batch, nheads, seqlen_q)
     else:
-        out, lse, rng = torch.ops.flashattn_ext.fwd(
-            query, key, value, softmax_scale, bool(is_causal), True, window[0], window[1], 0.0, None, None, None,
-            float(dropout_p), deterministic)
+        out, lse, rng = _core.fwd(q=query, k=key, v=value, softmax_scale=softmax_scale, causal=bool(is_causal),
+                                  window_left=window[0], window_right=window[1], dropout_p=float(dropout_p),
+                                  deterministic=deterministic)
     return (_in_layout(out, query), lse) + _aten_rng(rng, dropout_p, query.device)
 
 
@@ -419,16 +421,17 @@ def flash_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_ca
         def folded(t):
             return _fold(t if _mergeable(t) else t.transpose(1, 2).contiguous().transpose(1, 2))
 
-        dq, dk, dv, _ = torch.ops.flashattn_ext.bwd(
-            folded(grad_out), _fold(query), _fold(key), _fold(value), folded(out),
-            logsumexp.reshape(batch * nheads, 1, seqlen_q), _ZERO_RNG, softmax_scale, bool(is_causal), True,
-            window[0], window[1], 0.0, None, None, None, 0.0, deterministic, False)
+        dq, dk, dv, _ = _core.bwd(
+            dout=folded(grad_out), q=_fold(query), k=_fold(key), v=_fold(value), out=folded(out),
+            lse=logsumexp.reshape(batch * nheads, 1, seqlen_q), rng_state=_ZERO_RNG, softmax_scale=softmax_scale,
+            causal=bool(is_causal), window_left=window[0], window_right=window[1], deterministic=deterministic)
         dq, dk, dv = (_unfold(t, batch, nheads) for t in (dq, dk, dv))
     else:
         rng = rng_state.view(torch.int64) if dropout_p > 0.0 else _ZERO_RNG
-        dq, dk, dv, _ = torch.ops.flashattn_ext.bwd(
-            grad_out, query, key, value, out, logsumexp, rng, softmax_scale, bool(is_causal), True, window[0],
-            window[1], 0.0, None, None, None, float(dropout_p), deterministic, False)
+        dq, dk, dv, _ = _core.bwd(
+            dout=grad_out, q=query, k=key, v=value, out=out, lse=logsumexp, rng_state=rng,
+            softmax_scale=softmax_scale, causal=bool(is_causal), window_left=window[0], window_right=window[1],
+            dropout_p=float(dropout_p), deterministic=deterministic)
     return _in_layout(dq, query), _in_layout(dk, key), _in_layout(dv, value)
 
 
@@ -445,10 +448,11 @@ def varlen_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropou
     """aten::_flash_attention_forward on a variable-length batch, q (total_q, nheads, headdim), k/v
     (total_k, nheads_kv, headdim), through flashattn_ext::varlen_fwd (is_causal and windows aligned
     bottom-right per sequence, as torch's kernel). Returns (out, lse (nheads, total_q), rng_state, unused)."""
-    out, lse, rng = torch.ops.flashattn_ext.varlen_fwd(
-        query, key, value, cum_seq_q, cum_seq_k, seqused_k, int(max_q), int(max_k), _scale(scale, query),
-        bool(is_causal), _window(window_size_left), _window(window_size_right), 0.0, None, None, float(dropout_p),
-        torch.are_deterministic_algorithms_enabled())
+    out, lse, rng = _core.varlen_fwd(
+        q=query, k=key, v=value, cu_seqlens_q=cum_seq_q, cu_seqlens_k=cum_seq_k, seqused_k=seqused_k,
+        max_seqlen_q=int(max_q), max_seqlen_k=int(max_k), softmax_scale=_scale(scale, query), causal=bool(is_causal),
+        window_left=_window(window_size_left), window_right=_window(window_size_right), dropout_p=float(dropout_p),
+        deterministic=torch.are_deterministic_algorithms_enabled())
     return (_in_layout(out, query), lse) + _aten_rng(rng, dropout_p, query.device)
 
 
@@ -456,10 +460,11 @@ def varlen_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_
                     is_causal, rng_state, scale=None, window_size_left=None, window_size_right=None):
     """aten::_flash_attention_backward on varlen_forward's layouts through flashattn_ext::varlen_bwd."""
     rng = rng_state.view(torch.int64) if dropout_p > 0.0 else _ZERO_RNG
-    dq, dk, dv = torch.ops.flashattn_ext.varlen_bwd(
-        grad_out, query, key, value, out, logsumexp, rng, cum_seq_q, cum_seq_k, None, int(max_q), int(max_k),
-        _scale(scale, query), bool(is_causal), _window(window_size_left), _window(window_size_right), 0.0, None,
-        None, float(dropout_p), torch.are_deterministic_algorithms_enabled())
+    dq, dk, dv = _core.varlen_bwd(
+        dout=grad_out, q=query, k=key, v=value, out=out, lse=logsumexp, rng_state=rng, cu_seqlens_q=cum_seq_q,
+        cu_seqlens_k=cum_seq_k, max_seqlen_q=int(max_q), max_seqlen_k=int(max_k), softmax_scale=_scale(scale, query),
+        causal=bool(is_causal), window_left=_window(window_size_left), window_right=_window(window_size_right),
+        dropout_p=float(dropout_p), deterministic=torch.are_deterministic_algorithms_enabled())
     return _in_layout(dq, query), _in_layout(dk, key), _in_layout(dv, value)
 
 

@@ -1,0 +1,203 @@
+"""The argument checks of the public functions, run before anything else: TypeError / ValueError naming the
+argument and the function (fn, the first argument of every helper that takes one; _check_tensor's message
+names the argument only). Scalars come back normalized (Python float / int; torch.compile's symbolic numbers
+pass through, their checks run in the op). Also the package's one default softmax_scale and one lse dtype."""
+import math
+import numbers
+
+import torch
+
+from ._core import PAGE_MULTIPLE
+
+
+def _symbolic(x):
+    """True for torch.compile's symbolic numbers (dynamic shapes): their checks run in the op instead."""
+    return isinstance(x, (torch.SymFloat, torch.SymInt))
+
+
+def _lse_dtype(dtype):
+    """The dtype of lse (and of the float math around it) for inputs of dtype."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _default_scale(headdim):
+    """The default softmax_scale, 1 / sqrt(headdim) (1 for headdim 0)."""
+    return 1.0 / math.sqrt(headdim) if headdim > 0 else 1.0
+
+
+def _check_tensor(name, t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _check_bools(fn, **flags):
+    """Each flag a Python bool, as torch's own bool arguments (not an int, a string, a tensor or None)."""
+    for name, x in flags.items():
+        if not isinstance(x, bool):
+            raise TypeError(f"{fn}: {name} must be a bool, got {type(x).__name__}")
+
+
+def _check_int(fn, name, x):
+    if isinstance(x, bool) or not isinstance(x, (numbers.Integral, torch.SymInt)):
+        raise TypeError(f"{fn}: {name} must be an int, got {type(x).__name__}")
+    return x
+
+
+def _check_scale(fn, name, scale):
+    """A real number (Python or NumPy int / float), finite -> float. Not a bool, and not a tensor: its gradient
+    would be silently dropped and reading a CUDA tensor would synchronize (pass float(t) / t.item())."""
+    if _symbolic(scale):
+        return scale
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"{fn}: {name} must be a float or None, got {type(scale).__name__}")
+    if not -math.inf < scale < math.inf:  # comparisons, not math.isfinite: torch.compile traces them
+        raise ValueError(f"{fn}: {name} must be finite, got {scale}")
+    return float(scale)
+
+
+def _check_dropout(fn, dropout_p):
+    if _symbolic(dropout_p):
+        return dropout_p
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"{fn}: dropout_p must be a float, got {type(dropout_p).__name__}")
+    if not (0.0 <= dropout_p < 1.0):
+        raise ValueError(f"{fn}: dropout_p must be in [0, 1), got {dropout_p}")
+    return float(dropout_p)
+
+
+def _check_window(fn, window_size):
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise TypeError(f"{fn}: window_size must be a pair (left, right) of ints, got {window_size!r}")
+    for name, w in (("left", left), ("right", right)):
+        if _symbolic(w):
+            continue
+        if isinstance(w, bool) or not isinstance(w, numbers.Integral):
+            raise TypeError(f"{fn}: window_size {name} must be an int, got {type(w).__name__}")
+        if w < -1:
+            raise ValueError(f"{fn}: window_size values must be >= -1 (-1: unbounded), got {window_size}")
+    return tuple(w if _symbolic(w) else int(w) for w in (left, right))
+
+
+def _check_softcap(fn, softcap):
+    if _symbolic(softcap):
+        return softcap
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"{fn}: softcap must be a float, got {type(softcap).__name__}")
+    if not 0 <= softcap < math.inf:
+        raise ValueError(f"{fn}: softcap must be finite and >= 0 (0: off), got {softcap}")
+    return float(softcap)
+
+
+def _check_alibi(fn, alibi_slopes, q, batch=None, nheads=None):
+    """alibi_slopes (nheads,) or (batch, nheads) float32 on q's device; batch / nheads default to those
+    of a (batch, seqlen, nheads, headdim) q."""
+    if alibi_slopes is None:
+        return None
+    _check_tensor("alibi_slopes", alibi_slopes)
+    if batch is None:
+        batch, nheads = q.shape[0], q.shape[2]
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"{fn}: alibi_slopes must be float32, got {alibi_slopes.dtype}")
+    if alibi_slopes.device != q.device:
+        raise ValueError(f"{fn}: alibi_slopes must be on the device of q ({q.device}), got {alibi_slopes.device}")
+    if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
+        raise ValueError(
+            f"{fn}: alibi_slopes must have shape (nheads,) = ({nheads},) or (batch, nheads) = "
+            f"({batch}, {nheads}), got {tuple(alibi_slopes.shape)}"
+        )
+    return alibi_slopes
+
+
+def _check_sink(fn, sink, q, nheads):
+    """sink (nheads,) of any floating dtype -> the lse dtype (a differentiable cast)."""
+    if sink is None:
+        return None
+    _check_tensor("sink", sink)
+    if not sink.is_floating_point():
+        raise TypeError(f"{fn}: sink must be a floating-point tensor, got {sink.dtype}")
+    if sink.device != q.device:
+        raise ValueError(f"{fn}: sink must be on the device of q ({q.device}), got {sink.device}")
+    if tuple(sink.shape) != (nheads,):
+        raise ValueError(f"{fn}: sink must have shape (nheads,) = ({nheads},), got {tuple(sink.shape)}")
+    return sink.to(_lse_dtype(q.dtype))
+
+
+def _check_mask(fn, attn_mask, q_dtype, device, shape):
+    """attn_mask broadcastable to shape = (..., nheads, seqlen_q, seqlen_k) -> an expanded view of it,
+    bool or in q's dtype (a float mask of another dtype is cast, differentiably)."""
+    if attn_mask is None:
+        return None
+    _check_tensor("attn_mask", attn_mask)
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise TypeError(f"{fn}: attn_mask must be bool or floating point, got {attn_mask.dtype}")
+    if attn_mask.device != device:
+        raise ValueError(f"{fn}: attn_mask must be on the device of the query ({device}), got {attn_mask.device}")
+    if attn_mask.dim() > len(shape):
+        raise ValueError(f"{fn}: attn_mask must have at most {len(shape)} dimensions, got shape "
+                         f"{tuple(attn_mask.shape)}")
+    # Cast before expanding: a cast of the expanded view would materialize (batch, nheads, seqlen_q, seqlen_k).
+    if attn_mask.is_floating_point() and attn_mask.dtype != q_dtype:
+        attn_mask = attn_mask.to(q_dtype)
+    try:
+        return attn_mask.expand(shape)
+    except RuntimeError:
+        raise ValueError(
+            f"{fn}: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (..., nheads, seqlen_q, "
+            f"seqlen_k) = {tuple(shape)}"
+        ) from None
+
+
+def _check_packed(fn, name, t, rank, index, count, layout):
+    """A packed tensor (qkv / kv): `rank` dimensions with `count` entries at dimension `index`."""
+    _check_tensor(name, t)
+    if t.dim() != rank or t.shape[index] != count:
+        raise ValueError(f"{fn}: {name} must have shape {layout}, got {tuple(t.shape)}")
+    return t.unbind(index)
+
+
+def _check_index(fn, name, t, device, shape=None):
+    """An int32 index tensor (cu_seqlens_*, seqused_k, cache_seqlens, ...) on the device of q, 1-D or (shape
+    given) of that shape; its contents are not read."""
+    _check_tensor(name, t)
+    if t.dtype != torch.int32:
+        raise TypeError(f"{fn}: {name} must be int32, got {t.dtype}")
+    if shape is None and t.dim() != 1:
+        raise ValueError(f"{fn}: {name} must be 1-D, got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{fn}: {name} must be on the device of q ({device}), got {t.device}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{fn}: {name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    return t
+
+
+def _check_max_seqlen(fn, name, x):
+    if _symbolic(x):
+        return x
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"{fn}: {name} must be a Python int (the longest sequence of the batch), got "
+                        f"{type(x).__name__}")
+    if x < 0:
+        raise ValueError(f"{fn}: {name} must be >= 0, got {x}")
+    return int(x)
+
+
+def _check_paged(fn, q, k, v, block_table, batch):
+    """block_table int32 (batch, max_pages >= 1) on q's device, k / v (num_pages, page_size, nheads_kv, headdim)
+    with page_size a positive multiple of 16."""
+    _check_tensor("block_table", block_table)
+    if block_table.dtype != torch.int32:
+        raise TypeError(f"{fn}: block_table must be int32, got {block_table.dtype}")
+    if block_table.device != q.device:
+        raise ValueError(f"{fn}: block_table must be on the device of q ({q.device}), got {block_table.device}")
+    if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] < 1:
+        raise ValueError(f"{fn}: block_table must have shape (batch, max_pages) with batch = {batch} and max_pages "
+                         f">= 1, got {tuple(block_table.shape)}")
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"{fn}: with block_table, v must have the pages, page size and nheads_kv of k "
+                         f"{tuple(k.shape[:3])}, got {tuple(v.shape[:3])}")
+    page_size = k.shape[1]
+    if not _symbolic(page_size) and (page_size <= 0 or page_size % PAGE_MULTIPLE != 0):
+        raise ValueError(f"{fn}: with block_table, the page size (dimension 1 of k (num_pages, page_size, nheads_kv, "
+                         f"headdim)) must be a positive multiple of {PAGE_MULTIPLE}, got {page_size}")

@@ -1,0 +1,41 @@
+"""flashattn_ext._core, the op contract: each wrapper calls its op with the schema's arguments in the schema's
+order, and no other module of the package calls the ops."""
+import ast
+import inspect
+import pathlib
+import re
+
+import pytest
+import torch
+
+import flashattn_ext
+from flashattn_ext import _core
+
+PACKAGE = pathlib.Path(flashattn_ext.__file__).parent
+OPS = ("fwd", "bwd", "dropout_mask", "varlen_fwd", "varlen_bwd", "kvcache_fwd")
+
+
+def _op_call(fn_name):
+    """The positional argument names of the torch.ops.flashattn_ext.<op> call in _core.<fn_name>."""
+    tree = ast.parse((PACKAGE / "_core.py").read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == fn_name)
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func).startswith("torch.ops.")]
+    assert len(calls) == 1 and not calls[0].keywords
+    return ast.unparse(calls[0].func), [ast.unparse(a) for a in calls[0].args]
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_wrapper_follows_schema(op):
+    schema = [a.name for a in getattr(torch.ops.flashattn_ext, op).default._schema.arguments]
+    assert list(getattr(_core, f"{op.upper()}_ARGS")) == schema
+    params = inspect.signature(getattr(_core, op)).parameters.values()
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params)
+    assert sorted(p.name for p in params) == sorted(schema)
+    assert _op_call(op) == (f"torch.ops.flashattn_ext.{op}", schema)
+
+
+def test_only_core_calls_the_ops():
+    call = re.compile(r"torch\.ops\.flashattn_ext\.\w+(\.default)?\(")
+    callers = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                     if p.name != "_core.py" and call.search(p.read_text()))
+    assert callers == []
