@@ -15,7 +15,10 @@ At most one block of queries x seqlen_k scores (and the few tensors of that size
 holds) is alive at a time, the block chosen from BLOCK_BYTES; with create_graph the graphs of all blocks
 are kept for the next order. Dropout uses the keep mask of the first-order pass (the dropout_mask op on
 the saved rng_state), which the op materializes for all rows at once as bool (1 byte per score). The
-varlen backward reads cu_seqlens (and seqused_k) on the host once and runs the composite per sequence."""
+varlen backward reads cu_seqlens (and seqused_k) on the host once and runs the composite per sequence.
+
+lse_vjp is the first-order gradient of the lse that fwd returns (the dense layout only: varlen's lse carries
+no gradient), by the same blocks."""
 import dataclasses
 
 import torch
@@ -191,18 +194,6 @@ def dense_keep(q, rng_state, seqlen_k, dropout_p):
     return _core.dropout_mask(q=q.detach(), rng_state=rng_state, seqlen_k=seqlen_k, dropout_p=dropout_p)
 
 
-def _add_sequence(result, g, needs, q0, sq, k0, sk):
-    """One sequence's gradients (batch 1) into the varlen batch's: rows q0 .. q0 + sq - 1 of q and dout, keys
-    k0 .. k0 + sk - 1 of k and v, the rest (sink) summed."""
-    for n in needs:
-        if n in ("q", "dout"):
-            result[n] = result[n].index_add(0, torch.arange(q0, q0 + sq, device=result[n].device), g[n][0])
-        elif n in ("k", "v"):
-            result[n] = result[n].index_add(0, torch.arange(k0, k0 + sk, device=result[n].device), g[n][0])
-        else:
-            result[n] = result[n] + g[n]
-
-
 def varlen_vjp(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, alibi_slopes, sink,
                rng_state, var, cotangents, needs, create_graph):
     """attention_vjp for a variable-length batch (varlen_fwd's layout and arguments), sequence by sequence
@@ -228,5 +219,11 @@ def varlen_vjp(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_
                 "sink": cotangents.get("sink")}
         g = attention_vjp(q[None, qs], k[None, ks], v[None, ks], dout[None, qs], slopes, sink, None,
                           None if keep is None else keep[s:s + 1, :, :sq, :sk], var, cots, needs, create_graph)
-        _add_sequence(result, g, needs, q0, sq, k0, sk)
+        for n in needs:
+            if n in ("q", "dout"):
+                result[n] = result[n].index_add(0, torch.arange(q0, q0 + sq, device=q.device), g[n][0])
+            elif n in ("k", "v"):
+                result[n] = result[n].index_add(0, torch.arange(k0, k0 + sk, device=k.device), g[n][0])
+            else:
+                result[n] = result[n] + g[n]
     return result

@@ -309,7 +309,6 @@ def _varlen_backward(ctx, dout, _dlse, _drng):
     q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink = ctx.saved_tensors
     (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, dropout_p,
      deterministic) = ctx.args
-    var = double_backward.Variant(softmax_scale, causal, True, (window_left, window_right), softcap, dropout_p)
     grads = [None] * len(_core.VARLEN_FWD_ARGS)
     grads[:3] = _core.varlen_bwd(
         dout=dout, q=q, k=k, v=v, out=out, lse=lse, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
@@ -318,6 +317,7 @@ def _varlen_backward(ctx, dout, _dlse, _drng):
         softcap=softcap, alibi_slopes=alibi_slopes, sink=sink, dropout_p=dropout_p, deterministic=deterministic,
     )
     if sink is not None and ctx.needs_input_grad[_VARLEN_SINK]:
+        var = double_backward.Variant(softmax_scale, causal, True, (window_left, window_right), softcap, dropout_p)
         vjp = functools.partial(_varlen_vjp, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                                 alibi_slopes, rng_state, var)
         grads[_VARLEN_SINK] = _differentiable_sink_grad(vjp, dout, out, lse, sink, q, k, v, None)

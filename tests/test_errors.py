@@ -533,20 +533,13 @@ SOFTCAPS = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcach
 WINDOWS = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache"]
 
 
-@pytest.mark.parametrize("fn", DROPOUTS, ids=str)
-def test_dropout_p_type(fn):
+@pytest.mark.parametrize("fn, arg", [(fn, "dropout_p") for fn in DROPOUTS] + [(fn, "softcap") for fn in SOFTCAPS],
+                         ids=str)
+def test_real_argument_type(fn, arg):
     call = public_calls()[fn]
     for bad in NOT_REALS:
-        with pytest.raises(TypeError, match=mentions(fn, "dropout_p", "float")):
-            call(dropout_p=bad)
-
-
-@pytest.mark.parametrize("fn", SOFTCAPS, ids=str)
-def test_softcap_type(fn):
-    call = public_calls()[fn]
-    for bad in NOT_REALS:
-        with pytest.raises(TypeError, match=mentions(fn, "softcap", "float")):
-            call(softcap=bad)
+        with pytest.raises(TypeError, match=mentions(fn, arg, "float")):
+            call(**{arg: bad})
 
 
 @pytest.mark.parametrize("fn", WINDOWS, ids=str)
