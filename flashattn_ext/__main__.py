@@ -58,10 +58,20 @@ def report_build():
     if info is None:
         print("build: no flashattn_ext/_build_info.py (built by an older setup.py): archs unknown")
         return
-    archs = ", ".join(f"sm_{a}" for a in info.CUDA_ARCHS) or "none (CPU kernels only)"
+    archs = ", ".join(arch_name(a) for a in info.CUDA_ARCHS) or "none (CPU kernels only)"
     print(f"build: against torch {info.TORCH_VERSION}, CUDA {info.CUDA_VERSION or 'none'}; CUDA archs: {archs}")
     if info.TORCH_VERSION.split("+")[0] != torch.__version__.split("+")[0]:
         print(f"  warning: built against torch {info.TORCH_VERSION}, running with {torch.__version__}: rebuild")
+
+
+def arch_name(arch):
+    """sm_80 / sm_90a machine code, compute_80 PTX (compiled by the driver on newer GPUs), or both."""
+    if arch.startswith("compute_"):
+        return f"{arch} PTX"
+    if arch.endswith("+PTX"):
+        number = arch.removesuffix("+PTX")
+        return f"sm_{number} + compute_{number} PTX"
+    return f"sm_{arch}"
 
 
 def report_cpu():

@@ -107,6 +107,11 @@ def test_arch_runs_on():
     assert reg.arch_runs_on("80", (8, 0)) and reg.arch_runs_on("80", (8, 9))
     assert not reg.arch_runs_on("80", (9, 0)) and not reg.arch_runs_on("86", (8, 0))
     assert reg.arch_runs_on("90a", (9, 0)) and not reg.arch_runs_on("90a", (10, 0))
+    # PTX runs (compiled by the driver) on every capability at or above its own
+    for arch in ("80+PTX", "compute_80"):
+        assert all(reg.arch_runs_on(arch, c) for c in ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)))
+        assert not reg.arch_runs_on(arch, (7, 5))
+    assert not reg.arch_runs_on("compute_90", (8, 9)) and reg.arch_runs_on("86+PTX", (8, 6))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -205,13 +205,16 @@ def build_info():
 
 
 def arch_runs_on(arch, capability):
-    """Whether machine code built for arch ("80", "90a") runs on a GPU of capability (major, minor):
-    an arch-specific target ("90a") on that exact capability only, a plain one on the same major
-    revision at an equal or higher minor."""
-    specific = arch.endswith("a")
-    number = int(arch.rstrip("a"))
-    major, minor = divmod(number, 10)
-    if specific:
+    """Whether the code built for arch (setup.py's FLASHATTN_EXT_CUDA_ARCHS tokens: "80", "90a", "80+PTX",
+    "compute_80") runs on a GPU of capability (major, minor): an arch-specific target ("90a") on that exact
+    capability only, plain machine code on the same major revision at an equal or higher minor, PTX (which
+    the driver compiles on first use) on every capability at or above its own."""
+    ptx = arch.endswith("+PTX") or arch.startswith("compute_")
+    number = arch.removeprefix("compute_").removesuffix("+PTX")
+    major, minor = divmod(int(number.rstrip("a")), 10)
+    if ptx:
+        return tuple(capability) >= (major, minor)
+    if number.endswith("a"):
         return (major, minor) == tuple(capability)
     return major == capability[0] and minor <= capability[1]
 
