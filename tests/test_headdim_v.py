@@ -114,7 +114,8 @@ def test_sdpa_dv_matches_torch(device, dims):
         assert out.shape == ref.shape == (*qs[:-1], dv)
         assert_close("out", out, ref, OUT_TOL[torch.float64])
         dout = torch.randn(ref.shape, generator=gen, dtype=torch.float64).to(device)
-        for name, g, r in zip("qkv", torch.autograd.grad(out, (q, k, v), dout), torch.autograd.grad(ref, (q, k, v), dout)):
+        got, want = torch.autograd.grad(out, (q, k, v), dout), torch.autograd.grad(ref, (q, k, v), dout)
+        for name, g, r in zip("qkv", got, want):
             assert_close("d" + name, g, r, OUT_TOL[torch.float64])
 
 
@@ -414,7 +415,8 @@ def test_bwd_op_out_shapes(device):
     wrong = torch.zeros(1, 4, 2, 8, dtype=torch.float64, device=device)
     for args, name in ((op_bwd_args(wrong, q, k, v, out, lse, rng, cfg, var, t), "dout"),
                        (op_bwd_args(dout, q, k, v, wrong, lse, rng, cfg, var, t), "out")):
-        with pytest.raises(RuntimeError, match=rf"{name} must have the shape of q with the head dim of v \(1, 4, 2, 5\)"):
+        with pytest.raises(RuntimeError, match=rf"{name} must have the shape of q with the head dim of v "
+                                               rf"\(1, 4, 2, 5\)"):
             torch.ops.flashattn_ext.bwd(*args)
     cu = torch.tensor([0, 4], dtype=torch.int32, device=device)
     ck = torch.tensor([0, 6], dtype=torch.int32, device=device)
