@@ -501,7 +501,7 @@ static void bench(int64_t s, int64_t left, int64_t right, const flash_params *ex
     p.q = buf, p.k = buf + n, p.v = buf + 2 * n, p.o = buf + 3 * n, p.dout = buf + 4 * n;
     p.dq = buf + 5 * n, p.dk = buf + 6 * n, p.dv = buf + 7 * n, p.lse = buf + 8 * n, p.delta = buf + 8 * n + s * h;
     p.q_s = p.k_s = p.v_s = p.o_s = p.do_s = p.dq_s = p.dk_s = p.dv_s = st;
-    p.b = 1, p.h = h, p.h_kv = h, p.h_per_kv = 1, p.sq = s, p.sk = s, p.d = d, .d_v = d, p.scale = 1 / sqrt((double)d);
+    p.b = 1, p.h = h, p.h_kv = h, p.h_per_kv = 1, p.sq = s, p.sk = s, p.d = d, p.d_v = d, p.scale = 1 / sqrt((double)d);
     p.lse_batch = h * s, p.lse_head = s, p.dtype = FLASH_FP32;
     p.band_left = left, p.band_right = right, p.band_bottom_right = 1;
     const flash_seq seq = flash_seq_of(&p, 0);
