@@ -1,9 +1,11 @@
 // ops.cpp: the op schema (declared once), the input checks, params filling, and the CPU backend.
 //
-// Layout of every tensor argument: q/out/dout (batch, seqlen_q, nheads, headdim), k/v
-// (batch, seqlen_k, nheads_kv, headdim), any strides whose last one is 1; lse (batch, nheads, seqlen_q)
-// in fp32 (fp64 for fp64 inputs). The varlen ops pack their sequences along the rows: q/out/dout
-// (total_q, nheads, headdim), k/v (total_k, nheads_kv, headdim), lse (nheads, total_q), with int32
+// Layout of every tensor argument: q (batch, seqlen_q, nheads, headdim), k (batch, seqlen_k, nheads_kv,
+// headdim), v (batch, seqlen_k, nheads_kv, headdim_v), out/dout (batch, seqlen_q, nheads, headdim_v), any
+// strides whose last one is 1; headdim_v (v's own head dim, as DeepSeek's MLA: 192 / 128) is any size, equal to
+// headdim or not. lse (batch, nheads, seqlen_q) in fp32 (fp64 for fp64 inputs). The varlen ops pack their
+// sequences along the rows: q (total_q, nheads, headdim), k/v (total_k, nheads_kv, headdim / headdim_v),
+// out/dout (total_q, nheads, headdim_v), lse (nheads, total_q), with int32
 // cu_seqlens_q / cu_seqlens_k (batch + 1,) and seqused_k (batch,) on q's device. varlen_fwd also takes a
 // paged cache (flash_attn_varlen_func's block_table; forward only): k/v (num_pages, page_size, nheads_kv,
 // headdim) with block_table int32 (batch, max_pages), sequence s's keys its first cu_seqlens_k[s + 1] -
@@ -12,14 +14,14 @@
 // kvcache_fwd (flash_attn_with_kvcache's attention; forward only, it reads the cache and writes
 // nothing into it: the Python function appends new keys first and passes cache_seqlens + seqlen_new):
 // q (batch, seqlen_q, nheads, headdim); k_cache / v_cache (batch_cache, seqlen_cache, nheads_kv,
-// headdim), or paged with block_table int32 (batch, max_pages): (num_pages, page_size, nheads_kv,
+// headdim / headdim_v), or paged with block_table int32 (batch, max_pages): (num_pages, page_size, nheads_kv,
 // headdim), page_size a multiple of FLASH_PAGE_MULTIPLE. Sequence b's keys are cache rows
 // [cache_leftpad[b], cache_seqlens[b]) (flash-attn's convention: cache_seqlens counts from the cache's
 // row 0, the left padding included) of cache batch cache_batch_idx[b] (default b), or of pages
 // block_table[b, row / page_size]; cache_seqlens None: every row (seqlen_cache, or max_pages *
 // page_size). All int32 on q's device; contents are clamped by the kernels, never read on the host.
 // causal / window are bottom-right aligned per sequence (on its key count), ALiBi as flash-attn with
-// the sequence's keys counted from cache_leftpad. out (batch, seqlen_q, nheads, headdim), lse (batch,
+// the sequence's keys counted from cache_leftpad. out (batch, seqlen_q, nheads, headdim_v), lse (batch,
 // nheads, seqlen_q); a sequence without keys gets out 0, lse -inf (the sink with a sink).
 #include <Python.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -75,7 +77,7 @@ void check_rank_and_last_stride(const at::Tensor &t, const char *name, int64_t r
 }
 
 // dtype, device and head checks shared by the dense, varlen and KV-cache q, k, v (hd: the head dim's
-// index; kn, vn: the names of k and v in the messages).
+// index; kn, vn: the names of k and v in the messages). v's head dim is its own.
 void check_qkv_common(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t hd, const char *kn = "k",
                       const char *vn = "v")
 {
@@ -85,9 +87,9 @@ void check_qkv_common(const at::Tensor &q, const at::Tensor &k, const at::Tensor
     TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), "flashattn_ext: q, ", kn, " and ", vn,
                 " must be on the same device, got q on ", q.device().str(), ", ", kn, " on ", k.device().str(), ", ",
                 vn, " on ", v.device().str());
-    TORCH_CHECK(k.size(hd) == q.size(hd) && v.size(hd) == q.size(hd), "flashattn_ext: head dim (last dimension) of q, ",
-                kn, " and ", vn, " must match, got q ", num(q.size(hd)), ", ", kn, " ", num(k.size(hd)), ", ", vn, " ",
-                num(v.size(hd)));
+    TORCH_CHECK(k.size(hd) == q.size(hd), "flashattn_ext: head dim (last dimension) of q and ", kn,
+                " must match, got q ", num(q.size(hd)), ", ", kn, " ", num(k.size(hd)), " (", vn,
+                " may have its own)");
     const int64_t rows = hd - 2, heads = hd - 1;
     TORCH_CHECK(k.size(rows) == v.size(rows), "flashattn_ext: seqlen of ", kn, " (", num(k.size(rows)), ") and ", vn,
                 " (", num(v.size(rows)), ") must match");
@@ -150,7 +152,24 @@ void check_varlen_paged_kv(const at::Tensor &q, const at::Tensor &k, const at::T
     TORCH_CHECK(k.size(0) > 0, "flashattn_ext: a paged k needs at least one page for block_table to index");
 }
 
+// dout and out of a backward: q's shape with v's head dim (out_sizes).
+void check_out_shapes(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &v, const at::Tensor &out)
+{
+    const std::vector<int64_t> want = out_sizes(q, v);
+    TORCH_CHECK(dout.defined() && dout.sizes() == at::IntArrayRef(want), "flashattn_ext: dout must have the shape of ",
+                "q with the head dim of v ", shape(want), ", got ", dout.defined() ? shape(dout.sizes()) : "undefined");
+    TORCH_CHECK(out.defined() && out.sizes() == at::IntArrayRef(want), "flashattn_ext: out must have the shape of ",
+                "q with the head dim of v ", shape(want), ", got ", out.defined() ? shape(out.sizes()) : "undefined");
+}
+
 }  // namespace
+
+std::vector<int64_t> out_sizes(const at::Tensor &q, const at::Tensor &v)
+{
+    std::vector<int64_t> sizes(q.sizes().begin(), q.sizes().end());
+    sizes.back() = v.size(-1);
+    return sizes;
+}
 
 void check_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v)
 {
@@ -189,13 +208,10 @@ void check_varlen_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor
         check_varlen_paged_kv(q, k, v, *vl.block_table, vl.batch());
 }
 
-void check_varlen_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &out,
+void check_varlen_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &v, const at::Tensor &out,
                              const at::Tensor &lse)
 {
-    TORCH_CHECK(dout.defined() && dout.sizes() == q.sizes(), "flashattn_ext: dout must have the shape of q ",
-                shape(q.sizes()), ", got ", dout.defined() ? shape(dout.sizes()) : "undefined");
-    TORCH_CHECK(out.defined() && out.sizes() == q.sizes(), "flashattn_ext: out must have the shape of q ",
-                shape(q.sizes()), ", got ", out.defined() ? shape(out.sizes()) : "undefined");
+    check_out_shapes(dout, q, v, out);
     check_rank_and_last_stride(out, "out", kVarlenRank);
     TORCH_CHECK(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
                 "flashattn_ext: dout and out must have the dtype of q (", q.scalar_type(), "), got dout ",
@@ -210,12 +226,10 @@ void check_varlen_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const 
                 lse_dtype(q.scalar_type()), " for ", q.scalar_type(), " inputs, got ", lse.scalar_type());
 }
 
-void check_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &out, const at::Tensor &lse)
+void check_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &v, const at::Tensor &out,
+                      const at::Tensor &lse)
 {
-    TORCH_CHECK(dout.defined() && dout.sizes() == q.sizes(), "flashattn_ext: dout must have the shape of q ",
-                shape(q.sizes()), ", got ", dout.defined() ? shape(dout.sizes()) : "undefined");
-    TORCH_CHECK(out.defined() && out.sizes() == q.sizes(), "flashattn_ext: out must have the shape of q ",
-                shape(q.sizes()), ", got ", out.defined() ? shape(out.sizes()) : "undefined");
+    check_out_shapes(dout, q, v, out);
     TORCH_CHECK(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
                 "flashattn_ext: dout and out must have the dtype of q (", q.scalar_type(), "), got dout ",
                 dout.scalar_type(), ", out ", out.scalar_type());
@@ -435,6 +449,7 @@ flash_params make_params(const at::Tensor &q, const at::Tensor &k, const at::Ten
     p.sq = q.size(1);
     p.h = q.size(2);
     p.d = q.size(3);
+    p.d_v = v.size(3);
     p.sk = k.size(1);
     p.h_kv = k.size(2);
     p.h_per_kv = p.h / p.h_kv;
@@ -609,7 +624,7 @@ Varlen varlen_of(const at::Tensor &cu_seqlens_q, const at::Tensor &cu_seqlens_k,
 
 std::tuple<at::Tensor, at::Tensor> varlen_fwd_outputs(const at::Tensor &q, const at::Tensor &v)
 {
-    at::Tensor out = at::zeros({q.size(0), q.size(1), v.size(-1)}, q.options());  // v: packed or paged
+    at::Tensor out = at::zeros(out_sizes(q, v), q.options());  // v: packed or paged
     at::Tensor lse = at::full({q.size(1), q.size(0)}, -std::numeric_limits<double>::infinity(),
                               q.options().dtype(lse_dtype(q.scalar_type())));
     return {out, lse};
@@ -633,7 +648,7 @@ bool no_work(const at::Tensor &q)
 std::tuple<at::Tensor, at::Tensor> fwd_without_keys(const at::Tensor &q, const at::Tensor &v,
                                                     const c10::optional<at::Tensor> &sink)
 {
-    at::Tensor out = at::zeros({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
+    at::Tensor out = at::zeros(out_sizes(q, v), q.options());
     const auto opts = q.options().dtype(lse_dtype(q.scalar_type()));
     at::Tensor lse = sink ? sink->view({1, q.size(2), 1}).expand({q.size(0), q.size(2), q.size(1)}).contiguous()
                           : at::full({q.size(0), q.size(2), q.size(1)}, -std::numeric_limits<double>::infinity(), opts);
@@ -723,7 +738,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cpu(const at::Tensor &q, cons
         auto [out, lse] = fwd_without_keys(q, v, sink);
         return {out, lse, rng_state};
     }
-    at::Tensor out = at::empty(q.sizes(), q.options());
+    at::Tensor out = at::empty(out_sizes(q, v), q.options());
     at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
     VariantTensors keep;
     const flash_params p = make_params(q, k, v, out, lse, softmax_scale, var, rng_state, &keep);
@@ -740,7 +755,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
 {
     check_qkv(q, k, v);
     check_cpu_dtype(q);
-    check_bwd_inputs(dout_in, q, out, lse_in);
+    check_bwd_inputs(dout_in, q, v, out, lse_in);
     check_rank_and_last_stride(out, "out");
     check_rng_state(rng_state);
     const Variants var = variants_of(causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
@@ -751,7 +766,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
     if (is_half(q)) {
         const at::Tensor q32 = f32(q), k32 = f32(k), v32 = f32(v);
         const c10::optional<at::Tensor> mask32 = mask_f32(attn_mask);
-        at::Tensor out32 = at::zeros(q.sizes(), q32.options());
+        at::Tensor out32 = at::zeros(out_sizes(q, v), q32.options());
         if (!no_work(q) && k.size(1) > 0) {  // out in fp32 again: see out_f32_note
             at::Tensor lse = at::empty(lse_in.sizes(), lse_in.options());
             VariantTensors keep;
@@ -826,7 +841,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
     check_varlen_qkv(q, k, v, vl);
     check_cpu_dtype(q);
-    check_varlen_bwd_inputs(dout_in, q, out, lse_in);
+    check_varlen_bwd_inputs(dout_in, q, v, out, lse_in);
     check_rng_state(rng_state);
     const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
                                      c10::nullopt, dropout_p, deterministic);
@@ -883,7 +898,7 @@ std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cpu(
     }
     if (no_work(q) || kv.seqlen_k(k_cache) == 0)
         return fwd_without_keys(q, v_cache, sink);
-    at::Tensor out = at::empty(q.sizes(), q.options());
+    at::Tensor out = at::empty(out_sizes(q, v_cache), q.options());
     at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
     VariantTensors keep;
     const flash_params p = make_kvcache_params(q, k_cache, v_cache, out, lse, kv, softmax_scale, var, &keep);

@@ -157,6 +157,16 @@ def _check_packed(fn, name, t, rank, index, count, layout):
     return t.unbind(index)
 
 
+def _check_kv_headdim(fn, q, kv, layout):
+    """kv packs k and v with one head dim, which must then be q's (k's is): a v with a head dim of its own needs k
+    and v apart."""
+    _check_tensor("q", q)
+    if q.dim() >= 1 and q.shape[-1] != kv.shape[-1]:
+        raise ValueError(f"{fn}: kv {layout} packs k and v with one head dim, which must be that of q ({q.shape[-1]}), "
+                         f"got {kv.shape[-1]}; for a v head dim of its own pass k and v apart "
+                         f"({fn.replace('_kvpacked', '')})")
+
+
 def _check_index(fn, name, t, device, shape=None):
     """An int32 index tensor (cu_seqlens_*, seqused_k, cache_seqlens, ...) on the device of q, 1-D or (shape
     given) of that shape; its contents are not read."""

@@ -115,10 +115,12 @@ def flash_attn_with_kvcache(
 ):
     """Attention of q against a KV cache, after appending k, v to it (flash-attn's flash_attn_with_kvcache).
 
-    q: (batch, seqlen_q, nheads, headdim). k_cache, v_cache: (batch_cache, seqlen_cache, nheads_kv, headdim),
-        or, with block_table, a paged cache (num_pages, page_size, nheads_kv, headdim), page_size a multiple of
-        16. nheads a multiple of nheads_kv. Any strides with the last one 1; same dtype as q.
-    k, v: None, or new keys / values (batch, seqlen_new, nheads_kv, headdim), written into the cache in place
+    q: (batch, seqlen_q, nheads, headdim). k_cache: (batch_cache, seqlen_cache, nheads_kv, headdim), v_cache the
+        same with a head dim of its own, headdim_v (as flash_attn_func's v; DeepSeek's MLA decode: 576 / 512),
+        or, with block_table, a paged cache (num_pages, page_size, nheads_kv, headdim / headdim_v), page_size a
+        multiple of 16. nheads a multiple of nheads_kv. Any strides with the last one 1; same dtype as q.
+    k, v: None, or new keys / values (batch, seqlen_new, nheads_kv, headdim / headdim_v: those of k_cache /
+        v_cache), written into the cache in place
         at rows cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 of sequence b (its cache batch
         cache_batch_idx[b], or its pages block_table[b, row // page_size]); needs cache_seqlens.
     rotary_cos, rotary_sin: None, or (seqlen_ro, rotary_dim / 2), seqlen_ro >= the cache's rows (seqlen_cache,
@@ -152,7 +154,7 @@ def flash_attn_with_kvcache(
     clamped to the cache). Sequences that share cache rows (or pages) and append to them race, as in
     flash-attn.
     No autograd: the result never requires grad (flash-attn's function has no backward either).
-    Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse) with return_softmax_lse=True, lse
+    Returns out (batch, seqlen_q, nheads, headdim_v), or (out, softmax_lse) with return_softmax_lse=True, lse
     (batch, nheads, seqlen_q) float32 (float64 for float64 inputs).
     """
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -164,13 +166,15 @@ def flash_attn_with_kvcache(
             raise TypeError(f"{_FN}: {name} must have the dtype of q ({q.dtype}), got {t.dtype}")
         if t.device != q.device:
             raise ValueError(f"{_FN}: {name} must be on the device of q ({q.device}), got {t.device}")
-    if tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise ValueError(f"{_FN}: v_cache must have the shape of k_cache {tuple(k_cache.shape)}, got "
-                         f"{tuple(v_cache.shape)}")
+    if tuple(v_cache.shape[:3]) != tuple(k_cache.shape[:3]):
+        raise ValueError(f"{_FN}: v_cache must have the shape of k_cache {tuple(k_cache.shape)} but for its head dim "
+                         f"(the last), got {tuple(v_cache.shape)}")
+    if k_cache.shape[3] != q.shape[3]:
+        raise ValueError(f"{_FN}: the head dim of k_cache ({k_cache.shape[3]}) must be that of q ({q.shape[3]})")
     _check_bools(_FN, causal=causal, rotary_interleaved=rotary_interleaved, return_softmax_lse=return_softmax_lse,
                  check_cache_seqlens=check_cache_seqlens)
     batch, seqlen_q, nheads, headdim = q.shape
-    nheads_kv = k_cache.shape[2]
+    nheads_kv, headdim_v = k_cache.shape[2], v_cache.shape[3]
     device = q.device
     if cache_batch_idx is not None:
         _check_index(_FN, "cache_batch_idx", cache_batch_idx, device, (batch,))
@@ -203,16 +207,15 @@ def flash_attn_with_kvcache(
         raise ValueError(f"{_FN}: pass both k and v (the new keys and values) or neither")
     seqlen_new = 0
     if k is not None:
-        want = (batch, k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1, nheads_kv, headdim)
-        for name, t in (("k", k), ("v", v)):
+        seqlen_new = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1
+        for name, t, cache, dim in (("k", k, "k_cache", headdim), ("v", v, "v_cache", headdim_v)):
             _check_tensor(name, t)
-            if t.dim() != 4 or tuple(t.shape) != want:
-                raise ValueError(f"{_FN}: {name} must have shape (batch, seqlen_new, nheads_kv, headdim) = "
-                                 f"{(batch, 'seqlen_new', nheads_kv, headdim)}, got {tuple(t.shape)}")
+            if t.dim() != 4 or tuple(t.shape) != (batch, seqlen_new, nheads_kv, dim):
+                raise ValueError(f"{_FN}: {name} must have shape (batch, seqlen_new, nheads_kv, head dim of {cache}) "
+                                 f"= {(batch, 'seqlen_new', nheads_kv, dim)}, got {tuple(t.shape)}")
             if t.dtype != k_cache.dtype or t.device != device:
                 raise TypeError(f"{_FN}: {name} must have the dtype and device of k_cache ({k_cache.dtype}, {device}),"
                                 f" got {t.dtype}, {t.device}")
-        seqlen_new = k.shape[1]
         if cache_seqlens is None:
             raise ValueError(f"{_FN}: appending k, v needs cache_seqlens (where the new rows go)")
         if seqlen_new > seqlen_k:

@@ -43,7 +43,15 @@ def _check_qkv_fake(q, k, v):
     torch._check(k.shape[0] == q.shape[0] and v.shape[0] == q.shape[0], lambda: "flashattn_ext: batch sizes differ")
     torch._check(k.shape[1] == v.shape[1], lambda: "flashattn_ext: seqlen of k and v differ")
     torch._check(k.shape[2] == v.shape[2], lambda: "flashattn_ext: nheads of k and v differ")
-    torch._check(k.shape[3] == q.shape[3] and v.shape[3] == q.shape[3], lambda: "flashattn_ext: head dims differ")
+    torch._check(k.shape[3] == q.shape[3], lambda: "flashattn_ext: head dims of q and k differ")
+
+
+def _check_out_fake(dout, out, q, v):
+    """dout and out of a backward: q's shape with v's head dim."""
+    want = (*q.shape[:-1], v.shape[-1])
+    for name, t in (("dout", dout), ("out", out)):
+        torch._check(t.shape == want,
+                     lambda: f"flashattn_ext: {name} must have the shape of q with the head dim of v {want}")
 
 
 def _check_mask_fake(attn_mask, q, k):
@@ -75,8 +83,7 @@ def _bwd_fake(dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_
                         attn_mask=attn_mask)
     _check_qkv_fake(q, k, v)
     _check_mask_fake(attn_mask, q, k)
-    torch._check(dout.shape == q.shape, lambda: "flashattn_ext: dout must have the shape of q")
-    torch._check(out.shape == q.shape, lambda: "flashattn_ext: out must have the shape of q")
+    _check_out_fake(dout, out, q, v)
     lse_dtype = _lse_dtype(q.dtype)
     if mask_grad:
         dmask = q.new_empty((q.shape[0], q.shape[2], q.shape[1], k.shape[1]), dtype=lse_dtype)
@@ -98,7 +105,7 @@ _SINK, _MASK = _core.FWD_ARGS.index("sink"), _core.FWD_ARGS.index("attn_mask")
 
 def _sink_grad(dout, out, lse, sink):
     """d sink_h = -sum over rows of P_sink * delta, P_sink = exp(sink_h - lse), delta = rowsum(dO * O), for
-    dout / out (..., rows, nheads, headdim) and lse (..., nheads, rows): dense (batch, seqlen_q, ...) or
+    dout / out (..., rows, nheads, headdim_v) and lse (..., nheads, rows): dense (batch, seqlen_q, ...) or
     varlen (total_q, ...). A row with lse = -inf (a varlen row of no sequence: out 0, delta 0) adds nothing."""
     delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1).transpose(-1, -2)  # lse's shape
     p_sink = torch.where(lse == -math.inf, torch.zeros((), dtype=lse.dtype, device=lse.device),
@@ -223,7 +230,7 @@ torch.library.register_autograd("flashattn_ext::bwd", _bwd_backward, setup_conte
 
 
 # ------------------------------------------------------------------------------------------------
-# Variable-length batches: q (total_q, nheads, headdim), k / v (total_k, nheads_kv, headdim), sequence s
+# Variable-length batches: q (total_q, nheads, headdim), k / v (total_k, nheads_kv, headdim / headdim_v), sequence s
 # in rows cu_seqlens_q[s]:cu_seqlens_q[s + 1] of q and from cu_seqlens_k[s] on in k / v; or (varlen_fwd
 # with a block_table) k / v a paged cache (num_pages, page_size, nheads_kv, headdim), sequence s's keys
 # its first cu_seqlens_k[s + 1] - cu_seqlens_k[s] rows through block_table (batch, max_pages) row s.
@@ -236,7 +243,7 @@ def _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_tab
         _check_rank(name, t, kv_rank)
     torch._check(k.shape[:-1] == v.shape[:-1],
                  lambda: "flashattn_ext: k and v differ in total_k / pages, page size or nheads")
-    torch._check(k.shape[-1] == q.shape[2] and v.shape[-1] == q.shape[2], lambda: "flashattn_ext: head dims differ")
+    torch._check(k.shape[-1] == q.shape[2], lambda: "flashattn_ext: head dims of q and k differ")
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         _check_rank(name, t, 1)
     torch._check(cu_seqlens_q.shape[0] >= 2, lambda: "flashattn_ext: cu_seqlens_q must have batch + 1 >= 2 entries")
@@ -276,8 +283,7 @@ def _varlen_bwd_fake(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlen
     _check_devices_fake(q, rng_state, dout=dout, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q,
                         cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, alibi_slopes=alibi_slopes, sink=sink)
     _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    torch._check(dout.shape == q.shape, lambda: "flashattn_ext: dout must have the shape of q")
-    torch._check(out.shape == q.shape, lambda: "flashattn_ext: out must have the shape of q")
+    _check_out_fake(dout, out, q, v)
     torch._check(lse.shape == (q.shape[1], q.shape[0]), lambda: "flashattn_ext: lse must have shape (nheads, total_q)")
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -365,7 +371,7 @@ torch.library.register_autograd("flashattn_ext::varlen_bwd", _varlen_bwd_backwar
 
 # ------------------------------------------------------------------------------------------------
 # KV cache (flash_attn_with_kvcache): q (batch, seqlen_q, nheads, headdim); k_cache / v_cache
-# (batch_cache, seqlen_cache, nheads_kv, headdim), or paged (num_pages, page_size, nheads_kv, headdim)
+# (batch_cache, seqlen_cache, nheads_kv, headdim / headdim_v), or paged (num_pages, page_size, nheads_kv, headdim)
 # with block_table (batch, max_pages). Forward only.
 # ------------------------------------------------------------------------------------------------
 
@@ -375,9 +381,8 @@ def _check_kvcache_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cac
         _check_rank4(name, t)
     torch._check(k_cache.shape[0] == v_cache.shape[0] and k_cache.shape[1] == v_cache.shape[1]
                  and k_cache.shape[2] == v_cache.shape[2],
-                 lambda: "flashattn_ext: k_cache and v_cache must have the same shape")
-    torch._check(k_cache.shape[3] == q.shape[3] and v_cache.shape[3] == q.shape[3],
-                 lambda: "flashattn_ext: head dims of q, k_cache and v_cache differ")
+                 lambda: "flashattn_ext: k_cache and v_cache must have the same shape but for the head dim")
+    torch._check(k_cache.shape[3] == q.shape[3], lambda: "flashattn_ext: head dims of q and k_cache differ")
     batch = q.shape[0]
     for name, t in (("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
                     ("cache_leftpad", cache_leftpad)):

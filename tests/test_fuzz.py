@@ -1,4 +1,5 @@
-"""Fuzz tests: random shapes (batch, seqlens, nheads / nheads_kv, head dims 1-256), memory layouts per
+"""Fuzz tests: random shapes (batch, seqlens, nheads / nheads_kv, head dims 1-256, v's head dim its own in
+some cases: 1-256 on CUDA, 1-512 on the CPU), memory layouts per
 tensor (contiguous, (B, H, S, D) transposed, sliced with padding, padded rows, broadcast k/v),
 variants and their combinations, through flash_attn_func (some of its cases with deterministic=True) and
 scaled_dot_product_attention, forward and backward against the float64 reference of fa_testing.py. The
@@ -37,6 +38,8 @@ from fa_testing import (
 
 CPU_SEEDS = range(40)
 DETERMINISTIC_SEED_OFFSET = 7_000_003
+HEADDIM_V_SEED_OFFSET = 9_000_011
+MAX_HEADDIM_V = {"cpu": 512, "cuda": 256}
 CUDA_SEEDS = range(1000, 1200)
 DROPOUT_SEED = 4321
 
@@ -83,13 +86,18 @@ def draw_case(seed, device):
     else:
         dtype = rng.choices((torch.float16, torch.bfloat16, torch.float32, torch.float64), (3, 3, 1, 1))[0]
     d = rng.choice(SPECIAL_HEAD_DIMS) if rng.random() < 0.4 else rng.randint(1, 256)
+    # v's own head dim (d_v != d_qk) from a generator of its own, as deterministic below
+    rng_v = random.Random(seed + HEADDIM_V_SEED_OFFSET)
+    dv = None
+    if rng_v.random() < 0.3:
+        dv = rng_v.choice(SPECIAL_HEAD_DIMS) if rng_v.random() < 0.4 else rng_v.randint(1, MAX_HEADDIM_V[device])
     b = rng.randint(1, 3)
     hkv = rng.choice((1, 1, 2, 3))
     h = hkv * rng.choice((1, 2, 4))
     sq = 1 if rng.random() < 0.1 else log_uniform_int(rng, 1, MAX_SEQLEN)
     sk = 1 if rng.random() < 0.1 else log_uniform_int(rng, 1, MAX_SEQLEN)
     macs, elems = BUDGET[device]
-    while b * h * sq * sk * d > macs or b * h * sq * sk > elems:
+    while b * h * sq * sk * d > macs or b * h * sq * sk > elems:  # on d alone: dv leaves every other choice as it was
         if b > 1:
             b -= 1
         elif sq >= sk:
@@ -122,19 +130,20 @@ def draw_case(seed, device):
         fields["dropout"] = round(rng.uniform(0.05, 0.6), 3)
     layouts = tuple(rng.choice(TENSOR_LAYOUTS[:4] if name in ("q", "dout") else TENSOR_LAYOUTS)
                     for name in ("q", "k", "v", "dout"))
-    cfg = Cfg(b, sq, sk, h, hkv, d, causal=causal, scale=scale)
+    cfg = Cfg(b, sq, sk, h, hkv, d, causal=causal, scale=scale, dv=dv)
     # drawn from a generator of its own, so that the other choices of a seed stay what they were
     deterministic = api == "flash" and random.Random(seed + DETERMINISTIC_SEED_OFFSET).random() < 0.3
     return Case(seed, device, dtype, cfg, Var(**fields), layouts, api, deterministic)
 
 
 def make_fuzz_inputs(case):
-    """q, k, v (views of leaves that require grad) and dout, each in its own layout."""
+    """q, k, v (views of leaves that require grad) and dout, each in its own layout (v and dout with cfg.d_v
+    columns)."""
     cfg, dtype, device = case.cfg, case.dtype, case.device
     gen = torch.Generator().manual_seed(case.seed)
-    B, D = cfg.b, cfg.d
+    B = cfg.b
 
-    def build(layout, s, h, requires_grad):
+    def build(layout, s, h, requires_grad, D):
         if layout == "contig":
             t = torch.randn(B, s, h, D, generator=gen, dtype=torch.float64)
             leaf = t.to(device=device, dtype=dtype).requires_grad_(requires_grad)
@@ -158,10 +167,10 @@ def make_fuzz_inputs(case):
         raise AssertionError(layout)
 
     lq, lk, lv, ldo = case.layouts
-    q = build(lq, cfg.sq, cfg.h, True)
-    k = build(lk, cfg.sk, cfg.hkv, True)
-    v = build(lv, cfg.sk, cfg.hkv, True)
-    dout = build(ldo, cfg.sq, cfg.h, False)
+    q = build(lq, cfg.sq, cfg.h, True, cfg.d)
+    k = build(lk, cfg.sk, cfg.hkv, True, cfg.d)
+    v = build(lv, cfg.sk, cfg.hkv, True, cfg.d_v)
+    dout = build(ldo, cfg.sq, cfg.h, False, cfg.d_v)
     return q, k, v, dout
 
 
@@ -203,6 +212,7 @@ def test_fuzz_cases_cover_the_axes():
     for cases in (CPU_CASES, CUDA_CASES):
         dims = {c.cfg.d for c in cases}
         assert min(dims) <= 3 and max(dims) >= 200
+        assert any(c.cfg.d_v > c.cfg.d for c in cases) and any(c.cfg.d_v < c.cfg.d for c in cases)
         assert {lay for c in cases for lay in c.layouts} == set(TENSOR_LAYOUTS)
         assert {c.api for c in cases} == {"flash", "sdpa"}
         assert any(c.cfg.sq == 1 for c in cases) and any(max(c.cfg.sq, c.cfg.sk) > 256 for c in cases)

@@ -30,9 +30,10 @@
  * is stored. Sinks enter the forward's epilogue only.
  *
  * Tiles: FLASH_CPU_TILE_Q = 128 query rows x FLASH_CPU_TILE_K = 64 key rows (flash_cpu.h); a tail
- * tile is zero padded. All matrix products go through one register-blocked kernel (gemm below,
- * FLASH_CPU_MR x FLASH_CPU_NR = 4 x 32 accumulators) that broadcasts A from any strided layout and
- * streams contiguous rows of B and C. Every pass keeps its per-task operand transposed once per task
+ * tile is zero padded. Head dims: q, k have d columns and v, o, dout d_v (flash.h), any two values; the
+ * products with Q or K run over d, those with V or dO (P V, dO V^T, P^T dO) over d_v. All matrix products
+ * go through one register-blocked kernel (gemm below, FLASH_CPU_MR x FLASH_CPU_NR = 4 x 32 accumulators)
+ * that broadcasts A from any strided layout and streams contiguous rows of B and C. Every pass keeps its per-task operand transposed once per task
  * so no inner loop transposes: forward and dQ work on S^T (keys x queries, the softmax then reduces
  * down the columns, vectorized across queries), the dK/dV pass works on S (queries x keys). The
  * streamed tiles are copied into compact buffers (cheaper than gemm reads at large row strides).
@@ -164,10 +165,11 @@ static inline void dropout_group_bits(const flash_params *p, int64_t bh, int64_t
 static inline int dropout_word(int64_t j) { return (int)(j % FLASH_DROPOUT_KEYS_PER_DRAW) / 2; }
 static inline int dropout_shift(int64_t j) { return DROPOUT_DRAW_BITS * (int)(j & 1); }
 
-/* Per-thread workspace elements for head dim d: one tile buffer (see the workspace struct). */
-static int64_t tile_buffer_elems(int64_t d, int64_t elem_size)
+/* Per-thread workspace elements for head dims d (q, k) and d_v (v, o): one tile buffer (see the workspace
+ * struct), sized for the larger. */
+static int64_t tile_buffer_elems(int64_t d, int64_t d_v, int64_t elem_size)
 {
-    const int64_t dm = ROUND_UP(d, FLASH_CPU_MR);
+    const int64_t dm = ROUND_UP(d > d_v ? d : d_v, FLASH_CPU_MR);
     const int64_t side = dm > TILE_MAX_NR ? dm : TILE_MAX_NR;
     return ROUND_UP(TILE_MAX_NR * side, FLASH_CPU_ALIGN_BYTES / elem_size);
 }
@@ -664,12 +666,14 @@ typedef struct FN(workspace) {
 
 /* Forward task: one (batch, head, query tile), working on S^T = K Q^T (keys x queries):
  *   w->q   (d, TILE_Q_NR)         Q^T of the tile, times scale
- *   w->k, w->v (TILE_K, dm)       K and V tile rows
+ *   w->k   (TILE_K, dm)           K tile rows
+ *   w->v   (TILE_K, dvm)          V tile rows
  *   w->s   (TILE_K, TILE_Q_NR)    S^T, then P^T
- *   w->acc (dm, TILE_Q_NR)        O^T, unnormalized */
+ *   w->acc (dvm, TILE_Q_NR)       O^T, unnormalized
+ * (dm, dvm: d, d_v rounded up to FLASH_CPU_MR) */
 static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
 {
-    const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR);
+    const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR), d_v = p->d_v, dvm = ROUND_UP(d_v, FLASH_CPU_MR);
     int64_t bi, hq, q0;
     query_task(p, task, &bi, &hq, &q0);
     const flash_seq seq = flash_seq_of(p, bi);
@@ -690,7 +694,7 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
         m[u] = -INFINITY;
         l[u] = 0;
     }
-    FN(zero_tile)(w->acc, TILE_Q_NR, dm, qp);
+    FN(zero_tile)(w->acc, TILE_Q_NR, dvm, qp);
     const flash_tile_range keys = flash_key_tiles(&seq, q0, t.qn, 1); /* in keys, not tiles */
     for (t.k0 = keys.first; t.k0 < keys.end; t.k0 += FLASH_CPU_TILE_K) {
         t.kn = flash_min64(FLASH_CPU_TILE_K, keys.end - t.k0);
@@ -700,37 +704,37 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
         const int64_t km = ROUND_UP(t.kn, FLASH_CPU_MR);
         const int full = t.k0 >= keys.full_first && t.k0 + t.kn <= keys.full_end && km == t.kn;
         FN(load_key_rows)(w->k, dm, km, dm, k, p, &seq, t.k0, t.kn, d);
-        FN(load_key_rows)(w->v, dm, t.kn, dm, v, p, &seq, t.k0, t.kn, d);
+        FN(load_key_rows)(w->v, dvm, t.kn, dvm, v, p, &seq, t.k0, t.kn, d_v);
         FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
         if (p->has_hook && hooked_scores(p, flags))
             FN(score_hook)(w->s, TILE_Q_NR, 1, p, &seq, &t, bi, hq, 1, flags, w->grad);
         if (!full)
             FN(mask_band_t)(w->s, km, qp, &seq, &t, -INFINITY);
-        FN(softmax_step)(w->s, km, qp, w->acc, dm, m, l);
+        FN(softmax_step)(w->s, km, qp, w->acc, dvm, m, l);
         if (p->dropout_threshold)
             FN(dropout_columns)(w->s, p, &t, bi * p->h + hq);
-        FN(gemm)(dm, qp, t.kn, w->v, 1, dm, w->s, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
+        FN(gemm)(dvm, qp, t.kn, w->v, 1, dvm, w->s, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
     }
     const T sink = (T)flash_sink(p, hq);
     for (int64_t u = 0; u < t.qn; u++) {
         T *orow = o + u * p->o_s.row;
         T factor;
         ROW_FINISH(m[u], l[u], sink, &factor, lse + u);
-        for (int64_t c = 0; c < d; c++)
+        for (int64_t c = 0; c < d_v; c++)
             orow[c] = w->acc[c * TILE_Q_NR + u] * factor;
     }
 }
 
 /* dK/dV task: one (batch, kv head, key tile), working on S = Q K^T (queries x keys):
- *   w->k, w->v  (d, TILE_K_NR)    K^T and V^T of the tile
- *   w->q, w->dout (TILE_Q, dm)    Q and dO tile rows
+ *   w->k        (d, TILE_K_NR)    K^T of the tile;  w->v (d_v, TILE_K_NR) V^T
+ *   w->q        (TILE_Q, dm)      Q tile rows;  w->dout (TILE_Q, dvm) dO tile rows
  *   w->s        (TILE_Q, TILE_K_NR)  S (unscaled), then P (with dropout: then the dropped P);
  *   w->ds       (TILE_Q, TILE_K_NR)  dP, then dS
  *   w->grad     (TILE_Q, TILE_K_NR)  softcap derivatives
- *   w->acc      (dm, TILE_K_NR)   dK^T / scale;  w->acc2 (dm, TILE_K_NR) dV^T */
+ *   w->acc      (dm, TILE_K_NR)   dK^T / scale;  w->acc2 (dvm, TILE_K_NR) dV^T */
 static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
 {
-    const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR);
+    const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR), d_v = p->d_v, dvm = ROUND_UP(d_v, FLASH_CPU_MR);
     const int64_t n_bh = p->b * p->h_kv;
     const int64_t bi = task % n_bh / p->h_kv, hk = task % p->h_kv;
     const flash_seq seq = flash_seq_of(p, bi);
@@ -744,9 +748,9 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
     T lse_eff[TILE_MAX_NR], delta[TILE_MAX_NR], renorm[TILE_MAX_NR];
 
     FN(load_key_transposed)(w->k, TILE_K_NR, kp, k, p, &seq, t.k0, t.kn, d);
-    FN(load_key_transposed)(w->v, TILE_K_NR, kp, v, p, &seq, t.k0, t.kn, d);
+    FN(load_key_transposed)(w->v, TILE_K_NR, kp, v, p, &seq, t.k0, t.kn, d_v);
     FN(zero_tile)(w->acc, TILE_K_NR, dm, kp);
-    FN(zero_tile)(w->acc2, TILE_K_NR, dm, kp);
+    FN(zero_tile)(w->acc2, TILE_K_NR, dvm, kp);
     const flash_tile_range rows = flash_query_tiles(&seq, t.k0, t.kn, 1); /* in query rows, not tiles */
     for (int64_t hq = hk * p->h_per_kv; hq < (hk + 1) * p->h_per_kv; hq++) {
         const T *q = (const T *)p->q + bi * p->q_s.batch + seq.q_row0 * p->q_s.row + hq * p->q_s.head; /* (sq, d) */
@@ -764,7 +768,7 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
             const int full = t.q0 >= rows.full_first && t.q0 + t.qn <= rows.full_end;
             const int hooked = p->has_hook && hooked_scores(p, flags);
             FN(load_rows)(w->q, dm, qm, dm, q + t.q0 * p->q_s.row, p->q_s.row, t.qn, d);
-            FN(load_rows)(w->dout, dm, qm, dm, dout + t.q0 * p->do_s.row, p->do_s.row, t.qn, d);
+            FN(load_rows)(w->dout, dvm, qm, dvm, dout + t.q0 * p->do_s.row, p->do_s.row, t.qn, d_v);
             FN(load_row_stats)(lse_eff, delta, renorm, qm, lse + t.q0, dl + t.q0, rn ? rn + t.q0 : NULL, t.qn);
             FN(gemm)(qm, kp, d, w->q, dm, 1, w->k, TILE_K_NR, w->s, TILE_K_NR, 0);
             if (hooked)
@@ -772,7 +776,7 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
             FN(probs_by_row)(w->s, qm, kp, TILE_K_NR, hooked ? 1 : (T)p->scale, lse_eff, renorm);
             if (!full)
                 FN(mask_band)(w->s, qm, kp, &seq, &t, 0);
-            FN(gemm)(qm, kp, d, w->dout, dm, 1, w->v, TILE_K_NR, w->ds, TILE_K_NR, 0);
+            FN(gemm)(qm, kp, d_v, w->dout, dvm, 1, w->v, TILE_K_NR, w->ds, TILE_K_NR, 0);
             if (p->dropout_threshold)
                 FN(dscores_dropout_by_row)(w->ds, w->s, p, &t, bi * p->h + hq, delta);
             else
@@ -781,24 +785,25 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
                 FN(store_dbias)(p, w->ds, &t, bi, hq);
             if (hooked && p->softcap > 0)
                 FN(softcap_backward)(w->ds, w->grad, TILE_K_NR, 1, &t);
-            FN(gemm)(dm, kp, t.qn, w->dout, 1, dm, w->s, TILE_K_NR, w->acc2, TILE_K_NR, 1);
+            FN(gemm)(dvm, kp, t.qn, w->dout, 1, dvm, w->s, TILE_K_NR, w->acc2, TILE_K_NR, 1);
             FN(gemm)(dm, kp, t.qn, w->q, 1, dm, w->ds, TILE_K_NR, w->acc, TILE_K_NR, 1);
         }
     }
     FN(store_key_transposed)((T *)p->dk + hk * p->dk_s.head, p->dk_s, w->acc, TILE_K_NR, p, &seq, t.k0, t.kn, d,
                              (T)p->scale);
-    FN(store_key_transposed)((T *)p->dv + hk * p->dv_s.head, p->dv_s, w->acc2, TILE_K_NR, p, &seq, t.k0, t.kn, d, 1);
+    FN(store_key_transposed)((T *)p->dv + hk * p->dv_s.head, p->dv_s, w->acc2, TILE_K_NR, p, &seq, t.k0, t.kn, d_v,
+                             1);
 }
 
 /* dQ task: one (batch, head, query tile), working on S^T like the forward:
- *   w->q, w->dout (d, TILE_Q_NR)  Q^T, dO^T
- *   w->k, w->v    (TILE_K, dm)    K and V tile rows
+ *   w->q (d, TILE_Q_NR) Q^T;  w->dout (d_v, TILE_Q_NR) dO^T
+ *   w->k (TILE_K, dm) K tile rows;  w->v (TILE_K, dvm) V tile rows
  *   w->s  (TILE_K, TILE_Q_NR)     S^T (unscaled), then P^T;  w->ds  dP^T, then dS^T
  *   w->grad (TILE_K, TILE_Q_NR)   softcap derivatives
  *   w->acc (dm, TILE_Q_NR)        dQ^T / scale */
 static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
 {
-    const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR);
+    const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR), d_v = p->d_v, dvm = ROUND_UP(d_v, FLASH_CPU_MR);
     int64_t bi, hq, q0;
     query_task(p, task, &bi, &hq, &q0);
     const flash_seq seq = flash_seq_of(p, bi);
@@ -817,7 +822,7 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
     T lse_eff[TILE_Q_NR], delta[TILE_Q_NR], renorm[TILE_Q_NR];
 
     FN(load_transposed)(w->q, TILE_Q_NR, qp, q, p->q_s.row, t.qn, d, 1);
-    FN(load_transposed)(w->dout, TILE_Q_NR, qp, dout, p->do_s.row, t.qn, d, 1);
+    FN(load_transposed)(w->dout, TILE_Q_NR, qp, dout, p->do_s.row, t.qn, d_v, 1);
     FN(load_row_stats)(lse_eff, delta, renorm, qp, (const T *)p->lse + row_off, (const T *)p->delta + row_off,
                        w->renorm ? w->renorm + row_off : NULL, t.qn);
     FN(zero_tile)(w->acc, TILE_Q_NR, dm, qp);
@@ -831,14 +836,14 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
         const int full = t.k0 >= keys.full_first && t.k0 + t.kn <= keys.full_end;
         const int hooked = p->has_hook && hooked_scores(p, flags);
         FN(load_key_rows)(w->k, dm, km, dm, k, p, &seq, t.k0, t.kn, d);
-        FN(load_key_rows)(w->v, dm, km, dm, v, p, &seq, t.k0, t.kn, d);
+        FN(load_key_rows)(w->v, dvm, km, dvm, v, p, &seq, t.k0, t.kn, d_v);
         FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
         if (hooked)
             FN(score_hook)(w->s, TILE_Q_NR, 1, p, &seq, &t, bi, hq, (T)p->scale, flags, w->grad);
         FN(probs_by_column)(w->s, km, qp, TILE_Q_NR, hooked ? 1 : (T)p->scale, lse_eff, renorm);
         if (!full)
             FN(mask_band_t)(w->s, km, qp, &seq, &t, 0);
-        FN(gemm)(km, qp, d, w->v, dm, 1, w->dout, TILE_Q_NR, w->ds, TILE_Q_NR, 0);
+        FN(gemm)(km, qp, d_v, w->v, dvm, 1, w->dout, TILE_Q_NR, w->ds, TILE_Q_NR, 0);
         if (p->dropout_threshold)
             FN(dropout_columns)(w->ds, p, &t, bi * p->h + hq);
         FN(dscores_by_column)(w->ds, w->s, km, qp, TILE_Q_NR, delta);
@@ -857,7 +862,7 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
 {
     if (n_tasks <= 0)
         return FLASH_CPU_OK;
-    const int64_t buf = tile_buffer_elems(p->d, sizeof(T));
+    const int64_t buf = tile_buffer_elems(p->d, p->d_v, sizeof(T));
     const int n_threads = omp_get_max_threads();
     T *pool = aligned_alloc(FLASH_CPU_ALIGN_BYTES,
                             (size_t)(n_threads * FLASH_CPU_TILE_BUFFERS * buf) * sizeof(T));
@@ -898,7 +903,7 @@ static int64_t FN(delta_rows)(const flash_params *p)
         const T *dout = (const T *)p->dout + bi * p->do_s.batch + row * p->do_s.row + hq * p->do_s.head;
         const T *o = (const T *)p->o + bi * p->o_s.batch + row * p->o_s.row + hq * p->o_s.head;
         T acc = 0;
-        for (int64_t c = 0; c < p->d; c++)
+        for (int64_t c = 0; c < p->d_v; c++)
             acc += dout[c] * o[c];
         const int64_t at = flash_lse_offset(p, &seq, bi, hq) + i;
         ((T *)p->delta)[at] = acc;
