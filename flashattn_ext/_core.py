@@ -68,3 +68,8 @@ def kvcache_fwd(*, q, k_cache, v_cache, cache_seqlens=None, cache_batch_idx=None
     return torch.ops.flashattn_ext.kvcache_fwd(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
                                                block_table, softmax_scale, causal, window_left, window_right,
                                                softcap, alibi_slopes, sink, num_splits)
+
+
+def kv_append(*, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx=None, block_table=None):
+    """Writes k, v into k_cache, v_cache in place (csrc/kv_append.h) -> None."""
+    torch.ops.flashattn_ext.kv_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table)
