@@ -19,6 +19,7 @@ VARLEN_FWD_ARGS = _arg_names("varlen_fwd")
 VARLEN_BWD_ARGS = _arg_names("varlen_bwd")
 KVCACHE_FWD_ARGS = _arg_names("kvcache_fwd")
 DROPOUT_MASK_ARGS = _arg_names("dropout_mask")
+KV_APPEND_ARGS = _arg_names("kv_append")
 
 
 def fwd(*, q, k, v, softmax_scale, causal=False, bottom_right=True, window_left=-1, window_right=-1, softcap=0.0,

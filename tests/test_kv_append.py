@@ -285,12 +285,28 @@ def test_bad_inputs(name, change, words):
         assert torch.equal(t[n], x), f"{name}: {n} was modified"
 
 
-def test_meta_beside_cpu_raises():
-    """A meta tensor beside CPU ones dispatches to the fake kernel, which raises naming the argument."""
-    t = valid_args()
-    t["k"] = t["k"].to("meta")
-    with pytest.raises(RuntimeError, match="k must be on the device of k_cache"):
+@pytest.mark.parametrize("name", ["k_cache", "v_cache", "k", "v", "cache_seqlens", "cache_batch_idx", "block_table"])
+def test_meta_beside_cpu_raises(name):
+    """A meta tensor beside CPU ones dispatches to the fake kernel, which raises naming the argument (k_cache on
+    meta: the others are named, off its device); nothing is written."""
+    t = paged_args() if name == "block_table" else valid_args()
+    if name == "cache_batch_idx":
+        t["cache_batch_idx"] = torch.tensor([2, 0, 1], dtype=torch.int32)
+    before = {n: x.clone() for n, x in t.items()}
+    t[name] = t[name].to("meta")
+    with pytest.raises(RuntimeError, match=r"\b(v_cache|{})\b must be on the device of k_cache \((cpu|meta)\)".format(
+            name)):
         append(t)
+    for n, x in before.items():
+        assert n == name or torch.equal(t[n], x), f"{n} was modified"
+
+
+def test_all_meta_call():
+    """Every tensor on meta: the fake kernel runs (a trace) and checks the shapes."""
+    t = {n: x.to("meta") for n, x in valid_args().items()}
+    append(t)
+    with pytest.raises(RuntimeError, match="v must have"):
+        append(replaced(t, v=t["v"][:, :1]))
 
 
 @pytest.mark.parametrize("case", [CASES[1], CASES[4], CASES[6], CASES[7]], ids=lambda c: c.label)
