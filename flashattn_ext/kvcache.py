@@ -141,6 +141,9 @@ def flash_attn_with_kvcache(
                          f"(the last), got {tuple(v_cache.shape)}")
     if k_cache.shape[3] != q.shape[3]:
         raise ValueError(f"{_FN}: the head dim of k_cache ({k_cache.shape[3]}) must be that of q ({q.shape[3]})")
+    if (q.shape[2] % k_cache.shape[2] != 0) if k_cache.shape[2] else q.shape[2] != 0:
+        raise ValueError(f"{_FN}: nheads of q ({q.shape[2]}) must be a multiple of nheads_kv of k_cache "
+                         f"({k_cache.shape[2]})")
     _check_bools(_FN, causal=causal, rotary_interleaved=rotary_interleaved, return_softmax_lse=return_softmax_lse,
                  check_cache_seqlens=check_cache_seqlens)
     batch, seqlen_q, nheads, headdim = q.shape

@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 import torch
 
+import flashattn_ext
 from flashattn_ext import _core
 from fa_testing import DEVICES, HAS_CUDA, device_dtype_params, no_host_sync
 
@@ -351,3 +352,15 @@ def test_no_host_sync(case):
         append(t)
     assert_equal("k_cache", t["k_cache"], k_want)
     assert_equal("v_cache", t["v_cache"], v_want)
+
+
+@pytest.mark.parametrize("nheads, nheads_kv", [(3, 2), (2, 0)])
+def test_kvcache_nheads_checked_before_the_append(nheads, nheads_kv):
+    """flash_attn_with_kvcache checks nheads against nheads_kv before kv_append writes (kvcache_fwd, which
+    checks it too, runs after the append)."""
+    caches = [torch.randn(2, 40, nheads_kv, 16) for _ in range(2)]
+    before = [c.clone() for c in caches]
+    with pytest.raises(ValueError, match="nheads of q .* nheads_kv of k_cache"):
+        flashattn_ext.flash_attn_with_kvcache(torch.randn(2, 1, nheads, 16), *caches, torch.randn(2, 1, nheads_kv, 16),
+                                              torch.randn(2, 1, nheads_kv, 16), cache_seqlens=3)
+    assert all(torch.equal(c, b) for c, b in zip(caches, before))
