@@ -614,6 +614,97 @@ flash_params make_kvcache_params(const at::Tensor &q, const at::Tensor &k_cache,
     return p;
 }
 
+KvAppend kv_append_of(const at::Tensor &k_cache, const at::Tensor &v_cache, const at::Tensor &k, const at::Tensor &v,
+                      const at::Tensor &cache_seqlens, const c10::optional<at::Tensor> &cache_batch_idx,
+                      const c10::optional<at::Tensor> &block_table)
+{
+    check_rank_and_last_stride(k_cache, "k_cache");
+    check_rank_and_last_stride(v_cache, "v_cache");
+    const char *names[] = {"v_cache", "k", "v"};
+    const at::Tensor *tensors[] = {&v_cache, &k, &v};
+    for (int i = 0; i < 3; ++i) {
+        TORCH_CHECK(tensors[i]->defined(), "flashattn_ext: ", names[i], " is undefined");
+        TORCH_CHECK(tensors[i]->scalar_type() == k_cache.scalar_type(), "flashattn_ext: ", names[i],
+                    " must have the dtype of k_cache (", k_cache.scalar_type(), "), got ", tensors[i]->scalar_type());
+        TORCH_CHECK(tensors[i]->device() == k_cache.device(), "flashattn_ext: ", names[i],
+                    " must be on the device of k_cache (", k_cache.device().str(), "), got ",
+                    tensors[i]->device().str());
+    }
+    const at::ScalarType t = k_cache.scalar_type();
+    TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
+                "flashattn_ext: k_cache must be float16, bfloat16, float32 or float64, got ", t);
+    const int64_t batch = k.dim() == kRank ? k.size(0) : 0, seqlen_new = k.dim() == kRank ? k.size(1) : 0;
+    const int64_t nheads_kv = k_cache.size(2), d = k_cache.size(3), d_v = v_cache.size(3);
+    TORCH_CHECK(v_cache.sizes().slice(0, 3) == k_cache.sizes().slice(0, 3), "flashattn_ext: v_cache must have the "
+                "shape of k_cache ", shape(k_cache.sizes()), " but for its head dim (the last), got ",
+                shape(v_cache.sizes()));
+    TORCH_CHECK(k.dim() == kRank && k.size(2) == nheads_kv && k.size(3) == d, "flashattn_ext: k must have shape "
+                "(batch, seqlen_new, nheads_kv, headdim) with the nheads_kv and headdim of k_cache (", num(nheads_kv),
+                ", ", num(d), "), got ", shape(k.sizes()));
+    TORCH_CHECK(v.dim() == kRank && v.size(0) == batch && v.size(1) == seqlen_new && v.size(2) == nheads_kv &&
+                v.size(3) == d_v, "flashattn_ext: v must have shape (batch, seqlen_new, nheads_kv, headdim_v) = (",
+                num(batch), ", ", num(seqlen_new), ", ", num(nheads_kv), ", ", num(d_v),
+                ") (k's batch and seqlen_new, v_cache's nheads_kv and head dim), got ", shape(v.sizes()));
+    const char *index_names[] = {"cache_seqlens", "cache_batch_idx", "block_table"};
+    const at::Tensor *index[] = {&cache_seqlens, cache_batch_idx ? &*cache_batch_idx : nullptr,
+                                 block_table ? &*block_table : nullptr};
+    for (int i = 0; i < 3; ++i) {
+        if (!index[i])
+            continue;
+        TORCH_CHECK(index[i]->defined(), "flashattn_ext: ", index_names[i], " is undefined");
+        TORCH_CHECK(index[i]->scalar_type() == at::kInt, "flashattn_ext: ", index_names[i], " must be int32, got ",
+                    index[i]->scalar_type());
+        TORCH_CHECK(index[i]->device() == k_cache.device(), "flashattn_ext: ", index_names[i],
+                    " must be on the device of k_cache (", k_cache.device().str(), "), got ",
+                    index[i]->device().str());
+        TORCH_CHECK(i == 2 || (index[i]->dim() == 1 && index[i]->size(0) == batch), "flashattn_ext: ",
+                    index_names[i], " must have shape (batch,) = (", num(batch), ",), got ",
+                    shape(index[i]->sizes()));
+    }
+    if (block_table) {
+        TORCH_CHECK(!cache_batch_idx, "flashattn_ext: cache_batch_idx cannot be combined with block_table (a paged "
+                    "cache is addressed through its table alone, as in flash-attn)");
+        check_block_table(*block_table, k_cache, k_cache, batch, "k_cache");
+    } else if (!cache_batch_idx) {
+        TORCH_CHECK(k_cache.size(0) == batch, "flashattn_ext: the batch size of k_cache (", num(k_cache.size(0)),
+                    ") must be that of k (", num(batch), ") without cache_batch_idx");
+    }
+
+    KvAppend a;
+    a.k = k.size(3) <= 1 || k.stride(3) == 1 ? k : k.contiguous();
+    a.v = v.size(3) <= 1 || v.stride(3) == 1 ? v : v.contiguous();
+    a.cache_seqlens = cache_seqlens.contiguous();
+    a.cache_batch_idx = cache_batch_idx ? cache_batch_idx->contiguous() : at::Tensor();
+    flash_kv_append_params &p = a.p;
+    std::memset(&p, 0, sizeof(p));
+    p.k_cache = k_cache.data_ptr();
+    p.v_cache = v_cache.data_ptr();
+    p.k = a.k.data_ptr();
+    p.v = a.v.data_ptr();
+    p.k_cache_s = strides_of(k_cache);
+    p.v_cache_s = strides_of(v_cache);
+    p.k_s = strides_of(a.k);
+    p.v_s = strides_of(a.v);
+    p.cache_seqlens = a.cache_seqlens.data_ptr<int32_t>();
+    p.cache_batch_idx = cache_batch_idx ? a.cache_batch_idx.data_ptr<int32_t>() : nullptr;
+    if (block_table) {
+        p.block_table = block_table->data_ptr<int32_t>();
+        p.table_s0 = block_table->stride(0);
+        p.table_s1 = block_table->stride(1);
+        p.page_size = k_cache.size(1);
+    }
+    p.batch = batch;
+    p.seqlen_new = seqlen_new;
+    p.nheads_kv = nheads_kv;
+    p.d = d;
+    p.d_v = d_v;
+    p.cache_batches = k_cache.size(0);
+    p.seqlen_k = block_table ? block_table->size(1) * k_cache.size(1) : k_cache.size(1);
+    p.elem_size = k_cache.element_size();
+    a.no_work = batch == 0 || seqlen_new == 0 || nheads_kv == 0 || p.seqlen_k == 0 || p.cache_batches == 0;
+    return a;
+}
+
 Varlen varlen_of(const at::Tensor &cu_seqlens_q, const at::Tensor &cu_seqlens_k,
                  const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                  const c10::optional<at::Tensor> &block_table)
@@ -912,6 +1003,15 @@ std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cpu(
     return {out, lse};
 }
 
+void kv_append_cpu(const at::Tensor &k_cache, const at::Tensor &v_cache, const at::Tensor &k, const at::Tensor &v,
+                   const at::Tensor &cache_seqlens, const c10::optional<at::Tensor> &cache_batch_idx,
+                   const c10::optional<at::Tensor> &block_table)
+{
+    const KvAppend a = kv_append_of(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table);
+    if (!a.no_work)
+        flash_kv_append_cpu(&a.p);
+}
+
 at::Tensor dropout_mask_cpu(const at::Tensor &q, const at::Tensor &rng_state, int64_t seqlen_k, double dropout_p)
 {
     const flash_params p = dropout_mask_params(q, rng_state, seqlen_k, dropout_p);
@@ -947,6 +1047,8 @@ TORCH_LIBRARY(flashattn_ext, m)
     m.def("kvcache_fwd(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, Tensor? cache_batch_idx, "
           "Tensor? cache_leftpad, Tensor? block_table, float softmax_scale, bool causal, int window_left, "
           "int window_right, float softcap, Tensor? alibi_slopes, Tensor? sink, int num_splits=0) -> (Tensor out, Tensor lse)");
+    m.def("kv_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor cache_seqlens, "
+          "Tensor? cache_batch_idx, Tensor? block_table) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(flashattn_ext, CPU, m)
@@ -957,6 +1059,7 @@ TORCH_LIBRARY_IMPL(flashattn_ext, CPU, m)
     m.impl("varlen_fwd", &varlen_fwd_cpu);
     m.impl("varlen_bwd", &varlen_bwd_cpu);
     m.impl("kvcache_fwd", &kvcache_fwd_cpu);
+    m.impl("kv_append", &kv_append_cpu);
 }
 
 }  // namespace flashattn_ext

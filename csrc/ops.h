@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "flash.h"
+#include "kv_append.h"
 
 namespace flashattn_ext {
 
@@ -191,6 +192,21 @@ void check_num_splits(int64_t num_splits);
 flash_params make_kvcache_params(const at::Tensor &q, const at::Tensor &k_cache, const at::Tensor &v_cache,
                                  const at::Tensor &out, const at::Tensor &lse, const KvCache &kv,
                                  double softmax_scale, const Variants &var, VariantTensors *keep);
+
+// An append of kv_append (schema in ops.cpp): its params (kv_append.h) and the tensors they point to beyond the
+// caches: k / v (contiguous copies when their last stride is not 1), cache_seqlens / cache_batch_idx (contiguous).
+struct KvAppend {
+    flash_kv_append_params p;
+    at::Tensor k, v, cache_seqlens, cache_batch_idx;
+    bool no_work;  // nothing to write: no new rows or heads, or no cache rows, batches or pages
+};
+
+// Checks the arguments of kv_append (ranks, shapes, dtypes, devices, the caches' last stride, the block_table
+// and page size as kvcache_fwd's) with messages naming the argument and fills its KvAppend; reads no tensor
+// contents (no device synchronization).
+KvAppend kv_append_of(const at::Tensor &k_cache, const at::Tensor &v_cache, const at::Tensor &k, const at::Tensor &v,
+                      const at::Tensor &cache_seqlens, const c10::optional<at::Tensor> &cache_batch_idx,
+                      const c10::optional<at::Tensor> &block_table);
 
 // True when there is nothing to compute (an empty batch, no queries or no heads); a forward with
 // seqlen_k == 0 has work to do: every row sees no key (out = 0, lse = -inf).

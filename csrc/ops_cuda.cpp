@@ -433,6 +433,16 @@ std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cuda(
     return {unpad(out, d_v), lse};
 }
 
+void kv_append_cuda(const at::Tensor &k_cache, const at::Tensor &v_cache, const at::Tensor &k, const at::Tensor &v,
+                    const at::Tensor &cache_seqlens, const c10::optional<at::Tensor> &cache_batch_idx,
+                    const c10::optional<at::Tensor> &block_table)
+{
+    const c10::cuda::CUDAGuard guard(k_cache.device());
+    const KvAppend a = kv_append_of(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table);
+    if (!a.no_work)
+        check_launch(flash_kv_append_cuda(&a.p, c10::cuda::getCurrentCUDAStream()), "KV-cache append");
+}
+
 at::Tensor dropout_mask_cuda(const at::Tensor &q, const at::Tensor &rng_state, int64_t seqlen_k, double dropout_p)
 {
     const flash_params p = dropout_mask_params(q, rng_state, seqlen_k, dropout_p);
@@ -455,6 +465,7 @@ TORCH_LIBRARY_IMPL(flashattn_ext, CUDA, m)
     m.impl("varlen_fwd", &varlen_fwd_cuda);
     m.impl("varlen_bwd", &varlen_bwd_cuda);
     m.impl("kvcache_fwd", &kvcache_fwd_cuda);
+    m.impl("kv_append", &kv_append_cuda);
 }
 
 }  // namespace flashattn_ext

@@ -253,11 +253,13 @@ def _check_kv_cache(fn, q, k_cache, v_cache):
                          f"(the last), got {tuple(v_cache.shape)}")
     if k_cache.shape[3] != q.shape[3]:
         raise ValueError(f"{fn}: the head dim of k_cache ({k_cache.shape[3]}) must be that of q ({q.shape[3]})")
+    if (q.shape[2] % k_cache.shape[2] != 0) if k_cache.shape[2] else q.shape[2] != 0:
+        raise ValueError(f"{fn}: nheads of q ({q.shape[2]}) must be a multiple of nheads_kv of k_cache "
+                         f"({k_cache.shape[2]})")
 
 
 def _check_cache_rows(fn, k_cache, batch, device, cache_batch_idx, cache_leftpad, block_table):
-    """The index tensors that pick a sequence's cache rows -> (seqlen_k, page_size): the rows a sequence can
-    reach, and the page size of a paged cache (None when dense)."""
+    """The index tensors that pick a sequence's cache rows -> seqlen_k, the rows a sequence can reach."""
     if cache_batch_idx is not None:
         _check_index(fn, "cache_batch_idx", cache_batch_idx, device, (batch,))
     if cache_leftpad is not None:
@@ -266,7 +268,7 @@ def _check_cache_rows(fn, k_cache, batch, device, cache_batch_idx, cache_leftpad
         if cache_batch_idx is None and k_cache.shape[0] != batch:
             raise ValueError(f"{fn}: k_cache must have batch size {batch} (that of q) without cache_batch_idx, got "
                              f"{k_cache.shape[0]}")
-        return k_cache.shape[1], None
+        return k_cache.shape[1]
     _check_tensor("block_table", block_table)
     if block_table.dtype != torch.int32:
         raise TypeError(f"{fn}: block_table must be int32, got {block_table.dtype}")
@@ -281,7 +283,7 @@ def _check_cache_rows(fn, k_cache, batch, device, cache_batch_idx, cache_leftpad
     if page_size <= 0 or page_size % PAGE_MULTIPLE != 0:
         raise ValueError(f"{fn}: the page size (dimension 1 of a paged k_cache) must be a positive multiple of "
                          f"{PAGE_MULTIPLE}, got {page_size}")
-    return block_table.shape[1] * page_size, page_size
+    return block_table.shape[1] * page_size
 
 
 def _check_new_kv(fn, k, v, k_cache, v_cache, batch, cache_seqlens, seqlen_k, block_table):
@@ -320,22 +322,20 @@ def _check_seqlens_fit(fn, cache_seqlens, seqlen_new, seqlen_k, block_table):
 
 
 def _check_cache_seqlens(fn, cache_seqlens, batch, device, seqlen_new, seqlen_k, block_table, check_contents):
-    """cache_seqlens (None, an int or int32 (batch,)) -> (None or an int32 (batch,) tensor, fits): fits, every
-    appended row is known to be inside the cache (an int cache_seqlens checked against the shapes). A tensor's
-    contents are read only with check_contents."""
+    """cache_seqlens (None, an int or int32 (batch,)) -> None or an int32 (batch,) tensor. An int is checked
+    against the shapes; a tensor's contents are read only with check_contents."""
     if cache_seqlens is None:
-        return None, False
+        return None
     if isinstance(cache_seqlens, torch.Tensor):
         _check_index(fn, "cache_seqlens", cache_seqlens, device, (batch,))
         if check_contents:
             _check_seqlens_fit(fn, cache_seqlens, seqlen_new, seqlen_k, block_table)
-        return cache_seqlens, False
+        return cache_seqlens
     _check_int(fn, "cache_seqlens", cache_seqlens)
-    fits = not _symbolic(cache_seqlens)
-    if fits and not 0 <= cache_seqlens <= seqlen_k - seqlen_new:
+    if not _symbolic(cache_seqlens) and not 0 <= cache_seqlens <= seqlen_k - seqlen_new:
         raise ValueError(f"{fn}: cache_seqlens ({cache_seqlens}) plus seqlen_new ({seqlen_new}) must fit "
                          f"k_cache ({_capacity(seqlen_k, block_table)})")
-    return torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device), fits
+    return torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
 
 
 def _check_rotary(fn, rotary_cos, rotary_sin, k, headdim, seqlen_k, device):

@@ -1,5 +1,5 @@
 """torch.library registrations for the C++ ops flashattn_ext::fwd, ::bwd, ::dropout_mask, ::varlen_fwd,
-::varlen_bwd and ::kvcache_fwd: fake (meta) kernels with shape checks for tracing, and the autograd
+::varlen_bwd, ::kvcache_fwd and ::kv_append: fake (meta) kernels with shape checks for tracing, and the autograd
 formulas of fwd and varlen_fwd, which save q, k, v, out, lse, the dropout rng_state, the sequence
 boundaries (varlen) and the user's own alibi/sink/mask tensors only, and call bwd / varlen_bwd.
 bwd and varlen_bwd have autograd formulas too (double_backward: a composite over query blocks), and so
@@ -422,3 +422,41 @@ def _kvcache_backward(ctx, dout, dlse):
 
 
 torch.library.register_autograd("flashattn_ext::kvcache_fwd", _kvcache_backward)
+
+
+@torch.library.register_fake("flashattn_ext::kv_append")
+def _kv_append_fake(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table):
+    """Writes nothing (a fake kernel); checks what the C++ op checks of shapes, dtypes and devices."""
+    tensors = dict(v_cache=v_cache, k=k, v=v, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
+                   block_table=block_table)
+    for name, t in tensors.items():
+        if t is not None:
+            torch._check(t.device == k_cache.device, lambda: f"flashattn_ext: {name} must be on the device of "
+                                                             f"k_cache ({k_cache.device}), got {t.device}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        _check_rank4(name, t)
+        torch._check(t.dtype == k_cache.dtype,
+                     lambda: f"flashattn_ext: {name} must have the dtype of k_cache ({k_cache.dtype}), got {t.dtype}")
+    batch, seqlen_new, nheads_kv = k.shape[0], k.shape[1], k_cache.shape[2]
+    torch._check(v_cache.shape[:3] == k_cache.shape[:3],
+                 lambda: "flashattn_ext: v_cache must have the shape of k_cache but for its head dim")
+    torch._check(k.shape[2:] == k_cache.shape[2:],
+                 lambda: "flashattn_ext: k must have the nheads_kv and headdim of k_cache")
+    torch._check(v.shape == (batch, seqlen_new, nheads_kv, v_cache.shape[3]),
+                 lambda: "flashattn_ext: v must have k's batch and seqlen_new, v_cache's nheads_kv and head dim")
+    for name, t in (("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx)):
+        if t is not None:
+            torch._check(t.dtype == torch.int32, lambda: f"flashattn_ext: {name} must be int32, got {t.dtype}")
+            torch._check(t.shape == (batch,), lambda: f"flashattn_ext: {name} must have shape (batch,) = ({batch},)")
+    if block_table is not None:
+        torch._check(cache_batch_idx is None,
+                     lambda: "flashattn_ext: cache_batch_idx cannot be combined with block_table")
+        torch._check(block_table.dtype == torch.int32, lambda: "flashattn_ext: block_table must be int32")
+        _check_rank("block_table", block_table, 2)
+        torch._check(block_table.shape[0] == batch,
+                     lambda: "flashattn_ext: block_table must have shape (batch, max_pages_per_sequence)")
+        torch._check(k_cache.shape[1] > 0 and k_cache.shape[1] % PAGE_MULTIPLE == 0,
+                     lambda: f"flashattn_ext: the page size must be a positive multiple of {PAGE_MULTIPLE}")
+    elif cache_batch_idx is None:
+        torch._check(k_cache.shape[0] == batch,
+                     lambda: "flashattn_ext: the batch size of k_cache must be that of k without cache_batch_idx")
