@@ -23,6 +23,10 @@
 // causal / window are bottom-right aligned per sequence (on its key count), ALiBi as flash-attn with
 // the sequence's keys counted from cache_leftpad. out (batch, seqlen_q, nheads, headdim_v), lse (batch,
 // nheads, seqlen_q); a sequence without keys gets out 0, lse -inf (the sink with a sink).
+//
+// kv_append (flash_attn_with_kvcache's append, both caches in place; schema Tensor(a!) k_cache, Tensor(b!)
+// v_cache): k (batch, seqlen_new, nheads_kv, headdim) and v (..., headdim_v) into the caches above at rows
+// cache_seqlens[b] + i, those past the cache dropped; semantics in csrc/kv_append.h.
 #include <Python.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/library.h>

@@ -437,8 +437,8 @@ void kv_append_cuda(const at::Tensor &k_cache, const at::Tensor &v_cache, const 
                     const at::Tensor &cache_seqlens, const c10::optional<at::Tensor> &cache_batch_idx,
                     const c10::optional<at::Tensor> &block_table)
 {
-    const c10::cuda::CUDAGuard guard(k_cache.device());
     const KvAppend a = kv_append_of(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table);
+    const c10::cuda::CUDAGuard guard(k_cache.device());
     if (!a.no_work)
         check_launch(flash_kv_append_cuda(&a.p, c10::cuda::getCurrentCUDAStream()), "KV-cache append");
 }

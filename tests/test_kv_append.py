@@ -364,3 +364,16 @@ def test_kvcache_nheads_checked_before_the_append(nheads, nheads_kv):
         flashattn_ext.flash_attn_with_kvcache(torch.randn(2, 1, nheads, 16), *caches, torch.randn(2, 1, nheads_kv, 16),
                                               torch.randn(2, 1, nheads_kv, 16), cache_seqlens=3)
     assert all(torch.equal(c, b) for c, b in zip(caches, before))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["k_cache", "k", "cache_seqlens", "block_table"])
+def test_cpu_tensor_beside_cuda_ones_raises(name):
+    t = make(Case(new=2, page=16, rows=2, seqlens=(3, 9, 20)), torch.float32, "cuda")
+    before = {n: x.cpu() for n, x in t.items()}
+    t[name] = t[name].cpu()
+    with pytest.raises(RuntimeError, match=r"\b(v_cache|{})\b must be on the device of k_cache".format(name)):
+        append(t)
+    for n, x in before.items():
+        assert torch.equal(t[n].cpu(), x), f"{n} was modified"
