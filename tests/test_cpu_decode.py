@@ -2,7 +2,8 @@
 kv head per task, the keys cut into splits merged Flash-Decoding style) against the float64 references of
 test_kvcache (flash_attn_with_kvcache) and fa_testing.attention64 (flash_attn_func / flash_attn_varlen_func).
 FLASHATTN_EXT_CPU_DECODE_SPLITS forces the split count, so that splits cut windows, pages, mask blocks and key
-blocks at odd places; seqlen_q 1..4, GQA ratios 1, 2, 4, 8, head dims with a column tail, d_v != d, attn_mask,
+blocks at odd places; seqlen_q 1..4, GQA ratios 1, 2, 4, 8 (tasks of 1 to 24 rows: S by dot products below 8
+rows, with the rows in the vector lanes from 8), head dims with a column tail, d_v != d, attn_mask,
 varlen with empty sequences, the thread heuristic, and FLASHATTN_EXT_DISABLE_DECODE (the prefill path)."""
 import pytest
 import torch
@@ -54,7 +55,7 @@ def masked_inputs(b, sq, sk, h, hkv, d, d_v, dtype, kind, seed):
 
 
 @pytest.mark.parametrize("kind", ["bool", "additive"])
-@pytest.mark.parametrize("sq, h, hkv", [(1, 8, 1), (3, 4, 4), (4, 8, 2)])
+@pytest.mark.parametrize("sq, h, hkv", [(1, 8, 1), (3, 4, 4), (4, 8, 2), (3, 8, 1)])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("splits", (1, 3, 5))
 def test_func_mask_dv(splits, dtype, sq, h, hkv, kind, monkeypatch):

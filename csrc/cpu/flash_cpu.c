@@ -231,6 +231,10 @@ static void query_task(const flash_params *p, int64_t task, int64_t *bi, int64_t
 #define DECODE_MR 4
 #define DECODE_COLS 32
 #define DECODE_MIN_SPLIT_KEYS 256
+/* Tasks of at least DECODE_LANES_MIN_ROWS rows compute S with the rows in the vector lanes (decode_scores_lanes,
+ * DECODE_LANES rows at a time), fewer rows with dot products over d (decode_scores). */
+#define DECODE_LANES_MIN_ROWS 8
+#define DECODE_LANES 16
 
 /* A positive integer from the environment variable name, or 0 where it is unset or not one. Read per call,
  * so that a test or a benchmark can switch within one process. */
@@ -935,7 +939,8 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
  * head of the GQA group. Per block of DECODE_KEYS keys: S (rows x keys) by dot products over d, the online
  * softmax along the keys, acc (rows x d_v) += P V in register blocks. */
 typedef struct FN(decode_ws) {
-    T *q;     /* (rows, d): the rows of q times scale */
+    T *q;     /* the rows of q times scale: (rows, d), or Q^T (d, rows rounded up to DECODE_LANES) with
+               * zero padding columns where the rows go in the lanes */
     T *s;     /* (rows, DECODE_KEYS): S, then P */
     T *acc;   /* (rows, d_v): O, unnormalized */
     T *m, *l, *alpha; /* (rows): running max and sum, rescale factor of the last block */
@@ -969,6 +974,38 @@ FLASH_CPU_SIMD FLASH_CPU_REASSOC static void FN(decode_scores)(T *restrict s, co
             for (int64_t c = 0; c < d; c++)
                 sr += qr[c] * kj[c];
             s[r * DECODE_KEYS + j] = sr;
+        }
+    }
+}
+
+/* decode_scores from Q^T (d, rp; rp a multiple of DECODE_LANES): the rows in the vector lanes, a key's element
+ * broadcast, a block of 4 keys x DECODE_LANES rows in registers over the d steps (the last block of keys
+ * repeats the last key, whose extra results are not stored). */
+FLASH_CPU_SIMD static void FN(decode_scores_lanes)(T *restrict s, const T *restrict qt, int64_t rp, int64_t rows,
+                                                   int64_t d, const T *const *keys, int64_t kn)
+{
+    for (int64_t r0 = 0; r0 < rows; r0 += DECODE_LANES) {
+        const int64_t rn = flash_min64(DECODE_LANES, rows - r0);
+        for (int64_t j0 = 0; j0 < kn; j0 += 4) {
+            const T *restrict k0 = keys[j0], *restrict k1 = keys[flash_min64(j0 + 1, kn - 1)];
+            const T *restrict k2 = keys[flash_min64(j0 + 2, kn - 1)], *restrict k3 = keys[flash_min64(j0 + 3, kn - 1)];
+            T a0[DECODE_LANES], a1[DECODE_LANES], a2[DECODE_LANES], a3[DECODE_LANES];
+            for (int u = 0; u < DECODE_LANES; u++)
+                a0[u] = a1[u] = a2[u] = a3[u] = 0;
+            for (int64_t c = 0; c < d; c++) {
+                const T *restrict qc = qt + c * rp + r0;
+                const T k0c = k0[c], k1c = k1[c], k2c = k2[c], k3c = k3[c];
+                for (int u = 0; u < DECODE_LANES; u++) {
+                    a0[u] += k0c * qc[u];
+                    a1[u] += k1c * qc[u];
+                    a2[u] += k2c * qc[u];
+                    a3[u] += k3c * qc[u];
+                }
+            }
+            const T *a[4] = {a0, a1, a2, a3};
+            for (int64_t x = 0; x < flash_min64(4, kn - j0); x++)
+                for (int64_t u = 0; u < rn; u++)
+                    s[(r0 + u) * DECODE_KEYS + j0 + x] = a[x][u];
         }
     }
 }
@@ -1105,14 +1142,20 @@ static void FN(decode_task)(const flash_params *p, const FN(decode_ws) *w, int64
     const int64_t j0 = keys.first + split * per, j1 = flash_min64(keys.end, j0 + per);
     const T *khead = (const T *)p->k + hk * p->k_s.head, *vhead = (const T *)p->v + hk * p->v_s.head;
 
+    const int lanes = rows >= DECODE_LANES_MIN_ROWS;
+    const int64_t rp = ROUND_UP(rows, DECODE_LANES);
     for (int64_t r = 0; r < rows; r++) {
         const int64_t hq = hk * hpk + r / sq, i = r % sq;
         const T *qrow = (const T *)p->q + bi * p->q_s.batch + (seq.q_row0 + i) * p->q_s.row + hq * p->q_s.head;
         for (int64_t c = 0; c < d; c++)
-            w->q[r * d + c] = (T)p->scale * qrow[c];
+            w->q[lanes ? c * rp + r : r * d + c] = (T)p->scale * qrow[c];
         w->m[r] = -INFINITY;
         w->l[r] = 0;
     }
+    if (lanes)
+        for (int64_t c = 0; c < d; c++)
+            for (int64_t r = rows; r < rp; r++)
+                w->q[c * rp + r] = 0;
     FN(zero_tile)(w->acc, d_v, rows, d_v);
     /* the row pointers of this block (kp[cur], vp[cur]) and of the next, whose rows are prefetched meanwhile
      * (at large row strides, each key row in a page of its own, the hardware prefetchers do not follow) */
@@ -1125,7 +1168,10 @@ static void FN(decode_task)(const flash_params *p, const FN(decode_ws) *w, int64
         if (k0 + kn < j1)
             FN(decode_key_rows)(kp[cur ^ 1], vp[cur ^ 1], p, &seq, khead, vhead, k0 + kn,
                                 flash_min64(DECODE_KEYS, j1 - k0 - kn), 1);
-        FN(decode_scores)(w->s, w->q, rows, d, kp[cur], kn);
+        if (lanes)
+            FN(decode_scores_lanes)(w->s, w->q, rp, rows, d, kp[cur], kn);
+        else
+            FN(decode_scores)(w->s, w->q, rows, d, kp[cur], kn);
         const int full = k0 >= keys.full_first && k0 + kn <= keys.full_end;
         if (!full || p->has_hook)
             for (int64_t r = 0; r < rows; r++) {
@@ -1195,7 +1241,8 @@ static flash_cpu_status FN(decode_fwd)(const flash_params *p)
     const int n_threads = omp_get_max_threads();
     const int64_t n_splits = decode_splits(p, n_threads), groups = p->b * p->h_kv, n_tasks = groups * n_splits;
     const int64_t rows_max = p->h_per_kv * p->sq, align = FLASH_CPU_ALIGN_BYTES / (int64_t)sizeof(T);
-    const int64_t ws = ROUND_UP(rows_max * (p->d + DECODE_KEYS + p->d_v + 3), align);
+    const int64_t q_elems = ROUND_UP(rows_max, DECODE_LANES) * p->d;
+    const int64_t ws = ROUND_UP(q_elems + rows_max * (DECODE_KEYS + p->d_v + 3), align);
     const int64_t part = n_splits > 1 ? ROUND_UP(n_tasks * rows_max * (p->d_v + 2), align) : 0;
     if (n_tasks <= 0 || rows_max <= 0)
         return FLASH_CPU_OK;
@@ -1206,10 +1253,10 @@ static flash_cpu_status FN(decode_fwd)(const flash_params *p)
 #pragma omp parallel num_threads(n_threads)
     {
         T *base = pool + omp_get_thread_num() * ws;
-        const FN(decode_ws) w = {base, base + rows_max * p->d, base + rows_max * (p->d + DECODE_KEYS),
-                                 base + rows_max * (p->d + DECODE_KEYS + p->d_v),
-                                 base + rows_max * (p->d + DECODE_KEYS + p->d_v + 1),
-                                 base + rows_max * (p->d + DECODE_KEYS + p->d_v + 2)};
+        T *rest = base + q_elems;
+        const FN(decode_ws) w = {base, rest, rest + rows_max * DECODE_KEYS, rest + rows_max * (DECODE_KEYS + p->d_v),
+                                 rest + rows_max * (DECODE_KEYS + p->d_v + 1),
+                                 rest + rows_max * (DECODE_KEYS + p->d_v + 2)};
 #pragma omp for schedule(dynamic)
         for (int64_t task = 0; task < n_tasks; task++)
             FN(decode_task)(p, &w, task, n_splits, partial);
