@@ -1037,26 +1037,47 @@ FLASH_CPU_SIMD static void FN(decode_softmax)(T *restrict s, int64_t rows, int64
     }
 }
 
-/* Columns [c0, c0 + DECODE_COLS) of mr <= DECODE_MR rows of acc (leading dim lda): acc = alpha[r] * acc +
- * sum_j p[r][j] vals[j], the block held in registers across the keys (mr is a constant where inlined). */
-static FLASH_CPU_INLINE void FN(decode_pv_block)(T *restrict acc, int64_t lda, const T *restrict pr, const T *restrict alpha,
-                                       int mr, int64_t c0, const T *const *vals, int64_t kn)
+/* Columns [c0, c0 + DECODE_COLS) of DECODE_MR rows of acc (leading dim lda): acc = alpha[r] * acc +
+ * sum_j p[r][j] vals[j], the block held in registers across the keys. */
+static FLASH_CPU_INLINE void FN(decode_pv_block)(T *restrict acc, int64_t lda, const T *restrict pr,
+                                                 const T *restrict alpha, int64_t c0, const T *const *vals, int64_t kn)
 {
     T a[DECODE_MR][DECODE_COLS];
-    for (int r = 0; r < mr; r++)
+    for (int r = 0; r < DECODE_MR; r++)
         for (int u = 0; u < DECODE_COLS; u++)
             a[r][u] = alpha[r] * acc[r * lda + c0 + u];
     for (int64_t j = 0; j < kn; j++) {
         const T *restrict vj = vals[j] + c0;
-        for (int r = 0; r < mr; r++) {
+        for (int r = 0; r < DECODE_MR; r++) {
             const T pj = pr[r * DECODE_KEYS + j];
             for (int u = 0; u < DECODE_COLS; u++)
                 a[r][u] += pj * vj[u];
         }
     }
-    for (int r = 0; r < mr; r++)
+    for (int r = 0; r < DECODE_MR; r++)
         for (int u = 0; u < DECODE_COLS; u++)
             acc[r * lda + c0 + u] = a[r][u];
+}
+
+/* One row of decode_pv, all d_v columns: acc = alpha * acc + sum_j p[j] vals[j], two keys per pass over the
+ * row (which stays in L1). */
+static FLASH_CPU_INLINE void FN(decode_pv_row)(T *restrict acc, int64_t d_v, const T *restrict pr, T alpha,
+                                               const T *const *vals, int64_t kn)
+{
+    for (int64_t c = 0; c < d_v; c++)
+        acc[c] *= alpha;
+    int64_t j = 0;
+    for (; j + 2 <= kn; j += 2) {
+        const T *restrict v0 = vals[j], *restrict v1 = vals[j + 1];
+        const T p0 = pr[j], p1 = pr[j + 1];
+        for (int64_t c = 0; c < d_v; c++)
+            acc[c] += p0 * v0[c] + p1 * v1[c];
+    }
+    if (j < kn) {
+        const T *restrict v0 = vals[j];
+        for (int64_t c = 0; c < d_v; c++)
+            acc[c] += pr[j] * v0[c];
+    }
 }
 
 /* acc (rows, d_v) = alpha[r] * acc + P V for P (rows x kn, leading dim DECODE_KEYS) and the value rows vals. */
@@ -1064,28 +1085,26 @@ FLASH_CPU_SIMD static void FN(decode_pv)(T *restrict acc, int64_t d_v, const T *
                                          int64_t rows, const T *const *vals, int64_t kn)
 {
     const int64_t cols = d_v / DECODE_COLS * DECODE_COLS;
-    for (int64_t r = 0, mr; r < rows; r += mr) {
-        mr = rows - r >= DECODE_MR ? DECODE_MR : 1;
+    int64_t r = 0;
+    for (; r + DECODE_MR <= rows; r += DECODE_MR) {
         T *restrict ar = acc + r * d_v;
         const T *restrict pb = pr + r * DECODE_KEYS;
-        for (int64_t c0 = 0; c0 < cols; c0 += DECODE_COLS) {
-            if (mr == DECODE_MR)
-                FN(decode_pv_block)(ar, d_v, pb, alpha + r, DECODE_MR, c0, vals, kn);
-            else
-                FN(decode_pv_block)(ar, d_v, pb, alpha + r, 1, c0, vals, kn);
-        }
+        for (int64_t c0 = 0; c0 < cols; c0 += DECODE_COLS)
+            FN(decode_pv_block)(ar, d_v, pb, alpha + r, c0, vals, kn);
         if (cols == d_v)
             continue;
-        for (int64_t x = 0; x < mr; x++)
+        for (int64_t x = 0; x < DECODE_MR; x++)
             for (int64_t c = cols; c < d_v; c++)
                 ar[x * d_v + c] *= alpha[r + x];
         for (int64_t j = 0; j < kn; j++)
-            for (int64_t x = 0; x < mr; x++) {
+            for (int64_t x = 0; x < DECODE_MR; x++) {
                 const T pj = pb[x * DECODE_KEYS + j];
                 for (int64_t c = cols; c < d_v; c++)
                     ar[x * d_v + c] += pj * vals[j][c];
             }
     }
+    for (; r < rows; r++)
+        FN(decode_pv_row)(acc + r * d_v, d_v, pr + r * DECODE_KEYS, alpha[r], vals, kn);
 }
 
 /* kp[x], vp[x]: the rows of key k0 + x of seq in k and v (heads khead, vhead) for x < kn, run by run
