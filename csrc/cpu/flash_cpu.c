@@ -1177,11 +1177,12 @@ static void FN(decode_task)(const flash_params *p, const FN(decode_ws) *w, int64
                 w->q[c * rp + r] = 0;
     FN(zero_tile)(w->acc, d_v, rows, d_v);
     /* the row pointers of this block (kp[cur], vp[cur]) and of the next, whose rows are prefetched meanwhile
-     * (at large row strides, each key row in a page of its own, the hardware prefetchers do not follow) */
+     * (at large row strides, each key row in a page of its own, the hardware prefetchers do not follow); the
+     * first block's too, so that its misses overlap */
     const T *kp[2][DECODE_KEYS], *vp[2][DECODE_KEYS];
     int cur = 0;
     if (j0 < j1)
-        FN(decode_key_rows)(kp[0], vp[0], p, &seq, khead, vhead, j0, flash_min64(DECODE_KEYS, j1 - j0), 0);
+        FN(decode_key_rows)(kp[0], vp[0], p, &seq, khead, vhead, j0, flash_min64(DECODE_KEYS, j1 - j0), 1);
     for (int64_t k0 = j0; k0 < j1; k0 += DECODE_KEYS, cur ^= 1) {
         const int64_t kn = flash_min64(DECODE_KEYS, j1 - k0);
         if (k0 + kn < j1)
