@@ -15,15 +15,15 @@ seqlen_q 1 and 4, keys 256 ... 8192, batch 1 and 8, heads 16 / kv heads 4 (GQA) 
 Each thread count runs in a child process of this script with OMP_NUM_THREADS set (torch and our OpenMP
 runtime both read it at start). Time: wall clock; one sample is the mean of enough back-to-back calls to
 last ~SAMPLE_SECONDS, the implementations alternate sample by sample, and each keeps the median of
-SAMPLES samples. On a shared machine the wall times move with the other jobs: compare the two columns
+SAMPLES samples. On a shared machine the wall times move with the other jobs: compare the columns
 of one row (taken in alternation), not rows of different runs.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_cpu_decode.py --out benchmarks/results/cpu/decode_DATE/before
+    python benchmarks/bench_cpu_decode.py --out benchmarks/results/cpu/decode_2026-12-03/decode   # the full grid
     python benchmarks/bench_cpu_decode.py --threads 1 --seqlens-q 1 --keys 2048 --batches 1 --heads 16/4 \
         --headdims 64          # one point
 
 Output (--out PREFIX): PREFIX.json (machine, settings, every number) and PREFIX.md (a table with
-ours / sdpa; below 1 means ours is faster).
+ours / blocked and ours / sdpa; below 1 means ours is faster).
 """
 import argparse
 import datetime
