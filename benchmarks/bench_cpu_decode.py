@@ -22,7 +22,7 @@ of one row (taken in alternation), not rows of different runs.
     python benchmarks/bench_cpu_decode.py --threads 1 --seqlens-q 1 --keys 2048 --batches 1 --heads 16/4 \
         --headdims 64          # one point
 
-Output (--out PREFIX): PREFIX.json (machine, settings, every number) and PREFIX.md (a table with
+Output (--out PREFIX): PREFIX.json (the machine, and every point with its settings) and PREFIX.md (a table with
 ours / blocked and ours / sdpa; below 1 means ours is faster).
 """
 import argparse
@@ -182,8 +182,8 @@ def main():
         return
     rows = []
     args.impls = sorted(set(args.impls) | {"ours", "sdpa"}, key=IMPLS.index)
-    grid_args = ["--impls", *args.impls, "--seqlens-q", *map(str, args.seqlens_q), "--keys", *map(str, args.keys), "--batches",
-                 *map(str, args.batches), "--heads", *args.heads, "--headdims", *map(str, args.headdims)]
+    grid_args = ["--impls", *args.impls, "--seqlens-q", *map(str, args.seqlens_q), "--keys", *map(str, args.keys),
+                 "--batches", *map(str, args.batches), "--heads", *args.heads, "--headdims", *map(str, args.headdims)]
     for threads in args.threads:
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         proc = subprocess.Popen([sys.executable, __file__, "--child", *grid_args], env=env, stdout=subprocess.PIPE,

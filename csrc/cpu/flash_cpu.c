@@ -41,9 +41,11 @@
  * Decode (decode_fwd; forwards with at most FLASH_CPU_DECODE_MAX_SQ = 8 query rows and no dropout, where a
  * query tile would be mostly padding): one task per (batch, kv head, key split) holds the rows of every query
  * head of the kv head's GQA group (h_per_kv * sq rows), so each key and value row is read once per group. Per
- * block of DECODE_KEYS keys (row pointers through flash_key_offset, the next block's rows prefetched): S by
- * dot products over d (vectorized reductions, four rows per key row), the mask geometry and the score hook per
- * row, the online softmax along the keys, acc += P V in register blocks of 4 rows x 32 columns. Key splits
+ * block of DECODE_KEYS keys (row pointers through flash_key_offset, the rows prefetched a block ahead): S by
+ * dot products over d (vectorized reductions, four rows per key row) for tasks of fewer than 8 rows, else with
+ * the rows in the vector lanes (Q^T, 4 keys x 16 rows per register block), the mask geometry and the score hook
+ * per row, the online softmax along the keys, acc += P V in register blocks of 4 rows x 32 columns (a lone
+ * row: two keys per pass over its L1-resident accumulator). Key splits
  * (Flash-Decoding) only when the (batch, kv head) groups are fewer than the threads (decode_splits): each split
  * leaves its rows' (m, l, acc), merged per row by decode_merge. FLASHATTN_EXT_DISABLE_DECODE=1 (read per call)
  * sends these calls to the blocked path; FLASHATTN_EXT_CPU_DECODE_SPLITS=n forces n splits (tests).
@@ -258,12 +260,13 @@ static int decode_shape(const flash_params *p)
 
 /* Key splits per (batch, kv head) of the decode path (Flash-Decoding): none while the groups alone give every
  * thread one; else enough for about two tasks per thread, splits of at least DECODE_MIN_SPLIT_KEYS keys.
- * FLASHATTN_EXT_CPU_DECODE_SPLITS=n forces n (tests: splits that cut a window, a mask block or a page). */
+ * FLASHATTN_EXT_CPU_DECODE_SPLITS=n forces n, at most one per key (tests: splits that cut a window, a mask block
+ * or a page). */
 static int64_t decode_splits(const flash_params *p, int n_threads)
 {
     const int64_t forced = env_count("FLASHATTN_EXT_CPU_DECODE_SPLITS");
     if (forced)
-        return forced;
+        return flash_min64(forced, flash_max64(1, p->sk));
     const int64_t groups = p->b * p->h_kv;
     if (groups >= n_threads)
         return 1;
@@ -936,8 +939,8 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
 
 /* Decode path: one task per (batch, kv head, key split) takes all rows of the kv head's query heads at once
  * (row r = g * sq + i: query i of head hk * h_per_kv + g), so that one pass over a key block serves every query
- * head of the GQA group. Per block of DECODE_KEYS keys: S (rows x keys) by dot products over d, the online
- * softmax along the keys, acc (rows x d_v) += P V in register blocks. */
+ * head of the GQA group. Per block of DECODE_KEYS keys: S (rows x keys; decode_scores or decode_scores_lanes),
+ * the online softmax along the keys, acc (rows x d_v) += P V (decode_pv). */
 typedef struct FN(decode_ws) {
     T *q;     /* the rows of q times scale: (rows, d), or Q^T (d, rows rounded up to DECODE_LANES) with
                * zero padding columns where the rows go in the lanes */
@@ -948,8 +951,8 @@ typedef struct FN(decode_ws) {
 
 /* s[r * DECODE_KEYS + j] = dot(q row r, keys[j]) for r < rows, j < kn; q is (rows, d). Four rows at a time
  * share the loads of a key row. */
-FLASH_CPU_SIMD FLASH_CPU_REASSOC static void FN(decode_scores)(T *restrict s, const T *restrict q, int64_t rows, int64_t d,
-                                             const T *const *keys, int64_t kn)
+FLASH_CPU_SIMD FLASH_CPU_REASSOC static void FN(decode_scores)(T *restrict s, const T *restrict q, int64_t rows,
+                                                               int64_t d, const T *const *keys, int64_t kn)
 {
     for (int64_t j = 0; j < kn; j++) {
         const T *restrict kj = keys[j];
@@ -1208,8 +1211,8 @@ static void FN(decode_task)(const flash_params *p, const FN(decode_ws) *w, int64
                     FN(score_hook)(row, DECODE_KEYS, 0, p, &seq, &t, bi, hq, 1, flags, grad);
                 }
                 if (!full)
-                    FN(mask_outside)(row, clamp64(i + seq.diag_lo - k0, 0, kn), clamp64(i + seq.diag_hi + 1 - k0, 0, kn),
-                                     kn, -INFINITY);
+                    FN(mask_outside)(row, clamp64(i + seq.diag_lo - k0, 0, kn),
+                                     clamp64(i + seq.diag_hi + 1 - k0, 0, kn), kn, -INFINITY);
             }
         FN(decode_softmax)(w->s, rows, kn, w->m, w->l, w->alpha);
         FN(decode_pv)(w->acc, d_v, w->s, w->alpha, rows, vp[cur], kn);
