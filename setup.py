@@ -138,7 +138,9 @@ def extension(with_cuda):
     )
     if with_cuda:
         sources += ["csrc/ops_cuda.cpp"] + sorted(glob.glob("csrc/cuda/*.cu"))
-        kwargs["extra_compile_args"] = {"cxx": cxx_flags, "nvcc": NVCC_FLAGS + gencode_flags()}
+        # FLASHATTN_EXT_CUDA: ops.cpp's limits() reads the kernels' shared-memory needs (launch.h)
+        kwargs["extra_compile_args"] = {"cxx": cxx_flags + ["-DFLASHATTN_EXT_CUDA"],
+                                        "nvcc": NVCC_FLAGS + gencode_flags()}
         return CUDAExtension(sources=sources, **kwargs)
     kwargs["extra_compile_args"] = {"cxx": cxx_flags}
     return CppExtension(sources=sources, **kwargs)

@@ -23,8 +23,6 @@ ISA_LEVELS = (
     ("x86-64-v4 (AVX-512)", {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx2", "fma"}),
     ("x86-64-v3 (AVX2, FMA)", {"avx2", "fma", "bmi2", "f16c", "movbe"}),
 )
-LARGE_HEAD_DIM = torch_registry._LARGE_HEAD_DIM
-LARGE_HEAD_DIM_SMEM = torch_registry._LARGE_HEAD_DIM_SMEM
 
 
 def distribution_version():
@@ -80,6 +78,16 @@ def report_cpu():
           f"csrc/cpu, OpenMP threads: {threads}; hot loops: {cpu_isa()}")
 
 
+def max_head_dim(smem):
+    """The largest head dim our fp16/bf16 kernels run with smem bytes of shared memory per block (0: none)."""
+    largest = 0
+    for top, need in torch_registry._LIMITS["cuda_smem"]:
+        if need > smem:
+            break
+        largest = top
+    return largest
+
+
 def report_cuda():
     if not torch.cuda.is_available():
         print("CUDA: no device")
@@ -108,9 +116,8 @@ def report_cuda():
             bwd = f"bwd_sm80.cu (mma.sync){reason}"
         print("  forward fp16/bf16: fwd_sm80.cu (mma.sync); float32/float64: fwd_simple.cu (CUDA cores)")
         print(f"  backward fp16/bf16: {bwd}; float32/float64: bwd_simple.cu (CUDA cores)")
-        large = ("yes" if smem >= LARGE_HEAD_DIM_SMEM
-                 else f"no (needs {LARGE_HEAD_DIM_SMEM // 1024} KB of shared memory per block)")
-        print(f"  fp16/bf16 head dims above {LARGE_HEAD_DIM}: {large}")
+        top = max_head_dim(smem)
+        print(f"  fp16/bf16 head dims: up to {top}" if top else "  fp16/bf16: none (too little shared memory)")
     return usable
 
 
