@@ -1,5 +1,5 @@
 #!/bin/bash
-# One device call for the branch combo (main + i36-dv + i34-dev + i33-kvappend + i35-dqfirst): the extension
+# One device call for the branch combo (main + i36-dv + i33-kvappend + i35-dqfirst + cpu-decode + i34-inst): the extension
 # built beside dev/ab_sed.sh's A/B of bwd_sm90.cu (tree vs $REF: bh time, timedet, 2 rounds),
 # then bh test bf16 and racecheck / memcheck of bh small (the new dQ / dK order), pytest -k cuda, the Python
 # sanitizers over tests/test_sanitize.py, and the gradient-penalty bench, each under a timeout.
