@@ -1,6 +1,6 @@
 #!/bin/bash
-# One device call for the branch combo (main + i36-dv + i33-kvappend + i35-dqfirst + cpu-decode + i34-inst): the extension
-# built beside dev/ab_sed.sh's A/B of bwd_sm90.cu (tree vs $REF: bh time, timedet, 2 rounds),
+# One device call for the branch combo (main + i36-dv + i33-kvappend + i35-dqfirst + cpu-decode + i34-inst):
+# the extension built beside dev/ab_sed.sh's A/B of bwd_sm90.cu (tree vs $REF: bh time, timedet, 2 rounds),
 # then bh test bf16 and racecheck / memcheck of bh small (the new dQ / dK order), pytest -k cuda, the Python
 # sanitizers over tests/test_sanitize.py, and the gradient-penalty bench, each under a timeout.
 # Run from the repo root with main's bwd_sm90.cu copied to a carried path:
