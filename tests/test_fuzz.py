@@ -5,7 +5,8 @@ variants and their combinations, through flash_attn_func (some of its cases with
 scaled_dot_product_attention, forward and backward against the float64 reference of fa_testing.py. The
 cases come from fixed seeds (40 on the CPU in fp32/fp64, 200 on CUDA in every dtype), so a failure is
 reproducible from its test id; the two shapes of issue 10's bug (fp16, head dim 1, transposed inputs) are
-tested by name."""
+tested by name. Beside them: torch's SDPA contract, gradient penalties (double backward) and random
+flash_attn_with_kvcache calls (append, decode path, paged / indexed caches) against their references."""
 import dataclasses
 import math
 import random
@@ -15,6 +16,7 @@ import torch
 
 import flashattn_ext
 from fa_testing import (
+    assert_lse_close,
     attention64,
     DTYPE_NAMES,
     OUT_TOL,
@@ -35,6 +37,11 @@ from fa_testing import (
     variant_grad_names,
     variant_reference,
 )
+from test_kvcache import CACHE_TOL
+from test_kvcache import Case as KvCase
+from test_kvcache import call as kv_call
+from test_kvcache import make_inputs as make_kv_inputs
+from test_kvcache import reference as kv_reference
 
 CPU_SEEDS = range(40)
 DETERMINISTIC_SEED_OFFSET = 7_000_003
@@ -393,3 +400,48 @@ def test_fuzz_double_backward(seed):
         a = torch.zeros_like(r) if a is None else a
         r = torch.zeros_like(a) if r is None else r
         torch.testing.assert_close(a, r, atol=1e-9, rtol=1e-9)
+
+
+# ---- KV cache: random decode / append calls (the kv_append op, the CPU decode path, the general path) ------------
+
+
+def draw_kvcache_case(seed):
+    """A random test_kvcache.Case (KvCase): 1-10 queries (the CPU decode path takes <= 8), GQA ratios 1-8, dense caches
+    (some read through cache_batch_idx, some strided) or paged ones, appends of 0-4 rows that may run past the
+    cache (those rows are dropped), leftpad, rotary, and the score variants."""
+    r = random.Random(seed)
+    b, sq, hkv = r.randint(1, 4), r.randint(1, 10), r.randint(1, 3)
+    h = hkv * r.choice((1, 2, 4, 8))
+    d = r.choice((1, 8, 16, 24, 40, 64))
+    page = r.choice((0, 0, 16, 32))
+    cache = page * r.randint(1, 4) if page else r.randint(1, 80)
+    new = r.randint(0, min(4, cache))
+    seqlens = tuple(r.randint(0, cache) for _ in range(b)) if r.random() < 0.8 else r.randint(0, cache - new)
+    rotary = r.choice((None, "gptj", "neox")) if new and d >= 2 else None
+    window = r.choice(((-1, -1), (r.randint(0, 20), r.randint(0, 5)), (r.randint(0, 20), -1)))
+    return KvCase(b=b, sq=sq, h=h, hkv=hkv, d=d, cache=cache, page=page, extra_pages=r.randint(0, 3),
+                batch_cache=b + r.randint(0, 3) if not page and r.random() < 0.4 else 0, new=new, seqlens=seqlens,
+                leftpad=tuple(r.randint(0, cache // 2) for _ in range(b)) if r.random() < 0.3 else None,
+                rotary=rotary, rotary_dim=2 * r.randint(1, d // 2) if rotary else 16, causal=r.random() < 0.5,
+                window=window, softcap=r.choice((0.0, 0.0, 3.0)), alibi=r.choice((None, None, "h", "bh")),
+                sink=r.random() < 0.25, strided=not page and r.random() < 0.3, label=f"kvcache-{seed}")
+
+
+KV_PARAMS = [pytest.param(seed, "cpu", dt, id=f"{seed}-cpu-{DTYPE_NAMES[dt]}") for seed in range(40)
+             for dt in (torch.float64, torch.float32)] + \
+            [pytest.param(seed, "cuda", dt, id=f"{seed}-cuda-{DTYPE_NAMES[dt]}", marks=requires_cuda)
+             for seed in range(1000, 1040) for dt in (torch.float16, torch.bfloat16, torch.float32)]
+
+
+@pytest.mark.parametrize("seed, device, dtype", KV_PARAMS)
+def test_fuzz_kvcache(seed, device, dtype):
+    """flash_attn_with_kvcache against test_kvcache's float64 reference (the caches after the append, out and
+    lse) for random cases."""
+    case = draw_kvcache_case(seed)
+    t = make_kv_inputs(case, dtype, device, seed=seed)
+    k_ref, v_ref, out_ref, lse_ref = kv_reference(case, t, dtype)
+    out, lse = kv_call(case, t, return_softmax_lse=True)
+    torch.testing.assert_close(t["k_cache"].cpu(), k_ref, rtol=CACHE_TOL[dtype], atol=CACHE_TOL[dtype])
+    assert torch.equal(t["v_cache"].cpu(), v_ref), "v_cache after the append"
+    assert_close("out", out, out_ref, OUT_TOL[dtype])
+    assert_lse_close(lse, lse_ref, OUT_TOL[dtype])
