@@ -20,18 +20,10 @@
 #include <vector>
 
 #include "attn_ref.h"
+#include "common.h"
 #include "cuda/launch.h"
 #include "flash.h"
 #include "mask.h"
-
-#define CK(x)                                                                                         \
-    do {                                                                                              \
-        cudaError_t e_ = (x);                                                                         \
-        if (e_ != cudaSuccess) {                                                                      \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));       \
-            exit(2);                                                                                  \
-        }                                                                                             \
-    } while (0)
 
 static const double kTolFp64 = 1e-12;
 static const double kTolFp32 = 2e-5;
@@ -183,12 +175,7 @@ static problem make_problem(const tcase &c, flash_dtype dt)
                             c.mask == M_BOOL ? (val != 0.0 ? 0.0 : -INFINITY) : val;
                     }
     }
-    if (c.dropout > 0) {
-        p.dropout_threshold = (uint32_t)llround(c.dropout * FLASH_DROPOUT_ONE);
-        p.dropout_scale = (double)FLASH_DROPOUT_ONE / (double)(FLASH_DROPOUT_ONE - p.dropout_threshold);
-        p.philox_seed = 0x1234567890abcdefull;
-        p.philox_offset = 0x0000000500000010ull;
-    }
+    set_dropout(&p, c.dropout, 0x1234567890abcdefull, 0x0000000500000010ull);
     if (c.sink) {
         pr.sink.resize(c.h);
         for (auto &s : pr.sink)
@@ -279,8 +266,8 @@ static T *upload(const std::vector<double> &x)
 {
     std::vector<T> h(x.begin(), x.end());
     T *d;
-    CK(cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)));
-    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)));
+    CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
     return d;
 }
 
@@ -305,7 +292,7 @@ template <typename T>
 static std::vector<double> download(const T *d, size_t n)
 {
     std::vector<T> h(n);
-    CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
     return std::vector<double>(h.begin(), h.end());
 }
 
@@ -369,28 +356,28 @@ static int run_case(const tcase &c, flash_dtype dt, const char *tname)
         mask = upload<T>(pr.mask);
     if (c.mask == M_BOOL) {
         std::vector<uint8_t> mb(pr.mask.begin(), pr.mask.end());
-        CK(cudaMalloc(&mask_u8, mb.size()));
-        CK(cudaMemcpy(mask_u8, mb.data(), mb.size(), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMalloc(&mask_u8, mb.size()));
+        CUDA_CHECK(cudaMemcpy(mask_u8, mb.data(), mb.size(), cudaMemcpyHostToDevice));
     }
     if (c.mask != M_NONE) {
-        CK(cudaMalloc(&blocks, pr.blocks.size()));
-        CK(cudaMemcpy(blocks, pr.blocks.data(), pr.blocks.size(), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMalloc(&blocks, pr.blocks.size()));
+        CUDA_CHECK(cudaMemcpy(blocks, pr.blocks.data(), pr.blocks.size(), cudaMemcpyHostToDevice));
     }
     if (c.alibi) {
-        CK(cudaMalloc(&slopes, pr.slopes.size() * sizeof(float)));
-        CK(cudaMemcpy(slopes, pr.slopes.data(), pr.slopes.size() * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMalloc(&slopes, pr.slopes.size() * sizeof(float)));
+        CUDA_CHECK(cudaMemcpy(slopes, pr.slopes.data(), pr.slopes.size() * sizeof(float), cudaMemcpyHostToDevice));
     }
     if (c.sink)
         sink = upload<T>(pr.sink);
     p.q = q, p.k = k, p.v = v, p.o = o, p.lse = lse, p.dout = dout, p.dq = dq, p.dk = dk, p.dv = dv;
     p.delta = delta, p.dbias = dbias, p.sink = sink, p.alibi_slopes = slopes, p.mask_blocks = blocks;
     p.mask = c.mask == M_ADD ? (const void *)mask : (const void *)mask_u8;
-    CK(flash_fwd_simple(&p, 0));
-    CK(flash_bwd_simple(&p, 0));
+    CUDA_CHECK(flash_fwd_simple(&p, 0));
+    CUDA_CHECK(flash_bwd_simple(&p, 0));
     const size_t nkeep = (size_t)b * h * sq * sk;
-    CK(cudaMalloc(&keep, nkeep));
-    CK(flash_dropout_mask_cuda(&p, keep, 0));
-    CK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMalloc(&keep, nkeep));
+    CUDA_CHECK(flash_dropout_mask_cuda(&p, keep, 0));
+    CUDA_CHECK(cudaDeviceSynchronize());
 
     bool pad_ok = true;
     const double e_o = err_rows(download(o, (size_t)b * p.o_s.batch), ref.o, b, sq, h, d, p.o_s, &pad_ok);
@@ -400,7 +387,7 @@ static int run_case(const tcase &c, flash_dtype dt, const char *tname)
     const double e_dv = err_rows(download(dv, (size_t)b * p.dv_s.batch), ref.dv, b, sk, hkv, d, p.dv_s, &pad_ok);
     const double e_db = c.dbias ? err_flat(download(dbias, nkeep), ref.dbias) : 0.0;
     std::vector<uint8_t> kh(nkeep);
-    CK(cudaMemcpy(kh.data(), keep, nkeep, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(kh.data(), keep, nkeep, cudaMemcpyDeviceToHost));
     int64_t keep_bad = 0, kept = 0;
     for (int64_t bh = 0; bh < (int64_t)b * h; ++bh)
         for (int64_t i = 0; i < sq; ++i)
@@ -419,7 +406,7 @@ static int run_case(const tcase &c, flash_dtype dt, const char *tname)
     void *bufs[] = {q, k, v, dout, o, dq, dk, dv, lse, delta, dbias, mask, sink, mask_u8, blocks, keep, slopes};
     for (void *x : bufs)
         if (x)
-            CK(cudaFree(x));
+            CUDA_CHECK(cudaFree(x));
     return ok;
 }
 

@@ -78,16 +78,6 @@ def report_cpu():
           f"csrc/cpu, OpenMP threads: {threads}; hot loops: {cpu_isa()}")
 
 
-def max_head_dim(smem):
-    """The largest head dim our fp16/bf16 kernels run with smem bytes of shared memory per block (0: none)."""
-    largest = 0
-    for top, need in torch_registry._LIMITS["cuda_smem"]:
-        if need > smem:
-            break
-        largest = top
-    return largest
-
-
 def report_cuda():
     if not torch.cuda.is_available():
         print("CUDA: no device")
@@ -116,7 +106,7 @@ def report_cuda():
             bwd = f"bwd_sm80.cu (mma.sync){reason}"
         print("  forward fp16/bf16: fwd_sm80.cu (mma.sync); float32/float64: fwd_simple.cu (CUDA cores)")
         print(f"  backward fp16/bf16: {bwd}; float32/float64: bwd_simple.cu (CUDA cores)")
-        top = max_head_dim(smem)
+        top = torch_registry.cuda_max_head_dim(smem)
         print(f"  fp16/bf16 head dims: up to {top}" if top else "  fp16/bf16: none (too little shared memory)")
     return usable
 

@@ -177,6 +177,7 @@ def test_cuda_smem_steps_cover_every_head_dim():
             assert reg.cuda_smem_needed(d) == need
             assert reg._smem_error(d, need) is None
             assert f"needs {need // 1024} KB" in reg._smem_error(d, need - 1)
+        assert reg.cuda_max_head_dim(need) >= top and reg.cuda_max_head_dim(need - 1) < low
         low = top + 1
 
 

@@ -34,6 +34,7 @@ Conventions (those of torch's FA2 kernel, which the ops' fake kernels describe):
   kernel (taken before activation, say) gets torch's backward, never ours with another mask.
 """
 import functools
+import itertools
 import os
 import warnings
 
@@ -229,6 +230,13 @@ def cuda_smem_needed(headdim):
     """The shared memory per block (bytes) our fp16/bf16 forward and backward need at head dim headdim (at most
     limits' cuda_max_head_dim); 0 in a build without CUDA kernels."""
     return next((need for top, need in _LIMITS["cuda_smem"] if headdim <= top), 0)
+
+
+def cuda_max_head_dim(smem):
+    """The largest head dim up to which every head dim of our fp16/bf16 kernels runs with smem bytes of shared
+    memory per block (0: none)."""
+    fits = itertools.takewhile(lambda step: step[1] <= smem, _LIMITS["cuda_smem"])
+    return max((top for top, _ in fits), default=0)
 
 
 def _cuda_size_error(batch, nheads, headdim):
