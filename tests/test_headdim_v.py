@@ -186,15 +186,21 @@ def one_thread():
     torch.set_num_threads(saved)
 
 
+def dims_devices(pairs):
+    """(dims, device) params: CUDA only where both head dims are <= 256 (its refusal above is
+    test_cuda_head_dim_limit's)."""
+    return [pytest.param(dims, dev.values[0], id=f"d{dims[0]}-dv{dims[1]}-{dev.id}", marks=dev.marks)
+            for dims in pairs for dev in DEVICES if dev.values[0] == "cpu" or max(dims) <= 256]
+
+
 def grad_inputs(cfg, var, device):
     q, k, v, _ = make_inputs(cfg, torch.float64, device, requires_grad=False)
     t = make_variant_tensors(cfg, var, torch.float64, device)
     return t, tuple(variant_grad_inputs(*(x.detach().requires_grad_() for x in (q, k, v)), t))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("var", GRAD_VARIANTS, ids=lambda v: v.id)
-@pytest.mark.parametrize("dims", GRAD_PAIRS, ids=lambda d: f"d{d[0]}-dv{d[1]}")
+@pytest.mark.parametrize("dims,device", dims_devices(GRAD_PAIRS))
 def test_gradcheck_dv(dims, var, device, one_thread):
     """GQA 2, causal, sq < sk; the large pairs in gradcheck's fast mode (random projections of the Jacobian)."""
     d, dv = dims
@@ -203,10 +209,9 @@ def test_gradcheck_dv(dims, var, device, one_thread):
     assert torch.autograd.gradcheck(variant_fn(cfg, var, t), inputs, fast_mode=max(d, dv) > 8)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("var", [Var(), Var(sink=True, mask="add", mask_dims="b1qk", dropout=0.3),
                                  Var(window=(2, 0), softcap=0.8, alibi="h")], ids=lambda v: v.id)
-@pytest.mark.parametrize("dims", [(3, 5), (4, 1), (192, 128), (512, 512)], ids=lambda d: f"d{d[0]}-dv{d[1]}")
+@pytest.mark.parametrize("dims,device", dims_devices([(3, 5), (4, 1), (192, 128), (512, 512)]))
 def test_gradgradcheck_dv(dims, var, device, one_thread):
     """Second derivatives (the backward's own autograd), d_v != d_qk and d 512."""
     d, dv = dims
@@ -321,16 +326,13 @@ def test_paged_varlen_dv(dtype, device):
         assert_close(f"out of sequence {s}", out[q0:q0 + sq], ref[0], OUT_TOL[dtype])
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=lambda d: DTYPE_NAMES[d])
 @pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
-@pytest.mark.parametrize("dims", [(576, 512), (64, 96), (8, 1)], ids=lambda d: f"d{d[0]}-dv{d[1]}")
+@pytest.mark.parametrize("dims,device", dims_devices([(576, 512), (64, 96), (8, 1)]))
 def test_kvcache_dv(dims, paged, dtype, device):
     """Decode and chunked prefill against a cache whose v has its own head dim (MLA decode: 576 / 512); new k, v
     appended; GQA 2, causal, a sink."""
     d, dv = dims
-    if device == "cuda" and max(d, dv) > 256:
-        pytest.skip("CUDA head dims stop at 256")
     batch, h, hkv, seqlen_q, cache_len, page = 2, 4, 2, 3, 48, 16
     gen = torch.Generator().manual_seed(11)
     rnd = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64).to(device, dtype)  # noqa: E731
