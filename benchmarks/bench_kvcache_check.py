@@ -2,7 +2,8 @@
 appended to a dense or paged cache, then attention over the cache rows in use, with and without the check
 (which reads cache_seqlens on the host: a device synchronization on CUDA). Runs the two in alternating
 rounds of torch.utils.benchmark (which synchronizes CUDA around each timing) and prints the medians, then
-the check alone (kvcache._check_seqlens_fit), whose cost is below the noise of a whole step on a shared CPU.
+the check alone (_checks._check_seqlens_fit), whose cost is below the noise of a whole step on a shared CPU,
+and the append alone (the op flashattn_ext::kv_append writing both caches).
 
     python benchmarks/bench_kvcache_check.py                 # CPU, float32
     python benchmarks/bench_kvcache_check.py --device cuda   # CUDA, bfloat16
@@ -14,7 +15,8 @@ import torch
 from torch.utils import benchmark
 
 import flashattn_ext
-from flashattn_ext.kvcache import _check_seqlens_fit
+from flashattn_ext import _core
+from flashattn_ext._checks import _check_seqlens_fit
 
 NHEADS, NHEADS_KV, HEADDIM, PAGE_SIZE = 16, 4, 64, 256
 SHAPES = ((1, 256), (8, 256), (1, 4096), (8, 4096))  # (batch, cache rows per sequence)
@@ -46,6 +48,12 @@ def step(t, check):
                                                  causal=True, check_cache_seqlens=check)
 
 
+def append(t):
+    """The append of a step alone: the op flashattn_ext::kv_append (both caches)."""
+    _core.kv_append(k_cache=t["k_cache"], v_cache=t["v_cache"], k=t["k"], v=t["v"], cache_seqlens=t["cache_seqlens"],
+                    block_table=t.get("block_table"))
+
+
 def median_us(stmt, min_run_time, **names):
     return benchmark.Timer(stmt, globals=names).blocked_autorange(min_run_time=min_run_time).median * 1e6
 
@@ -74,9 +82,16 @@ def main():
                   f"{(on - off) / off:+.1%} |")
     for batch in sorted({b for b, _ in SHAPES}):
         seqlens = torch.zeros(batch, dtype=torch.int32, device=device)
-        alone = statistics.median(median_us("check(seqlens, 1, 4096, None)", args.min_run_time,
+        alone = statistics.median(median_us("check('flash_attn_with_kvcache', seqlens, 1, 4096, None)", args.min_run_time,
                                             check=_check_seqlens_fit, seqlens=seqlens) for _ in range(args.rounds))
         print(f"the check alone, batch {batch}: {alone:.1f} us")
+    for paged in (False, True):
+        for batch, rows in SHAPES:
+            t = decode_inputs(batch, rows, paged, dtype, device)
+            alone = statistics.median(median_us("append(t)", args.min_run_time, append=append, t=t)
+                                      for _ in range(args.rounds))
+            print(f"the append alone (kv_append), {'paged' if paged else 'dense'}, batch {batch}, rows {rows}: "
+                  f"{alone:.1f} us")
 
 
 if __name__ == "__main__":

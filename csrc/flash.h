@@ -4,8 +4,10 @@
  * once per call (flash_params_fill in ops.cpp); kernels only read it.
  *
  * Layouts (element strides, int64; the last dimension of every tensor has stride 1):
- *   q, o, dout, dq : (b, sq, h,    d)
- *   k, v, dk, dv   : (b, sk, h_kv, d)
+ *   q, dq          : (b, sq, h,    d)
+ *   o, dout        : (b, sq, h,    d_v)
+ *   k, dk          : (b, sk, h_kv, d)
+ *   v, dv          : (b, sk, h_kv, d_v)
  *   lse, delta     : (b, h, sq)   read through lse_batch / lse_head (row stride 1); float for
  *                    fp16/bf16/fp32 inputs, double for fp64
  * Variable-length batches (cu_seqlens_q != NULL, flash_attn_varlen_func): b sequences packed along
@@ -57,17 +59,17 @@ typedef enum flash_mask_kind {
 
 typedef struct flash_params {
     /* forward inputs / outputs */
-    const void *q;          /* (b, sq, h, d)    */
-    const void *k;          /* (b, sk, h_kv, d) */
-    const void *v;          /* (b, sk, h_kv, d) */
-    void *o;                /* (b, sq, h, d)    */
+    const void *q;          /* (b, sq, h, d)      */
+    const void *k;          /* (b, sk, h_kv, d)   */
+    const void *v;          /* (b, sk, h_kv, d_v) */
+    void *o;                /* (b, sq, h, d_v)    */
     void *lse;              /* (b, h, sq) contiguous, float (double for fp64) */
 
     /* backward only */
-    const void *dout;       /* (b, sq, h, d)    */
-    void *dq;               /* (b, sq, h, d)    */
-    void *dk;               /* (b, sk, h_kv, d) */
-    void *dv;               /* (b, sk, h_kv, d) */
+    const void *dout;       /* (b, sq, h, d_v)    */
+    void *dq;               /* (b, sq, h, d)      */
+    void *dk;               /* (b, sk, h_kv, d)   */
+    void *dv;               /* (b, sk, h_kv, d_v) */
     void *delta;            /* (b, h, sq) contiguous workspace, same type as lse: rowsum(dout * o)
                              * (with dropout o is the dropped output, which is what the formula needs) */
     float *dq_accum;        /* (b, h, sq, d) contiguous fp32 workspace (CUDA half paths) */
@@ -77,6 +79,8 @@ typedef struct flash_params {
     flash_strides q_s, k_s, v_s, o_s, do_s, dq_s, dk_s, dv_s;
 
     int64_t b, h, h_kv, sq, sk, d;
+    int64_t d_v;            /* head dim of v, o, dout, dv (d: that of q, k, dq, dk). The CPU kernels take any
+                             * d_v; the CUDA kernels need d_v == d (ops_cuda.cpp pads the smaller to the larger) */
     int64_t h_per_kv;       /* h / h_kv */
 
     /* lse / delta element (b, hq, i) is at b * lse_batch + hq * lse_head + flash_seq.lse_row0 + i:

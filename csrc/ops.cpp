@@ -1,9 +1,11 @@
 // ops.cpp: the op schema (declared once), the input checks, params filling, and the CPU backend.
 //
-// Layout of every tensor argument: q/out/dout (batch, seqlen_q, nheads, headdim), k/v
-// (batch, seqlen_k, nheads_kv, headdim), any strides whose last one is 1; lse (batch, nheads, seqlen_q)
-// in fp32 (fp64 for fp64 inputs). The varlen ops pack their sequences along the rows: q/out/dout
-// (total_q, nheads, headdim), k/v (total_k, nheads_kv, headdim), lse (nheads, total_q), with int32
+// Layout of every tensor argument: q (batch, seqlen_q, nheads, headdim), k (batch, seqlen_k, nheads_kv,
+// headdim), v (batch, seqlen_k, nheads_kv, headdim_v), out/dout (batch, seqlen_q, nheads, headdim_v), any
+// strides whose last one is 1; headdim_v (v's own head dim, as DeepSeek's MLA: 192 / 128) is any size, equal to
+// headdim or not. lse (batch, nheads, seqlen_q) in fp32 (fp64 for fp64 inputs). The varlen ops pack their
+// sequences along the rows: q (total_q, nheads, headdim), k/v (total_k, nheads_kv, headdim / headdim_v),
+// out/dout (total_q, nheads, headdim_v), lse (nheads, total_q), with int32
 // cu_seqlens_q / cu_seqlens_k (batch + 1,) and seqused_k (batch,) on q's device. varlen_fwd also takes a
 // paged cache (flash_attn_varlen_func's block_table; forward only): k/v (num_pages, page_size, nheads_kv,
 // headdim) with block_table int32 (batch, max_pages), sequence s's keys its first cu_seqlens_k[s + 1] -
@@ -12,15 +14,19 @@
 // kvcache_fwd (flash_attn_with_kvcache's attention; forward only, it reads the cache and writes
 // nothing into it: the Python function appends new keys first and passes cache_seqlens + seqlen_new):
 // q (batch, seqlen_q, nheads, headdim); k_cache / v_cache (batch_cache, seqlen_cache, nheads_kv,
-// headdim), or paged with block_table int32 (batch, max_pages): (num_pages, page_size, nheads_kv,
+// headdim / headdim_v), or paged with block_table int32 (batch, max_pages): (num_pages, page_size, nheads_kv,
 // headdim), page_size a multiple of FLASH_PAGE_MULTIPLE. Sequence b's keys are cache rows
 // [cache_leftpad[b], cache_seqlens[b]) (flash-attn's convention: cache_seqlens counts from the cache's
 // row 0, the left padding included) of cache batch cache_batch_idx[b] (default b), or of pages
 // block_table[b, row / page_size]; cache_seqlens None: every row (seqlen_cache, or max_pages *
 // page_size). All int32 on q's device; contents are clamped by the kernels, never read on the host.
 // causal / window are bottom-right aligned per sequence (on its key count), ALiBi as flash-attn with
-// the sequence's keys counted from cache_leftpad. out (batch, seqlen_q, nheads, headdim), lse (batch,
+// the sequence's keys counted from cache_leftpad. out (batch, seqlen_q, nheads, headdim_v), lse (batch,
 // nheads, seqlen_q); a sequence without keys gets out 0, lse -inf (the sink with a sink).
+//
+// kv_append (flash_attn_with_kvcache's append, both caches in place; schema Tensor(a!) k_cache, Tensor(b!)
+// v_cache): k (batch, seqlen_new, nheads_kv, headdim) and v (..., headdim_v) into the caches above at rows
+// cache_seqlens[b] + i, those past the cache dropped; semantics in csrc/kv_append.h.
 #include <Python.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/library.h>
@@ -81,7 +87,7 @@ void check_rank_and_last_stride(const at::Tensor &t, const char *name, int64_t r
 }
 
 // dtype, device and head checks shared by the dense, varlen and KV-cache q, k, v (hd: the head dim's
-// index; kn, vn: the names of k and v in the messages).
+// index; kn, vn: the names of k and v in the messages). v's head dim is its own.
 void check_qkv_common(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t hd, const char *kn = "k",
                       const char *vn = "v")
 {
@@ -91,9 +97,9 @@ void check_qkv_common(const at::Tensor &q, const at::Tensor &k, const at::Tensor
     TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), "flashattn_ext: q, ", kn, " and ", vn,
                 " must be on the same device, got q on ", q.device().str(), ", ", kn, " on ", k.device().str(), ", ",
                 vn, " on ", v.device().str());
-    TORCH_CHECK(k.size(hd) == q.size(hd) && v.size(hd) == q.size(hd), "flashattn_ext: head dim (last dimension) of q, ",
-                kn, " and ", vn, " must match, got q ", num(q.size(hd)), ", ", kn, " ", num(k.size(hd)), ", ", vn, " ",
-                num(v.size(hd)));
+    TORCH_CHECK(k.size(hd) == q.size(hd), "flashattn_ext: head dim (last dimension) of q and ", kn,
+                " must match, got q ", num(q.size(hd)), ", ", kn, " ", num(k.size(hd)), " (", vn,
+                " may have its own)");
     const int64_t rows = hd - 2, heads = hd - 1;
     TORCH_CHECK(k.size(rows) == v.size(rows), "flashattn_ext: seqlen of ", kn, " (", num(k.size(rows)), ") and ", vn,
                 " (", num(v.size(rows)), ") must match");
@@ -156,7 +162,24 @@ void check_varlen_paged_kv(const at::Tensor &q, const at::Tensor &k, const at::T
     TORCH_CHECK(k.size(0) > 0, "flashattn_ext: a paged k needs at least one page for block_table to index");
 }
 
+// dout and out of a backward: q's shape with v's head dim (out_sizes).
+void check_out_shapes(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &v, const at::Tensor &out)
+{
+    const std::vector<int64_t> want = out_sizes(q, v);
+    TORCH_CHECK(dout.defined() && dout.sizes() == at::IntArrayRef(want), "flashattn_ext: dout must have the shape of ",
+                "q with the head dim of v ", shape(want), ", got ", dout.defined() ? shape(dout.sizes()) : "undefined");
+    TORCH_CHECK(out.defined() && out.sizes() == at::IntArrayRef(want), "flashattn_ext: out must have the shape of ",
+                "q with the head dim of v ", shape(want), ", got ", out.defined() ? shape(out.sizes()) : "undefined");
+}
+
 }  // namespace
+
+std::vector<int64_t> out_sizes(const at::Tensor &q, const at::Tensor &v)
+{
+    std::vector<int64_t> sizes(q.sizes().begin(), q.sizes().end());
+    sizes.back() = v.size(-1);
+    return sizes;
+}
 
 void check_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v)
 {
@@ -195,13 +218,10 @@ void check_varlen_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor
         check_varlen_paged_kv(q, k, v, *vl.block_table, vl.batch());
 }
 
-void check_varlen_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &out,
+void check_varlen_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &v, const at::Tensor &out,
                              const at::Tensor &lse)
 {
-    TORCH_CHECK(dout.defined() && dout.sizes() == q.sizes(), "flashattn_ext: dout must have the shape of q ",
-                shape(q.sizes()), ", got ", dout.defined() ? shape(dout.sizes()) : "undefined");
-    TORCH_CHECK(out.defined() && out.sizes() == q.sizes(), "flashattn_ext: out must have the shape of q ",
-                shape(q.sizes()), ", got ", out.defined() ? shape(out.sizes()) : "undefined");
+    check_out_shapes(dout, q, v, out);
     check_rank_and_last_stride(out, "out", kVarlenRank);
     TORCH_CHECK(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
                 "flashattn_ext: dout and out must have the dtype of q (", q.scalar_type(), "), got dout ",
@@ -216,12 +236,10 @@ void check_varlen_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const 
                 lse_dtype(q.scalar_type()), " for ", q.scalar_type(), " inputs, got ", lse.scalar_type());
 }
 
-void check_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &out, const at::Tensor &lse)
+void check_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &v, const at::Tensor &out,
+                      const at::Tensor &lse)
 {
-    TORCH_CHECK(dout.defined() && dout.sizes() == q.sizes(), "flashattn_ext: dout must have the shape of q ",
-                shape(q.sizes()), ", got ", dout.defined() ? shape(dout.sizes()) : "undefined");
-    TORCH_CHECK(out.defined() && out.sizes() == q.sizes(), "flashattn_ext: out must have the shape of q ",
-                shape(q.sizes()), ", got ", out.defined() ? shape(out.sizes()) : "undefined");
+    check_out_shapes(dout, q, v, out);
     TORCH_CHECK(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
                 "flashattn_ext: dout and out must have the dtype of q (", q.scalar_type(), "), got dout ",
                 dout.scalar_type(), ", out ", out.scalar_type());
@@ -441,6 +459,7 @@ flash_params make_params(const at::Tensor &q, const at::Tensor &k, const at::Ten
     p.sq = q.size(1);
     p.h = q.size(2);
     p.d = q.size(3);
+    p.d_v = v.size(3);
     p.sk = k.size(1);
     p.h_kv = k.size(2);
     p.h_per_kv = p.h / p.h_kv;
@@ -599,6 +618,97 @@ flash_params make_kvcache_params(const at::Tensor &q, const at::Tensor &k_cache,
     return p;
 }
 
+KvAppend kv_append_of(const at::Tensor &k_cache, const at::Tensor &v_cache, const at::Tensor &k, const at::Tensor &v,
+                      const at::Tensor &cache_seqlens, const c10::optional<at::Tensor> &cache_batch_idx,
+                      const c10::optional<at::Tensor> &block_table)
+{
+    check_rank_and_last_stride(k_cache, "k_cache");
+    check_rank_and_last_stride(v_cache, "v_cache");
+    const char *names[] = {"v_cache", "k", "v"};
+    const at::Tensor *tensors[] = {&v_cache, &k, &v};
+    for (int i = 0; i < 3; ++i) {
+        TORCH_CHECK(tensors[i]->defined(), "flashattn_ext: ", names[i], " is undefined");
+        TORCH_CHECK(tensors[i]->scalar_type() == k_cache.scalar_type(), "flashattn_ext: ", names[i],
+                    " must have the dtype of k_cache (", k_cache.scalar_type(), "), got ", tensors[i]->scalar_type());
+        TORCH_CHECK(tensors[i]->device() == k_cache.device(), "flashattn_ext: ", names[i],
+                    " must be on the device of k_cache (", k_cache.device().str(), "), got ",
+                    tensors[i]->device().str());
+    }
+    const at::ScalarType t = k_cache.scalar_type();
+    TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
+                "flashattn_ext: k_cache must be float16, bfloat16, float32 or float64, got ", t);
+    const int64_t batch = k.dim() == kRank ? k.size(0) : 0, seqlen_new = k.dim() == kRank ? k.size(1) : 0;
+    const int64_t nheads_kv = k_cache.size(2), d = k_cache.size(3), d_v = v_cache.size(3);
+    TORCH_CHECK(v_cache.sizes().slice(0, 3) == k_cache.sizes().slice(0, 3), "flashattn_ext: v_cache must have the "
+                "shape of k_cache ", shape(k_cache.sizes()), " but for its head dim (the last), got ",
+                shape(v_cache.sizes()));
+    TORCH_CHECK(k.dim() == kRank && k.size(2) == nheads_kv && k.size(3) == d, "flashattn_ext: k must have shape "
+                "(batch, seqlen_new, nheads_kv, headdim) with the nheads_kv and headdim of k_cache (", num(nheads_kv),
+                ", ", num(d), "), got ", shape(k.sizes()));
+    TORCH_CHECK(v.dim() == kRank && v.size(0) == batch && v.size(1) == seqlen_new && v.size(2) == nheads_kv &&
+                v.size(3) == d_v, "flashattn_ext: v must have shape (batch, seqlen_new, nheads_kv, headdim_v) = (",
+                num(batch), ", ", num(seqlen_new), ", ", num(nheads_kv), ", ", num(d_v),
+                ") (k's batch and seqlen_new, v_cache's nheads_kv and head dim), got ", shape(v.sizes()));
+    const char *index_names[] = {"cache_seqlens", "cache_batch_idx", "block_table"};
+    const at::Tensor *index[] = {&cache_seqlens, cache_batch_idx ? &*cache_batch_idx : nullptr,
+                                 block_table ? &*block_table : nullptr};
+    for (int i = 0; i < 3; ++i) {
+        if (!index[i])
+            continue;
+        TORCH_CHECK(index[i]->defined(), "flashattn_ext: ", index_names[i], " is undefined");
+        TORCH_CHECK(index[i]->scalar_type() == at::kInt, "flashattn_ext: ", index_names[i], " must be int32, got ",
+                    index[i]->scalar_type());
+        TORCH_CHECK(index[i]->device() == k_cache.device(), "flashattn_ext: ", index_names[i],
+                    " must be on the device of k_cache (", k_cache.device().str(), "), got ",
+                    index[i]->device().str());
+        TORCH_CHECK(i == 2 || (index[i]->dim() == 1 && index[i]->size(0) == batch), "flashattn_ext: ",
+                    index_names[i], " must have shape (batch,) = (", num(batch), ",), got ",
+                    shape(index[i]->sizes()));
+    }
+    if (block_table) {
+        TORCH_CHECK(!cache_batch_idx, "flashattn_ext: cache_batch_idx cannot be combined with block_table (a paged "
+                    "cache is addressed through its table alone, as in flash-attn)");
+        check_block_table(*block_table, k_cache, k_cache, batch, "k_cache");
+    } else if (!cache_batch_idx) {
+        TORCH_CHECK(k_cache.size(0) == batch, "flashattn_ext: the batch size of k_cache (", num(k_cache.size(0)),
+                    ") must be that of k (", num(batch), ") without cache_batch_idx");
+    }
+
+    KvAppend a;
+    a.k = k.size(3) <= 1 || k.stride(3) == 1 ? k : k.contiguous();
+    a.v = v.size(3) <= 1 || v.stride(3) == 1 ? v : v.contiguous();
+    a.cache_seqlens = cache_seqlens.contiguous();
+    a.cache_batch_idx = cache_batch_idx ? cache_batch_idx->contiguous() : at::Tensor();
+    flash_kv_append_params &p = a.p;
+    std::memset(&p, 0, sizeof(p));
+    p.k_cache = k_cache.data_ptr();
+    p.v_cache = v_cache.data_ptr();
+    p.k = a.k.data_ptr();
+    p.v = a.v.data_ptr();
+    p.k_cache_s = strides_of(k_cache);
+    p.v_cache_s = strides_of(v_cache);
+    p.k_s = strides_of(a.k);
+    p.v_s = strides_of(a.v);
+    p.cache_seqlens = a.cache_seqlens.data_ptr<int32_t>();
+    p.cache_batch_idx = cache_batch_idx ? a.cache_batch_idx.data_ptr<int32_t>() : nullptr;
+    if (block_table) {
+        p.block_table = block_table->data_ptr<int32_t>();
+        p.table_s0 = block_table->stride(0);
+        p.table_s1 = block_table->stride(1);
+        p.page_size = k_cache.size(1);
+    }
+    p.batch = batch;
+    p.seqlen_new = seqlen_new;
+    p.nheads_kv = nheads_kv;
+    p.d = d;
+    p.d_v = d_v;
+    p.cache_batches = k_cache.size(0);
+    p.seqlen_k = block_table ? block_table->size(1) * k_cache.size(1) : k_cache.size(1);
+    p.elem_size = k_cache.element_size();
+    a.no_work = batch == 0 || seqlen_new == 0 || nheads_kv == 0 || p.seqlen_k == 0 || p.cache_batches == 0;
+    return a;
+}
+
 Varlen varlen_of(const at::Tensor &cu_seqlens_q, const at::Tensor &cu_seqlens_k,
                  const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                  const c10::optional<at::Tensor> &block_table)
@@ -615,7 +725,7 @@ Varlen varlen_of(const at::Tensor &cu_seqlens_q, const at::Tensor &cu_seqlens_k,
 
 std::tuple<at::Tensor, at::Tensor> varlen_fwd_outputs(const at::Tensor &q, const at::Tensor &v)
 {
-    at::Tensor out = at::zeros({q.size(0), q.size(1), v.size(-1)}, q.options());  // v: packed or paged
+    at::Tensor out = at::zeros(out_sizes(q, v), q.options());  // v: packed or paged
     at::Tensor lse = at::full({q.size(1), q.size(0)}, -std::numeric_limits<double>::infinity(),
                               q.options().dtype(lse_dtype(q.scalar_type())));
     return {out, lse};
@@ -639,7 +749,7 @@ bool no_work(const at::Tensor &q)
 std::tuple<at::Tensor, at::Tensor> fwd_without_keys(const at::Tensor &q, const at::Tensor &v,
                                                     const c10::optional<at::Tensor> &sink)
 {
-    at::Tensor out = at::zeros({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
+    at::Tensor out = at::zeros(out_sizes(q, v), q.options());
     const auto opts = q.options().dtype(lse_dtype(q.scalar_type()));
     at::Tensor lse = sink ? sink->view({1, q.size(2), 1}).expand({q.size(0), q.size(2), q.size(1)}).contiguous()
                           : at::full({q.size(0), q.size(2), q.size(1)}, -std::numeric_limits<double>::infinity(), opts);
@@ -729,7 +839,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cpu(const at::Tensor &q, cons
         auto [out, lse] = fwd_without_keys(q, v, sink);
         return {out, lse, rng_state};
     }
-    at::Tensor out = at::empty(q.sizes(), q.options());
+    at::Tensor out = at::empty(out_sizes(q, v), q.options());
     at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
     VariantTensors keep;
     const flash_params p = make_params(q, k, v, out, lse, softmax_scale, var, rng_state, &keep);
@@ -746,7 +856,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
 {
     check_qkv(q, k, v);
     check_cpu_dtype(q);
-    check_bwd_inputs(dout_in, q, out, lse_in);
+    check_bwd_inputs(dout_in, q, v, out, lse_in);
     check_rank_and_last_stride(out, "out");
     check_rng_state(rng_state);
     const Variants var = variants_of(causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
@@ -757,7 +867,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
     if (is_half(q)) {
         const at::Tensor q32 = f32(q), k32 = f32(k), v32 = f32(v);
         const c10::optional<at::Tensor> mask32 = mask_f32(attn_mask);
-        at::Tensor out32 = at::zeros(q.sizes(), q32.options());
+        at::Tensor out32 = at::zeros(out_sizes(q, v), q32.options());
         if (!no_work(q) && k.size(1) > 0) {  // out in fp32 again: see out_f32_note
             at::Tensor lse = at::empty(lse_in.sizes(), lse_in.options());
             VariantTensors keep;
@@ -832,7 +942,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
     check_varlen_qkv(q, k, v, vl);
     check_cpu_dtype(q);
-    check_varlen_bwd_inputs(dout_in, q, out, lse_in);
+    check_varlen_bwd_inputs(dout_in, q, v, out, lse_in);
     check_rng_state(rng_state);
     const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
                                      c10::nullopt, dropout_p, deterministic);
@@ -889,12 +999,21 @@ std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cpu(
     }
     if (no_work(q) || kv.seqlen_k(k_cache) == 0)
         return fwd_without_keys(q, v_cache, sink);
-    at::Tensor out = at::empty(q.sizes(), q.options());
+    at::Tensor out = at::empty(out_sizes(q, v_cache), q.options());
     at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
     VariantTensors keep;
     const flash_params p = make_kvcache_params(q, k_cache, v_cache, out, lse, kv, softmax_scale, var, &keep);
     check_cpu_status(flash_fwd_cpu(&p), "forward");
     return {out, lse};
+}
+
+void kv_append_cpu(const at::Tensor &k_cache, const at::Tensor &v_cache, const at::Tensor &k, const at::Tensor &v,
+                   const at::Tensor &cache_seqlens, const c10::optional<at::Tensor> &cache_batch_idx,
+                   const c10::optional<at::Tensor> &block_table)
+{
+    const KvAppend a = kv_append_of(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table);
+    if (!a.no_work)
+        flash_kv_append_cpu(&a.p);
 }
 
 at::Tensor dropout_mask_cpu(const at::Tensor &q, const at::Tensor &rng_state, int64_t seqlen_k, double dropout_p)
@@ -932,6 +1051,8 @@ TORCH_LIBRARY(flashattn_ext, m)
     m.def("kvcache_fwd(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, Tensor? cache_batch_idx, "
           "Tensor? cache_leftpad, Tensor? block_table, float softmax_scale, bool causal, int window_left, "
           "int window_right, float softcap, Tensor? alibi_slopes, Tensor? sink, int num_splits=0) -> (Tensor out, Tensor lse)");
+    m.def("kv_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor cache_seqlens, "
+          "Tensor? cache_batch_idx, Tensor? block_table) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(flashattn_ext, CPU, m)
@@ -942,6 +1063,7 @@ TORCH_LIBRARY_IMPL(flashattn_ext, CPU, m)
     m.impl("varlen_fwd", &varlen_fwd_cpu);
     m.impl("varlen_bwd", &varlen_bwd_cpu);
     m.impl("kvcache_fwd", &kvcache_fwd_cpu);
+    m.impl("kv_append", &kv_append_cpu);
 }
 
 }  // namespace flashattn_ext

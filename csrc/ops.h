@@ -6,8 +6,10 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <vector>
 
 #include "flash.h"
+#include "kv_append.h"
 
 namespace flashattn_ext {
 
@@ -27,11 +29,17 @@ inline std::string shape(at::IntArrayRef sizes)
     return s + ")";
 }
 
-// Checks q, k, v (ranks, shapes, dtypes, devices, last stride) with messages naming the argument.
+// The shape of out (and dout) for q and v: q's sizes with v's head dim (its last dimension), which may differ
+// from that of q and k.
+std::vector<int64_t> out_sizes(const at::Tensor &q, const at::Tensor &v);
+
+// Checks q, k, v (ranks, shapes, dtypes, devices, last stride) with messages naming the argument; v's head dim
+// is its own.
 void check_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v);
 
-// Checks the extra backward inputs (dout, out, lse) against q.
-void check_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &out, const at::Tensor &lse);
+// Checks the extra backward inputs (dout, out of shape out_sizes(q, v); lse) against q and v.
+void check_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &v, const at::Tensor &out,
+                      const at::Tensor &lse);
 
 // dtype of lse / delta for inputs of dtype t: fp64 for fp64 inputs, fp32 otherwise.
 at::ScalarType lse_dtype(at::ScalarType t);
@@ -99,7 +107,7 @@ void set_bwd_params(flash_params *p, const at::Tensor &dout, const at::Tensor &d
                     const at::Tensor &dv, const at::Tensor &delta);
 
 // A variable-length batch as the varlen ops receive it (schema in ops.cpp): q (total_q, nheads, headdim),
-// k / v (total_k, nheads_kv, headdim); sequence s owns rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]) of q
+// k / v (total_k, nheads_kv, headdim / headdim_v); sequence s owns rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]) of q
 // and [cu_seqlens_k[s], cu_seqlens_k[s + 1]) of k, v, of which it uses the first seqused_k[s] keys. With
 // a block_table (varlen_fwd only) k / v are a paged cache (num_pages, page_size, nheads_kv, headdim) and
 // sequence s's keys are its first cu_seqlens_k[s + 1] - cu_seqlens_k[s] rows through table row s (row r:
@@ -121,13 +129,14 @@ Varlen varlen_of(const at::Tensor &cu_seqlens_q, const at::Tensor &cu_seqlens_k,
 // one page), with messages naming the argument; reads no tensor contents (no device synchronization).
 void check_varlen_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const Varlen &vl);
 
-// Checks the extra varlen backward inputs (dout, out of q's shape; lse (nheads, total_q)) against q.
-void check_varlen_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &out,
+// Checks the extra varlen backward inputs (dout, out of shape out_sizes(q, v); lse (nheads, total_q)) against
+// q and v.
+void check_varlen_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &v, const at::Tensor &out,
                              const at::Tensor &lse);
 
 // Params of a varlen call, made by make_params on views with a leading batch of 1 and then turned into
 // the packed batch of flash.h: b = number of sequences, batch strides 0, sq / sk the max lengths, the
-// index pointers, total_q / total_k, lse (nheads, total_q). out is (total_q, nheads, headdim). With a
+// index pointers, total_q / total_k, lse (nheads, total_q). out is (total_q, nheads, headdim_v). With a
 // block_table: k / v as they are (batch strides = page strides), k_batches = pages, the table (a
 // contiguous copy in keep when it is not contiguous already), its stride and the page size.
 flash_params make_varlen_params(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
@@ -138,7 +147,7 @@ flash_params make_varlen_params(const at::Tensor &q, const at::Tensor &k, const 
 void set_varlen_bwd_params(flash_params *p, const at::Tensor &dout, const at::Tensor &dq, const at::Tensor &dk,
                            const at::Tensor &dv, const at::Tensor &delta);
 
-// Outputs of a varlen forward before the kernels run: out (total_q, nheads, headdim) zero (rows of no
+// Outputs of a varlen forward before the kernels run: out (total_q, nheads, headdim_v) zero (rows of no
 // sequence keep it), lse (nheads, total_q) -inf.
 std::tuple<at::Tensor, at::Tensor> varlen_fwd_outputs(const at::Tensor &q, const at::Tensor &v);
 
@@ -150,7 +159,7 @@ bool varlen_fwd_no_work(const at::Tensor &q, const Varlen &vl, const Variants &v
 bool varlen_bwd_no_work(const at::Tensor &q, const at::Tensor &k, const Varlen &vl);
 
 // A KV-cache call as kvcache_fwd receives it (schema in ops.cpp): q (batch, seqlen_q, nheads, headdim);
-// k_cache / v_cache (batch_cache, seqlen_cache, nheads_kv, headdim), or paged with a block_table
+// k_cache / v_cache (batch_cache, seqlen_cache, nheads_kv, headdim / headdim_v), or paged with a block_table
 // (num_pages, page_size, nheads_kv, headdim). Sequence b's keys are cache rows [cache_leftpad[b],
 // cache_seqlens[b]) (counted from the cache's row 0, left padding included) of cache batch
 // cache_batch_idx[b], or of its pages block_table[b, row / page_size]. Contents are never read on the
@@ -178,11 +187,26 @@ void check_num_splits(int64_t num_splits);
 
 // Params of a KV-cache call: make_params on (q, k_cache, v_cache), then sk = kv.seqlen_k, seqused_k =
 // cache_seqlens, k_batch_idx, k_leftpad, k_batches (cache batches or pages) and the block_table (a
-// contiguous copy in keep when it is not contiguous already). out (batch, seqlen_q, nheads, headdim), lse
+// contiguous copy in keep when it is not contiguous already). out (batch, seqlen_q, nheads, headdim_v), lse
 // (batch, nheads, seqlen_q).
 flash_params make_kvcache_params(const at::Tensor &q, const at::Tensor &k_cache, const at::Tensor &v_cache,
                                  const at::Tensor &out, const at::Tensor &lse, const KvCache &kv,
                                  double softmax_scale, const Variants &var, VariantTensors *keep);
+
+// An append of kv_append (schema in ops.cpp): its params (kv_append.h) and the tensors they point to beyond the
+// caches: k / v (contiguous copies when their last stride is not 1), cache_seqlens / cache_batch_idx (contiguous).
+struct KvAppend {
+    flash_kv_append_params p;
+    at::Tensor k, v, cache_seqlens, cache_batch_idx;
+    bool no_work;  // nothing to write: no new rows or heads, or no cache rows, batches or pages
+};
+
+// Checks the arguments of kv_append (ranks, shapes, dtypes, devices, the caches' last stride, the block_table
+// and page size as kvcache_fwd's) with messages naming the argument and fills its KvAppend; reads no tensor
+// contents (no device synchronization).
+KvAppend kv_append_of(const at::Tensor &k_cache, const at::Tensor &v_cache, const at::Tensor &k, const at::Tensor &v,
+                      const at::Tensor &cache_seqlens, const c10::optional<at::Tensor> &cache_batch_idx,
+                      const c10::optional<at::Tensor> &block_table);
 
 // True when there is nothing to compute (an empty batch, no queries or no heads); a forward with
 // seqlen_k == 0 has work to do: every row sees no key (out = 0, lse = -inf).

@@ -4,15 +4,18 @@
 // the tensors' device guard. No host synchronization.
 //
 // fp16/bf16 kernels load 16-byte vectors: their inputs need a head dim that is a multiple of 8,
-// strides that are multiples of 8 elements and 16-byte aligned data. Inputs that are not so are
-// padded (head dim) or copied here, the only copies this backend makes (dense 4-D, varlen 3-D and
-// KV-cache tensors alike: the head dim is the last dimension). Varlen outputs and the workspaces that kernels
-// write only in part (rows of no sequence, keys past seqused_k) are zero-filled.
+// strides that are multiples of 8 elements and 16-byte aligned data. The kernels also take one head dim
+// for q, k and v (flash.h: d_v == d): v with a head dim of its own (headdim_v != headdim) is served by
+// zero-padding the smaller of q / k and v to the larger (kernel_head_dims, the one place that decides it).
+// Inputs that are not so are padded (head dim) or copied here, the only copies this backend makes (dense
+// 4-D, varlen 3-D and KV-cache tensors alike: the head dim is the last dimension). Varlen outputs and the
+// workspaces that kernels write only in part (rows of no sequence, keys past seqused_k) are zero-filled.
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <climits>
 #include <mutex>
 #include <vector>
@@ -37,14 +40,17 @@ bool is_half(const at::Tensor &t)
     return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
 }
 
-// batch: the number of sequences; seqlen_q / seqlen_k: the (max) lengths the grid covers.
-void check_cuda_sizes(const at::Tensor &q, int64_t batch, int64_t nheads, int64_t seqlen_q, int64_t seqlen_k)
+// batch: the number of sequences; seqlen_q / seqlen_k: the (max) lengths the grid covers; vn: v's name.
+void check_cuda_sizes(const at::Tensor &q, const at::Tensor &v, int64_t batch, int64_t nheads, int64_t seqlen_q,
+                      int64_t seqlen_k, const char *vn = "v")
 {
     const auto t = q.scalar_type();
     TORCH_CHECK(t == at::kHalf || t == at::kBFloat16 || t == at::kFloat || t == at::kDouble,
                 "flashattn_ext: on CUDA, q, k and v must be float16, bfloat16, float32 or float64, got ", t);
-    TORCH_CHECK(q.size(-1) <= kMaxHeadDim, "flashattn_ext: on CUDA, the head dim (last dimension of q) must be at most ",
-                num(kMaxHeadDim), ", got ", num(q.size(-1)));
+    TORCH_CHECK(q.size(-1) <= kMaxHeadDim, "flashattn_ext: on CUDA, the head dim (last dimension) of q and k must be "
+                "at most ", num(kMaxHeadDim), ", got ", num(q.size(-1)), " (the CPU takes any head dim)");
+    TORCH_CHECK(v.size(-1) <= kMaxHeadDim, "flashattn_ext: on CUDA, the head dim (last dimension) of ", vn,
+                " must be at most ", num(kMaxHeadDim), ", got ", num(v.size(-1)), " (the CPU takes any head dim)");
     TORCH_CHECK(batch <= FLASH_MAX_GRID_YZ, "flashattn_ext: on CUDA, the batch size must be at most ",
                 num(FLASH_MAX_GRID_YZ), ", got ", num(batch));
     TORCH_CHECK(nheads <= FLASH_MAX_GRID_YZ, "flashattn_ext: on CUDA, nheads of q must be at most ",
@@ -53,9 +59,9 @@ void check_cuda_sizes(const at::Tensor &q, int64_t batch, int64_t nheads, int64_
                 "flashattn_ext: on CUDA, seqlen of q and k must be at most ", num(INT_MAX));
 }
 
-void check_cuda_inputs(const at::Tensor &q, const at::Tensor &k)
+void check_cuda_inputs(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v)
 {
-    check_cuda_sizes(q, q.size(0), q.size(2), q.size(1), k.size(1));
+    check_cuda_sizes(q, v, q.size(0), q.size(2), q.size(1), k.size(1));
 }
 
 // All outer strides are checked, those of size-1 dimensions too (which the launchers ignore), so that a
@@ -70,9 +76,26 @@ bool vector_ready(const at::Tensor &t)
     return true;
 }
 
-int64_t kernel_head_dim(const at::Tensor &q)
+// The head dims the kernels run at: qk for q, k, dq, dk (flash.h d), v for v, out, dout, dv (d_v). Today's kernels
+// need them equal: both are the larger of q's and v's head dims (the smaller operand is zero-padded: zero
+// columns of q and k leave the scores as they are, zero columns of v and dout give out and dv zero columns,
+// sliced off, and leave dP = dout v^T as it is; softmax_scale comes from the caller), rounded up to the 16-byte
+// vector for fp16/bf16. Kernels that take d_v != d natively would return the two dims apart here.
+struct KernelHeadDims {
+    int64_t qk, v;
+};
+
+KernelHeadDims kernel_head_dims(const at::Tensor &q, const at::Tensor &v)
 {
-    return is_half(q) ? (q.size(-1) + kVecElems - 1) / kVecElems * kVecElems : q.size(-1);
+    const int64_t d = std::max(q.size(-1), v.size(-1));
+    const int64_t padded = is_half(q) ? (d + kVecElems - 1) / kVecElems * kVecElems : d;
+    return {padded, padded};
+}
+
+// The kernels' precondition on params made from kernel_head_dims' tensors.
+void check_kernel_head_dims(const flash_params &p)
+{
+    TORCH_INTERNAL_ASSERT(p.d_v == p.d, "flashattn_ext: the CUDA kernels need d_v == d (kernel_head_dims)");
 }
 
 // t (dense 4-D or varlen 3-D) as the kernels take it: head dim (the last dimension) zero-padded to
@@ -114,7 +137,7 @@ void set_fwd_workspaces(flash_params *p, int64_t requested, const at::Tensor &q,
     p->num_splits = flash_fwd_splits(p, (int)requested);
     if (p->num_splits > 1) {
         const auto f32 = q.options().dtype(at::kFloat);
-        ws->o_accum = at::empty({p->num_splits, p->b, p->h, p->sq, p->d}, f32);
+        ws->o_accum = at::empty({p->num_splits, p->b, p->h, p->sq, p->d_v}, f32);
         ws->lse_accum = at::empty({p->num_splits, p->b, p->h, p->sq}, f32);
         p->o_accum = ws->o_accum.data_ptr<float>();
         p->lse_accum = ws->lse_accum.data_ptr<float>();
@@ -174,7 +197,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(const at::Tensor &q_in, 
                                                         bool deterministic)
 {
     check_qkv(q_in, k_in, v_in);
-    check_cuda_inputs(q_in, k_in);
+    check_cuda_inputs(q_in, k_in, v_in);
     const Variants var = variants_of(causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
                                      attn_mask, dropout_p, deterministic);
     check_variants(var, q_in, k_in);
@@ -184,22 +207,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(const at::Tensor &q_in, 
         auto [out, lse] = fwd_without_keys(q_in, v_in, sink);
         return {out, lse, rng_state};
     }
-    const int64_t d = q_in.size(3);
-    const int64_t d_kernel = kernel_head_dim(q_in);
-    const at::Tensor q = kernel_ready(q_in, d_kernel);
-    const at::Tensor k = kernel_ready(k_in, d_kernel);
-    const at::Tensor v = kernel_ready(v_in, d_kernel);
-    at::Tensor out = at::empty(q.sizes(), q.options());
+    const int64_t d_v = v_in.size(3);
+    const KernelHeadDims kd = kernel_head_dims(q_in, v_in);
+    const at::Tensor q = kernel_ready(q_in, kd.qk);
+    const at::Tensor k = kernel_ready(k_in, kd.qk);
+    const at::Tensor v = kernel_ready(v_in, kd.v);
+    at::Tensor out = at::empty(out_sizes(q, v), q.options());
     at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
     VariantTensors keep;
     flash_params p = make_params(q, k, v, out, lse, softmax_scale, var, rng_state, &keep);
+    check_kernel_head_dims(p);
     set_cuda_mask_blocks(&p, var, &keep);
     if (is_half(q))
-        check_smem(flash_fwd_smem_needed(&p), d, "forward");
+        check_smem(flash_fwd_smem_needed(&p), kd.qk, "forward");
     FwdWorkspaces ws;
     set_fwd_workspaces(&p, 0, q, &ws);
     check_launch(flash_fwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "forward");
-    return {unpad(out, d), lse, rng_state};
+    return {unpad(out, d_v), lse, rng_state};
 }
 
 // The int32 dQ semaphores of csrc/flash.h, set in p, where the backward of p takes them (deterministic mode on
@@ -221,8 +245,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
     const c10::optional<at::Tensor> &attn_mask, double dropout_p, bool deterministic, bool mask_grad)
 {
     check_qkv(q_in, k_in, v_in);
-    check_cuda_inputs(q_in, k_in);
-    check_bwd_inputs(dout_in, q_in, out_in, lse_in);
+    check_cuda_inputs(q_in, k_in, v_in);
+    check_bwd_inputs(dout_in, q_in, v_in, out_in, lse_in);
     check_rng_state(rng_state);
     const Variants var = variants_of(causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
                                      attn_mask, dropout_p, deterministic);
@@ -234,13 +258,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
     if (no_work(q_in) || k_in.size(1) == 0)
         return {at::zeros(q_in.sizes(), q_in.options()), at::zeros(k_in.sizes(), k_in.options()),
                 at::zeros(v_in.sizes(), v_in.options()), dmask};
-    const int64_t d = q_in.size(3);
-    const int64_t d_kernel = kernel_head_dim(q_in);
-    const at::Tensor q = kernel_ready(q_in, d_kernel);
-    const at::Tensor k = kernel_ready(k_in, d_kernel);
-    const at::Tensor v = kernel_ready(v_in, d_kernel);
-    const at::Tensor out = kernel_ready(out_in, d_kernel);
-    const at::Tensor dout = kernel_ready(dout_in, d_kernel);
+    const int64_t d = q_in.size(3), d_v = v_in.size(3);
+    const KernelHeadDims kd = kernel_head_dims(q_in, v_in);
+    const at::Tensor q = kernel_ready(q_in, kd.qk);
+    const at::Tensor k = kernel_ready(k_in, kd.qk);
+    const at::Tensor v = kernel_ready(v_in, kd.v);
+    const at::Tensor out = kernel_ready(out_in, kd.v);
+    const at::Tensor dout = kernel_ready(dout_in, kd.v);
     const at::Tensor lse = lse_in.contiguous();
     at::Tensor dq = at::empty(q.sizes(), q.options());
     at::Tensor dk = at::empty(k.sizes(), k.options());
@@ -248,6 +272,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
     at::Tensor delta = at::empty(lse.sizes(), lse.options());
     VariantTensors keep;
     flash_params p = make_params(q, k, v, out, lse, softmax_scale, var, rng_state, &keep);
+    check_kernel_head_dims(p);
     set_cuda_mask_blocks(&p, var, &keep);
     set_bwd_params(&p, dout, dq, dk, dv, delta);
     if (mask_grad)
@@ -258,20 +283,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
     // use them, through the stream-ordered caching allocator.
     at::Tensor dq_accum, dk_accum, dv_accum, dq_semaphore;
     if (is_half(q)) {
-        check_smem(flash_bwd_smem_needed(&p), d, "backward");
+        check_smem(flash_bwd_smem_needed(&p), kd.qk, "backward");
         const auto f32 = q.options().dtype(at::kFloat);
         dq_accum = at::empty({p.b, p.h, p.sq, p.d}, f32);
         p.dq_accum = dq_accum.data_ptr<float>();
         dq_semaphore = set_dq_semaphore(&p, q);
         if (p.h != p.h_kv) {
             dk_accum = at::empty({p.b, p.sk, p.h, p.d}, f32);
-            dv_accum = at::empty({p.b, p.sk, p.h, p.d}, f32);
+            dv_accum = at::empty({p.b, p.sk, p.h, p.d_v}, f32);
             p.dk_accum = dk_accum.data_ptr<float>();
             p.dv_accum = dv_accum.data_ptr<float>();
         }
     }
     check_launch(flash_bwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "backward");
-    return {unpad(dq, d), unpad(dk, d), unpad(dv, d), dmask};
+    return {unpad(dq, d), unpad(dk, d), unpad(dv, d_v), dmask};
 }
 
 // A paged k / v (block_table) is padded or copied by kernel_ready like any k / v, as kvcache_fwd_cuda's cache.
@@ -284,7 +309,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cuda(
 {
     const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table);
     check_varlen_qkv(q_in, k_in, v_in, vl);
-    check_cuda_sizes(q_in, vl.batch(), q_in.size(1), max_seqlen_q, max_seqlen_k);
+    check_cuda_sizes(q_in, v_in, vl.batch(), q_in.size(1), max_seqlen_q, max_seqlen_k);
     const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
                                      c10::nullopt, dropout_p, deterministic);
     check_variants(var, q_in, vl.batch(), max_seqlen_q, q_in.size(1), max_seqlen_k);
@@ -294,20 +319,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cuda(
         auto [out, lse] = varlen_fwd_outputs(q_in, v_in);
         return {out, lse, rng_state};
     }
-    const int64_t d = q_in.size(2);
-    const int64_t d_kernel = kernel_head_dim(q_in);
-    const at::Tensor q = kernel_ready(q_in, d_kernel);
-    const at::Tensor k = kernel_ready(k_in, d_kernel);
-    const at::Tensor v = kernel_ready(v_in, d_kernel);
+    const int64_t d_v = v_in.size(-1);
+    const KernelHeadDims kd = kernel_head_dims(q_in, v_in);
+    const at::Tensor q = kernel_ready(q_in, kd.qk);
+    const at::Tensor k = kernel_ready(k_in, kd.qk);
+    const at::Tensor v = kernel_ready(v_in, kd.v);
     auto [out, lse] = varlen_fwd_outputs(q, v);
     VariantTensors keep;
     flash_params p = make_varlen_params(q, k, v, out, lse, vl, softmax_scale, var, rng_state, &keep);
+    check_kernel_head_dims(p);
     if (is_half(q))
-        check_smem(flash_fwd_smem_needed(&p), d, "forward");
+        check_smem(flash_fwd_smem_needed(&p), kd.qk, "forward");
     FwdWorkspaces ws;
     set_fwd_workspaces(&p, 0, q, &ws);
     check_launch(flash_fwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "varlen forward");
-    return {unpad(out, d), lse, rng_state};
+    return {unpad(out, d_v), lse, rng_state};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
@@ -320,8 +346,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
 {
     const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
     check_varlen_qkv(q_in, k_in, v_in, vl);
-    check_cuda_sizes(q_in, vl.batch(), q_in.size(1), max_seqlen_q, max_seqlen_k);
-    check_varlen_bwd_inputs(dout_in, q_in, out_in, lse_in);
+    check_cuda_sizes(q_in, v_in, vl.batch(), q_in.size(1), max_seqlen_q, max_seqlen_k);
+    check_varlen_bwd_inputs(dout_in, q_in, v_in, out_in, lse_in);
     check_rng_state(rng_state);
     const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
                                      c10::nullopt, dropout_p, deterministic);
@@ -330,13 +356,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
     if (varlen_bwd_no_work(q_in, k_in, vl))
         return {at::zeros(q_in.sizes(), q_in.options()), at::zeros(k_in.sizes(), k_in.options()),
                 at::zeros(v_in.sizes(), v_in.options())};
-    const int64_t d = q_in.size(2);
-    const int64_t d_kernel = kernel_head_dim(q_in);
-    const at::Tensor q = kernel_ready(q_in, d_kernel);
-    const at::Tensor k = kernel_ready(k_in, d_kernel);
-    const at::Tensor v = kernel_ready(v_in, d_kernel);
-    const at::Tensor out = kernel_ready(out_in, d_kernel);
-    const at::Tensor dout = kernel_ready(dout_in, d_kernel);
+    const int64_t d = q_in.size(2), d_v = v_in.size(2);
+    const KernelHeadDims kd = kernel_head_dims(q_in, v_in);
+    const at::Tensor q = kernel_ready(q_in, kd.qk);
+    const at::Tensor k = kernel_ready(k_in, kd.qk);
+    const at::Tensor v = kernel_ready(v_in, kd.v);
+    const at::Tensor out = kernel_ready(out_in, kd.v);
+    const at::Tensor dout = kernel_ready(dout_in, kd.v);
     const at::Tensor lse = lse_in.contiguous();
     at::Tensor dq = at::zeros(q.sizes(), q.options());
     at::Tensor dk = at::zeros(k.sizes(), k.options());
@@ -344,6 +370,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
     at::Tensor delta = at::empty(lse.sizes(), lse.options());
     VariantTensors keep;
     flash_params p = make_varlen_params(q, k, v, out, lse, vl, softmax_scale, var, rng_state, &keep);
+    check_kernel_head_dims(p);
     set_varlen_bwd_params(&p, dout, dq, dk, dv, delta);
 
     // fp32 workspaces of the tensor-core backward in the varlen layouts of csrc/flash.h: dq_accum
@@ -351,20 +378,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
     // and keys past seqused_k are never written by the kernels); the dQ semaphores as in the dense case.
     at::Tensor dq_accum, dk_accum, dv_accum, dq_semaphore;
     if (is_half(q)) {
-        check_smem(flash_bwd_smem_needed(&p), d, "backward");
+        check_smem(flash_bwd_smem_needed(&p), kd.qk, "backward");
         const auto f32 = q.options().dtype(at::kFloat);
         dq_accum = at::zeros({p.h, p.total_q, p.d}, f32);
         p.dq_accum = dq_accum.data_ptr<float>();
         dq_semaphore = set_dq_semaphore(&p, q);
         if (p.h != p.h_kv) {
             dk_accum = at::zeros({p.total_k, p.h, p.d}, f32);
-            dv_accum = at::zeros({p.total_k, p.h, p.d}, f32);
+            dv_accum = at::zeros({p.total_k, p.h, p.d_v}, f32);
             p.dk_accum = dk_accum.data_ptr<float>();
             p.dv_accum = dv_accum.data_ptr<float>();
         }
     }
     check_launch(flash_bwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "varlen backward");
-    return {unpad(dq, d), unpad(dk, d), unpad(dv, d)};
+    return {unpad(dq, d), unpad(dk, d), unpad(dv, d_v)};
 }
 
 // The cache is padded or copied by kernel_ready like any k / v (fp16/bf16 with a head dim that is not a
@@ -381,28 +408,39 @@ std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cuda(
     check_kvcache_inputs(q_in, k_in, v_in, kv);
     check_num_splits(num_splits);
     const int64_t seqlen_k = kv.seqlen_k(k_in);
-    check_cuda_sizes(q_in, q_in.size(0), q_in.size(2), q_in.size(1), seqlen_k);
+    check_cuda_sizes(q_in, v_in, q_in.size(0), q_in.size(2), q_in.size(1), seqlen_k, "v_cache");
     const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
                                      c10::nullopt, 0.0, false);
     check_variants(var, q_in, q_in.size(0), q_in.size(1), q_in.size(2), seqlen_k);
     const c10::cuda::CUDAGuard guard(q_in.device());
     if (no_work(q_in) || seqlen_k == 0)
         return fwd_without_keys(q_in, v_in, sink);
-    const int64_t d = q_in.size(3);
-    const int64_t d_kernel = kernel_head_dim(q_in);
-    const at::Tensor q = kernel_ready(q_in, d_kernel);
-    const at::Tensor k = kernel_ready(k_in, d_kernel);
-    const at::Tensor v = kernel_ready(v_in, d_kernel);
-    at::Tensor out = at::empty(q.sizes(), q.options());
+    const int64_t d_v = v_in.size(3);
+    const KernelHeadDims kd = kernel_head_dims(q_in, v_in);
+    const at::Tensor q = kernel_ready(q_in, kd.qk);
+    const at::Tensor k = kernel_ready(k_in, kd.qk);
+    const at::Tensor v = kernel_ready(v_in, kd.v);
+    at::Tensor out = at::empty(out_sizes(q, v), q.options());
     at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
     VariantTensors keep;
     flash_params p = make_kvcache_params(q, k, v, out, lse, kv, softmax_scale, var, &keep);
+    check_kernel_head_dims(p);
     if (is_half(q))
-        check_smem(flash_fwd_smem_needed(&p), d, "forward");
+        check_smem(flash_fwd_smem_needed(&p), kd.qk, "forward");
     FwdWorkspaces ws;
     set_fwd_workspaces(&p, num_splits, q, &ws);
     check_launch(flash_fwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "KV-cache forward");
-    return {unpad(out, d), lse};
+    return {unpad(out, d_v), lse};
+}
+
+void kv_append_cuda(const at::Tensor &k_cache, const at::Tensor &v_cache, const at::Tensor &k, const at::Tensor &v,
+                    const at::Tensor &cache_seqlens, const c10::optional<at::Tensor> &cache_batch_idx,
+                    const c10::optional<at::Tensor> &block_table)
+{
+    const KvAppend a = kv_append_of(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table);
+    const c10::cuda::CUDAGuard guard(k_cache.device());
+    if (!a.no_work)
+        check_launch(flash_kv_append_cuda(&a.p, c10::cuda::getCurrentCUDAStream()), "KV-cache append");
 }
 
 at::Tensor dropout_mask_cuda(const at::Tensor &q, const at::Tensor &rng_state, int64_t seqlen_k, double dropout_p)
@@ -427,6 +465,7 @@ TORCH_LIBRARY_IMPL(flashattn_ext, CUDA, m)
     m.impl("varlen_fwd", &varlen_fwd_cuda);
     m.impl("varlen_bwd", &varlen_bwd_cuda);
     m.impl("kvcache_fwd", &kvcache_fwd_cuda);
+    m.impl("kv_append", &kv_append_cuda);
 }
 
 }  // namespace flashattn_ext

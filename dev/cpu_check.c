@@ -327,7 +327,7 @@ static int run_case(const config *c, flash_dtype dt, const char *what)
         .dq = dq.data, .dk = dk.data, .dv = dv.data, .delta = delta,
         .q_s = q.st, .k_s = k.st, .v_s = v.st, .o_s = o.st, .do_s = dout.st, .dq_s = dq.st,
         .dk_s = dk.st, .dv_s = dv.st, .b = c->b, .h = c->h, .h_kv = c->h_kv, .sq = c->sq,
-        .sk = c->sk, .d = c->d, .h_per_kv = c->h / c->h_kv, .scale = scale, .dtype = dt,
+        .sk = c->sk, .d = c->d, .d_v = c->d, .h_per_kv = c->h / c->h_kv, .scale = scale, .dtype = dt,
         .lse_batch = c->h * c->sq, .lse_head = c->sq,
     };
     set_band(&p, c->causal, var);
@@ -501,7 +501,7 @@ static void bench(int64_t s, int64_t left, int64_t right, const flash_params *ex
     p.q = buf, p.k = buf + n, p.v = buf + 2 * n, p.o = buf + 3 * n, p.dout = buf + 4 * n;
     p.dq = buf + 5 * n, p.dk = buf + 6 * n, p.dv = buf + 7 * n, p.lse = buf + 8 * n, p.delta = buf + 8 * n + s * h;
     p.q_s = p.k_s = p.v_s = p.o_s = p.do_s = p.dq_s = p.dk_s = p.dv_s = st;
-    p.b = 1, p.h = h, p.h_kv = h, p.h_per_kv = 1, p.sq = s, p.sk = s, p.d = d, p.scale = 1 / sqrt((double)d);
+    p.b = 1, p.h = h, p.h_kv = h, p.h_per_kv = 1, p.sq = s, p.sk = s, p.d = d, p.d_v = d, p.scale = 1 / sqrt((double)d);
     p.lse_batch = h * s, p.lse_head = s, p.dtype = FLASH_FP32;
     p.band_left = left, p.band_right = right, p.band_bottom_right = 1;
     const flash_seq seq = flash_seq_of(&p, 0);
@@ -755,7 +755,7 @@ static int run_varlen_case(const varlen_config *c, flash_dtype dt)
         .dq = dq.data, .dk = dk.data, .dv = dv.data, .delta = delta,
         .q_s = q.st, .k_s = k.st, .v_s = v.st, .o_s = o.st, .do_s = dout.st, .dq_s = dq.st,
         .dk_s = dk.st, .dv_s = dv.st, .b = c->nseq, .h = c->h, .h_kv = c->h_kv, .sq = max_q + c->extra_max,
-        .sk = max_k + c->extra_max, .d = c->d, .h_per_kv = c->h / c->h_kv, .scale = scale, .dtype = dt,
+        .sk = max_k + c->extra_max, .d = c->d, .d_v = c->d, .h_per_kv = c->h / c->h_kv, .scale = scale, .dtype = dt,
         .lse_batch = 0, .lse_head = total_q, .cu_seqlens_q = cu_q, .cu_seqlens_k = cu_k,
         .seqused_k = c->has_used ? used : NULL, .total_q = total_q, .total_k = total_k,
     };
@@ -773,7 +773,8 @@ static int run_varlen_case(const varlen_config *c, flash_dtype dt)
     int64_t empty_rows = 0;
     for (int64_t s = 0; s < c->nseq; s++) {
         const int64_t sq = c->lq[s], sk = sk_eff[s], q0 = cu_q[s], k0 = cu_k[s];
-        flash_params r = {.b = 1, .h = c->h, .h_kv = c->h_kv, .sq = sq, .sk = sk, .d = c->d, .scale = scale,
+        flash_params r = {.b = 1, .h = c->h, .h_kv = c->h_kv, .sq = sq, .sk = sk, .d = c->d, .d_v = c->d,
+                          .scale = scale,
                           .band_left = p.band_left, .band_right = p.band_right,
                           .band_bottom_right = p.band_bottom_right, .softcap = p.softcap};
         if (var->alibi)
@@ -1069,7 +1070,7 @@ static int run_kv_case(const kv_config *c, flash_dtype dt)
         .q = q.data, .k = k.data, .v = v.data, .o = o.data, .lse = lse, .dout = dout.data,
         .dq = dq.data, .dk = dk.data, .dv = dv.data, .delta = delta,
         .q_s = q.st, .k_s = k.st, .v_s = v.st, .o_s = o.st, .do_s = dout.st, .dq_s = dq.st,
-        .dk_s = dk.st, .dv_s = dv.st, .b = c->b, .h = h, .h_kv = hk, .sq = c->sq, .sk = c->cache_len, .d = d,
+        .dk_s = dk.st, .dv_s = dv.st, .b = c->b, .h = h, .h_kv = hk, .sq = c->sq, .sk = c->cache_len, .d = d, .d_v = d,
         .h_per_kv = h / hk, .scale = scale, .dtype = dt, .lse_batch = h * c->sq, .lse_head = c->sq,
         .seqused_k = c->has_used ? used : NULL, .k_leftpad = c->has_leftpad ? leftpad : NULL,
         .k_batch_idx = c->has_batch_idx ? batch_idx : NULL, .k_batches = nb,
@@ -1089,7 +1090,7 @@ static int run_kv_case(const kv_config *c, flash_dtype dt)
     for (int64_t s = 0; s < c->b; s++) {
         const int64_t end = flash_clamp64(used[s], 0, c->cache_len), k0 = flash_clamp64(leftpad[s], 0, end);
         const int64_t sk = end - k0;
-        flash_params r = {.b = 1, .h = h, .h_kv = hk, .sq = c->sq, .sk = sk, .d = d, .scale = scale,
+        flash_params r = {.b = 1, .h = h, .h_kv = hk, .sq = c->sq, .sk = sk, .d = d, .d_v = d, .scale = scale,
                           .band_left = p.band_left, .band_right = p.band_right,
                           .band_bottom_right = p.band_bottom_right, .softcap = p.softcap};
         if (var->alibi)
@@ -1287,7 +1288,7 @@ static int run_paged_varlen_case(const varlen_config *c, int64_t page_size, flas
     flash_params p = {
         .q = q.data, .k = kc.data, .v = vc.data, .o = o.data, .lse = lse, .q_s = q.st, .k_s = kc.st, .v_s = vc.st,
         .o_s = o.st, .b = c->nseq, .h = h, .h_kv = hk, .sq = max_q + c->extra_max, .sk = max_k + c->extra_max,
-        .d = d, .h_per_kv = h / hk, .scale = scale, .dtype = dt, .lse_batch = 0, .lse_head = total_q,
+        .d = d, .d_v = d, .h_per_kv = h / hk, .scale = scale, .dtype = dt, .lse_batch = 0, .lse_head = total_q,
         .cu_seqlens_q = cu_q, .cu_seqlens_k = cu_k, .seqused_k = c->has_used ? used : NULL, .total_q = total_q,
         .k_batches = n_pages, .block_table = table, .block_table_stride = max_pages, .page_size = page_size,
     };
@@ -1303,7 +1304,7 @@ static int run_paged_varlen_case(const varlen_config *c, int64_t page_size, flas
     int ok[2] = {1, 1};
     for (int64_t s = 0; s < c->nseq; s++) {
         const int64_t sq = c->lq[s], sk = used[s] < c->lk[s] ? used[s] : c->lk[s], q0 = cu_q[s];
-        flash_params r = {.b = 1, .h = h, .h_kv = hk, .sq = sq, .sk = sk, .d = d, .scale = scale,
+        flash_params r = {.b = 1, .h = h, .h_kv = hk, .sq = sq, .sk = sk, .d = d, .d_v = d, .scale = scale,
                           .band_left = p.band_left, .band_right = p.band_right,
                           .band_bottom_right = p.band_bottom_right, .softcap = p.softcap};
         if (var->alibi)

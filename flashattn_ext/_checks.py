@@ -157,6 +157,16 @@ def _check_packed(fn, name, t, rank, index, count, layout):
     return t.unbind(index)
 
 
+def _check_kv_headdim(fn, q, kv, layout):
+    """kv packs k and v with one head dim, which must then be q's (k's is): a v with a head dim of its own needs k
+    and v apart."""
+    _check_tensor("q", q)
+    if q.dim() >= 1 and q.shape[-1] != kv.shape[-1]:
+        raise ValueError(f"{fn}: kv {layout} packs k and v with one head dim, which must be that of q ({q.shape[-1]}), "
+                         f"got {kv.shape[-1]}; for a v head dim of its own pass k and v apart "
+                         f"({fn.replace('_kvpacked', '')})")
+
+
 def _check_index(fn, name, t, device, shape=None):
     """An int32 index tensor (cu_seqlens_*, seqused_k, cache_seqlens, ...) on the device of q, 1-D or (shape
     given) of that shape; its contents are not read."""
@@ -227,7 +237,8 @@ def _capacity(seqlen_k, block_table):
 
 
 def _check_kv_cache(fn, q, k_cache, v_cache):
-    """q, k_cache, v_cache 4-D tensors, the caches of q's dtype and device and of one shape."""
+    """q, k_cache, v_cache 4-D tensors, the caches of q's dtype and device and of one shape but for v_cache's head
+    dim (its own), k_cache's head dim that of q."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _check_tensor(name, t)
         if t.dim() != 4:
@@ -237,14 +248,18 @@ def _check_kv_cache(fn, q, k_cache, v_cache):
             raise TypeError(f"{fn}: {name} must have the dtype of q ({q.dtype}), got {t.dtype}")
         if t.device != q.device:
             raise ValueError(f"{fn}: {name} must be on the device of q ({q.device}), got {t.device}")
-    if tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise ValueError(f"{fn}: v_cache must have the shape of k_cache {tuple(k_cache.shape)}, got "
-                         f"{tuple(v_cache.shape)}")
+    if tuple(v_cache.shape[:3]) != tuple(k_cache.shape[:3]):
+        raise ValueError(f"{fn}: v_cache must have the shape of k_cache {tuple(k_cache.shape)} but for its head dim "
+                         f"(the last), got {tuple(v_cache.shape)}")
+    if k_cache.shape[3] != q.shape[3]:
+        raise ValueError(f"{fn}: the head dim of k_cache ({k_cache.shape[3]}) must be that of q ({q.shape[3]})")
+    if (q.shape[2] % k_cache.shape[2] != 0) if k_cache.shape[2] else q.shape[2] != 0:
+        raise ValueError(f"{fn}: nheads of q ({q.shape[2]}) must be a multiple of nheads_kv of k_cache "
+                         f"({k_cache.shape[2]})")
 
 
 def _check_cache_rows(fn, k_cache, batch, device, cache_batch_idx, cache_leftpad, block_table):
-    """The index tensors that pick a sequence's cache rows -> (seqlen_k, page_size): the rows a sequence can
-    reach, and the page size of a paged cache (None when dense)."""
+    """The index tensors that pick a sequence's cache rows -> seqlen_k, the rows a sequence can reach."""
     if cache_batch_idx is not None:
         _check_index(fn, "cache_batch_idx", cache_batch_idx, device, (batch,))
     if cache_leftpad is not None:
@@ -253,7 +268,7 @@ def _check_cache_rows(fn, k_cache, batch, device, cache_batch_idx, cache_leftpad
         if cache_batch_idx is None and k_cache.shape[0] != batch:
             raise ValueError(f"{fn}: k_cache must have batch size {batch} (that of q) without cache_batch_idx, got "
                              f"{k_cache.shape[0]}")
-        return k_cache.shape[1], None
+        return k_cache.shape[1]
     _check_tensor("block_table", block_table)
     if block_table.dtype != torch.int32:
         raise TypeError(f"{fn}: block_table must be int32, got {block_table.dtype}")
@@ -268,22 +283,23 @@ def _check_cache_rows(fn, k_cache, batch, device, cache_batch_idx, cache_leftpad
     if page_size <= 0 or page_size % PAGE_MULTIPLE != 0:
         raise ValueError(f"{fn}: the page size (dimension 1 of a paged k_cache) must be a positive multiple of "
                          f"{PAGE_MULTIPLE}, got {page_size}")
-    return block_table.shape[1] * page_size, page_size
+    return block_table.shape[1] * page_size
 
 
-def _check_new_kv(fn, k, v, k_cache, batch, headdim, cache_seqlens, seqlen_k, block_table):
-    """The rows to append, k and v (batch, seqlen_new, nheads_kv, headdim) or both None -> seqlen_new."""
+def _check_new_kv(fn, k, v, k_cache, v_cache, batch, cache_seqlens, seqlen_k, block_table):
+    """The rows to append, k (batch, seqlen_new, nheads_kv, k_cache's head dim) and v (..., v_cache's head dim) or
+    both None -> seqlen_new."""
     if (k is None) != (v is None):
         raise ValueError(f"{fn}: pass both k and v (the new keys and values) or neither")
     if k is None:
         return 0
-    nheads_kv = k_cache.shape[2]
-    want = (batch, k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1, nheads_kv, headdim)
-    for name, t in (("k", k), ("v", v)):
+    batch_new = (batch, k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1, k_cache.shape[2])
+    for name, t, cache in (("k", k, k_cache), ("v", v, v_cache)):
         _check_tensor(name, t)
-        if t.dim() != 4 or tuple(t.shape) != want:
-            raise ValueError(f"{fn}: {name} must have shape (batch, seqlen_new, nheads_kv, headdim) = "
-                             f"{(batch, 'seqlen_new', nheads_kv, headdim)}, got {tuple(t.shape)}")
+        cname = "k_cache" if cache is k_cache else "v_cache"
+        if t.dim() != 4 or tuple(t.shape) != batch_new + (cache.shape[3],):
+            raise ValueError(f"{fn}: {name} must have shape (batch, seqlen_new, nheads_kv, head dim of {cname}) = "
+                             f"{(batch, 'seqlen_new', k_cache.shape[2], cache.shape[3])}, got {tuple(t.shape)}")
         if t.dtype != k_cache.dtype or t.device != k_cache.device:
             raise TypeError(f"{fn}: {name} must have the dtype and device of k_cache ({k_cache.dtype}, "
                             f"{k_cache.device}), got {t.dtype}, {t.device}")
@@ -306,22 +322,20 @@ def _check_seqlens_fit(fn, cache_seqlens, seqlen_new, seqlen_k, block_table):
 
 
 def _check_cache_seqlens(fn, cache_seqlens, batch, device, seqlen_new, seqlen_k, block_table, check_contents):
-    """cache_seqlens (None, an int or int32 (batch,)) -> (None or an int32 (batch,) tensor, fits): fits, every
-    appended row is known to be inside the cache (an int cache_seqlens checked against the shapes). A tensor's
-    contents are read only with check_contents."""
+    """cache_seqlens (None, an int or int32 (batch,)) -> None or an int32 (batch,) tensor. An int is checked
+    against the shapes; a tensor's contents are read only with check_contents."""
     if cache_seqlens is None:
-        return None, False
+        return None
     if isinstance(cache_seqlens, torch.Tensor):
         _check_index(fn, "cache_seqlens", cache_seqlens, device, (batch,))
         if check_contents:
             _check_seqlens_fit(fn, cache_seqlens, seqlen_new, seqlen_k, block_table)
-        return cache_seqlens, False
+        return cache_seqlens
     _check_int(fn, "cache_seqlens", cache_seqlens)
-    fits = not _symbolic(cache_seqlens)
-    if fits and not 0 <= cache_seqlens <= seqlen_k - seqlen_new:
+    if not _symbolic(cache_seqlens) and not 0 <= cache_seqlens <= seqlen_k - seqlen_new:
         raise ValueError(f"{fn}: cache_seqlens ({cache_seqlens}) plus seqlen_new ({seqlen_new}) must fit "
                          f"k_cache ({_capacity(seqlen_k, block_table)})")
-    return torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device), fits
+    return torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
 
 
 def _check_rotary(fn, rotary_cos, rotary_sin, k, headdim, seqlen_k, device):

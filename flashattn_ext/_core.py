@@ -21,6 +21,7 @@ VARLEN_FWD_ARGS = _arg_names("varlen_fwd")
 VARLEN_BWD_ARGS = _arg_names("varlen_bwd")
 KVCACHE_FWD_ARGS = _arg_names("kvcache_fwd")
 DROPOUT_MASK_ARGS = _arg_names("dropout_mask")
+KV_APPEND_ARGS = _arg_names("kv_append")
 
 
 def fwd(*, q, k, v, softmax_scale, causal=False, bottom_right=True, window_left=-1, window_right=-1, softcap=0.0,
@@ -70,3 +71,8 @@ def kvcache_fwd(*, q, k_cache, v_cache, cache_seqlens=None, cache_batch_idx=None
     return torch.ops.flashattn_ext.kvcache_fwd(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
                                                block_table, softmax_scale, causal, window_left, window_right,
                                                softcap, alibi_slopes, sink, num_splits)
+
+
+def kv_append(*, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx=None, block_table=None):
+    """Writes k, v into k_cache, v_cache in place (csrc/kv_append.h) -> None."""
+    torch.ops.flashattn_ext.kv_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table)

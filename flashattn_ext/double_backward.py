@@ -69,7 +69,8 @@ def _zero_or(g, like):
 def attention_vjp(q, k, v, dout, alibi_slopes, sink, attn_mask, keep, var, cotangents, needs, create_graph):
     """The vector-Jacobian product of the first-order backward of attention_ref (dense layout).
 
-    q (batch, seqlen_q, nheads, headdim), k / v (batch, seqlen_k, nheads_kv, headdim), dout like out;
+    q (batch, seqlen_q, nheads, headdim), k (batch, seqlen_k, nheads_kv, headdim), v (batch, seqlen_k, nheads_kv,
+    headdim_v), dout like out (batch, seqlen_q, nheads, headdim_v);
     sink (nheads,) or None; attn_mask (batch, nheads, seqlen_q, seqlen_k) bool / floating or None; keep the
     dropout keep mask (batch, nheads, seqlen_q, seqlen_k) or None. cotangents: {"q", "k", "v", "sink",
     "mask"} -> the cotangent of dq, dk, dv, d sink, d attn_mask (missing or None: zero). needs: the names

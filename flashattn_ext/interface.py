@@ -1,6 +1,6 @@
-"""The public functions: flash_attn_func on (batch, seqlen, nheads, headdim) tensors with
-flash-attn's argument order, its packed forms, flash_attn_varlen_func (and packed forms) on
-variable-length batches (total_tokens, nheads, headdim) with cu_seqlens, and
+"""The public functions: flash_attn_func on (batch, seqlen, nheads, headdim) tensors (v and out with a head
+dim of their own, headdim_v) with flash-attn's argument order, its packed forms, flash_attn_varlen_func (and
+packed forms) on variable-length batches (total_tokens, nheads, headdim) with cu_seqlens, and
 scaled_dot_product_attention with torch's signature and contract (any rank, broadcast batch dims). All
 check their arguments (errors name them; no host synchronization) and pass views (strides), never
 copies, to the ops (scaled_dot_product_attention copies where the kernel needs it, see there); a
@@ -10,12 +10,11 @@ import itertools
 import math
 
 import torch
-import torch.nn.functional as F
 
 from . import _core
-from ._checks import (_check_alibi, _check_bools, _check_dropout, _check_index, _check_mask, _check_max_seqlen,
-                      _check_packed, _check_paged, _check_scale, _check_sink, _check_softcap, _check_tensor,
-                      _check_window, _default_scale)
+from ._checks import (_check_alibi, _check_bools, _check_dropout, _check_index, _check_kv_headdim, _check_mask,
+                      _check_max_seqlen, _check_packed, _check_paged, _check_scale, _check_sink, _check_softcap,
+                      _check_tensor, _check_window, _default_scale)
 
 
 def _attention(q, k, v, scale, causal, bottom_right, window, softcap, alibi_slopes, sink, mask, dropout_p,
@@ -58,10 +57,12 @@ def flash_attn_func(
 ):
     """Exact attention softmax(q kᵀ · softmax_scale) v with flash-attn's variants.
 
-    q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_kv, headdim), nheads a
-    multiple of nheads_kv (GQA/MQA). Any strides with the last one 1. float16/bfloat16 (CUDA: head dim
-    <= 256; CPU: computed in float32, results rounded to the input dtype) and float32/float64.
-    softmax_scale: default 1/sqrt(headdim).
+    q: (batch, seqlen_q, nheads, headdim); k: (batch, seqlen_k, nheads_kv, headdim); v: (batch, seqlen_k,
+    nheads_kv, headdim_v), headdim_v equal to headdim or not (DeepSeek's MLA: 192 / 128); nheads a multiple
+    of nheads_kv (GQA/MQA). Any strides with the last one 1. float16/bfloat16 (CPU: computed in float32,
+    results rounded to the input dtype) and float32/float64. Head dims: any on the CPU; on CUDA headdim
+    and headdim_v <= 256 (where they differ, the smaller operand is zero-padded to the larger).
+    softmax_scale: default 1/sqrt(headdim) (q's head dim).
     causal: bottom-right aligned as flash-attn >= 2.1: query i sees keys j <= i + seqlen_k - seqlen_q.
     window_size (left, right): query i sees keys i + seqlen_k - seqlen_q - left <= j <= ... + right;
         -1 = unbounded; with causal=True, right is 0.
@@ -75,6 +76,7 @@ def flash_attn_func(
         seqlen_k); a float mask that requires grad gets its gradient.
     A query that sees no key gets out = 0 and lse = -inf (the sink with a sink), zero gradients.
     deterministic: bitwise reproducible backward on CUDA (the CPU backward always is).
+    Returns out (batch, seqlen_q, nheads, headdim_v).
     return_lse: also return lse (batch, nheads, seqlen_q), float32 (float64 for float64 inputs).
     return_attn_probs: return (out, lse, S_dmask) as flash-attn, S_dmask (batch, nheads, seqlen_q,
         seqlen_k) the probabilities with the entries dropout dropped negated (a test aid: it materializes
@@ -171,8 +173,8 @@ def scaled_dot_product_attention(
     Broadcast inputs reach the kernel as expanded views (stride 0, never an expanded copy) and the batch
     dims are flattened into one without a copy; where their strides do not allow that (a broadcast dim next
     to a real one), the kernel runs once per index of the dims that do not flatten. Copies only where the
-    kernel needs one: an input whose last stride is not 1, headdim_v != headdim (the smaller one is
-    zero-padded), key and value heads that differ under enable_gqa.
+    kernel needs one: an input whose last stride is not 1, key and value heads that differ under enable_gqa
+    (and on CUDA, whose kernels take one head dim, headdim_v != headdim: the op zero-pads the smaller one).
     """
     fn = "scaled_dot_product_attention"
     _check_bools(fn, is_causal=is_causal, enable_gqa=enable_gqa)
@@ -185,21 +187,16 @@ def scaled_dot_product_attention(
     if attn_mask is not None and is_causal:
         raise ValueError(f"{fn}: attn_mask and is_causal=True cannot be combined (as in torch)")
     dropout_p = _check_dropout(fn, dropout_p)
-    headdim, headdim_v = query.shape[-1], value.shape[-1]
+    headdim = query.shape[-1]
     if key.shape[-1] != headdim:
         raise ValueError(f"{fn}: key's head dim ({key.shape[-1]}) must equal query's ({headdim})")
     if key.shape[-2] != value.shape[-2]:
         raise ValueError(f"{fn}: seqlen of key ({key.shape[-2]}) and value ({value.shape[-2]}) must match")
     softmax_scale = _default_scale(query.shape[-1]) if scale is None else _check_scale(fn, "scale", scale)
     rank = max(query.dim(), key.dim(), value.dim())
-    # The kernel's layout: last stride 1 (copy otherwise), one head dim for all three (zero-pad the smaller:
-    # zero columns change neither the scores nor, sliced off, the output).
+    # The kernel's layout: last stride 1 (copy otherwise); value keeps its own head dim.
     query, key, value = [t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.clone(memory_format=torch.contiguous_format)
                          for t in (query, key, value)]  # clone: contiguous() keeps an empty tensor's strides
-    if headdim_v < headdim:
-        value = F.pad(value, (0, headdim - headdim_v))
-    elif headdim_v > headdim:
-        query, key = F.pad(query, (0, headdim_v - headdim)), F.pad(key, (0, headdim_v - headdim))
     query, key, value = [t if t.dim() >= 3 else t.unsqueeze(0) for t in (query, key, value)]
     query, key, value = _sdpa_heads(query, key, value, enable_gqa)
     try:
@@ -226,7 +223,7 @@ def scaled_dot_product_attention(
         q, k, v, *m = [t[tuple(at)].flatten(0, len(flat) - 1) for t in views]
         out, _, _ = _attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale, is_causal,
                                False, (-1, -1), 0.0, None, None, m[0] if m else None, dropout_p, False)
-        outs.append(out)  # (flat batch, seqlen_q, nheads, headdim)
+        outs.append(out)  # (flat batch, seqlen_q, nheads, headdim_v)
     order = [*loop, *flat]
     out = torch.stack(outs) if loop else outs[0]
     out = out.reshape(*[views[0].shape[d] for d in order], *out.shape[-3:])
@@ -237,7 +234,7 @@ def scaled_dot_product_attention(
         out = out.squeeze(0)
     if rank < 3:
         out = out.squeeze(0)
-    return out[..., :headdim_v] if headdim_v < headdim else out
+    return out
 
 
 def flash_attn_qkvpacked_func(
@@ -256,7 +253,8 @@ def flash_attn_qkvpacked_func(
     s_aux=None,
 ):
     """flash_attn_func on qkv (batch, seqlen, 3, nheads, headdim), q, k, v stacked at dimension 2 (read in
-    place; the gradient comes back as one tensor of qkv's shape). Arguments and results as flash_attn_func."""
+    place; the gradient comes back as one tensor of qkv's shape; one head dim for all three: flash_attn_func
+    takes a v head dim of its own). Arguments and results as flash_attn_func."""
     q, k, v = _check_packed("flash_attn_qkvpacked_func", "qkv", qkv, 5, 2, 3, "(batch, seqlen, 3, nheads, headdim)")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                            deterministic, return_attn_probs, return_lse, sink=sink, s_aux=s_aux)
@@ -279,8 +277,11 @@ def flash_attn_kvpacked_func(
     s_aux=None,
 ):
     """flash_attn_func on q (batch, seqlen_q, nheads, headdim) and kv (batch, seqlen_k, 2, nheads_kv, headdim),
-    k and v stacked at dimension 2. Arguments and results as flash_attn_func."""
-    k, v = _check_packed("flash_attn_kvpacked_func", "kv", kv, 5, 2, 2, "(batch, seqlen_k, 2, nheads_kv, headdim)")
+    k and v stacked at dimension 2: one head dim, q's (a ValueError otherwise; flash_attn_func takes a v head
+    dim of its own). Arguments and results as flash_attn_func."""
+    fn, layout = "flash_attn_kvpacked_func", "(batch, seqlen_k, 2, nheads_kv, headdim)"
+    k, v = _check_packed(fn, "kv", kv, 5, 2, 2, layout)
+    _check_kv_headdim(fn, q, kv, layout)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                            deterministic, return_attn_probs, return_lse, sink=sink, s_aux=s_aux)
 
@@ -337,7 +338,8 @@ def _flash_attn_varlen(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                        causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, seqused_k,
                        return_lse, sink, s_aux, block_table=None):
     kv_layout = "(total_k, nheads_kv, headdim)" if block_table is None else "(num_pages, page_size, nheads_kv, headdim)"
-    for name, t, layout in (("q", q, "(total_q, nheads, headdim)"), ("k", k, kv_layout), ("v", v, kv_layout)):
+    v_layout = kv_layout.replace("headdim)", "headdim_v)")
+    for name, t, layout in (("q", q, "(total_q, nheads, headdim)"), ("k", k, kv_layout), ("v", v, v_layout)):
         _check_tensor(name, t)
         rank = 3 if name == "q" or block_table is None else 4
         if t.dim() != rank:
@@ -409,7 +411,8 @@ def flash_attn_varlen_func(
 ):
     """flash_attn_func on a variable-length batch: the sequences are concatenated along the token dimension.
 
-    q: (total_q, nheads, headdim); k, v: (total_k, nheads_kv, headdim), nheads a multiple of nheads_kv.
+    q: (total_q, nheads, headdim); k: (total_k, nheads_kv, headdim); v: (total_k, nheads_kv, headdim_v), its
+    head dim its own as in flash_attn_func; nheads a multiple of nheads_kv.
     cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) on q's device, the cumulative sequence lengths: sequence
         s is q[cu_seqlens_q[s]:cu_seqlens_q[s + 1]] with k, v[cu_seqlens_k[s]:cu_seqlens_k[s + 1]].
     max_seqlen_q, max_seqlen_k: Python ints, the longest query / key sequence (the grid size: longer
@@ -420,13 +423,13 @@ def flash_attn_varlen_func(
     (batch, nheads), dropout draws for sequence s what flash_attn_func draws at batch index s.
     Rows of q in no sequence get out 0 and lse -inf; keys in none (or past seqused_k) get dk = dv = 0.
     block_table: int32 (batch, max_pages) or None: a paged KV cache (flash-attn's paged varlen call), forward
-        only. k, v are then (num_pages, page_size, nheads_kv, headdim), page_size a multiple of 16, and sequence
-        s's keys are rows 0 .. n_s - 1 of its pages, n_s = cu_seqlens_k[s + 1] - cu_seqlens_k[s] (only the
+        only. k, v are then (num_pages, page_size, nheads_kv, headdim / headdim_v), page_size a multiple of 16,
+        and sequence s's keys are rows 0 .. n_s - 1 of its pages, n_s = cu_seqlens_k[s + 1] - cu_seqlens_k[s] (only the
         differences count; seqused_k still limits them): key r is row r % page_size of page
         block_table[s, r // page_size]. Out-of-range contents are clamped on the device (n_s to the table's
         max_pages * page_size rows, entries to the pages), never checked on the host. As in flash-attn there is
         no backward: the forward runs on inputs that require grad, a backward raises (naming block_table).
-    Returns out (total_q, nheads, headdim); with return_lse=True (out, lse), lse (nheads, total_q) float32
+    Returns out (total_q, nheads, headdim_v); with return_lse=True (out, lse), lse (nheads, total_q) float32
     (float64 for float64 inputs); with return_attn_probs=True (out, lse, S_dmask), S_dmask (batch, nheads,
     max_seqlen_q, max_seqlen_k) holding sequence s's flash_attn_func S_dmask in [s, :, :seqlen_q, :seqlen_k]
     (a test aid: it materializes the probabilities and reads cu_seqlens on the host).
@@ -485,9 +488,10 @@ def flash_attn_varlen_kvpacked_func(
     s_aux=None,
 ):
     """flash_attn_varlen_func on q (total_q, nheads, headdim) and kv (total_k, 2, nheads_kv, headdim), k and v
-    stacked at dimension 1."""
-    fn = "flash_attn_varlen_kvpacked_func"
-    k, v = _check_packed(fn, "kv", kv, 4, 1, 2, "(total_k, 2, nheads_kv, headdim)")
+    stacked at dimension 1: one head dim, q's (as flash_attn_kvpacked_func)."""
+    fn, layout = "flash_attn_varlen_kvpacked_func", "(total_k, 2, nheads_kv, headdim)"
+    k, v = _check_packed(fn, "kv", kv, 4, 1, 2, layout)
+    _check_kv_headdim(fn, q, kv, layout)
     return _flash_attn_varlen(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                               softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                               return_attn_probs, seqused_k, return_lse, sink, s_aux)

@@ -1,10 +1,10 @@
 """flash_attn_with_kvcache: attention of new queries against a KV cache (generation), with flash-attn
 2.8.3's signature and semantics. New keys / values are appended into the cache in place (rotary applied
-first when cos / sin are given), then one forward (the op flashattn_ext::kvcache_fwd) attends over each
-sequence's keys. Dense caches (batch_cache, seqlen_cache, nheads_kv, headdim), rows picked by
-cache_batch_idx, or paged caches (num_pages, page_size, nheads_kv, headdim) with a block_table. Everything
-runs as torch ops on q's device: no host synchronization, nothing read back from cache_seqlens (unless
-check_cache_seqlens=True asks for it)."""
+first when cos / sin are given, in torch ops) by one op (flashattn_ext::kv_append: a C loop on the CPU, one
+kernel on CUDA), then one forward (the op flashattn_ext::kvcache_fwd) attends over each sequence's keys. Dense
+caches (batch_cache, seqlen_cache, nheads_kv, headdim), rows picked by cache_batch_idx, or paged caches
+(num_pages, page_size, nheads_kv, headdim) with a block_table. Everything runs on q's device: no host
+synchronization, nothing read back from cache_seqlens (unless check_cache_seqlens=True asks for it)."""
 import torch
 
 from . import _core
@@ -42,36 +42,6 @@ def apply_rotary(x, cos, sin, positions, interleaved):
     return torch.cat((rotated.to(x.dtype), x[..., rotary_dim:]), dim=-1)
 
 
-def _cache_slots(positions, batch_rows, block_table, page_size):
-    """(first index, second index) of cache rows positions (batch, n) (0 <= positions < the rows a sequence
-    can reach): dense (cache batch, row), paged (page, row in page); table entries clamped to the pages."""
-    if block_table is None:
-        return batch_rows[:, None].expand_as(positions), positions
-    slots = (positions // page_size).clamp(max=block_table.shape[1] - 1)
-    return block_table.long().gather(1, slots), positions % page_size
-
-
-def _append(cache, new, start, seqlen_k, batch_rows, block_table, page_size, fits):
-    """cache rows start[b] + i (i < new.shape[1]) of sequence b = new[b, i], in place; rows past seqlen_k (the
-    rows a sequence can reach) are dropped. fits: every row is known to be inside (an int cache_seqlens
-    checked by shapes): one index_put_. Else dropped rows are redirected to the last row with the value that
-    row ends with (its new row if one lands there, else its old content), so that every write stays inside
-    the cache and duplicate targets all carry one value (index_put_ then is deterministic)."""
-    n = new.shape[1]
-    positions = _rotary_positions(start, n)  # (batch, n)
-    if fits:
-        cache.index_put_(_cache_slots(positions, batch_rows, block_table, page_size), new)
-        return
-    last = torch.full_like(start, seqlen_k - 1).long()[:, None]  # (batch, 1)
-    last_old = cache[_cache_slots(last, batch_rows, block_table, page_size)][:, 0]  # read before any write
-    at_last = (seqlen_k - 1) - start.long()  # the i whose row is the last one, if 0 <= i < n
-    lands = (at_last >= 0) & (at_last < n)
-    last_new = new.gather(1, at_last.clamp(0, n - 1)[:, None, None, None].expand(-1, 1, *new.shape[2:]))[:, 0]
-    last_value = torch.where(lands[:, None, None], last_new, last_old)  # (batch, nheads_kv, headdim)
-    values = torch.where((positions < seqlen_k)[:, :, None, None], new, last_value[:, None])
-    cache.index_put_(_cache_slots(positions.clamp(max=seqlen_k - 1), batch_rows, block_table, page_size), values)
-
-
 def flash_attn_with_kvcache(
     q,
     k_cache,
@@ -99,10 +69,12 @@ def flash_attn_with_kvcache(
 ):
     """Attention of q against a KV cache, after appending k, v to it (flash-attn's flash_attn_with_kvcache).
 
-    q: (batch, seqlen_q, nheads, headdim). k_cache, v_cache: (batch_cache, seqlen_cache, nheads_kv, headdim),
-        or, with block_table, a paged cache (num_pages, page_size, nheads_kv, headdim), page_size a multiple of
-        16. nheads a multiple of nheads_kv. Any strides with the last one 1; same dtype as q.
-    k, v: None, or new keys / values (batch, seqlen_new, nheads_kv, headdim), written into the cache in place
+    q: (batch, seqlen_q, nheads, headdim). k_cache: (batch_cache, seqlen_cache, nheads_kv, headdim), v_cache the
+        same with a head dim of its own, headdim_v (as flash_attn_func's v; DeepSeek's MLA decode: 576 / 512),
+        or, with block_table, a paged cache (num_pages, page_size, nheads_kv, headdim / headdim_v), page_size a
+        multiple of 16. nheads a multiple of nheads_kv. Any strides with the last one 1; same dtype as q.
+    k, v: None, or new keys / values (batch, seqlen_new, nheads_kv, headdim / headdim_v: those of k_cache /
+        v_cache), written into the cache in place
         at rows cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 of sequence b (its cache batch
         cache_batch_idx[b], or its pages block_table[b, row // page_size]); needs cache_seqlens.
     rotary_cos, rotary_sin: None, or (seqlen_ro, rotary_dim / 2), seqlen_ro >= the cache's rows (seqlen_cache,
@@ -136,7 +108,7 @@ def flash_attn_with_kvcache(
     clamped to the cache). Sequences that share cache rows (or pages) and append to them race, as in
     flash-attn.
     No autograd: the result never requires grad (flash-attn's function has no backward either).
-    Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse) with return_softmax_lse=True, lse
+    Returns out (batch, seqlen_q, nheads, headdim_v), or (out, softmax_lse) with return_softmax_lse=True, lse
     (batch, nheads, seqlen_q) float32 (float64 for float64 inputs).
     """
     _check_kv_cache(_FN, q, k_cache, v_cache)
@@ -144,10 +116,10 @@ def flash_attn_with_kvcache(
                  check_cache_seqlens=check_cache_seqlens)
     batch, seqlen_q, nheads, headdim = q.shape
     device = q.device
-    seqlen_k, page_size = _check_cache_rows(_FN, k_cache, batch, device, cache_batch_idx, cache_leftpad, block_table)
-    seqlen_new = _check_new_kv(_FN, k, v, k_cache, batch, headdim, cache_seqlens, seqlen_k, block_table)
-    cache_seqlens, fits = _check_cache_seqlens(_FN, cache_seqlens, batch, device, seqlen_new, seqlen_k, block_table,
-                                               check_cache_seqlens)
+    seqlen_k = _check_cache_rows(_FN, k_cache, batch, device, cache_batch_idx, cache_leftpad, block_table)
+    seqlen_new = _check_new_kv(_FN, k, v, k_cache, v_cache, batch, cache_seqlens, seqlen_k, block_table)
+    cache_seqlens = _check_cache_seqlens(_FN, cache_seqlens, batch, device, seqlen_new, seqlen_k, block_table,
+                                         check_cache_seqlens)
     _check_rotary(_FN, rotary_cos, rotary_sin, k, headdim, seqlen_k, device)
     sink = _sink_or_s_aux(_FN, sink, s_aux)
     window = _check_window(_FN, window_size)
@@ -168,12 +140,8 @@ def flash_attn_with_kvcache(
                                else start[:, None].long().expand(batch, seqlen_q))
                 q = apply_rotary(q, rotary_cos, rotary_sin, q_positions, rotary_interleaved)
                 k = apply_rotary(k, rotary_cos, rotary_sin, _rotary_positions(start, seqlen_new), rotary_interleaved)
-            if seqlen_new > 0 and seqlen_k > 0 and k_cache.shape[0] > 0:
-                batch_rows = (torch.arange(batch, device=device) if cache_batch_idx is None
-                              else cache_batch_idx.long().clamp(0, k_cache.shape[0] - 1))
-                table = None if block_table is None else block_table.clamp(0, k_cache.shape[0] - 1)
-                _append(k_cache, k, start, seqlen_k, batch_rows, table, page_size, fits)
-                _append(v_cache, v, start, seqlen_k, batch_rows, table, page_size, fits)
+            _core.kv_append(k_cache=k_cache, v_cache=v_cache, k=k, v=v, cache_seqlens=cache_seqlens,
+                            cache_batch_idx=cache_batch_idx, block_table=block_table)
             seqused = start + seqlen_new
         out, lse = _core.kvcache_fwd(
             q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=seqused, cache_batch_idx=cache_batch_idx,

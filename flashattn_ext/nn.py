@@ -284,9 +284,11 @@ def rotary_embedding(x, positions, base):
 class Attention(nn.Module):
     """Self-attention for new models: x (B, S, dim) -> (B, S, dim).
 
-    qkv: one Linear(dim, (num_heads + 2 * num_kv_heads) * head_dim), output laid out as [q heads | k heads |
-    v heads]; proj: Linear(num_heads * head_dim, dim). num_kv_heads < num_heads: grouped-query attention
-    (a divisor of num_heads; 1: multi-query). head_dim: default dim // num_heads. causal: query i sees keys
+    qkv: one Linear(dim, (num_heads + num_kv_heads) * head_dim + num_kv_heads * head_dim_v), output laid out as
+    [q heads | k heads | v heads]; proj: Linear(num_heads * head_dim_v, dim). num_kv_heads < num_heads:
+    grouped-query attention (a divisor of num_heads; 1: multi-query). head_dim: default dim // num_heads;
+    head_dim_v: the head dim of v (and of each head's output), default head_dim (MLA-style models use a
+    smaller one, e.g. 192 / 128); the softmax scale is 1 / sqrt(head_dim). causal: query i sees keys
     j <= i. window_size (left, right): i - left <= j <= i + right, -1 unbounded (flash_attn_func's
     convention; with causal, right is 0: window_size=(w - 1, 0) shows each token its last w tokens, itself
     included). rotary: rotary position embedding on q and k (rotary_base, rotate-half form) at positions
@@ -296,7 +298,7 @@ class Attention(nn.Module):
 
     def __init__(self, dim, num_heads, num_kv_heads=None, head_dim=None, bias=True, causal=True,
                  window_size=_NO_WINDOW, rotary=False, rotary_base=10000.0, dropout=0.0, softcap=0.0, device=None,
-                 dtype=None):
+                 dtype=None, head_dim_v=None):
         super().__init__()
         _check_bools("Attention", causal=causal, rotary=rotary)
         window_size, softcap = _check_window("Attention", window_size), _check_softcap("Attention", softcap)
@@ -311,16 +313,22 @@ class Attention(nn.Module):
             head_dim = dim // num_heads
         if rotary and head_dim % 2:
             raise ValueError(f"Attention: rotary needs an even head_dim, got {head_dim}")
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        head_dim_v = head_dim if head_dim_v is None else head_dim_v
+        for name, d in (("head_dim", head_dim), ("head_dim_v", head_dim_v)):
+            if isinstance(d, bool) or not isinstance(d, int) or d <= 0:
+                raise ValueError(f"Attention: {name} must be a positive int, got {d!r}")
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.head_dim, self.head_dim_v = head_dim, head_dim_v
         self.causal, self.window_size, self.softcap, self.dropout = causal, window_size, softcap, dropout
         self.rotary, self.rotary_base = rotary, rotary_base
         factory = {"device": device, "dtype": dtype}
-        self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * head_dim, bias=bias, **factory)
-        self.proj = nn.Linear(num_heads * head_dim, dim, bias=bias, **factory)
+        self.qkv = nn.Linear(dim, (num_heads + num_kv_heads) * head_dim + num_kv_heads * head_dim_v, bias=bias,
+                             **factory)
+        self.proj = nn.Linear(num_heads * head_dim_v, dim, bias=bias, **factory)
 
     def attend(self, q, k, v, attn_mask=None):
-        """The attention core: q (B, S, H, D), k and v (B, S, Hkv, D) -> (B, S, H, D). Override it to run
-        another kernel under the same parameters."""
+        """The attention core: q (B, S, H, D), k (B, S, Hkv, D) and v (B, S, Hkv, Dv) -> (B, S, H, Dv). Override
+        it to run another kernel under the same parameters."""
         return flash_attn_func(q, k, v, dropout_p=self.dropout if self.training else 0.0, causal=self.causal,
                                window_size=self.window_size, softcap=self.softcap, attn_mask=attn_mask)
 
@@ -333,8 +341,9 @@ class Attention(nn.Module):
             raise ValueError(f"Attention: x must be a (batch, seqlen, dim) tensor with dim = {dim}, got "
                              f"{'a NestedTensor' if x.is_nested else tuple(x.shape)}")
         seqlen = x.shape[1]
-        sizes = [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim]
-        q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in self.qkv(x).split(sizes, dim=-1))
+        dims = (self.head_dim, self.head_dim, self.head_dim_v)
+        sizes = [heads * d for heads, d in zip((self.num_heads, self.num_kv_heads, self.num_kv_heads), dims)]
+        q, k, v = (t.unflatten(-1, (-1, d)) for t, d in zip(self.qkv(x).split(sizes, dim=-1), dims))
         if self.rotary:
             if positions is None:
                 positions = torch.arange(seqlen, device=x.device)

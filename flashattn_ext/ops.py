@@ -1,5 +1,5 @@
 """torch.library registrations for the C++ ops flashattn_ext::fwd, ::bwd, ::dropout_mask, ::varlen_fwd,
-::varlen_bwd and ::kvcache_fwd: fake (meta) kernels with shape checks for tracing, and the autograd
+::varlen_bwd, ::kvcache_fwd and ::kv_append: fake (meta) kernels with shape checks for tracing, and the autograd
 formulas of fwd and varlen_fwd, which save q, k, v, out, lse, the dropout rng_state, the sequence
 boundaries (varlen) and the user's own alibi/sink/mask tensors only, and call bwd / varlen_bwd.
 bwd and varlen_bwd have autograd formulas too (double_backward: a composite over query blocks), and so
@@ -43,7 +43,15 @@ def _check_qkv_fake(q, k, v):
     torch._check(k.shape[0] == q.shape[0] and v.shape[0] == q.shape[0], lambda: "flashattn_ext: batch sizes differ")
     torch._check(k.shape[1] == v.shape[1], lambda: "flashattn_ext: seqlen of k and v differ")
     torch._check(k.shape[2] == v.shape[2], lambda: "flashattn_ext: nheads of k and v differ")
-    torch._check(k.shape[3] == q.shape[3] and v.shape[3] == q.shape[3], lambda: "flashattn_ext: head dims differ")
+    torch._check(k.shape[3] == q.shape[3], lambda: "flashattn_ext: head dims of q and k differ")
+
+
+def _check_out_fake(dout, out, q, v):
+    """dout and out of a backward: q's shape with v's head dim."""
+    want = (*q.shape[:-1], v.shape[-1])
+    for name, t in (("dout", dout), ("out", out)):
+        torch._check(t.shape == want,
+                     lambda: f"flashattn_ext: {name} must have the shape of q with the head dim of v {want}")
 
 
 def _check_mask_fake(attn_mask, q, k):
@@ -75,8 +83,7 @@ def _bwd_fake(dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_
                         attn_mask=attn_mask)
     _check_qkv_fake(q, k, v)
     _check_mask_fake(attn_mask, q, k)
-    torch._check(dout.shape == q.shape, lambda: "flashattn_ext: dout must have the shape of q")
-    torch._check(out.shape == q.shape, lambda: "flashattn_ext: out must have the shape of q")
+    _check_out_fake(dout, out, q, v)
     lse_dtype = _lse_dtype(q.dtype)
     if mask_grad:
         dmask = q.new_empty((q.shape[0], q.shape[2], q.shape[1], k.shape[1]), dtype=lse_dtype)
@@ -98,7 +105,7 @@ _SINK, _MASK = _core.FWD_ARGS.index("sink"), _core.FWD_ARGS.index("attn_mask")
 
 def _sink_grad(dout, out, lse, sink):
     """d sink_h = -sum over rows of P_sink * delta, P_sink = exp(sink_h - lse), delta = rowsum(dO * O), for
-    dout / out (..., rows, nheads, headdim) and lse (..., nheads, rows): dense (batch, seqlen_q, ...) or
+    dout / out (..., rows, nheads, headdim_v) and lse (..., nheads, rows): dense (batch, seqlen_q, ...) or
     varlen (total_q, ...). A row with lse = -inf (a varlen row of no sequence: out 0, delta 0) adds nothing."""
     delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1).transpose(-1, -2)  # lse's shape
     p_sink = torch.where(lse == -math.inf, torch.zeros((), dtype=lse.dtype, device=lse.device),
@@ -223,7 +230,7 @@ torch.library.register_autograd("flashattn_ext::bwd", _bwd_backward, setup_conte
 
 
 # ------------------------------------------------------------------------------------------------
-# Variable-length batches: q (total_q, nheads, headdim), k / v (total_k, nheads_kv, headdim), sequence s
+# Variable-length batches: q (total_q, nheads, headdim), k / v (total_k, nheads_kv, headdim / headdim_v), sequence s
 # in rows cu_seqlens_q[s]:cu_seqlens_q[s + 1] of q and from cu_seqlens_k[s] on in k / v; or (varlen_fwd
 # with a block_table) k / v a paged cache (num_pages, page_size, nheads_kv, headdim), sequence s's keys
 # its first cu_seqlens_k[s + 1] - cu_seqlens_k[s] rows through block_table (batch, max_pages) row s.
@@ -236,7 +243,7 @@ def _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_tab
         _check_rank(name, t, kv_rank)
     torch._check(k.shape[:-1] == v.shape[:-1],
                  lambda: "flashattn_ext: k and v differ in total_k / pages, page size or nheads")
-    torch._check(k.shape[-1] == q.shape[2] and v.shape[-1] == q.shape[2], lambda: "flashattn_ext: head dims differ")
+    torch._check(k.shape[-1] == q.shape[2], lambda: "flashattn_ext: head dims of q and k differ")
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         _check_rank(name, t, 1)
     torch._check(cu_seqlens_q.shape[0] >= 2, lambda: "flashattn_ext: cu_seqlens_q must have batch + 1 >= 2 entries")
@@ -276,8 +283,7 @@ def _varlen_bwd_fake(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlen
     _check_devices_fake(q, rng_state, dout=dout, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q,
                         cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, alibi_slopes=alibi_slopes, sink=sink)
     _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    torch._check(dout.shape == q.shape, lambda: "flashattn_ext: dout must have the shape of q")
-    torch._check(out.shape == q.shape, lambda: "flashattn_ext: out must have the shape of q")
+    _check_out_fake(dout, out, q, v)
     torch._check(lse.shape == (q.shape[1], q.shape[0]), lambda: "flashattn_ext: lse must have shape (nheads, total_q)")
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -365,7 +371,7 @@ torch.library.register_autograd("flashattn_ext::varlen_bwd", _varlen_bwd_backwar
 
 # ------------------------------------------------------------------------------------------------
 # KV cache (flash_attn_with_kvcache): q (batch, seqlen_q, nheads, headdim); k_cache / v_cache
-# (batch_cache, seqlen_cache, nheads_kv, headdim), or paged (num_pages, page_size, nheads_kv, headdim)
+# (batch_cache, seqlen_cache, nheads_kv, headdim / headdim_v), or paged (num_pages, page_size, nheads_kv, headdim)
 # with block_table (batch, max_pages). Forward only.
 # ------------------------------------------------------------------------------------------------
 
@@ -375,9 +381,8 @@ def _check_kvcache_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cac
         _check_rank4(name, t)
     torch._check(k_cache.shape[0] == v_cache.shape[0] and k_cache.shape[1] == v_cache.shape[1]
                  and k_cache.shape[2] == v_cache.shape[2],
-                 lambda: "flashattn_ext: k_cache and v_cache must have the same shape")
-    torch._check(k_cache.shape[3] == q.shape[3] and v_cache.shape[3] == q.shape[3],
-                 lambda: "flashattn_ext: head dims of q, k_cache and v_cache differ")
+                 lambda: "flashattn_ext: k_cache and v_cache must have the same shape but for the head dim")
+    torch._check(k_cache.shape[3] == q.shape[3], lambda: "flashattn_ext: head dims of q and k_cache differ")
     batch = q.shape[0]
     for name, t in (("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
                     ("cache_leftpad", cache_leftpad)):
@@ -417,3 +422,41 @@ def _kvcache_backward(ctx, dout, dlse):
 
 
 torch.library.register_autograd("flashattn_ext::kvcache_fwd", _kvcache_backward)
+
+
+@torch.library.register_fake("flashattn_ext::kv_append")
+def _kv_append_fake(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table):
+    """Writes nothing (a fake kernel); checks what the C++ op checks of shapes, dtypes and devices."""
+    tensors = dict(v_cache=v_cache, k=k, v=v, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
+                   block_table=block_table)
+    for name, t in tensors.items():
+        if t is not None:
+            torch._check(t.device == k_cache.device, lambda: f"flashattn_ext: {name} must be on the device of "
+                                                             f"k_cache ({k_cache.device}), got {t.device}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        _check_rank4(name, t)
+        torch._check(t.dtype == k_cache.dtype,
+                     lambda: f"flashattn_ext: {name} must have the dtype of k_cache ({k_cache.dtype}), got {t.dtype}")
+    batch, seqlen_new, nheads_kv = k.shape[0], k.shape[1], k_cache.shape[2]
+    torch._check(v_cache.shape[:3] == k_cache.shape[:3],
+                 lambda: "flashattn_ext: v_cache must have the shape of k_cache but for its head dim")
+    torch._check(k.shape[2:] == k_cache.shape[2:],
+                 lambda: "flashattn_ext: k must have the nheads_kv and headdim of k_cache")
+    torch._check(v.shape == (batch, seqlen_new, nheads_kv, v_cache.shape[3]),
+                 lambda: "flashattn_ext: v must have k's batch and seqlen_new, v_cache's nheads_kv and head dim")
+    for name, t in (("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx)):
+        if t is not None:
+            torch._check(t.dtype == torch.int32, lambda: f"flashattn_ext: {name} must be int32, got {t.dtype}")
+            torch._check(t.shape == (batch,), lambda: f"flashattn_ext: {name} must have shape (batch,) = ({batch},)")
+    if block_table is not None:
+        torch._check(cache_batch_idx is None,
+                     lambda: "flashattn_ext: cache_batch_idx cannot be combined with block_table")
+        torch._check(block_table.dtype == torch.int32, lambda: "flashattn_ext: block_table must be int32")
+        _check_rank("block_table", block_table, 2)
+        torch._check(block_table.shape[0] == batch,
+                     lambda: "flashattn_ext: block_table must have shape (batch, max_pages_per_sequence)")
+        torch._check(k_cache.shape[1] > 0 and k_cache.shape[1] % PAGE_MULTIPLE == 0,
+                     lambda: f"flashattn_ext: the page size must be a positive multiple of {PAGE_MULTIPLE}")
+    elif cache_batch_idx is None:
+        torch._check(k_cache.shape[0] == batch,
+                     lambda: "flashattn_ext: the batch size of k_cache must be that of k without cache_batch_idx")

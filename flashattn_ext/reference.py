@@ -83,7 +83,9 @@ def attention_ref(
     dropout_mask=None,
     query_rows=None,
 ):
-    """Returns (out, lse) for q (batch, seqlen_q, nheads, headdim), k/v (batch, seqlen_k, nheads_kv, headdim).
+    """Returns (out, lse) for q (batch, seqlen_q, nheads, headdim), k (batch, seqlen_k, nheads_kv, headdim) and
+    v (batch, seqlen_k, nheads_kv, headdim_v): out (batch, seqlen_q, nheads, headdim_v), headdim_v v's own.
+    softmax_scale: default 1 / sqrt(headdim).
 
     causal / window_size: query i sees keys i + offset - left <= j <= i + offset + right, offset =
         seqlen_k - seqlen_q when bottom_right (flash_attn_func), 0 otherwise (torch's is_causal);
@@ -110,7 +112,7 @@ def attention_ref(
     dtype, device = q.dtype, q.device
     scores, visible = _scores(q, k, softmax_scale, causal, bottom_right, window_size, softcap, alibi_slopes,
                               attn_mask, dtype, query_rows)
-    vh = v.transpose(1, 2).repeat_interleave(nheads // nheads_kv, dim=1)  # (batch, nheads, seqlen_k, headdim)
+    vh = v.transpose(1, 2).repeat_interleave(nheads // nheads_kv, dim=1)  # (batch, nheads, seqlen_k, headdim_v)
     # Rows without a visible key: every score replaced by 0 (finite: no -inf - -inf anywhere, in the
     # forward or the backward graph), the probabilities zeroed by `visible` below.
     row_empty = ~visible.any(-1, keepdim=True)
@@ -128,7 +130,7 @@ def attention_ref(
     if dropout_mask is not None:
         keep = dropout_mask.to(device=device, dtype=torch.bool).expand(batch, nheads, seqlen_q, seqlen_k)
         probs = torch.where(keep, probs / dropout_keep_probability(dropout_p), zero)
-    out = torch.matmul(probs, vh).transpose(1, 2)  # (batch, seqlen_q, nheads, headdim)
+    out = torch.matmul(probs, vh).transpose(1, 2)  # (batch, seqlen_q, nheads, headdim_v)
     lse = lse.squeeze(-1)
     if sink is None:
         lse = torch.where(row_empty.squeeze(-1), torch.full((), -math.inf, dtype=dtype, device=device), lse)

@@ -85,8 +85,9 @@ def keep_probability(dropout_p):
 
 def attention64(q, k, v, scale=None, causal=False, bottom_right=True, *, window=(-1, -1), softcap=0.0,
                 alibi_slopes=None, sink=None, attn_mask=None, dropout_p=0.0, keep=None, internals=False):
-    """Eager float64 attention. q: (B, Sq, H, D); k, v: (B, Sk, Hkv, D), H a multiple of Hkv (query
-    head h uses kv head h // (H / Hkv)). Returns out (B, Sq, H, D) and lse (B, H, Sq), float64.
+    """Eager float64 attention. q: (B, Sq, H, D); k: (B, Sk, Hkv, D); v: (B, Sk, Hkv, Dv), Dv any (v's
+    own head dim); H a multiple of Hkv (query head h uses kv head h // (H / Hkv)). Returns out (B, Sq, H, Dv)
+    and lse (B, H, Sq), float64; scale defaults to 1 / sqrt(D).
 
     Variants (flash-attn >= 2.6 semantics; see band_mask for causal / window):
       softcap > 0     s = softcap * tanh(s / softcap) on the scaled score s = scale * q.k
@@ -143,7 +144,7 @@ def attention64(q, k, v, scale=None, causal=False, bottom_right=True, *, window=
     p_undropped = p.detach()
     if keep is not None:
         p = p * keep.to(dev).to(torch.float64) / keep_probability(dropout_p)
-    out = torch.einsum("bhqk,bkhd->bqhd", p, vx)                    # (B, Sq, H, D)
+    out = torch.einsum("bhqk,bkhe->bqhe", p, vx)                    # (B, Sq, H, Dv)
     if internals:
         return out, lse, p_undropped, dcap
     return out, lse
@@ -205,10 +206,16 @@ class Cfg:
     causal: bool = False
     scale: float = None          # None: default 1/sqrt(d)
     layout: str = "contig"
+    dv: int = None               # v's (and out's) head dim; None: d
 
     def __post_init__(self):
         assert self.h % self.hkv == 0 and self.layout in LAYOUTS
         assert self.layout != "qkvpacked" or (self.sq == self.sk and self.h == self.hkv)
+        assert self.layout not in ("kvpacked", "qkvpacked") or self.d_v == self.d
+
+    @property
+    def d_v(self):
+        return self.d if self.dv is None else self.dv
 
     @property
     def id(self):
@@ -219,6 +226,8 @@ class Cfg:
             s += f"-scale{self.scale:g}"
         if self.layout != "contig":
             s += f"-{self.layout}"
+        if self.dv is not None:
+            s += f"-dv{self.dv}"
         return s
 
     @property
@@ -227,7 +236,7 @@ class Cfg:
 
     def supports(self, device, dtype):
         """CUDA fp16/bf16 kernels take head dims that are multiples of 8, up to 256."""
-        return dtype not in HALF_DTYPES or (self.d % 8 == 0 and self.d <= 256)
+        return dtype not in HALF_DTYPES or all(d % 8 == 0 and d <= 256 for d in (self.d, self.d_v))
 
 
 SAMPLES = [
@@ -316,32 +325,32 @@ def sample_params(samples=SAMPLES, pairs=DEVICE_DTYPES):
 # ----------------------------------------------------------------------------------------------
 
 def make_inputs(cfg, dtype, device, requires_grad=True, seed=None):
-    """q (B, Sq, H, D), k, v (B, Sk, Hkv, D), dout (B, Sq, H, D) in cfg.layout.
+    """q (B, Sq, H, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv), dout (B, Sq, H, Dv) in cfg.layout (Dv = cfg.d_v).
     With requires_grad, q/k/v are views of leaf tensors that require grad (use torch.autograd.grad
     with respect to the views)."""
     gen = torch.Generator().manual_seed(cfg.seed if seed is None else seed)
-    B, Sq, Sk, H, Hkv, D = cfg.b, cfg.sq, cfg.sk, cfg.h, cfg.hkv, cfg.d
+    B, Sq, Sk, H, Hkv, D, Dv = cfg.b, cfg.sq, cfg.sk, cfg.h, cfg.hkv, cfg.d, cfg.d_v
 
     def rnd(*shape):
         t = torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
         return t.requires_grad_(requires_grad)
 
-    def contig(s, h):
-        return rnd(B, s, h, D)
+    def contig(s, h, d=D):
+        return rnd(B, s, h, d)
 
-    def bhsd(s, h):
-        return rnd(B, h, s, D).transpose(1, 2)
+    def bhsd(s, h, d=D):
+        return rnd(B, h, s, d).transpose(1, 2)
 
-    def sliced(s, h):
-        return rnd(B, s, h, D + 5)[..., 2:2 + D]
+    def sliced(s, h, d=D):
+        return rnd(B, s, h, d + 5)[..., 2:2 + d]
 
     layout = cfg.layout
     if layout == "contig":
-        q, k, v = contig(Sq, H), contig(Sk, Hkv), contig(Sk, Hkv)
+        q, k, v = contig(Sq, H), contig(Sk, Hkv), contig(Sk, Hkv, Dv)
     elif layout == "bhsd":
-        q, k, v = bhsd(Sq, H), bhsd(Sk, Hkv), bhsd(Sk, Hkv)
+        q, k, v = bhsd(Sq, H), bhsd(Sk, Hkv), bhsd(Sk, Hkv, Dv)
     elif layout == "slice":
-        q, k, v = sliced(Sq, H), sliced(Sk, Hkv), sliced(Sk, Hkv)
+        q, k, v = sliced(Sq, H), sliced(Sk, Hkv), sliced(Sk, Hkv, Dv)
     elif layout == "kvpacked":
         q = sliced(Sq, H)
         kv = rnd(B, Sk, 2, Hkv, D)
@@ -349,19 +358,19 @@ def make_inputs(cfg, dtype, device, requires_grad=True, seed=None):
     elif layout == "qkvpacked":
         q, k, v = rnd(B, Sq, 3, H, D).unbind(2)
     elif layout == "mixed":
-        q, k, v = bhsd(Sq, H), contig(Sk, Hkv), sliced(Sk, Hkv)
+        q, k, v = bhsd(Sq, H), contig(Sk, Hkv), sliced(Sk, Hkv, Dv)
     elif layout == "bcast":
         q = contig(Sq, H)
-        k, v = (rnd(1, Sk, 1, D).expand(B, Sk, Hkv, D) for _ in range(2))
+        k, v = (rnd(1, Sk, 1, d).expand(B, Sk, Hkv, d) for d in (D, Dv))
     else:
         raise AssertionError(layout)
-    dout = torch.randn(B, Sq, H, D, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
+    dout = torch.randn(B, Sq, H, Dv, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
     if layout == "mixed":
         dout = dout.transpose(1, 2).contiguous().transpose(1, 2)
     elif layout == "slice":  # last-dim stride 2: the backward has to cope (autograd hands it over as is)
         dout = torch.stack([dout, torch.zeros_like(dout)], -1).flatten(-2)[..., ::2]
-    for t in (q, k, v):
-        assert t.shape[-1] == D and (t.numel() == 0 or t.stride(-1) == 1)
+    for t, d in ((q, D), (k, D), (v, Dv)):
+        assert t.shape[-1] == d and (t.numel() == 0 or t.stride(-1) == 1)
     return q, k, v, dout
 
 
@@ -437,12 +446,11 @@ def natural_grad_norms(q, k, v, dout, scale):
     """Norms dq, dk, dv would have in a non-degenerate case (see assert_close):
     scale * ||dout|| * rms_row(v) * rms_row(k or q)."""
     q64, k64, v64, do64 = (_as64(t) for t in (q, k, v, dout))
-    D = q64.shape[-1]
     if scale is None:
-        scale = 1.0 / math.sqrt(D)
+        scale = 1.0 / math.sqrt(q64.shape[-1])
 
     def rms_row(t):
-        return math.sqrt((t.norm().item() ** 2) / max(1, t.numel() // D))
+        return math.sqrt((t.norm().item() ** 2) / max(1, t.numel() // max(1, t.shape[-1])))
 
     dq_nat = scale * do64.norm().item() * rms_row(v64) * rms_row(k64)
     dk_nat = scale * do64.norm().item() * rms_row(v64) * rms_row(q64)

@@ -141,6 +141,45 @@ def test_compile_inductor(device, dtype):
         assert_close(f"{name} (inductor vs eager)", c, e, grad_tol(dtype))
 
 
+@pytest.mark.parametrize("device, dtype", device_dtype_params([("cpu", torch.float32), ("cuda", torch.bfloat16)]))
+def test_compile_kvcache_decode_inductor(device, dtype):
+    """Inductor around flash_attn_with_kvcache's decode steps (rotary in torch ops, the append by the mutating op
+    kv_append, the attention): one graph for every step (cache_seqlens advances as a tensor), the caches written in
+    place and the outputs as eager's."""
+    batch, rows, page, nheads, nheads_kv, d = 2, 64, 16, 4, 2, 32
+    gen = torch.Generator().manual_seed(0)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype=dtype, device=device)
+
+    def step(q, k_cache, v_cache, k, v, cos, sin, seqlens, table):
+        out = flashattn_ext.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cos, sin, cache_seqlens=seqlens,
+                                                    block_table=table, causal=True)
+        return out * 2.0
+
+    angles = torch.arange(rows, dtype=torch.float32)[:, None] * torch.rand(d // 4, generator=gen)
+    cos, sin = angles.cos().to(device), angles.sin().to(device)
+    table = torch.randperm(batch * rows // page, generator=gen).view(batch, rows // page).to(torch.int32).to(device)
+    caches = {name: rnd(batch * rows // page, page, nheads_kv, d) for name in ("k", "v")}
+    eager_caches = {name: x.clone() for name, x in caches.items()}
+    initial = {name: x.clone() for name, x in caches.items()}
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(step, fullgraph=True, backend=counter)
+    seqlens = torch.tensor([3, 40], dtype=torch.int32, device=device)
+    for _ in range(3):
+        q, k, v = rnd(batch, 1, nheads, d), rnd(batch, 1, nheads_kv, d), rnd(batch, 1, nheads_kv, d)
+        c_out = compiled(q, caches["k"], caches["v"], k, v, cos, sin, seqlens, table)
+        e_out = step(q, eager_caches["k"], eager_caches["v"], k, v, cos, sin, seqlens, table)
+        assert_close("out (inductor vs eager)", c_out, e_out, OUT_TOL[dtype])
+        for name in ("k", "v"):
+            assert_close(f"{name}_cache (inductor vs eager)", caches[name], eager_caches[name], OUT_TOL[dtype])
+        seqlens = seqlens + 1
+    assert counter.frame_count == 1, counter.frame_count
+    for name in ("k", "v"):  # 3 rows of each sequence appended
+        assert (caches[name] != initial[name]).any(dim=(2, 3)).sum() == 3 * batch, name
+
+
 # ----------------------------------------------------------------------------------------------
 # flash_attn_varlen_func: one graph for every max_seqlen (SymInt max_seqlen_q / max_seqlen_k in the schema)
 # ----------------------------------------------------------------------------------------------

@@ -1,10 +1,12 @@
-"""Fuzz tests: random shapes (batch, seqlens, nheads / nheads_kv, head dims 1-256), memory layouts per
+"""Fuzz tests: random shapes (batch, seqlens, nheads / nheads_kv, head dims 1-256, v's head dim its own in
+some cases: 1-256 on CUDA, 1-512 on the CPU), memory layouts per
 tensor (contiguous, (B, H, S, D) transposed, sliced with padding, padded rows, broadcast k/v),
 variants and their combinations, through flash_attn_func (some of its cases with deterministic=True) and
 scaled_dot_product_attention, forward and backward against the float64 reference of fa_testing.py. The
 cases come from fixed seeds (40 on the CPU in fp32/fp64, 200 on CUDA in every dtype), so a failure is
 reproducible from its test id; the two shapes of issue 10's bug (fp16, head dim 1, transposed inputs) are
-tested by name."""
+tested by name. Beside them: torch's SDPA contract, gradient penalties (double backward) and random
+flash_attn_with_kvcache calls (append, decode path, paged / indexed caches) against their references."""
 import dataclasses
 import math
 import random
@@ -14,6 +16,7 @@ import torch
 
 import flashattn_ext
 from fa_testing import (
+    assert_lse_close,
     attention64,
     DTYPE_NAMES,
     OUT_TOL,
@@ -34,9 +37,16 @@ from fa_testing import (
     variant_grad_names,
     variant_reference,
 )
+from test_kvcache import CACHE_TOL
+from test_kvcache import Case as KvCase
+from test_kvcache import call as kv_call
+from test_kvcache import make_inputs as make_kv_inputs
+from test_kvcache import reference as kv_reference
 
 CPU_SEEDS = range(40)
 DETERMINISTIC_SEED_OFFSET = 7_000_003
+HEADDIM_V_SEED_OFFSET = 9_000_011
+MAX_HEADDIM_V = {"cpu": 512, "cuda": 256}
 CUDA_SEEDS = range(1000, 1200)
 DROPOUT_SEED = 4321
 
@@ -83,13 +93,18 @@ def draw_case(seed, device):
     else:
         dtype = rng.choices((torch.float16, torch.bfloat16, torch.float32, torch.float64), (3, 3, 1, 1))[0]
     d = rng.choice(SPECIAL_HEAD_DIMS) if rng.random() < 0.4 else rng.randint(1, 256)
+    # v's own head dim (d_v != d_qk) from a generator of its own, as deterministic below
+    rng_v = random.Random(seed + HEADDIM_V_SEED_OFFSET)
+    dv = None
+    if rng_v.random() < 0.3:
+        dv = rng_v.choice(SPECIAL_HEAD_DIMS) if rng_v.random() < 0.4 else rng_v.randint(1, MAX_HEADDIM_V[device])
     b = rng.randint(1, 3)
     hkv = rng.choice((1, 1, 2, 3))
     h = hkv * rng.choice((1, 2, 4))
     sq = 1 if rng.random() < 0.1 else log_uniform_int(rng, 1, MAX_SEQLEN)
     sk = 1 if rng.random() < 0.1 else log_uniform_int(rng, 1, MAX_SEQLEN)
     macs, elems = BUDGET[device]
-    while b * h * sq * sk * d > macs or b * h * sq * sk > elems:
+    while b * h * sq * sk * d > macs or b * h * sq * sk > elems:  # on d alone: dv leaves every other choice as it was
         if b > 1:
             b -= 1
         elif sq >= sk:
@@ -122,19 +137,20 @@ def draw_case(seed, device):
         fields["dropout"] = round(rng.uniform(0.05, 0.6), 3)
     layouts = tuple(rng.choice(TENSOR_LAYOUTS[:4] if name in ("q", "dout") else TENSOR_LAYOUTS)
                     for name in ("q", "k", "v", "dout"))
-    cfg = Cfg(b, sq, sk, h, hkv, d, causal=causal, scale=scale)
+    cfg = Cfg(b, sq, sk, h, hkv, d, causal=causal, scale=scale, dv=dv)
     # drawn from a generator of its own, so that the other choices of a seed stay what they were
     deterministic = api == "flash" and random.Random(seed + DETERMINISTIC_SEED_OFFSET).random() < 0.3
     return Case(seed, device, dtype, cfg, Var(**fields), layouts, api, deterministic)
 
 
 def make_fuzz_inputs(case):
-    """q, k, v (views of leaves that require grad) and dout, each in its own layout."""
+    """q, k, v (views of leaves that require grad) and dout, each in its own layout (v and dout with cfg.d_v
+    columns)."""
     cfg, dtype, device = case.cfg, case.dtype, case.device
     gen = torch.Generator().manual_seed(case.seed)
-    B, D = cfg.b, cfg.d
+    B = cfg.b
 
-    def build(layout, s, h, requires_grad):
+    def build(layout, s, h, requires_grad, D):
         if layout == "contig":
             t = torch.randn(B, s, h, D, generator=gen, dtype=torch.float64)
             leaf = t.to(device=device, dtype=dtype).requires_grad_(requires_grad)
@@ -158,10 +174,10 @@ def make_fuzz_inputs(case):
         raise AssertionError(layout)
 
     lq, lk, lv, ldo = case.layouts
-    q = build(lq, cfg.sq, cfg.h, True)
-    k = build(lk, cfg.sk, cfg.hkv, True)
-    v = build(lv, cfg.sk, cfg.hkv, True)
-    dout = build(ldo, cfg.sq, cfg.h, False)
+    q = build(lq, cfg.sq, cfg.h, True, cfg.d)
+    k = build(lk, cfg.sk, cfg.hkv, True, cfg.d)
+    v = build(lv, cfg.sk, cfg.hkv, True, cfg.d_v)
+    dout = build(ldo, cfg.sq, cfg.h, False, cfg.d_v)
     return q, k, v, dout
 
 
@@ -203,6 +219,7 @@ def test_fuzz_cases_cover_the_axes():
     for cases in (CPU_CASES, CUDA_CASES):
         dims = {c.cfg.d for c in cases}
         assert min(dims) <= 3 and max(dims) >= 200
+        assert any(c.cfg.d_v > c.cfg.d for c in cases) and any(c.cfg.d_v < c.cfg.d for c in cases)
         assert {lay for c in cases for lay in c.layouts} == set(TENSOR_LAYOUTS)
         assert {c.api for c in cases} == {"flash", "sdpa"}
         assert any(c.cfg.sq == 1 for c in cases) and any(max(c.cfg.sq, c.cfg.sk) > 256 for c in cases)
@@ -383,3 +400,48 @@ def test_fuzz_double_backward(seed):
         a = torch.zeros_like(r) if a is None else a
         r = torch.zeros_like(a) if r is None else r
         torch.testing.assert_close(a, r, atol=1e-9, rtol=1e-9)
+
+
+# ---- KV cache: random decode / append calls (the kv_append op, the CPU decode path, the general path) ------------
+
+
+def draw_kvcache_case(seed):
+    """A random test_kvcache.Case (KvCase): 1-10 queries (the CPU decode path takes <= 8), GQA ratios 1-8, dense caches
+    (some read through cache_batch_idx, some strided) or paged ones, appends of 0-4 rows that may run past the
+    cache (those rows are dropped), leftpad, rotary, and the score variants."""
+    r = random.Random(seed)
+    b, sq, hkv = r.randint(1, 4), r.randint(1, 10), r.randint(1, 3)
+    h = hkv * r.choice((1, 2, 4, 8))
+    d = r.choice((1, 8, 16, 24, 40, 64))
+    page = r.choice((0, 0, 16, 32))
+    cache = page * r.randint(1, 4) if page else r.randint(1, 80)
+    new = r.randint(0, min(4, cache))
+    seqlens = tuple(r.randint(0, cache) for _ in range(b)) if r.random() < 0.8 else r.randint(0, cache - new)
+    rotary = r.choice((None, "gptj", "neox")) if new and d >= 2 else None
+    window = r.choice(((-1, -1), (r.randint(0, 20), r.randint(0, 5)), (r.randint(0, 20), -1)))
+    return KvCase(b=b, sq=sq, h=h, hkv=hkv, d=d, cache=cache, page=page, extra_pages=r.randint(0, 3),
+                batch_cache=b + r.randint(0, 3) if not page and r.random() < 0.4 else 0, new=new, seqlens=seqlens,
+                leftpad=tuple(r.randint(0, cache // 2) for _ in range(b)) if r.random() < 0.3 else None,
+                rotary=rotary, rotary_dim=2 * r.randint(1, d // 2) if rotary else 16, causal=r.random() < 0.5,
+                window=window, softcap=r.choice((0.0, 0.0, 3.0)), alibi=r.choice((None, None, "h", "bh")),
+                sink=r.random() < 0.25, strided=not page and r.random() < 0.3, label=f"kvcache-{seed}")
+
+
+KV_PARAMS = [pytest.param(seed, "cpu", dt, id=f"{seed}-cpu-{DTYPE_NAMES[dt]}") for seed in range(40)
+             for dt in (torch.float64, torch.float32)] + \
+            [pytest.param(seed, "cuda", dt, id=f"{seed}-cuda-{DTYPE_NAMES[dt]}", marks=requires_cuda)
+             for seed in range(1000, 1040) for dt in (torch.float16, torch.bfloat16, torch.float32)]
+
+
+@pytest.mark.parametrize("seed, device, dtype", KV_PARAMS)
+def test_fuzz_kvcache(seed, device, dtype):
+    """flash_attn_with_kvcache against test_kvcache's float64 reference (the caches after the append, out and
+    lse) for random cases."""
+    case = draw_kvcache_case(seed)
+    t = make_kv_inputs(case, dtype, device, seed=seed)
+    k_ref, v_ref, out_ref, lse_ref = kv_reference(case, t, dtype)
+    out, lse = kv_call(case, t, return_softmax_lse=True)
+    torch.testing.assert_close(t["k_cache"].cpu(), k_ref, rtol=CACHE_TOL[dtype], atol=CACHE_TOL[dtype])
+    assert torch.equal(t["v_cache"].cpu(), v_ref), "v_cache after the append"
+    assert_close("out", out, out_ref, OUT_TOL[dtype])
+    assert_lse_close(lse, lse_ref, OUT_TOL[dtype])

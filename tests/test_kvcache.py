@@ -492,7 +492,7 @@ BAD_OP_INPUTS = [
     ("k_cache batch", dict(k_cache=torch.randn(3, 40, 2, 16), v_cache=torch.randn(3, 40, 2, 16)),
      ["batch size of k_cache"]),
     ("v_cache heads", dict(v_cache=torch.randn(2, 40, 1, 16)), ["nheads of k_cache", "v_cache"]),
-    ("v_cache head dim", dict(v_cache=torch.randn(2, 40, 2, 8)), ["head dim", "v_cache"]),
+    ("k_cache head dim", dict(k_cache=torch.randn(2, 40, 2, 8)), ["head dim", "q", "k_cache"]),
     ("q dtype", dict(q=torch.randn(2, 1, 4, 16, dtype=torch.float64)), ["q, k_cache and v_cache", "dtype"]),
     ("block_table int64", dict(block_table=TABLE.long(), k_cache=paged(), v_cache=paged()), ["block_table", "int32"]),
     ("block_table batch", dict(block_table=TABLE[:1], k_cache=paged(), v_cache=paged()), ["block_table", "shape"]),

@@ -404,6 +404,8 @@ ATTENTION_CASES = {
     "gqa-bidirectional-window-softcap": dict(num_heads=4, num_kv_heads=2, causal=False, window_size=(2, 1),
                                              softcap=0.5, rotary=True),
     "head_dim-no_bias": dict(num_heads=2, head_dim=24, bias=False),
+    "head_dim_v-gqa-rotary": dict(num_heads=4, num_kv_heads=2, head_dim=12, head_dim_v=6, rotary=True),
+    "head_dim_v-larger-window": dict(num_heads=2, head_dim=4, head_dim_v=20, window_size=(3, 0)),
 }
 
 
@@ -440,6 +442,12 @@ def test_attention_parameters_and_errors():
     shapes = {name: tuple(t.shape) for name, t in attn.state_dict().items()}
     assert shapes == {"qkv.weight": ((4 + 2 * 2) * 8, EMBED), "qkv.bias": ((4 + 2 * 2) * 8,),
                       "proj.weight": (EMBED, 4 * 8), "proj.bias": (EMBED,)}
+    mla = fnn.Attention(EMBED, 4, num_kv_heads=2, head_dim=12, head_dim_v=6)
+    shapes = {name: tuple(t.shape) for name, t in mla.state_dict().items()}
+    assert shapes == {"qkv.weight": ((4 + 2) * 12 + 2 * 6, EMBED), "qkv.bias": ((4 + 2) * 12 + 2 * 6,),
+                      "proj.weight": (EMBED, 4 * 6), "proj.bias": (EMBED,)}
+    with pytest.raises(ValueError, match="head_dim_v must be a positive int"):
+        fnn.Attention(EMBED, 4, head_dim_v=0)
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         fnn.Attention(EMBED, 4, num_kv_heads=3)
     with pytest.raises(ValueError, match="pass head_dim"):

@@ -236,7 +236,7 @@ def _fwd_args(q, k, v, cu_q, cu_k, seqused=None, max_q=4, max_k=4, alibi=None):
 @pytest.mark.parametrize("change,match", [
     (dict(q=torch.zeros(1, 4, 2, 8, dtype=DTYPE)), "q must have 3 dimensions"),
     (dict(k=torch.zeros(8, 2, 8, dtype=torch.float32)), "same dtype"),
-    (dict(v=torch.zeros(8, 2, 4, dtype=DTYPE)), "head dim"),
+    (dict(k=torch.zeros(8, 2, 4, dtype=DTYPE)), "head dim .* of q and k must match"),
     (dict(k=torch.zeros(8, 3, 8, dtype=DTYPE), v=torch.zeros(8, 3, 8, dtype=DTYPE)), "multiple of nheads"),
     (dict(q=torch.zeros(8, 16, 2, dtype=DTYPE).transpose(1, 2)), "stride 1"),
     (dict(cu_q=torch.tensor([0, 4, 8])), "cu_seqlens_q must be int32"),

@@ -30,12 +30,25 @@
  * is stored. Sinks enter the forward's epilogue only.
  *
  * Tiles: FLASH_CPU_TILE_Q = 128 query rows x FLASH_CPU_TILE_K = 64 key rows (flash_cpu.h); a tail
- * tile is zero padded. All matrix products go through one register-blocked kernel (gemm below,
- * FLASH_CPU_MR x FLASH_CPU_NR = 4 x 32 accumulators) that broadcasts A from any strided layout and
- * streams contiguous rows of B and C. Every pass keeps its per-task operand transposed once per task
+ * tile is zero padded. Head dims: q, k have d columns and v, o, dout d_v (flash.h), any two values; the
+ * products with Q or K run over d, those with V or dO (P V, dO V^T, P^T dO) over d_v. All matrix products
+ * go through one register-blocked kernel (gemm below, FLASH_CPU_MR x FLASH_CPU_NR = 4 x 32 accumulators)
+ * that broadcasts A from any strided layout and streams contiguous rows of B and C. Every pass keeps its per-task operand transposed once per task
  * so no inner loop transposes: forward and dQ work on S^T (keys x queries, the softmax then reduces
  * down the columns, vectorized across queries), the dK/dV pass works on S (queries x keys). The
  * streamed tiles are copied into compact buffers (cheaper than gemm reads at large row strides).
+ *
+ * Decode (decode_fwd; forwards with at most FLASH_CPU_DECODE_MAX_SQ = 8 query rows and no dropout, where a
+ * query tile would be mostly padding): one task per (batch, kv head, key split) holds the rows of every query
+ * head of the kv head's GQA group (h_per_kv * sq rows), so each key and value row is read once per group. Per
+ * block of DECODE_KEYS keys (row pointers through flash_key_offset, the rows prefetched a block ahead): S by
+ * dot products over d (vectorized reductions, four rows per key row) for tasks of fewer than 8 rows, else with
+ * the rows in the vector lanes (Q^T, 4 keys x 16 rows per register block), the mask geometry and the score hook
+ * per row, the online softmax along the keys, acc += P V in register blocks of 4 rows x 32 columns (a lone
+ * row: two keys per pass over its L1-resident accumulator). Key splits
+ * (Flash-Decoding) only when the (batch, kv head) groups are fewer than the threads (decode_splits): each split
+ * leaves its rows' (m, l, acc), merged per row by decode_merge. FLASHATTN_EXT_DISABLE_DECODE=1 (read per call)
+ * sends these calls to the blocked path; FLASHATTN_EXT_CPU_DECODE_SPLITS=n forces n splits (tests).
  *
  * Parallelization: `omp for schedule(dynamic)` over the tasks, the heaviest causal tiles first; each
  * thread owns one workspace of 9 tile buffers carved from a single allocation made before the
@@ -77,6 +90,29 @@
 #else
 #define FLASH_CPU_SIMD
 #endif
+
+/* For helpers of the FLASH_CPU_SIMD functions: inlined, so that each clone compiles them for its target. */
+#if defined(__GNUC__)
+#define FLASH_CPU_INLINE inline __attribute__((always_inline))
+#else
+#define FLASH_CPU_INLINE inline
+#endif
+
+/* Lets a function's float sums be reassociated (their reductions vectorize, with shuffle-based horizontal
+ * sums), where the compiler has no other way; infinities and NaNs keep their meaning. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define FLASH_CPU_REASSOC __attribute__((optimize("associative-math", "no-signed-zeros", "no-trapping-math")))
+#else
+#define FLASH_CPU_REASSOC
+#endif
+
+/* A hint to load the cache line at address a into the caches (L2 and beyond) for reading. */
+#if defined(__GNUC__)
+#define FLASH_CPU_PREFETCH(a) __builtin_prefetch((a), 0, 2)
+#else
+#define FLASH_CPU_PREFETCH(a) ((void)(a))
+#endif
+#define CACHE_LINE_BYTES 64
 
 /* Register block of the gemm kernel: FLASH_CPU_MR rows of C x FLASH_CPU_NR columns. */
 #define FLASH_CPU_MR 4
@@ -164,10 +200,11 @@ static inline void dropout_group_bits(const flash_params *p, int64_t bh, int64_t
 static inline int dropout_word(int64_t j) { return (int)(j % FLASH_DROPOUT_KEYS_PER_DRAW) / 2; }
 static inline int dropout_shift(int64_t j) { return DROPOUT_DRAW_BITS * (int)(j & 1); }
 
-/* Per-thread workspace elements for head dim d: one tile buffer (see the workspace struct). */
-static int64_t tile_buffer_elems(int64_t d, int64_t elem_size)
+/* Per-thread workspace elements for head dims d (q, k) and d_v (v, o): one tile buffer (see the workspace
+ * struct), sized for the larger. */
+static int64_t tile_buffer_elems(int64_t d, int64_t d_v, int64_t elem_size)
 {
-    const int64_t dm = ROUND_UP(d, FLASH_CPU_MR);
+    const int64_t dm = ROUND_UP(d > d_v ? d : d_v, FLASH_CPU_MR);
     const int64_t side = dm > TILE_MAX_NR ? dm : TILE_MAX_NR;
     return ROUND_UP(TILE_MAX_NR * side, FLASH_CPU_ALIGN_BYTES / elem_size);
 }
@@ -187,6 +224,54 @@ static void query_task(const flash_params *p, int64_t task, int64_t *bi, int64_t
 
 /* Each thread's workspace: FLASH_CPU_TILE_BUFFERS buffers of tile_buffer_elems elements. */
 #define FLASH_CPU_TILE_BUFFERS 9
+
+/* Decode forward (decode_fwd below): forward calls with at most FLASH_CPU_DECODE_MAX_SQ query rows and no
+ * dropout. Keys are taken in blocks of DECODE_KEYS; the output columns of P V in register blocks of DECODE_MR
+ * rows x DECODE_COLS columns; a key split gets at least DECODE_MIN_SPLIT_KEYS keys. */
+#define FLASH_CPU_DECODE_MAX_SQ 8
+#define DECODE_KEYS 64
+#define DECODE_MR 4
+#define DECODE_COLS 32
+#define DECODE_MIN_SPLIT_KEYS 256
+/* Tasks of at least DECODE_LANES_MIN_ROWS rows compute S with the rows in the vector lanes (decode_scores_lanes,
+ * DECODE_LANES rows at a time), fewer rows with dot products over d (decode_scores). */
+#define DECODE_LANES_MIN_ROWS 8
+#define DECODE_LANES 16
+
+/* A positive integer from the environment variable name, or 0 where it is unset or not one. Read per call,
+ * so that a test or a benchmark can switch within one process. */
+static int64_t env_count(const char *name)
+{
+    const char *env = getenv(name);
+    if (env == NULL)
+        return 0;
+    char *end;
+    const long long v = strtoll(env, &end, 10);
+    return end != env && *end == '\0' && v > 0 ? (int64_t)v : 0;
+}
+
+/* 1 when the forward takes the decode path: few query rows, no dropout, and FLASHATTN_EXT_DISABLE_DECODE (the
+ * switch of the CUDA decode kernel, csrc/cuda/launch.cu) not set to 1. */
+static int decode_shape(const flash_params *p)
+{
+    return p->sq <= FLASH_CPU_DECODE_MAX_SQ && p->dropout_threshold == 0 &&
+           env_count("FLASHATTN_EXT_DISABLE_DECODE") != 1;
+}
+
+/* Key splits per (batch, kv head) of the decode path (Flash-Decoding): none while the groups alone give every
+ * thread one; else enough for about two tasks per thread, splits of at least DECODE_MIN_SPLIT_KEYS keys.
+ * FLASHATTN_EXT_CPU_DECODE_SPLITS=n forces n, at most one per key (tests: splits that cut a window, a mask block
+ * or a page). */
+static int64_t decode_splits(const flash_params *p, int n_threads)
+{
+    const int64_t forced = env_count("FLASHATTN_EXT_CPU_DECODE_SPLITS");
+    if (forced)
+        return flash_min64(forced, flash_max64(1, p->sk));
+    const int64_t groups = p->b * p->h_kv;
+    if (groups >= n_threads)
+        return 1;
+    return clamp64(flash_cdiv64(2 * (int64_t)n_threads, groups), 1, flash_max64(1, p->sk / DECODE_MIN_SPLIT_KEYS));
+}
 
 /* The type-generic part below the #else: compiled twice, by this file including itself with T (the
  * element type), FN(name) (name with a type suffix), EXP, LOG, TANH, FABS, SOFTCAP_GRAD and ROW_FINISH
@@ -664,12 +749,14 @@ typedef struct FN(workspace) {
 
 /* Forward task: one (batch, head, query tile), working on S^T = K Q^T (keys x queries):
  *   w->q   (d, TILE_Q_NR)         Q^T of the tile, times scale
- *   w->k, w->v (TILE_K, dm)       K and V tile rows
+ *   w->k   (TILE_K, dm)           K tile rows
+ *   w->v   (TILE_K, dvm)          V tile rows
  *   w->s   (TILE_K, TILE_Q_NR)    S^T, then P^T
- *   w->acc (dm, TILE_Q_NR)        O^T, unnormalized */
+ *   w->acc (dvm, TILE_Q_NR)       O^T, unnormalized
+ * (dm, dvm: d, d_v rounded up to FLASH_CPU_MR) */
 static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
 {
-    const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR);
+    const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR), d_v = p->d_v, dvm = ROUND_UP(d_v, FLASH_CPU_MR);
     int64_t bi, hq, q0;
     query_task(p, task, &bi, &hq, &q0);
     const flash_seq seq = flash_seq_of(p, bi);
@@ -690,7 +777,7 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
         m[u] = -INFINITY;
         l[u] = 0;
     }
-    FN(zero_tile)(w->acc, TILE_Q_NR, dm, qp);
+    FN(zero_tile)(w->acc, TILE_Q_NR, dvm, qp);
     const flash_tile_range keys = flash_key_tiles(&seq, q0, t.qn, 1); /* in keys, not tiles */
     for (t.k0 = keys.first; t.k0 < keys.end; t.k0 += FLASH_CPU_TILE_K) {
         t.kn = flash_min64(FLASH_CPU_TILE_K, keys.end - t.k0);
@@ -700,37 +787,37 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
         const int64_t km = ROUND_UP(t.kn, FLASH_CPU_MR);
         const int full = t.k0 >= keys.full_first && t.k0 + t.kn <= keys.full_end && km == t.kn;
         FN(load_key_rows)(w->k, dm, km, dm, k, p, &seq, t.k0, t.kn, d);
-        FN(load_key_rows)(w->v, dm, t.kn, dm, v, p, &seq, t.k0, t.kn, d);
+        FN(load_key_rows)(w->v, dvm, t.kn, dvm, v, p, &seq, t.k0, t.kn, d_v);
         FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
         if (p->has_hook && hooked_scores(p, flags))
             FN(score_hook)(w->s, TILE_Q_NR, 1, p, &seq, &t, bi, hq, 1, flags, w->grad);
         if (!full)
             FN(mask_band_t)(w->s, km, qp, &seq, &t, -INFINITY);
-        FN(softmax_step)(w->s, km, qp, w->acc, dm, m, l);
+        FN(softmax_step)(w->s, km, qp, w->acc, dvm, m, l);
         if (p->dropout_threshold)
             FN(dropout_columns)(w->s, p, &t, bi * p->h + hq);
-        FN(gemm)(dm, qp, t.kn, w->v, 1, dm, w->s, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
+        FN(gemm)(dvm, qp, t.kn, w->v, 1, dvm, w->s, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
     }
     const T sink = (T)flash_sink(p, hq);
     for (int64_t u = 0; u < t.qn; u++) {
         T *orow = o + u * p->o_s.row;
         T factor;
         ROW_FINISH(m[u], l[u], sink, &factor, lse + u);
-        for (int64_t c = 0; c < d; c++)
+        for (int64_t c = 0; c < d_v; c++)
             orow[c] = w->acc[c * TILE_Q_NR + u] * factor;
     }
 }
 
 /* dK/dV task: one (batch, kv head, key tile), working on S = Q K^T (queries x keys):
- *   w->k, w->v  (d, TILE_K_NR)    K^T and V^T of the tile
- *   w->q, w->dout (TILE_Q, dm)    Q and dO tile rows
+ *   w->k        (d, TILE_K_NR)    K^T of the tile;  w->v (d_v, TILE_K_NR) V^T
+ *   w->q        (TILE_Q, dm)      Q tile rows;  w->dout (TILE_Q, dvm) dO tile rows
  *   w->s        (TILE_Q, TILE_K_NR)  S (unscaled), then P (with dropout: then the dropped P);
  *   w->ds       (TILE_Q, TILE_K_NR)  dP, then dS
  *   w->grad     (TILE_Q, TILE_K_NR)  softcap derivatives
- *   w->acc      (dm, TILE_K_NR)   dK^T / scale;  w->acc2 (dm, TILE_K_NR) dV^T */
+ *   w->acc      (dm, TILE_K_NR)   dK^T / scale;  w->acc2 (dvm, TILE_K_NR) dV^T */
 static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
 {
-    const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR);
+    const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR), d_v = p->d_v, dvm = ROUND_UP(d_v, FLASH_CPU_MR);
     const int64_t n_bh = p->b * p->h_kv;
     const int64_t bi = task % n_bh / p->h_kv, hk = task % p->h_kv;
     const flash_seq seq = flash_seq_of(p, bi);
@@ -744,9 +831,9 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
     T lse_eff[TILE_MAX_NR], delta[TILE_MAX_NR], renorm[TILE_MAX_NR];
 
     FN(load_key_transposed)(w->k, TILE_K_NR, kp, k, p, &seq, t.k0, t.kn, d);
-    FN(load_key_transposed)(w->v, TILE_K_NR, kp, v, p, &seq, t.k0, t.kn, d);
+    FN(load_key_transposed)(w->v, TILE_K_NR, kp, v, p, &seq, t.k0, t.kn, d_v);
     FN(zero_tile)(w->acc, TILE_K_NR, dm, kp);
-    FN(zero_tile)(w->acc2, TILE_K_NR, dm, kp);
+    FN(zero_tile)(w->acc2, TILE_K_NR, dvm, kp);
     const flash_tile_range rows = flash_query_tiles(&seq, t.k0, t.kn, 1); /* in query rows, not tiles */
     for (int64_t hq = hk * p->h_per_kv; hq < (hk + 1) * p->h_per_kv; hq++) {
         const T *q = (const T *)p->q + bi * p->q_s.batch + seq.q_row0 * p->q_s.row + hq * p->q_s.head; /* (sq, d) */
@@ -764,7 +851,7 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
             const int full = t.q0 >= rows.full_first && t.q0 + t.qn <= rows.full_end;
             const int hooked = p->has_hook && hooked_scores(p, flags);
             FN(load_rows)(w->q, dm, qm, dm, q + t.q0 * p->q_s.row, p->q_s.row, t.qn, d);
-            FN(load_rows)(w->dout, dm, qm, dm, dout + t.q0 * p->do_s.row, p->do_s.row, t.qn, d);
+            FN(load_rows)(w->dout, dvm, qm, dvm, dout + t.q0 * p->do_s.row, p->do_s.row, t.qn, d_v);
             FN(load_row_stats)(lse_eff, delta, renorm, qm, lse + t.q0, dl + t.q0, rn ? rn + t.q0 : NULL, t.qn);
             FN(gemm)(qm, kp, d, w->q, dm, 1, w->k, TILE_K_NR, w->s, TILE_K_NR, 0);
             if (hooked)
@@ -772,7 +859,7 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
             FN(probs_by_row)(w->s, qm, kp, TILE_K_NR, hooked ? 1 : (T)p->scale, lse_eff, renorm);
             if (!full)
                 FN(mask_band)(w->s, qm, kp, &seq, &t, 0);
-            FN(gemm)(qm, kp, d, w->dout, dm, 1, w->v, TILE_K_NR, w->ds, TILE_K_NR, 0);
+            FN(gemm)(qm, kp, d_v, w->dout, dvm, 1, w->v, TILE_K_NR, w->ds, TILE_K_NR, 0);
             if (p->dropout_threshold)
                 FN(dscores_dropout_by_row)(w->ds, w->s, p, &t, bi * p->h + hq, delta);
             else
@@ -781,24 +868,25 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
                 FN(store_dbias)(p, w->ds, &t, bi, hq);
             if (hooked && p->softcap > 0)
                 FN(softcap_backward)(w->ds, w->grad, TILE_K_NR, 1, &t);
-            FN(gemm)(dm, kp, t.qn, w->dout, 1, dm, w->s, TILE_K_NR, w->acc2, TILE_K_NR, 1);
+            FN(gemm)(dvm, kp, t.qn, w->dout, 1, dvm, w->s, TILE_K_NR, w->acc2, TILE_K_NR, 1);
             FN(gemm)(dm, kp, t.qn, w->q, 1, dm, w->ds, TILE_K_NR, w->acc, TILE_K_NR, 1);
         }
     }
     FN(store_key_transposed)((T *)p->dk + hk * p->dk_s.head, p->dk_s, w->acc, TILE_K_NR, p, &seq, t.k0, t.kn, d,
                              (T)p->scale);
-    FN(store_key_transposed)((T *)p->dv + hk * p->dv_s.head, p->dv_s, w->acc2, TILE_K_NR, p, &seq, t.k0, t.kn, d, 1);
+    FN(store_key_transposed)((T *)p->dv + hk * p->dv_s.head, p->dv_s, w->acc2, TILE_K_NR, p, &seq, t.k0, t.kn, d_v,
+                             1);
 }
 
 /* dQ task: one (batch, head, query tile), working on S^T like the forward:
- *   w->q, w->dout (d, TILE_Q_NR)  Q^T, dO^T
- *   w->k, w->v    (TILE_K, dm)    K and V tile rows
+ *   w->q (d, TILE_Q_NR) Q^T;  w->dout (d_v, TILE_Q_NR) dO^T
+ *   w->k (TILE_K, dm) K tile rows;  w->v (TILE_K, dvm) V tile rows
  *   w->s  (TILE_K, TILE_Q_NR)     S^T (unscaled), then P^T;  w->ds  dP^T, then dS^T
  *   w->grad (TILE_K, TILE_Q_NR)   softcap derivatives
  *   w->acc (dm, TILE_Q_NR)        dQ^T / scale */
 static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
 {
-    const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR);
+    const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR), d_v = p->d_v, dvm = ROUND_UP(d_v, FLASH_CPU_MR);
     int64_t bi, hq, q0;
     query_task(p, task, &bi, &hq, &q0);
     const flash_seq seq = flash_seq_of(p, bi);
@@ -817,7 +905,7 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
     T lse_eff[TILE_Q_NR], delta[TILE_Q_NR], renorm[TILE_Q_NR];
 
     FN(load_transposed)(w->q, TILE_Q_NR, qp, q, p->q_s.row, t.qn, d, 1);
-    FN(load_transposed)(w->dout, TILE_Q_NR, qp, dout, p->do_s.row, t.qn, d, 1);
+    FN(load_transposed)(w->dout, TILE_Q_NR, qp, dout, p->do_s.row, t.qn, d_v, 1);
     FN(load_row_stats)(lse_eff, delta, renorm, qp, (const T *)p->lse + row_off, (const T *)p->delta + row_off,
                        w->renorm ? w->renorm + row_off : NULL, t.qn);
     FN(zero_tile)(w->acc, TILE_Q_NR, dm, qp);
@@ -831,14 +919,14 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
         const int full = t.k0 >= keys.full_first && t.k0 + t.kn <= keys.full_end;
         const int hooked = p->has_hook && hooked_scores(p, flags);
         FN(load_key_rows)(w->k, dm, km, dm, k, p, &seq, t.k0, t.kn, d);
-        FN(load_key_rows)(w->v, dm, km, dm, v, p, &seq, t.k0, t.kn, d);
+        FN(load_key_rows)(w->v, dvm, km, dvm, v, p, &seq, t.k0, t.kn, d_v);
         FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
         if (hooked)
             FN(score_hook)(w->s, TILE_Q_NR, 1, p, &seq, &t, bi, hq, (T)p->scale, flags, w->grad);
         FN(probs_by_column)(w->s, km, qp, TILE_Q_NR, hooked ? 1 : (T)p->scale, lse_eff, renorm);
         if (!full)
             FN(mask_band_t)(w->s, km, qp, &seq, &t, 0);
-        FN(gemm)(km, qp, d, w->v, dm, 1, w->dout, TILE_Q_NR, w->ds, TILE_Q_NR, 0);
+        FN(gemm)(km, qp, d_v, w->v, dvm, 1, w->dout, TILE_Q_NR, w->ds, TILE_Q_NR, 0);
         if (p->dropout_threshold)
             FN(dropout_columns)(w->ds, p, &t, bi * p->h + hq);
         FN(dscores_by_column)(w->ds, w->s, km, qp, TILE_Q_NR, delta);
@@ -849,6 +937,362 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
     FN(store_transposed)(dq, p->dq_s.row, w->acc, TILE_Q_NR, t.qn, d, (T)p->scale);
 }
 
+/* Decode path: one task per (batch, kv head, key split) takes all rows of the kv head's query heads at once
+ * (row r = g * sq + i: query i of head hk * h_per_kv + g), so that one pass over a key block serves every query
+ * head of the GQA group. Per block of DECODE_KEYS keys: S (rows x keys; decode_scores or decode_scores_lanes),
+ * the online softmax along the keys, acc (rows x d_v) += P V (decode_pv). */
+typedef struct FN(decode_ws) {
+    T *q;     /* the rows of q times scale: (rows, d), or Q^T (d, rows rounded up to DECODE_LANES) with
+               * zero padding columns where the rows go in the lanes */
+    T *s;     /* (rows, DECODE_KEYS): S, then P */
+    T *acc;   /* (rows, d_v): O, unnormalized */
+    T *m, *l, *alpha; /* (rows): running max and sum, rescale factor of the last block */
+} FN(decode_ws);
+
+/* s[r * DECODE_KEYS + j] = dot(q row r, keys[j]) for r < rows, j < kn; q is (rows, d). Four rows at a time
+ * share the loads of a key row. */
+FLASH_CPU_SIMD FLASH_CPU_REASSOC static void FN(decode_scores)(T *restrict s, const T *restrict q, int64_t rows,
+                                                               int64_t d, const T *const *keys, int64_t kn)
+{
+    for (int64_t j = 0; j < kn; j++) {
+        const T *restrict kj = keys[j];
+        int64_t r = 0;
+        for (; r + DECODE_MR <= rows; r += DECODE_MR) {
+            const T *restrict q0 = q + r * d, *restrict q1 = q0 + d, *restrict q2 = q1 + d, *restrict q3 = q2 + d;
+            T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+            for (int64_t c = 0; c < d; c++) {
+                s0 += q0[c] * kj[c];
+                s1 += q1[c] * kj[c];
+                s2 += q2[c] * kj[c];
+                s3 += q3[c] * kj[c];
+            }
+            s[r * DECODE_KEYS + j] = s0;
+            s[(r + 1) * DECODE_KEYS + j] = s1;
+            s[(r + 2) * DECODE_KEYS + j] = s2;
+            s[(r + 3) * DECODE_KEYS + j] = s3;
+        }
+        for (; r < rows; r++) {
+            const T *restrict qr = q + r * d;
+            T sr = 0;
+            for (int64_t c = 0; c < d; c++)
+                sr += qr[c] * kj[c];
+            s[r * DECODE_KEYS + j] = sr;
+        }
+    }
+}
+
+/* decode_scores from Q^T (d, rp; rp a multiple of DECODE_LANES): the rows in the vector lanes, a key's element
+ * broadcast, a block of 4 keys x DECODE_LANES rows in registers over the d steps (the last block of keys
+ * repeats the last key, whose extra results are not stored). */
+FLASH_CPU_SIMD static void FN(decode_scores_lanes)(T *restrict s, const T *restrict qt, int64_t rp, int64_t rows,
+                                                   int64_t d, const T *const *keys, int64_t kn)
+{
+    for (int64_t r0 = 0; r0 < rows; r0 += DECODE_LANES) {
+        const int64_t rn = flash_min64(DECODE_LANES, rows - r0);
+        for (int64_t j0 = 0; j0 < kn; j0 += 4) {
+            const T *restrict k0 = keys[j0], *restrict k1 = keys[flash_min64(j0 + 1, kn - 1)];
+            const T *restrict k2 = keys[flash_min64(j0 + 2, kn - 1)], *restrict k3 = keys[flash_min64(j0 + 3, kn - 1)];
+            T a0[DECODE_LANES], a1[DECODE_LANES], a2[DECODE_LANES], a3[DECODE_LANES];
+            for (int u = 0; u < DECODE_LANES; u++)
+                a0[u] = a1[u] = a2[u] = a3[u] = 0;
+            for (int64_t c = 0; c < d; c++) {
+                const T *restrict qc = qt + c * rp + r0;
+                const T k0c = k0[c], k1c = k1[c], k2c = k2[c], k3c = k3[c];
+                for (int u = 0; u < DECODE_LANES; u++) {
+                    a0[u] += k0c * qc[u];
+                    a1[u] += k1c * qc[u];
+                    a2[u] += k2c * qc[u];
+                    a3[u] += k3c * qc[u];
+                }
+            }
+            const T *a[4] = {a0, a1, a2, a3};
+            for (int64_t x = 0; x < flash_min64(4, kn - j0); x++)
+                for (int64_t u = 0; u < rn; u++)
+                    s[(r0 + u) * DECODE_KEYS + j0 + x] = a[x][u];
+        }
+    }
+}
+
+/* Online-softmax step on the rows of a score block s (rows x kn, leading dim DECODE_KEYS, masked entries
+ * -inf): updates m and l, turns s into exp(s - m_new) and sets alpha = exp(m_old - m_new), the factor of the
+ * accumulator (decode_pv applies it). */
+FLASH_CPU_SIMD static void FN(decode_softmax)(T *restrict s, int64_t rows, int64_t kn, T *restrict m,
+                                              T *restrict l, T *restrict alpha)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        T *restrict row = s + r * DECODE_KEYS;
+        T mx = m[r];
+#pragma omp simd reduction(max : mx)
+        for (int64_t j = 0; j < kn; j++)
+            mx = row[j] > mx ? row[j] : mx;
+        /* a row that has seen no key yet keeps m = -inf and shifts by 0 (as softmax_step) */
+        const T shift = mx == -INFINITY ? 0 : mx;
+        alpha[r] = EXP(m[r] - shift);
+        m[r] = mx;
+        T sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < kn; j++) {
+            const T e = EXP(row[j] - shift);
+            row[j] = e;
+            sum += e;
+        }
+        l[r] = alpha[r] * l[r] + sum;
+    }
+}
+
+/* Columns [c0, c0 + DECODE_COLS) of DECODE_MR rows of acc (leading dim lda): acc = alpha[r] * acc +
+ * sum_j p[r][j] vals[j], the block held in registers across the keys. */
+static FLASH_CPU_INLINE void FN(decode_pv_block)(T *restrict acc, int64_t lda, const T *restrict pr,
+                                                 const T *restrict alpha, int64_t c0, const T *const *vals, int64_t kn)
+{
+    T a[DECODE_MR][DECODE_COLS];
+    for (int r = 0; r < DECODE_MR; r++)
+        for (int u = 0; u < DECODE_COLS; u++)
+            a[r][u] = alpha[r] * acc[r * lda + c0 + u];
+    for (int64_t j = 0; j < kn; j++) {
+        const T *restrict vj = vals[j] + c0;
+        for (int r = 0; r < DECODE_MR; r++) {
+            const T pj = pr[r * DECODE_KEYS + j];
+            for (int u = 0; u < DECODE_COLS; u++)
+                a[r][u] += pj * vj[u];
+        }
+    }
+    for (int r = 0; r < DECODE_MR; r++)
+        for (int u = 0; u < DECODE_COLS; u++)
+            acc[r * lda + c0 + u] = a[r][u];
+}
+
+/* One row of decode_pv, all d_v columns: acc = alpha * acc + sum_j p[j] vals[j], two keys per pass over the
+ * row (which stays in L1). */
+static FLASH_CPU_INLINE void FN(decode_pv_row)(T *restrict acc, int64_t d_v, const T *restrict pr, T alpha,
+                                               const T *const *vals, int64_t kn)
+{
+    for (int64_t c = 0; c < d_v; c++)
+        acc[c] *= alpha;
+    int64_t j = 0;
+    for (; j + 2 <= kn; j += 2) {
+        const T *restrict v0 = vals[j], *restrict v1 = vals[j + 1];
+        const T p0 = pr[j], p1 = pr[j + 1];
+        for (int64_t c = 0; c < d_v; c++)
+            acc[c] += p0 * v0[c] + p1 * v1[c];
+    }
+    if (j < kn) {
+        const T *restrict v0 = vals[j];
+        for (int64_t c = 0; c < d_v; c++)
+            acc[c] += pr[j] * v0[c];
+    }
+}
+
+/* acc (rows, d_v) = alpha[r] * acc + P V for P (rows x kn, leading dim DECODE_KEYS) and the value rows vals. */
+FLASH_CPU_SIMD static void FN(decode_pv)(T *restrict acc, int64_t d_v, const T *restrict pr, const T *restrict alpha,
+                                         int64_t rows, const T *const *vals, int64_t kn)
+{
+    const int64_t cols = d_v / DECODE_COLS * DECODE_COLS;
+    int64_t r = 0;
+    for (; r + DECODE_MR <= rows; r += DECODE_MR) {
+        T *restrict ar = acc + r * d_v;
+        const T *restrict pb = pr + r * DECODE_KEYS;
+        for (int64_t c0 = 0; c0 < cols; c0 += DECODE_COLS)
+            FN(decode_pv_block)(ar, d_v, pb, alpha + r, c0, vals, kn);
+        if (cols == d_v)
+            continue;
+        for (int64_t x = 0; x < DECODE_MR; x++)
+            for (int64_t c = cols; c < d_v; c++)
+                ar[x * d_v + c] *= alpha[r + x];
+        for (int64_t j = 0; j < kn; j++)
+            for (int64_t x = 0; x < DECODE_MR; x++) {
+                const T pj = pb[x * DECODE_KEYS + j];
+                for (int64_t c = cols; c < d_v; c++)
+                    ar[x * d_v + c] += pj * vals[j][c];
+            }
+    }
+    for (; r < rows; r++)
+        FN(decode_pv_row)(acc + r * d_v, d_v, pr + r * DECODE_KEYS, alpha[r], vals, kn);
+}
+
+/* kp[x], vp[x]: the rows of key k0 + x of seq in k and v (heads khead, vhead) for x < kn, run by run
+ * (key_run); with prefetch set, each row's cache lines are prefetched. */
+static void FN(decode_key_rows)(const T **kp, const T **vp, const flash_params *p, const flash_seq *seq,
+                                const T *khead, const T *vhead, int64_t k0, int64_t kn, int prefetch)
+{
+    for (int64_t j = k0, run; j < k0 + kn; j += run) {
+        run = key_run(p, seq, j, k0 + kn);
+        const T *kr = khead + flash_key_offset(p, seq, p->k_s.batch, p->k_s.row, j);
+        const T *vr = vhead + flash_key_offset(p, seq, p->v_s.batch, p->v_s.row, j);
+        for (int64_t x = 0; x < run; x++) {
+            kp[j - k0 + x] = kr + x * p->k_s.row;
+            vp[j - k0 + x] = vr + x * p->v_s.row;
+        }
+    }
+    if (!prefetch)
+        return;
+    for (int64_t x = 0; x < kn; x++) {
+        for (int64_t b = 0; b < p->d * (int64_t)sizeof(T); b += CACHE_LINE_BYTES)
+            FLASH_CPU_PREFETCH((const char *)kp[x] + b);
+        for (int64_t b = 0; b < p->d_v * (int64_t)sizeof(T); b += CACHE_LINE_BYTES)
+            FLASH_CPU_PREFETCH((const char *)vp[x] + b);
+    }
+}
+
+/* Output row of query i of head hq from its running max m, sum l (relative to m) and unnormalized acc (d_v):
+ * o and lse, with the sink (flash_row_finish_*). */
+static void FN(decode_store_row)(const flash_params *p, const flash_seq *seq, int64_t bi, int64_t hq, int64_t i,
+                                 T m, T l, const T *restrict acc)
+{
+    T *o = (T *)p->o + bi * p->o_s.batch + (seq->q_row0 + i) * p->o_s.row + hq * p->o_s.head;
+    T factor;
+    ROW_FINISH(m, l, (T)flash_sink(p, hq), &factor, (T *)p->lse + flash_lse_offset(p, seq, bi, hq) + i);
+    for (int64_t c = 0; c < p->d_v; c++)
+        o[c] = acc[c] * factor;
+}
+
+/* Decode task: (batch, kv head) group task / n_splits, key split task % n_splits of the keys its rows see
+ * (flash_key_tiles at tile size 1, cut into n_splits equal runs). Without splits it writes o and lse; with
+ * them its rows' (m, l, acc) go to partial (rows_max rows of d_v + 2 per task) for decode_merge. */
+static void FN(decode_task)(const flash_params *p, const FN(decode_ws) *w, int64_t task, int64_t n_splits,
+                            T *partial)
+{
+    const int64_t d = p->d, d_v = p->d_v, hpk = p->h_per_kv;
+    const int64_t group = task / n_splits, split = task % n_splits;
+    const int64_t bi = group / p->h_kv, hk = group % p->h_kv;
+    const flash_seq seq = flash_seq_of(p, bi);
+    const int64_t sq = seq.sq, rows = hpk * sq;
+    if (rows == 0)
+        return;
+    const flash_tile_range keys = flash_key_tiles(&seq, 0, sq, 1); /* in keys, not tiles */
+    const int64_t per = flash_cdiv64(keys.end - keys.first, n_splits);
+    const int64_t j0 = keys.first + split * per, j1 = flash_min64(keys.end, j0 + per);
+    const T *khead = (const T *)p->k + hk * p->k_s.head, *vhead = (const T *)p->v + hk * p->v_s.head;
+
+    const int lanes = rows >= DECODE_LANES_MIN_ROWS;
+    const int64_t rp = ROUND_UP(rows, DECODE_LANES);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t hq = hk * hpk + r / sq, i = r % sq;
+        const T *qrow = (const T *)p->q + bi * p->q_s.batch + (seq.q_row0 + i) * p->q_s.row + hq * p->q_s.head;
+        for (int64_t c = 0; c < d; c++)
+            w->q[lanes ? c * rp + r : r * d + c] = (T)p->scale * qrow[c];
+        w->m[r] = -INFINITY;
+        w->l[r] = 0;
+    }
+    if (lanes)
+        for (int64_t c = 0; c < d; c++)
+            for (int64_t r = rows; r < rp; r++)
+                w->q[c * rp + r] = 0;
+    FN(zero_tile)(w->acc, d_v, rows, d_v);
+    /* the row pointers of this block (kp[cur], vp[cur]) and of the next, whose rows are prefetched meanwhile
+     * (at large row strides, each key row in a page of its own, the hardware prefetchers do not follow); the
+     * first block's too, so that its misses overlap */
+    const T *kp[2][DECODE_KEYS], *vp[2][DECODE_KEYS];
+    int cur = 0;
+    if (j0 < j1)
+        FN(decode_key_rows)(kp[0], vp[0], p, &seq, khead, vhead, j0, flash_min64(DECODE_KEYS, j1 - j0), 1);
+    for (int64_t k0 = j0; k0 < j1; k0 += DECODE_KEYS, cur ^= 1) {
+        const int64_t kn = flash_min64(DECODE_KEYS, j1 - k0);
+        if (k0 + kn < j1)
+            FN(decode_key_rows)(kp[cur ^ 1], vp[cur ^ 1], p, &seq, khead, vhead, k0 + kn,
+                                flash_min64(DECODE_KEYS, j1 - k0 - kn), 1);
+        if (lanes)
+            FN(decode_scores_lanes)(w->s, w->q, rp, rows, d, kp[cur], kn);
+        else
+            FN(decode_scores)(w->s, w->q, rows, d, kp[cur], kn);
+        const int full = k0 >= keys.full_first && k0 + kn <= keys.full_end;
+        if (!full || p->has_hook)
+            for (int64_t r = 0; r < rows; r++) {
+                const int64_t hq = hk * hpk + r / sq, i = r % sq;
+                T *row = w->s + r * DECODE_KEYS;
+                const unsigned flags = flash_mask_tile_flags(p, bi, hq, i, 1, k0, kn);
+                if (!(flags & FLASH_MASK_ANY_VISIBLE)) {
+                    FN(mask_outside)(row, kn, kn, kn, -INFINITY);
+                    continue;
+                }
+                if (p->has_hook && hooked_scores(p, flags)) {
+                    const tile t = {i, 1, k0, kn};
+                    T grad[DECODE_KEYS];
+                    FN(score_hook)(row, DECODE_KEYS, 0, p, &seq, &t, bi, hq, 1, flags, grad);
+                }
+                if (!full)
+                    FN(mask_outside)(row, clamp64(i + seq.diag_lo - k0, 0, kn),
+                                     clamp64(i + seq.diag_hi + 1 - k0, 0, kn), kn, -INFINITY);
+            }
+        FN(decode_softmax)(w->s, rows, kn, w->m, w->l, w->alpha);
+        FN(decode_pv)(w->acc, d_v, w->s, w->alpha, rows, vp[cur], kn);
+    }
+    if (n_splits == 1) {
+        for (int64_t r = 0; r < rows; r++)
+            FN(decode_store_row)(p, &seq, bi, hk * hpk + r / sq, r % sq, w->m[r], w->l[r], w->acc + r * d_v);
+        return;
+    }
+    T *part = partial + task * hpk * p->sq * (d_v + 2);
+    for (int64_t r = 0; r < rows; r++) {
+        T *pr = part + r * (d_v + 2);
+        pr[0] = w->m[r];
+        pr[1] = w->l[r];
+        memcpy(pr + 2, w->acc + r * d_v, (size_t)d_v * sizeof(T));
+    }
+}
+
+/* Merges the n_splits partial (m, l, acc) of each row of (batch, kv head) group into o and lse, as
+ * softmax_step merges blocks: with M the largest m, l = sum exp(m_s - M) l_s, acc = sum exp(m_s - M) acc_s.
+ * acc: d_v elements of scratch. */
+static void FN(decode_merge)(const flash_params *p, int64_t group, int64_t n_splits, const T *partial, T *acc)
+{
+    const int64_t d_v = p->d_v, hpk = p->h_per_kv, bi = group / p->h_kv, hk = group % p->h_kv;
+    const flash_seq seq = flash_seq_of(p, bi);
+    const int64_t sq = seq.sq, stride = hpk * p->sq * (d_v + 2);
+    const T *first = partial + group * n_splits * stride;
+    for (int64_t r = 0; r < hpk * sq; r++) {
+        T mx = -INFINITY, l = 0;
+        for (int64_t s = 0; s < n_splits; s++)
+            mx = first[s * stride + r * (d_v + 2)] > mx ? first[s * stride + r * (d_v + 2)] : mx;
+        const T shift = mx == -INFINITY ? 0 : mx;
+        FN(zero_tile)(acc, d_v, 1, d_v);
+        for (int64_t s = 0; s < n_splits; s++) {
+            const T *pr = first + s * stride + r * (d_v + 2);
+            const T f = EXP(pr[0] - shift);
+            l += f * pr[1];
+            for (int64_t c = 0; c < d_v; c++)
+                acc[c] += f * pr[2 + c];
+        }
+        FN(decode_store_row)(p, &seq, bi, hk * hpk + r / sq, r % sq, mx, l, acc);
+    }
+}
+
+/* The decode forward: decode_task over every (batch, kv head, split) on the OpenMP threads, each thread with
+ * its own workspace, then (with splits) decode_merge over the groups. */
+static flash_cpu_status FN(decode_fwd)(const flash_params *p)
+{
+    const int n_threads = omp_get_max_threads();
+    const int64_t n_splits = decode_splits(p, n_threads), groups = p->b * p->h_kv, n_tasks = groups * n_splits;
+    const int64_t rows_max = p->h_per_kv * p->sq, align = FLASH_CPU_ALIGN_BYTES / (int64_t)sizeof(T);
+    const int64_t q_elems = ROUND_UP(rows_max, DECODE_LANES) * p->d;
+    const int64_t ws = ROUND_UP(q_elems + rows_max * (DECODE_KEYS + p->d_v + 3), align);
+    const int64_t part = n_splits > 1 ? ROUND_UP(n_tasks * rows_max * (p->d_v + 2), align) : 0;
+    if (n_tasks <= 0 || rows_max <= 0)
+        return FLASH_CPU_OK;
+    T *pool = aligned_alloc(FLASH_CPU_ALIGN_BYTES, (size_t)(n_threads * ws + part) * sizeof(T));
+    if (!pool)
+        return FLASH_CPU_ERR_NOMEM;
+    T *partial = pool + n_threads * ws;
+#pragma omp parallel num_threads(n_threads)
+    {
+        T *base = pool + omp_get_thread_num() * ws;
+        T *rest = base + q_elems;
+        const FN(decode_ws) w = {base, rest, rest + rows_max * DECODE_KEYS, rest + rows_max * (DECODE_KEYS + p->d_v),
+                                 rest + rows_max * (DECODE_KEYS + p->d_v + 1),
+                                 rest + rows_max * (DECODE_KEYS + p->d_v + 2)};
+#pragma omp for schedule(dynamic)
+        for (int64_t task = 0; task < n_tasks; task++)
+            FN(decode_task)(p, &w, task, n_splits, partial);
+        if (n_splits > 1) {
+#pragma omp for schedule(static)
+            for (int64_t group = 0; group < groups; group++)
+                FN(decode_merge)(p, group, n_splits, partial, w.acc);
+        }
+    }
+    free(pool);
+    return FLASH_CPU_OK;
+}
+
 typedef void (*FN(task_fn))(const flash_params *p, const FN(workspace) *w, int64_t task);
 
 /* Runs tasks [0, n_tasks) on the OpenMP threads, each thread with its own workspace (renorm: the
@@ -857,7 +1301,7 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
 {
     if (n_tasks <= 0)
         return FLASH_CPU_OK;
-    const int64_t buf = tile_buffer_elems(p->d, sizeof(T));
+    const int64_t buf = tile_buffer_elems(p->d, p->d_v, sizeof(T));
     const int n_threads = omp_get_max_threads();
     T *pool = aligned_alloc(FLASH_CPU_ALIGN_BYTES,
                             (size_t)(n_threads * FLASH_CPU_TILE_BUFFERS * buf) * sizeof(T));
@@ -879,6 +1323,8 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
 
 static flash_cpu_status FN(fwd)(const flash_params *p)
 {
+    if (decode_shape(p))
+        return FN(decode_fwd)(p);
     return FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(fwd_task), NULL);
 }
 
@@ -898,7 +1344,7 @@ static int64_t FN(delta_rows)(const flash_params *p)
         const T *dout = (const T *)p->dout + bi * p->do_s.batch + row * p->do_s.row + hq * p->do_s.head;
         const T *o = (const T *)p->o + bi * p->o_s.batch + row * p->o_s.row + hq * p->o_s.head;
         T acc = 0;
-        for (int64_t c = 0; c < p->d; c++)
+        for (int64_t c = 0; c < p->d_v; c++)
             acc += dout[c] * o[c];
         const int64_t at = flash_lse_offset(p, &seq, bi, hq) + i;
         ((T *)p->delta)[at] = acc;

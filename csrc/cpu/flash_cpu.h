@@ -2,8 +2,10 @@
  *
  * flash_fwd_cpu and flash_bwd_cpu dispatch on p->dtype: FLASH_FP32 (float data, float lse/delta) and
  * FLASH_FP64 (double data, double lse/delta); other dtypes return FLASH_CPU_ERR_DTYPE. They run on the
- * OpenMP threads the runtime gives, allocate only O(tile * d) workspace per thread, and return the
- * first error met (FLASH_CPU_OK otherwise). Every variant of flash_params is supported (band,
+ * OpenMP threads the runtime gives, allocate only O(tile * max(d, d_v)) workspace per thread (the decode
+ * forward, sq <= 8: O(h / h_kv * sq * (d + d_v + 64)) per thread and, with key splits, per task), and return
+ * the first error met (FLASH_CPU_OK otherwise). Any head dims d (q, k) and d_v (v, o), equal or not, with no
+ * upper limit. Every variant of flash_params is supported (band,
  * softcap, ALiBi, attn_mask, dropout, sinks: csrc/mask.h), dense and variable-length batches,
  * seqused_k, and the KV-cache fields (k_batch_idx, k_leftpad, a paged cache's block_table); layouts
  * and strides: see csrc/flash.h.

@@ -146,9 +146,12 @@ __device__ __forceinline__ T element_grad(const flash_params &p, T s, T capped, 
     return p.softcap > 0.0f ? *ds * simple_softcap_grad(capped, (T)p.softcap) : *ds;
 }
 
+/* Each kernel serves fp32 and fp64 (not a speed path): its threads take the body of p.dtype (a uniform branch)
+ * instead of an instantiation per dtype. */
+
 /* delta (lse layout) = rowsum(dout * o); one warp per (b, h, query row i < sq). */
 template <typename T>
-__global__ void __launch_bounds__(SIMPLE_WARPS *FLASH_WARP_SIZE) bwd_simple_delta_kernel(const flash_params p)
+__device__ __forceinline__ void simple_delta_rows(const flash_params &p)
 {
     const int lane = threadIdx.x % FLASH_WARP_SIZE;
     const int64_t idx = (int64_t)blockIdx.x * SIMPLE_WARPS + threadIdx.x / FLASH_WARP_SIZE; /* (b*h + hq)*sq + i */
@@ -170,11 +173,18 @@ __global__ void __launch_bounds__(SIMPLE_WARPS *FLASH_WARP_SIZE) bwd_simple_delt
         ((T *)p.delta)[flash_lse_offset(&p, &seq, b, hq) + i] = sum;
 }
 
+__global__ void __launch_bounds__(SIMPLE_WARPS *FLASH_WARP_SIZE) bwd_simple_delta_kernel(const flash_params p)
+{
+    if (p.dtype == FLASH_FP64)
+        simple_delta_rows<double>(p);
+    else
+        simple_delta_rows<float>(p);
+}
+
 /* dk, dv (rows of k): one warp per key row j < sk of sequence b, summing over the group's query heads;
  * dbias. */
 template <typename T>
-__global__ void __launch_bounds__(SIMPLE_WARPS *FLASH_WARP_SIZE, SIMPLE_MIN_BLOCKS)
-bwd_simple_dkv_kernel(const flash_params p)
+__device__ __forceinline__ void simple_dkv_rows(const flash_params &p)
 {
     const int lane = threadIdx.x % FLASH_WARP_SIZE;
     const int64_t j = (int64_t)blockIdx.x * SIMPLE_WARPS + threadIdx.x / FLASH_WARP_SIZE;
@@ -234,10 +244,18 @@ bwd_simple_dkv_kernel(const flash_params p)
     store_row((T *)p.dv + kb * p.dv_s.batch + kr * p.dv_s.row + hk * p.dv_s.head, dv, (T)1, d, lane);
 }
 
+__global__ void __launch_bounds__(SIMPLE_WARPS *FLASH_WARP_SIZE, SIMPLE_MIN_BLOCKS)
+bwd_simple_dkv_kernel(const flash_params p)
+{
+    if (p.dtype == FLASH_FP64)
+        simple_dkv_rows<double>(p);
+    else
+        simple_dkv_rows<float>(p);
+}
+
 /* dq (rows of q): one warp per query row i < sq of sequence b. */
 template <typename T>
-__global__ void __launch_bounds__(SIMPLE_WARPS *FLASH_WARP_SIZE, SIMPLE_MIN_BLOCKS)
-bwd_simple_dq_kernel(const flash_params p)
+__device__ __forceinline__ void simple_dq_rows(const flash_params &p)
 {
     const int lane = threadIdx.x % FLASH_WARP_SIZE;
     const int64_t i = (int64_t)blockIdx.x * SIMPLE_WARPS + threadIdx.x / FLASH_WARP_SIZE;
@@ -287,26 +305,34 @@ bwd_simple_dq_kernel(const flash_params p)
     store_row((T *)p.dq + b * p.dq_s.batch + qr * p.dq_s.row + hq * p.dq_s.head, dq, (T)p.scale, d, lane);
 }
 
+__global__ void __launch_bounds__(SIMPLE_WARPS *FLASH_WARP_SIZE, SIMPLE_MIN_BLOCKS)
+bwd_simple_dq_kernel(const flash_params p)
+{
+    if (p.dtype == FLASH_FP64)
+        simple_dq_rows<double>(p);
+    else
+        simple_dq_rows<float>(p);
+}
+
 static unsigned int simple_blocks(int64_t rows)
 {
     return (unsigned int)((rows + SIMPLE_WARPS - 1) / SIMPLE_WARPS);
 }
 
-template <typename T>
 static cudaError_t run_bwd_simple(const flash_params *p, cudaStream_t stream)
 {
     cudaError_t err;
     const flash_params pv = *p;
     const dim3 block(SIMPLE_WARPS * FLASH_WARP_SIZE);
-    bwd_simple_delta_kernel<T><<<simple_blocks(p->b * p->h * p->sq), block, 0, stream>>>(pv);
+    bwd_simple_delta_kernel<<<simple_blocks(p->b * p->h * p->sq), block, 0, stream>>>(pv);
     if ((err = cudaGetLastError()) != cudaSuccess)
         return err;
     const dim3 dkv_grid(simple_blocks(p->sk), (unsigned int)p->h_kv, (unsigned int)p->b);
-    bwd_simple_dkv_kernel<T><<<dkv_grid, block, 0, stream>>>(pv);
+    bwd_simple_dkv_kernel<<<dkv_grid, block, 0, stream>>>(pv);
     if ((err = cudaGetLastError()) != cudaSuccess)
         return err;
     const dim3 dq_grid(simple_blocks(p->sq), (unsigned int)p->h, (unsigned int)p->b);
-    bwd_simple_dq_kernel<T><<<dq_grid, block, 0, stream>>>(pv);
+    bwd_simple_dq_kernel<<<dq_grid, block, 0, stream>>>(pv);
     return cudaGetLastError();
 }
 
@@ -321,9 +347,7 @@ extern "C" cudaError_t flash_bwd_simple(const flash_params *p, cudaStream_t stre
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0 || p->sq == 0 || p->sk == 0)
         return cudaSuccess;
-    if (p->dtype == FLASH_FP32)
-        return run_bwd_simple<float>(p, stream);
-    if (p->dtype == FLASH_FP64)
-        return run_bwd_simple<double>(p, stream);
-    return cudaErrorInvalidValue;
+    if (p->dtype != FLASH_FP32 && p->dtype != FLASH_FP64)
+        return cudaErrorInvalidValue;
+    return run_bwd_simple(p, stream);
 }

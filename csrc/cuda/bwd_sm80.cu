@@ -309,12 +309,16 @@ __host__ __device__ inline int row_lanes_log2(int d)
     return lg;
 }
 
+/* The row-wise kernels (preprocess, dQ and dK / dV postprocess) are memory-bound passes: one kernel each for
+ * both 16-bit dtypes, whose threads take the body of p.dtype (a uniform branch; launched for fp16 / bf16 only)
+ * instead of an instantiation per dtype. */
+
 /* One row of a (b, hq) per 2^lg threads (varlen: sq = max_seqlen_q, rows past the sequence's end do nothing;
  * they take part in the row's shuffles with a zero sum); thread l of the row reads CHUNK consecutive elements
  * of O and dO at column CHUNK l and zeroes float4 columns l, l + 2^lg, ... of the row's dq_accum (where the
  * main kernel adds dQ into it) and, at every FLASH_DQ_SEM_ROWS-th row, the row's dq_semaphore entry. */
 template <typename T>
-__global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_kernel(const flash_params p)
+__device__ __forceinline__ void preprocess_rows(const flash_params &p)
 {
     const int d = (int)p.d, lg = row_lanes_log2(d), lanes = 1 << lg, lr = threadIdx.x & (lanes - 1);
     const int64_t i = (int64_t)blockIdx.x * (POST_THREADS >> lg) + (threadIdx.x >> lg), hq = blockIdx.y, b = blockIdx.z;
@@ -349,6 +353,14 @@ __global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_kernel(const flas
         const int64_t sem_tiles = flash_dq_sem_tiles(&p);
         p.dq_semaphore[(b * p.h + hq) * sem_tiles + i / FLASH_DQ_SEM_ROWS] = 0;
     }
+}
+
+__global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_kernel(const flash_params p)
+{
+    if (p.dtype == FLASH_BF16)
+        preprocess_rows<__nv_bfloat16>(p);
+    else
+        preprocess_rows<__half>(p);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -1065,7 +1077,7 @@ __global__ void __launch_bounds__(BRQ / 16 * FLASH_WARP_SIZE, 1)
 /* dq = dq_accum * scale, one row of a (b, hq) per 2^lg threads as the preprocess (varlen: rows past the
  * sequence's end do nothing); thread l of the row converts CHUNK consecutive elements at column CHUNK l. */
 template <typename T>
-__global__ void __launch_bounds__(POST_THREADS) bwd_dq_post_kernel(const flash_params p)
+__device__ __forceinline__ void dq_post_rows(const flash_params &p)
 {
     const int d = (int)p.d, lg = row_lanes_log2(d), c = (int)(threadIdx.x & ((1u << lg) - 1)) * CHUNK;
     const int64_t i = (int64_t)blockIdx.x * (POST_THREADS >> lg) + (threadIdx.x >> lg), hq = blockIdx.y, b = blockIdx.z;
@@ -1084,10 +1096,18 @@ __global__ void __launch_bounds__(POST_THREADS) bwd_dq_post_kernel(const flash_p
     *(uint4 *)((T *)p.dq + b * p.dq_s.batch + (s.q_row0 + i) * p.dq_s.row + hq * p.dq_s.head + c) = out;
 }
 
+__global__ void __launch_bounds__(POST_THREADS) bwd_dq_post_kernel(const flash_params p)
+{
+    if (p.dtype == FLASH_BF16)
+        dq_post_rows<__nv_bfloat16>(p);
+    else
+        dq_post_rows<__half>(p);
+}
+
 /* GQA: one thread per 8 consecutive elements of dk and dv (b, key j < sk, h_kv; varlen: keys past
  * the sequence's end do nothing): the sum over the group's query heads, in head order. */
 template <typename T>
-__global__ void __launch_bounds__(POST_THREADS) bwd_dkv_post_kernel(const flash_params p)
+__device__ __forceinline__ void dkv_post_rows(const flash_params &p)
 {
     const int64_t idx = (int64_t)blockIdx.x * POST_THREADS + threadIdx.x;
     const int d = (int)p.d, cpr = d / CHUNK;
@@ -1118,6 +1138,14 @@ __global__ void __launch_bounds__(POST_THREADS) bwd_dkv_post_kernel(const flash_
         T *dst = (T *)(which == 0 ? p.dk : p.dv) + s.k_batch * os.batch + (s.k_row0 + j) * os.row + hk * os.head + c;
         *(uint4 *)dst = out;
     }
+}
+
+__global__ void __launch_bounds__(POST_THREADS) bwd_dkv_post_kernel(const flash_params p)
+{
+    if (p.dtype == FLASH_BF16)
+        dkv_post_rows<__nv_bfloat16>(p);
+    else
+        dkv_post_rows<__half>(p);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -1276,12 +1304,9 @@ extern "C" cudaError_t flash_bwd_sm80_pre(const flash_params *p, cudaStream_t st
 {
     if (p->b == 0 || p->h == 0 || p->sq == 0)
         return cudaSuccess;
-    if (p->dtype == FLASH_BF16)
-        bwd_preprocess_kernel<__nv_bfloat16><<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
-    else if (p->dtype == FLASH_FP16)
-        bwd_preprocess_kernel<__half><<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
-    else
+    if (p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16)
         return cudaErrorInvalidValue;
+    bwd_preprocess_kernel<<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
     return cudaGetLastError();
 }
 
@@ -1299,12 +1324,9 @@ extern "C" cudaError_t flash_bwd_sm80_dq_post(const flash_params *p, cudaStream_
 {
     if (p->b == 0 || p->h == 0 || p->sq == 0)
         return cudaSuccess;
-    if (p->dtype == FLASH_BF16)
-        bwd_dq_post_kernel<__nv_bfloat16><<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
-    else if (p->dtype == FLASH_FP16)
-        bwd_dq_post_kernel<__half><<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
-    else
+    if (p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16)
         return cudaErrorInvalidValue;
+    bwd_dq_post_kernel<<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
     return cudaGetLastError();
 }
 
@@ -1313,11 +1335,8 @@ extern "C" cudaError_t flash_bwd_sm80_dkv_post(const flash_params *p, cudaStream
     const unsigned int blocks = blocks_for(p->b * p->sk * p->h_kv * (p->d / CHUNK), POST_THREADS);
     if (p->h == p->h_kv || blocks == 0)
         return cudaSuccess;
-    if (p->dtype == FLASH_BF16)
-        bwd_dkv_post_kernel<__nv_bfloat16><<<blocks, POST_THREADS, 0, stream>>>(*p);
-    else if (p->dtype == FLASH_FP16)
-        bwd_dkv_post_kernel<__half><<<blocks, POST_THREADS, 0, stream>>>(*p);
-    else
+    if (p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16)
         return cudaErrorInvalidValue;
+    bwd_dkv_post_kernel<<<blocks, POST_THREADS, 0, stream>>>(*p);
     return cudaGetLastError();
 }

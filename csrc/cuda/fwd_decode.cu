@@ -496,9 +496,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
 
 /* Merge the num_splits partials of each (batch, hq, query) row: lse = log sum_s exp(lse_s), out = sum_s
  * exp(lse_s - lse) o_s, then the sink (flash_row_finish_f with m = lse, l = 1). One warp per row, 8 columns
- * per lane. grid (cdiv(b h sq, kCombineWarps)) */
+ * per lane. grid (cdiv(b h sq, kCombineWarps)). A memory-bound pass: one kernel for both dtypes, whose threads
+ * take the body of p.dtype (a uniform branch). */
 template <typename T>
-__global__ void __launch_bounds__(kCombineWarps *FLASH_WARP_SIZE) flash_fwd_combine_kernel(const __grid_constant__ flash_params p)
+__device__ __forceinline__ void combine_rows(const flash_params &p)
 {
     const int lane = threadIdx.x % FLASH_WARP_SIZE;
     const int64_t row = (int64_t)blockIdx.x * kCombineWarps + threadIdx.x / FLASH_WARP_SIZE;
@@ -544,6 +545,14 @@ __global__ void __launch_bounds__(kCombineWarps *FLASH_WARP_SIZE) flash_fwd_comb
     }
 }
 
+__global__ void __launch_bounds__(kCombineWarps *FLASH_WARP_SIZE) flash_fwd_combine_kernel(const __grid_constant__ flash_params p)
+{
+    if (p.dtype == FLASH_FP16)
+        combine_rows<__half>(p);
+    else
+        combine_rows<__nv_bfloat16>(p);
+}
+
 /* Whether the current device takes programmatic dependent launches (sm90+). */
 bool has_pdl(void)
 {
@@ -578,7 +587,7 @@ cudaError_t launch_decode(const flash_params *p, cudaStream_t stream)
     attr.val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = &attr;
     cfg.numAttrs = has_pdl() ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, flash_fwd_combine_kernel<T>, *p);
+    return cudaLaunchKernelEx(&cfg, flash_fwd_combine_kernel, *p);
 }
 
 template <typename Cfg>

@@ -46,14 +46,12 @@ __device__ __forceinline__ void row_finish_t(double m, double l, double sink, do
     flash_row_finish_d(m, l, sink, factor, lse);
 }
 
+/* The kernel's body in the data type T; sk_tile, sv_tile: (kBlockN, d) tiles of K and V in shared memory, k_off,
+ * v_off: the tile's keys in k / v (flash_key_offset). */
 template <typename T>
-__global__ void __launch_bounds__(kRows *FLASH_WARP_SIZE, kMinCtasPerSm)
-flash_fwd_simple_kernel(const flash_params p)
+__device__ __forceinline__ void fwd_simple_rows(const flash_params &p, T (*sk_tile)[FLASH_CUDA_MAX_HEAD_DIM],
+                                                T (*sv_tile)[FLASH_CUDA_MAX_HEAD_DIM], int64_t *k_off, int64_t *v_off)
 {
-    __shared__ T sk_tile[kBlockN][FLASH_CUDA_MAX_HEAD_DIM]; /* (kBlockN, d) */
-    __shared__ T sv_tile[kBlockN][FLASH_CUDA_MAX_HEAD_DIM]; /* (kBlockN, d) */
-    __shared__ int64_t k_off[kBlockN], v_off[kBlockN];       /* the tile's keys in k / v (flash_key_offset) */
-
     const int tid = threadIdx.x;
     const int warp = tid / FLASH_WARP_SIZE;
     const int lane = tid % FLASH_WARP_SIZE;
@@ -190,12 +188,26 @@ flash_fwd_simple_kernel(const flash_params p)
         lse[row] = row_lse;
 }
 
+/* Dynamic shared memory of the K and V tiles in the data type T. */
 template <typename T>
-static cudaError_t launch_simple(const flash_params *p, cudaStream_t stream)
+static constexpr size_t tiles_bytes(void)
 {
-    const dim3 grid((unsigned)((p->sq + kRows - 1) / kRows), (unsigned)p->h, (unsigned)p->b);
-    flash_fwd_simple_kernel<T><<<grid, kRows * FLASH_WARP_SIZE, 0, stream>>>(*p);
-    return cudaGetLastError();
+    return 2 * kBlockN * FLASH_CUDA_MAX_HEAD_DIM * sizeof(T);
+}
+
+/* One kernel for fp32 and fp64 (not a speed path): its threads take the body of p.dtype, a uniform branch. */
+__global__ void __launch_bounds__(kRows *FLASH_WARP_SIZE, kMinCtasPerSm)
+flash_fwd_simple_kernel(const flash_params p)
+{
+    extern __shared__ __align__(16) unsigned char tiles[]; /* tiles_bytes<T>() */
+    __shared__ int64_t k_off[kBlockN], v_off[kBlockN];
+    if (p.dtype == FLASH_FP64) {
+        double(*sk_tile)[FLASH_CUDA_MAX_HEAD_DIM] = (double(*)[FLASH_CUDA_MAX_HEAD_DIM])tiles;
+        fwd_simple_rows<double>(p, sk_tile, sk_tile + kBlockN, k_off, v_off);
+    } else {
+        float(*sk_tile)[FLASH_CUDA_MAX_HEAD_DIM] = (float(*)[FLASH_CUDA_MAX_HEAD_DIM])tiles;
+        fwd_simple_rows<float>(p, sk_tile, sk_tile + kBlockN, k_off, v_off);
+    }
 }
 
 extern "C" cudaError_t flash_fwd_simple(const flash_params *p, cudaStream_t stream)
@@ -208,9 +220,10 @@ extern "C" cudaError_t flash_fwd_simple(const flash_params *p, cudaStream_t stre
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0 || p->sq == 0)
         return cudaSuccess;
-    if (p->dtype == FLASH_FP32)
-        return launch_simple<float>(p, stream);
-    if (p->dtype == FLASH_FP64)
-        return launch_simple<double>(p, stream);
-    return cudaErrorInvalidValue;
+    if (p->dtype != FLASH_FP32 && p->dtype != FLASH_FP64)
+        return cudaErrorInvalidValue;
+    const dim3 grid((unsigned)((p->sq + kRows - 1) / kRows), (unsigned)p->h, (unsigned)p->b);
+    const size_t smem = p->dtype == FLASH_FP64 ? tiles_bytes<double>() : tiles_bytes<float>();
+    flash_fwd_simple_kernel<<<grid, kRows * FLASH_WARP_SIZE, smem, stream>>>(*p);
+    return cudaGetLastError();
 }

@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "../flash.h"
+#include "../kv_append.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -41,6 +42,10 @@ cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream);
 /* keep (b, h, sq, sk) contiguous uint8: 1 where dropout keeps P[b, h, i, j] (mask.h), for
  * return_attn_probs. */
 cudaError_t flash_dropout_mask_cuda(const flash_params *p, uint8_t *keep, cudaStream_t stream);
+
+/* The KV-cache append (csrc/kv_append.h, kv_append.cu; also called by the binding): new keys and values into
+ * both caches in one launch; cudaErrorMisalignedAddress when an address is not aligned to its element size. */
+cudaError_t flash_kv_append_cuda(const flash_kv_append_params *p, cudaStream_t stream);
 
 /* blocks (mask.h flash_mask_flag_dims, contiguous uint8): the block flags of the attn_mask p->mask (its kind,
  * strides, and dtype p->dtype when additive; sizes b, h, sq, sk), in one pass on the device (mask_flags.cu). */

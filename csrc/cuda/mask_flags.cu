@@ -21,6 +21,9 @@
 
 static constexpr int kFlagThreads = 256;       /* threads per CTA */
 static constexpr int kVecBytes = 16;           /* one vector load */
+/* CTAs per SM that the register budget leaves room for: the five entry types' bodies in one kernel need no more
+ * registers than the bool one alone (48, no spills; without the bound 64) */
+static constexpr int kFlagMinCtas = 5;
 
 /* The flags of one entry: bool (stored as uint8) or additive in the dtype of q. */
 __device__ __forceinline__ unsigned entry_flags(uint8_t x)
@@ -36,9 +39,9 @@ __device__ __forceinline__ unsigned entry_flags(__nv_bfloat16 x) { return value_
 __device__ __forceinline__ unsigned entry_flags(float x) { return value_flags(x); }
 __device__ __forceinline__ unsigned entry_flags(double x) { return value_flags(x); }
 
+/* The pass over a mask of entry type T. */
 template <typename T>
-__global__ void __launch_bounds__(kFlagThreads)
-flash_mask_flags_kernel(const flash_params p, uint8_t *blocks /* flash_mask_flag_dims, contiguous */)
+__device__ __forceinline__ void mask_flags_of(const flash_params &p, uint8_t *blocks)
 {
     constexpr unsigned kBoth = FLASH_MASK_ANY_VISIBLE | FLASH_MASK_ANY_MASKED;
     int64_t dims[4];
@@ -73,6 +76,23 @@ flash_mask_flags_kernel(const flash_params p, uint8_t *blocks /* flash_mask_flag
     }
 }
 
+/* One kernel for the five entry types (a pass over the mask, memory-bound): its threads take the body of the
+ * mask's type (a uniform branch; launched for a bool or an additive mask of dtype fp16 / bf16 / fp32 / fp64). */
+__global__ void __launch_bounds__(kFlagThreads, kFlagMinCtas)
+flash_mask_flags_kernel(const flash_params p, uint8_t *blocks /* flash_mask_flag_dims, contiguous */)
+{
+    if (p.mask_kind == FLASH_MASK_BOOL)
+        mask_flags_of<uint8_t>(p, blocks);
+    else if (p.dtype == FLASH_FP16)
+        mask_flags_of<__half>(p, blocks);
+    else if (p.dtype == FLASH_BF16)
+        mask_flags_of<__nv_bfloat16>(p, blocks);
+    else if (p.dtype == FLASH_FP32)
+        mask_flags_of<float>(p, blocks);
+    else
+        mask_flags_of<double>(p, blocks);
+}
+
 extern "C" cudaError_t flash_mask_flags_cuda(const flash_params *p, uint8_t *blocks, cudaStream_t stream)
 {
     if (p->mask == NULL || (p->mask_kind != FLASH_MASK_BOOL && p->mask_kind != FLASH_MASK_ADD))
@@ -83,17 +103,9 @@ extern "C" cudaError_t flash_mask_flags_cuda(const flash_params *p, uint8_t *blo
     if (n == 0 || p->sq == 0 || p->sk == 0)
         return cudaSuccess;
     const unsigned ctas = (unsigned)flash_min64(flash_cdiv64(n, kFlagThreads), FLASH_MAX_GRID_YZ);
-    if (p->mask_kind == FLASH_MASK_BOOL)
-        flash_mask_flags_kernel<uint8_t><<<ctas, kFlagThreads, 0, stream>>>(*p, blocks);
-    else if (p->dtype == FLASH_FP16)
-        flash_mask_flags_kernel<__half><<<ctas, kFlagThreads, 0, stream>>>(*p, blocks);
-    else if (p->dtype == FLASH_BF16)
-        flash_mask_flags_kernel<__nv_bfloat16><<<ctas, kFlagThreads, 0, stream>>>(*p, blocks);
-    else if (p->dtype == FLASH_FP32)
-        flash_mask_flags_kernel<float><<<ctas, kFlagThreads, 0, stream>>>(*p, blocks);
-    else if (p->dtype == FLASH_FP64)
-        flash_mask_flags_kernel<double><<<ctas, kFlagThreads, 0, stream>>>(*p, blocks);
-    else
+    if (p->mask_kind == FLASH_MASK_ADD && p->dtype != FLASH_FP16 && p->dtype != FLASH_BF16 &&
+        p->dtype != FLASH_FP32 && p->dtype != FLASH_FP64)
         return cudaErrorInvalidValue;
+    flash_mask_flags_kernel<<<ctas, kFlagThreads, 0, stream>>>(*p, blocks);
     return cudaGetLastError();
 }

@@ -1,0 +1,17 @@
+"""Medians per config and variant of dev/ab_sed.sh output (bwd_harness lines), with each variant over \"main\"."""
+import re, sys, statistics, collections
+d = collections.defaultdict(lambda: collections.defaultdict(list))
+name = None
+for line in open(sys.argv[1]):
+    m = re.match(r"== round (\d+) (\S+): (.*)", line)
+    if m:
+        name = m.group(2); continue
+    m = re.match(r"bf16 (d=\s*\d+ seqlen=\s*\d+ .*?)\s*:\s*([\d.]+) ms\s+([\d.]+) TFLOP/s", line)
+    if m and name:
+        d[m.group(1).strip()][name].append(float(m.group(3)))
+names = sorted({n for c in d.values() for n in c}, key=lambda n: (n != "main", n))
+print("config".ljust(52), *[n.rjust(9) for n in names], *[("%s/main" % n).rjust(11) for n in names if n != "main"])
+for c, v in d.items():
+    med = {n: statistics.median(v[n]) if v[n] else float("nan") for n in names}
+    print(re.sub(r"\s+", " ", c).ljust(52), *["%9.1f" % med[n] for n in names],
+          *["%11.3f" % (med[n] / med["main"]) for n in names if n != "main"])
