@@ -17,6 +17,8 @@
  *   mask bool        s = -inf where mask[b, h, i, j] is 0
  * The backward's dS = P * (dP - delta) is the gradient of the final s; the gradient of q.k is
  * dS * softcap_derivative * scale.
+ * The kernels and the CPU passes compose it through score.h (its units and derivative there); the
+ * scalar forms below are the element-by-element definition (dev/attn_ref.h).
  *
  * Probability hook:
  *   dropout  P_ij is kept iff the 16-bit Philox draw of (seed, offset, b * h + hq, i, j) is
