@@ -20,8 +20,9 @@
  * HOOK (the hook and dropout, a runtime softcap where the kernel has no SOFTCAP kind), SOFTCAP (the hook
  * with softcap).
  *
- * The float (_f) and double (_d) forms are one text: this file includes itself with FLASH_SCORE_T and
- * FLASH_SCORE_FN defined. In C the expressions are not contracted (no fma, which would be a libm call
+ * The float and double forms are one text: this file includes itself with FLASH_SCORE_T defined. Their
+ * types are flash_score_f / flash_score_d; C names the functions with the same suffix (flash_score_bias_f),
+ * C++ overloads them (flash_score_bias; flash_score_type<T>::type is the struct of T). In C the expressions are not contracted (no fma, which would be a libm call
  * without FMA hardware); nvcc contracts them into the same FFMA's as an explicit fmaf.
  */
 #ifndef FLASH_SCORE_GENERIC
@@ -47,65 +48,84 @@ FLASH_HD int flash_score_has_grad(const flash_params *p) { return p->dbias != 0;
 
 #define FLASH_SCORE_GENERIC
 #define FLASH_SCORE_T float
-#define FLASH_SCORE_FN(name) name##_f
+#define FLASH_SCORE_S flash_score_f
 #define FLASH_SCORE_FABS fabsf
+#ifdef __cplusplus
+#define FLASH_SCORE_FN(name) name
+#else
+#define FLASH_SCORE_FN(name) name##_f
+#endif
 #include "score.h"
 #undef FLASH_SCORE_T
+#undef FLASH_SCORE_S
 #undef FLASH_SCORE_FN
 #undef FLASH_SCORE_FABS
 
 #define FLASH_SCORE_T double
-#define FLASH_SCORE_FN(name) name##_d
+#define FLASH_SCORE_S flash_score_d
 #define FLASH_SCORE_FABS fabs
+#ifdef __cplusplus
+#define FLASH_SCORE_FN(name) name
+#else
+#define FLASH_SCORE_FN(name) name##_d
+#endif
 #include "score.h"
 #undef FLASH_SCORE_T
+#undef FLASH_SCORE_S
 #undef FLASH_SCORE_FN
 #undef FLASH_SCORE_FABS
 #undef FLASH_SCORE_GENERIC
+
+#ifdef __cplusplus
+template <typename T> struct flash_score_type;
+template <> struct flash_score_type<float> { typedef flash_score_f type; };
+template <> struct flash_score_type<double> { typedef flash_score_d type; };
+#endif
 
 #endif
 #else /* FLASH_SCORE_GENERIC: the type-generic part */
 
 #define T_ FLASH_SCORE_T
 
-/* The hook's constants of (batch b, query head hq) of sequence s, in units of 1 / to_units (see above). */
-typedef struct FLASH_SCORE_FN(flash_score) {
+/* The hook's constants of (batch b, query head hq) of a sequence with that flash_seq.alibi_offset, in units
+ * of 1 / to_units (see above). */
+typedef struct FLASH_SCORE_S {
     T_ cap, inv_cap;      /* step 1 in units; 0, 0 without softcap */
     T_ slope;             /* step 2: the ALiBi slope in units; 0 without ALiBi */
     T_ to_units;          /* step 3: an additive attn_mask entry times this */
     int64_t alibi_offset; /* i' = i + alibi_offset (flash_seq) */
-} FLASH_SCORE_FN(flash_score);
+} FLASH_SCORE_S;
 
-FLASH_HD FLASH_SCORE_FN(flash_score)
-    FLASH_SCORE_FN(flash_score_of)(const flash_params *p, const flash_seq *s, int64_t b, int64_t hq, T_ to_units)
+FLASH_HD FLASH_SCORE_S
+    FLASH_SCORE_FN(flash_score_of)(const flash_params *p, int64_t alibi_offset, int64_t b, int64_t hq, T_ to_units)
 {
-    FLASH_SCORE_FN(flash_score) sc;
+    FLASH_SCORE_S sc;
     sc.cap = sc.inv_cap = 0;
     if (flash_score_capped(p)) {
-        sc.cap = (T_)p->softcap * to_units;
+        sc.cap = (T_)(p->softcap * to_units);
         sc.inv_cap = 1 / sc.cap;
     }
     sc.slope = (T_)flash_alibi_slope(p, b, hq) * to_units;
     sc.to_units = to_units;
-    sc.alibi_offset = s->alibi_offset;
+    sc.alibi_offset = alibi_offset;
     return sc;
 }
 
 /* Step 1: the argument of the tanh, and the capped score from the tanh th. */
-FLASH_HD T_ FLASH_SCORE_FN(flash_score_cap_in)(const FLASH_SCORE_FN(flash_score) *sc, T_ x) { return x * sc->inv_cap; }
-FLASH_HD T_ FLASH_SCORE_FN(flash_score_cap_out)(const FLASH_SCORE_FN(flash_score) *sc, T_ th) { return sc->cap * th; }
+FLASH_HD T_ FLASH_SCORE_FN(flash_score_cap_in)(const FLASH_SCORE_S *sc, T_ x) { return x * sc->inv_cap; }
+FLASH_HD T_ FLASH_SCORE_FN(flash_score_cap_out)(const FLASH_SCORE_S *sc, T_ th) { return sc->cap * th; }
 
 /* d capped / d x of step 1 from its tanh th (mask.h flash_softcap_grad_*: 1 - (capped / cap)^2). */
 FLASH_HD T_ FLASH_SCORE_FN(flash_score_cap_grad)(T_ th) { return 1 - th * th; }
 
 /* Step 2 on x, the element's j - i' being d0 + k. */
-FLASH_HD T_ FLASH_SCORE_FN(flash_score_bias)(const FLASH_SCORE_FN(flash_score) *sc, T_ x, int64_t d0, int k)
+FLASH_HD T_ FLASH_SCORE_FN(flash_score_bias)(const FLASH_SCORE_S *sc, T_ x, int64_t d0, int k)
 {
     return x - sc->slope * FLASH_SCORE_FABS((T_)d0 + (T_)k);
 }
 
 /* Step 3 on x: the additive entry, and the bool entry (0: the key is masked). */
-FLASH_HD T_ FLASH_SCORE_FN(flash_score_mask_add)(const FLASH_SCORE_FN(flash_score) *sc, T_ x, T_ entry)
+FLASH_HD T_ FLASH_SCORE_FN(flash_score_mask_add)(const FLASH_SCORE_S *sc, T_ x, T_ entry)
 {
     return x + entry * sc->to_units;
 }
@@ -114,7 +134,7 @@ FLASH_HD T_ FLASH_SCORE_FN(flash_score_mask_bool)(T_ x, unsigned entry) { return
 /* Steps 2 and 3 of element (i, j) of (b, hq) on a capped x, for the per-element kernels: the attn_mask
  * entry is read when read_mask (a tile the block flags call partial), through mask_s in the type E of the
  * additive mask (the lse type: T_ here). */
-FLASH_HD T_ FLASH_SCORE_FN(flash_score_element)(const flash_params *p, const FLASH_SCORE_FN(flash_score) *sc, T_ x,
+FLASH_HD T_ FLASH_SCORE_FN(flash_score_element)(const flash_params *p, const FLASH_SCORE_S *sc, T_ x,
                                                 int read_mask, int64_t b, int64_t hq, int64_t i, int64_t j)
 {
     if (flash_score_biased(p))

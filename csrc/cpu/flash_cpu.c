@@ -575,7 +575,7 @@ static void FN(score_hook)(T *s, int64_t ld, int transposed, const flash_params 
                            const tile *t, int64_t bi, int64_t hq, T scale, unsigned mask_flags, T *grad)
 {
     const int64_t rows = transposed ? t->kn : t->qn, cols = transposed ? t->qn : t->kn;
-    const SC(flash_score) sc = SC(flash_score_of)(p, seq, bi, hq, 1);
+    const SC(flash_score) sc = SC(flash_score_of)(p, seq->alibi_offset, bi, hq, 1);
     if (flash_score_capped(p)) {
         FN(softcap_pass)(s, grad, rows, cols, ld, scale, &sc);
         scale = 1;
@@ -914,7 +914,7 @@ static T FN(row_mass)(const flash_params *p, const flash_seq *seq, int64_t bi, i
     const int64_t hk = hq / p->h_per_kv;
     const T *q = (const T *)p->q + bi * p->q_s.batch + (seq->q_row0 + i) * p->q_s.row + hq * p->q_s.head;
     const T scale = (T)p->scale;
-    const SC(flash_score) sc = SC(flash_score_of)(p, seq, bi, hq, 1);
+    const SC(flash_score) sc = SC(flash_score_of)(p, seq->alibi_offset, bi, hq, 1);
     T mass = EXP((T)flash_sink(p, hq) - lse);
     for (int64_t j = 0; j < seq->sk; j++) {
         if (!flash_visible(seq, i, j))
