@@ -225,6 +225,10 @@ FLASH_HD int flash_tile_diag(int64_t bound, int64_t m0, int64_t n0)
     return (int)(v < -FLASH_DIAG_CLAMP ? -FLASH_DIAG_CLAMP : (v > FLASH_DIAG_CLAMP ? FLASH_DIAG_CLAMP : v));
 }
 
+/* The per-element test in that form: element t = jl - il of a tile with lo = flash_tile_diag(diag_lo, m0, n0)
+ * and band = flash_tile_diag(diag_hi, m0, n0) - lo: lo <= t <= lo + band as one unsigned compare. */
+FLASH_HD int flash_tile_band_in(int t, int lo, int band) { return (unsigned)(t - lo) <= (unsigned)band; }
+
 /* ---------------------------------------------------------------------------------------------- */
 /* attn_mask data: per-block flags                                                                */
 /* ---------------------------------------------------------------------------------------------- */

@@ -13,8 +13,8 @@
  *                final score (before the softcap factor), goes to flash_score_grad_* (dbias)
  * Step 2 is per element of j - i' = d0 + k: d0 the caller's per-thread / per-row origin, k a per-value
  * offset (a compile-time constant in the tensor-core kernels, frag.cuh). A position bias of another form
- * (a bucketed table of j - i') is a new case of flash_score_biased and flash_score_bias_*, with its
- * gradient in flash_score_grad_*.
+ * (a bucketed table of j - i') is a new case of flash_score_biased and flash_score_bias_*, its per-head
+ * constants in flash_score_at_*, with its gradient in flash_score_grad_*.
  *
  * The kinds a kernel may compile for (flash_score_kind): DENSE (band geometry only, no hook field read),
  * HOOK (the hook and dropout, a runtime softcap where the kernel has no SOFTCAP kind), SOFTCAP (the hook
@@ -96,8 +96,9 @@ typedef struct FLASH_SCORE_S {
     int64_t alibi_offset; /* i' = i + alibi_offset (flash_seq) */
 } FLASH_SCORE_S;
 
-FLASH_HD FLASH_SCORE_S
-    FLASH_SCORE_FN(flash_score_of)(const flash_params *p, int64_t alibi_offset, int64_t b, int64_t hq, T_ to_units)
+/* The constants of the call alone (slope 0, alibi_offset 0): reads no device memory, so a launcher may
+ * form them on the host. flash_score_at completes them for one (b, hq) and sequence. */
+FLASH_HD FLASH_SCORE_S FLASH_SCORE_FN(flash_score_base)(const flash_params *p, T_ to_units)
 {
     FLASH_SCORE_S sc;
     sc.cap = sc.inv_cap = 0;
@@ -105,9 +106,24 @@ FLASH_HD FLASH_SCORE_S
         sc.cap = (T_)(p->softcap * to_units);
         sc.inv_cap = 1 / sc.cap;
     }
-    sc.slope = (T_)flash_alibi_slope(p, b, hq) * to_units;
+    sc.slope = 0;
     sc.to_units = to_units;
-    sc.alibi_offset = alibi_offset;
+    sc.alibi_offset = 0;
+    return sc;
+}
+
+FLASH_HD void FLASH_SCORE_FN(flash_score_at)(FLASH_SCORE_S *sc, const flash_params *p, int64_t alibi_offset, int64_t b,
+                                             int64_t hq)
+{
+    sc->slope = (T_)flash_alibi_slope(p, b, hq) * sc->to_units;
+    sc->alibi_offset = alibi_offset;
+}
+
+FLASH_HD FLASH_SCORE_S
+    FLASH_SCORE_FN(flash_score_of)(const flash_params *p, int64_t alibi_offset, int64_t b, int64_t hq, T_ to_units)
+{
+    FLASH_SCORE_S sc = FLASH_SCORE_FN(flash_score_base)(p, to_units);
+    FLASH_SCORE_FN(flash_score_at)(&sc, p, alibi_offset, b, hq);
     return sc;
 }
 
