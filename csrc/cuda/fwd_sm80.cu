@@ -371,15 +371,14 @@ __device__ __forceinline__ int next_visible_tile(const flash_params &p, int batc
 }
 
 /* Band and seqlen_k mask of one tile of a dense kernel (natural key order): s = -inf at keys >= sk or
- * outside diag_lo <= j - i <= diag_hi (flash_visible of the sequence), the band test as one unsigned
- * compare per value of j - i - diag_lo against diag_hi - diag_lo (a tile exists only if diag_lo <=
- * diag_hi, and both fit an int). col0: the thread's first key, diag0: its first key minus its first row. */
+ * outside diag_lo <= j - i <= diag_hi (flash_visible of the sequence), the band test flash_tile_band_in
+ * (one unsigned compare per value; a tile exists only if diag_lo <= diag_hi, and both fit an int). col0:
+ * the thread's first key, diag0: its first key minus its first row. */
 template <int kMT, int kNT>
 __device__ __forceinline__ void mask_band_dense(float (&s)[kMT][kNT][4], int diag_lo, int diag_hi, int sk, int col0,
                                                 int diag0)
 {
-    const unsigned from_lo0 = (unsigned)diag0 - (unsigned)diag_lo;
-    const unsigned band = (unsigned)diag_hi - (unsigned)diag_lo;
+    const int band = diag_hi - diag_lo;
 #pragma unroll
     for (int t = 0; t < kMT; t++)
 #pragma unroll
@@ -389,9 +388,8 @@ __device__ __forceinline__ void mask_band_dense(float (&s)[kMT][kNT][4], int dia
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const int col = col0 + nt * kMmaN + mma_c_col(2 * h + e);
-                    const unsigned from_lo =
-                        from_lo0 + (unsigned)(nt * kMmaN + mma_c_col(2 * h + e) - t * kMmaM - mma_c_row(2 * h + e));
-                    if (col >= sk || from_lo > band)
+                    const int k = nt * kMmaN + mma_c_col(2 * h + e) - t * kMmaM - mma_c_row(2 * h + e);
+                    if (col >= sk || !flash_tile_band_in(diag0 + k, diag_lo, band))
                         s[t][nt][2 * h + e] = -INFINITY;
                 }
 }
