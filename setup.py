@@ -4,8 +4,10 @@
 - csrc/cpu/*.c is compiled as real C (cc -std=c11 -O3 -fopenmp) into objects linked into _C.
 - csrc/ops.cpp (schema + CPU backend) is compiled as C++ against libtorch.
 - csrc/ops_cuda.cpp and csrc/cuda/*.cu are added when torch is a CUDA build and a CUDA toolkit is
-  found, unless FLASHATTN_EXT_FORCE_CPU=1. FLASHATTN_EXT_CUDA_ARCHS picks the targets
-  (default "80;90a": sm_80 machine code, and sm_90a for Hopper).
+  found, unless FLASHATTN_EXT_FORCE_CPU=1. FLASHATTN_EXT_CUDA_ARCHS picks the targets, ";"-separated:
+  "NN" sm_NN machine code, "NN+PTX" that and compute_NN PTX, "compute_NN" the PTX alone, "90a" the Hopper
+  (wgmma) kernels. Default "80+PTX;90a": sm_80 and sm_90a machine code, and compute_80 PTX, which the driver
+  compiles for GPUs newer than both (Blackwell sm_100 / sm_120) on their first call (cached after).
 - _C uses only CPython's limited API (its one Python symbol is PyInit__C; the ops reach Python through
   torch's dispatcher), so the wheel is abi3: one wheel per platform and torch version, for every
   CPython from the version torch's limited-API macro names. libtorch's C++ ABI is not stable across
@@ -74,14 +76,29 @@ def cuda_enabled():
     return torch.version.cuda is not None and CUDA_HOME is not None
 
 
+ARCH_TOKEN = re.compile(r"^(?:(\d+a?)(\+PTX)?|compute_(\d+))$")
+
+
 def cuda_archs():
-    return [a for a in os.environ.get("FLASHATTN_EXT_CUDA_ARCHS", "80;90a").replace(",", ";").split(";") if a]
+    archs = [a for a in os.environ.get("FLASHATTN_EXT_CUDA_ARCHS", "80+PTX;90a").replace(",", ";").split(";") if a]
+    bad = [a for a in archs if not ARCH_TOKEN.match(a)]
+    if bad:
+        raise SystemExit(f"FLASHATTN_EXT_CUDA_ARCHS: {bad} not of the forms NN, NN+PTX, compute_NN, 90a")
+    return archs
 
 
 def gencode_flags():
-    """-gencode per arch; with 90a also FLASHATTN_EXT_SM90A, which enables the Hopper (wgmma) kernels."""
+    """-gencode per arch (machine code, PTX or both); with 90a also FLASHATTN_EXT_SM90A, which enables the
+    Hopper (wgmma) kernels."""
     archs = cuda_archs()
-    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    flags = []
+    for a in archs:
+        sm, ptx, ptx_only = ARCH_TOKEN.match(a).groups()
+        if ptx_only:
+            flags.append(f"-gencode=arch=compute_{ptx_only},code=compute_{ptx_only}")
+        else:
+            code = f"[sm_{sm},compute_{sm}]" if ptx else f"sm_{sm}"
+            flags.append(f"-gencode=arch=compute_{sm},code={code}")
     if "90a" in archs:
         flags.append("-DFLASHATTN_EXT_SM90A")
     return flags
@@ -121,7 +138,9 @@ def extension(with_cuda):
     )
     if with_cuda:
         sources += ["csrc/ops_cuda.cpp"] + sorted(glob.glob("csrc/cuda/*.cu"))
-        kwargs["extra_compile_args"] = {"cxx": cxx_flags, "nvcc": NVCC_FLAGS + gencode_flags()}
+        # FLASHATTN_EXT_CUDA: ops.cpp's limits() reads the kernels' shared-memory needs (launch.h)
+        kwargs["extra_compile_args"] = {"cxx": cxx_flags + ["-DFLASHATTN_EXT_CUDA"],
+                                        "nvcc": NVCC_FLAGS + gencode_flags()}
         return CUDAExtension(sources=sources, **kwargs)
     kwargs["extra_compile_args"] = {"cxx": cxx_flags}
     return CppExtension(sources=sources, **kwargs)
@@ -146,7 +165,7 @@ def write_build_info(with_cuda):
         '"""Written by setup.py: how this copy of flashattn_ext was built (generated, not tracked)."""\n'
         f"TORCH_VERSION = {torch.__version__!r}  # the torch it was compiled against\n"
         f"CUDA_VERSION = {torch.version.cuda if with_cuda else None!r}  # None: no CUDA kernels\n"
-        f"CUDA_ARCHS = {tuple(cuda_archs()) if with_cuda else ()!r}  # -gencode targets (sm_XX machine code)\n"
+        f"CUDA_ARCHS = {tuple(cuda_archs()) if with_cuda else ()!r}  # NN / 90a: sm_NN code; +PTX / compute_NN: PTX\n"
     )
     try:
         with open(BUILD_INFO) as f:

@@ -27,7 +27,7 @@ backward times torch.autograd.grad alone on a retained graph.
     python benchmarks/bench_gpu.py --dry-run --out /tmp/dry          # tiny, on the CPU, ours vs eager
 
 The attention variants (sliding window, softcap, ALiBi, attn_mask, dropout, block-sparse) beside
-FlexAttention and SDPA are measured by bench_variants.py (scripts/gpu_check.sh variants).
+FlexAttention and SDPA are measured by bench_variants.py (dev/device.sh bench variants).
 
 Output in --out: results.json (device, versions, every time), results.md (TFLOP/s tables with
 ratios ours ÷ backend, above 1 = ours faster), tflops.png (plot_results.py, needs matplotlib: TFLOP/s

@@ -25,16 +25,22 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "constants.h"
 #include "cpu/flash_cpu.h"
 #include "mask.h"
 #include "ops.h"
+#ifdef FLASHATTN_EXT_CUDA
+#include "cuda/launch.h"
+#endif
 
 namespace flashattn_ext {
 
@@ -940,9 +946,58 @@ TORCH_LIBRARY_IMPL(flashattn_ext, CPU, m)
 
 }  // namespace flashattn_ext
 
+namespace {
+
+// flashattn_ext._C.limits(): what the kernels of this build take, read by the Python side (_core.py,
+// integrations/torch_registry.py) instead of restated there. page_multiple: FLASH_PAGE_MULTIPLE;
+// max_grid_yz: the most batch entries, heads (and varlen sequences) a CUDA call takes; cuda_max_head_dim;
+// dtypes: per device type, torch's names; cuda_min_capability: (major, minor) of the oldest GPU (mma.sync);
+// cuda_smem: the shared memory per block the fp16/bf16 forward (any variant, not paged) and backward need, as
+// ascending steps ((largest head dim, bytes), ...) over head dims 1 .. cuda_max_head_dim, empty in a build
+// without CUDA kernels.
+PyObject *limits(PyObject *, PyObject *)
+{
+    std::vector<std::pair<int64_t, size_t>> steps;
+#ifdef FLASHATTN_EXT_CUDA
+    for (int64_t d = 1; d <= FLASH_CUDA_MAX_HEAD_DIM; ++d) {
+        flash_params p{};
+        p.d = d;
+        size_t need = flash_bwd_smem_needed(&p);
+        for (int hook = 0; hook <= 1; ++hook) {
+            p.has_hook = hook;
+            need = std::max(need, flash_fwd_smem_needed(&p));
+        }
+        if (steps.empty() || steps.back().second != need)
+            steps.emplace_back(d, need);
+        else
+            steps.back().first = d;
+    }
+#endif
+    PyObject *smem = PyTuple_New((Py_ssize_t)steps.size());
+    for (size_t i = 0; smem != nullptr && i < steps.size(); ++i) {
+        PyObject *step = Py_BuildValue("(Ln)", (long long)steps[i].first, (Py_ssize_t)steps[i].second);
+        if (step == nullptr) {
+            Py_DECREF(smem);
+            return nullptr;
+        }
+        PyTuple_SetItem(smem, (Py_ssize_t)i, step);
+    }
+    return Py_BuildValue("{s:i,s:i,s:i,s:{s:(ssss),s:(ssss)},s:(ii),s:N}", "page_multiple", FLASH_PAGE_MULTIPLE,
+                         "max_grid_yz", FLASH_MAX_GRID_YZ, "cuda_max_head_dim", FLASH_CUDA_MAX_HEAD_DIM, "dtypes",
+                         "cpu", "float16", "bfloat16", "float32", "float64", "cuda", "float16", "bfloat16", "float32",
+                         "float64", "cuda_min_capability", 8, 0, "cuda_smem", smem);
+}
+
+PyMethodDef module_methods[] = {
+    {"limits", limits, METH_NOARGS, "What the kernels of this build take (csrc/ops.cpp)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+}  // namespace
+
 // `import flashattn_ext._C` loads this library, whose static initializers register the ops above.
 extern "C" PyObject *PyInit__C(void)
 {
-    static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+    static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, module_methods};
     return PyModule_Create(&module_def);
 }

@@ -1,7 +1,7 @@
 /* bwd_harness.cu: torch-free test and benchmark of the CUDA backward (flash_bwd_cuda of launch.cu:
  * bwd_sm80.cu, bwd_sm90.cu, bwd_simple.cu), every variant of csrc/mask.h included.
  *
- * Build (here or on the device; dev/sm90_run.sh builds it and runs everything below on the device):
+ * Build (here or on the device; `dev/device.sh harness` builds it and runs everything below on the device):
  *   F="-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFLASHATTN_EXT_SM90A -Icsrc -Icsrc/cuda"
  *   nvcc $F dev/bwd_harness.cu csrc/cuda/launch.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu \
  *        csrc/cuda/bwd_simple.cu csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_sm90.cu csrc/cuda/fwd_decode.cu csrc/cuda/fwd_simple.cu \
@@ -59,19 +59,10 @@
 #include <thread>
 #include <vector>
 
-#include "cuda/launch.h"
 #include "attn_ref.h"
+#include "common.h"
+#include "cuda/launch.h"
 
-#define CHECK_CUDA(call)                                                                             \
-    do {                                                                                             \
-        cudaError_t err_ = (call);                                                                   \
-        if (err_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(err_), __FILE__, __LINE__, #call); \
-            exit(1);                                                                                 \
-        }                                                                                            \
-    } while (0)
-
-#define POISON_BYTE 0xff /* all-ones is a NaN in every float format */
 #define DET_RUNS 5
 #define TIME_WARMUP 2
 #define TIME_REPS 10
@@ -92,65 +83,6 @@ enum { PAT_RANDOM = 0, PAT_PADDING = 1, PAT_BLOCKS = 2, PAT_SPARSE = 3 };
 enum { BC_B = 1, BC_H = 2, BC_Q = 4, BC_K = 8 };
 /* layouts of the (b, s, h, d) tensors */
 enum { LAYOUT_BSHD = 0, LAYOUT_STRIDED = 1, LAYOUT_ODD_UNIT = 2 };
-
-static const char *dtype_name(flash_dtype t)
-{
-    switch (t) {
-    case FLASH_FP32: return "fp32";
-    case FLASH_FP64: return "fp64";
-    case FLASH_FP16: return "fp16";
-    default: return "bf16";
-    }
-}
-
-static size_t elem_size(flash_dtype t)
-{
-    return t == FLASH_FP64 ? 8 : (t == FLASH_FP32 ? 4 : 2);
-}
-
-static flash_dtype lse_type(flash_dtype t)
-{
-    return t == FLASH_FP64 ? FLASH_FP64 : FLASH_FP32;
-}
-
-static double tolerance(flash_dtype t)
-{
-    switch (t) {
-    case FLASH_FP32: return 1e-5;
-    case FLASH_FP64: return 1e-12;
-    case FLASH_FP16: return 2e-3;
-    default: return 1e-2;
-    }
-}
-
-/* ---- element conversion --------------------------------------------------------------------- */
-
-static void store_elem(void *buf, int64_t idx, flash_dtype t, double v)
-{
-    switch (t) {
-    case FLASH_FP64: ((double *)buf)[idx] = v; break;
-    case FLASH_FP32: ((float *)buf)[idx] = (float)v; break;
-    case FLASH_FP16: ((__half *)buf)[idx] = __float2half_rn((float)v); break;
-    default: ((__nv_bfloat16 *)buf)[idx] = __float2bfloat16_rn((float)v); break;
-    }
-}
-
-static double load_elem(const void *buf, int64_t idx, flash_dtype t)
-{
-    switch (t) {
-    case FLASH_FP64: return ((const double *)buf)[idx];
-    case FLASH_FP32: return ((const float *)buf)[idx];
-    case FLASH_FP16: return __half2float(((const __half *)buf)[idx]);
-    default: return __bfloat162float(((const __nv_bfloat16 *)buf)[idx]);
-    }
-}
-
-static double round_to(flash_dtype t, double v)
-{
-    unsigned char tmp[8];
-    store_elem(tmp, 0, t, v);
-    return load_elem(tmp, 0, t);
-}
 
 /* ---- random numbers (one generator per config, so configs can be prepared in parallel) -------- */
 
@@ -353,18 +285,6 @@ static void set_band(flash_params *p, const test_cfg &c)
     p->band_bottom_right = c.causal != CAUSAL_TOP_LEFT;
 }
 
-/* Dropout fields as the binding sets them (csrc/ops.cpp set_dropout_params). */
-static void set_dropout(flash_params *p, double prob, uint64_t seed, uint64_t offset)
-{
-    if (prob <= 0)
-        return;
-    const double thr = std::round(prob * FLASH_DROPOUT_ONE);
-    p->dropout_threshold = (uint32_t)std::min(std::max(thr, 1.0), (double)FLASH_DROPOUT_ONE - 1);
-    p->dropout_scale = (double)FLASH_DROPOUT_ONE / (FLASH_DROPOUT_ONE - p->dropout_threshold);
-    p->philox_seed = seed;
-    p->philox_offset = offset;
-}
-
 /* Layout of one (b, s, h, d) tensor. */
 typedef struct layout {
     flash_strides st;
@@ -506,8 +426,8 @@ static mask_dev upload_mask(const test_cfg &c, const mask_data &m)
                     else
                         store_elem(host.data(), at, t, v);
                 }
-    CHECK_CUDA(cudaMalloc(&md.mask, host.size()));
-    CHECK_CUDA(cudaMemcpy(md.mask, host.data(), host.size(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&md.mask, host.size()));
+    CUDA_CHECK(cudaMemcpy(md.mask, host.data(), host.size(), cudaMemcpyHostToDevice));
 
     const int nqb = (c.sq + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK, nkb = (c.sk + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK;
     const int fq = m.mq == 1 ? 1 : nqb, fk = m.mk == 1 ? 1 : nkb;
@@ -524,8 +444,8 @@ static mask_dev upload_mask(const test_cfg &c, const mask_data &m)
     md.blocks_s.row = fq == 1 ? 0 : fk;
     md.blocks_s.head = m.mh == 1 ? 0 : (int64_t)fq * fk;
     md.blocks_s.batch = m.mb == 1 ? 0 : (int64_t)m.mh * fq * fk;
-    CHECK_CUDA(cudaMalloc(&md.blocks, flags.size()));
-    CHECK_CUDA(cudaMemcpy(md.blocks, flags.data(), flags.size(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&md.blocks, flags.size()));
+    CUDA_CHECK(cudaMemcpy(md.blocks, flags.data(), flags.size(), cudaMemcpyHostToDevice));
     return md;
 }
 
@@ -552,12 +472,7 @@ static void prepare(const test_cfg &c, uint64_t seed, prepared *pr)
     rng r = {seed * 0x9E3779B97F4A7C15ull + 1};
     flash_params &rp = pr->rp;
     memset(&rp, 0, sizeof(rp));
-    rp.b = b; rp.h = h; rp.h_kv = hkv; rp.sq = sq; rp.sk = sk; rp.d = d; rp.h_per_kv = h / hkv;
-    rp.scale = c.scale != 0 ? c.scale : 1.0 / sqrt((double)d);
-    rp.scale_log2 = (float)(rp.scale * FLASH_LOG2E);
-    rp.dtype = t;
-    rp.lse_batch = (int64_t)h * sq; /* lse, delta (b, h, sq) */
-    rp.lse_head = sq;
+    fill_sizes(&rp, t, b, h, hkv, sq, sk, d, c.scale); /* lse, delta (b, h, sq) */
     set_band(&rp, c);
     rp.softcap = c.softcap;
     if (c.alibi != ALIBI_NONE) {
@@ -626,14 +541,11 @@ static void prepare_varlen(const test_cfg &c, uint64_t seed, prepared *pr)
     const int tq = l.total_q, tk = l.total_k;
     flash_params &rp = pr->rp; /* the kernels' params without device pointers */
     memset(&rp, 0, sizeof(rp));
-    rp.b = b; rp.h = h; rp.h_kv = hkv; rp.sq = l.max_q; rp.sk = l.max_k; rp.d = d; rp.h_per_kv = h / hkv;
+    fill_sizes(&rp, t, b, h, hkv, l.max_q, l.max_k, d, c.scale);
     rp.total_q = tq;
     rp.total_k = tk;
     rp.lse_batch = 0; /* lse, delta (h, total_q) */
     rp.lse_head = tq;
-    rp.scale = c.scale != 0 ? c.scale : 1.0 / sqrt((double)d);
-    rp.scale_log2 = (float)(rp.scale * FLASH_LOG2E);
-    rp.dtype = t;
     set_band(&rp, c);
     rp.softcap = c.softcap;
     if (c.alibi != ALIBI_NONE) {
@@ -729,16 +641,16 @@ static void *upload(const std::vector<double> &x, const layout &l, int b, int s,
                     store_elem(host.data(), bi * l.st.batch + si * l.st.row + hi * l.st.head + di, t,
                                x[lidx(s, h, d, bi, si, hi, di)]);
     void *dev;
-    CHECK_CUDA(cudaMalloc(&dev, host.size()));
-    CHECK_CUDA(cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&dev, host.size()));
+    CUDA_CHECK(cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice));
     return dev;
 }
 
 static void *upload_flat(const void *src, size_t bytes)
 {
     void *dev;
-    CHECK_CUDA(cudaMalloc(&dev, bytes));
-    CHECK_CUDA(cudaMemcpy(dev, src, bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&dev, bytes));
+    CUDA_CHECK(cudaMemcpy(dev, src, bytes, cudaMemcpyHostToDevice));
     return dev;
 }
 
@@ -783,7 +695,7 @@ static out_check check_output(const std::vector<unsigned char> &host, const std:
         for (int64_t e = 0; e < l.elems; ++e)
             if (!logical[e])
                 for (size_t byte = 0; byte < es; ++byte)
-                    if (host[e * es + byte] != POISON_BYTE) {
+                    if (host[e * es + byte] != kPoison) {
                         r.pad_touched++;
                         break;
                     }
@@ -828,26 +740,26 @@ static int32_t *alloc_dq_semaphore(flash_params *p, size_t *bytes)
     if (!flash_bwd_wants_dq_semaphore(p))
         return NULL;
     *bytes = (size_t)p->b * p->h * flash_dq_sem_tiles(p) * sizeof(int32_t);
-    CHECK_CUDA(cudaMalloc(&p->dq_semaphore, *bytes)); /* the preprocess zeroes it (the tests poison it first) */
+    CUDA_CHECK(cudaMalloc(&p->dq_semaphore, *bytes)); /* the preprocess zeroes it (the tests poison it first) */
     return p->dq_semaphore;
 }
 
 static void poison(const dev_bufs &db)
 {
-    CHECK_CUDA(cudaMemset(db.dq, POISON_BYTE, db.dq_bytes));
-    CHECK_CUDA(cudaMemset(db.dk, POISON_BYTE, db.dk_bytes));
-    CHECK_CUDA(cudaMemset(db.dv, POISON_BYTE, db.dv_bytes));
-    CHECK_CUDA(cudaMemset(db.delta, POISON_BYTE, db.delta_bytes));
+    CUDA_CHECK(cudaMemset(db.dq, kPoison, db.dq_bytes));
+    CUDA_CHECK(cudaMemset(db.dk, kPoison, db.dk_bytes));
+    CUDA_CHECK(cudaMemset(db.dv, kPoison, db.dv_bytes));
+    CUDA_CHECK(cudaMemset(db.delta, kPoison, db.delta_bytes));
     if (db.dq_accum)
-        CHECK_CUDA(cudaMemset(db.dq_accum, POISON_BYTE, db.dqa_bytes));
+        CUDA_CHECK(cudaMemset(db.dq_accum, kPoison, db.dqa_bytes));
     if (db.dk_accum) {
-        CHECK_CUDA(cudaMemset(db.dk_accum, POISON_BYTE, db.dkva_bytes));
-        CHECK_CUDA(cudaMemset(db.dv_accum, POISON_BYTE, db.dkva_bytes));
+        CUDA_CHECK(cudaMemset(db.dk_accum, kPoison, db.dkva_bytes));
+        CUDA_CHECK(cudaMemset(db.dv_accum, kPoison, db.dkva_bytes));
     }
     if (db.dbias)
-        CHECK_CUDA(cudaMemset(db.dbias, 0, db.dbias_bytes)); /* the binding zero-fills it */
+        CUDA_CHECK(cudaMemset(db.dbias, 0, db.dbias_bytes)); /* the binding zero-fills it */
     if (db.dq_sem)
-        CHECK_CUDA(cudaMemset(db.dq_sem, POISON_BYTE, db.sem_bytes));
+        CUDA_CHECK(cudaMemset(db.dq_sem, kPoison, db.sem_bytes));
 }
 
 static int run_test(const test_cfg &c, const prepared &pr)
@@ -866,24 +778,24 @@ static int run_test(const test_cfg &c, const prepared &pr)
     db.o = upload(pr.o, lq, b, sq, h, d, t);
     db.lse = upload_typed(pr.lse, lt);
     db.delta_bytes = pr.lse.size() * elem_size(lt);
-    CHECK_CUDA(cudaMalloc(&db.delta, db.delta_bytes));
+    CUDA_CHECK(cudaMalloc(&db.delta, db.delta_bytes));
     db.dq_bytes = lq.elems * elem_size(t);
     db.dk_bytes = db.dv_bytes = lk.elems * elem_size(t);
-    CHECK_CUDA(cudaMalloc(&db.dq, db.dq_bytes));
-    CHECK_CUDA(cudaMalloc(&db.dk, db.dk_bytes));
-    CHECK_CUDA(cudaMalloc(&db.dv, db.dv_bytes));
+    CUDA_CHECK(cudaMalloc(&db.dq, db.dq_bytes));
+    CUDA_CHECK(cudaMalloc(&db.dk, db.dk_bytes));
+    CUDA_CHECK(cudaMalloc(&db.dv, db.dv_bytes));
     if (half) {
         db.dqa_bytes = (size_t)b * h * sq * d * sizeof(float);
-        CHECK_CUDA(cudaMalloc(&db.dq_accum, db.dqa_bytes));
+        CUDA_CHECK(cudaMalloc(&db.dq_accum, db.dqa_bytes));
         if (h != hkv) {
             db.dkva_bytes = (size_t)b * sk * h * d * sizeof(float);
-            CHECK_CUDA(cudaMalloc(&db.dk_accum, db.dkva_bytes));
-            CHECK_CUDA(cudaMalloc(&db.dv_accum, db.dkva_bytes));
+            CUDA_CHECK(cudaMalloc(&db.dk_accum, db.dkva_bytes));
+            CUDA_CHECK(cudaMalloc(&db.dv_accum, db.dkva_bytes));
         }
     }
     if (c.dbias) {
         db.dbias_bytes = (size_t)b * h * sq * sk * elem_size(lt);
-        CHECK_CUDA(cudaMalloc(&db.dbias, db.dbias_bytes));
+        CUDA_CHECK(cudaMalloc(&db.dbias, db.dbias_bytes));
     }
 
     flash_params p = pr.rp;
@@ -924,12 +836,12 @@ static int run_test(const test_cfg &c, const prepared &pr)
             printf("FAIL %s | flash_bwd_cuda: %s\n", cfg_name(c).c_str(), cudaGetErrorString(err));
             exit(1);
         }
-        CHECK_CUDA(cudaDeviceSynchronize());
-        CHECK_CUDA(cudaMemcpy(hq.data(), db.dq, db.dq_bytes, cudaMemcpyDeviceToHost));
-        CHECK_CUDA(cudaMemcpy(hk.data(), db.dk, db.dk_bytes, cudaMemcpyDeviceToHost));
-        CHECK_CUDA(cudaMemcpy(hv.data(), db.dv, db.dv_bytes, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaDeviceSynchronize());
+        CUDA_CHECK(cudaMemcpy(hq.data(), db.dq, db.dq_bytes, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(hk.data(), db.dk, db.dk_bytes, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(hv.data(), db.dv, db.dv_bytes, cudaMemcpyDeviceToHost));
         if (db.dbias)
-            CHECK_CUDA(cudaMemcpy(hb.data(), db.dbias, db.dbias_bytes, cudaMemcpyDeviceToHost));
+            CUDA_CHECK(cudaMemcpy(hb.data(), db.dbias, db.dbias_bytes, cudaMemcpyDeviceToHost));
         if (r == 0) {
             hq0 = hq; hk0 = hk; hv0 = hv; hb0 = hb;
         } else if (hq != hq0 || hk != hk0 || hv != hv0 || hb != hb0) {
@@ -983,7 +895,7 @@ static int run_test(const test_cfg &c, const prepared &pr)
                     (void *)db.dq_accum, (void *)db.dk_accum, (void *)db.dv_accum, (void *)db.slopes, db.mask.mask,
                     (void *)db.mask.blocks, (void *)db.dq_sem})
         if (x)
-            CHECK_CUDA(cudaFree(x));
+            CUDA_CHECK(cudaFree(x));
     return ok;
 }
 
@@ -1026,7 +938,7 @@ static int64_t poison_touched(const std::vector<unsigned char> &host, const std:
     for (int64_t e = 0; e < l.elems; ++e)
         if (!owned[e])
             for (size_t byte = 0; byte < es; ++byte)
-                if (host[e * es + byte] != POISON_BYTE) {
+                if (host[e * es + byte] != kPoison) {
                     bad++;
                     break;
                 }
@@ -1056,19 +968,19 @@ static int run_varlen(const test_cfg &c, const prepared &pr)
     db.o = upload(pr.o, lq, 1, tq, h, d, t);
     db.lse = upload_typed(pr.lse, lt);
     db.delta_bytes = pr.lse.size() * elem_size(lt);
-    CHECK_CUDA(cudaMalloc(&db.delta, db.delta_bytes));
+    CUDA_CHECK(cudaMalloc(&db.delta, db.delta_bytes));
     db.dq_bytes = lq.elems * elem_size(t);
     db.dk_bytes = db.dv_bytes = lk.elems * elem_size(t);
-    CHECK_CUDA(cudaMalloc(&db.dq, db.dq_bytes));
-    CHECK_CUDA(cudaMalloc(&db.dk, db.dk_bytes));
-    CHECK_CUDA(cudaMalloc(&db.dv, db.dv_bytes));
+    CUDA_CHECK(cudaMalloc(&db.dq, db.dq_bytes));
+    CUDA_CHECK(cudaMalloc(&db.dk, db.dk_bytes));
+    CUDA_CHECK(cudaMalloc(&db.dv, db.dv_bytes));
     if (half) {
         db.dqa_bytes = (size_t)h * tq * d * sizeof(float); /* (h, total_q, d) */
-        CHECK_CUDA(cudaMalloc(&db.dq_accum, db.dqa_bytes));
+        CUDA_CHECK(cudaMalloc(&db.dq_accum, db.dqa_bytes));
         if (h != hkv) {
             db.dkva_bytes = (size_t)tk * h * d * sizeof(float); /* (total_k, h, d) */
-            CHECK_CUDA(cudaMalloc(&db.dk_accum, db.dkva_bytes));
-            CHECK_CUDA(cudaMalloc(&db.dv_accum, db.dkva_bytes));
+            CUDA_CHECK(cudaMalloc(&db.dk_accum, db.dkva_bytes));
+            CUDA_CHECK(cudaMalloc(&db.dv_accum, db.dkva_bytes));
         }
     }
     int32_t *cu_q = (int32_t *)upload_flat(l.cu_q.data(), l.cu_q.size() * sizeof(int32_t));
@@ -1107,10 +1019,10 @@ static int run_varlen(const test_cfg &c, const prepared &pr)
             printf("FAIL %s | flash_bwd_cuda: %s\n", cfg_name(c).c_str(), cudaGetErrorString(err));
             exit(1);
         }
-        CHECK_CUDA(cudaDeviceSynchronize());
-        CHECK_CUDA(cudaMemcpy(hq.data(), db.dq, db.dq_bytes, cudaMemcpyDeviceToHost));
-        CHECK_CUDA(cudaMemcpy(hk.data(), db.dk, db.dk_bytes, cudaMemcpyDeviceToHost));
-        CHECK_CUDA(cudaMemcpy(hv.data(), db.dv, db.dv_bytes, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaDeviceSynchronize());
+        CUDA_CHECK(cudaMemcpy(hq.data(), db.dq, db.dq_bytes, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(hk.data(), db.dk, db.dk_bytes, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(hv.data(), db.dv, db.dv_bytes, cudaMemcpyDeviceToHost));
         if (r == 0) {
             hq0 = hq; hk0 = hk; hv0 = hv;
         } else if (hq != hq0 || hk != hk0 || hv != hv0) {
@@ -1165,7 +1077,7 @@ static int run_varlen(const test_cfg &c, const prepared &pr)
                     (void *)db.dq_accum, (void *)db.dk_accum, (void *)db.dv_accum, (void *)db.slopes, (void *)cu_q,
                     (void *)cu_k, (void *)used, (void *)db.dq_sem})
         if (x)
-            CHECK_CUDA(cudaFree(x));
+            CUDA_CHECK(cudaFree(x));
     return ok;
 }
 
@@ -1392,27 +1304,10 @@ __global__ void fill_f32(float *x, int64_t n, float val)
         x[i] = val;
 }
 
-/* Median time of flash_bwd_cuda(p) over TIME_REPS runs after TIME_WARMUP, in ms (CUDA events). */
+/* Median time of flash_bwd_cuda(p) over TIME_REPS runs after TIME_WARMUP, in ms (common.h time_ms). */
 static double median_ms(const flash_params &p)
 {
-    cudaEvent_t e0, e1;
-    CHECK_CUDA(cudaEventCreate(&e0));
-    CHECK_CUDA(cudaEventCreate(&e1));
-    std::vector<float> ms;
-    for (int rep = 0; rep < TIME_WARMUP + TIME_REPS; ++rep) {
-        CHECK_CUDA(cudaEventRecord(e0));
-        CHECK_CUDA(flash_bwd_cuda(&p, 0));
-        CHECK_CUDA(cudaEventRecord(e1));
-        CHECK_CUDA(cudaEventSynchronize(e1));
-        float tm;
-        CHECK_CUDA(cudaEventElapsedTime(&tm, e0, e1));
-        if (rep >= TIME_WARMUP)
-            ms.push_back(tm);
-    }
-    std::sort(ms.begin(), ms.end());
-    CHECK_CUDA(cudaEventDestroy(e0));
-    CHECK_CUDA(cudaEventDestroy(e1));
-    return ms[ms.size() / 2];
+    return time_ms([&] { return flash_bwd_cuda(&p, 0); }, TIME_WARMUP, TIME_REPS);
 }
 
 /* One timing config: bf16, b x s tokens, h heads of d; c carries the variant (c.b, c.h, c.sq, c.sk,
@@ -1424,15 +1319,15 @@ static void time_variant(const test_cfg &c, const char *label)
     __nv_bfloat16 *q, *k, *v, *o, *dout, *dq, *dk, *dv;
     float *lse, *delta, *dqa, *slopes = NULL, *dbias = NULL;
     for (__nv_bfloat16 **x : {&q, &k, &v, &o, &dout, &dq, &dk, &dv})
-        CHECK_CUDA(cudaMalloc(x, n * sizeof(__nv_bfloat16)));
-    CHECK_CUDA(cudaMalloc(&lse, (size_t)b * h * s * sizeof(float)));
-    CHECK_CUDA(cudaMalloc(&delta, (size_t)b * h * s * sizeof(float)));
-    CHECK_CUDA(cudaMalloc(&dqa, n * sizeof(float)));
+        CUDA_CHECK(cudaMalloc(x, n * sizeof(__nv_bfloat16)));
+    CUDA_CHECK(cudaMalloc(&lse, (size_t)b * h * s * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&delta, (size_t)b * h * s * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&dqa, n * sizeof(float)));
     uint32_t seed = 1;
     for (__nv_bfloat16 *x : {q, k, v, o, dout})
         fill_bf16<<<1024, 256>>>(x, n, seed++);
     fill_f32<<<1024, 256>>>(lse, (int64_t)b * h * s, logf((float)s));
-    CHECK_CUDA(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaDeviceSynchronize());
 
     flash_params p;
     memset(&p, 0, sizeof(p));
@@ -1440,11 +1335,7 @@ static void time_variant(const test_cfg &c, const char *label)
     p.q = q; p.k = k; p.v = v; p.o = o; p.lse = lse; p.dout = dout;
     p.dq = dq; p.dk = dk; p.dv = dv; p.delta = delta; p.dq_accum = dqa;
     p.q_s = p.k_s = p.v_s = p.o_s = p.do_s = p.dq_s = p.dk_s = p.dv_s = l.st;
-    p.b = b; p.h = h; p.h_kv = h; p.sq = s; p.sk = s; p.d = d; p.h_per_kv = 1;
-    p.lse_batch = (int64_t)h * s;
-    p.lse_head = s;
-    p.scale = 1.0 / sqrt((double)d);
-    p.scale_log2 = (float)(p.scale * FLASH_LOG2E);
+    fill_sizes(&p, FLASH_BF16, b, h, h, s, s, d, 0);
     set_band(&p, c);
     p.softcap = c.softcap;
     rng r = {12345};
@@ -1469,12 +1360,11 @@ static void time_variant(const test_cfg &c, const char *label)
         p.mask_blocks_s = md.blocks_s;
     }
     if (c.dbias) {
-        CHECK_CUDA(cudaMalloc(&dbias, (size_t)b * h * s * s * sizeof(float)));
+        CUDA_CHECK(cudaMalloc(&dbias, (size_t)b * h * s * s * sizeof(float)));
         p.dbias = dbias;
     }
     p.has_hook = (p.softcap > 0 || p.alibi_slopes || p.mask || p.dropout_threshold) ? 1 : 0;
     p.deterministic = c.det;
-    p.dtype = FLASH_BF16;
     size_t sem_bytes;
     int32_t *sem = alloc_dq_semaphore(&p, &sem_bytes);
 
@@ -1503,7 +1393,7 @@ static void time_variant(const test_cfg &c, const char *label)
                     (void *)lse, (void *)delta, (void *)dqa, (void *)slopes, (void *)dbias, md.mask, (void *)md.blocks,
                     (void *)sem})
         if (x)
-            CHECK_CUDA(cudaFree(x));
+            CUDA_CHECK(cudaFree(x));
 }
 
 static void time_config(int d, int s, int causal, int det)
@@ -1536,16 +1426,16 @@ static void time_varlen(int d, int s, int causal, int random_lengths)
     __nv_bfloat16 *q, *k, *v, *o, *dout, *dq, *dk, *dv;
     float *lse, *delta, *dqa;
     for (__nv_bfloat16 **x : {&q, &k, &v, &o, &dout, &dq, &dk, &dv})
-        CHECK_CUDA(cudaMalloc(x, n * sizeof(__nv_bfloat16)));
-    CHECK_CUDA(cudaMalloc(&lse, (size_t)h * tokens * sizeof(float)));
-    CHECK_CUDA(cudaMalloc(&delta, (size_t)h * tokens * sizeof(float)));
-    CHECK_CUDA(cudaMalloc(&dqa, n * sizeof(float)));
+        CUDA_CHECK(cudaMalloc(x, n * sizeof(__nv_bfloat16)));
+    CUDA_CHECK(cudaMalloc(&lse, (size_t)h * tokens * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&delta, (size_t)h * tokens * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&dqa, n * sizeof(float)));
     int32_t *cu_dev = (int32_t *)upload_flat(cu.data(), cu.size() * sizeof(int32_t));
     uint32_t seed = 1;
     for (__nv_bfloat16 *x : {q, k, v, o, dout})
         fill_bf16<<<1024, 256>>>(x, n, seed++);
     fill_f32<<<1024, 256>>>(lse, (int64_t)h * tokens, logf((float)s));
-    CHECK_CUDA(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaDeviceSynchronize());
 
     flash_params p;
     memset(&p, 0, sizeof(p));
@@ -1554,17 +1444,14 @@ static void time_varlen(int d, int s, int causal, int random_lengths)
     p.q = q; p.k = k; p.v = v; p.o = o; p.lse = lse; p.dout = dout;
     p.dq = dq; p.dk = dk; p.dv = dv; p.delta = delta; p.dq_accum = dqa;
     p.q_s = p.k_s = p.v_s = p.o_s = p.do_s = p.dq_s = p.dk_s = p.dv_s = l.st;
-    p.b = b; p.h = h; p.h_kv = h; p.sq = max_len; p.sk = max_len; p.d = d; p.h_per_kv = 1;
+    fill_sizes(&p, FLASH_BF16, b, h, h, max_len, max_len, d, 0);
     p.total_q = p.total_k = tokens;
     p.cu_seqlens_q = p.cu_seqlens_k = cu_dev;
     p.lse_batch = 0;
     p.lse_head = tokens;
-    p.scale = 1.0 / sqrt((double)d);
-    p.scale_log2 = (float)(p.scale * FLASH_LOG2E);
     p.band_left = -1;
     p.band_right = causal ? 0 : -1;
     p.band_bottom_right = 1;
-    p.dtype = FLASH_BF16;
 
     double pairs = 0; /* visible pairs, sequence by sequence (a dense batch of one each) */
     for (int i = 0; i < b; ++i) {
@@ -1587,7 +1474,7 @@ static void time_varlen(int d, int s, int causal, int random_lengths)
     fflush(stdout);
     for (void *x : {(void *)q, (void *)k, (void *)v, (void *)o, (void *)dout, (void *)dq, (void *)dk, (void *)dv,
                     (void *)lse, (void *)delta, (void *)dqa, (void *)cu_dev})
-        CHECK_CUDA(cudaFree(x));
+        CUDA_CHECK(cudaFree(x));
 }
 
 static void time_variants(void)

@@ -4,7 +4,7 @@
  *            dev/fwd_harness.cu csrc/cuda/launch.cu csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_sm90.cu csrc/cuda/fwd_decode.cu \
  *            csrc/cuda/fwd_simple.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu csrc/cuda/bwd_simple.cu \
  *            -o /tmp/fwd_harness
- *        (the checks call launch.cu's flash_fwd_cuda, which links the backward too; dev/fwd_variants.sh)
+ *        (the checks call launch.cu's flash_fwd_cuda, which links the backward too; dev/device.sh build / ab)
  * Run:   /tmp/fwd_harness check [t]     every correctness case (or those of dtype t), relative L2 error of
  *                                       out and lse against dev/attn_ref.h (double); exit 1 on any failure
  *        /tmp/fwd_harness bench [d]     bf16 TFLOP/s, 16k tokens, nheads = 2048 / d, d 64/128/256 (or only
@@ -52,20 +52,9 @@
 #include <vector>
 
 #include "attn_ref.h"
+#include "common.h"
 #include "cuda/launch.h"
-#include "flash.h"
-#include "mask.h"
 
-#define CUDA_CHECK(x)                                                                                 \
-    do {                                                                                              \
-        cudaError_t err_ = (x);                                                                       \
-        if (err_ != cudaSuccess) {                                                                    \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(err_));     \
-            exit(2);                                                                                  \
-        }                                                                                             \
-    } while (0)
-
-static const unsigned char kPoison = 0xff; /* all-ones bytes: NaN in every float format */
 static const int kWarmupRuns = 3;
 static const int kTimedRuns = 20;
 static const int kBenchTokens = 16384;
@@ -151,42 +140,6 @@ static test_case window(test_case c, int left, int right)
     return c;
 }
 
-static size_t dtype_size(flash_dtype t)
-{
-    return t == FLASH_FP64 ? 8 : t == FLASH_FP32 ? 4 : 2;
-}
-
-static const char *dtype_name(flash_dtype t)
-{
-    return t == FLASH_FP64 ? "fp64" : t == FLASH_FP32 ? "fp32" : t == FLASH_FP16 ? "fp16" : "bf16";
-}
-
-static double threshold(flash_dtype t)
-{
-    return t == FLASH_FP64 ? 1e-12 : t == FLASH_FP32 ? 1e-5 : t == FLASH_FP16 ? 2e-3 : 1e-2;
-}
-
-/* Round x to the element type, store it at dst[i], return the rounded value. */
-static double store_elem(void *dst, size_t i, flash_dtype t, double x)
-{
-    switch (t) {
-    case FLASH_FP64: ((double *)dst)[i] = x; return x;
-    case FLASH_FP32: ((float *)dst)[i] = (float)x; return (float)x;
-    case FLASH_FP16: ((__half *)dst)[i] = __double2half(x); return __half2float(((__half *)dst)[i]);
-    default: ((__nv_bfloat16 *)dst)[i] = __double2bfloat16(x); return __bfloat162float(((__nv_bfloat16 *)dst)[i]);
-    }
-}
-
-static double load_elem(const void *src, size_t i, flash_dtype t)
-{
-    switch (t) {
-    case FLASH_FP64: return ((const double *)src)[i];
-    case FLASH_FP32: return ((const float *)src)[i];
-    case FLASH_FP16: return __half2float(((const __half *)src)[i]);
-    default: return __bfloat162float(((const __nv_bfloat16 *)src)[i]);
-    }
-}
-
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 static double uniform(double lo, double hi)
 {
@@ -222,15 +175,15 @@ static void tensor_init(tensor *x, const test_case *c, int s, int h)
     if (c->big)
         x->st.batch += kBigGap;
     x->elems = (size_t)c->b * x->host_batch;
-    x->host.assign(x->elems * dtype_size(c->dtype), kPoison);
+    x->host.assign(x->elems * elem_size(c->dtype), kPoison);
     x->val.assign((size_t)c->b * s * h * c->d, 0.0);
-    CUDA_CHECK(cudaMalloc(&x->dev, ((c->b - 1) * x->st.batch + x->host_batch) * dtype_size(c->dtype)));
+    CUDA_CHECK(cudaMalloc(&x->dev, ((c->b - 1) * x->st.batch + x->host_batch) * elem_size(c->dtype)));
 }
 
 /* Host <-> device, batch by batch; with to_device == 2, poison the device batches instead. */
 static void tensor_copy(tensor *x, const test_case *c, int to_device)
 {
-    const size_t es = dtype_size(c->dtype);
+    const size_t es = elem_size(c->dtype);
     for (int b = 0; b < c->b; b++) {
         unsigned char *dev = (unsigned char *)x->dev + b * x->st.batch * es;
         unsigned char *host = x->host.data() + b * x->host_batch * es;
@@ -361,7 +314,7 @@ static void variants_fill(flash_params *p, const test_case *c, variant_data *vd)
                         m[(((size_t)bi * mh + hi) * mr + r) * sk + j] = vis ? (additive ? x : 0.0) : -INFINITY;
                     }
         /* device storage, rounded to the element type */
-        const size_t es = additive ? dtype_size(c->dtype) : 1;
+        const size_t es = additive ? elem_size(c->dtype) : 1;
         std::vector<unsigned char> host(m.size() * es);
         const bool colmajor = v->mask_layout & MASK_COLMAJOR;
         for (int bi = 0; bi < mb; bi++)
@@ -410,12 +363,7 @@ static void variants_fill(flash_params *p, const test_case *c, variant_data *vd)
         p->mask_blocks_s.head = mh == 1 ? 0 : (int64_t)nr * nc;
         p->mask_blocks_s.batch = mb == 1 ? 0 : (int64_t)mh * nr * nc;
     }
-    if (v->dropout > 0) {
-        p->dropout_threshold = (uint32_t)llround(v->dropout * FLASH_DROPOUT_ONE);
-        p->dropout_scale = (double)FLASH_DROPOUT_ONE / (FLASH_DROPOUT_ONE - p->dropout_threshold);
-        p->philox_seed = kSeed;
-        p->philox_offset = kOffset;
-    }
+    set_dropout(p, v->dropout, kSeed, kOffset);
     if (v->sink) {
         vd->sink.resize(h);
         const size_t es = c->dtype == FLASH_FP64 ? 8 : 4;
@@ -519,19 +467,8 @@ static void params_fill(flash_params *p, const test_case *c, double scale, const
     p->k_s = k->st;
     p->v_s = v->st;
     p->o_s = o->st;
-    p->b = c->b;
-    p->h = c->h;
-    p->h_kv = c->h_kv;
-    p->sq = c->sq;
-    p->sk = c->sk;
-    p->d = c->d;
-    p->h_per_kv = c->h / c->h_kv;
-    p->lse_batch = (int64_t)c->h * c->sq;
-    p->lse_head = c->sq;
-    p->scale = scale;
-    p->scale_log2 = (float)(scale * FLASH_LOG2E);
+    fill_sizes(p, c->dtype, c->b, c->h, c->h_kv, c->sq, c->sk, c->d, scale);
     band_fill(p, &c->v);
-    p->dtype = c->dtype;
 }
 
 static void describe(char *buf, size_t n, const test_case *c)
@@ -563,7 +500,7 @@ static void describe(char *buf, size_t n, const test_case *c)
 static int check_case(const test_case *c)
 {
     const double scale = c->scale != 0 ? c->scale : 1.0 / sqrt((double)c->d);
-    const size_t es = dtype_size(c->dtype);
+    const size_t es = elem_size(c->dtype);
     tensor q, k, v, o;
     tensor_init(&q, c, c->sq, c->h);
     tensor_init(&k, c, c->sk, c->h_kv);
@@ -575,7 +512,7 @@ static int check_case(const test_case *c)
     tensor_copy(&v, c, 1);
     tensor_copy(&o, c, 2);
     const size_t lse_elems = (size_t)c->b * c->h * c->sq;
-    const size_t lse_es = c->dtype == FLASH_FP64 ? 8 : 4;
+    const size_t lse_es = elem_size(lse_type(c->dtype));
     void *lse_dev;
     CUDA_CHECK(cudaMalloc(&lse_dev, lse_elems * lse_es));
     CUDA_CHECK(cudaMemset(lse_dev, kPoison, lse_elems * lse_es));
@@ -632,7 +569,7 @@ static int check_case(const test_case *c)
     }
     const double rel_o = no > 0 ? sqrt(eo / no) : sqrt(eo);
     const double rel_l = nl > 0 ? sqrt(el / nl) : sqrt(el);
-    const double tol = threshold(c->dtype);
+    const double tol = tolerance(c->dtype);
     const int ok = unwritten == 0 && clobbered == 0 && inf_mismatch == 0 && rel_o <= tol && rel_l <= tol;
     char desc[256];
     describe(desc, sizeof(desc), c);
@@ -772,7 +709,7 @@ static int check_vl_case(const vl_case *c)
     const int b = c->b, h = c->h, hkv = c->h_kv, d = c->d;
     const bool varlen = c->layout == LAYOUT_VARLEN;
     const double scale = c->scale != 0 ? c->scale : 1.0 / sqrt((double)c->d);
-    const size_t es = dtype_size(c->dtype), lse_es = c->dtype == FLASH_FP64 ? 8 : 4;
+    const size_t es = elem_size(c->dtype), lse_es = elem_size(lse_type(c->dtype));
 
     /* lengths and index tensors */
     const bool paged = c->layout == LAYOUT_PAGED;
@@ -1067,7 +1004,7 @@ static int check_vl_case(const vl_case *c)
                 clobbered += lh[i * lse_es + byte] != kPoison;
     const double rel_o = no > 0 ? sqrt(eo / no) : sqrt(eo);
     const double rel_l = nl > 0 ? sqrt(el / nl) : sqrt(el);
-    const double tol = threshold(c->dtype);
+    const double tol = tolerance(c->dtype);
     const int ok = layout_mismatch == 0 && unwritten == 0 && clobbered == 0 && inf_mismatch == 0 && rel_o <= tol &&
                    rel_l <= tol;
     test_case tc;
@@ -1594,44 +1531,20 @@ static void bench_params(flash_params *p, const bench_buffers *bb, int s, int d)
     p->q_s.head = p->k_s.head = p->v_s.head = p->o_s.head = d;
     p->q_s.row = p->k_s.row = p->v_s.row = p->o_s.row = kBenchHidden;
     p->q_s.batch = p->k_s.batch = p->v_s.batch = p->o_s.batch = (int64_t)s * kBenchHidden;
-    p->b = kBenchTokens / s;
-    p->h = p->h_kv = kBenchHidden / d;
-    p->h_per_kv = 1;
-    p->sq = p->sk = s;
-    p->d = d;
-    p->lse_batch = (int64_t)p->h * s;
-    p->lse_head = s;
-    p->scale = 1.0 / sqrt((double)d);
-    p->scale_log2 = (float)(p->scale * FLASH_LOG2E);
+    fill_sizes(p, FLASH_BF16, kBenchTokens / s, kBenchHidden / d, kBenchHidden / d, s, s, d, 0);
     p->band_left = p->band_right = -1;
     p->band_bottom_right = 1;
-    p->dtype = FLASH_BF16;
 }
 
-/* Median milliseconds of kTimedRuns calls of fwd(p, stream 0) (default: launch.cu's dispatch, which on Hopper
- * takes fwd_sm90.cu where it serves p unless FLASHATTN_EXT_DISABLE_SM90=1). */
+/* Median milliseconds of kTimedRuns calls of fwd(p, stream 0), L2 flushed before each (common.h time_ms); fwd
+ * defaults to launch.cu's dispatch, which on Hopper takes fwd_sm90.cu where it serves p unless
+ * FLASHATTN_EXT_DISABLE_SM90=1. */
 typedef cudaError_t (*fwd_fn)(const flash_params *, cudaStream_t);
 static cudaError_t run_fwd(const flash_params *p, cudaStream_t stream);
 
 static double time_fwd(const flash_params *p, fwd_fn fwd = run_fwd)
 {
-    cudaEvent_t start, stop;
-    CUDA_CHECK(cudaEventCreate(&start));
-    CUDA_CHECK(cudaEventCreate(&stop));
-    std::vector<float> ms(kTimedRuns);
-    for (int i = 0; i < kWarmupRuns; i++)
-        CUDA_CHECK(fwd(p, 0));
-    for (int i = 0; i < kTimedRuns; i++) {
-        CUDA_CHECK(cudaEventRecord(start));
-        CUDA_CHECK(fwd(p, 0));
-        CUDA_CHECK(cudaEventRecord(stop));
-        CUDA_CHECK(cudaEventSynchronize(stop));
-        CUDA_CHECK(cudaEventElapsedTime(&ms[i], start, stop));
-    }
-    CUDA_CHECK(cudaEventDestroy(start));
-    CUDA_CHECK(cudaEventDestroy(stop));
-    std::sort(ms.begin(), ms.end());
-    return ms[kTimedRuns / 2];
+    return time_ms([&] { return fwd(p, 0); }, kWarmupRuns, kTimedRuns);
 }
 
 /* HARNESS_SEQ: the bench modes time only that seqlen (e.g. under ncu); 0 or unset: all. */
@@ -1721,10 +1634,7 @@ static void run_variant_bench(int only_d)
                     break;
                 }
                 case BV_DROPOUT:
-                    p.dropout_threshold = (uint32_t)llround(0.1 * FLASH_DROPOUT_ONE);
-                    p.dropout_scale = (double)FLASH_DROPOUT_ONE / (FLASH_DROPOUT_ONE - p.dropout_threshold);
-                    p.philox_seed = kSeed;
-                    p.philox_offset = kOffset;
+                    set_dropout(&p, 0.1, kSeed, kOffset);
                     break;
                 case BV_PAD_MASK:
                 case BV_SPARSE: {

@@ -23,8 +23,6 @@ ISA_LEVELS = (
     ("x86-64-v4 (AVX-512)", {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx2", "fma"}),
     ("x86-64-v3 (AVX2, FMA)", {"avx2", "fma", "bmi2", "f16c", "movbe"}),
 )
-LARGE_HEAD_DIM = torch_registry._LARGE_HEAD_DIM
-LARGE_HEAD_DIM_SMEM = torch_registry._LARGE_HEAD_DIM_SMEM
 
 
 def distribution_version():
@@ -58,16 +56,36 @@ def report_build():
     if info is None:
         print("build: no flashattn_ext/_build_info.py (built by an older setup.py): archs unknown")
         return
-    archs = ", ".join(f"sm_{a}" for a in info.CUDA_ARCHS) or "none (CPU kernels only)"
+    archs = ", ".join(arch_name(a) for a in info.CUDA_ARCHS) or "none (CPU kernels only)"
     print(f"build: against torch {info.TORCH_VERSION}, CUDA {info.CUDA_VERSION or 'none'}; CUDA archs: {archs}")
     if info.TORCH_VERSION.split("+")[0] != torch.__version__.split("+")[0]:
         print(f"  warning: built against torch {info.TORCH_VERSION}, running with {torch.__version__}: rebuild")
+
+
+def arch_name(arch):
+    """sm_80 / sm_90a machine code, compute_80 PTX (compiled by the driver on newer GPUs), or both."""
+    if arch.startswith("compute_"):
+        return f"{arch} PTX"
+    if arch.endswith("+PTX"):
+        number = arch.removesuffix("+PTX")
+        return f"sm_{number} + compute_{number} PTX"
+    return f"sm_{arch}"
 
 
 def report_cpu():
     threads = os.environ.get("OMP_NUM_THREADS") or f"{os.cpu_count()} (all cores; OMP_NUM_THREADS sets it)"
     print("CPU: float32/float64 (float16/bfloat16 computed in float32) forward and backward: the C11 kernels of "
           f"csrc/cpu, OpenMP threads: {threads}; hot loops: {cpu_isa()}")
+
+
+def max_head_dim(smem):
+    """The largest head dim our fp16/bf16 kernels run with smem bytes of shared memory per block (0: none)."""
+    largest = 0
+    for top, need in torch_registry._LIMITS["cuda_smem"]:
+        if need > smem:
+            break
+        largest = top
+    return largest
 
 
 def report_cuda():
@@ -98,9 +116,8 @@ def report_cuda():
             bwd = f"bwd_sm80.cu (mma.sync){reason}"
         print("  forward fp16/bf16: fwd_sm80.cu (mma.sync); float32/float64: fwd_simple.cu (CUDA cores)")
         print(f"  backward fp16/bf16: {bwd}; float32/float64: bwd_simple.cu (CUDA cores)")
-        large = ("yes" if smem >= LARGE_HEAD_DIM_SMEM
-                 else f"no (needs {LARGE_HEAD_DIM_SMEM // 1024} KB of shared memory per block)")
-        print(f"  fp16/bf16 head dims above {LARGE_HEAD_DIM}: {large}")
+        top = max_head_dim(smem)
+        print(f"  fp16/bf16 head dims: up to {top}" if top else "  fp16/bf16: none (too little shared memory)")
     return usable
 
 

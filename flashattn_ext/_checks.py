@@ -201,3 +201,148 @@ def _check_paged(fn, q, k, v, block_table, batch):
     if not _symbolic(page_size) and (page_size <= 0 or page_size % PAGE_MULTIPLE != 0):
         raise ValueError(f"{fn}: with block_table, the page size (dimension 1 of k (num_pages, page_size, nheads_kv, "
                          f"headdim)) must be a positive multiple of {PAGE_MULTIPLE}, got {page_size}")
+
+
+def _sink_or_s_aux(fn, sink, s_aux):
+    """The attention sink given as sink or as s_aux (its gpt-oss name), or None."""
+    if sink is not None and s_aux is not None:
+        raise ValueError(f"{fn}: pass sink or s_aux, not both")
+    return s_aux if sink is None else sink
+
+
+def _check_num_splits(fn, num_splits):
+    _check_int(fn, "num_splits", num_splits)
+    if num_splits < 0:
+        raise ValueError(f"{fn}: num_splits must be 0 (chosen by the kernels) or a positive count, got {num_splits}")
+    return num_splits
+
+
+# flash_attn_with_kvcache (kvcache.py): its cache, the appended rows, cache_seqlens and the rotary tables.
+
+def _capacity(seqlen_k, block_table):
+    """The rows a sequence of a KV cache can reach, for error messages."""
+    if block_table is None:
+        return f"{seqlen_k} rows per sequence"
+    return f"{seqlen_k} rows per sequence: block_table's {block_table.shape[1]} pages"
+
+
+def _check_kv_cache(fn, q, k_cache, v_cache):
+    """q, k_cache, v_cache 4-D tensors, the caches of q's dtype and device and of one shape."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_tensor(name, t)
+        if t.dim() != 4:
+            raise ValueError(f"{fn}: {name} must have 4 dimensions, got shape {tuple(t.shape)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{fn}: {name} must have the dtype of q ({q.dtype}), got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{fn}: {name} must be on the device of q ({q.device}), got {t.device}")
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"{fn}: v_cache must have the shape of k_cache {tuple(k_cache.shape)}, got "
+                         f"{tuple(v_cache.shape)}")
+
+
+def _check_cache_rows(fn, k_cache, batch, device, cache_batch_idx, cache_leftpad, block_table):
+    """The index tensors that pick a sequence's cache rows -> (seqlen_k, page_size): the rows a sequence can
+    reach, and the page size of a paged cache (None when dense)."""
+    if cache_batch_idx is not None:
+        _check_index(fn, "cache_batch_idx", cache_batch_idx, device, (batch,))
+    if cache_leftpad is not None:
+        _check_index(fn, "cache_leftpad", cache_leftpad, device, (batch,))
+    if block_table is None:
+        if cache_batch_idx is None and k_cache.shape[0] != batch:
+            raise ValueError(f"{fn}: k_cache must have batch size {batch} (that of q) without cache_batch_idx, got "
+                             f"{k_cache.shape[0]}")
+        return k_cache.shape[1], None
+    _check_tensor("block_table", block_table)
+    if block_table.dtype != torch.int32:
+        raise TypeError(f"{fn}: block_table must be int32, got {block_table.dtype}")
+    if block_table.device != device:
+        raise ValueError(f"{fn}: block_table must be on the device of q ({device}), got {block_table.device}")
+    if block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(f"{fn}: block_table must have shape (batch, max_pages) with batch = {batch}, got "
+                         f"{tuple(block_table.shape)}")
+    if cache_batch_idx is not None:
+        raise ValueError(f"{fn}: cache_batch_idx cannot be combined with block_table (as in flash-attn)")
+    page_size = k_cache.shape[1]
+    if page_size <= 0 or page_size % PAGE_MULTIPLE != 0:
+        raise ValueError(f"{fn}: the page size (dimension 1 of a paged k_cache) must be a positive multiple of "
+                         f"{PAGE_MULTIPLE}, got {page_size}")
+    return block_table.shape[1] * page_size, page_size
+
+
+def _check_new_kv(fn, k, v, k_cache, batch, headdim, cache_seqlens, seqlen_k, block_table):
+    """The rows to append, k and v (batch, seqlen_new, nheads_kv, headdim) or both None -> seqlen_new."""
+    if (k is None) != (v is None):
+        raise ValueError(f"{fn}: pass both k and v (the new keys and values) or neither")
+    if k is None:
+        return 0
+    nheads_kv = k_cache.shape[2]
+    want = (batch, k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1, nheads_kv, headdim)
+    for name, t in (("k", k), ("v", v)):
+        _check_tensor(name, t)
+        if t.dim() != 4 or tuple(t.shape) != want:
+            raise ValueError(f"{fn}: {name} must have shape (batch, seqlen_new, nheads_kv, headdim) = "
+                             f"{(batch, 'seqlen_new', nheads_kv, headdim)}, got {tuple(t.shape)}")
+        if t.dtype != k_cache.dtype or t.device != k_cache.device:
+            raise TypeError(f"{fn}: {name} must have the dtype and device of k_cache ({k_cache.dtype}, "
+                            f"{k_cache.device}), got {t.dtype}, {t.device}")
+    seqlen_new = k.shape[1]
+    if cache_seqlens is None:
+        raise ValueError(f"{fn}: appending k, v needs cache_seqlens (where the new rows go)")
+    if seqlen_new > seqlen_k:
+        raise ValueError(f"{fn}: k, v append {seqlen_new} rows per sequence, more than k_cache holds "
+                         f"({_capacity(seqlen_k, block_table)})")
+    return seqlen_new
+
+
+def _check_seqlens_fit(fn, cache_seqlens, seqlen_new, seqlen_k, block_table):
+    """check_cache_seqlens=True: 0 <= cache_seqlens[b] <= seqlen_k - seqlen_new for every b, read on the host
+    (a device synchronization on CUDA)."""
+    for b, n in enumerate(cache_seqlens.tolist()):  # one copy to the host
+        if not 0 <= n <= seqlen_k - seqlen_new:
+            raise ValueError(f"{fn}: cache_seqlens[{b}] ({n}) plus seqlen_new ({seqlen_new}) must fit k_cache "
+                             f"({_capacity(seqlen_k, block_table)}) and be >= 0")
+
+
+def _check_cache_seqlens(fn, cache_seqlens, batch, device, seqlen_new, seqlen_k, block_table, check_contents):
+    """cache_seqlens (None, an int or int32 (batch,)) -> (None or an int32 (batch,) tensor, fits): fits, every
+    appended row is known to be inside the cache (an int cache_seqlens checked against the shapes). A tensor's
+    contents are read only with check_contents."""
+    if cache_seqlens is None:
+        return None, False
+    if isinstance(cache_seqlens, torch.Tensor):
+        _check_index(fn, "cache_seqlens", cache_seqlens, device, (batch,))
+        if check_contents:
+            _check_seqlens_fit(fn, cache_seqlens, seqlen_new, seqlen_k, block_table)
+        return cache_seqlens, False
+    _check_int(fn, "cache_seqlens", cache_seqlens)
+    fits = not _symbolic(cache_seqlens)
+    if fits and not 0 <= cache_seqlens <= seqlen_k - seqlen_new:
+        raise ValueError(f"{fn}: cache_seqlens ({cache_seqlens}) plus seqlen_new ({seqlen_new}) must fit "
+                         f"k_cache ({_capacity(seqlen_k, block_table)})")
+    return torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device), fits
+
+
+def _check_rotary(fn, rotary_cos, rotary_sin, k, headdim, seqlen_k, device):
+    """rotary_cos / rotary_sin: both None, or floating (seqlen_ro >= seqlen_k, rotary_dim / 2) on the device,
+    rotary_dim <= headdim, with new rows k to rotate."""
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError(f"{fn}: pass both rotary_cos and rotary_sin or neither")
+    if rotary_cos is None:
+        return
+    for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        _check_tensor(name, t)
+        if not t.is_floating_point() or t.device != device:
+            raise TypeError(f"{fn}: {name} must be a floating-point tensor on the device of q ({device})")
+        if t.dim() != 2 or tuple(t.shape) != tuple(rotary_cos.shape):
+            raise ValueError(f"{fn}: rotary_cos and rotary_sin must have one shape (seqlen_ro, rotary_dim / 2), "
+                             f"got {tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}")
+    if k is None:
+        raise ValueError(f"{fn}: rotary_cos / rotary_sin need the new k and v (they rotate what is appended)")
+    if not 0 < 2 * rotary_cos.shape[1] <= headdim:
+        raise ValueError(f"{fn}: rotary_dim = 2 * rotary_cos.shape[1] ({2 * rotary_cos.shape[1]}) must be in "
+                         f"[1, headdim = {headdim}]")
+    if rotary_cos.shape[0] < seqlen_k:
+        raise ValueError(f"{fn}: rotary_cos / rotary_sin must have at least the cache's {seqlen_k} rows, got "
+                         f"{rotary_cos.shape[0]}")

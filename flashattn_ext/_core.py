@@ -1,12 +1,14 @@
-"""The op contract: the only module that calls the C++ ops torch.ops.flashattn_ext.* (schemas in csrc/ops.cpp).
+"""The op contract: the only module that calls the C++ ops torch.ops.flashattn_ext.* (schemas in csrc/ops.cpp) and
+the extension's limits().
 One wrapper per op, its parameters keyword-only and named as the schema's arguments, calls the op positionally
 in schema order. *_ARGS are the schemas' argument names in order, read from the registered ops: ops.py takes
 the input positions of its autograd formulas from them."""
 import torch
 
-from . import _C  # noqa: F401  (registers torch.ops.flashattn_ext.*)
+from . import _C  # registers torch.ops.flashattn_ext.*
 
-PAGE_MULTIPLE = 16  # FLASHPAGE_MULTIPLE (csrc/constants.h): page sizes of a paged KV cache are multiples of it
+LIMITS = _C.limits()  # what the kernels of this build take (csrc/ops.cpp limits())
+PAGE_MULTIPLE = LIMITS["page_multiple"]  # page sizes of a paged KV cache are multiples of it
 
 
 def _arg_names(op):

@@ -8,27 +8,11 @@ check_cache_seqlens=True asks for it)."""
 import torch
 
 from . import _core
-from ._checks import (_check_alibi, _check_bools, _check_index, _check_int, _check_scale, _check_sink, _check_softcap,
-                      _check_tensor, _check_window, _default_scale, _symbolic)
-from ._core import PAGE_MULTIPLE
+from ._checks import (_check_alibi, _check_bools, _check_cache_rows, _check_cache_seqlens, _check_kv_cache,
+                      _check_new_kv, _check_num_splits, _check_rotary, _check_scale, _check_sink, _check_softcap,
+                      _check_window, _default_scale, _sink_or_s_aux)
 
 _FN = "flash_attn_with_kvcache"
-
-
-def _capacity(seqlen_k, block_table):
-    """The rows a sequence can reach, for error messages."""
-    if block_table is None:
-        return f"{seqlen_k} rows per sequence"
-    return f"{seqlen_k} rows per sequence: block_table's {block_table.shape[1]} pages"
-
-
-def _check_seqlens_fit(cache_seqlens, seqlen_new, seqlen_k, block_table):
-    """check_cache_seqlens=True: 0 <= cache_seqlens[b] <= seqlen_k - seqlen_new for every b, read on the host
-    (a device synchronization on CUDA)."""
-    for b, n in enumerate(cache_seqlens.tolist()):  # one copy to the host
-        if not 0 <= n <= seqlen_k - seqlen_new:
-            raise ValueError(f"{_FN}: cache_seqlens[{b}] ({n}) plus seqlen_new ({seqlen_new}) must fit k_cache "
-                             f"({_capacity(seqlen_k, block_table)}) and be >= 0")
 
 
 def _rotary_positions(start, length):
@@ -155,115 +139,25 @@ def flash_attn_with_kvcache(
     Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse) with return_softmax_lse=True, lse
     (batch, nheads, seqlen_q) float32 (float64 for float64 inputs).
     """
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _check_tensor(name, t)
-        if t.dim() != 4:
-            raise ValueError(f"{_FN}: {name} must have 4 dimensions, got shape {tuple(t.shape)}")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"{_FN}: {name} must have the dtype of q ({q.dtype}), got {t.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"{_FN}: {name} must be on the device of q ({q.device}), got {t.device}")
-    if tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise ValueError(f"{_FN}: v_cache must have the shape of k_cache {tuple(k_cache.shape)}, got "
-                         f"{tuple(v_cache.shape)}")
+    _check_kv_cache(_FN, q, k_cache, v_cache)
     _check_bools(_FN, causal=causal, rotary_interleaved=rotary_interleaved, return_softmax_lse=return_softmax_lse,
                  check_cache_seqlens=check_cache_seqlens)
     batch, seqlen_q, nheads, headdim = q.shape
-    nheads_kv = k_cache.shape[2]
     device = q.device
-    if cache_batch_idx is not None:
-        _check_index(_FN, "cache_batch_idx", cache_batch_idx, device, (batch,))
-    if cache_leftpad is not None:
-        _check_index(_FN, "cache_leftpad", cache_leftpad, device, (batch,))
-    page_size = None
-    if block_table is not None:
-        _check_tensor("block_table", block_table)
-        if block_table.dtype != torch.int32:
-            raise TypeError(f"{_FN}: block_table must be int32, got {block_table.dtype}")
-        if block_table.device != device:
-            raise ValueError(f"{_FN}: block_table must be on the device of q ({device}), got {block_table.device}")
-        if block_table.dim() != 2 or block_table.shape[0] != batch:
-            raise ValueError(f"{_FN}: block_table must have shape (batch, max_pages) with batch = {batch}, got "
-                             f"{tuple(block_table.shape)}")
-        if cache_batch_idx is not None:
-            raise ValueError(f"{_FN}: cache_batch_idx cannot be combined with block_table (as in flash-attn)")
-        page_size = k_cache.shape[1]
-        if page_size <= 0 or page_size % PAGE_MULTIPLE != 0:
-            raise ValueError(f"{_FN}: the page size (dimension 1 of a paged k_cache) must be a positive multiple of "
-                             f"{PAGE_MULTIPLE}, got {page_size}")
-        seqlen_k = block_table.shape[1] * page_size
-    else:
-        seqlen_k = k_cache.shape[1]
-        if cache_batch_idx is None and k_cache.shape[0] != batch:
-            raise ValueError(f"{_FN}: k_cache must have batch size {batch} (that of q) without cache_batch_idx, got "
-                             f"{k_cache.shape[0]}")
-
-    if (k is None) != (v is None):
-        raise ValueError(f"{_FN}: pass both k and v (the new keys and values) or neither")
-    seqlen_new = 0
-    if k is not None:
-        want = (batch, k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1, nheads_kv, headdim)
-        for name, t in (("k", k), ("v", v)):
-            _check_tensor(name, t)
-            if t.dim() != 4 or tuple(t.shape) != want:
-                raise ValueError(f"{_FN}: {name} must have shape (batch, seqlen_new, nheads_kv, headdim) = "
-                                 f"{(batch, 'seqlen_new', nheads_kv, headdim)}, got {tuple(t.shape)}")
-            if t.dtype != k_cache.dtype or t.device != device:
-                raise TypeError(f"{_FN}: {name} must have the dtype and device of k_cache ({k_cache.dtype}, {device}),"
-                                f" got {t.dtype}, {t.device}")
-        seqlen_new = k.shape[1]
-        if cache_seqlens is None:
-            raise ValueError(f"{_FN}: appending k, v needs cache_seqlens (where the new rows go)")
-        if seqlen_new > seqlen_k:
-            raise ValueError(f"{_FN}: k, v append {seqlen_new} rows per sequence, more than k_cache holds "
-                             f"({_capacity(seqlen_k, block_table)})")
-
-    fits = False  # every appended row known to be inside the cache
-    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
-        _check_int(_FN, "cache_seqlens", cache_seqlens)
-        if not _symbolic(cache_seqlens):
-            if not 0 <= cache_seqlens <= seqlen_k - seqlen_new:
-                raise ValueError(f"{_FN}: cache_seqlens ({cache_seqlens}) plus seqlen_new ({seqlen_new}) must fit "
-                                 f"k_cache ({_capacity(seqlen_k, block_table)})")
-            fits = True
-        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
-    elif cache_seqlens is not None:
-        _check_index(_FN, "cache_seqlens", cache_seqlens, device, (batch,))
-        if check_cache_seqlens:
-            _check_seqlens_fit(cache_seqlens, seqlen_new, seqlen_k, block_table)
-
-    if (rotary_cos is None) != (rotary_sin is None):
-        raise ValueError(f"{_FN}: pass both rotary_cos and rotary_sin or neither")
-    if rotary_cos is not None:
-        for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
-            _check_tensor(name, t)
-            if not t.is_floating_point() or t.device != device:
-                raise TypeError(f"{_FN}: {name} must be a floating-point tensor on the device of q ({device})")
-            if t.dim() != 2 or tuple(t.shape) != tuple(rotary_cos.shape):
-                raise ValueError(f"{_FN}: rotary_cos and rotary_sin must have one shape (seqlen_ro, rotary_dim / 2), "
-                                 f"got {tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}")
-        if k is None:
-            raise ValueError(f"{_FN}: rotary_cos / rotary_sin need the new k and v (they rotate what is appended)")
-        if not 0 < 2 * rotary_cos.shape[1] <= headdim:
-            raise ValueError(f"{_FN}: rotary_dim = 2 * rotary_cos.shape[1] ({2 * rotary_cos.shape[1]}) must be in "
-                             f"[1, headdim = {headdim}]")
-        if rotary_cos.shape[0] < seqlen_k:
-            raise ValueError(f"{_FN}: rotary_cos / rotary_sin must have at least the cache's {seqlen_k} rows, got "
-                             f"{rotary_cos.shape[0]}")
-
-    if sink is not None and s_aux is not None:
-        raise ValueError(f"{_FN}: pass sink or s_aux, not both")
+    seqlen_k, page_size = _check_cache_rows(_FN, k_cache, batch, device, cache_batch_idx, cache_leftpad, block_table)
+    seqlen_new = _check_new_kv(_FN, k, v, k_cache, batch, headdim, cache_seqlens, seqlen_k, block_table)
+    cache_seqlens, fits = _check_cache_seqlens(_FN, cache_seqlens, batch, device, seqlen_new, seqlen_k, block_table,
+                                               check_cache_seqlens)
+    _check_rotary(_FN, rotary_cos, rotary_sin, k, headdim, seqlen_k, device)
+    sink = _sink_or_s_aux(_FN, sink, s_aux)
     window = _check_window(_FN, window_size)
     softcap = _check_softcap(_FN, softcap)
     alibi_slopes = _check_alibi(_FN, alibi_slopes, q)
-    _check_int(_FN, "num_splits", num_splits)
-    if num_splits < 0:
-        raise ValueError(f"{_FN}: num_splits must be 0 (chosen by the kernels) or a positive count, got {num_splits}")
+    num_splits = _check_num_splits(_FN, num_splits)
     scale = _default_scale(q.shape[-1]) if softmax_scale is None else _check_scale(_FN, "softmax_scale", softmax_scale)
 
     with torch.no_grad():
-        sink = _check_sink(_FN, s_aux if sink is None else sink, q, nheads)
+        sink = _check_sink(_FN, sink, q, nheads)
         seqused = cache_seqlens
         if k is not None:
             start = cache_seqlens.clamp(0, seqlen_k)

@@ -26,8 +26,8 @@ def block_rows(request, monkeypatch):
     """Query blocks of 1 or 3 rows in every double backward of the test (test_query_block_budget and the
     memory audit check query_block itself)."""
     rows = request.param
-    monkeypatch.setattr(double_backward, "query_block", lambda batch, nheads, seqlen_q, seqlen_k, dtype:
-                        max(1, min(seqlen_q, rows)))
+    monkeypatch.setattr(double_backward, "query_block",
+                        lambda batch, nheads, seqlen_q, seqlen_k, dtype, device_type="cpu": max(1, min(seqlen_q, rows)))
     return rows
 
 
@@ -379,12 +379,13 @@ def test_double_backward_materializes_blocks_only(case, monkeypatch):
 
 
 def test_query_block_budget():
-    """The default budget: the blocks of the benchmark's shapes (B1 H8 fp32, S 1k-8k) are below seqlen_q and
-    within BLOCK_BYTES."""
-    for s in (1024, 2048, 4096, 8192):
-        rows = double_backward.query_block(1, 8, s, s, torch.float32)
-        assert 1 <= rows < s
-        assert rows * 8 * s * 4 * double_backward.BLOCK_TENSORS <= double_backward.BLOCK_BYTES
+    """The default budgets: the blocks of the benchmark's shapes (B1 H8 fp32, S 1k-8k) are below seqlen_q (from
+    S 8k on CUDA) and within BLOCK_BYTES (CPU) / CUDA_BLOCK_BYTES."""
+    for device_type, budget in (("cpu", double_backward.BLOCK_BYTES), ("cuda", double_backward.CUDA_BLOCK_BYTES)):
+        for s in (1024, 2048, 4096, 8192):
+            rows = double_backward.query_block(1, 8, s, s, torch.float32, device_type)
+            assert 1 <= rows <= s and (rows < s or device_type == "cuda" and s < 8192)
+            assert rows * 8 * s * 4 * double_backward.BLOCK_TENSORS <= budget
     assert double_backward.query_block(1, 1, 3, 3, F64) == 3
 
 

@@ -25,7 +25,7 @@ def test_build_info_when_present():
     if info is None:
         return  # a build by an older setup.py
     assert isinstance(info.TORCH_VERSION, str) and info.TORCH_VERSION
-    assert all(re.match(r"^\d+a?$", a) for a in info.CUDA_ARCHS)
+    assert all(re.match(r"^(\d+a?(\+PTX)?|compute_\d+)$", a) for a in info.CUDA_ARCHS)
     assert (info.CUDA_VERSION is None) == (len(info.CUDA_ARCHS) == 0)
     assert bool(info.CUDA_ARCHS) == torch_registry.cuda_kernels_built()
 

@@ -7,6 +7,9 @@ GQA, dropout), the same kernels installed on the CPU key and reached through the
 and the fallback rules. On CUDA: SDPA's flash backend, aten's flash ops and torch.compile run our kernels
 (torch.profiler shows them, torch's FA2 kernels are absent) and match torch's, varlen_attn included.
 """
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -107,6 +110,107 @@ def test_arch_runs_on():
     assert reg.arch_runs_on("80", (8, 0)) and reg.arch_runs_on("80", (8, 9))
     assert not reg.arch_runs_on("80", (9, 0)) and not reg.arch_runs_on("86", (8, 0))
     assert reg.arch_runs_on("90a", (9, 0)) and not reg.arch_runs_on("90a", (10, 0))
+    # PTX runs (compiled by the driver) on every capability at or above its own
+    for arch in ("80+PTX", "compute_80"):
+        assert all(reg.arch_runs_on(arch, c) for c in ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)))
+        assert not reg.arch_runs_on(arch, (7, 5))
+    assert not reg.arch_runs_on("compute_90", (8, 9)) and reg.arch_runs_on("86+PTX", (8, 6))
+
+
+# ------------------------------------------------------------------------------------------------
+# The registry's limits are the extension's (csrc/ops.cpp limits()), checked against the binding itself
+# ------------------------------------------------------------------------------------------------
+
+LIMITS = flashattn_ext._C.limits()
+ALL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.complex64,
+              torch.float8_e4m3fn)
+
+
+def _binding_takes(fn):
+    try:
+        fn()
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_cpu_dtypes_are_the_bindings(dtype):
+    q = torch.ones(1, 4, 2, 8).to(dtype)
+    takes = _binding_takes(lambda: flashattn_ext._core.fwd(q=q, k=q, v=q, softmax_scale=0.5))
+    assert takes == (str(dtype).split(".")[1] in LIMITS["dtypes"]["cpu"])
+    assert (reg._unsupported(q, q, q, 0.0) is None) == takes
+
+
+@pytest.mark.parametrize("page_size", [LIMITS["page_multiple"] // 2, LIMITS["page_multiple"],
+                                       LIMITS["page_multiple"] + 1, 2 * LIMITS["page_multiple"]])
+def test_page_multiple_is_the_bindings(page_size):
+    q = torch.randn(1, 1, 2, 8)
+    cache = torch.randn(2, page_size, 2, 8)
+    table = torch.tensor([[1, 0]], dtype=torch.int32)
+    takes = _binding_takes(lambda: torch.ops.flashattn_ext.kvcache_fwd(
+        q, cache, cache, None, None, None, table, 1.0, False, -1, -1, 0.0, None, None))
+    assert takes == (page_size % flashattn_ext._core.PAGE_MULTIPLE == 0)
+    if takes:
+        flashattn_ext.flash_attn_with_kvcache(q, cache, cache, block_table=table)
+    else:
+        with pytest.raises(ValueError, match="page size"):
+            flashattn_ext.flash_attn_with_kvcache(q, cache, cache, block_table=table)
+
+
+def test_cuda_size_limits_at_the_edges():
+    top, grid = LIMITS["cuda_max_head_dim"], LIMITS["max_grid_yz"]
+    assert reg._cuda_size_error(grid, grid, top) is None
+    assert f"head dim {top + 1} > {top}" == reg._cuda_size_error(1, 1, top + 1)
+    assert str(grid) in reg._cuda_size_error(grid + 1, 1, 8)
+    assert str(grid) in reg._cuda_size_error(1, grid + 1, 8)
+
+
+@pytest.mark.skipif(not reg.cuda_kernels_built(), reason="needs a CUDA build")
+def test_cuda_smem_steps_cover_every_head_dim():
+    steps = LIMITS["cuda_smem"]
+    tops = [top for top, _ in steps]
+    assert tops == sorted(set(tops)) and tops[-1] == LIMITS["cuda_max_head_dim"]
+    low = 1
+    for top, need in steps:
+        for d in (low, top):
+            assert reg.cuda_smem_needed(d) == need
+            assert reg._smem_error(d, need) is None
+            assert f"needs {need // 1024} KB" in reg._smem_error(d, need - 1)
+        low = top + 1
+
+
+_SMEM_PROBE = """
+import torch, flashattn_ext
+from flashattn_ext.integrations import torch_registry as reg
+q = torch.randn(1, 64, 1, {d}, device="cuda", dtype=torch.float16, requires_grad=True)
+try:
+    flashattn_ext.flash_attn_func(q, q, q).sum().backward()
+    torch.cuda.synchronize()
+    print("ran", reg._unsupported(q, q, q, 0.0))
+except RuntimeError as e:
+    print("raised", reg._unsupported(q, q, q, 0.0), "|", e)
+"""
+
+
+@requires_cuda_build
+@pytest.mark.cuda
+def test_cuda_registry_falls_back_exactly_where_the_binding_raises():
+    top, grid = LIMITS["cuda_max_head_dim"], LIMITS["max_grid_yz"]
+    for batch, headdim in ((1, top), (1, top + 1), (grid, 8), (grid + 1, 8)):
+        q = torch.randn(batch, 1, 1, headdim, device="cuda", dtype=torch.float16)
+        takes = _binding_takes(lambda: flashattn_ext._core.fwd(q=q, k=q, v=q, softmax_scale=0.5))
+        assert takes == (reg._unsupported(q, q, q, 0.0) is None), (batch, headdim)
+    # Shared memory: the largest head dim of each step, with FLASHATTN_EXT_SMEM_LIMIT one byte short of its need
+    # (read once per process: a subprocess each).
+    for top, need in LIMITS["cuda_smem"]:
+        for limit in (need - 1, need):
+            env = dict(os.environ, FLASHATTN_EXT_SMEM_LIMIT=str(limit))
+            result = subprocess.run([sys.executable, "-c", _SMEM_PROBE.format(d=top)], capture_output=True,
+                                    text=True, env=env, timeout=300)
+            assert result.returncode == 0, result.stderr
+            want = f"raised head dim {top} needs {need // 1024} KB" if limit < need else "ran None"
+            assert result.stdout.startswith(want), result.stdout
 
 
 # ------------------------------------------------------------------------------------------------

@@ -63,7 +63,7 @@
  *   k_batch_idx, k_leftpad, GQA, every band (causal both alignments, sliding windows), sinks; softcap and
  *   ALiBi in the kHook kernels (p.has_hook; on the raw scores before the band mask); attn_mask (dense
  *   batches) and dropout up to d128 (fwd90_cfg::MASK_DROPOUT; at d256 fwd_sm80.cu).
- * Measured on the H200 (`dev/fwd_variants.sh fwd_sm90 bench`: dev/fwd_harness.cu, bf16, 16k tokens, nheads =
+ * Measured on the H200 (`dev/device.sh ab fwd_sm90 bench`: dev/fwd_harness.cu, bf16, 16k tokens, nheads =
  * 2048 / d, TFLOP/s = 4 B H Sq Sk D / t, halved for causal), non-causal | causal at seqlen 512 / 2k / 8k:
  *   d64                323 434 471 | 204 357 455   (2026-12-02, 16-byte epilogue stores:
  *   d128               473 639 659 | 276 503 624    benchmarks/results/h200/fwd_epilogue_2026-12-02)

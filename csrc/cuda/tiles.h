@@ -2,7 +2,7 @@
  * files take their template arguments, shared-memory sizes and grids from these structs. D is the compiled head
  * dim: smaller head dims run in the next one up, zero-filled. Each value was measured on the H200 (the kernel
  * headers give the current speed, benchmarks/results/h200/history_*.md what was tried). A change here is a
- * kernel change: CUDA tests, the harness checks and an A/B (dev/fwd_variants.sh takes a patch of this file).
+ * kernel change: CUDA tests, the harness checks and an A/B (`dev/device.sh ab` takes a patch of this file).
  * What a kernel's structure fixes (mma / wgmma shapes, warpgroup roles) stays in its file.
  */
 #ifndef FLASHATTN_EXT_CUDA_TILES_H

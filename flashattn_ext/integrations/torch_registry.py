@@ -12,8 +12,8 @@ _flash_attention_forward_no_dropout_inplace where torch has it), as torch's FA3/
 kernel maps the call onto flashattn_ext::fwd / ::bwd, or hands it, unchanged, to the kernel torch had
 registered before (torch.library.get_kernel), with a one-time warning naming the reason.
 
-Served: CUDA fp16/bf16 on dense 4-D batches, head dim <= 256 (above 128 where the GPU offers the shared
-memory), any nheads / nheads_kv ratio, scale, is_causal (bottom-right aligned, as torch's FA2 kernel),
+Served: CUDA fp16/bf16 on dense 4-D batches, head dim <= 256 where the GPU offers the shared memory (the
+limits of the extension: _C.limits()), any nheads / nheads_kv ratio, scale, is_causal (bottom-right aligned, as torch's FA2 kernel),
 window_size_left/right, dropout, variable-length batches (cum_seq_q / cum_seq_k int32, 3-D inputs,
 seqused_k in the forward; torch.nn.attention.varlen.varlen_attn). Falls back: seqused_k on a dense
 batch, block_table, alibi_slopes (aten's backward does not carry them), return_debug_mask, other dtypes, a GPU
@@ -44,18 +44,16 @@ from .._checks import _default_scale
 
 NAME = "flashattn_ext"
 
-# Limits of our CUDA kernels (csrc/constants.h FLASH_CUDA_MAX_HEAD_DIM, csrc/ops_cuda.cpp kMaxGridDim).
-_MAX_HEAD_DIM = 256
-_MAX_GRID_DIM = 65535
-# fp16/bf16 tiles at head dims above 128 need 160 KB of shared memory per block (README, ops_cuda.cpp).
-_LARGE_HEAD_DIM = 128
-_LARGE_HEAD_DIM_SMEM = 160 * 1024
-_MIN_CAPABILITY = (8, 0)  # mma.sync kernels
+# What our kernels take (csrc/ops.cpp limits(): head dims, grid, dtypes, compute capability, shared memory).
+_LIMITS = _core.LIMITS
+_MAX_GRID_DIM = _LIMITS["max_grid_yz"]
+_ATEN_DTYPES = (torch.float16, torch.bfloat16)
 
-# What each device type serves through the registered kernels: CUDA is what activation installs; the
-# CPU entry lets the tests run the same kernels through the dispatcher on a machine without a GPU.
-_DTYPES = {"cuda": (torch.float16, torch.bfloat16),
-           "cpu": (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
+# What each device type serves through the registered kernels: on CUDA (what activation installs) those of
+# our dtypes that aten's flash ops take; the CPU entry lets the tests run the same kernels through the
+# dispatcher on a machine without a GPU.
+_DTYPES = {device: tuple(getattr(torch, name) for name in names) for device, names in _LIMITS["dtypes"].items()}
+_DTYPES["cuda"] = tuple(d for d in _DTYPES["cuda"] if d in _ATEN_DTYPES)
 
 # Arguments of the ops as of torch 2.14 (2.11 lacks block_table and num_splits); num_splits only tunes
 # torch's kernel. A name not listed here is an argument of a newer torch: a call that sets it falls back.
@@ -205,13 +203,16 @@ def build_info():
 
 
 def arch_runs_on(arch, capability):
-    """Whether machine code built for arch ("80", "90a") runs on a GPU of capability (major, minor):
-    an arch-specific target ("90a") on that exact capability only, a plain one on the same major
-    revision at an equal or higher minor."""
-    specific = arch.endswith("a")
-    number = int(arch.rstrip("a"))
-    major, minor = divmod(number, 10)
-    if specific:
+    """Whether the code built for arch (setup.py's FLASHATTN_EXT_CUDA_ARCHS tokens: "80", "90a", "80+PTX",
+    "compute_80") runs on a GPU of capability (major, minor): an arch-specific target ("90a") on that exact
+    capability only, plain machine code on the same major revision at an equal or higher minor, PTX (which
+    the driver compiles on first use) on every capability at or above its own."""
+    ptx = arch.endswith("+PTX") or arch.startswith("compute_")
+    number = arch.removeprefix("compute_").removesuffix("+PTX")
+    major, minor = divmod(int(number.rstrip("a")), 10)
+    if ptx:
+        return tuple(capability) >= (major, minor)
+    if number.endswith("a"):
         return (major, minor) == tuple(capability)
     return major == capability[0] and minor <= capability[1]
 
@@ -224,12 +225,33 @@ def smem_per_block(device_index):
     return min(have, cap) if cap > 0 else have
 
 
+def cuda_smem_needed(headdim):
+    """The shared memory per block (bytes) our fp16/bf16 forward and backward need at head dim headdim (at most
+    limits' cuda_max_head_dim); 0 in a build without CUDA kernels."""
+    return next((need for top, need in _LIMITS["cuda_smem"] if headdim <= top), 0)
+
+
+def _cuda_size_error(batch, nheads, headdim):
+    """Why our CUDA kernels do not take these sizes, or None."""
+    if headdim > _LIMITS["cuda_max_head_dim"]:
+        return f"head dim {headdim} > {_LIMITS['cuda_max_head_dim']}"
+    if batch > _MAX_GRID_DIM or nheads > _MAX_GRID_DIM:
+        return f"batch or nheads above {_MAX_GRID_DIM}"
+    return None
+
+
+def _smem_error(headdim, smem):
+    """Why a GPU offering smem bytes of shared memory per block does not run head dim headdim, or None."""
+    need = cuda_smem_needed(headdim)
+    return f"head dim {headdim} needs {need // 1024} KB of shared memory per block" if smem < need else None
+
+
 @functools.lru_cache(maxsize=None)
 def _cuda_device_error(device_index):
     """Why our kernels cannot run on that GPU at all, or None."""
     capability = torch.cuda.get_device_capability(device_index)
-    if capability < _MIN_CAPABILITY:
-        return f"compute capability {capability[0]}.{capability[1]} is below 8.0"
+    if capability < _LIMITS["cuda_min_capability"]:
+        return "compute capability {}.{} is below {}.{}".format(*capability, *_LIMITS["cuda_min_capability"])
     info = build_info()
     if info is not None and not any(arch_runs_on(a, capability) for a in info.CUDA_ARCHS):
         return (f"this build's CUDA archs ({', '.join(info.CUDA_ARCHS)}) do not run on compute capability "
@@ -256,15 +278,12 @@ def _unsupported(query, key, value, dropout_p):
     if any(t.shape[3] > 1 and t.stride(3) != 1 for t in (query, key, value)):
         return "an input's last dimension is not contiguous"
     if device.type == "cuda":
-        if headdim > _MAX_HEAD_DIM:
-            return f"head dim {headdim} > {_MAX_HEAD_DIM}"
-        if batch > _MAX_GRID_DIM or nheads > _MAX_GRID_DIM:
-            return f"batch or nheads above {_MAX_GRID_DIM}"
-        error = _cuda_device_error(device.index if device.index is not None else torch.cuda.current_device())
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        error = _cuda_size_error(batch, nheads, headdim) or _cuda_device_error(index)
+        if error is None:
+            error = _smem_error(headdim, smem_per_block(index))
         if error is not None:
             return error
-        if headdim > _LARGE_HEAD_DIM and smem_per_block(device.index) < _LARGE_HEAD_DIM_SMEM:
-            return f"head dim {headdim} needs {_LARGE_HEAD_DIM_SMEM // 1024} KB of shared memory per block"
         if dropout_p > 0.0 and torch.cuda.is_current_stream_capturing():
             # A graph would replay the seed and offset of its capture: ours are host values, not device memory.
             return "dropout while a CUDA graph is being captured (our Philox seed and offset live on the host)"

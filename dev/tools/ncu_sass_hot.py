@@ -1,6 +1,6 @@
 """Hot SASS lines of an ncu source page (ncu -i REP --page source --csv --print-source sass > F.csv):
 the N instructions with the most warp-stall samples, their top stall reasons, and totals per reason.
-Usage: python3 dev/ncu_sass_hot.py F.csv [N]"""
+Usage: python3 dev/tools/ncu_sass_hot.py F.csv [N]"""
 import csv, sys, collections
 rows = list(csv.reader(open(sys.argv[1])))
 hdr = rows[1]; data = rows[2:]

@@ -5,9 +5,12 @@ bool and additive masks with broadcast dimensions and a mask gradient, dropout);
 batches (lengths 0 and 1, sq != sk, GQA, variants) against a float64 reference per sequence, and
 deliberately bad cu_seqlens / seqused_k contents (past the tensors, negative, decreasing), which must
 never reach outside q/k/v (memcheck) however wrong the result. Exits non-zero on NaN or a mismatch with
-the float64 reference. `--det`: the deterministic configs alone (racecheck over all of them is slow)."""
+the float64 reference. `--det`: the deterministic configs alone (racecheck over all of them is slow).
+Run as a script under compute-sanitizer (dev/device.sh validate / sanitize: PYTHONPATH=. python3
+tests/test_sanitize.py [--det]); as a test, the same calls against the reference without the sanitizer."""
 import sys
 
+import pytest
 import torch
 
 import flashattn_ext
@@ -178,9 +181,9 @@ def check_decode():
     return failures
 
 
-def main():
+def run(only_det=False):
+    """Every call above; returns the number of mismatches (each printed)."""
     torch.manual_seed(0)
-    only_det = "--det" in sys.argv[1:]
     failures = 0
     if not only_det:
         failures += check_decode()
@@ -216,8 +219,14 @@ def main():
         print(f"{str(dtype):15s} b{b} sq{sq} sk{sk} h{h}/{hkv} d{d} causal={causal} det={det} {var}: "
               f"rel err out/grads {' '.join(f'{e:.1e}' for e in errs)} {'ok' if ok else 'FAIL'}")
     torch.cuda.synchronize()
-    raise SystemExit(1 if failures else 0)
+    return failures
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sanitizer_calls_match_the_reference():
+    assert run() == 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(1 if run("--det" in sys.argv[1:]) else 0)

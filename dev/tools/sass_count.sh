@@ -7,7 +7,7 @@
 # the ncu profiles showed to be the limit (benchmarks/results/h200/bwd_sm90_2026-11-29b/progress.md).
 # cuobjdump and nvdisasm come from PyPI (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm); they are
 # installed once into dev/bin/sass.
-# Usage, from the repo root: bash dev/sass_count.sh [file.cu]
+# Usage, from the repo root: bash dev/tools/sass_count.sh [file.cu]
 set -euo pipefail
 SRC=${1:-csrc/cuda/bwd_sm90.cu}; T=dev/bin/sass; mkdir -p $T
 if [ ! -x $T/nvidia/cu13/bin/cuobjdump ] || [ ! -x $T/nvidia/cu13/bin/nvdisasm ]; then

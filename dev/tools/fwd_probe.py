@@ -3,7 +3,7 @@ rounds that alternate the two, each timed three ways: triton's do_bench (cold L2
 CUDA events over back-to-back calls (warm L2), and the kernels' own durations from torch.profiler (what the
 GPU spent in kernels per call, launch gaps excluded).
 
-    python3 dev/fwd_probe.py [--points d:s:causal ...] [--rounds N] [--json FILE]
+    python3 dev/tools/fwd_probe.py [--points d:s:causal ...] [--rounds N] [--json FILE]
 """
 import argparse
 import json

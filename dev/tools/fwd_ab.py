@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """fwd_ab.py: A/B of forward harness builds, interleaved point by point (on the GPU machine, after
-dev/fwd_variants.sh built them with MODES ""): every (head dim, seqlen) of `bench` runs once per variant per
+dev/device.sh ab built them with MODES ""): every (head dim, seqlen) of `bench` runs once per variant per
 round, the variants' order rotated each round; then `variants D` whole, the same way. Prints the median
 TFLOP/s of each point per variant and each variant's ratio to the first.
-    python3 dev/fwd_ab.py [--rounds R] [--dims 64,128,256] [--seqs 512,...] [--variants-dim D] NAME [NAME ...]
-NAME: a variant of fwd_variants.sh (its binary $TMPDIR/fwd_variants/h_NAME)."""
+    python3 dev/tools/fwd_ab.py [--rounds R] [--dims 64,128,256] [--seqs 512,...] [--variants-dim D] NAME [NAME ...]
+NAME: a variant of `dev/device.sh ab` (its binary $TMPDIR/fwd_variants/h_NAME)."""
 import argparse
 import os
 import statistics
