@@ -17,6 +17,8 @@
  *   mask bool        s = -inf where mask[b, h, i, j] is 0
  * The backward's dS = P * (dP - delta) is the gradient of the final s; the gradient of q.k is
  * dS * softcap_derivative * scale.
+ * The kernels and the CPU passes compose it through score.h (its units and derivative there); the
+ * scalar forms below are the element-by-element definition (dev/attn_ref.h).
  *
  * Probability hook:
  *   dropout  P_ij is kept iff the 16-bit Philox draw of (seed, offset, b * h + hq, i, j) is
@@ -222,6 +224,10 @@ FLASH_HD int flash_tile_diag(int64_t bound, int64_t m0, int64_t n0)
     const int64_t v = bound - (n0 - m0);
     return (int)(v < -FLASH_DIAG_CLAMP ? -FLASH_DIAG_CLAMP : (v > FLASH_DIAG_CLAMP ? FLASH_DIAG_CLAMP : v));
 }
+
+/* The per-element test in that form: element t = jl - il of a tile with lo = flash_tile_diag(diag_lo, m0, n0)
+ * and band = flash_tile_diag(diag_hi, m0, n0) - lo: lo <= t <= lo + band as one unsigned compare. */
+FLASH_HD int flash_tile_band_in(int t, int lo, int band) { return (unsigned)(t - lo) <= (unsigned)band; }
 
 /* ---------------------------------------------------------------------------------------------- */
 /* attn_mask data: per-block flags                                                                */

@@ -78,6 +78,7 @@
 #include <string.h>
 
 #include "../mask.h"
+#include "../score.h"
 #include "flash_cpu.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -150,7 +151,7 @@ static inline float expf_poly(float x)
 }
 
 /* fp32 tanh from expf_poly: (e^2y - 1) / (e^2y + 1), vectorizable; absolute error < 1e-7 (the
- * softcap of mask.h in a cheaper form). Beyond |y| = EXPF_ARG_MAX / 2 it gives +-1. */
+ * softcap step of score.h in a cheaper form). Beyond |y| = EXPF_ARG_MAX / 2 it gives +-1. */
 static inline float tanhf_exp(float y)
 {
     const float e = expf_poly(2 * y);
@@ -177,7 +178,7 @@ typedef struct tile {
 /* 1 when the tile's scores need the score hook: softcap, ALiBi, or attn_mask data to read. */
 static int hooked_scores(const flash_params *p, unsigned mask_flags)
 {
-    return p->softcap > 0 || p->alibi_slopes != NULL || (mask_flags & FLASH_MASK_ANY_MASKED) != 0;
+    return flash_score_capped(p) || flash_score_biased(p) || (mask_flags & FLASH_MASK_ANY_MASKED) != 0;
 }
 
 /* The Philox bits (mask.h flash_dropout_bits) of key group c for query rows [i0, i0 + n): bits[w][r]
@@ -274,44 +275,44 @@ static int64_t decode_splits(const flash_params *p, int n_threads)
 }
 
 /* The type-generic part below the #else: compiled twice, by this file including itself with T (the
- * element type), FN(name) (name with a type suffix), EXP, LOG, TANH, FABS, SOFTCAP_GRAD and ROW_FINISH
- * defined. */
+ * element type), FN(name) (name with a type suffix), SC(name) (score.h's name of that type), EXP, LOG,
+ * TANH, FABS and ROW_FINISH defined. */
 #define FLASH_CPU_GENERIC_PASS
 
 #define T float
 #define FN(name) name##_f32
+#define SC(name) name##_f
 #define EXP expf_poly
 #define LOG logf
 #define TANH tanhf_exp
 #define FABS fabsf
-#define SOFTCAP_GRAD flash_softcap_grad_f
 #define ROW_FINISH flash_row_finish_f
 #include "flash_cpu.c"
 #undef T
 #undef FN
+#undef SC
 #undef EXP
 #undef LOG
 #undef TANH
 #undef FABS
-#undef SOFTCAP_GRAD
 #undef ROW_FINISH
 
 #define T double
 #define FN(name) name##_f64
+#define SC(name) name##_d
 #define EXP exp
 #define LOG log
 #define TANH tanh
 #define FABS fabs
-#define SOFTCAP_GRAD flash_softcap_grad_d
 #define ROW_FINISH flash_row_finish_d
 #include "flash_cpu.c"
 #undef T
 #undef FN
+#undef SC
 #undef EXP
 #undef LOG
 #undef TANH
 #undef FABS
-#undef SOFTCAP_GRAD
 #undef ROW_FINISH
 
 flash_cpu_status flash_fwd_cpu(const flash_params *p)
@@ -600,16 +601,16 @@ static void FN(mask_band)(T *s, int64_t qm, int64_t kp, const flash_seq *seq, co
     }
 }
 
-/* The passes of the score hook on a rows x cols score block (leading dim ld). s = softcap(scale * s);
- * grad = its derivative. */
+/* The passes of the score hook (score.h, natural units) on a rows x cols score block (leading dim ld).
+ * Step 1 on the scaled scores: s = softcap(scale * s); grad = its derivative. */
 FLASH_CPU_SIMD static void FN(softcap_pass)(T *restrict s, T *restrict grad, int64_t rows, int64_t cols,
-                                            int64_t ld, T scale, T cap)
+                                            int64_t ld, T scale, const SC(flash_score) *sc)
 {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++) {
-            const T x = cap * TANH(scale * s[r * ld + c] / cap); /* flash_softcap_* */
-            s[r * ld + c] = x;
-            grad[r * ld + c] = SOFTCAP_GRAD(x, cap);
+            const T th = TANH(SC(flash_score_cap_in)(sc, scale * s[r * ld + c]));
+            s[r * ld + c] = SC(flash_score_cap_out)(sc, th);
+            grad[r * ld + c] = SC(flash_score_cap_grad)(th);
         }
 }
 
@@ -620,21 +621,19 @@ FLASH_CPU_SIMD static void FN(scale_pass)(T *restrict s, int64_t rows, int64_t c
             s[r * ld + c] *= scale;
 }
 
-/* s = scale * s - slope * |base + r - c|: flash_alibi_distance of element (r, c), with base =
- * j - i - alibi_offset (of the sequence) at element (0, 0) for S^T and its negation for S (|t| = |-t|). */
-FLASH_CPU_SIMD static void FN(alibi_pass)(T *restrict s, int64_t rows, int64_t cols, int64_t ld, T scale,
-                                          T slope, int64_t base)
+/* Step 2 on the scaled scores: s = bias(scale * s) with j - i' = base + r - c at element (r, c): base =
+ * j - i' at element (0, 0) for S^T, its negation for S (the bias is a function of |j - i'|). */
+FLASH_CPU_SIMD static void FN(bias_pass)(T *restrict s, int64_t rows, int64_t cols, int64_t ld, T scale,
+                                         const SC(flash_score) *sc, int64_t base)
 {
-    for (int64_t r = 0; r < rows; r++) {
-        const T row_base = (T)(base + r);
+    for (int64_t r = 0; r < rows; r++)
         for (int32_t c = 0; c < (int32_t)cols; c++) /* cols <= a tile side: an int32 converts in SIMD */
-            s[r * ld + c] = scale * s[r * ld + c] - slope * FABS(row_base - (T)c);
-    }
+            s[r * ld + c] = SC(flash_score_bias)(sc, scale * s[r * ld + c], base + r, -c);
 }
 
-/* attn_mask: s += mask (additive) or s = -inf where the mask is False (bool), read through mask_s. */
+/* Step 3, the attn_mask entries read through mask_s. */
 static void FN(mask_pass)(T *restrict s, int64_t rows, int64_t cols, int64_t ld, const flash_params *p,
-                          const tile *t, int transposed, int64_t bi, int64_t hq)
+                          const SC(flash_score) *sc, const tile *t, int transposed, int64_t bi, int64_t hq)
 {
     for (int64_t r = 0; r < rows; r++) {
         const int64_t i0 = transposed ? t->q0 : t->q0 + r, j0 = transposed ? t->k0 + r : t->k0;
@@ -644,35 +643,36 @@ static void FN(mask_pass)(T *restrict s, int64_t rows, int64_t cols, int64_t ld,
         if (p->mask_kind == FLASH_MASK_ADD) {
             const T *m = (const T *)p->mask + base;
             for (int64_t c = 0; c < cols; c++)
-                srow[c] += m[c * step];
+                srow[c] = SC(flash_score_mask_add)(sc, srow[c], m[c * step]);
         } else {
             const uint8_t *m = (const uint8_t *)p->mask + base;
             for (int64_t c = 0; c < cols; c++)
-                srow[c] = m[c * step] ? srow[c] : -INFINITY;
+                srow[c] = SC(flash_score_mask_bool)(srow[c], m[c * step]);
         }
     }
 }
 
-/* The score hook (mask.h) on the tile's elements of a score buffer s (leading dim ld): S^T
+/* The score hook (score.h) on the tile's elements of a score buffer s (leading dim ld): S^T
  * (transposed = 1: rows are the tile's keys, columns its queries) or S (rows queries, columns keys).
- * s = hook(scale * s) in mask.h's order; grad (same layout) receives the softcap derivatives (unused
- * without softcap). Each part is its own elementwise pass so that all but the mask's vectorize. */
+ * s = hook(scale * s) in score.h's order; grad (same layout) receives the softcap derivatives (unused
+ * without softcap). Each step is its own elementwise pass so that all but the mask's vectorize. */
 static void FN(score_hook)(T *s, int64_t ld, int transposed, const flash_params *p, const flash_seq *seq,
                            const tile *t, int64_t bi, int64_t hq, T scale, unsigned mask_flags, T *grad)
 {
     const int64_t rows = transposed ? t->kn : t->qn, cols = transposed ? t->qn : t->kn;
-    if (p->softcap > 0) {
-        FN(softcap_pass)(s, grad, rows, cols, ld, scale, (T)p->softcap);
+    const SC(flash_score) sc = SC(flash_score_of)(p, seq->alibi_offset, bi, hq, 1);
+    if (flash_score_capped(p)) {
+        FN(softcap_pass)(s, grad, rows, cols, ld, scale, &sc);
         scale = 1;
     }
-    if (p->alibi_slopes) {
-        const int64_t base = t->k0 - t->q0 - seq->alibi_offset;
-        FN(alibi_pass)(s, rows, cols, ld, scale, (T)flash_alibi_slope(p, bi, hq), transposed ? base : -base);
+    if (flash_score_biased(p)) {
+        const int64_t base = t->k0 - t->q0 - sc.alibi_offset;
+        FN(bias_pass)(s, rows, cols, ld, scale, &sc, transposed ? base : -base);
     } else if (scale != 1) {
         FN(scale_pass)(s, rows, cols, ld, scale);
     }
     if (mask_flags & FLASH_MASK_ANY_MASKED)
-        FN(mask_pass)(s, rows, cols, ld, p, t, transposed, bi, hq);
+        FN(mask_pass)(s, rows, cols, ld, p, &sc, t, transposed, bi, hq);
 }
 
 /* dK/dV pass with dropout, on an S tile (query rows il < qn, key columns jl < kn, leading dim
@@ -733,13 +733,13 @@ static void FN(softcap_backward)(T *restrict ds, const T *restrict grad, int64_t
             ds[il * qs + jl * ks] *= grad[il * qs + jl * ks];
 }
 
-/* dbias[b, hq, i, j] = dS for the tile's elements; ds is an S-layout tile (leading dim TILE_K_NR). */
-static void FN(store_dbias)(const flash_params *p, const T *restrict ds, const tile *t, int64_t bi, int64_t hq)
+/* The score hook's gradient sink (score.h) for the tile's elements; ds is an S-layout tile (leading dim
+ * TILE_K_NR). */
+static void FN(score_grad)(const flash_params *p, const T *restrict ds, const tile *t, int64_t bi, int64_t hq)
 {
-    T *dbias = (T *)p->dbias + ((bi * p->h + hq) * p->sq + t->q0) * p->sk + t->k0;
     for (int64_t il = 0; il < t->qn; il++)
         for (int64_t jl = 0; jl < t->kn; jl++)
-            dbias[il * p->sk + jl] = ds[il * TILE_K_NR + jl];
+            SC(flash_score_grad)(p, bi, hq, t->q0 + il, t->k0 + jl, ds[il * TILE_K_NR + jl]);
 }
 
 typedef struct FN(workspace) {
@@ -864,8 +864,8 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
                 FN(dscores_dropout_by_row)(w->ds, w->s, p, &t, bi * p->h + hq, delta);
             else
                 FN(dscores_by_row)(w->ds, w->s, qm, kp, TILE_K_NR, delta);
-            if (p->dbias)
-                FN(store_dbias)(p, w->ds, &t, bi, hq);
+            if (flash_score_has_grad(p))
+                FN(score_grad)(p, w->ds, &t, bi, hq);
             if (hooked && p->softcap > 0)
                 FN(softcap_backward)(w->ds, w->grad, TILE_K_NR, 1, &t);
             FN(gemm)(dvm, kp, t.qn, w->dout, 1, dvm, w->s, TILE_K_NR, w->acc2, TILE_K_NR, 1);
@@ -1354,12 +1354,13 @@ static int64_t FN(delta_rows)(const flash_params *p)
 }
 
 /* sum_j exp(S_ij - lse_i) over the keys query row i of (bi, hq) sees, plus exp(sink - lse_i): 1 up to the
- * rounding of lse (renorm_rows). S by the score hook of mask.h, element by element. */
+ * rounding of lse (renorm_rows). S by the score hook of score.h, element by element. */
 static T FN(row_mass)(const flash_params *p, const flash_seq *seq, int64_t bi, int64_t hq, int64_t i, T lse)
 {
     const int64_t hk = hq / p->h_per_kv;
     const T *q = (const T *)p->q + bi * p->q_s.batch + (seq->q_row0 + i) * p->q_s.row + hq * p->q_s.head;
-    const T scale = (T)p->scale, cap = (T)p->softcap, slope = (T)flash_alibi_slope(p, bi, hq);
+    const T scale = (T)p->scale;
+    const SC(flash_score) sc = SC(flash_score_of)(p, seq->alibi_offset, bi, hq, 1);
     T mass = EXP((T)flash_sink(p, hq) - lse);
     for (int64_t j = 0; j < seq->sk; j++) {
         if (!flash_visible(seq, i, j))
@@ -1368,16 +1369,11 @@ static T FN(row_mass)(const flash_params *p, const flash_seq *seq, int64_t bi, i
         T s = 0;
         for (int64_t c = 0; c < p->d; c++)
             s += q[c] * k[c];
-        s = cap > 0 ? cap * TANH(scale * s / cap) : scale * s;
-        s -= slope * (T)flash_alibi_distance(seq, i, j);
-        if (p->mask) {
-            const int64_t m = flash_mask_offset(p, bi, hq, i, j);
-            if (p->mask_kind == FLASH_MASK_ADD)
-                s += ((const T *)p->mask)[m];
-            else if (!((const uint8_t *)p->mask)[m])
-                continue;
-        }
-        mass += EXP(s - lse);
+        s *= scale;
+        if (flash_score_capped(p))
+            s = SC(flash_score_cap_out)(&sc, TANH(SC(flash_score_cap_in)(&sc, s)));
+        s = SC(flash_score_element)(p, &sc, s, p->mask != NULL, bi, hq, i, j);
+        mass += EXP(s - lse); /* 0 where a bool attn_mask hides the key */
     }
     return mass;
 }

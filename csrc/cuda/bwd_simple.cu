@@ -30,6 +30,7 @@
 
 #include "../constants.h"
 #include "../mask.h"
+#include "../score.h"
 #include "launch.h"
 
 #define FULL_MASK 0xffffffffu
@@ -41,10 +42,8 @@
 
 __device__ __forceinline__ float simple_exp(float x) { return expf(x); }
 __device__ __forceinline__ double simple_exp(double x) { return exp(x); }
-__device__ __forceinline__ float simple_softcap(float s, float cap) { return flash_softcap_f(s, cap); }
-__device__ __forceinline__ double simple_softcap(double s, double cap) { return flash_softcap_d(s, cap); }
-__device__ __forceinline__ float simple_softcap_grad(float c, float cap) { return flash_softcap_grad_f(c, cap); }
-__device__ __forceinline__ double simple_softcap_grad(double c, double cap) { return flash_softcap_grad_d(c, cap); }
+__device__ __forceinline__ float simple_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double simple_tanh(double x) { return tanh(x); }
 
 /* Sum over the warp by butterfly: every lane ends with the same value, in a fixed order. */
 template <typename T>
@@ -89,27 +88,19 @@ __device__ __forceinline__ T dot_row(const T x[SIMPLE_CPL], const T y[SIMPLE_CPL
 }
 
 /* The score of one visible element (b, hq, i, j) of sequence seq for the CUDA-core kernels: the hook of
- * mask.h applied to s = scale * q.k, the dot product qk given. *capped receives the softcapped score
- * (before ALiBi and the mask), from which the softcap derivative is formed. -inf: the attn_mask hides
- * the element (read only when read_mask, i.e. in a tile flagged partial; dense batches only). */
+ * score.h applied to s = scale * q.k, the dot product qk given. *th receives the tanh of the softcap step,
+ * from which its derivative is formed. -inf: the attn_mask hides the element (read only when read_mask,
+ * i.e. in a tile flagged partial; dense batches only). */
 template <typename T>
-__device__ __forceinline__ T hooked_score(const flash_params &p, const flash_seq &seq, T qk, T slope, bool read_mask,
-                                          int64_t b, int64_t hq, int64_t i, int64_t j, T *capped)
+__device__ __forceinline__ T hooked_score(const flash_params &p, const typename flash_score_type<T>::type &sc, T qk,
+                                          bool read_mask, int64_t b, int64_t hq, int64_t i, int64_t j, T *th)
 {
     T s = qk * (T)p.scale;
-    if (p.softcap > 0.0f)
-        s = simple_softcap(s, (T)p.softcap);
-    *capped = s;
-    if (p.alibi_slopes)
-        s -= slope * (T)flash_alibi_distance(&seq, i, j);
-    if (read_mask) {
-        const int64_t off = flash_mask_offset(&p, b, hq, i, j);
-        if (p.mask_kind == FLASH_MASK_ADD)
-            s += ((const T *)p.mask)[off];
-        else if (((const uint8_t *)p.mask)[off] == 0)
-            s = -INFINITY;
+    if (flash_score_capped(&p)) {
+        *th = simple_tanh(flash_score_cap_in(&sc, s));
+        s = flash_score_cap_out(&sc, *th);
     }
-    return s;
+    return flash_score_element(&p, &sc, s, read_mask, b, hq, i, j);
 }
 
 /* flash_dropout_keep (mask.h) with the draw picked by an unrolled select, so that the Philox words
@@ -126,11 +117,11 @@ __device__ __forceinline__ bool simple_dropout_keep(const flash_params &p, int64
     return draw >= p.dropout_threshold;
 }
 
-/* Everything one visible element contributes, given s = hooked_score(...), its softcapped part, the
+/* Everything one visible element contributes, given s = hooked_score(...), its softcap tanh th, the
  * row's lse and delta and dp = dO_i . v_j: *pd = the dropped P (dV's weight), the return value
- * dS * softcap'(capped) (dK's and dQ's weight, before the final scale); *ds = dS. */
+ * dS * softcap'(th) (dK's and dQ's weight, before the final scale); *ds = dS. */
 template <typename T>
-__device__ __forceinline__ T element_grad(const flash_params &p, T s, T capped, T lse, T delta, T dp, int64_t bh,
+__device__ __forceinline__ T element_grad(const flash_params &p, T s, T th, T lse, T delta, T dp, int64_t bh,
                                           int64_t i, int64_t j, T *pd, T *ds)
 {
     const T pv = simple_exp(s - lse);
@@ -143,7 +134,7 @@ __device__ __forceinline__ T element_grad(const flash_params &p, T s, T capped, 
         *pd = pv * z;
     }
     *ds = pv * (dpz - delta);
-    return p.softcap > 0.0f ? *ds * simple_softcap_grad(capped, (T)p.softcap) : *ds;
+    return flash_score_capped(&p) ? *ds * flash_score_cap_grad(th) : *ds;
 }
 
 /* Each kernel serves fp32 and fp64 (not a speed path): its threads take the body of p.dtype (a uniform branch)
@@ -207,8 +198,7 @@ __device__ __forceinline__ void simple_dkv_rows(const flash_params &p)
         const int64_t hq = hk * p.h_per_kv + g, bh = b * p.h + hq, lse0 = flash_lse_offset(&p, &seq, b, hq);
         const T *lse = (const T *)p.lse + lse0;     /* (sq) */
         const T *delta = (const T *)p.delta + lse0; /* (sq) */
-        T *dbias = p.dbias ? (T *)p.dbias + bh * p.sq * p.sk + j : NULL; /* column j of (sq, sk): dense only */
-        const T slope = (T)flash_alibi_slope(&p, b, hq);
+        const typename flash_score_type<T>::type sc = flash_score_of(&p, seq.alibi_offset, b, hq, (T)1);
         for (int64_t mt = tiles.first; mt < tiles.end; ++mt) {
             const int64_t m0 = mt * SIMPLE_TILE, m1 = flash_min64(m0 + SIMPLE_TILE, seq.sq);
             const unsigned flags = flash_mask_tile_flags(&p, b, hq, m0, m1 - m0, j, 1);
@@ -223,15 +213,15 @@ __device__ __forceinline__ void simple_dkv_rows(const flash_params &p)
                 T qv[SIMPLE_CPL], dov[SIMPLE_CPL];
                 const int64_t qr = seq.q_row0 + i;
                 load_row(qv, (const T *)p.q + b * p.q_s.batch + qr * p.q_s.row + hq * p.q_s.head, d, lane);
-                T capped;
-                const T s = hooked_score(p, seq, dot_row(qv, kv), slope, read_mask, b, hq, i, j, &capped);
+                T th = 0;
+                const T s = hooked_score<T>(p, sc, dot_row(qv, kv), read_mask, b, hq, i, j, &th);
                 if (s == (T)-INFINITY)
                     continue; /* masked: P = 0, no gradient */
                 load_row(dov, (const T *)p.dout + b * p.do_s.batch + qr * p.do_s.row + hq * p.do_s.head, d, lane);
                 T pd, ds;
-                const T dsc = element_grad(p, s, capped, l, delta[i], dot_row(dov, vv), bh, i, j, &pd, &ds);
-                if (dbias && lane == 0)
-                    dbias[i * p.sk] = ds;
+                const T dsc = element_grad(p, s, th, l, delta[i], dot_row(dov, vv), bh, i, j, &pd, &ds);
+                if (flash_score_has_grad(&p) && lane == 0)
+                    flash_score_grad(&p, b, hq, i, j, ds);
 #pragma unroll
                 for (int c = 0; c < SIMPLE_CPL; ++c) {
                     dv[c] += pd * dov[c];
@@ -267,7 +257,7 @@ __device__ __forceinline__ void simple_dq_rows(const flash_params &p)
     const int64_t bh = b * p.h + hq, row = flash_lse_offset(&p, &seq, b, hq) + i, qr = seq.q_row0 + i;
     const int64_t kb = seq.k_batch;
     const T l = ((const T *)p.lse)[row], delta = ((const T *)p.delta)[row];
-    const T slope = (T)flash_alibi_slope(&p, b, hq);
+    const typename flash_score_type<T>::type sc = flash_score_of(&p, seq.alibi_offset, b, hq, (T)1);
     T qv[SIMPLE_CPL], dov[SIMPLE_CPL], dq[SIMPLE_CPL];
     load_row(qv, (const T *)p.q + b * p.q_s.batch + qr * p.q_s.row + hq * p.q_s.head, d, lane);
     load_row(dov, (const T *)p.dout + b * p.do_s.batch + qr * p.do_s.row + hq * p.do_s.head, d, lane);
@@ -290,13 +280,13 @@ __device__ __forceinline__ void simple_dq_rows(const flash_params &p)
             T kv[SIMPLE_CPL], vv[SIMPLE_CPL];
             const int64_t kr = seq.k_row0 + j;
             load_row(kv, (const T *)p.k + kb * p.k_s.batch + kr * p.k_s.row + hk * p.k_s.head, d, lane);
-            T capped;
-            const T s = hooked_score(p, seq, dot_row(qv, kv), slope, read_mask, b, hq, i, j, &capped);
+            T th = 0;
+            const T s = hooked_score<T>(p, sc, dot_row(qv, kv), read_mask, b, hq, i, j, &th);
             if (s == (T)-INFINITY)
                 continue; /* masked: P = 0, no gradient */
             load_row(vv, (const T *)p.v + kb * p.v_s.batch + kr * p.v_s.row + hk * p.v_s.head, d, lane);
             T pd, ds;
-            const T dsc = element_grad(p, s, capped, l, delta, dot_row(dov, vv), bh, i, j, &pd, &ds);
+            const T dsc = element_grad(p, s, th, l, delta, dot_row(dov, vv), bh, i, j, &pd, &ds);
 #pragma unroll
             for (int c = 0; c < SIMPLE_CPL; ++c)
                 dq[c] += dsc * kv[c];

@@ -96,7 +96,9 @@
 
 #include "../constants.h"
 #include "../mask.h"
+#include "../score.h"
 #include "bwd_common.cuh"
+#include "frag.cuh"
 #include "launch.h"
 #include "ptx.cuh"
 #include "tiles.h"
@@ -191,23 +193,25 @@ __device__ __forceinline__ int next_visible_tile(const flash_params &p, int b, i
     return end;
 }
 
-/* Float forms of flash_params fields that the HOOK kernels use per element, computed once by the
- * launcher and passed as a second kernel parameter, so that they are read from constant memory where
- * used instead of occupying registers across the main loops. */
+/* The call's constants of the score hook (score.h, natural units) in the forms the HOOK kernels use
+ * per element, computed once by the launcher and passed as a second kernel parameter, so that they are
+ * read from constant memory where used instead of occupying registers across the main loops. The
+ * prepass leaves th (softcap) or q.k (no softcap) in s. */
 typedef struct hook_consts {
-    float softcap_arg;   /* scale / softcap: tanh's argument per unit of q.k; 0 without softcap */
-    float score_mul;     /* the final score per unit of that pass's output: softcap, or scale */
-    float grad_mul;      /* 1 with softcap, else 0: the derivative is 1 - grad_mul * th^2 */
+    float tanh_in;       /* softcap: the tanh's argument per unit of q.k, flash_score_cap_in(scale); 0 without */
+    float score_mul;     /* the score per unit of s: flash_score_cap_out(1) = softcap, or scale */
+    float th_mul;        /* the tanh per unit of s: 1 with softcap, else 0 (flash_score_cap_grad(0) = 1) */
     float dropout_scale; /* (float)p->dropout_scale; 1 without dropout */
 } hook_consts;
 
 static hook_consts make_hook_consts(const flash_params *p)
 {
     hook_consts hc;
-    const int softcap = p->softcap > 0.f;
-    hc.softcap_arg = softcap ? (float)(p->scale / p->softcap) : 0.f;
-    hc.score_mul = softcap ? p->softcap : (float)p->scale;
-    hc.grad_mul = softcap ? 1.f : 0.f;
+    const flash_score_d sc = flash_score_base(p, 1.0);
+    const int softcap = flash_score_capped(p);
+    hc.tanh_in = softcap ? (float)flash_score_cap_in(&sc, p->scale) : 0.f;
+    hc.score_mul = softcap ? (float)flash_score_cap_out(&sc, 1.0) : (float)p->scale;
+    hc.th_mul = softcap ? 1.f : 0.f;
     hc.dropout_scale = p->dropout_threshold != 0 ? (float)p->dropout_scale : 1.f;
     return hc;
 }
@@ -225,67 +229,67 @@ __device__ __forceinline__ uint32_t dropout_keep_byte(const flash_params &p, int
     return byte;
 }
 
-/* The score and probability hooks of mask.h, folded for the HOOK kernels into passes over a warp's
- * fragments whose uniform conditions sit outside the per-element loops:
- *   1. softcap on: s = th = tanh_approx(q.k * scale / softcap) (flash_softcap_f with the forward's tanh.approx).
+/* The score and probability hooks (score.h, mask.h), folded for the HOOK kernels into passes over a
+ * warp's fragments whose uniform conditions sit outside the per-element loops:
+ *   1. softcap on: s = th = tanh_approx(flash_score_cap_in(scale q.k)) (the forward's tanh.approx).
  *   2. dropout on: dP *= dropout_scale.
- *   3. per element, branch-free: x = score_mul * s (= softcap * th, or scale * q.k), minus
- *      slope * |abase + (jl - il)| (flash_alibi_distance from the tile's base, exact below 2^24;
- *      slope = 0 without ALiBi); P = exp2(x log2e - lse log2e), 0 outside the band;
- *      dS = P (keep dP - delta), times 1 - grad_mul th^2 (flash_softcap_grad_f: 1 - (capped /
- *      softcap)^2 = 1 - th^2). Tiles whose attn_mask flags say partial, and dbias, take the slow
- *      copy of step 3, which also reads the mask entry (vis cleared / x += entry) and writes dS
- *      (before the softcap factor) to dbias. */
+ *   3. per element, branch-free: x = score_mul * s (flash_score_cap_out(th), or scale q.k), then
+ *      flash_score_bias (slope 0 without ALiBi) on j - i' = d0 + (jl - il); P = exp2(x log2e - lse
+ *      log2e), 0 outside the band; dS = P (keep dP - delta), times flash_score_cap_grad(th_mul s).
+ *      Tiles whose attn_mask flags say partial, and the gradient sink, take the slow copy of step 3,
+ *      which also applies the mask entry (flash_score_mask_add / _bool) and passes dS (before the
+ *      softcap factor) to flash_score_grad. */
 typedef struct hook_tile {
-    float slope, abase;
-    bool slow;      /* the mask is read in this tile, or dbias is written */
-    bool read_mask; /* the tile's flags say partial */
+    flash_score_f sc; /* natural units, of the tile's (b, hq) and sequence */
+    int64_t d0;       /* j - i' of the tile's first element (m0, n0) */
+    bool slow;        /* the mask is read in this tile, or the gradient sink is on */
+    bool read_mask;   /* the tile's flags say partial */
 } hook_tile;
 
 /* flags: the tile's attn_mask block flags; alibi_offset: the sequence's (flash_seq). */
 __device__ __forceinline__ hook_tile make_hook_tile(const flash_params &p, int b, int hq, int m0, int n0, int alibi_offset,
-                                                    unsigned flags, bool dbias)
+                                                    unsigned flags, bool sink)
 {
     hook_tile h;
-    h.slope = flash_alibi_slope(&p, b, hq);
-    h.abase = (float)((int64_t)n0 - m0 - alibi_offset);
+    h.sc = flash_score_of(&p, alibi_offset, b, hq, 1.f);
+    h.d0 = (int64_t)n0 - m0 - alibi_offset;
     h.read_mask = (flags & FLASH_MASK_ANY_MASKED) != 0;
-    h.slow = h.read_mask || dbias;
+    h.slow = h.read_mask || sink;
     return h;
 }
 
 /* Step 3 for one element (see above): s (th or q.k) becomes keep * P, dp (dropout_scale * dP) the
  * dS that feeds dK and dQ. vis: inside the band and the tile; (il, jl) local to the tile (m0, n0);
- * dbias: this element's dbias entry or NULL (SLOW only). */
+ * sink: pass this element's dS to flash_score_grad (SLOW only). */
 template <typename T, bool SLOW>
 __device__ __forceinline__ void hook_element(const flash_params &p, const hook_consts &hc, const hook_tile &h, float &s,
                                              float &dp, bool vis, bool kept, float l2, float dl, int b, int hq, int il,
-                                             int jl, int m0, int n0, float *dbias)
+                                             int jl, int m0, int n0, bool sink)
 {
     float x = hc.score_mul * s;
-    x -= h.slope * fabsf(h.abase + (float)(jl - il));
+    x = flash_score_bias(&h.sc, x, h.d0, jl - il);
     if (SLOW && h.read_mask && vis) {
         const int64_t off = flash_mask_offset(&p, b, hq, m0 + il, n0 + jl);
         if (p.mask_kind == FLASH_MASK_BOOL)
-            vis = ((const uint8_t *)p.mask)[off] != 0;
+            x = flash_score_mask_bool(x, ((const uint8_t *)p.mask)[off]);
         else
-            x += half_to_float(((const T *)p.mask)[off]);
+            x = flash_score_mask_add(&h.sc, x, half_to_float(((const T *)p.mask)[off]));
     }
     const float pv = vis ? exp2_approx(fmaf(x, FLASH_LOG2E_F, -l2)) : 0.f;
-    float ds = pv * ((kept ? dp : 0.f) - dl);
-    if (SLOW && dbias != NULL)
-        *dbias = ds;
-    dp = ds * fmaf(-hc.grad_mul * s, s, 1.f);
+    const float ds = pv * ((kept ? dp : 0.f) - dl);
+    if (SLOW && sink)
+        flash_score_grad(&p, b, hq, m0 + il, n0 + jl, ds);
+    dp = ds * flash_score_cap_grad(hc.th_mul * s);
     s = kept ? pv : 0.f;
 }
 
 /* Steps 1 and 2 on n fragment values. */
 __device__ __forceinline__ void hook_prepass(const flash_params &p, const hook_consts &hc, float *s, float *dp, int n)
 {
-    if (p.softcap > 0.f) {
+    if (flash_score_capped(&p)) {
 #pragma unroll
         for (int k = 0; k < n; ++k)
-            s[k] = tanh_approx(s[k] * hc.softcap_arg);
+            s[k] = tanh_approx(s[k] * hc.tanh_in);
     }
     if (p.dropout_threshold != 0) {
 #pragma unroll
@@ -479,7 +483,7 @@ __device__ __forceinline__ void main_dropout_draw(const flash_params &p, uint32_
 /* HOOK variant of the main kernel's P^T / dS^T step on the warp's S^T and dP^T fragments (s: the raw
  * q.k, dp: dP^T, not yet minus delta): s becomes keep*P^T (for dV, whose dropout_scale factor is
  * applied to the dV accumulators at the end), dp the dS^T that feeds dK and dQ. Fragment element
- * (mt, t, e): key jl = key0 + 16 mt + lr + 8 (e >> 1), query ie = qry0 + 8 t + 2 lc + (e & 1), local
+ * (mt, t, e): key jl = key0 + 16 mt + lr + mma_c_row(e), query ie = qry0 + 8 t + 2 lc + mma_c_col(e), local
  * to the tile (m0, n0). mine: main_dropout_draw's words. qvalid, kvalid: the sequence's query rows and
  * keys from m0, n0 (flash_seq); the attn_mask and dbias (dense batches only) are addressed with the
  * tensors' p.sq, p.sk. */
@@ -515,16 +519,13 @@ __device__ __forceinline__ void hook_p_ds_main_pass(const flash_params &p, const
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int jl = key0 + mt * 16 + lr + 8 * (e >> 1), ie = il + (e & 1);
-                const bool vis =
-                    !need_mask || (jl < kvalid && ie < qvalid && (unsigned)(jl - ie - lo) <= (unsigned)band);
+                const int jl = key0 + mt * 16 + lr + mma_c_row(e), ie = il + mma_c_col(e);
+                const bool vis = !need_mask || (jl < kvalid && ie < qvalid && flash_tile_band_in(jl - ie, lo, band));
                 const int P = (2 * t + (e & 1)) * DR::NB + 2 * mt + (e >> 1), u = P % DR::NPL;
                 const bool kept = (keep[P / DR::NPL - t * DR::NSRC][u / 4] >> (8 * (u % 4) + lr)) & 1u;
-                float *db = NULL;
-                if (SLOW && p.dbias != NULL && jl < kvalid && ie < qvalid)
-                    db = (float *)p.dbias + (((int64_t)b * p.h + hq) * p.sq + m0 + ie) * p.sk + n0 + jl;
+                const bool sink = SLOW && flash_score_has_grad(&p) && jl < kvalid && ie < qvalid;
                 hook_element<T, SLOW>(p, hc, ht, s[mt][t][e], dp[mt][t][e], vis, kept, l2[e & 1], dl[e & 1], b, hq, ie,
-                                      jl, m0, n0, db);
+                                      jl, m0, n0, sink);
             }
     }
 }
@@ -537,7 +538,7 @@ __device__ __forceinline__ void hook_p_ds_main(const flash_params &p, const hook
                                                int lr, int lc, bool need_mask, int lo, int band, unsigned flags,
                                                int qvalid, int kvalid, int alibi_offset)
 {
-    const hook_tile ht = make_hook_tile(p, b, hq, m0, n0, alibi_offset, flags, p.dbias != NULL);
+    const hook_tile ht = make_hook_tile(p, b, hq, m0, n0, alibi_offset, flags, flash_score_has_grad(&p));
     hook_prepass(p, hc, &s[0][0][0], &dp[0][0][0], MT * QW / 2);
     if (ht.slow)
         hook_p_ds_main_pass<T, true, MT, QW>(p, hc, ht, s, dp, mine, lse_t, delta_t, b, hq, m0, n0, key0, qry0, lr, lc,
@@ -728,8 +729,8 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
                     for (int e = 0; e < 4; ++e) {
                         float pv = exp2_approx(fmaf(s[mt][t][e], sl2, -l2[e & 1]));
                         if (need_mask) {
-                            const int jl = key0 + mt * 16 + lr + 8 * (e >> 1), ie = il + (e & 1);
-                            if (jl >= kvalid || (unsigned)(jl - ie - lo) > (unsigned)band)
+                            const int jl = key0 + mt * 16 + lr + mma_c_row(e), ie = il + mma_c_col(e);
+                            if (jl >= kvalid || !flash_tile_band_in(jl - ie, lo, band))
                                 pv = 0.f;
                         }
                         s[mt][t][e] = pv;
@@ -847,7 +848,7 @@ __device__ __forceinline__ uint32_t dq_dropout_draw(const flash_params &p, int b
 
 /* HOOK variant of the dQ kernel's P / dS step on the warp's S and dP fragments (s: the raw q.k, dp:
  * dP, not yet minus delta): dp becomes the dS that feeds dQ. Fragment element (t, e): query row
- * il = 16 warp + lr + 8 (e >> 1), key jl = 8 t + 2 lc + (e & 1), local to the tile (m0, n0). mine:
+ * il = 16 warp + lr + mma_c_row(e), key jl = 8 t + 2 lc + mma_c_col(e), local to the tile (m0, n0). mine:
  * dq_dropout_draw's word. dbias is not written here (the main kernel does). sq, sk: the sequence's. */
 template <typename T, bool SLOW, int BCQ>
 __device__ __forceinline__ void hook_p_ds_dq_pass(const flash_params &p, const hook_consts &hc, const hook_tile &ht,
@@ -862,12 +863,11 @@ __device__ __forceinline__ void hook_p_ds_dq_pass(const flash_params &p, const h
     for (int t = 0; t < BCQ / 8; ++t)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const int h8 = e >> 1, jl = t * 8 + 2 * lc + (e & 1), il = warp * 16 + lr + 8 * h8;
-            const bool vis =
-                m0 + il < sq && (!need_mask || (jl < kvalid && (unsigned)(jl - il - lo) <= (unsigned)band));
+            const int h8 = e >> 1, jl = t * 8 + 2 * lc + mma_c_col(e), il = warp * 16 + lr + mma_c_row(e);
+            const bool vis = m0 + il < sq && (!need_mask || (jl < kvalid && flash_tile_band_in(jl - il, lo, band)));
             const int P = h8 * DR::NB + t;
             const bool kept = (keep[P / DR::NPL] >> (8 * (P % DR::NPL) + 2 * lc + (e & 1))) & 1u;
-            hook_element<T, SLOW>(p, hc, ht, s[t][e], dp[t][e], vis, kept, l2[h8], dl[h8], b, hq, il, jl, m0, n0, NULL);
+            hook_element<T, SLOW>(p, hc, ht, s[t][e], dp[t][e], vis, kept, l2[h8], dl[h8], b, hq, il, jl, m0, n0, false);
         }
 }
 
@@ -1024,8 +1024,8 @@ __global__ void __launch_bounds__(BRQ / 16 * FLASH_WARP_SIZE, 1)
                 for (int e = 0; e < 4; ++e) {
                     float pv = exp2_approx(fmaf(s[t][e], sl2, -l2[e >> 1]));
                     if (need_mask) {
-                        const int jl = t * 8 + 2 * lc + (e & 1), il = warp * 16 + lr + 8 * (e >> 1);
-                        if (jl >= kvalid || (unsigned)(jl - il - lo) > (unsigned)band)
+                        const int jl = t * 8 + 2 * lc + mma_c_col(e), il = warp * 16 + lr + mma_c_row(e);
+                        if (jl >= kvalid || !flash_tile_band_in(jl - il, lo, band))
                             pv = 0.f;
                     }
                     dp[t][e] = pv * (dp[t][e] - dl[e >> 1]);

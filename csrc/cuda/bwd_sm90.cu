@@ -76,6 +76,7 @@
 
 #include "../constants.h"
 #include "../mask.h"
+#include "../score.h"
 #include "bwd_common.cuh"
 #include "launch.h"
 #include "ptx.cuh"
@@ -516,13 +517,15 @@ __device__ __forceinline__ bool keep_bit(const uint32_t w[2], int v)
  * s8 mul - lse2, as in the dense P step, so that the plain score needs no extra multiply. */
 struct hook_tile {
     /* per CTA (hook_cta_init) */
-    float cap_in;        /* softcap: s8 = tanh(cap_in q.k), cap_in = scale / softcap, mul = softcap log2e;
-                          * 0: off, s8 = q.k, mul = scale log2e, or (scale <= 0, where the bool mask's
-                          * -inf would flip sign) s8 = scale log2e q.k, mul = 1 */
+    flash_score_f sc;    /* score.h's constants in units of mul (to_units = log2e / mul), those the steps
+                          * below take from it: softcap on, s8 = th = tanh(flash_score_cap_in(q.k)) with
+                          * inv_cap = scale / softcap, mul = softcap log2e; off (inv_cap 0), s8 = q.k, mul =
+                          * scale log2e, or (scale <= 0, where the bool mask's -inf would flip sign) s8 =
+                          * scale log2e q.k, mul = 1; the additive mask (flash_score_mask_add); the ALiBi
+                          * slope (flash_score_at) */
     bool prescale;
     float mul;
-    float alibi;         /* - slope log2e / mul: s8 += alibi |dist0 - block_c| */
-    float madd;          /* log2e / mul: s8 += madd * the additive mask */
+    float alibi;         /* - sc.slope: s8 += alibi |dist0 - block_c| */
     bool stash_g;        /* softcap: the derivative g waits in shared memory for dS^T (always where
                           * holding it across the P step costs spills, and with dbias, which needs dS^T
                           * without it); else P^T is multiplied by it at once (dS^T = P^T g (dP^T - delta)) */
@@ -542,13 +545,14 @@ struct hook_tile {
 __device__ __forceinline__ void hook_cta_init(hook_tile &hk, const flash_params &p, const flash_seq &s, int b, int hq,
                                               bool stash)
 {
-    const bool cap = p.softcap > 0.f;
+    const bool cap = flash_score_capped(&p);
     hk.prescale = !cap && !(p.scale_log2 > 0.f);
-    hk.cap_in = cap ? (float)p.scale / p.softcap : 0.f;
+    hk.sc.inv_cap = cap ? (float)p.scale / p.softcap : 0.f;
     hk.mul = cap ? p.softcap * FLASH_LOG2E_F : (hk.prescale ? 1.f : p.scale_log2);
-    hk.madd = FLASH_LOG2E_F / hk.mul;
-    hk.alibi = -flash_alibi_slope(&p, b, hq) * hk.madd;
-    hk.stash_g = cap && (stash || p.dbias != 0);
+    hk.sc.to_units = FLASH_LOG2E_F / hk.mul;
+    flash_score_at(&hk.sc, &p, s.alibi_offset, b, hq);
+    hk.alibi = -hk.sc.slope;
+    hk.stash_g = cap && (stash || flash_score_has_grad(&p));
     hk.dropout = p.dropout_threshold != 0;
     hk.alibi_offset = (int)s.alibi_offset;
 }
@@ -579,16 +583,17 @@ __device__ __forceinline__ bool elem_exists(const hook_tile &hk, const flash_par
     return hk.m0 + hk.qf + block_qi(kq, v) < p.sq && !((v & 3) >> 1 ? hk.row8_out : hk.row0_out);
 }
 
-/* The score hook on one block (mask.h's order: softcap, ALiBi, attn_mask): S^T values q.k -> s8 in
- * units of mul; the softcap derivative 1 - tanh^2 (flash_softcap_grad_f) goes to the stash or to g8. */
+/* The score hook on one block (score.h's order: softcap, ALiBi, attn_mask through flash_score_mask_*):
+ * S^T values q.k -> s8 in units of mul; the softcap derivative 1 - th^2 (as flash_score_cap_grad) goes to
+ * the stash or to g8. */
 template <typename T, int ROWS>
 __device__ __forceinline__ void hook_scores(float s8[8], float g8[8], int kq, const hook_tile &hk,
                                             const flash_params &p, int lane)
 {
-    if (hk.cap_in != 0.f) {
+    if (hk.sc.inv_cap != 0.f) {
 #pragma unroll
         for (int v = 0; v < 8; ++v) {
-            const float th = tanh_approx(s8[v] * hk.cap_in);
+            const float th = tanh_approx(flash_score_cap_in(&hk.sc, s8[v]));
             g8[v] = fmaf(-th, th, 1.f);
             s8[v] = th;
         }
@@ -614,15 +619,16 @@ __device__ __forceinline__ void hook_scores(float s8[8], float g8[8], int kq, co
             const uint8_t *mk = (const uint8_t *)p.mask + off;
 #pragma unroll
             for (int v = 0; v < 8; ++v)
-                if (elem_exists(hk, p, kq, v) && __ldg(mk + block_qi(kq, v) * p.mask_s.row + block_kj(v) * p.mask_s.col) == 0)
-                    s8[v] = -INFINITY;
+                if (elem_exists(hk, p, kq, v))
+                    s8[v] = flash_score_mask_bool(
+                        s8[v], __ldg(mk + block_qi(kq, v) * p.mask_s.row + block_kj(v) * p.mask_s.col));
         } else {
             const T *mk = (const T *)p.mask + off;
 #pragma unroll
             for (int v = 0; v < 8; ++v)
                 if (elem_exists(hk, p, kq, v))
-                    s8[v] = fmaf(half_to_float(__ldg(mk + block_qi(kq, v) * p.mask_s.row + block_kj(v) * p.mask_s.col)),
-                                 hk.madd, s8[v]);
+                    s8[v] = flash_score_mask_add(
+                        &hk.sc, s8[v], half_to_float(__ldg(mk + block_qi(kq, v) * p.mask_s.row + block_kj(v) * p.mask_s.col)));
         }
     }
 }
@@ -644,7 +650,7 @@ __device__ __forceinline__ void hook_p(uint32_t a[4], float s8[8], const float g
     } else {
         acc_to_a<T>(a, s8, s8 + 4);
     }
-    if (!STASH && hk.cap_in != 0.f && !hk.stash_g) {
+    if (!STASH && hk.sc.inv_cap != 0.f && !hk.stash_g) {
 #pragma unroll
         for (int v = 0; v < 8; ++v)
             s8[v] *= g8[v];

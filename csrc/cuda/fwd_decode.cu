@@ -39,6 +39,7 @@
 
 #include "../constants.h"
 #include "../mask.h"
+#include "../score.h"
 #include "launch.h"
 #include "ptx.cuh"
 #include "tiles.h"
@@ -291,18 +292,16 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
     __syncthreads();
     grid_dependency_trigger();
 
-    /* the lane's two rows (lane / 4, + 8): query, head, ALiBi slope */
+    /* the lane's two rows (lane / 4, + 8): query, and the score hook of its head (score.h, natural units) */
     int qi[2];
-    float slope[2];
+    flash_score_f hook[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int64_t x = flash_min64(x0 + lane / kQuadLanes + h * kHalfRows, x_end - 1);
         qi[h] = (int)(x / g);
-        slope[h] = flash_alibi_slope(&p, batch, kv_head * g + x % g);
+        hook[h] = flash_score_of(&p, seq.alibi_offset, batch, kv_head * g + x % g, 1.f);
     }
     const float scale = (float)p.scale;
-    const float cap = (float)p.softcap;
-    const float inv_cap = cap > 0.f ? 1.f / cap : 0.f;
     const int diag_lo = (int)seq.diag_lo, diag_hi = (int)seq.diag_hi, alibi_offset = (int)seq.alibi_offset;
 
     const int lr = lane % 8, mi = lane / 8;
@@ -371,10 +370,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
                 for (int e = 0; e < 2; e++) {
                     float x = s[nt][2 * h + e] * scale;
                     const int j = key0 + nt * kMmaN + e;
-                    if (cap > 0.f)
-                        x = cap * tanh_approx(x * inv_cap);
-                    if (p.alibi_slopes != nullptr)
-                        x -= slope[h] * fabsf((float)(j - qi[h] - alibi_offset));
+                    if (flash_score_capped(&p))
+                        x = flash_score_cap_out(&hook[h], tanh_approx(flash_score_cap_in(&hook[h], x)));
+                    if (flash_score_biased(&p))
+                        x = flash_score_bias(&hook[h], x, j - qi[h] - alibi_offset, 0);
                     if (masked && (j >= sk || j - qi[h] < diag_lo || j - qi[h] > diag_hi))
                         x = -INFINITY;
                     s[nt][2 * h + e] = x;

@@ -24,6 +24,7 @@
 
 #include "../constants.h"
 #include "../mask.h"
+#include "../score.h"
 #include "launch.h"
 
 static constexpr unsigned kSimpleFullMask = 0xffffffffu;
@@ -35,8 +36,8 @@ static constexpr int kMinCtasPerSm = 1;
 
 __device__ __forceinline__ float exp_t(float x) { return expf(x); }
 __device__ __forceinline__ double exp_t(double x) { return exp(x); }
-__device__ __forceinline__ float softcap_t(float s, float cap) { return flash_softcap_f(s, cap); }
-__device__ __forceinline__ double softcap_t(double s, double cap) { return flash_softcap_d(s, cap); }
+__device__ __forceinline__ float tanh_t(float x) { return tanhf(x); }
+__device__ __forceinline__ double tanh_t(double x) { return tanh(x); }
 __device__ __forceinline__ void row_finish_t(float m, float l, float sink, float *factor, float *lse)
 {
     flash_row_finish_f(m, l, sink, factor, lse);
@@ -69,8 +70,7 @@ __device__ __forceinline__ void fwd_simple_rows(const flash_params &p, T (*sk_ti
     const int64_t row = row0 + warp;
     const int qn = (int)flash_min64(kRows, sq - row0); /* rows of the CTA inside [0, sq) */
     const T scale = (T)p.scale;
-    const T softcap = (T)p.softcap;
-    const T slope = (T)flash_alibi_slope(&p, batch, head);
+    const typename flash_score_type<T>::type sc = flash_score_of(&p, seq.alibi_offset, batch, head, (T)1);
     const T dropout_scale = (T)p.dropout_scale;
 
     /* (sq, d) with row stride q_s.row / o_s.row; k, v: the kv head, key j at flash_key_offset; (sq) */
@@ -132,17 +132,9 @@ __device__ __forceinline__ void fwd_simple_rows(const flash_params &p, T (*sk_ti
             T sj = -INFINITY;
             if (full || (jj < kn && flash_visible(&seq, row, j))) {
                 sj = dot * scale;
-                if (softcap > (T)0)
-                    sj = softcap_t(sj, softcap);
-                if (p.alibi_slopes)
-                    sj -= slope * (T)flash_alibi_distance(&seq, row, j);
-                if (read_mask) {
-                    const int64_t off = flash_mask_offset(&p, batch, head, row, j);
-                    if (p.mask_kind == FLASH_MASK_ADD)
-                        sj += ((const T *)p.mask)[off];
-                    else if (((const uint8_t *)p.mask)[off] == 0)
-                        sj = -INFINITY;
-                }
+                if (flash_score_capped(&p))
+                    sj = flash_score_cap_out(&sc, tanh_t(flash_score_cap_in(&sc, sj)));
+                sj = flash_score_element(&p, &sc, sj, read_mask, batch, head, row, j);
             }
             s[jj] = sj;
             m_new = max(m_new, sj);

@@ -78,6 +78,8 @@
 
 #include "../constants.h"
 #include "../mask.h"
+#include "../score.h"
+#include "frag.cuh"
 #include "launch.h"
 #include "ptx.cuh"
 #include "tiles.h"
@@ -369,15 +371,14 @@ __device__ __forceinline__ int next_visible_tile(const flash_params &p, int batc
 }
 
 /* Band and seqlen_k mask of one tile of a dense kernel (natural key order): s = -inf at keys >= sk or
- * outside diag_lo <= j - i <= diag_hi (flash_visible of the sequence), the band test as one unsigned
- * compare per value of j - i - diag_lo against diag_hi - diag_lo (a tile exists only if diag_lo <=
- * diag_hi, and both fit an int). col0: the thread's first key, diag0: its first key minus its first row. */
+ * outside diag_lo <= j - i <= diag_hi (flash_visible of the sequence), the band test flash_tile_band_in
+ * (one unsigned compare per value; a tile exists only if diag_lo <= diag_hi, and both fit an int). col0:
+ * the thread's first key, diag0: its first key minus its first row. */
 template <int kMT, int kNT>
 __device__ __forceinline__ void mask_band_dense(float (&s)[kMT][kNT][4], int diag_lo, int diag_hi, int sk, int col0,
                                                 int diag0)
 {
-    const unsigned from_lo0 = (unsigned)diag0 - (unsigned)diag_lo;
-    const unsigned band = (unsigned)diag_hi - (unsigned)diag_lo;
+    const int band = diag_hi - diag_lo;
 #pragma unroll
     for (int t = 0; t < kMT; t++)
 #pragma unroll
@@ -386,9 +387,9 @@ __device__ __forceinline__ void mask_band_dense(float (&s)[kMT][kNT][4], int dia
             for (int nt = 0; nt < kNT; nt++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    const int col = col0 + nt * kMmaN + e;
-                    const unsigned from_lo = from_lo0 + (unsigned)(nt * kMmaN + e - t * kMmaM - h * kHalfRows);
-                    if (col >= sk || from_lo > band)
+                    const int col = col0 + nt * kMmaN + mma_c_col(2 * h + e);
+                    const int k = nt * kMmaN + mma_c_col(2 * h + e) - t * kMmaM - mma_c_row(2 * h + e);
+                    if (col >= sk || !flash_tile_band_in(diag0 + k, diag_lo, band))
                         s[t][nt][2 * h + e] = -INFINITY;
                 }
 }
@@ -425,7 +426,7 @@ __device__ __forceinline__ void mask_band(float (&s)[kMT][kNT][4], int diag_lo, 
                 for (int nt = 0; nt < kNT; nt++)
 #pragma unroll
                     for (int e = 0; e < 2; e++)
-                        if (key_row<kPerm>(nt, e) - t * kMmaM - h * kHalfRows < lo)
+                        if (key_row<kPerm>(nt, mma_c_col(2 * h + e)) - t * kMmaM - mma_c_row(2 * h + e) < lo)
                             s[t][nt][2 * h + e] = -INFINITY;
     }
     if (hi_edge) {
@@ -438,7 +439,7 @@ __device__ __forceinline__ void mask_band(float (&s)[kMT][kNT][4], int diag_lo, 
                 for (int nt = 0; nt < kNT; nt++)
 #pragma unroll
                     for (int e = 0; e < 2; e++)
-                        if (key_row<kPerm>(nt, e) - t * kMmaM - h * kHalfRows > hi)
+                        if (key_row<kPerm>(nt, mma_c_col(2 * h + e)) - t * kMmaM - mma_c_row(2 * h + e) > hi)
                             s[t][nt][2 * h + e] = -INFINITY;
     }
     if (tail) {
@@ -451,7 +452,7 @@ __device__ __forceinline__ void mask_band(float (&s)[kMT][kNT][4], int diag_lo, 
                 for (int nt = 0; nt < kNT; nt++)
 #pragma unroll
                     for (int e = 0; e < 2; e++)
-                        if (key_row<kPerm>(nt, e) >= kvalid)
+                        if (key_row<kPerm>(nt, mma_c_col(2 * h + e)) >= kvalid)
                             s[t][nt][2 * h + e] = -INFINITY;
     }
 }
@@ -486,16 +487,16 @@ __device__ __forceinline__ void load_mask8(uint32_t (&w)[kBits / 4], const unsig
     }
 }
 
-/* attn_mask of one tile (mask.h) in the permuted key order (HOOK kernels), on raw scores (score_hook):
- * additive x += to_raw mask[b, hq, i, j], bool x = -inf where mask[b, hq, i, j] == 0. Lane q's values
+/* attn_mask of one tile (step 3 of score.h) in the permuted key order (HOOK kernels), on raw scores
+ * (score_hook): additive x += mask[b, hq, i, j] / |scale|, bool x = -inf where mask[b, hq, i, j] == 0. Lane q's values
  * of row i in n8-tile group g are the 8 consecutive keys c_t + 32 g + k, k = 2 u + e at (4 g + u, e):
  * one vector load when the keys are contiguous and aligned (mask_s.col == 1, the row starts a multiple
  * of 8 elements) and the tile lies inside sk; else 8 scalar loads, with rows past sq and keys past sk
  * reading the last row / key (their values are never used) so that every read stays inside the mask.
  * The empty asm with a memory clobber confines each group's loads (registers). */
 template <typename T, int kMT, int kNT>
-__device__ __forceinline__ void apply_attn_mask(float (&s)[kMT][kNT][4], const flash_params &p, int batch, int head,
-                                                int r_t, int c_t, bool tile_in_sk, float to_raw)
+__device__ __forceinline__ void apply_attn_mask(float (&s)[kMT][kNT][4], const flash_params &p, const flash_score_f &sc,
+                                                int batch, int head, int r_t, int c_t, bool tile_in_sk)
 {
     constexpr int kKeys = FLASH_DROPOUT_KEYS_PER_DRAW; /* one group's keys per lane */
     constexpr int kAddBits = 8 * sizeof(T);
@@ -522,49 +523,45 @@ __device__ __forceinline__ void apply_attn_mask(float (&s)[kMT][kNT][4], const f
 #pragma unroll
                     for (int k = 0; k < kKeys; k++) {
                         float &y = s[t][g * kPermTiles + k / 2][2 * h + k % 2];
-                        y = fmaf(bits_to_float(T(), w[k / 2] >> (kAddBits * (k % 2))), to_raw, y);
+                        y = flash_score_mask_add(&sc, y, bits_to_float(T(), w[k / 2] >> (kAddBits * (k % 2))));
                     }
                 } else {
                     uint32_t w[kBoolBits / 4];
                     load_mask8<kBoolBits>(w, row, key0, (int)p.sk - 1, col_stride, vec);
 #pragma unroll
                     for (int k = 0; k < kKeys; k++) {
-                        if (((w[k / 4] >> (kBoolBits * (k % 4))) & ((1u << kBoolBits) - 1)) == 0)
-                            s[t][g * kPermTiles + k / 2][2 * h + k % 2] = -INFINITY;
+                        float &y = s[t][g * kPermTiles + k / 2][2 * h + k % 2];
+                        y = flash_score_mask_bool(y, (w[k / 4] >> (kBoolBits * (k % 4))) & ((1u << kBoolBits) - 1));
                     }
                 }
             }
         }
 }
 
-/* The score hook of one tile (mask.h, in its order) on the raw scores x = q.k, keeping the kernel's
+/* The score hook of one tile (score.h, in its order) on the raw scores x = q.k, keeping the kernel's
  * units: the final score s (natural log units) is x * scale_log2 * ln 2, scale_log2 = |scale| log2(e)
- * (Q holds the sign), so the dense softmax applies unchanged. Softcap s = cap tanh(scale q.k / cap):
- * x = c tanh(x / c) with c = cap / |scale|; ALiBi s -= slope |j - i - alibi_offset| (the sequence's
- * sk - sq): x -= slope / |scale| |...|; then the attn_mask where the tile's block flags say partial
- * (additive: x += mask / |scale|, i.e. mask log2(e) / scale_log2; tile_in_sk: the tile ends at or before
- * sk). Permuted key order. */
+ * (Q holds the sign), so the dense softmax applies unchanged (score.h's units 1 / to_raw = |scale|). The
+ * value (t, nt, 2 h + e) of the thread sits t * 16 + mma_c_row rows and key_row(nt, mma_c_col) keys from
+ * its first element (r_t, c_t). The attn_mask is read where the tile's block flags say partial
+ * (tile_in_sk: the tile ends at or before sk). Permuted key order. */
 template <typename T, int kMT, int kNT>
 __device__ __forceinline__ void score_hook(float (&s)[kMT][kNT][4], const flash_params &p, float scale_log2,
                                            unsigned flags, int batch, int head, int alibi_offset, int r_t, int c_t,
                                            bool tile_in_sk)
 {
     const float to_raw = FLASH_LOG2E_F / scale_log2; /* natural units -> raw units: 1 / |scale| */
-    if (p.softcap > 0.f) {
-        const float cap = p.softcap * to_raw;
-        const float inv_cap = 1.f / cap;
+    const flash_score_f sc = flash_score_of(&p, alibi_offset, batch, head, to_raw);
+    if (flash_score_capped(&p)) {
 #pragma unroll
         for (int t = 0; t < kMT; t++)
 #pragma unroll
             for (int nt = 0; nt < kNT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    s[t][nt][e] = cap * tanh_approx(s[t][nt][e] * inv_cap);
+                    s[t][nt][e] = flash_score_cap_out(&sc, tanh_approx(flash_score_cap_in(&sc, s[t][nt][e])));
     }
-    if (p.alibi_slopes != nullptr) {
-        const float slope = flash_alibi_slope(&p, batch, head) * to_raw;
-        /* j - i - alibi_offset of the thread's first value; + (key_row - row offset) per value */
-        const float a0 = (float)((int64_t)c_t - r_t - alibi_offset);
+    if (flash_score_biased(&p)) {
+        const int64_t d0 = (int64_t)c_t - r_t - sc.alibi_offset; /* j - i' of the thread's first value */
 #pragma unroll
         for (int t = 0; t < kMT; t++)
 #pragma unroll
@@ -573,12 +570,13 @@ __device__ __forceinline__ void score_hook(float (&s)[kMT][kNT][4], const flash_
                 for (int nt = 0; nt < kNT; nt++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        const float dist = fabsf(a0 + (float)(key_row<true>(nt, e) - t * kMmaM - h * kHalfRows));
-                        s[t][nt][2 * h + e] = fmaf(-slope, dist, s[t][nt][2 * h + e]);
+                        float &x = s[t][nt][2 * h + e];
+                        x = flash_score_bias(&sc, x, d0,
+                                             key_row<true>(nt, mma_c_col(2 * h + e)) - t * kMmaM - mma_c_row(2 * h + e));
                     }
     }
     if (flags & FLASH_MASK_ANY_MASKED)
-        apply_attn_mask<T, kMT, kNT>(s, p, batch, head, r_t, c_t, tile_in_sk, to_raw);
+        apply_attn_mask<T, kMT, kNT>(s, p, sc, batch, head, r_t, c_t, tile_in_sk);
 }
 
 /* Dropout of one tile's P (permuted key order): lane q's values of row i in the n8 tiles of group g are

@@ -29,7 +29,7 @@
  *   Warpgroups 1 and 2, the consumers (setmaxnreg FWD90_CONSUMER_REGS): FWD90_WG_ROWS = 64 query rows each,
  *     the M of their wgmma's. Per key tile j, in registers:
  *       S_j = Q K_j^T       wgmma SS (m64 n kBlockN k16), fp32 accumulators
- *       score hook          kHook kernels (kScore, FWD90_SCORE_*): softcap (a kernel of its own), ALiBi, the
+ *       score hook          kHook kernels (kScore, score.h FLASH_SCORE_*): softcap (a kernel of its own), ALiBi, the
  *                           attn_mask where the tile's block flags say partial (hook_tile, mask.h's order)
  *       mask                tiles outside [full_first, full_end): keys past sk or outside diag_lo <= j - i
  *                           <= diag_hi, one unsigned compare per value (compile-time split: masked tiles
@@ -81,6 +81,8 @@
 
 #include "../constants.h"
 #include "../mask.h"
+#include "../score.h"
+#include "frag.cuh"
 #include "launch.h"
 #include "ptx.cuh"
 #include "tiles.h"
@@ -126,12 +128,8 @@
 #define FWD90_WORK_P_THREADS (2 * FLASH_WARP_SIZE)
 #define FWD90_WORK_C_THREADS (FLASH_WARP_SIZE + FWD90_CONSUMER_WGS * FWD90_WG_THREADS)
 
-/* compile-time score variants (the kernel's kScore): none (band geometry only), the hook (ALiBi, attn_mask,
- * dropout), the hook with softcap (a kernel of its own: a runtime softcap branch measured 4-6% slower, and a
- * copy of the loop in one kernel spilled in the main loop) */
-#define FWD90_SCORE_DENSE 0
-#define FWD90_SCORE_HOOK 1
-#define FWD90_SCORE_SOFTCAP 2
+/* The kernel's kScore is a flash_score_kind (score.h): FLASH_SCORE_SOFTCAP is a kernel of its own (a runtime
+ * softcap branch measured 4-6% slower, and a copy of the loop in one kernel spilled in the main loop). */
 
 /* The TMA tensor maps of q, k, v, 4-D (d, rows, heads, batches), boxes of 64 columns x FWD90_BM (q) or
  * kBlockN (k, v) rows, 128-byte swizzle. Built per call by the launcher from the params' pointers and
@@ -302,19 +300,18 @@ struct fwd90_state {
 
 /* A consumer thread's constants of one work tile: its first row r_t and first key column lane_c of a key tile
  * (value 4 i + 2 h + e of S is row r_t + 8 h, key j kBlockN + lane_c + 8 i + e), the band and key count of
- * the sequence, and (kHook) the score hook in the raw units of q.k (s = x scale): softcap cap (0: none) and
- * 1 / cap, ALiBi slope (0: none) and the sequence's alibi_offset, to_raw = 1 / scale for the additive
- * attn_mask, the attn_mask of (b, hq) (element (i, j) at mask + mask_es (i mask_s.row + j mask_s.col); NULL:
+ * the sequence, and (kHook) the score hook's constants in the raw units of q.k (score.h, s = x scale), the
+ * attn_mask of (b, hq) (element (i, j) at mask + mask_es (i mask_s.row + j mask_s.col); NULL:
  * none), and the dropout counter's bh = b h + hq. */
 struct fwd90_tile {
-    int r_t, lane_c, sk, diag_lo, diag_hi, alibi_offset;
-    float cap, inv_cap, slope, to_raw;
+    int r_t, lane_c, sk, diag_lo, diag_hi;
+    flash_score_f hook;
     const unsigned char *mask;
     uint32_t bh;
 };
 
-/* attn_mask of one tile on the raw scores (mask.h): additive x += to_raw mask[b, hq, i, j], bool x = -inf
- * where mask[b, hq, i, j] == 0. A lane's values of a row in one n8 block are 2 consecutive keys: one 2-element
+/* attn_mask of one tile on the raw scores (step 3 of score.h): additive x += mask[b, hq, i, j] / scale, bool
+ * x = -inf where mask[b, hq, i, j] == 0. A lane's values of a row in one n8 block are 2 consecutive keys: one 2-element
  * load where the keys are contiguous and aligned and the tile lies inside sk, else 2 scalar loads with rows
  * past sq and keys past sk reading the last row / key (values never used), so every read stays inside. */
 template <typename T, int kN>
@@ -341,8 +338,8 @@ __device__ __forceinline__ void mask_tile_data(float (&s)[kN], const flash_param
                     w = (uint32_t)__ldg((const unsigned short *)(row + es * min(key, last_key) * p.mask_s.col)) |
                         (uint32_t)__ldg((const unsigned short *)(row + es * min(key + 1, last_key) * p.mask_s.col))
                             << 16;
-                x[0] = fmaf(bits_to_float(T(), w), tl.to_raw, x[0]);
-                x[1] = fmaf(bits_to_float(T(), w >> 16), tl.to_raw, x[1]);
+                x[0] = flash_score_mask_add(&tl.hook, x[0], bits_to_float(T(), w));
+                x[1] = flash_score_mask_add(&tl.hook, x[1], bits_to_float(T(), w >> 16));
             } else {
                 uint32_t w;
                 if (pairs)
@@ -350,35 +347,18 @@ __device__ __forceinline__ void mask_tile_data(float (&s)[kN], const flash_param
                 else
                     w = (uint32_t)__ldg(row + min(key, last_key) * p.mask_s.col) |
                         (uint32_t)__ldg(row + min(key + 1, last_key) * p.mask_s.col) << 8;
-                x[0] = (w & 0xffu) ? x[0] : -INFINITY;
-                x[1] = (w >> 8) ? x[1] : -INFINITY;
+                x[0] = flash_score_mask_bool(x[0], w & 0xffu);
+                x[1] = flash_score_mask_bool(x[1], w >> 8);
             }
         }
     }
 }
 
-/* ALiBi on one tile's raw scores: x - slope |a0 + k| = x -+ |slope a0 + slope k| for a positive / negative
- * slope (one FFMA and one FADD per value), a0 + k = j - i - alibi_offset. */
-template <bool kPositive, int kN>
-__device__ __forceinline__ void alibi_tile(float (&s)[kN], const fwd90_tile &tl, int c_t)
-{
-    const float b0 = tl.slope * (float)(c_t - tl.r_t - tl.alibi_offset);
-#pragma unroll
-    for (int i = 0; i < kN / FWD90_N8_VALS; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                float &x = s[4 * i + 2 * h + e];
-                const float t = fabsf(fmaf(tl.slope, (float)(FWD90_N8 * i + e - FWD90_HALF_ROWS * h), b0));
-                x = kPositive ? x - t : x + t;
-            }
-}
-
-/* The score hook of one tile (mask.h's order; kHook kernels), on raw scores: softcap x = cap tanh(x / cap)
- * where kCap (the kernel's FWD90_SCORE_SOFTCAP; tanh.approx, as every tensor-core kernel, so that the
- * backward recomputes these scores), ALiBi x -= slope |j - i - alibi_offset| (a branch uniform over the
- * CTA), then the attn_mask where the tile's block flags say it is partial (mask_partial). */
+/* The score hook of one tile (score.h's order; kHook kernels), on raw scores: softcap where kCap (the
+ * kernel's FLASH_SCORE_SOFTCAP; tanh.approx, as every tensor-core kernel, so that the backward recomputes
+ * these scores), the position bias (a branch uniform over the CTA; value v sits wgmma_d_row(v) rows and
+ * wgmma_d_col(v) keys from the thread's first), then the attn_mask where the tile's block flags say it is
+ * partial (mask_partial). */
 template <typename T, bool kHook, bool kCap, int kN>
 __device__ __forceinline__ void hook_tile(float (&s)[kN], const flash_params &p, const fwd90_tile &tl, int c_t,
                                           bool mask_partial)
@@ -388,12 +368,14 @@ __device__ __forceinline__ void hook_tile(float (&s)[kN], const flash_params &p,
     if (kCap) {
 #pragma unroll
         for (int v = 0; v < kN; v++)
-            s[v] = tl.cap * tanh_approx(s[v] * tl.inv_cap);
+            s[v] = flash_score_cap_out(&tl.hook, tanh_approx(flash_score_cap_in(&tl.hook, s[v])));
     }
-    if (tl.slope > 0.f)
-        alibi_tile<true>(s, tl, c_t);
-    else if (tl.slope < 0.f)
-        alibi_tile<false>(s, tl, c_t);
+    if (flash_score_biased(&p)) {
+        const int d0 = c_t - tl.r_t - (int)tl.hook.alibi_offset; /* j - i' of the thread's first value */
+#pragma unroll
+        for (int v = 0; v < kN; v++)
+            s[v] = flash_score_bias(&tl.hook, s[v], d0, wgmma_d_col(v) - wgmma_d_row(v));
+    }
     if (mask_partial)
         mask_tile_data<T>(s, p, tl, c_t);
 }
@@ -825,7 +807,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using L = fwd90_smem<kHeadDim>;
     constexpr int kBlockN = L::kBlockN, kStages = L::kStages, kQStages = L::kQStages;
-    constexpr bool kHook = kScore != FWD90_SCORE_DENSE, kCap = kScore == FWD90_SCORE_SOFTCAP;
+    constexpr bool kHook = kScore != FLASH_SCORE_DENSE, kCap = kScore == FLASH_SCORE_SOFTCAP;
     constexpr bool kData = kHook && fwd90_cfg<kHeadDim>::MASK_DROPOUT; /* attn_mask and dropout */
     extern __shared__ uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + SW128_ATOM_BYTES - 1) & ~(uint32_t)(SW128_ATOM_BYTES - 1);
@@ -835,7 +817,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     const uint32_t slot_p = base + L::kWorkP, slot_c = base + L::kWorkC; /* [1] int32 each: dynamic scheduler */
     const int tid = threadIdx.x;
     const int m_tiles = (int)((p.sq + FWD90_BM - 1) / FWD90_BM);
-    static_assert(!kDynamic || kScore == FWD90_SCORE_DENSE, "the dynamic scheduler serves the dense kernels");
+    static_assert(!kDynamic || kScore == FLASH_SCORE_DENSE, "the dynamic scheduler serves the dense kernels");
     constexpr bool dynamic = kDynamic; /* p.tile_counter set: launch_fwd90 */
     const bool paired = !dynamic && fwd90_paired(p) && !(kData && p.mask != NULL);
     const int n_work = fwd90_items_per_head(m_tiles, paired) * (int)p.h * (int)p.b;
@@ -975,17 +957,13 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
             tl.sk = skn;
             tl.diag_lo = (int)seq.diag_lo;
             tl.diag_hi = (int)seq.diag_hi;
-            tl.alibi_offset = (int)seq.alibi_offset;
-            tl.cap = tl.inv_cap = tl.slope = tl.to_raw = 0.f;
+            tl.hook.cap = tl.hook.inv_cap = tl.hook.slope = tl.hook.to_units = 0.f;
+            tl.hook.alibi_offset = 0;
             tl.mask = NULL;
             tl.bh = 0;
             if (kHook) {
-                tl.to_raw = FLASH_LOG2E_F / scale; /* natural units -> raw units: 1 / scale */
-                if (p.softcap > 0.0) {
-                    tl.cap = (float)p.softcap * tl.to_raw;
-                    tl.inv_cap = 1.f / tl.cap;
-                }
-                tl.slope = flash_alibi_slope(&p, wk.b, wk.hq) * tl.to_raw;
+                /* natural units -> raw units: 1 / scale */
+                tl.hook = flash_score_of(&p, seq.alibi_offset, wk.b, wk.hq, FLASH_LOG2E_F / scale);
                 if (kData && p.mask != NULL)
                     tl.mask = (const unsigned char *)p.mask +
                               (p.mask_kind == FLASH_MASK_ADD ? (int64_t)sizeof(T) : 1) *
@@ -1193,7 +1171,7 @@ static cudaError_t launch_fwd90(const flash_params *p, cudaStream_t stream)
         return cudaErrorInvalidValue;
     void (*kernel)(const flash_params, const fwd90_maps) = flash_fwd_sm90_kernel<T, kHeadDim, kScore, false>;
     bool dynamic = false; /* varlen batches: where the caller passes a counter (flash_fwd_sm90_dynamic) */
-    if constexpr (kScore == FWD90_SCORE_DENSE && kHeadDim <= FWD90_DYNAMIC_MAX_D) {
+    if constexpr (kScore == FLASH_SCORE_DENSE && kHeadDim <= FWD90_DYNAMIC_MAX_D) {
         if (p->tile_counter != NULL) {
             kernel = flash_fwd_sm90_kernel<T, kHeadDim, kScore, true>;
             dynamic = true;
@@ -1228,9 +1206,9 @@ template <typename T>
 static cudaError_t dispatch_fwd90(const flash_params *p, cudaStream_t stream)
 {
     if (!p->has_hook)
-        return dispatch_head_dim<T, FWD90_SCORE_DENSE>(p, stream);
-    return p->softcap > 0.0 ? dispatch_head_dim<T, FWD90_SCORE_SOFTCAP>(p, stream)
-                            : dispatch_head_dim<T, FWD90_SCORE_HOOK>(p, stream);
+        return dispatch_head_dim<T, FLASH_SCORE_DENSE>(p, stream);
+    return p->softcap > 0.0 ? dispatch_head_dim<T, FLASH_SCORE_SOFTCAP>(p, stream)
+                            : dispatch_head_dim<T, FLASH_SCORE_HOOK>(p, stream);
 }
 
 extern "C" cudaError_t flash_fwd_sm90(const flash_params *p, cudaStream_t stream)

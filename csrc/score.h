@@ -1,0 +1,177 @@
+/* score.h: the one composition of the score hook of mask.h (softcap, then the position bias, then the
+ * attn_mask), its units and its derivative, for the C CPU passes and every CUDA kernel.
+ *
+ * Units. A kernel holds a score x whose natural-log value is s = x u (u = |scale| for raw q.k, log2(e)
+ * for log2 units, 1 for natural units). flash_score_of_* folds the hook's constants into those units
+ * (to_units = 1 / u), so that each step below is one or two operations per element and the kernel's
+ * softmax applies unchanged:
+ *   1. softcap   x = cap tanh(x inv_cap)        (cap = softcap / u; the tanh is the caller's: tanh.approx in
+ *                                                the tensor-core kernels, libm or a polynomial elsewhere)
+ *                d capped / d x = 1 - th^2, th = the tanh (flash_score_cap_grad)
+ *   2. bias      x -= slope |j - i'|             (ALiBi, slope / u; i' = i + alibi_offset; no gradient)
+ *   3. attn_mask additive x += entry / u, bool x = -inf where the entry is 0; its gradient, dS of the
+ *                final score (before the softcap factor), goes to flash_score_grad_* (dbias)
+ * Step 2 is per element of j - i' = d0 + k: d0 the caller's per-thread / per-row origin, k a per-value
+ * offset (a compile-time constant in the tensor-core kernels, frag.cuh). A position bias of another form
+ * (a bucketed table of j - i') is a new case of flash_score_biased and flash_score_bias_*, its per-head
+ * constants in flash_score_at_*, with its gradient in flash_score_grad_*.
+ *
+ * The kinds a kernel may compile for (flash_score_kind): DENSE (band geometry only, no hook field read),
+ * HOOK (the hook and dropout, a runtime softcap where the kernel has no SOFTCAP kind), SOFTCAP (the hook
+ * with softcap).
+ *
+ * The float and double forms are one text: this file includes itself with FLASH_SCORE_T defined. Their
+ * types are flash_score_f / flash_score_d; C names the functions with the same suffix (flash_score_bias_f),
+ * C++ overloads them (flash_score_bias; flash_score_type<T>::type is the struct of T). In C the expressions are not contracted (no fma, which would be a libm call
+ * without FMA hardware); nvcc contracts them into the same FFMA's as an explicit fmaf.
+ */
+#ifndef FLASH_SCORE_GENERIC
+#ifndef FLASHATTN_EXT_SCORE_H
+#define FLASHATTN_EXT_SCORE_H
+
+#include "mask.h"
+
+typedef enum flash_score_kind {
+    FLASH_SCORE_DENSE = 0,
+    FLASH_SCORE_HOOK = 1,
+    FLASH_SCORE_SOFTCAP = 2,
+} flash_score_kind;
+
+/* 1 when step 1 runs. */
+FLASH_HD int flash_score_capped(const flash_params *p) { return p->softcap > 0; }
+
+/* 1 when step 2 runs (flash_score_bias_* is the identity otherwise). */
+FLASH_HD int flash_score_biased(const flash_params *p) { return p->alibi_slopes != 0; }
+
+/* 1 when flash_score_grad_* is to be called. */
+FLASH_HD int flash_score_has_grad(const flash_params *p) { return p->dbias != 0; }
+
+#define FLASH_SCORE_GENERIC
+#define FLASH_SCORE_T float
+#define FLASH_SCORE_S flash_score_f
+#define FLASH_SCORE_FABS fabsf
+#ifdef __cplusplus
+#define FLASH_SCORE_FN(name) name
+#else
+#define FLASH_SCORE_FN(name) name##_f
+#endif
+#include "score.h"
+#undef FLASH_SCORE_T
+#undef FLASH_SCORE_S
+#undef FLASH_SCORE_FN
+#undef FLASH_SCORE_FABS
+
+#define FLASH_SCORE_T double
+#define FLASH_SCORE_S flash_score_d
+#define FLASH_SCORE_FABS fabs
+#ifdef __cplusplus
+#define FLASH_SCORE_FN(name) name
+#else
+#define FLASH_SCORE_FN(name) name##_d
+#endif
+#include "score.h"
+#undef FLASH_SCORE_T
+#undef FLASH_SCORE_S
+#undef FLASH_SCORE_FN
+#undef FLASH_SCORE_FABS
+#undef FLASH_SCORE_GENERIC
+
+#ifdef __cplusplus
+template <typename T> struct flash_score_type;
+template <> struct flash_score_type<float> { typedef flash_score_f type; };
+template <> struct flash_score_type<double> { typedef flash_score_d type; };
+#endif
+
+#endif
+#else /* FLASH_SCORE_GENERIC: the type-generic part */
+
+#define T_ FLASH_SCORE_T
+
+/* The hook's constants of (batch b, query head hq) of a sequence with that flash_seq.alibi_offset, in units
+ * of 1 / to_units (see above). */
+typedef struct FLASH_SCORE_S {
+    T_ cap, inv_cap;      /* step 1 in units; 0, 0 without softcap */
+    T_ slope;             /* step 2: the ALiBi slope in units; 0 without ALiBi */
+    T_ to_units;          /* step 3: an additive attn_mask entry times this */
+    int64_t alibi_offset; /* i' = i + alibi_offset (flash_seq) */
+} FLASH_SCORE_S;
+
+/* The constants of the call alone (slope 0, alibi_offset 0): reads no device memory, so a launcher may
+ * form them on the host. flash_score_at completes them for one (b, hq) and sequence. */
+FLASH_HD FLASH_SCORE_S FLASH_SCORE_FN(flash_score_base)(const flash_params *p, T_ to_units)
+{
+    FLASH_SCORE_S sc;
+    sc.cap = sc.inv_cap = 0;
+    if (flash_score_capped(p)) {
+        sc.cap = (T_)(p->softcap * to_units);
+        sc.inv_cap = 1 / sc.cap;
+    }
+    sc.slope = 0;
+    sc.to_units = to_units;
+    sc.alibi_offset = 0;
+    return sc;
+}
+
+FLASH_HD void FLASH_SCORE_FN(flash_score_at)(FLASH_SCORE_S *sc, const flash_params *p, int64_t alibi_offset, int64_t b,
+                                             int64_t hq)
+{
+    sc->slope = (T_)flash_alibi_slope(p, b, hq) * sc->to_units;
+    sc->alibi_offset = alibi_offset;
+}
+
+FLASH_HD FLASH_SCORE_S
+    FLASH_SCORE_FN(flash_score_of)(const flash_params *p, int64_t alibi_offset, int64_t b, int64_t hq, T_ to_units)
+{
+    FLASH_SCORE_S sc = FLASH_SCORE_FN(flash_score_base)(p, to_units);
+    FLASH_SCORE_FN(flash_score_at)(&sc, p, alibi_offset, b, hq);
+    return sc;
+}
+
+/* Step 1: the argument of the tanh, and the capped score from the tanh th. */
+FLASH_HD T_ FLASH_SCORE_FN(flash_score_cap_in)(const FLASH_SCORE_S *sc, T_ x) { return x * sc->inv_cap; }
+FLASH_HD T_ FLASH_SCORE_FN(flash_score_cap_out)(const FLASH_SCORE_S *sc, T_ th) { return sc->cap * th; }
+
+/* d capped / d x of step 1 from its tanh th (mask.h flash_softcap_grad_*: 1 - (capped / cap)^2). */
+FLASH_HD T_ FLASH_SCORE_FN(flash_score_cap_grad)(T_ th) { return 1 - th * th; }
+
+/* Step 2 on x, the element's j - i' being d0 + k. */
+FLASH_HD T_ FLASH_SCORE_FN(flash_score_bias)(const FLASH_SCORE_S *sc, T_ x, int64_t d0, int k)
+{
+    return x - sc->slope * FLASH_SCORE_FABS((T_)d0 + (T_)k);
+}
+
+/* Step 3 on x: the additive entry, and the bool entry (0: the key is masked). */
+FLASH_HD T_ FLASH_SCORE_FN(flash_score_mask_add)(const FLASH_SCORE_S *sc, T_ x, T_ entry)
+{
+    return x + entry * sc->to_units;
+}
+FLASH_HD T_ FLASH_SCORE_FN(flash_score_mask_bool)(T_ x, unsigned entry) { return entry ? x : (T_)-INFINITY; }
+
+/* Steps 2 and 3 of element (i, j) of (b, hq) on a capped x, for the per-element kernels: the attn_mask
+ * entry is read when read_mask (a tile the block flags call partial), through mask_s in the type E of the
+ * additive mask (the lse type: T_ here). */
+FLASH_HD T_ FLASH_SCORE_FN(flash_score_element)(const flash_params *p, const FLASH_SCORE_S *sc, T_ x,
+                                                int read_mask, int64_t b, int64_t hq, int64_t i, int64_t j)
+{
+    if (flash_score_biased(p))
+        x = FLASH_SCORE_FN(flash_score_bias)(sc, x, j - i - sc->alibi_offset, 0);
+    if (read_mask) {
+        const int64_t off = flash_mask_offset(p, b, hq, i, j);
+        if (p->mask_kind == FLASH_MASK_ADD)
+            x = FLASH_SCORE_FN(flash_score_mask_add)(sc, x, ((const T_ *)p->mask)[off]);
+        else
+            x = FLASH_SCORE_FN(flash_score_mask_bool)(x, ((const uint8_t *)p->mask)[off]);
+    }
+    return x;
+}
+
+/* The gradient sink: ds = dS of element (i, j) of (b, hq) (the gradient of the final score, before the
+ * softcap factor), into dbias (b, h, sq, sk) of the lse type (dense batches only). */
+FLASH_HD void FLASH_SCORE_FN(flash_score_grad)(const flash_params *p, int64_t b, int64_t hq, int64_t i, int64_t j, T_ ds)
+{
+    ((T_ *)p->dbias)[((b * p->h + hq) * p->sq + i) * p->sk + j] = ds;
+}
+
+#undef T_
+
+#endif /* FLASH_SCORE_GENERIC */
