@@ -217,3 +217,16 @@ def test_varlen_double_backward_raises():
     out = flashattn_ext.flash_attn_varlen_func(q, q, q, cu, cu, 4, 4, rel_bias=table)
     with pytest.raises(NotImplementedError, match="double backward"):
         torch.autograd.grad(out.sum(), q, create_graph=True)
+
+
+def test_torch_compile_fullgraph():
+    """One graph (fullgraph) for a call with rel_bias, forward and backward equal to eager."""
+    g = torch.Generator().manual_seed(21)
+    q = torch.randn(1, 16, 2, 8, generator=g, requires_grad=True)
+    table = torch.randn(2, 8, generator=g, requires_grad=True)
+    fn = lambda q, t: flashattn_ext.flash_attn_func(q, q, q, rel_bias=t, rel_bias_max_distance=10)  # noqa: E731
+    out = torch.compile(fn, fullgraph=True)(q, table)
+    (gq, gt) = torch.autograd.grad(out.sum(), (q, table))
+    want = fn(q, table)
+    (wq, wt) = torch.autograd.grad(want.sum(), (q, table))
+    assert torch.equal(out, want) and torch.equal(gq, wq) and torch.equal(gt, wt)
