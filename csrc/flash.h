@@ -167,6 +167,17 @@ typedef struct flash_params {
      * FLASH_DQ_SEM_ROWS)) int32 workspace, zeroed by the preprocess, through which the main kernel's CTAs
      * add their dQ partials of one query tile into dq_accum in a fixed order; NULL: the dQ kernel. */
     int32_t *dq_semaphore;
+
+    /* T5's relative position bias (score.h step 2, in ALiBi's place; the C CPU path only, the CUDA binding
+     * refuses it): s += rel_bias[hq, rel_buckets[clamp(j - i', -rel_range, rel_range) + rel_range]], i' =
+     * i + (sk_s - sq_s) as ALiBi's. Kept last: the fields above keep their offsets in the CUDA kernels. */
+    const void *rel_bias;         /* (h, rel_nb) contiguous, lse type, or NULL */
+    const int32_t *rel_buckets;   /* (2 rel_range + 1,) the bucket of each relative position */
+    int64_t rel_range, rel_nb;
+    void *rel_bias_grad;          /* backward: (b, h, cdiv(sk, rel_grad_tile), rel_nb) contiguous, lse type,
+                                   * zero-filled, or NULL: per key tile of rel_grad_tile keys, the sum of dS
+                                   * (before the softcap factor) over the visible elements of each bucket */
+    int64_t rel_grad_tile;        /* keys per partial of rel_bias_grad: the backward's key tile */
 } flash_params;
 
 #ifdef __cplusplus

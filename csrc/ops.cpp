@@ -281,6 +281,28 @@ void check_variants(const Variants &var, const at::Tensor &q, int64_t b, int64_t
         TORCH_CHECK(per_head || per_batch, "flashattn_ext: alibi_slopes must have shape (nheads,) = (", num(h),
                     ",) or (batch, nheads) = ", shape({b, h}), ", got ", shape(a.sizes()));
     }
+    TORCH_CHECK(var.rel_bias.has_value() == var.rel_buckets.has_value(),
+                "flashattn_ext: rel_bias and rel_buckets go together");
+    if (var.rel_bias) {
+        const at::Tensor &t = *var.rel_bias, &bk = *var.rel_buckets;
+        TORCH_CHECK(!var.alibi_slopes, "flashattn_ext: rel_bias and alibi_slopes are both position biases; pass one");
+        TORCH_CHECK(t.scalar_type() == lse_dtype(q.scalar_type()), "flashattn_ext: rel_bias must have dtype ",
+                    lse_dtype(q.scalar_type()), " for ", q.scalar_type(), " inputs, got ", t.scalar_type());
+        TORCH_CHECK(t.device() == q.device() && bk.device() == q.device(),
+                    "flashattn_ext: rel_bias and rel_buckets must be on the device of q (", q.device().str(), "), got ",
+                    t.device().str(), " and ", bk.device().str());
+        TORCH_CHECK(t.dim() == 2 && t.size(0) == h && t.size(1) >= 1,
+                    "flashattn_ext: rel_bias must have shape (nheads, num_buckets) = (", num(h), ", n >= 1), got ",
+                    shape(t.sizes()));
+        TORCH_CHECK(bk.scalar_type() == at::kInt && bk.dim() == 1 && bk.size(0) % 2 == 1,
+                    "flashattn_ext: rel_buckets must be int32 of odd length (2 R + 1,), got ", bk.scalar_type(), " ",
+                    shape(bk.sizes()));
+        if (!bk.is_cuda() && !bk.is_meta() && bk.numel() > 0) {
+            const auto [lo, hi] = at::aminmax(bk);
+            TORCH_CHECK(lo.item<int32_t>() >= 0 && hi.item<int32_t>() < t.size(1),
+                        "flashattn_ext: rel_buckets must hold buckets in [0, num_buckets = ", num(t.size(1)), ")");
+        }
+    }
     if (var.sink) {
         const at::Tensor &t = *var.sink;
         TORCH_CHECK(t.scalar_type() == lse_dtype(q.scalar_type()), "flashattn_ext: sink must have dtype ",
@@ -318,6 +340,14 @@ Variants variants_of(bool causal, bool bottom_right, int64_t window_left, int64_
     var.attn_mask = attn_mask;
     var.dropout_p = dropout_p;
     var.deterministic = deterministic;
+    return var;
+}
+
+Variants with_rel_bias(Variants var, const c10::optional<at::Tensor> &rel_bias,
+                       const c10::optional<at::Tensor> &rel_buckets)
+{
+    var.rel_bias = rel_bias;
+    var.rel_buckets = rel_buckets;
     return var;
 }
 
@@ -491,8 +521,16 @@ flash_params make_params(const at::Tensor &q, const at::Tensor &k, const at::Ten
     }
     if (var.sink)
         p.sink = var.sink->data_ptr();
+    if (var.rel_bias) {
+        keep->rel_bias = var.rel_bias->contiguous();
+        keep->rel_buckets = var.rel_buckets->contiguous();
+        p.rel_bias = keep->rel_bias.data_ptr();
+        p.rel_buckets = keep->rel_buckets.data_ptr<int32_t>();
+        p.rel_range = keep->rel_buckets.size(0) / 2;
+        p.rel_nb = keep->rel_bias.size(1);
+    }
     set_dropout_params(&p, var.dropout_p, rng_state);
-    p.has_hook = (p.softcap > 0.0 || p.alibi_slopes || p.mask || p.dropout_threshold) ? 1 : 0;
+    p.has_hook = (p.softcap > 0.0 || p.alibi_slopes || p.rel_bias || p.mask || p.dropout_threshold) ? 1 : 0;
     p.deterministic = var.deterministic ? 1 : 0;
     p.dtype = to_flash_dtype(q.scalar_type());
     return p;
@@ -815,23 +853,49 @@ at::Tensor draw_rng_state_cpu(double dropout_p)
     return rng_state_from(at::check_generator<at::CPUGeneratorImpl>(gen)->random64(), 0);
 }
 
+// The T5 table's gradient of a CPU backward (bwd's drel_bias): partial sums per (batch, head, key tile of
+// the dK/dV pass; flash.h rel_bias_grad) that result() adds up to (nheads, num_buckets); empty when not asked.
+struct RelBiasGrad {
+    bool on;
+    at::Tensor part;
+    RelBiasGrad(const at::Tensor &q, int64_t batch, int64_t seqlen_k, const c10::optional<at::Tensor> &rel_bias,
+                bool rel_bias_grad)
+        : on(rel_bias_grad),
+          part(at::zeros({on ? batch : 0, q.size(-2), (seqlen_k + FLASH_CPU_TILE_K - 1) / FLASH_CPU_TILE_K,
+                          rel_bias ? rel_bias->size(1) : 0},
+                         q.options().dtype(lse_dtype(q.scalar_type()))))
+    {
+    }
+    void set(flash_params *p) const
+    {
+        if (!on)
+            return;
+        p->rel_bias_grad = part.data_ptr();
+        p->rel_grad_tile = FLASH_CPU_TILE_K;
+    }
+    at::Tensor result() const { return on ? part.sum({0, 2}) : part.new_empty({0}); }
+};
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cpu(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                                                        double softmax_scale, bool causal, bool bottom_right,
                                                        int64_t window_left, int64_t window_right, double softcap,
                                                        const c10::optional<at::Tensor> &alibi_slopes,
                                                        const c10::optional<at::Tensor> &sink,
                                                        const c10::optional<at::Tensor> &attn_mask, double dropout_p,
-                                                       bool deterministic)
+                                                       bool deterministic,
+                                                       const c10::optional<at::Tensor> &rel_bias,
+                                                       const c10::optional<at::Tensor> &rel_buckets)
 {
     check_qkv(q, k, v);
     check_cpu_dtype(q);
-    const Variants var = variants_of(causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
-                                     attn_mask, dropout_p, deterministic);
+    const Variants var = with_rel_bias(variants_of(causal, bottom_right, window_left, window_right, softcap,
+                                                   alibi_slopes, sink, attn_mask, dropout_p, deterministic),
+                                       rel_bias, rel_buckets);
     check_variants(var, q, k);
     if (is_half(q)) {
         auto [out, lse, rng_state] = fwd_cpu(f32(q), f32(k), f32(v), softmax_scale, causal, bottom_right, window_left,
                                              window_right, softcap, alibi_slopes, sink, mask_f32(attn_mask), dropout_p,
-                                             deterministic);
+                                             deterministic, rel_bias, rel_buckets);
         return {out.to(q.scalar_type()), lse, rng_state};
     }
     at::Tensor rng_state = draw_rng_state_cpu(dropout_p);
@@ -847,23 +911,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cpu(const at::Tensor &q, cons
     return {out, lse, rng_state};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
     const at::Tensor &dout_in, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
     const at::Tensor &lse_in, const at::Tensor &rng_state, double softmax_scale, bool causal, bool bottom_right,
     int64_t window_left, int64_t window_right, double softcap, const c10::optional<at::Tensor> &alibi_slopes,
     const c10::optional<at::Tensor> &sink, const c10::optional<at::Tensor> &attn_mask, double dropout_p,
-    bool deterministic, bool mask_grad)
+    bool deterministic, bool mask_grad,
+    const c10::optional<at::Tensor> &rel_bias, const c10::optional<at::Tensor> &rel_buckets, bool rel_bias_grad)
 {
     check_qkv(q, k, v);
     check_cpu_dtype(q);
     check_bwd_inputs(dout_in, q, v, out, lse_in);
     check_rank_and_last_stride(out, "out");
     check_rng_state(rng_state);
-    const Variants var = variants_of(causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
-                                     attn_mask, dropout_p, deterministic);
+    const Variants var = with_rel_bias(variants_of(causal, bottom_right, window_left, window_right, softcap,
+                                                   alibi_slopes, sink, attn_mask, dropout_p, deterministic),
+                                       rel_bias, rel_buckets);
     check_variants(var, q, k);
     TORCH_CHECK(!mask_grad || (attn_mask && attn_mask->scalar_type() != at::kBool),
                 "flashattn_ext: mask_grad needs a floating attn_mask");
+    TORCH_CHECK(!rel_bias_grad || rel_bias, "flashattn_ext: rel_bias_grad needs a rel_bias");
     if (is_half(q)) {
         const at::Tensor q32 = f32(q), k32 = f32(k), v32 = f32(v);
         const c10::optional<at::Tensor> mask32 = mask_f32(attn_mask);
@@ -871,21 +938,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
         if (!no_work(q) && k.size(1) > 0) {  // out in fp32 again: see out_f32_note
             at::Tensor lse = at::empty(lse_in.sizes(), lse_in.options());
             VariantTensors keep;
-            const flash_params p = make_params(q32, k32, v32, out32, lse, softmax_scale,
-                                               variants_of(causal, bottom_right, window_left, window_right, softcap,
-                                                           alibi_slopes, sink, mask32, dropout_p, deterministic),
-                                               rng_state, &keep);
+            Variants var32 = var;
+            var32.attn_mask = mask32;
+            const flash_params p = make_params(q32, k32, v32, out32, lse, softmax_scale, var32, rng_state, &keep);
             check_cpu_status(flash_fwd_cpu(&p), "forward");
         }
-        auto [dq, dk, dv, dmask] = bwd_cpu(f32(dout_in), q32, k32, v32, out32, lse_in, rng_state, softmax_scale, causal,
-                                           bottom_right, window_left, window_right, softcap, alibi_slopes, sink, mask32,
-                                           dropout_p, deterministic, mask_grad);
-        return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dmask};
+        auto [dq, dk, dv, dmask, drel] = bwd_cpu(f32(dout_in), q32, k32, v32, out32, lse_in, rng_state, softmax_scale,
+                                                 causal, bottom_right, window_left, window_right, softcap, alibi_slopes,
+                                                 sink, mask32, dropout_p, deterministic, mask_grad, rel_bias,
+                                                 rel_buckets, rel_bias_grad);
+        return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dmask, drel};
     }
     at::Tensor dmask = make_dmask(q, k, mask_grad);
+    RelBiasGrad rel(q, q.size(0), k.size(1), rel_bias, rel_bias_grad);
     if (no_work(q) || k.size(1) == 0)
         return {at::zeros(q.sizes(), q.options()), at::zeros(k.sizes(), k.options()), at::zeros(v.sizes(), v.options()),
-                dmask};
+                dmask, rel.result()};
     at::Tensor dq = at::empty(q.sizes(), q.options());
     at::Tensor dk = at::empty(k.sizes(), k.options());
     at::Tensor dv = at::empty(v.sizes(), v.options());
@@ -897,8 +965,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
     set_bwd_params(&p, dout, dq, dk, dv, delta);
     if (mask_grad)
         p.dbias = dmask.data_ptr();
+    rel.set(&p);
     check_cpu_status(flash_bwd_cpu(&p), "backward");
-    return {dq, dk, dv, dmask};
+    return {dq, dk, dv, dmask, rel.result()};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cpu(
@@ -906,19 +975,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cpu(
     const at::Tensor &cu_seqlens_k, const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
     const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink, double dropout_p,
-    bool deterministic, const c10::optional<at::Tensor> &block_table)
+    bool deterministic, const c10::optional<at::Tensor> &block_table,
+    const c10::optional<at::Tensor> &rel_bias, const c10::optional<at::Tensor> &rel_buckets)
 {
     const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table);
     check_varlen_qkv(q, k, v, vl);
     check_cpu_dtype(q);
-    const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
-                                     c10::nullopt, dropout_p, deterministic);
+    const Variants var = with_rel_bias(variants_of(causal, true, window_left, window_right, softcap, alibi_slopes,
+                                                   sink, c10::nullopt, dropout_p, deterministic),
+                                       rel_bias, rel_buckets);
     check_variants(var, q, vl.batch(), max_seqlen_q, q.size(1), max_seqlen_k);
     if (is_half(q)) {
         auto [out, lse, rng_state] = varlen_fwd_cpu(f32(q), f32(k), f32(v), cu_seqlens_q, cu_seqlens_k, seqused_k,
                                                     max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
                                                     window_right, softcap, alibi_slopes, sink, dropout_p,
-                                                    deterministic, block_table);
+                                                    deterministic, block_table, rel_bias, rel_buckets);
         return {out.to(q.scalar_type()), lse, rng_state};
     }
     at::Tensor rng_state = draw_rng_state_cpu(dropout_p);
@@ -931,22 +1002,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cpu(
     return {out, lse, rng_state};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     const at::Tensor &dout_in, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
     const at::Tensor &lse_in, const at::Tensor &rng_state, const at::Tensor &cu_seqlens_q,
     const at::Tensor &cu_seqlens_k, const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
     const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink, double dropout_p,
-    bool deterministic)
+    bool deterministic,
+    const c10::optional<at::Tensor> &rel_bias, const c10::optional<at::Tensor> &rel_buckets, bool rel_bias_grad)
 {
     const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
     check_varlen_qkv(q, k, v, vl);
     check_cpu_dtype(q);
     check_varlen_bwd_inputs(dout_in, q, v, out, lse_in);
     check_rng_state(rng_state);
-    const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
-                                     c10::nullopt, dropout_p, deterministic);
+    const Variants var = with_rel_bias(variants_of(causal, true, window_left, window_right, softcap, alibi_slopes,
+                                                   sink, c10::nullopt, dropout_p, deterministic),
+                                       rel_bias, rel_buckets);
     check_variants(var, q, vl.batch(), max_seqlen_q, q.size(1), max_seqlen_k);
+    TORCH_CHECK(!rel_bias_grad || rel_bias, "flashattn_ext: rel_bias_grad needs a rel_bias");
     if (is_half(q)) {
         const at::Tensor q32 = f32(q), k32 = f32(k), v32 = f32(v);
         auto [out32, lse] = varlen_fwd_outputs(q32, v32);
@@ -956,25 +1030,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
                                                       &keep);
             check_cpu_status(flash_fwd_cpu(&p), "forward");
         }
-        auto [dq, dk, dv] = varlen_bwd_cpu(f32(dout_in), q32, k32, v32, out32, lse_in, rng_state, cu_seqlens_q,
-                                           cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                                           window_left, window_right, softcap, alibi_slopes, sink, dropout_p,
-                                           deterministic);
-        return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type())};
+        auto [dq, dk, dv, drel] = varlen_bwd_cpu(f32(dout_in), q32, k32, v32, out32, lse_in, rng_state, cu_seqlens_q,
+                                                 cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                                 causal, window_left, window_right, softcap, alibi_slopes, sink,
+                                                 dropout_p, deterministic, rel_bias, rel_buckets, rel_bias_grad);
+        return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), drel};
     }
     at::Tensor dq = at::zeros(q.sizes(), q.options());
     at::Tensor dk = at::zeros(k.sizes(), k.options());
     at::Tensor dv = at::zeros(v.sizes(), v.options());
+    RelBiasGrad rel(q, vl.batch(), max_seqlen_k, rel_bias, rel_bias_grad);
     if (varlen_bwd_no_work(q, k, vl))
-        return {dq, dk, dv};
+        return {dq, dk, dv, rel.result()};
     const at::Tensor dout = dout_in.stride(2) == 1 ? dout_in : dout_in.contiguous();
     const at::Tensor lse = lse_in.contiguous();
     at::Tensor delta = at::empty(lse.sizes(), lse.options());
     VariantTensors keep;
     flash_params p = make_varlen_params(q, k, v, out, lse, vl, softmax_scale, var, rng_state, &keep);
     set_varlen_bwd_params(&p, dout, dq, dk, dv, delta);
+    rel.set(&p);
     check_cpu_status(flash_bwd_cpu(&p), "backward");
-    return {dq, dk, dv};
+    return {dq, dk, dv, rel.result()};
 }
 
 std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cpu(
@@ -1032,22 +1108,26 @@ TORCH_LIBRARY(flashattn_ext, m)
 {
     m.def("fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool bottom_right, "
           "int window_left, int window_right, float softcap, Tensor? alibi_slopes, Tensor? sink, "
-          "Tensor? attn_mask, float dropout_p, bool deterministic) -> (Tensor out, Tensor lse, Tensor rng_state)");
+          "Tensor? attn_mask, float dropout_p, bool deterministic, Tensor? rel_bias=None, Tensor? rel_buckets=None) -> "
+          "(Tensor out, Tensor lse, Tensor rng_state)");
     m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor rng_state, "
           "float softmax_scale, bool causal, bool bottom_right, int window_left, int window_right, float softcap, "
           "Tensor? alibi_slopes, Tensor? sink, Tensor? attn_mask, float dropout_p, bool deterministic, "
-          "bool mask_grad) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dmask)");
+          "bool mask_grad, Tensor? rel_bias=None, Tensor? rel_buckets=None, bool rel_bias_grad=False) -> "
+          "(Tensor dq, Tensor dk, Tensor dv, Tensor dmask, Tensor drel_bias)");
     m.def("dropout_mask(Tensor q, Tensor rng_state, int seqlen_k, float dropout_p) -> Tensor");
     // max_seqlen_* are SymInts: under torch.compile they stay symbolic (one graph for all values; the kernels
     // take them as int64_t, the fake kernels never read them).
     m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, "
           "SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, bool causal, int window_left, "
           "int window_right, float softcap, Tensor? alibi_slopes, Tensor? sink, float dropout_p, bool deterministic, "
-          "Tensor? block_table=None) -> (Tensor out, Tensor lse, Tensor rng_state)");
+          "Tensor? block_table=None, Tensor? rel_bias=None, Tensor? rel_buckets=None) -> "
+          "(Tensor out, Tensor lse, Tensor rng_state)");
     m.def("varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor rng_state, "
           "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, SymInt max_seqlen_q, SymInt max_seqlen_k, "
           "float softmax_scale, bool causal, int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
-          "Tensor? sink, float dropout_p, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)");
+          "Tensor? sink, float dropout_p, bool deterministic, Tensor? rel_bias=None, Tensor? rel_buckets=None, "
+          "bool rel_bias_grad=False) -> (Tensor dq, Tensor dk, Tensor dv, Tensor drel_bias)");
     m.def("kvcache_fwd(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, Tensor? cache_batch_idx, "
           "Tensor? cache_leftpad, Tensor? block_table, float softmax_scale, bool causal, int window_left, "
           "int window_right, float softcap, Tensor? alibi_slopes, Tensor? sink, int num_splits=0) -> (Tensor out, Tensor lse)");

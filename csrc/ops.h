@@ -56,11 +56,17 @@ struct Variants {
     c10::optional<at::Tensor> attn_mask;     // (b, h, sq, sk), bool or the dtype of q, any strides
     double dropout_p = 0.0;
     bool deterministic = false;
+    c10::optional<at::Tensor> rel_bias;     // (h, num_buckets) in the lse dtype: T5's table (CPU only)
+    c10::optional<at::Tensor> rel_buckets;  // int32 (2 R + 1,): the bucket of relative position -R .. R
 };
 
 Variants variants_of(bool causal, bool bottom_right, int64_t window_left, int64_t window_right, double softcap,
                      const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink,
                      const c10::optional<at::Tensor> &attn_mask, double dropout_p, bool deterministic);
+
+// var with T5's relative position bias (both or neither given; checked by check_variants).
+Variants with_rel_bias(Variants var, const c10::optional<at::Tensor> &rel_bias,
+                       const c10::optional<at::Tensor> &rel_buckets);
 
 // Dropout fields of p from dropout_p and rng_state (mask.h): p rounded to a multiple of 2^-16.
 void set_dropout_params(flash_params *p, double dropout_p, const at::Tensor &rng_state);
@@ -80,7 +86,7 @@ void check_variants(const Variants &var, const at::Tensor &q, int64_t batch, int
 // caller until the kernels are done): contiguous alibi slopes, the mask's block flags and (KV cache, paged
 // varlen) a contiguous block_table.
 struct VariantTensors {
-    at::Tensor alibi_slopes, mask_blocks, block_table;
+    at::Tensor alibi_slopes, mask_blocks, block_table, rel_bias, rel_buckets;
 };
 
 // Points p's mask_blocks at flags, the attn_mask's block flags (mask.h flash_mask_flag_dims, contiguous),

@@ -188,16 +188,31 @@ at::Tensor draw_rng_state_cuda(const at::Tensor &q, double dropout_p)
     return rng_state_from(inputs.first, inputs.second);
 }
 
+// T5's relative position bias (rel_bias) runs on the CPU only until its kernels are validated on a GPU.
+void check_no_rel_bias(const c10::optional<at::Tensor> &rel_bias, const c10::optional<at::Tensor> &rel_buckets)
+{
+    TORCH_CHECK(!rel_bias && !rel_buckets, "flashattn_ext: rel_bias is not supported on CUDA yet (the CPU takes it)");
+}
+
+// bwd's drel_bias output without a rel_bias: empty, in the lse dtype.
+at::Tensor no_rel_bias_grad(const at::Tensor &q)
+{
+    return at::empty({0}, q.options().dtype(lse_dtype(q.scalar_type())));
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(const at::Tensor &q_in, const at::Tensor &k_in,
                                                         const at::Tensor &v_in, double softmax_scale, bool causal,
                                                         bool bottom_right, int64_t window_left, int64_t window_right,
                                                         double softcap, const c10::optional<at::Tensor> &alibi_slopes,
                                                         const c10::optional<at::Tensor> &sink,
                                                         const c10::optional<at::Tensor> &attn_mask, double dropout_p,
-                                                        bool deterministic)
+                                                        bool deterministic,
+                                                        const c10::optional<at::Tensor> &rel_bias,
+                                                        const c10::optional<at::Tensor> &rel_buckets)
 {
     check_qkv(q_in, k_in, v_in);
     check_cuda_inputs(q_in, k_in, v_in);
+    check_no_rel_bias(rel_bias, rel_buckets);
     const Variants var = variants_of(causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
                                      attn_mask, dropout_p, deterministic);
     check_variants(var, q_in, k_in);
@@ -237,15 +252,19 @@ at::Tensor set_dq_semaphore(flash_params *p, const at::Tensor &q)
     return sem;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
     const at::Tensor &dout_in, const at::Tensor &q_in, const at::Tensor &k_in, const at::Tensor &v_in,
     const at::Tensor &out_in, const at::Tensor &lse_in, const at::Tensor &rng_state, double softmax_scale, bool causal,
     bool bottom_right, int64_t window_left, int64_t window_right, double softcap,
     const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink,
-    const c10::optional<at::Tensor> &attn_mask, double dropout_p, bool deterministic, bool mask_grad)
+    const c10::optional<at::Tensor> &attn_mask, double dropout_p, bool deterministic, bool mask_grad,
+    const c10::optional<at::Tensor> &rel_bias, const c10::optional<at::Tensor> &rel_buckets,
+    bool rel_bias_grad)
 {
     check_qkv(q_in, k_in, v_in);
     check_cuda_inputs(q_in, k_in, v_in);
+    check_no_rel_bias(rel_bias, rel_buckets);
+    TORCH_CHECK(!rel_bias_grad, "flashattn_ext: rel_bias_grad needs a rel_bias");
     check_bwd_inputs(dout_in, q_in, v_in, out_in, lse_in);
     check_rng_state(rng_state);
     const Variants var = variants_of(causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
@@ -257,7 +276,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
     at::Tensor dmask = make_dmask(q_in, k_in, mask_grad);
     if (no_work(q_in) || k_in.size(1) == 0)
         return {at::zeros(q_in.sizes(), q_in.options()), at::zeros(k_in.sizes(), k_in.options()),
-                at::zeros(v_in.sizes(), v_in.options()), dmask};
+                at::zeros(v_in.sizes(), v_in.options()), dmask, no_rel_bias_grad(q_in)};
     const int64_t d = q_in.size(3), d_v = v_in.size(3);
     const KernelHeadDims kd = kernel_head_dims(q_in, v_in);
     const at::Tensor q = kernel_ready(q_in, kd.qk);
@@ -296,7 +315,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
         }
     }
     check_launch(flash_bwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "backward");
-    return {unpad(dq, d), unpad(dk, d), unpad(dv, d_v), dmask};
+    return {unpad(dq, d), unpad(dk, d), unpad(dv, d_v), dmask, no_rel_bias_grad(q_in)};
 }
 
 // A paged k / v (block_table) is padded or copied by kernel_ready like any k / v, as kvcache_fwd_cuda's cache.
@@ -305,8 +324,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cuda(
     const at::Tensor &cu_seqlens_k, const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
     const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink, double dropout_p,
-    bool deterministic, const c10::optional<at::Tensor> &block_table)
+    bool deterministic, const c10::optional<at::Tensor> &block_table,
+    const c10::optional<at::Tensor> &rel_bias, const c10::optional<at::Tensor> &rel_buckets)
 {
+    check_no_rel_bias(rel_bias, rel_buckets);
     const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table);
     check_varlen_qkv(q_in, k_in, v_in, vl);
     check_cuda_sizes(q_in, v_in, vl.batch(), q_in.size(1), max_seqlen_q, max_seqlen_k);
@@ -336,14 +357,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cuda(
     return {unpad(out, d_v), lse, rng_state};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
     const at::Tensor &dout_in, const at::Tensor &q_in, const at::Tensor &k_in, const at::Tensor &v_in,
     const at::Tensor &out_in, const at::Tensor &lse_in, const at::Tensor &rng_state, const at::Tensor &cu_seqlens_q,
     const at::Tensor &cu_seqlens_k, const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
     const c10::optional<at::Tensor> &alibi_slopes, const c10::optional<at::Tensor> &sink, double dropout_p,
-    bool deterministic)
+    bool deterministic, const c10::optional<at::Tensor> &rel_bias, const c10::optional<at::Tensor> &rel_buckets,
+    bool rel_bias_grad)
 {
+    check_no_rel_bias(rel_bias, rel_buckets);
+    TORCH_CHECK(!rel_bias_grad, "flashattn_ext: rel_bias_grad needs a rel_bias");
     const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
     check_varlen_qkv(q_in, k_in, v_in, vl);
     check_cuda_sizes(q_in, v_in, vl.batch(), q_in.size(1), max_seqlen_q, max_seqlen_k);
@@ -355,7 +379,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
     const c10::cuda::CUDAGuard guard(q_in.device());
     if (varlen_bwd_no_work(q_in, k_in, vl))
         return {at::zeros(q_in.sizes(), q_in.options()), at::zeros(k_in.sizes(), k_in.options()),
-                at::zeros(v_in.sizes(), v_in.options())};
+                at::zeros(v_in.sizes(), v_in.options()), no_rel_bias_grad(q_in)};
     const int64_t d = q_in.size(2), d_v = v_in.size(2);
     const KernelHeadDims kd = kernel_head_dims(q_in, v_in);
     const at::Tensor q = kernel_ready(q_in, kd.qk);
@@ -391,7 +415,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
         }
     }
     check_launch(flash_bwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "varlen backward");
-    return {unpad(dq, d), unpad(dk, d), unpad(dv, d_v)};
+    return {unpad(dq, d), unpad(dk, d), unpad(dv, d_v), no_rel_bias_grad(q_in)};
 }
 
 // The cache is padded or copied by kernel_ready like any k / v (fp16/bf16 with a head dim that is not a

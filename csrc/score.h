@@ -9,12 +9,17 @@
  *                                                the tensor-core kernels, libm or a polynomial elsewhere)
  *                d capped / d x = 1 - th^2, th = the tanh (flash_score_cap_grad)
  *   2. bias      x -= slope |j - i'|             (ALiBi, slope / u; i' = i + alibi_offset; no gradient)
+ *                or x += table[bucket(j - i')] / u (T5's relative position bias, FLASH_SCORE_TABLE below: the
+ *                bucket of each relative position from the caller's lookup table, clamped at +-rel_range);
+ *                its gradient, the sum of dS per bucket, goes to flash_score_grad_table
  *   3. attn_mask additive x += entry / u, bool x = -inf where the entry is 0; its gradient, dS of the
  *                final score (before the softcap factor), goes to flash_score_grad_* (dbias)
  * Step 2 is per element of j - i' = d0 + k: d0 the caller's per-thread / per-row origin, k a per-value
- * offset (a compile-time constant in the tensor-core kernels, frag.cuh). A position bias of another form
- * (a bucketed table of j - i') is a new case of flash_score_biased and flash_score_bias_*, its per-head
- * constants in flash_score_at_*, with its gradient in flash_score_grad_*.
+ * offset (a compile-time constant in the tensor-core kernels, frag.cuh).
+ *
+ * FLASH_SCORE_TABLE (defined for the C CPU build, not under nvcc): the T5 table of step 2. The CUDA binding
+ * refuses rel_bias until the kernels are validated with it on a GPU; until then nvcc compiles none of it,
+ * so the kernels' machine code is that of the ALiBi-only form.
  *
  * The kinds a kernel may compile for (flash_score_kind): DENSE (band geometry only, no hook field read),
  * HOOK (the hook and dropout, a runtime softcap where the kernel has no SOFTCAP kind), SOFTCAP (the hook
@@ -31,6 +36,10 @@
 
 #include "mask.h"
 
+#ifndef __CUDACC__
+#define FLASH_SCORE_TABLE 1
+#endif
+
 typedef enum flash_score_kind {
     FLASH_SCORE_DENSE = 0,
     FLASH_SCORE_HOOK = 1,
@@ -41,10 +50,17 @@ typedef enum flash_score_kind {
 FLASH_HD int flash_score_capped(const flash_params *p) { return p->softcap > 0; }
 
 /* 1 when step 2 runs (flash_score_bias_* is the identity otherwise). */
+#ifdef FLASH_SCORE_TABLE
+FLASH_HD int flash_score_biased(const flash_params *p) { return p->alibi_slopes != 0 || p->rel_bias != 0; }
+
+/* 1 when flash_score_grad_* (dbias) or flash_score_grad_table_* (the T5 table) is to be called. */
+FLASH_HD int flash_score_has_grad(const flash_params *p) { return p->dbias != 0 || p->rel_bias_grad != 0; }
+#else
 FLASH_HD int flash_score_biased(const flash_params *p) { return p->alibi_slopes != 0; }
 
 /* 1 when flash_score_grad_* is to be called. */
 FLASH_HD int flash_score_has_grad(const flash_params *p) { return p->dbias != 0; }
+#endif
 
 #define FLASH_SCORE_GENERIC
 #define FLASH_SCORE_T float
@@ -94,6 +110,11 @@ typedef struct FLASH_SCORE_S {
     T_ slope;             /* step 2: the ALiBi slope in units; 0 without ALiBi */
     T_ to_units;          /* step 3: an additive attn_mask entry times this */
     int64_t alibi_offset; /* i' = i + alibi_offset (flash_seq) */
+#ifdef FLASH_SCORE_TABLE
+    const T_ *table;      /* step 2, T5: the row of (b, hq) in rel_bias (natural units), or 0 */
+    const int32_t *bucket; /* rel_buckets at relative position 0 (index -rel_range .. rel_range) */
+    int64_t range;        /* rel_range */
+#endif
 } FLASH_SCORE_S;
 
 /* The constants of the call alone (slope 0, alibi_offset 0): reads no device memory, so a launcher may
@@ -109,6 +130,11 @@ FLASH_HD FLASH_SCORE_S FLASH_SCORE_FN(flash_score_base)(const flash_params *p, T
     sc.slope = 0;
     sc.to_units = to_units;
     sc.alibi_offset = 0;
+#ifdef FLASH_SCORE_TABLE
+    sc.table = 0;
+    sc.bucket = p->rel_buckets + p->rel_range;
+    sc.range = p->rel_range;
+#endif
     return sc;
 }
 
@@ -117,6 +143,9 @@ FLASH_HD void FLASH_SCORE_FN(flash_score_at)(FLASH_SCORE_S *sc, const flash_para
 {
     sc->slope = (T_)flash_alibi_slope(p, b, hq) * sc->to_units;
     sc->alibi_offset = alibi_offset;
+#ifdef FLASH_SCORE_TABLE
+    sc->table = p->rel_bias ? (const T_ *)p->rel_bias + hq * p->rel_nb : 0;
+#endif
 }
 
 FLASH_HD FLASH_SCORE_S
@@ -135,8 +164,20 @@ FLASH_HD T_ FLASH_SCORE_FN(flash_score_cap_out)(const FLASH_SCORE_S *sc, T_ th) 
 FLASH_HD T_ FLASH_SCORE_FN(flash_score_cap_grad)(T_ th) { return 1 - th * th; }
 
 /* Step 2 on x, the element's j - i' being d0 + k. */
+#ifdef FLASH_SCORE_TABLE
+/* The T5 bucket of relative position d = j - i'. */
+FLASH_HD int64_t FLASH_SCORE_FN(flash_score_bucket)(const FLASH_SCORE_S *sc, int64_t d)
+{
+    return sc->bucket[d < -sc->range ? -sc->range : d > sc->range ? sc->range : d];
+}
+#endif
+
 FLASH_HD T_ FLASH_SCORE_FN(flash_score_bias)(const FLASH_SCORE_S *sc, T_ x, int64_t d0, int k)
 {
+#ifdef FLASH_SCORE_TABLE
+    if (sc->table)
+        return x + sc->table[FLASH_SCORE_FN(flash_score_bucket)(sc, d0 + k)] * sc->to_units;
+#endif
     return x - sc->slope * FLASH_SCORE_FABS((T_)d0 + (T_)k);
 }
 
@@ -171,6 +212,18 @@ FLASH_HD void FLASH_SCORE_FN(flash_score_grad)(const flash_params *p, int64_t b,
 {
     ((T_ *)p->dbias)[((b * p->h + hq) * p->sq + i) * p->sk + j] = ds;
 }
+
+#ifdef FLASH_SCORE_TABLE
+/* The T5 table's sink: ds of element (i, j) of (b, hq) added to its bucket's partial of key tile
+ * j / rel_grad_tile in rel_bias_grad (the caller's tasks own disjoint key tiles of each (b, hq)). */
+FLASH_HD void FLASH_SCORE_FN(flash_score_grad_table)(const flash_params *p, const FLASH_SCORE_S *sc, int64_t b,
+                                                     int64_t hq, int64_t i, int64_t j, T_ ds)
+{
+    const int64_t tiles = (p->sk + p->rel_grad_tile - 1) / p->rel_grad_tile;
+    T_ *part = (T_ *)p->rel_bias_grad + ((b * p->h + hq) * tiles + j / p->rel_grad_tile) * p->rel_nb;
+    part[FLASH_SCORE_FN(flash_score_bucket)(sc, j - i - sc->alibi_offset)] += ds;
+}
+#endif
 
 #undef T_
 

@@ -124,6 +124,57 @@ def _check_sink(fn, sink, q, nheads):
     return sink.to(_lse_dtype(q.dtype))
 
 
+def _check_rel_bias(fn, rel_bias, max_distance, bidirectional, q, nheads, alibi_slopes, radius):
+    """T5's relative position bias: rel_bias (nheads, num_buckets) of any floating dtype on q's device ->
+    (the table in the lse dtype, a differentiable cast; the int32 bucket of each relative position -radius ..
+    radius), or (None, None). radius: the largest |j - i'| of the call (max(seqlen_q, seqlen_k))."""
+    if rel_bias is None:
+        return None, None
+    _check_tensor("rel_bias", rel_bias)
+    _check_bools(fn, rel_bias_bidirectional=bidirectional)
+    max_distance = _check_int(fn, "rel_bias_max_distance", max_distance)
+    if not rel_bias.is_floating_point():
+        raise TypeError(f"{fn}: rel_bias must be a floating-point tensor, got {rel_bias.dtype}")
+    if rel_bias.device != q.device:
+        raise ValueError(f"{fn}: rel_bias must be on the device of q ({q.device}), got {rel_bias.device}")
+    if rel_bias.dim() != 2 or rel_bias.shape[0] != nheads:
+        raise ValueError(f"{fn}: rel_bias must have shape (nheads, num_buckets) = ({nheads}, n), got "
+                         f"{tuple(rel_bias.shape)}")
+    if alibi_slopes is not None:
+        raise ValueError(f"{fn}: rel_bias and alibi_slopes are both position biases; pass one")
+    num_buckets = rel_bias.shape[1]
+    max_exact = num_buckets // (4 if bidirectional else 2)
+    if max_exact < 1:
+        raise ValueError(f"{fn}: rel_bias needs num_buckets >= {4 if bidirectional else 2} "
+                         f"(bidirectional={bidirectional}), got {num_buckets}")
+    if max_distance <= max_exact:
+        raise ValueError(f"{fn}: rel_bias_max_distance must exceed the exact buckets ({max_exact}), got "
+                         f"{max_distance}")
+    radius = max(1, min(int(max_distance), int(radius)))
+    return rel_bias.to(_lse_dtype(q.dtype)), t5_buckets(num_buckets, max_distance, bidirectional, radius, q.device)
+
+
+def t5_buckets(num_buckets, max_distance, bidirectional, radius, device):
+    """int32 (2 radius + 1,): T5's bucket of each relative position j - i' = -radius .. radius, computed as
+    transformers' T5Attention._relative_position_bucket (half the buckets exact, the rest logarithmic up to
+    max_distance, beyond which the last bucket; bidirectional: the upper half for j > i'). Positions past
+    max_distance fall in the bucket of max_distance, so the kernels clamp at +-radius."""
+    rel = torch.arange(-radius, radius + 1, device=device)
+    buckets = torch.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (rel > 0).to(torch.long) * num_buckets
+        rel = rel.abs()
+    else:
+        rel = -torch.min(rel, torch.zeros_like(rel))
+    max_exact = num_buckets // 2
+    large = max_exact + (torch.log(rel.float() / max_exact) / math.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).to(torch.long)
+    large = torch.min(large, torch.full_like(large, num_buckets - 1))
+    buckets += torch.where(rel < max_exact, rel, large)
+    return buckets.to(torch.int32)
+
+
 def _check_mask(fn, attn_mask, q_dtype, device, shape):
     """attn_mask broadcastable to shape = (..., nheads, seqlen_q, seqlen_k) -> an expanded view of it,
     bool or in q's dtype (a float mask of another dtype is cast, differentiably)."""

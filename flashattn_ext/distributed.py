@@ -131,7 +131,7 @@ def _fwd_op(q, k, v, scale, causal, deterministic):
 
 
 def _bwd_op(dout, q, k, v, out, lse, rng_state, scale, causal, deterministic):
-    dq, dk, dv, _ = _core.bwd(dout=dout, q=q, k=k, v=v, out=out, lse=lse, rng_state=rng_state, softmax_scale=scale,
+    dq, dk, dv, _, _ = _core.bwd(dout=dout, q=q, k=k, v=v, out=out, lse=lse, rng_state=rng_state, softmax_scale=scale,
                               causal=causal, deterministic=deterministic)
     return dq, dk, dv
 

@@ -13,15 +13,16 @@ import torch
 
 from . import _core
 from ._checks import (_check_alibi, _check_bools, _check_dropout, _check_index, _check_kv_headdim, _check_mask,
-                      _check_max_seqlen, _check_packed, _check_paged, _check_scale, _check_sink, _check_softcap,
-                      _check_tensor, _check_window, _default_scale)
+                      _check_max_seqlen, _check_packed, _check_paged, _check_rel_bias, _check_scale, _check_sink,
+                      _check_softcap, _check_tensor, _check_window, _default_scale, _symbolic)
 
 
 def _attention(q, k, v, scale, causal, bottom_right, window, softcap, alibi_slopes, sink, mask, dropout_p,
-               deterministic):
+               deterministic, rel_bias=None, rel_buckets=None):
     return _core.fwd(q=q, k=k, v=v, softmax_scale=scale, causal=bool(causal), bottom_right=bottom_right,
                      window_left=window[0], window_right=window[1], softcap=softcap, alibi_slopes=alibi_slopes,
-                     sink=sink, attn_mask=mask, dropout_p=dropout_p, deterministic=bool(deterministic))
+                     sink=sink, attn_mask=mask, dropout_p=dropout_p, deterministic=bool(deterministic),
+                     rel_bias=rel_bias, rel_buckets=rel_buckets)
 
 
 def _probs_signed(q, k, v, scale, causal, window, softcap, alibi_slopes, sink, mask, dropout_p, lse, rng_state):
@@ -54,6 +55,9 @@ def flash_attn_func(
     sink=None,
     s_aux=None,
     attn_mask=None,
+    rel_bias=None,
+    rel_bias_max_distance=128,
+    rel_bias_bidirectional=True,
 ):
     """Exact attention softmax(q kᵀ · softmax_scale) v with flash-attn's variants.
 
@@ -74,6 +78,11 @@ def flash_attn_func(
         row's softmax denominator without a value (attention sinks); differentiable.
     attn_mask: bool (True = take part) or additive float, broadcastable to (batch, nheads, seqlen_q,
         seqlen_k); a float mask that requires grad gets its gradient.
+    rel_bias: T5's relative position bias, a (nheads, num_buckets) table (float32; float64 for float64
+        inputs; learnable: its gradient is returned): adds rel_bias[h, bucket(j - i')] with i' = i + seqlen_k -
+        seqlen_q and T5's bucketing (transformers' T5Attention._relative_position_bucket with
+        rel_bias_max_distance and rel_bias_bidirectional). Not with alibi_slopes. The CPU only for now (CUDA
+        raises); first-order gradients only (the gradient of lse and double backward through it raise).
     A query that sees no key gets out = 0 and lse = -inf (the sink with a sink), zero gradients.
     deterministic: bitwise reproducible backward on CUDA (the CPU backward always is).
     Returns out (batch, seqlen_q, nheads, headdim_v).
@@ -94,13 +103,18 @@ def flash_attn_func(
     window = _check_window("flash_attn_func", window_size)
     softcap = _check_softcap("flash_attn_func", softcap)
     alibi_slopes = _check_alibi("flash_attn_func", alibi_slopes, q)
+    radius = max(q.shape[1], k.shape[1] if k.dim() == 4 else 0)
+    rel_bias, rel_buckets = _check_rel_bias("flash_attn_func", rel_bias, rel_bias_max_distance, rel_bias_bidirectional,
+                                            q, q.shape[2], alibi_slopes, radius)
+    if rel_bias is not None and return_attn_probs:
+        raise ValueError("flash_attn_func: return_attn_probs is not supported with rel_bias")
     sink = _check_sink("flash_attn_func", s_aux if sink is None else sink, q, q.shape[2])
     shape = (q.shape[0], q.shape[2], q.shape[1], k.shape[1] if k.dim() == 4 else 0)
     mask = _check_mask("flash_attn_func", attn_mask, q.dtype, q.device, shape)
     scale = (_default_scale(q.shape[-1]) if softmax_scale is None
              else _check_scale("flash_attn_func", "softmax_scale", softmax_scale))
     out, lse, rng_state = _attention(q, k, v, scale, causal, True, window, softcap, alibi_slopes, sink, mask,
-                                     dropout_p, deterministic)
+                                     dropout_p, deterministic, rel_bias, rel_buckets)
     if return_attn_probs:
         with torch.no_grad():
             s_dmask = _probs_signed(q, k, v, scale, causal, window, softcap, alibi_slopes, sink, mask, dropout_p,
@@ -336,7 +350,8 @@ def _paged_keys(k, block_table, cu_seqlens_k):
 
 def _flash_attn_varlen(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                        causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, seqused_k,
-                       return_lse, sink, s_aux, block_table=None):
+                       return_lse, sink, s_aux, block_table=None, rel_bias=None, rel_bias_max_distance=128,
+                       rel_bias_bidirectional=True):
     kv_layout = "(total_k, nheads_kv, headdim)" if block_table is None else "(num_pages, page_size, nheads_kv, headdim)"
     v_layout = kv_layout.replace("headdim)", "headdim_v)")
     for name, t, layout in (("q", q, "(total_q, nheads, headdim)"), ("k", k, kv_layout), ("v", v, v_layout)):
@@ -366,6 +381,12 @@ def _flash_attn_varlen(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     window = _check_window(fn, window_size)
     softcap = _check_softcap(fn, softcap)
     alibi_slopes = _check_alibi(fn, alibi_slopes, q, batch, nheads)
+    symbolic = _symbolic(max_seqlen_q) or _symbolic(max_seqlen_k)  # torch.compile: the table up to max_distance
+    radius = rel_bias_max_distance if symbolic else max(max_seqlen_q, max_seqlen_k)
+    rel_bias, rel_buckets = _check_rel_bias(fn, rel_bias, rel_bias_max_distance, rel_bias_bidirectional, q, nheads,
+                                            alibi_slopes, radius)
+    if rel_bias is not None and return_attn_probs:
+        raise ValueError(f"{fn}: return_attn_probs is not supported with rel_bias")
     sink = _check_sink(fn, s_aux if sink is None else sink, q, nheads)
     if block_table is not None:
         _check_paged(fn, q, k, v, block_table, batch)
@@ -374,7 +395,8 @@ def _flash_attn_varlen(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=scale, causal=bool(causal),
         window_left=window[0], window_right=window[1], softcap=softcap, alibi_slopes=alibi_slopes, sink=sink,
-        dropout_p=dropout_p, deterministic=bool(deterministic), block_table=block_table,
+        dropout_p=dropout_p, deterministic=bool(deterministic), block_table=block_table, rel_bias=rel_bias,
+        rel_buckets=rel_buckets,
     )
     if return_attn_probs:
         with torch.no_grad():
@@ -408,6 +430,9 @@ def flash_attn_varlen_func(
     return_lse=False,
     sink=None,
     s_aux=None,
+    rel_bias=None,
+    rel_bias_max_distance=128,
+    rel_bias_bidirectional=True,
 ):
     """flash_attn_func on a variable-length batch: the sequences are concatenated along the token dimension.
 
@@ -420,7 +445,8 @@ def flash_attn_varlen_func(
     seqused_k: int32 (batch,) or None: sequence s uses only its first seqused_k[s] keys.
     Every other argument as flash_attn_func, per sequence: causal and window_size are aligned bottom-right
     in each sequence (query i sees keys j <= i + seqlen_k - seqlen_q), alibi_slopes is (nheads,) or
-    (batch, nheads), dropout draws for sequence s what flash_attn_func draws at batch index s.
+    (batch, nheads), dropout draws for sequence s what flash_attn_func draws at batch index s, rel_bias
+    (CPU) is each sequence's with i' = i + seqlen_k - seqlen_q of that sequence.
     Rows of q in no sequence get out 0 and lse -inf; keys in none (or past seqused_k) get dk = dv = 0.
     block_table: int32 (batch, max_pages) or None: a paged KV cache (flash-attn's paged varlen call), forward
         only. k, v are then (num_pages, page_size, nheads_kv, headdim / headdim_v), page_size a multiple of 16,
@@ -437,7 +463,8 @@ def flash_attn_varlen_func(
     """
     return _flash_attn_varlen("flash_attn_varlen_func", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                               max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                              deterministic, return_attn_probs, seqused_k, return_lse, sink, s_aux, block_table)
+                              deterministic, return_attn_probs, seqused_k, return_lse, sink, s_aux, block_table,
+                              rel_bias, rel_bias_max_distance, rel_bias_bidirectional)
 
 
 def flash_attn_varlen_qkvpacked_func(

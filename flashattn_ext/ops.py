@@ -65,8 +65,9 @@ def _check_mask_fake(attn_mask, q, k):
 
 @torch.library.register_fake("flashattn_ext::fwd")
 def _fwd_fake(q, k, v, softmax_scale, causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
-              attn_mask, dropout_p, deterministic):
-    _check_devices_fake(q, k=k, v=v, alibi_slopes=alibi_slopes, sink=sink, attn_mask=attn_mask)
+              attn_mask, dropout_p, deterministic, rel_bias=None, rel_buckets=None):
+    _check_devices_fake(q, k=k, v=v, alibi_slopes=alibi_slopes, sink=sink, attn_mask=attn_mask, rel_bias=rel_bias,
+                        rel_buckets=rel_buckets)
     _check_qkv_fake(q, k, v)
     _check_mask_fake(attn_mask, q, k)
     batch, seqlen_q, nheads, _ = q.shape
@@ -78,9 +79,10 @@ def _fwd_fake(q, k, v, softmax_scale, causal, bottom_right, window_left, window_
 
 @torch.library.register_fake("flashattn_ext::bwd")
 def _bwd_fake(dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right, window_left, window_right,
-              softcap, alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad):
+              softcap, alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad, rel_bias=None,
+              rel_buckets=None, rel_bias_grad=False):
     _check_devices_fake(q, rng_state, dout=dout, k=k, v=v, out=out, lse=lse, alibi_slopes=alibi_slopes, sink=sink,
-                        attn_mask=attn_mask)
+                        attn_mask=attn_mask, rel_bias=rel_bias, rel_buckets=rel_buckets)
     _check_qkv_fake(q, k, v)
     _check_mask_fake(attn_mask, q, k)
     _check_out_fake(dout, out, q, v)
@@ -89,7 +91,8 @@ def _bwd_fake(dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_
         dmask = q.new_empty((q.shape[0], q.shape[2], q.shape[1], k.shape[1]), dtype=lse_dtype)
     else:
         dmask = q.new_empty((0,), dtype=lse_dtype)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dmask
+    drel = q.new_empty(rel_bias.shape if rel_bias_grad else (0,), dtype=lse_dtype)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dmask, drel
 
 
 @torch.library.register_fake("flashattn_ext::dropout_mask")
@@ -100,7 +103,10 @@ def _dropout_mask_fake(q, rng_state, seqlen_k, dropout_p):
 
 
 # Positions of fwd's inputs.
-_SINK, _MASK = _core.FWD_ARGS.index("sink"), _core.FWD_ARGS.index("attn_mask")
+_SINK, _MASK, _REL = (_core.FWD_ARGS.index(n) for n in ("sink", "attn_mask", "rel_bias"))
+
+_REL_UNSUPPORTED = ("flashattn_ext: rel_bias supports the first-order gradients of q, k, v, sink and rel_bias; the "
+                    "gradient of lse and double backward (create_graph=True) through it are not supported yet")
 
 
 def _sink_grad(dout, out, lse, sink):
@@ -148,9 +154,9 @@ def _dense_vjp(alibi_slopes, rng_state, var, q, k, v, dout, sink, attn_mask, cot
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, softmax_scale, causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink, attn_mask,
-     dropout_p, deterministic) = inputs
+     dropout_p, deterministic, rel_bias, rel_buckets) = inputs
     out, lse, rng_state = output
-    ctx.save_for_backward(q, k, v, out, lse, rng_state, alibi_slopes, sink, attn_mask)
+    ctx.save_for_backward(q, k, v, out, lse, rng_state, alibi_slopes, sink, attn_mask, rel_bias, rel_buckets)
     ctx.args = (softmax_scale, causal, bottom_right, window_left, window_right, softcap, dropout_p, deterministic)
     # rng_state carries no gradient. Unused outputs get None, not zeros: lse's gradient (merging partial
     # attentions) is computed only where one flows.
@@ -166,20 +172,26 @@ def _add_grads(grads, positions, g):
 
 
 def _backward(ctx, dout, dlse, _drng):
-    q, k, v, out, lse, rng_state, alibi_slopes, sink, attn_mask = ctx.saved_tensors
+    q, k, v, out, lse, rng_state, alibi_slopes, sink, attn_mask, rel_bias, rel_buckets = ctx.saved_tensors
+    if rel_bias is not None and (dlse is not None or torch.is_grad_enabled()):
+        raise NotImplementedError(_REL_UNSUPPORTED)
     softmax_scale, causal, bottom_right, window_left, window_right, softcap, dropout_p, deterministic = ctx.args
     var = double_backward.Variant(softmax_scale, causal, bottom_right, (window_left, window_right), softcap, dropout_p)
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
     grads = [None] * len(_core.FWD_ARGS)
     if dout is not None:
         mask_grad = float_mask and ctx.needs_input_grad[_MASK]
-        dq, dk, dv, dmask = _core.bwd(
+        rel_grad = rel_bias is not None and ctx.needs_input_grad[_REL]
+        dq, dk, dv, dmask, drel = _core.bwd(
             dout=dout, q=q, k=k, v=v, out=out, lse=lse, rng_state=rng_state, softmax_scale=softmax_scale,
             causal=causal, bottom_right=bottom_right, window_left=window_left, window_right=window_right,
             softcap=softcap, alibi_slopes=alibi_slopes, sink=sink, attn_mask=attn_mask, dropout_p=dropout_p,
-            deterministic=deterministic, mask_grad=mask_grad,
+            deterministic=deterministic, mask_grad=mask_grad, rel_bias=rel_bias, rel_buckets=rel_buckets,
+            rel_bias_grad=rel_grad,
         )
         grads[:3] = dq, dk, dv
+        if rel_grad:
+            grads[_REL] = drel
         if sink is not None and ctx.needs_input_grad[_SINK]:
             vjp = functools.partial(_dense_vjp, alibi_slopes, rng_state, var)
             grads[_SINK] = _differentiable_sink_grad(vjp, dout, out, lse, sink, q, k, v, attn_mask)
@@ -203,17 +215,20 @@ _BWD_GRAD = {n: _core.BWD_ARGS.index(arg) for n, arg in
 
 def _bwd_setup_context(ctx, inputs, output):
     (dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right, window_left, window_right, softcap,
-     alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad) = inputs
+     alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad, rel_bias, _rel_buckets, _rel_grad) = inputs
+    ctx.rel_bias = rel_bias is not None
     ctx.save_for_backward(dout, q, k, v, rng_state, alibi_slopes, sink, attn_mask)
     ctx.var = double_backward.Variant(softmax_scale, causal, bottom_right, (window_left, window_right), softcap,
                                       dropout_p)
     ctx.mask_grad = mask_grad
 
 
-def _bwd_backward(ctx, gdq, gdk, gdv, gdmask):
+def _bwd_backward(ctx, gdq, gdk, gdv, gdmask, _gdrel):
     """The gradients of dout, q, k, v, sink and a floating attn_mask from those of dq, dk, dv, dmask (none
     for out and lse: the composite recomputes them from q, k, v, sink and attn_mask). Exact when out, lse
     and rng_state are fwd's for these inputs, as fwd's autograd passes them."""
+    if ctx.rel_bias:
+        raise NotImplementedError(_REL_UNSUPPORTED)
     dout, q, k, v, rng_state, alibi_slopes, sink, attn_mask = ctx.saved_tensors
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
     needs = [n for n, i in _BWD_GRAD.items() if ctx.needs_input_grad[i] and (n != "mask" or float_mask)]
@@ -265,9 +280,10 @@ def _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_tab
 @torch.library.register_fake("flashattn_ext::varlen_fwd")
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                      causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic,
-                     block_table=None):
+                     block_table=None, rel_bias=None, rel_buckets=None):
     _check_devices_fake(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-                        alibi_slopes=alibi_slopes, sink=sink, block_table=block_table)
+                        alibi_slopes=alibi_slopes, sink=sink, block_table=block_table, rel_bias=rel_bias,
+                        rel_buckets=rel_buckets)
     _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table)
     total_q, nheads, _ = q.shape
     out = q.new_empty((total_q, nheads, v.shape[-1]))
@@ -279,22 +295,24 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_
 @torch.library.register_fake("flashattn_ext::varlen_bwd")
 def _varlen_bwd_fake(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                      max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink,
-                     dropout_p, deterministic):
+                     dropout_p, deterministic, rel_bias=None, rel_buckets=None, rel_bias_grad=False):
     _check_devices_fake(q, rng_state, dout=dout, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q,
-                        cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, alibi_slopes=alibi_slopes, sink=sink)
+                        cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, alibi_slopes=alibi_slopes, sink=sink,
+                        rel_bias=rel_bias, rel_buckets=rel_buckets)
     _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
     _check_out_fake(dout, out, q, v)
     torch._check(lse.shape == (q.shape[1], q.shape[0]), lambda: "flashattn_ext: lse must have shape (nheads, total_q)")
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    drel = q.new_empty(rel_bias.shape if rel_bias_grad else (0,), dtype=_lse_dtype(q.dtype))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), drel
 
 
-# Position of varlen_fwd's sink.
-_VARLEN_SINK = _core.VARLEN_FWD_ARGS.index("sink")
+# Positions of varlen_fwd's sink and rel_bias.
+_VARLEN_SINK, _VARLEN_REL = (_core.VARLEN_FWD_ARGS.index(n) for n in ("sink", "rel_bias"))
 
 
 def _varlen_setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-     window_right, softcap, alibi_slopes, sink, dropout_p, deterministic, block_table) = inputs
+     window_right, softcap, alibi_slopes, sink, dropout_p, deterministic, block_table, rel_bias, rel_buckets) = inputs
     out, lse, rng_state = output
     # lse carries no gradient here (as flash-attn's; fwd's does): its composite would read cu_seqlens on the
     # host, which a traced backward cannot. merge_attention_states refuses such an lse beside an out that
@@ -303,7 +321,8 @@ def _varlen_setup_context(ctx, inputs, output):
     ctx.paged = block_table is not None
     if ctx.paged:  # no backward: nothing to save
         return
-    ctx.save_for_backward(q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink)
+    ctx.save_for_backward(q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink,
+                          rel_bias, rel_buckets)
     ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, dropout_p,
                 deterministic)
 
@@ -312,16 +331,24 @@ def _varlen_backward(ctx, dout, _dlse, _drng):
     if ctx.paged:
         raise RuntimeError("flashattn_ext: varlen_fwd with a block_table (a paged KV cache) has no backward, as "
                            "flash-attn's; pass k and v as (total_k, nheads_kv, headdim) tensors for gradients")
-    q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink = ctx.saved_tensors
+    (q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink, rel_bias,
+     rel_buckets) = ctx.saved_tensors
+    if rel_bias is not None and torch.is_grad_enabled():
+        raise NotImplementedError(_REL_UNSUPPORTED)
     (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, dropout_p,
      deterministic) = ctx.args
     grads = [None] * len(_core.VARLEN_FWD_ARGS)
-    grads[:3] = _core.varlen_bwd(
+    rel_grad = rel_bias is not None and ctx.needs_input_grad[_VARLEN_REL]
+    dq, dk, dv, drel = _core.varlen_bwd(
         dout=dout, q=q, k=k, v=v, out=out, lse=lse, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
         softmax_scale=softmax_scale, causal=causal, window_left=window_left, window_right=window_right,
         softcap=softcap, alibi_slopes=alibi_slopes, sink=sink, dropout_p=dropout_p, deterministic=deterministic,
+        rel_bias=rel_bias, rel_buckets=rel_buckets, rel_bias_grad=rel_grad,
     )
+    grads[:3] = dq, dk, dv
+    if rel_grad:
+        grads[_VARLEN_REL] = drel
     if sink is not None and ctx.needs_input_grad[_VARLEN_SINK]:
         var = double_backward.Variant(softmax_scale, causal, True, (window_left, window_right), softcap, dropout_p)
         vjp = functools.partial(_varlen_vjp, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
@@ -346,14 +373,18 @@ _VARLEN_BWD_GRAD = {n: _core.VARLEN_BWD_ARGS.index(n) for n in ("dout", "q", "k"
 
 def _varlen_bwd_setup_context(ctx, inputs, output):
     (dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-     softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic) = inputs
+     softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic, rel_bias,
+     _rel_buckets, _rel_grad) = inputs
+    ctx.rel_bias = rel_bias is not None
     ctx.save_for_backward(dout, q, k, v, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink)
     ctx.args = (max_seqlen_q, max_seqlen_k,
                 double_backward.Variant(softmax_scale, causal, True, (window_left, window_right), softcap, dropout_p))
 
 
-def _varlen_bwd_backward(ctx, gdq, gdk, gdv):
+def _varlen_bwd_backward(ctx, gdq, gdk, gdv, _gdrel):
     """varlen_bwd's gradients of dout, q, k, v and sink (none for out and lse, as _bwd_backward)."""
+    if ctx.rel_bias:
+        raise NotImplementedError(_REL_UNSUPPORTED)
     dout, q, k, v, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink = ctx.saved_tensors
     max_seqlen_q, max_seqlen_k, var = ctx.args
     needs = [n for n, i in _VARLEN_BWD_GRAD.items() if ctx.needs_input_grad[i]]

@@ -69,7 +69,7 @@ def test_results_in_the_input_dtype(dtype):
     out.sum().backward()
     assert out.dtype == dtype and lse.dtype == torch.float32
     assert q.grad.dtype == k.grad.dtype == v.grad.dtype == mask.grad.dtype == dtype
-    dq, dk, dv, dmask = torch.ops.flashattn_ext.bwd(
+    dq, dk, dv, dmask, _ = torch.ops.flashattn_ext.bwd(
         torch.ones_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse,
         torch.zeros(2, dtype=torch.int64), 0.25, False, True, -1, -1, 0.0, None, None, mask.detach(), 0.0, False, True)
     assert dq.dtype == dk.dtype == dv.dtype == dtype and dmask.dtype == torch.float32

@@ -42,6 +42,9 @@ from test_kvcache import Case as KvCase
 from test_kvcache import call as kv_call
 from test_kvcache import make_inputs as make_kv_inputs
 from test_kvcache import reference as kv_reference
+from test_rel_bias import bias_matrix
+
+from flashattn_ext.reference import attention_ref
 
 CPU_SEEDS = range(40)
 DETERMINISTIC_SEED_OFFSET = 7_000_003
@@ -445,3 +448,53 @@ def test_fuzz_kvcache(seed, device, dtype):
     assert torch.equal(t["v_cache"].cpu(), v_ref), "v_cache after the append"
     assert_close("out", out, out_ref, OUT_TOL[dtype])
     assert_lse_close(lse, lse_ref, OUT_TOL[dtype])
+
+
+# ----------------------------------------------------------------------------------------------
+# T5's relative position bias (rel_bias, the CPU for now): random shapes, strides, buckets and variants against the
+# float64 reference with the bias as an additive mask
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(30))
+def test_fuzz_rel_bias(seed):
+    r = random.Random(9000 + seed)
+    dtype = r.choice((torch.float32, torch.float64))
+    b, hkv = r.randint(1, 2), r.choice((1, 2))
+    h = hkv * r.choice((1, 2, 3))
+    sq, sk = log_uniform_int(r, 1, 300), log_uniform_int(r, 1, 300)
+    d, dv = r.randint(1, 40), r.randint(1, 40)
+    bidir = r.random() < 0.5
+    nb = r.choice((4, 8, 32)) if bidir else r.choice((2, 8, 32))
+    md = r.randint(nb // (4 if bidir else 2) + 1, 200)
+    causal = r.random() < 0.4
+    window = (r.randint(0, 60), r.randint(0, 60)) if r.random() < 0.3 else (-1, -1)
+    softcap = r.uniform(1.0, 20.0) if r.random() < 0.3 else 0.0
+    gen = torch.Generator().manual_seed(seed)
+    transposed = r.random() < 0.4  # (b, h, s, d) storage
+
+    def rand(*shape):
+        if transposed:
+            t = torch.randn(shape[0], shape[2], shape[1], shape[3], generator=gen, dtype=torch.float64)
+            return t.transpose(1, 2)
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+    q64, k64, v64, dout = rand(b, sq, h, d), rand(b, sk, hkv, d), rand(b, sk, hkv, dv), rand(b, sq, h, dv)
+    table64 = torch.randn(h, nb, generator=gen, dtype=torch.float64)
+    sink64 = torch.randn(h, generator=gen, dtype=torch.float64) if r.random() < 0.3 else None
+    q, k, v = (x.to(dtype).requires_grad_() for x in (q64, k64, v64))
+    table = table64.to(dtype).requires_grad_()
+    sink = sink64.to(dtype).requires_grad_() if sink64 is not None else None
+    out = flashattn_ext.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap, sink=sink,
+                                        rel_bias=table, rel_bias_max_distance=md, rel_bias_bidirectional=bidir)
+    out.backward(dout.to(dtype))
+    qr, kr, vr = (x.detach().double().requires_grad_() for x in (q, k, v))
+    tr = table.detach().double().requires_grad_()
+    sr = sink.detach().double().requires_grad_() if sink is not None else None
+    ref, _ = attention_ref(qr, kr, vr, causal=causal, window_size=window, softcap=softcap, sink=sr,
+                           attn_mask=bias_matrix(tr, sq, sk, md, bidir).unsqueeze(0))
+    ref.backward(dout)
+    tol = 1e-9 if dtype == torch.float64 else 5e-4
+    pairs = [("out", out, ref), ("dq", q.grad, qr.grad), ("dk", k.grad, kr.grad), ("dv", v.grad, vr.grad),
+             ("drel_bias", table.grad, tr.grad)] + ([("dsink", sink.grad, sr.grad)] if sink is not None else [])
+    for name, got, want in pairs:
+        err = (got.double() - want).abs().max().item() / max(1.0, want.abs().max().item())
+        assert err < tol, (name, err)

@@ -415,7 +415,7 @@ def test_varlen_equals_dense_at_batch_index(device, dtype, var):
     t = make_varlen_variant_tensors(mix, var, dtype, device)
     torch.manual_seed(DROPOUT_SEED)
     out, lse, rng_state = torch.ops.flashattn_ext.varlen_fwd(*op_fwd_args(q, k, v, cu_q, cu_k, used, mix, var, t))
-    dq, dk, dv = torch.ops.flashattn_ext.varlen_bwd(
+    dq, dk, dv, _ = torch.ops.flashattn_ext.varlen_bwd(
         *op_bwd_args(dout, q, k, v, out, lse, rng_state, cu_q, cu_k, used, mix, var, t))
     scale = mix.scale if mix.scale is not None else 1.0 / math.sqrt(mix.d)
     tol = OUT_TOL[dtype]
@@ -439,7 +439,7 @@ def test_varlen_equals_dense_at_batch_index(device, dtype, var):
             assert_close(f"out of sequence {s}", out[rows], d_out[s], tol)
             assert_lse_close(lse[:, rows], d_lse[s], tol)
         d_lse = lse[:, rows][None].expand(s + 1, mix.h, sq).contiguous()
-        ddq, ddk, ddv, _ = torch.ops.flashattn_ext.bwd(dense(dout, rows), *args[:3], dense(out, rows), d_lse,
+        ddq, ddk, ddv, _, _ = torch.ops.flashattn_ext.bwd(dense(dout, rows), *args[:3], dense(out, rows), d_lse,
                                                          rng_state, *args[3:], False)
         naturals = natural_grad_norms(q[rows], k[keys], v[keys], dout[rows], scale)
         for name, a, b, nat in zip(("dq", "dk", "dv"), (dq[rows], dk[keys], dv[keys]), (ddq[s], ddk[s], ddv[s]),

@@ -76,9 +76,9 @@ def _varlen(q, k, v, dout, cu_q, cu_k, seqused, lq, lk, kw):
     out, lse, rng = OPS.varlen_fwd(q, k, v, cu_q, cu_k, seqused, max(lq), max(lk), kw["scale"], kw["causal"],
                                    kw["window"][0], kw["window"][1], kw["softcap"], kw["alibi"], kw["sink"],
                                    kw["dropout_p"], False)
-    dq, dk, dv = OPS.varlen_bwd(dout, q, k, v, out, lse, rng, cu_q, cu_k, seqused, max(lq), max(lk), kw["scale"],
-                                kw["causal"], kw["window"][0], kw["window"][1], kw["softcap"], kw["alibi"], kw["sink"],
-                                kw["dropout_p"], False)
+    dq, dk, dv, _ = OPS.varlen_bwd(dout, q, k, v, out, lse, rng, cu_q, cu_k, seqused, max(lq), max(lk),
+                                   kw["scale"], kw["causal"], kw["window"][0], kw["window"][1], kw["softcap"],
+                                   kw["alibi"], kw["sink"], kw["dropout_p"], False)
     return out, lse, rng, dq, dk, dv
 
 
@@ -96,7 +96,7 @@ def _dense_at(s, q_s, k_s, v_s, dout_s, kw):
             kw["dropout_p"], False)
     torch.manual_seed(DROPOUT_SEED)
     out, lse, rng = OPS.fwd(q, k, v, *args)
-    dq, dk, dv, _ = OPS.bwd(dout, q, k, v, out, lse, rng, *args, False)
+    dq, dk, dv, _, _ = OPS.bwd(dout, q, k, v, out, lse, rng, *args, False)
     return out[s], lse[s], rng, dq[s], dk[s], dv[s]
 
 
@@ -209,8 +209,8 @@ def test_no_keys_anywhere(config):
     assert not out.any()
     torch.testing.assert_close(lse[:, :7], sink[:, None].expand(2, 7))
     assert torch.isneginf(lse[:, 7:]).all()
-    dq, dk, dv = OPS.varlen_bwd(dout, q, k, v, out, lse, rng, cu_q, cu_k, None, 4, 0, 0.5, False, -1, -1, 0.0, None,
-                                sink, 0.0, False)
+    dq, dk, dv, _ = OPS.varlen_bwd(dout, q, k, v, out, lse, rng, cu_q, cu_k, None, 4, 0, 0.5, False, -1, -1, 0.0, None,
+                                   sink, 0.0, False)
     assert not dq.any() and dk.shape == k.shape and dv.shape == v.shape
 
 

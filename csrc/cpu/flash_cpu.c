@@ -621,14 +621,15 @@ FLASH_CPU_SIMD static void FN(scale_pass)(T *restrict s, int64_t rows, int64_t c
             s[r * ld + c] *= scale;
 }
 
-/* Step 2 on the scaled scores: s = bias(scale * s) with j - i' = base + r - c at element (r, c): base =
- * j - i' at element (0, 0) for S^T, its negation for S (the bias is a function of |j - i'|). */
+/* Step 2 on the scaled scores: s = bias(scale * s); base = j - i' at element (0, 0), j - i' = base + r - c at
+ * element (r, c) of S^T (rows keys), base - r + c of S (rows queries). */
 FLASH_CPU_SIMD static void FN(bias_pass)(T *restrict s, int64_t rows, int64_t cols, int64_t ld, T scale,
-                                         const SC(flash_score) *sc, int64_t base)
+                                         const SC(flash_score) *sc, int64_t base, int transposed)
 {
+    const int32_t dir = transposed ? -1 : 1; /* d(j - i') / dc */
     for (int64_t r = 0; r < rows; r++)
         for (int32_t c = 0; c < (int32_t)cols; c++) /* cols <= a tile side: an int32 converts in SIMD */
-            s[r * ld + c] = SC(flash_score_bias)(sc, scale * s[r * ld + c], base + r, -c);
+            s[r * ld + c] = SC(flash_score_bias)(sc, scale * s[r * ld + c], base - dir * r, dir * c);
 }
 
 /* Step 3, the attn_mask entries read through mask_s. */
@@ -667,7 +668,7 @@ static void FN(score_hook)(T *s, int64_t ld, int transposed, const flash_params 
     }
     if (flash_score_biased(p)) {
         const int64_t base = t->k0 - t->q0 - sc.alibi_offset;
-        FN(bias_pass)(s, rows, cols, ld, scale, &sc, transposed ? base : -base);
+        FN(bias_pass)(s, rows, cols, ld, scale, &sc, base, transposed);
     } else if (scale != 1) {
         FN(scale_pass)(s, rows, cols, ld, scale);
     }
@@ -733,13 +734,19 @@ static void FN(softcap_backward)(T *restrict ds, const T *restrict grad, int64_t
             ds[il * qs + jl * ks] *= grad[il * qs + jl * ks];
 }
 
-/* The score hook's gradient sink (score.h) for the tile's elements; ds is an S-layout tile (leading dim
- * TILE_K_NR). */
-static void FN(score_grad)(const flash_params *p, const T *restrict ds, const tile *t, int64_t bi, int64_t hq)
+/* The score hook's gradient sinks (score.h: dbias, the T5 table's partials) for the tile's elements; ds is
+ * an S-layout tile (leading dim TILE_K_NR). */
+static void FN(score_grad)(const flash_params *p, const flash_seq *seq, const T *restrict ds, const tile *t,
+                           int64_t bi, int64_t hq)
 {
+    const SC(flash_score) sc = SC(flash_score_of)(p, seq->alibi_offset, bi, hq, 1);
     for (int64_t il = 0; il < t->qn; il++)
-        for (int64_t jl = 0; jl < t->kn; jl++)
-            SC(flash_score_grad)(p, bi, hq, t->q0 + il, t->k0 + jl, ds[il * TILE_K_NR + jl]);
+        for (int64_t jl = 0; jl < t->kn; jl++) {
+            if (p->dbias)
+                SC(flash_score_grad)(p, bi, hq, t->q0 + il, t->k0 + jl, ds[il * TILE_K_NR + jl]);
+            if (p->rel_bias_grad)
+                SC(flash_score_grad_table)(p, &sc, bi, hq, t->q0 + il, t->k0 + jl, ds[il * TILE_K_NR + jl]);
+        }
 }
 
 typedef struct FN(workspace) {
@@ -865,7 +872,7 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
             else
                 FN(dscores_by_row)(w->ds, w->s, qm, kp, TILE_K_NR, delta);
             if (flash_score_has_grad(p))
-                FN(score_grad)(p, w->ds, &t, bi, hq);
+                FN(score_grad)(p, &seq, w->ds, &t, bi, hq);
             if (hooked && p->softcap > 0)
                 FN(softcap_backward)(w->ds, w->grad, TILE_K_NR, 1, &t);
             FN(gemm)(dvm, kp, t.qn, w->dout, 1, dvm, w->s, TILE_K_NR, w->acc2, TILE_K_NR, 1);

@@ -550,8 +550,9 @@ __device__ __forceinline__ void score_hook(float (&s)[kMT][kNT][4], const flash_
                                            bool tile_in_sk)
 {
     const float to_raw = FLASH_LOG2E_F / scale_log2; /* natural units -> raw units: 1 / |scale| */
-    const flash_score_f sc = flash_score_of(&p, alibi_offset, batch, head, to_raw);
+    /* each step forms only its own constants (the whole struct every tile cost the HOOK kernels 3-4%) */
     if (flash_score_capped(&p)) {
+        const flash_score_f sc = flash_score_base(&p, to_raw);
 #pragma unroll
         for (int t = 0; t < kMT; t++)
 #pragma unroll
@@ -561,6 +562,7 @@ __device__ __forceinline__ void score_hook(float (&s)[kMT][kNT][4], const flash_
                     s[t][nt][e] = flash_score_cap_out(&sc, tanh_approx(flash_score_cap_in(&sc, s[t][nt][e])));
     }
     if (flash_score_biased(&p)) {
+        const flash_score_f sc = flash_score_of(&p, alibi_offset, batch, head, to_raw);
         const int64_t d0 = (int64_t)c_t - r_t - sc.alibi_offset; /* j - i' of the thread's first value */
 #pragma unroll
         for (int t = 0; t < kMT; t++)
@@ -576,7 +578,7 @@ __device__ __forceinline__ void score_hook(float (&s)[kMT][kNT][4], const flash_
                     }
     }
     if (flags & FLASH_MASK_ANY_MASKED)
-        apply_attn_mask<T, kMT, kNT>(s, p, sc, batch, head, r_t, c_t, tile_in_sk);
+        apply_attn_mask<T, kMT, kNT>(s, p, flash_score_base(&p, to_raw), batch, head, r_t, c_t, tile_in_sk);
 }
 
 /* Dropout of one tile's P (permuted key order): lane q's values of row i in the n8 tiles of group g are

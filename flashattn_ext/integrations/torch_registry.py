@@ -448,14 +448,14 @@ def flash_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_ca
         def folded(t):
             return _fold(t if _mergeable(t) else t.transpose(1, 2).contiguous().transpose(1, 2))
 
-        dq, dk, dv, _ = _core.bwd(
+        dq, dk, dv, _, _ = _core.bwd(
             dout=folded(grad_out), q=_fold(query), k=_fold(key), v=_fold(value), out=folded(out),
             lse=logsumexp.reshape(batch * nheads, 1, seqlen_q), rng_state=_ZERO_RNG, softmax_scale=softmax_scale,
             causal=bool(is_causal), window_left=window[0], window_right=window[1], deterministic=deterministic)
         dq, dk, dv = (_unfold(t, batch, nheads) for t in (dq, dk, dv))
     else:
         rng = rng_state.view(torch.int64) if dropout_p > 0.0 else _ZERO_RNG
-        dq, dk, dv, _ = _core.bwd(
+        dq, dk, dv, _, _ = _core.bwd(
             dout=grad_out, q=query, k=key, v=value, out=out, lse=logsumexp, rng_state=rng,
             softmax_scale=softmax_scale, causal=bool(is_causal), window_left=window[0], window_right=window[1],
             dropout_p=float(dropout_p), deterministic=deterministic)
@@ -487,7 +487,7 @@ def varlen_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_
                     is_causal, rng_state, scale=None, window_size_left=None, window_size_right=None):
     """aten::_flash_attention_backward on varlen_forward's layouts through flashattn_ext::varlen_bwd."""
     rng = rng_state.view(torch.int64) if dropout_p > 0.0 else _ZERO_RNG
-    dq, dk, dv = _core.varlen_bwd(
+    dq, dk, dv, _ = _core.varlen_bwd(
         dout=grad_out, q=query, k=key, v=value, out=out, lse=logsumexp, rng_state=rng, cu_seqlens_q=cum_seq_q,
         cu_seqlens_k=cum_seq_k, max_seqlen_q=int(max_q), max_seqlen_k=int(max_k), softmax_scale=_scale(scale, query),
         causal=bool(is_causal), window_left=_window(window_size_left), window_right=_window(window_size_right),
