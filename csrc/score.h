@@ -132,7 +132,7 @@ FLASH_HD FLASH_SCORE_S FLASH_SCORE_FN(flash_score_base)(const flash_params *p, T
     sc.alibi_offset = 0;
 #ifdef FLASH_SCORE_TABLE
     sc.table = 0;
-    sc.bucket = p->rel_buckets + p->rel_range;
+    sc.bucket = p->rel_buckets ? p->rel_buckets + p->rel_range : 0; /* (no offset on a null pointer) */
     sc.range = p->rel_range;
 #endif
     return sc;
