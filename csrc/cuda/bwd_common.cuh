@@ -16,8 +16,6 @@
 #include "../mask.h"
 #include "ptx.cuh"
 
-#define WARP_SIZE FLASH_WARP_SIZE
-#define FULL_MASK 0xffffffffu
 /* elements of a 16-bit type per 16-byte cp.async */
 #define CHUNK 8
 

@@ -46,7 +46,6 @@
 
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kMmaM = 16; /* m16n8k16 */
 constexpr int kMmaN = 8;
 constexpr int kMmaK = 16;
@@ -176,8 +175,8 @@ __device__ __forceinline__ void load_kv(const flash_params &p, const flash_seq &
         const bool ok = chunk_ok && j0 + r < sk;
         int64_t koff, voff;
         if constexpr (kPaged) {
-            koff = __shfl_sync(kFullMask, koff_l, r);
-            voff = __shfl_sync(kFullMask, voff_l, r);
+            koff = __shfl_sync(FULL_MASK, koff_l, r);
+            voff = __shfl_sync(FULL_MASK, voff_l, r);
         } else {
             koff = (int64_t)(j0 + r) * p.k_s.row;
             voff = (int64_t)(j0 + r) * p.v_s.row;
@@ -383,8 +382,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             float mx = fmaxf(m_run[h], fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1])));
-            mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
             const float ms = mx == -INFINITY ? 0.f : mx * kLog2e;
             const float alpha = exp2_approx(m_run[h] * kLog2e - ms); /* 0 while m_old = -inf */
             m_run[h] = mx;
@@ -432,8 +431,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         float l = l_run[h];
-        l += __shfl_xor_sync(kFullMask, l, 1);
-        l += __shfl_xor_sync(kFullMask, l, 2);
+        l += __shfl_xor_sync(FULL_MASK, l, 1);
+        l += __shfl_xor_sync(FULL_MASK, l, 2);
         const int r = lane / kQuadLanes + h * kHalfRows;
         if (lane % kQuadLanes == 0) {
             mm[r] = m_run[h];
@@ -515,14 +514,14 @@ __device__ __forceinline__ void combine_rows(const flash_params &p)
         M = fmaxf(M, p.lse_accum[s * split_stride + row]);
 #pragma unroll
     for (int o = FLASH_WARP_SIZE / 2; o > 0; o /= 2)
-        M = fmaxf(M, __shfl_xor_sync(kFullMask, M, o));
+        M = fmaxf(M, __shfl_xor_sync(FULL_MASK, M, o));
     float sum = 0.f;
     if (M != -INFINITY) {
         for (int s = lane; s < p.num_splits; s += FLASH_WARP_SIZE)
             sum += __expf(p.lse_accum[s * split_stride + row] - M);
 #pragma unroll
         for (int o = FLASH_WARP_SIZE / 2; o > 0; o /= 2)
-            sum += __shfl_xor_sync(kFullMask, sum, o);
+            sum += __shfl_xor_sync(FULL_MASK, sum, o);
     }
     const float lse = M == -INFINITY ? -INFINITY : M + __logf(sum);
     float factor, lse_out;

@@ -84,7 +84,6 @@
 #include "ptx.cuh"
 #include "tiles.h"
 
-static constexpr unsigned kFullMask = 0xffffffffu;
 static constexpr int kMmaM = 16;              /* m16n8k16 */
 static constexpr int kMmaN = 8;
 static constexpr int kMmaK = 16;
@@ -340,7 +339,7 @@ __device__ __forceinline__ unsigned key_tile_flags(const flash_params &p, int ba
         f = __ldg(p.mask_blocks + batch * s.batch + head * s.head + (int64_t)(row0 / FLASH_MASK_BLOCK + br) * s.row +
                   (int64_t)(k0 / FLASH_MASK_BLOCK + bc) * s.col);
     }
-    return __reduce_or_sync(kFullMask, f);
+    return __reduce_or_sync(FULL_MASK, f);
 }
 
 /* The first key tile in [j, n_end) with a visible attn_mask entry (n_end if none), and its flags. Tile
@@ -360,10 +359,10 @@ __device__ __forceinline__ int next_visible_tile(const flash_params &p, int batc
         const unsigned f = j + lane < n_end
                                ? flash_mask_tile_flags(&p, batch, head, row0, qn, k0, flash_min64(kBlockN, p.sk - k0))
                                : 0u;
-        const unsigned visible = __ballot_sync(kFullMask, f & FLASH_MASK_ANY_VISIBLE);
+        const unsigned visible = __ballot_sync(FULL_MASK, f & FLASH_MASK_ANY_VISIBLE);
         if (visible != 0) {
             const int first = __ffs(visible) - 1;
-            *flags = __shfl_sync(kFullMask, f, first);
+            *flags = __shfl_sync(FULL_MASK, f, first);
             return j + first;
         }
     }
@@ -867,8 +866,8 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
 #pragma unroll
                 for (int nt = 0; nt < kNT; nt++)
                     mx = fmaxf(mx, fmaxf(s[t][nt][2 * h], s[t][nt][2 * h + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
                 const float ms = mx == -INFINITY ? 0.f : mx * scale;
                 const float alpha = exp2_approx(m_run[t][h] * scale - ms); /* 0 while m_old = -inf */
                 m_run[t][h] = mx;
@@ -942,8 +941,8 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             float l = l_run[t][h];
-            l += __shfl_xor_sync(kFullMask, l, 1);
-            l += __shfl_xor_sync(kFullMask, l, 2);
+            l += __shfl_xor_sync(FULL_MASK, l, 1);
+            l += __shfl_xor_sync(FULL_MASK, l, 2);
             float factor, row_lse;
             if (p.sink == nullptr) {
                 factor = l > 0.f ? 1.f / l : 0.f;

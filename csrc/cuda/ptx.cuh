@@ -16,6 +16,9 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+/* every lane of a warp (the member mask of the *_sync warp intrinsics) */
+#define FULL_MASK 0xffffffffu
+
 /* D = A * B + D for one m16n8k16 tile, fp32 accumulators. T is __half or __nv_bfloat16. */
 template <typename T>
 __device__ __forceinline__ void mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2]);

@@ -58,6 +58,15 @@ def kernels(obj, tool):
     return funcs
 
 
+ANON = re.compile(r"\d+_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]+")
+
+
+def canonical(name):
+    """A mangled name with nvcc's per-file anonymous namespace (_GLOBAL__N__<hash>_<file>_cu_<hash>, whose hashes
+    depend on the file's path) written as the plain one, so that a kernel compares across trees and files."""
+    return ANON.sub("12_GLOBAL__N_1", name)
+
+
 def sections(objs, tool):
     """{(arch, mangled name): sha256 of the function's instruction lines in cuobjdump -sass} over the objects: each
     instruction's line (address, text, first encoding word) and the next (second word: the scheduling control bits);
@@ -73,7 +82,7 @@ def sections(objs, tool):
                 continue
             m = re.match(r"\s*Function : (\S+)", line)
             if m:
-                name = m.group(1)
+                name = canonical(m.group(1))
                 h = funcs.setdefault((arch, name), hashlib.sha256())
                 continue
             if name is not None and line.lstrip().startswith("/*"):  # the instruction lines, not the ELF's headers
@@ -95,7 +104,7 @@ def resources(objs, tool):
                 arch = m.group(1)
             m = re.match(r"\s*Function (\S+):", line)
             if m:
-                name = m.group(1)
+                name = canonical(m.group(1))
             elif name is not None and "REG:" in line:
                 out[(arch, name)] = line.strip()
                 name = None
@@ -110,7 +119,7 @@ def stubs(objs):
         for line in text.splitlines():
             m = re.search(r" b _ZZL?\d+__device_stub__(\S+)E\d+__handle$", line)
             if m:
-                names.add(m.group(1))
+                names.add(canonical(m.group(1)))
     return names
 
 
