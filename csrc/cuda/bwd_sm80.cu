@@ -97,9 +97,9 @@
 #include "../mask.h"
 #include "../score.h"
 #include "bwd_common.cuh"
+#include "common.cuh"
 #include "frag.cuh"
 #include "launch.h"
-#include "ptx.cuh"
 #include "tiles.h"
 
 

@@ -78,14 +78,13 @@
 #include "../mask.h"
 #include "../score.h"
 #include "bwd_common.cuh"
+#include "common.cuh"
 #include "launch.h"
-#include "ptx.cuh"
 #include "sched.cuh"
 #include "tiles.h"
 #include "wgmma.cuh"
 
 #define SM90_WARPGROUPS 2
-#define WARPGROUP_THREADS 128
 #define SM90_THREADS (SM90_WARPGROUPS * WARPGROUP_THREADS)     /* the two MMA warpgroups */
 #define SM90_THREADS_ALL (SM90_THREADS + WARPGROUP_THREADS)     /* + the dQ reducer warpgroup */
 #define SM90_MMA_WARPS (SM90_THREADS / FLASH_WARP_SIZE)

@@ -82,16 +82,15 @@
 #include "../constants.h"
 #include "../mask.h"
 #include "../score.h"
+#include "common.cuh"
 #include "frag.cuh"
 #include "launch.h"
-#include "ptx.cuh"
 #include "sched.cuh"
 #include "tiles.h"
 #include "wgmma.cuh"
 
-#define FWD90_WG_THREADS 128
 #define FWD90_CONSUMER_WGS 2
-#define FWD90_THREADS ((FWD90_CONSUMER_WGS + 1) * FWD90_WG_THREADS) /* producer + consumers */
+#define FWD90_THREADS ((FWD90_CONSUMER_WGS + 1) * WARPGROUP_THREADS) /* producer + consumers */
 #define FWD90_WG_ROWS 64                                          /* query rows per consumer: wgmma M */
 #define FWD90_BM (FWD90_CONSUMER_WGS * FWD90_WG_ROWS)             /* query rows per CTA */
 #define FWD90_PRODUCER_REGS 24  /* setmaxnreg of the producer warpgroup ... */
@@ -99,7 +98,6 @@
 #define FWD90_PANEL 64          /* columns of one sw128 panel = the TMA box's inner dimension */
 #define FWD90_WGMMA_K 16        /* K of one wgmma step */
 #define FWD90_PV_N 128 /* largest N of one P V wgmma (d256 issues two; one n256 measured no faster) */
-#define FWD90_CHUNK 8           /* 16-bit elements per 16-byte copy */
 #define FWD90_BAR_BYTES 8       /* one mbarrier (64 bits) */
 #define FWD90_SCHED_WARP 1      /* the producer warpgroup's warp that runs the dynamic scheduler */
 /* The dynamic scheduler runs varlen batches of the dense kernel up to this head dim (d256: one CTA per query
@@ -126,7 +124,7 @@
 #define FWD90_BAR_WORK_C_FULL 7
 #define FWD90_BAR_WORK_C_EMPTY 8
 #define FWD90_WORK_P_THREADS (2 * FLASH_WARP_SIZE)
-#define FWD90_WORK_C_THREADS (FLASH_WARP_SIZE + FWD90_CONSUMER_WGS * FWD90_WG_THREADS)
+#define FWD90_WORK_C_THREADS (FLASH_WARP_SIZE + FWD90_CONSUMER_WGS * WARPGROUP_THREADS)
 typedef fwd90_slot<FWD90_BAR_WORK_P_FULL, FWD90_BAR_WORK_P_EMPTY, FWD90_WORK_P_THREADS> fwd90_slot_p; /* sched.cuh */
 typedef fwd90_slot<FWD90_BAR_WORK_C_FULL, FWD90_BAR_WORK_C_EMPTY, FWD90_WORK_C_THREADS> fwd90_slot_c;
 
@@ -284,11 +282,11 @@ __device__ __forceinline__ void rescale_o(float (&o)[kN], const float (&alpha)[2
  * turn to the other. */
 __device__ __forceinline__ void turn_wait(int c)
 {
-    named_sync(FWD90_BAR_TURN + c, FWD90_CONSUMER_WGS * FWD90_WG_THREADS);
+    named_sync(FWD90_BAR_TURN + c, FWD90_CONSUMER_WGS * WARPGROUP_THREADS);
 }
 __device__ __forceinline__ void turn_pass(int c)
 {
-    named_arrive(FWD90_BAR_TURN + (c ^ 1), FWD90_CONSUMER_WGS * FWD90_WG_THREADS);
+    named_arrive(FWD90_BAR_TURN + (c ^ 1), FWD90_CONSUMER_WGS * WARPGROUP_THREADS);
 }
 
 /* What a consumer's main loop carries. */
@@ -649,10 +647,10 @@ __device__ __forceinline__ int consumer_tiles(fwd90_state<kHeadDim, kBlockN> &st
 template <typename T, int kHeadDim, int kBlockN>
 __device__ __forceinline__ void copy_v_tail(uint32_t sv, const T *g, int64_t stride, int rows, int d, int lane)
 {
-    constexpr int kChunks = kHeadDim / FWD90_CHUNK;
+    constexpr int kChunks = kHeadDim / CHUNK;
 #pragma unroll 4
     for (int idx = lane; idx < kBlockN * kChunks; idx += FLASH_WARP_SIZE) {
-        const int r = idx / kChunks, cc = (idx % kChunks) * FWD90_CHUNK;
+        const int r = idx / kChunks, cc = (idx % kChunks) * CHUNK;
         const bool ok = r < rows && cc < d;
         cp_async_16(sv + sw128_offset(kBlockN, r, cc), ok ? (const void *)(g + r * stride + cc) : (const void *)g, ok);
     }
@@ -704,7 +702,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     }
     __syncthreads();
 
-    const int wg = tid / FWD90_WG_THREADS;
+    const int wg = tid / WARPGROUP_THREADS;
     if (wg == 0) {
         /* ---- producer: warp 0 (lane 0 issues the TMA loads; the whole warp copies V tails) ---- */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FWD90_PRODUCER_REGS));
@@ -797,7 +795,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
 
     /* ---- consumers ---- */
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FWD90_CONSUMER_REGS));
-    const int c = wg - 1, ctid = tid - c * FWD90_WG_THREADS - FWD90_WG_THREADS;
+    const int c = wg - 1, ctid = tid - c * WARPGROUP_THREADS - WARPGROUP_THREADS;
     const int lane = tid % FLASH_WARP_SIZE, warp = ctid / FLASH_WARP_SIZE;
     const int q_row0 = c * FWD90_WG_ROWS;             /* the consumer's rows in the Q tile */
     const int r_loc = q_row0 + warp * FWD90_WARP_ROWS + lane / FWD90_QUAD; /* the thread's first row in the tile */
@@ -973,8 +971,8 @@ static int fwd90_make_map(CUtensorMap *map, const flash_params *p, const void *p
 
 static int fwd90_aligned(const void *ptr, const flash_strides *s)
 {
-    return (uintptr_t)ptr % 16 == 0 && s->row % FWD90_CHUNK == 0 && s->head % FWD90_CHUNK == 0 &&
-           s->batch % FWD90_CHUNK == 0;
+    return (uintptr_t)ptr % 16 == 0 && s->row % CHUNK == 0 && s->head % CHUNK == 0 &&
+           s->batch % CHUNK == 0;
 }
 
 static int fwd90_head_dim(int64_t d)
@@ -1020,7 +1018,7 @@ extern "C" int flash_fwd_sm90_ok(const flash_params *p)
                                                         p->dropout_threshold == 0);
     return (p->dtype == FLASH_FP16 || p->dtype == FLASH_BF16) && hooks_ok && p->block_table == NULL &&
            p->num_splits <= 1 && p->b >= 1 && p->h >= 1 && p->d >= 1 && p->d <= FLASH_CUDA_MAX_HEAD_DIM &&
-           p->d % FWD90_CHUNK == 0 &&
+           p->d % CHUNK == 0 &&
            p->scale_log2 > 0.f && p->sq >= 1 && p->sk >= 1 && q_rows >= 1 && k_rows >= 1 && q_rows < INT_MAX &&
            k_rows < INT_MAX && (p->sq + FWD90_BM - 1) / FWD90_BM * p->h * p->b < INT_MAX && p->h_per_kv >= 1 &&
            (p->k_batch_idx == NULL || p->k_batches >= 1) && fwd90_aligned(p->q, &p->q_s) &&

@@ -40,7 +40,7 @@
 
 #include "../constants.h"
 #include "../mask.h"
-#include "bwd_common.cuh"
+#include "common.cuh"
 #include "launch.h"
 
 /* ------------------------------------------------------------------------------------------------ */

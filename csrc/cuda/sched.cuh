@@ -27,7 +27,7 @@
 
 #include "../flash.h"
 #include "../mask.h"
-#include "ptx.cuh"
+#include "common.cuh"
 #include "wgmma.cuh"
 
 /* ------------------------------------------------------------------------------------------------ */
