@@ -11,7 +11,7 @@
 #include <cmath>
 #include <vector>
 
-#include "ptx.cuh"
+#include "common.cuh"
 #include "wgmma.cuh"
 
 typedef __nv_bfloat16 bf16;

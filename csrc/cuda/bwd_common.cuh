@@ -1,7 +1,8 @@
-/* bwd_common.cuh: pieces shared by the backward kernels of bwd_sm80.cu and bwd_sm90.cu: constants,
- * the lse helper, accumulator repacking, the dQ reduction into the fp32 accumulator, and the
- * dK/dV epilogue. Fragment layouts are those of ptx.cuh (mma.sync m16n8k16; wgmma uses the same
- * per-warp layouts). Varlen: the epilogue addresses one sequence's keys through its flash_seq (mask.h). */
+/* bwd_common.cuh: pieces shared by the backward kernels of bwd_sm80.cu and bwd_sm90.cu: the lse helper, the
+ * band constants of a key tile (and the per-CTA copy of its sequence's constants in shared memory), the dQ
+ * reduction into the fp32 accumulator, and the dK/dV epilogue. Fragment layouts are those of common.cuh
+ * (mma.sync m16n8k16; wgmma uses the same per-warp layouts). Varlen: the epilogue addresses one sequence's keys
+ * through its flash_seq (mask.h). */
 #ifndef FLASHATTN_EXT_BWD_COMMON_CUH
 #define FLASHATTN_EXT_BWD_COMMON_CUH
 
@@ -14,52 +15,13 @@
 #include "../constants.h"
 #include "../flash.h"
 #include "../mask.h"
-#include "ptx.cuh"
-
-#define WARP_SIZE FLASH_WARP_SIZE
-#define FULL_MASK 0xffffffffu
-/* elements of a 16-bit type per 16-byte cp.async */
-#define CHUNK 8
-
-template <typename T>
-__device__ __forceinline__ float2 unpack2(uint32_t v);
-
-template <>
-__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t v)
-{
-    return __bfloat1622float2(*(__nv_bfloat162 *)&v);
-}
-
-template <>
-__device__ __forceinline__ float2 unpack2<__half>(uint32_t v)
-{
-    return __half22float2(*(__half2 *)&v);
-}
-
-/* One fp16 / bf16 element as float (torch builds with __CUDA_NO_HALF_CONVERSIONS__: no implicit casts). */
-__device__ __forceinline__ float half_to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float half_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+#include "common.cuh"
 
 /* lse (natural log) -> the log2-domain subtrahend of the exponent; -inf (row sees no key) maps to
  * +inf so that exp2(s - inf) = 0 without ever forming inf - inf. */
 __device__ __forceinline__ float lse_to_log2(float lse)
 {
     return lse == -INFINITY ? INFINITY : lse * FLASH_LOG2E_F;
-}
-
-/* flash_seq_of(p, b) of a CTA's sequence, each field broadcast from lane 0: ptxas then treats the
- * values as warp-uniform (and drops the shuffles), so that what is derived from them, the CTA's base
- * pointers above all, stays on the uniform datapath like the flash_params fields they replace (a value
- * loaded from cu_seqlens is otherwise a per-thread register: measured +5% instructions per tile). */
-__device__ __forceinline__ flash_seq flash_seq_uniform(const flash_params &p, int64_t b)
-{
-    flash_seq s = flash_seq_of(&p, b);
-    int64_t *f[] = {&s.sq,       &s.sk,      &s.q_row0,  &s.k_row0,      &s.k_batch,
-                    &s.lse_row0, &s.diag_lo, &s.diag_hi, &s.alibi_offset};
-#pragma unroll
-    for (int i = 0; i < (int)(sizeof(f) / sizeof(f[0])); ++i)
-        *f[i] = __shfl_sync(FULL_MASK, *f[i], 0);
-    return s;
 }
 
 /* The band [lo, hi] of flash_tile_diag for the query tiles m0 of key tile n0 (dK/dV kernels), in a
@@ -136,30 +98,6 @@ __device__ __forceinline__ int bwd_seq_alibi(uint32_t sc)
     int v;
     asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(sc + (uint32_t)offsetof(bwd_seq_consts, alibi_offset)));
     return v;
-}
-
-/* Async copy of n fp32 values g[0, n_valid) into s[0, n), zero beyond. */
-template <int N, int NT>
-__device__ __forceinline__ void load_vec_async(float *s, const float *g, int n_valid, int tid)
-{
-#pragma unroll
-    for (int it = 0; it < (N + NT - 1) / NT; ++it) {
-        const int idx = it * NT + tid;
-        if (N % NT == 0 || idx < N) {
-            const bool valid = idx < n_valid;
-            cp_async_4(smem_u32(s + idx), valid ? g + idx : g, valid);
-        }
-    }
-}
-
-/* Repack two adjacent n8 accumulator tiles (16 x 16, fp32) into one A fragment of the dtype. */
-template <typename T>
-__device__ __forceinline__ void acc_to_a(uint32_t a[4], const float c0[4], const float c1[4])
-{
-    a[0] = pack2<T>(c0[0], c0[1]);
-    a[1] = pack2<T>(c0[2], c0[3]);
-    a[2] = pack2<T>(c1[0], c1[1]);
-    a[3] = pack2<T>(c1[2], c1[3]);
 }
 
 /* Add one n8 accumulator tile (rows r, r+8 of a (rows, ld) fp32 matrix at `base`, columns col0..+8)

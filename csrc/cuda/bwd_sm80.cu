@@ -1,11 +1,10 @@
 /* bwd_sm80.cu: FlashAttention-2 backward for fp16/bf16 on mma.sync m16n8k16 (fp32 accumulators),
  * sm80 and later. launch.cu calls its entry points in order (launch.h); on Hopper (sm_90a builds) the
- * main kernel is bwd_sm90.cu's, the preprocess, the deterministic dQ kernel and the postprocess are
- * this file's on every GPU.
+ * main kernel is bwd_sm90.cu's, the deterministic dQ kernel is this file's on every GPU, and the row-wise
+ * preprocess and postprocess are rows.cu's for both.
  *
  * Algorithm (nothing of size sq x sk is ever stored):
- *   1. bwd_preprocess_kernel, grid (row blocks, h, b), a power of two of threads per row (row_lanes_log2):
- *      delta_i = rowsum(dO_i * O_i) in fp32; zeroes the dq_accum row.
+ *   1. rows.cu's preprocess: delta_i = rowsum(dO_i * O_i) in fp32; zeroes the dq_accum row.
  *   2. bwd_main_kernel, grid (key tiles, h, b): a CTA owns BC keys of one query head. K and V of the
  *      tile are loaded once (cp.async); the CTA walks the query tiles of BR rows that the band of
  *      mask.h lets see the tile (flash_query_tiles: [first, end); tiles in [full_first, full_end)
@@ -18,8 +17,8 @@
  *                                          dq_accum with vector red.add (sm90) or scalar red.add (sm80).
  *      dK is scaled by `scale` at the end and written in the dtype (h == h_kv) or, for GQA, as fp32
  *      per query head into dk_accum/dv_accum.
- *   3. bwd_dq_post_kernel, the preprocess's grid: dq = dq_accum * scale in the dtype; bwd_dkv_post_kernel (GQA only):
- *      dk/dv = sum over the h/h_kv query heads of dk_accum/dv_accum, in a fixed order.
+ *   3. rows.cu's postprocess: dq = dq_accum * scale in the dtype; GQA only: dk/dv = sum over the h/h_kv
+ *      query heads of dk_accum/dv_accum, in a fixed order.
  *   Deterministic mode (p->deterministic): the main kernel skips dQ; bwd_dq_kernel, grid (query
  *   tiles, h, b), walks the key tiles of flash_key_tiles in order recomputing S, P, dP, dS, keeps dQ
  *   in registers and writes dq directly. Bitwise reproducible; costs S and dP twice. (On Hopper the
@@ -98,9 +97,9 @@
 #include "../mask.h"
 #include "../score.h"
 #include "bwd_common.cuh"
+#include "common.cuh"
 #include "frag.cuh"
 #include "launch.h"
-#include "ptx.cuh"
 #include "tiles.h"
 
 
@@ -108,7 +107,6 @@
  * bank groups, so ldmatrix (plain and .trans) and 4-byte fragment stores have no conflicts. */
 #define SMEM_PAD 8
 
-#define POST_THREADS 256   /* threads per block of the preprocess and postprocess kernels */
 #define MAIN_WARPS 8       /* warps per CTA of the main kernel */
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -296,75 +294,6 @@ __device__ __forceinline__ void hook_prepass(const flash_params &p, const hook_c
         for (int k = 0; k < n; ++k)
             dp[k] *= hc.dropout_scale;
     }
-}
-
-/* ------------------------------------------------------------------------------------------------ */
-/* preprocess: delta = rowsum(dO * O), zero dq_accum and dq_semaphore                                */
-
-/* The row-wise kernels (preprocess, dQ postprocess) give each query row 2^row_lanes_log2(d) threads, one per
- * CHUNK columns rounded up to a power of two (a row's threads are an aligned group of lanes of one warp), and
- * block x of the grid (row blocks, h, b) rows [x R, x R + R), R = POST_THREADS >> row_lanes_log2(d), of query
- * head y of batch z: index arithmetic in shifts, every lane busy at d = 64, 128, 256. */
-__host__ __device__ inline int row_lanes_log2(int d)
-{
-    int lg = 0;
-    while ((CHUNK << lg) < d)
-        ++lg;
-    return lg;
-}
-
-/* The row-wise kernels (preprocess, dQ and dK / dV postprocess) are memory-bound passes: one kernel each for
- * both 16-bit dtypes, whose threads take the body of p.dtype (a uniform branch; launched for fp16 / bf16 only)
- * instead of an instantiation per dtype. */
-
-/* One row of a (b, hq) per 2^lg threads (varlen: sq = max_seqlen_q, rows past the sequence's end do nothing;
- * they take part in the row's shuffles with a zero sum); thread l of the row reads CHUNK consecutive elements
- * of O and dO at column CHUNK l and zeroes float4 columns l, l + 2^lg, ... of the row's dq_accum (where the
- * main kernel adds dQ into it) and, at every FLASH_DQ_SEM_ROWS-th row, the row's dq_semaphore entry. */
-template <typename T>
-__device__ __forceinline__ void preprocess_rows(const flash_params &p)
-{
-    const int d = (int)p.d, lg = row_lanes_log2(d), lanes = 1 << lg, lr = threadIdx.x & (lanes - 1);
-    const int64_t i = (int64_t)blockIdx.x * (POST_THREADS >> lg) + (threadIdx.x >> lg), hq = blockIdx.y, b = blockIdx.z;
-    const flash_seq s = flash_seq_of(&p, b);
-    const bool live = i < s.sq;
-    const int c = lr * CHUNK;
-    float sum = 0.f;
-    if (live && c < d) {
-        const T *o = (const T *)p.o + b * p.o_s.batch + (s.q_row0 + i) * p.o_s.row + hq * p.o_s.head;       /* (d) */
-        const T *dout = (const T *)p.dout + b * p.do_s.batch + (s.q_row0 + i) * p.do_s.row + hq * p.do_s.head; /* (d) */
-        const uint4 ov = *(const uint4 *)(o + c), dv = *(const uint4 *)(dout + c);
-        const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const float2 of = unpack2<T>(ow[k]), df = unpack2<T>(dw[k]);
-            sum += of.x * df.x + of.y * df.y;
-        }
-    }
-    for (int off = lanes / 2; off > 0; off /= 2)
-        sum += __shfl_xor_sync(FULL_MASK, sum, off);
-    if (!live)
-        return;
-    const int64_t row = flash_lse_offset(&p, &s, b, hq) + i; /* of delta; dq_accum: times d */
-    if (lr == 0)
-        ((float *)p.delta)[row] = sum;
-    if (!p.deterministic || p.dq_semaphore != NULL) {
-        float4 *acc = (float4 *)(p.dq_accum + row * d); /* (d / 4) */
-        for (int c4 = lr; c4 < d / 4; c4 += lanes)
-            acc[c4] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    if (p.dq_semaphore != NULL && lr == 0 && i % FLASH_DQ_SEM_ROWS == 0) {
-        const int64_t sem_tiles = flash_dq_sem_tiles(&p);
-        p.dq_semaphore[(b * p.h + hq) * sem_tiles + i / FLASH_DQ_SEM_ROWS] = 0;
-    }
-}
-
-__global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_kernel(const flash_params p)
-{
-    if (p.dtype == FLASH_BF16)
-        preprocess_rows<__nv_bfloat16>(p);
-    else
-        preprocess_rows<__half>(p);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -1072,94 +1001,11 @@ __global__ void __launch_bounds__(BRQ / 16 * FLASH_WARP_SIZE, 1)
 }
 
 /* ------------------------------------------------------------------------------------------------ */
-/* postprocess                                                                                      */
-
-/* dq = dq_accum * scale, one row of a (b, hq) per 2^lg threads as the preprocess (varlen: rows past the
- * sequence's end do nothing); thread l of the row converts CHUNK consecutive elements at column CHUNK l. */
-template <typename T>
-__device__ __forceinline__ void dq_post_rows(const flash_params &p)
-{
-    const int d = (int)p.d, lg = row_lanes_log2(d), c = (int)(threadIdx.x & ((1u << lg) - 1)) * CHUNK;
-    const int64_t i = (int64_t)blockIdx.x * (POST_THREADS >> lg) + (threadIdx.x >> lg), hq = blockIdx.y, b = blockIdx.z;
-    const flash_seq s = flash_seq_of(&p, b);
-    if (i >= s.sq || c >= d)
-        return;
-    const int64_t row = flash_lse_offset(&p, &s, b, hq) + i;
-    const float scale = (float)p.scale;
-    const float4 *src = (const float4 *)(p.dq_accum + row * d + c); /* (8) of dq_accum (lse layout, d) */
-    const float4 x = src[0], y = src[1];
-    uint4 out;
-    out.x = pack2<T>(x.x * scale, x.y * scale);
-    out.y = pack2<T>(x.z * scale, x.w * scale);
-    out.z = pack2<T>(y.x * scale, y.y * scale);
-    out.w = pack2<T>(y.z * scale, y.w * scale);
-    *(uint4 *)((T *)p.dq + b * p.dq_s.batch + (s.q_row0 + i) * p.dq_s.row + hq * p.dq_s.head + c) = out;
-}
-
-__global__ void __launch_bounds__(POST_THREADS) bwd_dq_post_kernel(const flash_params p)
-{
-    if (p.dtype == FLASH_BF16)
-        dq_post_rows<__nv_bfloat16>(p);
-    else
-        dq_post_rows<__half>(p);
-}
-
-/* GQA: one thread per 8 consecutive elements of dk and dv (b, key j < sk, h_kv; varlen: keys past
- * the sequence's end do nothing): the sum over the group's query heads, in head order. */
-template <typename T>
-__device__ __forceinline__ void dkv_post_rows(const flash_params &p)
-{
-    const int64_t idx = (int64_t)blockIdx.x * POST_THREADS + threadIdx.x;
-    const int d = (int)p.d, cpr = d / CHUNK;
-    if (idx >= p.b * p.sk * p.h_kv * cpr)
-        return;
-    const int c = (int)(idx % cpr) * CHUNK;
-    const int64_t row = idx / cpr, hk = row % p.h_kv, bj = row / p.h_kv, j = bj % p.sk, b = bj / p.sk;
-    const flash_seq s = flash_seq_of(&p, b);
-    if (j >= s.sk)
-        return;
-    const int64_t arow = flash_kaccum_row(&p, &s, b, j);
-#pragma unroll
-    for (int which = 0; which < 2; ++which) {
-        const float *acc = which == 0 ? p.dk_accum : p.dv_accum; /* (rows, h, d) */
-        const float *src = acc + (arow * p.h + hk * p.h_per_kv) * d + c;
-        float v[CHUNK] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        for (int64_t g = 0; g < p.h_per_kv; ++g) {
-            const float4 x = ((const float4 *)(src + g * d))[0], y = ((const float4 *)(src + g * d))[1];
-            v[0] += x.x; v[1] += x.y; v[2] += x.z; v[3] += x.w;
-            v[4] += y.x; v[5] += y.y; v[6] += y.z; v[7] += y.w;
-        }
-        uint4 out;
-        out.x = pack2<T>(v[0], v[1]);
-        out.y = pack2<T>(v[2], v[3]);
-        out.z = pack2<T>(v[4], v[5]);
-        out.w = pack2<T>(v[6], v[7]);
-        const flash_strides &os = which == 0 ? p.dk_s : p.dv_s;
-        T *dst = (T *)(which == 0 ? p.dk : p.dv) + s.k_batch * os.batch + (s.k_row0 + j) * os.row + hk * os.head + c;
-        *(uint4 *)dst = out;
-    }
-}
-
-__global__ void __launch_bounds__(POST_THREADS) bwd_dkv_post_kernel(const flash_params p)
-{
-    if (p.dtype == FLASH_BF16)
-        dkv_post_rows<__nv_bfloat16>(p);
-    else
-        dkv_post_rows<__half>(p);
-}
-
-/* ------------------------------------------------------------------------------------------------ */
 /* launch                                                                                           */
 
 static unsigned int blocks_for(int64_t items, int per_block)
 {
     return (unsigned int)((items + per_block - 1) / per_block);
-}
-
-/* The grid of the row-wise kernels (preprocess, dQ postprocess): (row blocks, h, b). */
-static dim3 row_grid(const flash_params *p)
-{
-    return dim3(blocks_for(p->sq, POST_THREADS >> row_lanes_log2((int)p->d)), (unsigned int)p->h, (unsigned int)p->b);
 }
 
 /* Dynamic shared memory (bytes, 16-bit elements) of the main kernel (K, V, two Q and dO stages, P^T,
@@ -1300,16 +1146,6 @@ extern "C" cudaError_t flash_bwd_sm80_check(const flash_params *p)
     return cudaSuccess;
 }
 
-extern "C" cudaError_t flash_bwd_sm80_pre(const flash_params *p, cudaStream_t stream)
-{
-    if (p->b == 0 || p->h == 0 || p->sq == 0)
-        return cudaSuccess;
-    if (p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16)
-        return cudaErrorInvalidValue;
-    bwd_preprocess_kernel<<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
-    return cudaGetLastError();
-}
-
 extern "C" cudaError_t flash_bwd_main_sm80(const flash_params *p, flash_tiles t, cudaStream_t stream)
 {
     return launch_dtype(p, t, BWD_PART_MAIN, stream);
@@ -1320,23 +1156,3 @@ extern "C" cudaError_t flash_bwd_sm80_dq(const flash_params *p, flash_tiles t, c
     return launch_dtype(p, t, BWD_PART_DQ, stream);
 }
 
-extern "C" cudaError_t flash_bwd_sm80_dq_post(const flash_params *p, cudaStream_t stream)
-{
-    if (p->b == 0 || p->h == 0 || p->sq == 0)
-        return cudaSuccess;
-    if (p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16)
-        return cudaErrorInvalidValue;
-    bwd_dq_post_kernel<<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t flash_bwd_sm80_dkv_post(const flash_params *p, cudaStream_t stream)
-{
-    const unsigned int blocks = blocks_for(p->b * p->sk * p->h_kv * (p->d / CHUNK), POST_THREADS);
-    if (p->h == p->h_kv || blocks == 0)
-        return cudaSuccess;
-    if (p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16)
-        return cudaErrorInvalidValue;
-    bwd_dkv_post_kernel<<<blocks, POST_THREADS, 0, stream>>>(*p);
-    return cudaGetLastError();
-}

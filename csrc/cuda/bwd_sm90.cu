@@ -51,7 +51,7 @@
  *   dP^T times keep * dropout_scale, dS^T = P^T (dP^T - delta); with dbias (dS^T before the softcap
  *   factor, written to p.dbias) the derivative waits in dS^T's shared memory (fp16) instead.
  * Work order: the grid is (key tiles, h, b); with a band that has an upper bound (causal, windows) the dense
- *   kernels map each CTA's linear index heaviest key tile first within groups of heads (bwd90_cta_of), so
+ *   kernels map each CTA's linear index heaviest key tile first within groups of heads (sched.cuh bwd90_cta_of), so
  *   that the grid's last CTAs are light ones.
  * Varlen (cu_seqlens, seqused_k): each CTA takes its sequence once (flash_seq_uniform: flash_seq_of
  *   as warp-uniform values, so the base pointers stay on the uniform datapath) and returns at once when
@@ -78,13 +78,13 @@
 #include "../mask.h"
 #include "../score.h"
 #include "bwd_common.cuh"
+#include "common.cuh"
 #include "launch.h"
-#include "ptx.cuh"
+#include "sched.cuh"
 #include "tiles.h"
 #include "wgmma.cuh"
 
 #define SM90_WARPGROUPS 2
-#define WARPGROUP_THREADS 128
 #define SM90_THREADS (SM90_WARPGROUPS * WARPGROUP_THREADS)     /* the two MMA warpgroups */
 #define SM90_THREADS_ALL (SM90_THREADS + WARPGROUP_THREADS)     /* + the dQ reducer warpgroup */
 #define SM90_MMA_WARPS (SM90_THREADS / FLASH_WARP_SIZE)
@@ -341,72 +341,6 @@ __device__ __forceinline__ int computed_here(int x)
     int r;
     asm volatile("mov.b32 %0, %1;\n" : "=r"(r) : "r"(x));
     return r;
-}
-
-/* The CTA's key tile, query head and batch. The grid is (key tiles, h, b), which the hardware starts in
- * x, y, z order. A band with an upper bound (causal, windows) makes a key tile's work fall with its index;
- * there the dense kernels walk the grid heaviest first within groups of query heads whose Q and dO fit in
- * BWD90_GROUP_BYTES (so that the CTAs in flight share them in L2, as in the grid's own order): key tile 0
- * of every head of the group, then key tile 1, ... The last CTAs of the grid are then light ones, not the
- * heavy first key tiles of the last heads. */
-#define BWD90_GROUP_BYTES (16 << 20) /* Q and dO bytes of one group of query heads */
-struct bwd90_cta {
-    int tile, hq, b;
-};
-
-/* The grid's linear index walked in groups of query heads (BWD90_GROUP_BYTES of Q and dO each), key tile
- * as the outer index inside a group: c.tile is the key tile's position in that walk (0 first). */
-__device__ __forceinline__ bwd90_cta bwd90_grouped(const flash_params &p, int qdo_row_bytes)
-{
-    bwd90_cta c;
-    const unsigned tiles = gridDim.x, pairs = gridDim.y * gridDim.z;
-    const unsigned lin = blockIdx.x + tiles * (blockIdx.y + gridDim.y * blockIdx.z);
-    const unsigned head_bytes = p.sq > BWD90_GROUP_BYTES / qdo_row_bytes ? BWD90_GROUP_BYTES
-                                                                          : (unsigned)flash_max64(p.sq, 1) * qdo_row_bytes;
-    const unsigned group = min(pairs, BWD90_GROUP_BYTES / head_bytes); /* query heads per group, >= 1 */
-    uint32_t pair, pos;
-    flash_group_walk(lin, tiles, pairs, group, &pair, &pos);
-    c.tile = (int)pos;
-    c.hq = (int)(pair % gridDim.y);
-    c.b = (int)(pair / gridDim.y);
-    return c;
-}
-
-template <bool kOrdered>
-__device__ __forceinline__ bwd90_cta bwd90_cta_of(const flash_params &p, int qdo_row_bytes)
-{
-    const unsigned tiles = gridDim.x, pairs = gridDim.y * gridDim.z;
-    if (!kOrdered || p.band_right < 0 || (uint64_t)tiles * pairs > UINT_MAX) {
-        bwd90_cta c;
-        c.tile = (int)blockIdx.x;
-        c.hq = (int)blockIdx.y;
-        c.b = (int)blockIdx.z;
-        return c;
-    }
-    return bwd90_grouped(p, qdo_row_bytes);
-}
-
-/* Deterministic mode with ordered dQ additions (ORDERED): key tiles in descending order within each (query
- * head, batch), the order in which their dQ partials of a query tile are added (dq_reducer). A CTA then waits
- * only for CTAs that the hardware started before it, and under a causal band the CTAs of a head, started
- * together, reach each query tile one after the other in that order (no waits in lockstep).
- * The dense kernels walk the heads in groups as bwd90_grouped (key tiles descending): the CTAs that start
- * together spread over the group's heads instead of piling onto one head's chain, whose links they would then
- * wait for in a wavefront (non-causal det / default time d64 s2k / s8k 1.30 / 1.19 -> 1.02 / 1.03, d128 s2k
- * 1.26 -> 1.13, against the grid's own order: benchmarks/results/h200/det_ab_2026-12-02). */
-template <bool kGrouped> /* false: the HOOK kernels, whose helpers read the head and batch from blockIdx */
-__device__ __forceinline__ bwd90_cta bwd90_cta_descending(const flash_params &p, int qdo_row_bytes)
-{
-    bwd90_cta c;
-    if (kGrouped && (uint64_t)gridDim.x * gridDim.y * gridDim.z <= UINT_MAX) {
-        c = bwd90_grouped(p, qdo_row_bytes);
-    } else {
-        c.tile = (int)blockIdx.x;
-        c.hq = (int)blockIdx.y;
-        c.b = (int)blockIdx.z;
-    }
-    c.tile = (int)gridDim.x - 1 - c.tile;
-    return c;
 }
 
 /* ------------------------------------------------------------------------------------------------ */

@@ -40,18 +40,16 @@
 #include "../constants.h"
 #include "../mask.h"
 #include "../score.h"
+#include "common.cuh"
 #include "launch.h"
-#include "ptx.cuh"
 #include "tiles.h"
 
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kMmaM = 16; /* m16n8k16 */
 constexpr int kMmaN = 8;
 constexpr int kMmaK = 16;
 constexpr int kElemBytes = 2;   /* fp16 / bf16 */
-constexpr int kChunkElems = 8;  /* one 16-byte chunk = 8 16-bit elements */
 constexpr int kChunkShift = 4;  /* log2(16 bytes) */
 constexpr int kSwizzleMask = 7; /* 8 chunks of 16 bytes span all 32 banks */
 constexpr int kQuadLanes = 4;   /* lanes sharing one accumulator row */
@@ -120,7 +118,7 @@ __host__ __device__ inline int64_t decode_row_blocks(const flash_params *p)
 }
 
 /* o[0, 8) += w src[0, 8) (src 16-byte aligned: two vector loads). */
-__device__ __forceinline__ void axpy8(float (&o)[kChunkElems], float w, const float *src)
+__device__ __forceinline__ void axpy8(float (&o)[CHUNK], float w, const float *src)
 {
     const float4 lo = *(const float4 *)src, hi = *(const float4 *)(src + 4);
     o[0] += w * lo.x, o[1] += w * lo.y, o[2] += w * lo.z, o[3] += w * lo.w;
@@ -129,11 +127,11 @@ __device__ __forceinline__ void axpy8(float (&o)[kChunkElems], float w, const fl
 
 /* dst[0, 8) = o[0, 8) * factor in T (dst 16-byte aligned: one vector store). */
 template <typename T>
-__device__ __forceinline__ void store8(T *dst, const float (&o)[kChunkElems], float factor)
+__device__ __forceinline__ void store8(T *dst, const float (&o)[CHUNK], float factor)
 {
-    uint32_t packed[kChunkElems / 2];
+    uint32_t packed[CHUNK / 2];
 #pragma unroll
-    for (int c = 0; c < kChunkElems / 2; c++)
+    for (int c = 0; c < CHUNK / 2; c++)
         packed[c] = pack2<T>(o[2 * c] * factor, o[2 * c + 1] * factor);
     *(uint4 *)dst = make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
@@ -151,14 +149,14 @@ template <typename T, typename Cfg, bool kPaged>
 __device__ __forceinline__ void load_kv(const flash_params &p, const flash_seq &seq, uint32_t sk_tile, uint32_t sv_tile,
                                         const T *kbase, const T *vbase, int t, int sk, int d, int lane)
 {
-    constexpr int kChunks = Cfg::kHeadDim / kChunkElems;
+    constexpr int kChunks = Cfg::kHeadDim / CHUNK;
     constexpr int kRowBytes = Cfg::kHeadDim * kElemBytes;
     constexpr int kLaneRows = FLASH_WARP_SIZE / kChunks; /* rows per instruction */
     constexpr int kSteps = kWarpKeys / kLaneRows;
     static_assert(FLASH_WARP_SIZE % kChunks == 0 && kWarpKeys % kLaneRows == 0, "tile split over the lanes");
     const int chunk = lane % kChunks;
     const int row = lane / kChunks;
-    const bool chunk_ok = chunk * kChunkElems < d;
+    const bool chunk_ok = chunk * CHUNK < d;
     const int j0 = t * kWarpKeys;
     int64_t koff_l = 0, voff_l = 0;
     if constexpr (kPaged) {
@@ -176,14 +174,14 @@ __device__ __forceinline__ void load_kv(const flash_params &p, const flash_seq &
         const bool ok = chunk_ok && j0 + r < sk;
         int64_t koff, voff;
         if constexpr (kPaged) {
-            koff = __shfl_sync(kFullMask, koff_l, r);
-            voff = __shfl_sync(kFullMask, voff_l, r);
+            koff = __shfl_sync(FULL_MASK, koff_l, r);
+            voff = __shfl_sync(FULL_MASK, voff_l, r);
         } else {
             koff = (int64_t)(j0 + r) * p.k_s.row;
             voff = (int64_t)(j0 + r) * p.v_s.row;
         }
-        const T *ks = kbase + koff + chunk * kChunkElems;
-        const T *vs = vbase + voff + chunk * kChunkElems;
+        const T *ks = kbase + koff + chunk * CHUNK;
+        const T *vs = vbase + voff + chunk * CHUNK;
         cp_async_16(sk_tile + swz<kRowBytes>(r, chunk), ok ? (const void *)ks : (const void *)kbase, ok);
         cp_async_16(sv_tile + swz<kRowBytes>(r, chunk), ok ? (const void *)vs : (const void *)vbase, ok);
     }
@@ -217,7 +215,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
     constexpr int kTileBytes = kWarpKeys * kRowBytes;
     constexpr int kDT = kHeadDim / kMmaN;  /* n8 tiles of O */
     constexpr int kQK = kHeadDim / kMmaK;  /* k16 steps of S = Q K^T */
-    constexpr int kChunks = kHeadDim / kChunkElems;
+    constexpr int kChunks = kHeadDim / CHUNK;
     constexpr int kMergeRow = kHeadDim + kMergePad;
     static_assert(sizeof(T) == kElemBytes, "16-bit types only");
     static_assert(decode_merge_bytes<Cfg>() <= kWarps * decode_ring_bytes<Cfg>(), "merge area exceeds the rings");
@@ -254,10 +252,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
         for (int idx = tid; idx < kRows * kChunks; idx += kThreads) {
             const int rr = idx / kChunks, chunk = idx % kChunks;
             const int64_t x = x0 + rr;
-            const bool ok = x < x_end && chunk * kChunkElems < d;
+            const bool ok = x < x_end && chunk * CHUNK < d;
             const int64_t xi = ok ? x : 0;
             const T *src = (const T *)p.q + batch * p.q_s.batch + (seq.q_row0 + xi / g) * p.q_s.row +
-                           (kv_head * g + xi % g) * p.q_s.head + chunk * kChunkElems;
+                           (kv_head * g + xi % g) * p.q_s.head + chunk * CHUNK;
             cp_async_16(sQ + swz<kRowBytes>(rr, chunk), ok ? (const void *)src : p.q, ok);
         }
         cp_async_commit();
@@ -383,8 +381,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             float mx = fmaxf(m_run[h], fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1])));
-            mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
             const float ms = mx == -INFINITY ? 0.f : mx * kLog2e;
             const float alpha = exp2_approx(m_run[h] * kLog2e - ms); /* 0 while m_old = -inf */
             m_run[h] = mx;
@@ -432,8 +430,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         float l = l_run[h];
-        l += __shfl_xor_sync(kFullMask, l, 1);
-        l += __shfl_xor_sync(kFullMask, l, 2);
+        l += __shfl_xor_sync(FULL_MASK, l, 1);
+        l += __shfl_xor_sync(FULL_MASK, l, 2);
         const int r = lane / kQuadLanes + h * kHalfRows;
         if (lane % kQuadLanes == 0) {
             mm[r] = m_run[h];
@@ -452,7 +450,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
         const int r = idx / kChunks;
         const int chunk = idx % kChunks;
         const int64_t x = x0 + r;
-        if (x >= x_end || chunk * kChunkElems >= d)
+        if (x >= x_end || chunk * CHUNK >= d)
             continue;
         const int64_t i = x / g, hq = kv_head * g + x % g;
         float mw[kWarps], M = -INFINITY;
@@ -461,22 +459,22 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
             mw[w] = merge[w * kRows * (kMergeRow + 2) + kRows * kMergeRow + r];
             M = fmaxf(M, mw[w]);
         }
-        float L = 0.f, o[kChunkElems];
+        float L = 0.f, o[CHUNK];
 #pragma unroll
-        for (int c = 0; c < kChunkElems; c++)
+        for (int c = 0; c < CHUNK; c++)
             o[c] = 0.f;
 #pragma unroll
         for (int w = 0; w < kWarps; w++) {
             const float *base = merge + w * kRows * (kMergeRow + 2);
             const float wt = mw[w] == -INFINITY ? 0.f : __expf(mw[w] - M);
             L += wt * base[kRows * kMergeRow + kRows + r];
-            axpy8(o, wt, base + r * kMergeRow + chunk * kChunkElems);
+            axpy8(o, wt, base + r * kMergeRow + chunk * CHUNK);
         }
         if (split_out) {
             /* the split's normalized partial and its lse (-inf and 0 when it saw no key) */
             const int64_t row = accum_row(p, split, batch, hq, i);
             const float inv = L > 0.f ? 1.f / L : 0.f;
-            float *dst = p.o_accum + row * p.d + chunk * kChunkElems;
+            float *dst = p.o_accum + row * p.d + chunk * CHUNK;
             *(float4 *)dst = make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
             *(float4 *)(dst + 4) = make_float4(o[4] * inv, o[5] * inv, o[6] * inv, o[7] * inv);
             if (chunk == 0)
@@ -485,7 +483,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
             float factor, lse;
             flash_row_finish_f(M, L, p.sink != nullptr ? ((const float *)p.sink)[hq] : -INFINITY, &factor, &lse);
             store8((T *)p.o + batch * p.o_s.batch + (seq.q_row0 + i) * p.o_s.row + hq * p.o_s.head +
-                       chunk * kChunkElems,
+                       chunk * CHUNK,
                    o, factor);
             if (chunk == 0)
                 ((float *)p.lse)[flash_lse_offset(&p, &seq, batch, hq) + i] = lse;
@@ -515,14 +513,14 @@ __device__ __forceinline__ void combine_rows(const flash_params &p)
         M = fmaxf(M, p.lse_accum[s * split_stride + row]);
 #pragma unroll
     for (int o = FLASH_WARP_SIZE / 2; o > 0; o /= 2)
-        M = fmaxf(M, __shfl_xor_sync(kFullMask, M, o));
+        M = fmaxf(M, __shfl_xor_sync(FULL_MASK, M, o));
     float sum = 0.f;
     if (M != -INFINITY) {
         for (int s = lane; s < p.num_splits; s += FLASH_WARP_SIZE)
             sum += __expf(p.lse_accum[s * split_stride + row] - M);
 #pragma unroll
         for (int o = FLASH_WARP_SIZE / 2; o > 0; o /= 2)
-            sum += __shfl_xor_sync(kFullMask, sum, o);
+            sum += __shfl_xor_sync(FULL_MASK, sum, o);
     }
     const float lse = M == -INFINITY ? -INFINITY : M + __logf(sum);
     float factor, lse_out;
@@ -531,10 +529,10 @@ __device__ __forceinline__ void combine_rows(const flash_params &p)
     if (lane == 0)
         ((float *)p.lse)[flash_lse_offset(&p, &seq, batch, hq) + i] = lse_out;
     T *dst = (T *)p.o + batch * p.o_s.batch + (seq.q_row0 + i) * p.o_s.row + hq * p.o_s.head;
-    for (int c = lane * kChunkElems; c < p.d; c += FLASH_WARP_SIZE * kChunkElems) {
-        float o[kChunkElems];
+    for (int c = lane * CHUNK; c < p.d; c += FLASH_WARP_SIZE * CHUNK) {
+        float o[CHUNK];
 #pragma unroll
-        for (int e = 0; e < kChunkElems; e++)
+        for (int e = 0; e < CHUNK; e++)
             o[e] = 0.f;
         for (int s = 0; s < p.num_splits && M != -INFINITY; s++) {
             const float w = __expf(p.lse_accum[s * split_stride + row] - lse);
@@ -663,7 +661,7 @@ extern "C" int flash_fwd_decode_ok(const flash_params *p)
      * themselves */
     const bool hook_ok = p->has_hook || (p->softcap <= 0.0 && p->alibi_slopes == NULL);
     return (p->dtype == FLASH_FP16 || p->dtype == FLASH_BF16) && hook_ok && p->mask == NULL &&
-           p->dropout_threshold == 0 && p->d >= 1 && p->d <= FLASH_CUDA_MAX_HEAD_DIM && p->d % kChunkElems == 0 &&
+           p->dropout_threshold == 0 && p->d >= 1 && p->d <= FLASH_CUDA_MAX_HEAD_DIM && p->d % CHUNK == 0 &&
            p->h_per_kv >= 1 && p->h_kv >= 1 && p->h == p->h_kv * p->h_per_kv && p->b <= FLASH_MAX_GRID_YZ &&
            p->sq >= 1 && decode_packed_rows(p) <= FLASH_DECODE_MAX_ROWS &&
            decode_row_blocks(p) * p->h_kv <= FLASH_MAX_GRID_YZ && p->sk <= INT_MAX && flash_block_table_ok(p);

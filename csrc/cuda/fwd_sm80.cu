@@ -79,16 +79,14 @@
 #include "../constants.h"
 #include "../mask.h"
 #include "../score.h"
+#include "common.cuh"
 #include "frag.cuh"
 #include "launch.h"
-#include "ptx.cuh"
 #include "tiles.h"
 
-static constexpr unsigned kFullMask = 0xffffffffu;
 static constexpr int kMmaM = 16;              /* m16n8k16 */
 static constexpr int kMmaN = 8;
 static constexpr int kMmaK = 16;
-static constexpr int kChunkElems = 8;         /* one 16-byte chunk = 8 16-bit elements */
 static constexpr int kChunkShift = 4;         /* log2(16 bytes) */
 static constexpr int kSwizzleMask = 7;        /* 8 chunks of 16 bytes span all 32 banks */
 static constexpr int kSwizzleSpanShift = 7;   /* log2(8 chunks x 16 bytes) */
@@ -134,14 +132,14 @@ template <typename T, int kHeadDim, int kRows, int kThreads, bool kPerm = false>
 __device__ __forceinline__ void load_tile(uint32_t tile, const T *base, int64_t row_stride, int row0, int nrows,
                                           int d, int tid)
 {
-    constexpr int kChunks = kHeadDim / kChunkElems;
+    constexpr int kChunks = kHeadDim / CHUNK;
     constexpr int kRowStep = kThreads / kChunks;
     static_assert(kThreads % kChunks == 0 && kRows % kRowStep == 0, "tile does not split evenly over threads");
     asm volatile("" : "+r"(tid)); /* recompute this thread's row / chunk per call, never hoisted (registers) */
     const int chunk = tid % kChunks;
     const int row = tid / kChunks;
-    const bool chunk_ok = chunk * kChunkElems < d;
-    const T *src = base + (int64_t)(row0 + row) * row_stride + chunk * kChunkElems;
+    const bool chunk_ok = chunk * CHUNK < d;
+    const T *src = base + (int64_t)(row0 + row) * row_stride + chunk * CHUNK;
 #pragma unroll
     for (int i = 0; i < kRows / kRowStep; i++) {
         const bool ok = chunk_ok && row0 + row + i * kRowStep < nrows;
@@ -157,18 +155,18 @@ template <typename T, int kHeadDim, int kRows, int kThreads, bool kPerm = false>
 __device__ __forceinline__ void load_tile_paged(uint32_t tile, const T *base, const int64_t *rows, int nrows, int d,
                                                 int tid)
 {
-    constexpr int kChunks = kHeadDim / kChunkElems;
+    constexpr int kChunks = kHeadDim / CHUNK;
     constexpr int kRowStep = kThreads / kChunks;
     static_assert(kThreads % kChunks == 0 && kRows % kRowStep == 0, "tile does not split evenly over threads");
     asm volatile("" : "+r"(tid)); /* as in load_tile */
     const int chunk = tid % kChunks;
     const int row = tid / kChunks;
-    const bool chunk_ok = chunk * kChunkElems < d;
+    const bool chunk_ok = chunk * CHUNK < d;
 #pragma unroll
     for (int i = 0; i < kRows / kRowStep; i++) {
         const int r = row + i * kRowStep;
         const bool ok = chunk_ok && r < nrows;
-        cp_async_16(tile + swz<kHeadDim, kPerm>(r, chunk), ok ? (const void *)(base + rows[r] + chunk * kChunkElems)
+        cp_async_16(tile + swz<kHeadDim, kPerm>(r, chunk), ok ? (const void *)(base + rows[r] + chunk * CHUNK)
                                                               : (const void *)base, ok);
     }
 }
@@ -190,7 +188,7 @@ __device__ __forceinline__ void load_kv_tile(uint32_t tile, const T *base, int64
 template <int kHeadDim, int kRows, int kThreads>
 __device__ __forceinline__ void negate_tile(unsigned char *tile, int tid)
 {
-    constexpr int kChunks = kHeadDim / kChunkElems;
+    constexpr int kChunks = kHeadDim / CHUNK;
     constexpr int kRowStep = kThreads / kChunks;
     const int chunk = tid % kChunks;
     const int row = tid / kChunks;
@@ -340,7 +338,7 @@ __device__ __forceinline__ unsigned key_tile_flags(const flash_params &p, int ba
         f = __ldg(p.mask_blocks + batch * s.batch + head * s.head + (int64_t)(row0 / FLASH_MASK_BLOCK + br) * s.row +
                   (int64_t)(k0 / FLASH_MASK_BLOCK + bc) * s.col);
     }
-    return __reduce_or_sync(kFullMask, f);
+    return __reduce_or_sync(FULL_MASK, f);
 }
 
 /* The first key tile in [j, n_end) with a visible attn_mask entry (n_end if none), and its flags. Tile
@@ -360,10 +358,10 @@ __device__ __forceinline__ int next_visible_tile(const flash_params &p, int batc
         const unsigned f = j + lane < n_end
                                ? flash_mask_tile_flags(&p, batch, head, row0, qn, k0, flash_min64(kBlockN, p.sk - k0))
                                : 0u;
-        const unsigned visible = __ballot_sync(kFullMask, f & FLASH_MASK_ANY_VISIBLE);
+        const unsigned visible = __ballot_sync(FULL_MASK, f & FLASH_MASK_ANY_VISIBLE);
         if (visible != 0) {
             const int first = __ffs(visible) - 1;
-            *flags = __shfl_sync(kFullMask, f, first);
+            *flags = __shfl_sync(FULL_MASK, f, first);
             return j + first;
         }
     }
@@ -624,7 +622,7 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
     constexpr int kDT = kHeadDim / kMmaN;        /* n8 tiles of O */
     constexpr int kQK = kHeadDim / kMmaK;        /* k16 steps of S = Q K^T */
     constexpr int kPV = kBlockN / kMmaK;         /* k16 steps of O += P V */
-    constexpr int kChunks = kHeadDim / kChunkElems;
+    constexpr int kChunks = kHeadDim / CHUNK;
     constexpr uint32_t kRowBytes = kHeadDim * sizeof(T);
     constexpr uint32_t kKVBytes = kBlockN * kRowBytes;
     constexpr int kVStages = fwd_v_stages(kHeadDim, kBlockM, kBlockN);
@@ -869,8 +867,8 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
 #pragma unroll
                 for (int nt = 0; nt < kNT; nt++)
                     mx = fmaxf(mx, fmaxf(s[t][nt][2 * h], s[t][nt][2 * h + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
                 const float ms = mx == -INFINITY ? 0.f : mx * scale;
                 const float alpha = exp2_approx(m_run[t][h] * scale - ms); /* 0 while m_old = -inf */
                 m_run[t][h] = mx;
@@ -944,8 +942,8 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             float l = l_run[t][h];
-            l += __shfl_xor_sync(kFullMask, l, 1);
-            l += __shfl_xor_sync(kFullMask, l, 2);
+            l += __shfl_xor_sync(FULL_MASK, l, 1);
+            l += __shfl_xor_sync(FULL_MASK, l, 2);
             float factor, row_lse;
             if (p.sink == nullptr) {
                 factor = l > 0.f ? 1.f / l : 0.f;
@@ -968,8 +966,8 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
         const int idx = i * FLASH_WARP_SIZE + lane;
         const int r = warp * kWarpRows + idx / kChunks;
         const int chunk = idx % kChunks;
-        if (row0 + r < sc.sq && chunk * kChunkElems < d)
-            *(uint4 *)((T *)sc.o + (int64_t)(row0 + r) * p.o_s.row + chunk * kChunkElems) =
+        if (row0 + r < sc.sq && chunk * CHUNK < d)
+            *(uint4 *)((T *)sc.o + (int64_t)(row0 + r) * p.o_s.row + chunk * CHUNK) =
                 *(const uint4 *)(smem + swz<kHeadDim>(r, chunk));
     }
 }
@@ -1046,7 +1044,7 @@ extern "C" cudaError_t flash_fwd_sm80(const flash_params *p, cudaStream_t stream
                                          : p->mask_blocks != NULL && p->cu_seqlens_q == NULL &&
                                                p->k_leftpad == NULL && p->block_table == NULL &&
                                                (p->mask_kind == FLASH_MASK_BOOL || p->mask_kind == FLASH_MASK_ADD);
-    if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->d % kChunkElems != 0 || p->sq > INT_MAX ||
+    if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->d % CHUNK != 0 || p->sq > INT_MAX ||
         p->sk > INT_MAX || p->h > FLASH_MAX_GRID_YZ || p->b > FLASH_MAX_GRID_YZ || p->h_per_kv < 1 ||
         (hook_fields && !p->has_hook) || !mask_ok || !flash_block_table_ok(p))
         return cudaErrorInvalidValue;

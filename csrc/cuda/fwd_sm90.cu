@@ -12,7 +12,7 @@
  * one CTA per SM on the dynamic scheduler, heaviest query tiles first within groups of heads that share K / V
  * in L2 (fwd90_work_grouped): warp 1 counts the items off p.tile_counter (a zeroed int32 from the binding,
  * launch.h flash_fwd_wants_tile_counter) and hands each to the producer warp and to the consumers through a
- * work slot apiece in shared memory (fwd90_fetch / fwd90_schedule / fwd90_take).
+ * work slot apiece in shared memory (sched.cuh: fwd90_fetch / fwd90_schedule / fwd90_take).
  *   Warpgroup 0, the producer (setmaxnreg FWD90_PRODUCER_REGS; warp 1 stays for the dynamic scheduler, warps
  *     2-3 leave at once, warp 0 stays for the V tails below): one thread issues the TMA loads, K_j, V_j
  *     into a ring of kStages stages that runs on across work tiles, and Q (one box per 64-column panel)
@@ -82,15 +82,15 @@
 #include "../constants.h"
 #include "../mask.h"
 #include "../score.h"
+#include "common.cuh"
 #include "frag.cuh"
 #include "launch.h"
-#include "ptx.cuh"
+#include "sched.cuh"
 #include "tiles.h"
 #include "wgmma.cuh"
 
-#define FWD90_WG_THREADS 128
 #define FWD90_CONSUMER_WGS 2
-#define FWD90_THREADS ((FWD90_CONSUMER_WGS + 1) * FWD90_WG_THREADS) /* producer + consumers */
+#define FWD90_THREADS ((FWD90_CONSUMER_WGS + 1) * WARPGROUP_THREADS) /* producer + consumers */
 #define FWD90_WG_ROWS 64                                          /* query rows per consumer: wgmma M */
 #define FWD90_BM (FWD90_CONSUMER_WGS * FWD90_WG_ROWS)             /* query rows per CTA */
 #define FWD90_PRODUCER_REGS 24  /* setmaxnreg of the producer warpgroup ... */
@@ -98,13 +98,11 @@
 #define FWD90_PANEL 64          /* columns of one sw128 panel = the TMA box's inner dimension */
 #define FWD90_WGMMA_K 16        /* K of one wgmma step */
 #define FWD90_PV_N 128 /* largest N of one P V wgmma (d256 issues two; one n256 measured no faster) */
-#define FWD90_CHUNK 8           /* 16-bit elements per 16-byte copy */
 #define FWD90_BAR_BYTES 8       /* one mbarrier (64 bits) */
 #define FWD90_SCHED_WARP 1      /* the producer warpgroup's warp that runs the dynamic scheduler */
 /* The dynamic scheduler runs varlen batches of the dense kernel up to this head dim (d256: one CTA per query
  * tile, no kDynamic instantiation) */
 #define FWD90_DYNAMIC_MAX_D 128
-#define FWD90_FULL_MASK 0xffffffffu
 /* wgmma D fragment (wgmma.cuh): warp w of a warpgroup holds rows 16 w + lane / 4 and + 8 of each n8 block of
  * columns, value 4 i + 2 h + e = (row + 8 h, column 8 i + 2 (lane % 4) + e) */
 #define FWD90_WARP_ROWS 16
@@ -126,7 +124,9 @@
 #define FWD90_BAR_WORK_C_FULL 7
 #define FWD90_BAR_WORK_C_EMPTY 8
 #define FWD90_WORK_P_THREADS (2 * FLASH_WARP_SIZE)
-#define FWD90_WORK_C_THREADS (FLASH_WARP_SIZE + FWD90_CONSUMER_WGS * FWD90_WG_THREADS)
+#define FWD90_WORK_C_THREADS (FLASH_WARP_SIZE + FWD90_CONSUMER_WGS * WARPGROUP_THREADS)
+typedef fwd90_slot<FWD90_BAR_WORK_P_FULL, FWD90_BAR_WORK_P_EMPTY, FWD90_WORK_P_THREADS> fwd90_slot_p; /* sched.cuh */
+typedef fwd90_slot<FWD90_BAR_WORK_C_FULL, FWD90_BAR_WORK_C_EMPTY, FWD90_WORK_C_THREADS> fwd90_slot_c;
 
 /* The kernel's kScore is a flash_score_kind (score.h): FLASH_SCORE_SOFTCAP is a kernel of its own (a runtime
  * softcap branch measured 4-6% slower, and a copy of the loop in one kernel spilled in the main loop). */
@@ -234,8 +234,8 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kN], float (&m)[2], floa
 #pragma unroll
         for (int i = 0; i < kN / FWD90_N8_VALS; i++)
             mx = fmaxf(mx, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(FWD90_FULL_MASK, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(FWD90_FULL_MASK, mx, 2));
+        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
         const float ms = mx == -INFINITY ? 0.f : mx * scale;
         alpha[h] = exp2_approx(m[h] * scale - ms);
         m[h] = mx;
@@ -269,7 +269,7 @@ __device__ __forceinline__ void p_to_frags(const float (&s)[kN], uint32_t (&pa)[
 template <bool kLazy, int kN>
 __device__ __forceinline__ void rescale_o(float (&o)[kN], const float (&alpha)[2])
 {
-    if (kLazy && !__any_sync(FWD90_FULL_MASK, alpha[0] != 1.f || alpha[1] != 1.f))
+    if (kLazy && !__any_sync(FULL_MASK, alpha[0] != 1.f || alpha[1] != 1.f))
         return;
 #pragma unroll
     for (int i = 0; i < kN / FWD90_N8_VALS; i++)
@@ -282,11 +282,11 @@ __device__ __forceinline__ void rescale_o(float (&o)[kN], const float (&alpha)[2
  * turn to the other. */
 __device__ __forceinline__ void turn_wait(int c)
 {
-    named_sync(FWD90_BAR_TURN + c, FWD90_CONSUMER_WGS * FWD90_WG_THREADS);
+    named_sync(FWD90_BAR_TURN + c, FWD90_CONSUMER_WGS * WARPGROUP_THREADS);
 }
 __device__ __forceinline__ void turn_pass(int c)
 {
-    named_arrive(FWD90_BAR_TURN + (c ^ 1), FWD90_CONSUMER_WGS * FWD90_WG_THREADS);
+    named_arrive(FWD90_BAR_TURN + (c ^ 1), FWD90_CONSUMER_WGS * WARPGROUP_THREADS);
 }
 
 /* What a consumer's main loop carries. */
@@ -386,8 +386,8 @@ __device__ __forceinline__ void quad_transpose(const uint32_t (&w)[4], uint32_t 
 {
     const bool b1 = q & 2, b0 = q & 1;
     /* stage 1: keep words 2 b1, 2 b1 + 1 of the own row, take the same words of row q ^ 2 */
-    const uint32_t s0 = __shfl_xor_sync(FWD90_FULL_MASK, b1 ? w[0] : w[2], 2);
-    const uint32_t s1 = __shfl_xor_sync(FWD90_FULL_MASK, b1 ? w[1] : w[3], 2);
+    const uint32_t s0 = __shfl_xor_sync(FULL_MASK, b1 ? w[0] : w[2], 2);
+    const uint32_t s1 = __shfl_xor_sync(FULL_MASK, b1 ? w[1] : w[3], 2);
     const uint32_t k0 = b1 ? w[2] : w[0], k1 = b1 ? w[3] : w[1];
     /* c[a][kk]: word 2 b1 + kk of the row with bit 1 = a and bit 0 = b0 */
     const uint32_t c[2][2] = {{b1 ? s0 : k0, b1 ? s1 : k1}, {b1 ? k0 : s0, b1 ? k1 : s1}};
@@ -395,7 +395,7 @@ __device__ __forceinline__ void quad_transpose(const uint32_t (&w)[4], uint32_t 
 #pragma unroll
     for (int a = 0; a < 2; a++) {
         const uint32_t keep = b0 ? c[a][1] : c[a][0];
-        const uint32_t recv = __shfl_xor_sync(FWD90_FULL_MASK, b0 ? c[a][0] : c[a][1], 1);
+        const uint32_t recv = __shfl_xor_sync(FULL_MASK, b0 ? c[a][0] : c[a][1], 1);
         f[2 * a] = b0 ? recv : keep;
         f[2 * a + 1] = b0 ? keep : recv;
     }
@@ -489,8 +489,8 @@ __device__ __forceinline__ void fwd90_tiles_scan(fwd90_tiles &it, const flash_pa
     for (int k = 0; k < FLASH_WARP_SIZE && it.base + FLASH_WARP_SIZE * k <= top; k++) {
         const int tile = it.base + FLASH_WARP_SIZE * k + lane;
         const unsigned f = tile <= top ? fwd90_tile_flags<kBlockN>(it, p, tile) : 0u;
-        const uint32_t v = __ballot_sync(FWD90_FULL_MASK, f & FLASH_MASK_ANY_VISIBLE);
-        const uint32_t m = __ballot_sync(FWD90_FULL_MASK, f & FLASH_MASK_ANY_MASKED);
+        const uint32_t v = __ballot_sync(FULL_MASK, f & FLASH_MASK_ANY_VISIBLE);
+        const uint32_t m = __ballot_sync(FULL_MASK, f & FLASH_MASK_ANY_MASKED);
         if (lane == k)
             it.vis = v, it.part = m;
     }
@@ -506,15 +506,15 @@ __device__ __forceinline__ int fwd90_tiles_prev(fwd90_tiles &it, const flash_par
         if (j < it.base)
             fwd90_tiles_scan<kBlockN>(it, p, j, lane);
         const int rel = j - it.base, w = rel / FLASH_WARP_SIZE;
-        const uint32_t word = __shfl_sync(FWD90_FULL_MASK, it.vis, w) &
-                              (FWD90_FULL_MASK >> (FLASH_WARP_SIZE - 1 - rel % FLASH_WARP_SIZE));
+        const uint32_t word = __shfl_sync(FULL_MASK, it.vis, w) &
+                              (FULL_MASK >> (FLASH_WARP_SIZE - 1 - rel % FLASH_WARP_SIZE));
         if (word)
             return it.base + FLASH_WARP_SIZE * w + FLASH_WARP_SIZE - 1 - __clz(word);
-        const uint32_t lower = __ballot_sync(FWD90_FULL_MASK, lane < w && it.vis != 0);
+        const uint32_t lower = __ballot_sync(FULL_MASK, lane < w && it.vis != 0);
         if (lower) {
             const int w2 = FLASH_WARP_SIZE - 1 - __clz(lower);
             return it.base + FLASH_WARP_SIZE * w2 + FLASH_WARP_SIZE - 1 -
-                   __clz(__shfl_sync(FWD90_FULL_MASK, it.vis, w2));
+                   __clz(__shfl_sync(FULL_MASK, it.vis, w2));
         }
         j = it.base - 1;
     }
@@ -527,7 +527,7 @@ __device__ __forceinline__ bool fwd90_tiles_partial(const fwd90_tiles &it, const
     if (p.mask_blocks == NULL)
         return false;
     const int rel = j - it.base;
-    return (__shfl_sync(FWD90_FULL_MASK, it.part, rel / FLASH_WARP_SIZE) >> (rel % FLASH_WARP_SIZE)) & 1u;
+    return (__shfl_sync(FULL_MASK, it.part, rel / FLASH_WARP_SIZE) >> (rel % FLASH_WARP_SIZE)) & 1u;
 }
 
 /* A consumer's view of the shared memory: the Q tile (its rows q_row0 .. + 63 of FWD90_BM), the K / V ring
@@ -647,10 +647,10 @@ __device__ __forceinline__ int consumer_tiles(fwd90_state<kHeadDim, kBlockN> &st
 template <typename T, int kHeadDim, int kBlockN>
 __device__ __forceinline__ void copy_v_tail(uint32_t sv, const T *g, int64_t stride, int rows, int d, int lane)
 {
-    constexpr int kChunks = kHeadDim / FWD90_CHUNK;
+    constexpr int kChunks = kHeadDim / CHUNK;
 #pragma unroll 4
     for (int idx = lane; idx < kBlockN * kChunks; idx += FLASH_WARP_SIZE) {
-        const int r = idx / kChunks, cc = (idx % kChunks) * FWD90_CHUNK;
+        const int r = idx / kChunks, cc = (idx % kChunks) * CHUNK;
         const bool ok = r < rows && cc < d;
         cp_async_16(sv + sw128_offset(kBlockN, r, cc), ok ? (const void *)(g + r * stride + cc) : (const void *)g, ok);
     }
@@ -659,141 +659,6 @@ __device__ __forceinline__ void copy_v_tail(uint32_t sv, const T *g, int64_t str
     fence_proxy_async();
 }
 
-#endif
-
-/* The CTAs' list of work: query tiles (of FWD90_BM rows) x heads x batches, in the order of a 3-D grid with
- * query tiles fastest (the heaviest causal ones first), so the CTAs running together share one head's K / V
- * in L2. With `paired` (a square causal band: query tile m costs m + 1 key tiles) work item w holds query
- * tiles n - 1 - i and i of one head, i = w % ceil(n / 2), which cost n + 1 together: every item costs the
- * same and a static persistent order is balanced. */
-struct fwd90_work {
-    int m0, hq, b;
-};
-
-__host__ __device__ __forceinline__ int fwd90_items_per_head(int m_tiles, bool paired)
-{
-    return paired ? (m_tiles + 1) / 2 : m_tiles;
-}
-
-/* Query tiles in item w: 1, or 2 when paired (1 for the middle tile of an odd count). */
-__device__ __forceinline__ int fwd90_parts(int w, int m_tiles, bool paired)
-{
-    const int i = w % fwd90_items_per_head(m_tiles, paired);
-    return paired && i != m_tiles - 1 - i ? 2 : 1;
-}
-
-/* Part `part` of item w. */
-__device__ __forceinline__ fwd90_work fwd90_work_of(int w, int part, int m_tiles, int h, bool paired)
-{
-    const int per_head = fwd90_items_per_head(m_tiles, paired);
-    const int i = w % per_head;
-    fwd90_work r;
-    r.m0 = (part == 0 ? m_tiles - 1 - i : i) * FWD90_BM;
-    r.hq = (w / per_head) % h;
-    r.b = w / (per_head * h);
-    return r;
-}
-
-/* The dynamic scheduler's order: groups of `group` (batch, query head) pairs whose K and V fit in
- * FWD90_GROUP_BYTES (fwd90_group), so that the CTAs in flight share them in L2; within a group the query tiles
- * heaviest first (the last tile of every pair, then the one before, ...): causal tiles cost their index, and in a
- * varlen batch only long sequences have late tiles. The last items are the light ones. */
-#define FWD90_GROUP_BYTES (16 << 20)
-
-__device__ __forceinline__ int fwd90_group(const flash_params &p, int head_dim)
-{
-    const int64_t kv_bytes = flash_max64(p.sk, 1) * head_dim * 2 * FWD90_ELEM_BYTES; /* K and V of one head */
-    return (int)flash_min64(p.h * p.b, flash_max64(1, FWD90_GROUP_BYTES / kv_bytes));
-}
-
-__device__ __forceinline__ fwd90_work fwd90_work_grouped(int w, int m_tiles, const flash_params &p, int group)
-{
-    uint32_t pair, pos;
-    flash_group_walk((uint32_t)w, (uint32_t)m_tiles, (uint32_t)(p.h * p.b), (uint32_t)group, &pair, &pos);
-    fwd90_work wk;
-    wk.m0 = (m_tiles - 1 - (int)pos) * FWD90_BM;
-    wk.hq = (int)pair % (int)p.h;
-    wk.b = (int)pair / (int)p.h;
-    return wk;
-}
-
-/* The work items cost the same (fwd90_work's paired: a square causal band) or are uniform anyway (no band):
- * both need a dense batch without per-sequence key counts. */
-__host__ __device__ __forceinline__ bool fwd90_paired(const flash_params &p)
-{
-    return p.cu_seqlens_q == NULL && p.seqused_k == NULL && p.k_leftpad == NULL && p.band_left < 0 &&
-           p.band_right == 0 && p.sq == p.sk;
-}
-
-__host__ __device__ __forceinline__ bool fwd90_uniform(const flash_params &p)
-{
-    return p.cu_seqlens_q == NULL && p.seqused_k == NULL && p.k_leftpad == NULL && p.band_left < 0 &&
-           p.band_right < 0;
-}
-
-/* The work items cost the same, so that a static persistent order is balanced (paired or uniform, without an
- * attn_mask); elsewhere the dynamic scheduler, given p.tile_counter. */
-__host__ __device__ __forceinline__ bool fwd90_static(const flash_params &p)
-{
-    return (fwd90_paired(p) || fwd90_uniform(p)) && p.mask == NULL;
-}
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* The dynamic scheduler (p.tile_counter != NULL; one CTA per SM). Work item blockIdx.x is each CTA's first;
- * warp FWD90_SCHED_WARP of the producer warpgroup counts the next ones off the counter (items gridDim.x,
- * gridDim.x + 1, ...: the order of fwd90_work_grouped), one ahead, and
- * publishes each to the producer warp and to the consumers through a work slot apiece in shared memory
- * (named barriers FULL / EMPTY: no phase to keep in the readers' registers), n_work for "no more".
- * fwd90_fetch: lane 0 only; items past their sequence's rows (varlen: the grid spans the longest) are skipped. */
-__device__ __forceinline__ int fwd90_fetch(const flash_params &p, int n_work, int m_tiles, int group)
-{
-    for (;;) {
-        const int64_t w = (int64_t)atomicAdd(p.tile_counter, 1) + gridDim.x;
-        if (w >= n_work)
-            return n_work;
-        const fwd90_work wk = fwd90_work_grouped((int)w, m_tiles, p, group);
-        if (wk.m0 < flash_seq_of(&p, wk.b).sq)
-            return (int)w;
-    }
-}
-
-/* The scheduler warp: fetches the next item while the readers work, then publishes it in each reader's slot once
- * that reader has taken the previous one (its first publication waits for nobody). */
-__device__ __forceinline__ void fwd90_schedule(const flash_params &p, int n_work, int m_tiles, int group,
-                                               uint32_t slot_p, uint32_t slot_c, int lane)
-{
-    for (bool first = true;; first = false) {
-        int w = 0;
-        if (lane == 0)
-            w = fwd90_fetch(p, n_work, m_tiles, group);
-        w = __shfl_sync(FWD90_FULL_MASK, w, 0);
-        if (!first)
-            named_sync(FWD90_BAR_WORK_P_EMPTY, FWD90_WORK_P_THREADS);
-        if (lane == 0)
-            st_shared_u32(slot_p, (uint32_t)w);
-        named_arrive(FWD90_BAR_WORK_P_FULL, FWD90_WORK_P_THREADS);
-        if (!first)
-            named_sync(FWD90_BAR_WORK_C_EMPTY, FWD90_WORK_C_THREADS);
-        if (lane == 0)
-            st_shared_u32(slot_c, (uint32_t)w);
-        named_arrive(FWD90_BAR_WORK_C_FULL, FWD90_WORK_C_THREADS);
-        if (w >= n_work)
-            return;
-    }
-}
-
-/* A reader's next item from its slot (every thread of the reader); it frees the slot unless that was the end. */
-template <int kFull, int kEmpty, int kThreads>
-__device__ __forceinline__ int fwd90_take(uint32_t slot, int n_work)
-{
-    named_sync(kFull, kThreads);
-    /* broadcast from lane 0: the compiler's warp-uniform value, so that the item's indices and offsets stay on
-     * the uniform datapath as blockIdx.x's do (a plain load spills the producer's 24 registers) */
-    const int w = __shfl_sync(FWD90_FULL_MASK, (int)ld_shared_u32(slot), 0);
-    if (w < n_work)
-        named_arrive(kEmpty, kThreads);
-    return w;
-}
 #endif
 
 /* One CTA per SM (persistent) walks the work tiles w = blockIdx.x, + gridDim.x, ... (static)
@@ -837,13 +702,15 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     }
     __syncthreads();
 
-    const int wg = tid / FWD90_WG_THREADS;
+    const int wg = tid / WARPGROUP_THREADS;
     if (wg == 0) {
         /* ---- producer: warp 0 (lane 0 issues the TMA loads; the whole warp copies V tails) ---- */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FWD90_PRODUCER_REGS));
         if (tid >= FLASH_WARP_SIZE) {
             if (dynamic && tid / FLASH_WARP_SIZE == FWD90_SCHED_WARP)
-                fwd90_schedule(p, n_work, m_tiles, fwd90_group(p, kHeadDim), slot_p, slot_c, tid % FLASH_WARP_SIZE);
+                fwd90_schedule<FWD90_BM, fwd90_slot_p, fwd90_slot_c>(p, n_work, m_tiles,
+                                                                     fwd90_group(p, kHeadDim, FWD90_ELEM_BYTES), slot_p,
+                                                                     slot_c, tid % FLASH_WARP_SIZE);
             return;
         }
         const int lane = tid;
@@ -857,11 +724,12 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
         }
         int g = 0, qc = 0; /* K / V tiles and Q tiles loaded so far */
         for (int w = blockIdx.x; w < n_work;
-             w = dynamic ? fwd90_take<FWD90_BAR_WORK_P_FULL, FWD90_BAR_WORK_P_EMPTY, FWD90_WORK_P_THREADS>(slot_p, n_work)
+             w = dynamic ? fwd90_take<fwd90_slot_p>(slot_p, n_work)
                          : w + (int)gridDim.x) {
             for (int part = 0; part < fwd90_parts(w, m_tiles, paired); part++) {
-                const fwd90_work wk = dynamic ? fwd90_work_grouped(w, m_tiles, p, fwd90_group(p, kHeadDim))
-                                              : fwd90_work_of(w, part, m_tiles, (int)p.h, paired);
+                const fwd90_work wk =
+                    dynamic ? fwd90_work_grouped<FWD90_BM>(w, m_tiles, p, fwd90_group(p, kHeadDim, FWD90_ELEM_BYTES))
+                            : fwd90_work_of<FWD90_BM>(w, part, m_tiles, (int)p.h, paired);
                 const flash_seq seq = flash_seq_of(&p, wk.b);
                 if (wk.m0 >= seq.sq)
                     continue; /* varlen: the grid spans the longest sequence */
@@ -927,7 +795,7 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
 
     /* ---- consumers ---- */
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FWD90_CONSUMER_REGS));
-    const int c = wg - 1, ctid = tid - c * FWD90_WG_THREADS - FWD90_WG_THREADS;
+    const int c = wg - 1, ctid = tid - c * WARPGROUP_THREADS - WARPGROUP_THREADS;
     const int lane = tid % FLASH_WARP_SIZE, warp = ctid / FLASH_WARP_SIZE;
     const int q_row0 = c * FWD90_WG_ROWS;             /* the consumer's rows in the Q tile */
     const int r_loc = q_row0 + warp * FWD90_WARP_ROWS + lane / FWD90_QUAD; /* the thread's first row in the tile */
@@ -940,11 +808,12 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
     ring.q_row0 = q_row0, ring.c = c, ring.releaser = releaser;
     int g = 0, qc = 0; /* as the producer's */
     for (int w = blockIdx.x; w < n_work;
-         w = dynamic ? fwd90_take<FWD90_BAR_WORK_C_FULL, FWD90_BAR_WORK_C_EMPTY, FWD90_WORK_C_THREADS>(slot_c, n_work)
+         w = dynamic ? fwd90_take<fwd90_slot_c>(slot_c, n_work)
                      : w + (int)gridDim.x) {
         for (int part = 0; part < fwd90_parts(w, m_tiles, paired); part++) {
-            const fwd90_work wk = dynamic ? fwd90_work_grouped(w, m_tiles, p, fwd90_group(p, kHeadDim))
-                                          : fwd90_work_of(w, part, m_tiles, (int)p.h, paired);
+            const fwd90_work wk =
+                dynamic ? fwd90_work_grouped<FWD90_BM>(w, m_tiles, p, fwd90_group(p, kHeadDim, FWD90_ELEM_BYTES))
+                        : fwd90_work_of<FWD90_BM>(w, part, m_tiles, (int)p.h, paired);
             const flash_seq seq = flash_seq_of(&p, wk.b);
             if (wk.m0 >= seq.sq)
                 continue;
@@ -1015,8 +884,8 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 float l = st.l[h];
-                l += __shfl_xor_sync(FWD90_FULL_MASK, l, 1);
-                l += __shfl_xor_sync(FWD90_FULL_MASK, l, 2);
+                l += __shfl_xor_sync(FULL_MASK, l, 1);
+                l += __shfl_xor_sync(FULL_MASK, l, 2);
                 float factor, row_lse;
                 flash_row_finish_f(st.m[h] * scale * (float)(1.0 / FLASH_LOG2E), l, sink, &factor, &row_lse);
                 if (kData && p.dropout_threshold != 0)
@@ -1102,8 +971,8 @@ static int fwd90_make_map(CUtensorMap *map, const flash_params *p, const void *p
 
 static int fwd90_aligned(const void *ptr, const flash_strides *s)
 {
-    return (uintptr_t)ptr % 16 == 0 && s->row % FWD90_CHUNK == 0 && s->head % FWD90_CHUNK == 0 &&
-           s->batch % FWD90_CHUNK == 0;
+    return (uintptr_t)ptr % 16 == 0 && s->row % CHUNK == 0 && s->head % CHUNK == 0 &&
+           s->batch % CHUNK == 0;
 }
 
 static int fwd90_head_dim(int64_t d)
@@ -1149,7 +1018,7 @@ extern "C" int flash_fwd_sm90_ok(const flash_params *p)
                                                         p->dropout_threshold == 0);
     return (p->dtype == FLASH_FP16 || p->dtype == FLASH_BF16) && hooks_ok && p->block_table == NULL &&
            p->num_splits <= 1 && p->b >= 1 && p->h >= 1 && p->d >= 1 && p->d <= FLASH_CUDA_MAX_HEAD_DIM &&
-           p->d % FWD90_CHUNK == 0 &&
+           p->d % CHUNK == 0 &&
            p->scale_log2 > 0.f && p->sq >= 1 && p->sk >= 1 && q_rows >= 1 && k_rows >= 1 && q_rows < INT_MAX &&
            k_rows < INT_MAX && (p->sq + FWD90_BM - 1) / FWD90_BM * p->h * p->b < INT_MAX && p->h_per_kv >= 1 &&
            (p->k_batch_idx == NULL || p->k_batches >= 1) && fwd90_aligned(p->q, &p->q_s) &&

@@ -137,17 +137,17 @@ extern "C" cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream
     const flash_tiles tiles = smem >= flash_bwd_sm80_smem(p, FLASH_TILES_LARGE) ? FLASH_TILES_LARGE : FLASH_TILES_SMALL;
     if (smem < flash_bwd_sm80_smem(p, tiles))
         return cudaErrorInvalidConfiguration;
-    if ((err = flash_bwd_sm80_pre(p, stream)) != cudaSuccess)
+    if ((err = flash_bwd_pre(p, stream)) != cudaSuccess)
         return err;
     err = use_sm90() ? flash_bwd_main_sm90(p, stream) : flash_bwd_main_sm80(p, tiles, stream);
     if (err != cudaSuccess)
         return err;
     /* deterministic mode: dQ in the main kernel's fixed order where it has the semaphores, else the dQ kernel */
     const int dq_added = !p->deterministic || (p->dq_semaphore != NULL && flash_bwd_wants_dq_semaphore(p));
-    err = dq_added ? flash_bwd_sm80_dq_post(p, stream) : flash_bwd_sm80_dq(p, tiles, stream);
+    err = dq_added ? flash_bwd_dq_post(p, stream) : flash_bwd_sm80_dq(p, tiles, stream);
     if (err != cudaSuccess)
         return err;
     if (p->h != p->h_kv)
-        return flash_bwd_sm80_dkv_post(p, stream);
+        return flash_bwd_dkv_post(p, stream);
     return cudaSuccess;
 }

@@ -39,7 +39,7 @@ int flash_bwd_wants_dq_semaphore(const flash_params *p);
 /* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv (and dbias if set); uses the workspaces
  * named in flash.h. */
 cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream);
-/* keep (b, h, sq, sk) contiguous uint8: 1 where dropout keeps P[b, h, i, j] (mask.h), for
+/* keep (b, h, sq, sk) contiguous uint8: 1 where dropout keeps P[b, h, i, j] (mask.h; rows.cu), for
  * return_attn_probs. */
 cudaError_t flash_dropout_mask_cuda(const flash_params *p, uint8_t *keep, cudaStream_t stream);
 
@@ -48,7 +48,7 @@ cudaError_t flash_dropout_mask_cuda(const flash_params *p, uint8_t *keep, cudaSt
 cudaError_t flash_kv_append_cuda(const flash_kv_append_params *p, cudaStream_t stream);
 
 /* blocks (mask.h flash_mask_flag_dims, contiguous uint8): the block flags of the attn_mask p->mask (its kind,
- * strides, and dtype p->dtype when additive; sizes b, h, sq, sk), in one pass on the device (mask_flags.cu). */
+ * strides, and dtype p->dtype when additive; sizes b, h, sq, sk), in one pass on the device (rows.cu). */
 cudaError_t flash_mask_flags_cuda(const flash_params *p, uint8_t *blocks, cudaStream_t stream);
 
 /* Shared memory per CTA that the fp16/bf16 forward and backward need at head dim p->d (the smallest
@@ -67,7 +67,7 @@ typedef enum flash_tiles {
     FLASH_TILES_SMALL = 1,
 } flash_tiles;
 
-/* fp32 / fp64 on CUDA cores (fwd_simple.cu, bwd_simple.cu, dropout_mask.cu). */
+/* fp32 / fp64 on CUDA cores (fwd_simple.cu, bwd_simple.cu). */
 cudaError_t flash_fwd_simple(const flash_params *p, cudaStream_t stream);
 cudaError_t flash_bwd_simple(const flash_params *p, cudaStream_t stream);
 
@@ -95,25 +95,25 @@ cudaError_t flash_fwd_sm80(const flash_params *p, cudaStream_t stream);
 size_t flash_fwd_sm80_smem(const flash_params *p);
 
 /* fp16 / bf16 backward, in this order (launch.cu):
- *   flash_bwd_sm80_pre           delta = rowsum(dout * o), dq_accum = 0, dq_semaphore = 0  (bwd_sm80.cu)
+ *   flash_bwd_pre                delta = rowsum(dout * o), dq_accum = 0, dq_semaphore = 0  (rows.cu)
  *   flash_bwd_main_sm90 (Hopper) or flash_bwd_main_sm80: dK, dV (and dQ partials into dq_accum unless
  *                                deterministic without dq_semaphore)     (bwd_sm90.cu / bwd_sm80.cu)
  *   flash_bwd_sm80_dq            deterministic without dq_semaphore: the dQ kernel   (bwd_sm80.cu)
- *   or flash_bwd_sm80_dq_post    dq = scale * dq_accum                                (bwd_sm80.cu)
- *   flash_bwd_sm80_dkv_post      GQA only: dk, dv = sums of dk_accum, dv_accum over each group
+ *   or flash_bwd_dq_post         dq = scale * dq_accum                                (rows.cu)
+ *   flash_bwd_dkv_post           GQA only: dk, dv = sums of dk_accum, dv_accum over each group (rows.cu)
  * flash_bwd_sm80_check validates what these kernels require of p (alignment, strides, head dim):
  * cudaErrorInvalidValue when unmet. flash_bwd_sm80_smem: shared memory of the sm80 main and dQ kernels
  * with tiles t at head dim p->d. */
 cudaError_t flash_bwd_sm80_check(const flash_params *p);
 size_t flash_bwd_sm80_smem(const flash_params *p, flash_tiles t);
-cudaError_t flash_bwd_sm80_pre(const flash_params *p, cudaStream_t stream);
+cudaError_t flash_bwd_pre(const flash_params *p, cudaStream_t stream);
 cudaError_t flash_bwd_main_sm80(const flash_params *p, flash_tiles t, cudaStream_t stream);
 cudaError_t flash_bwd_main_sm90(const flash_params *p, cudaStream_t stream);
 /* 1 where flash_bwd_main_sm90 serves deterministic mode with ordered dQ additions (p->dq_semaphore). */
 int flash_bwd_sm90_orders_dq(const flash_params *p);
 cudaError_t flash_bwd_sm80_dq(const flash_params *p, flash_tiles t, cudaStream_t stream);
-cudaError_t flash_bwd_sm80_dq_post(const flash_params *p, cudaStream_t stream);
-cudaError_t flash_bwd_sm80_dkv_post(const flash_params *p, cudaStream_t stream);
+cudaError_t flash_bwd_dq_post(const flash_params *p, cudaStream_t stream);
+cudaError_t flash_bwd_dkv_post(const flash_params *p, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

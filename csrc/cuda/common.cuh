@@ -1,7 +1,11 @@
-/* ptx.cuh: the few inline-PTX wrappers the CUDA kernels are built from.
+/* common.cuh: what the CUDA kernel families share: the warp's and the warpgroup's sizes in threads and the
+ * 16-byte copy's in 16-bit elements, the few inline-PTX wrappers the tensor-core kernels are built from, and the
+ * helpers they all use on top of them.
  *
  * sm80+ (also run on Hopper): mma.sync m16n8k16 with fp32 accumulators, ldmatrix (plain and .trans),
- * cp.async 16-byte copies with zero fill, exp2, an acquire spin / release store on a global int32 (sm70+).
+ * cp.async 16-byte copies with zero fill, exp2, an acquire spin / release store on a global int32 (sm70+);
+ * fp16 / bf16 packing (pack2, unpack2, half_to_float), accumulator repacking into an A fragment (acc_to_a),
+ * flash_seq_uniform (a CTA's sequence as warp-uniform values), load_vec_async (an fp32 vector into shared memory).
  * Everything is __device__ __forceinline__; no state.
  * Fragment layouts follow the PTX ISA "Matrix Fragments for mma.m16n8k16" section:
  *   A (16x16, row): 4 x b32 regs, lane = 4*row_in_8 + col_pair; regs a0:(r, k0..7) a1:(r+8, k0..7)
@@ -9,12 +13,21 @@
  *   B (16x8, col):  2 x b32 regs, b0: k = 2*(lane%4) + {0,1}, n = lane/4; b1: same with k + 8.
  *   C/D (16x8 f32): 4 regs, c0,c1: row lane/4, cols 2*(lane%4)+{0,1}; c2,c3: row lane/4 + 8.
  */
-#ifndef FLASHATTN_EXT_PTX_CUH
-#define FLASHATTN_EXT_PTX_CUH
+#ifndef FLASHATTN_EXT_COMMON_CUH
+#define FLASHATTN_EXT_COMMON_CUH
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+
+#include "../mask.h"
+
+/* every lane of a warp (the member mask of the *_sync warp intrinsics) */
+#define FULL_MASK 0xffffffffu
+/* threads of a warpgroup, the 4 warps that issue one wgmma (Hopper) */
+#define WARPGROUP_THREADS 128
+/* elements of a 16-bit type per 16-byte copy (cp.async, TMA rows, vector loads) */
+#define CHUNK 8
 
 /* D = A * B + D for one m16n8k16 tile, fp32 accumulators. T is __half or __nv_bfloat16. */
 template <typename T>
@@ -179,6 +192,65 @@ __device__ __forceinline__ void spin_until_equal_gpu(const int32_t *gmem, int32_
 __device__ __forceinline__ void st_release_gpu(int32_t *gmem, int32_t value)
 {
     asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(gmem), "r"(value) : "memory");
+}
+
+/* One b32 register of two 16-bit values -> two floats (lo first): the inverse of pack2. */
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t v);
+
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t v)
+{
+    return __bfloat1622float2(*(__nv_bfloat162 *)&v);
+}
+
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(uint32_t v)
+{
+    return __half22float2(*(__half2 *)&v);
+}
+
+/* One fp16 / bf16 element as float (torch builds with __CUDA_NO_HALF_CONVERSIONS__: no implicit casts). */
+__device__ __forceinline__ float half_to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float half_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+/* flash_seq_of(p, b) of a CTA's sequence, each field broadcast from lane 0: ptxas then treats the
+ * values as warp-uniform (and drops the shuffles), so that what is derived from them, the CTA's base
+ * pointers above all, stays on the uniform datapath like the flash_params fields they replace (a value
+ * loaded from cu_seqlens is otherwise a per-thread register: measured +5% instructions per tile). */
+__device__ __forceinline__ flash_seq flash_seq_uniform(const flash_params &p, int64_t b)
+{
+    flash_seq s = flash_seq_of(&p, b);
+    int64_t *f[] = {&s.sq,       &s.sk,      &s.q_row0,  &s.k_row0,      &s.k_batch,
+                    &s.lse_row0, &s.diag_lo, &s.diag_hi, &s.alibi_offset};
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(f) / sizeof(f[0])); ++i)
+        *f[i] = __shfl_sync(FULL_MASK, *f[i], 0);
+    return s;
+}
+
+/* Async copy of n fp32 values g[0, n_valid) into s[0, n), zero beyond. */
+template <int N, int NT>
+__device__ __forceinline__ void load_vec_async(float *s, const float *g, int n_valid, int tid)
+{
+#pragma unroll
+    for (int it = 0; it < (N + NT - 1) / NT; ++it) {
+        const int idx = it * NT + tid;
+        if (N % NT == 0 || idx < N) {
+            const bool valid = idx < n_valid;
+            cp_async_4(smem_u32(s + idx), valid ? g + idx : g, valid);
+        }
+    }
+}
+
+/* Repack two adjacent n8 accumulator tiles (16 x 16, fp32) into one A fragment of the dtype. */
+template <typename T>
+__device__ __forceinline__ void acc_to_a(uint32_t a[4], const float c0[4], const float c1[4])
+{
+    a[0] = pack2<T>(c0[0], c0[1]);
+    a[1] = pack2<T>(c0[2], c0[3]);
+    a[2] = pack2<T>(c1[0], c1[1]);
+    a[3] = pack2<T>(c1[2], c1[3]);
 }
 
 #endif

@@ -1,0 +1,362 @@
+/* rows.cu: the arch-neutral row-wise kernels of the CUDA code: memory-bound passes of one thread (or an aligned
+ * group of lanes) per row or per element, no tensor cores, one kernel each for all the dtypes it serves (its
+ * threads take the body of the dtype, a uniform branch); speed is set by memory bandwidth.
+ *
+ * The backward's passes around the main kernels of bwd_sm80.cu and bwd_sm90.cu (fp16 / bf16; launch.cu calls
+ * them in the order of launch.h):
+ *   flash_bwd_pre (bwd_preprocess_kernel), grid (row blocks, h, b), a power of two of lanes per query row
+ *   (row_lanes_log2: one per CHUNK columns): delta_i = rowsum(dO_i * O_i) in fp32; zeroes the row's dq_accum
+ *   and, with p->dq_semaphore, its semaphore entry.
+ *   flash_bwd_dq_post (bwd_dq_post_kernel), the same grid: dq = scale * dq_accum in the dtype.
+ *   flash_bwd_dkv_post (bwd_dkv_post_kernel), GQA only, one thread per CHUNK elements of a key row: dk, dv =
+ *   the sums of dk_accum, dv_accum over the group's query heads, in head order.
+ *   POST_THREADS threads per CTA. Varlen: each thread takes its sequence from flash_seq_of (mask.h); the grids
+ *   span the longest sequence, rows past their sequence's end do nothing.
+ *
+ * The dropout keep mask of one call, materialized for return_attn_probs (a test aid on small shapes: it is
+ * sq x sk per head): flash_dropout_mask_cuda (flash_dropout_mask_kernel), keep (b, h, sq, sk) contiguous
+ * uint8, keep[b, hq, i, j] = flash_dropout_keep(p, b * h + hq, i, j) (mask.h), for every (i, j) whatever the
+ * band or attn_mask (the caller combines them). One thread per FLASH_DROPOUT_KEYS_PER_DRAW keys of one row:
+ * one flash_dropout_bits call gives all their draws. Grid-stride loop over the b * h * sq * ceil(sk / 8)
+ * groups, kMaskThreads per CTA. Dense batches only: a varlen p (cu_seqlens_q set) is refused with
+ * cudaErrorInvalidValue. Not measured.
+ *
+ * The attn_mask's block flags of one call (flash.h mask_blocks, mask.h), in one pass over the mask:
+ * flash_mask_flags_cuda (flash_mask_flags_kernel). Flag (b', h', rb, cb) of the mask's own dimensions (mask.h
+ * flash_mask_flag_dims: a broadcast dimension counts once) covers rows [16 rb, 16 rb + 16) and keys
+ * [16 cb, 16 cb + 16) (FLASH_MASK_BLOCK; only the entries inside the mask): FLASH_MASK_ANY_VISIBLE if some
+ * entry is visible (bool: true; additive: above -inf), FLASH_MASK_ANY_MASKED if some entry is masked (bool:
+ * false; additive: not 0). The same flags as the binding's CPU reduction (ops.cpp mask_block_flags), written
+ * contiguous to `blocks`. One thread per flag, a grid-stride loop, kFlagThreads per CTA; a row of 16 entries is
+ * read as 16-byte vectors where it is contiguous, aligned and inside the mask (one 16-byte load per row for
+ * bool, two for fp16 / bf16), else entry by entry through the strides; a block stops reading once both flags
+ * are set. Not measured alone (bench_variants.py times it inside each masked call).
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "../constants.h"
+#include "../mask.h"
+#include "common.cuh"
+#include "launch.h"
+
+/* ------------------------------------------------------------------------------------------------ */
+/* the backward's row-wise passes: preprocess, dQ postprocess, dK / dV postprocess (GQA)            */
+
+#define POST_THREADS 256 /* threads per block of the preprocess and postprocess kernels */
+
+/* The row-wise kernels (preprocess, dQ postprocess) give each query row 2^row_lanes_log2(d) threads, one per
+ * CHUNK columns rounded up to a power of two (a row's threads are an aligned group of lanes of one warp), and
+ * block x of the grid (row blocks, h, b) rows [x R, x R + R), R = POST_THREADS >> row_lanes_log2(d), of query
+ * head y of batch z: index arithmetic in shifts, every lane busy at d = 64, 128, 256. */
+__host__ __device__ inline int row_lanes_log2(int d)
+{
+    int lg = 0;
+    while ((CHUNK << lg) < d)
+        ++lg;
+    return lg;
+}
+
+/* The row-wise kernels (preprocess, dQ and dK / dV postprocess) are memory-bound passes: one kernel each for
+ * both 16-bit dtypes, whose threads take the body of p.dtype (a uniform branch; launched for fp16 / bf16 only)
+ * instead of an instantiation per dtype. */
+
+/* One row of a (b, hq) per 2^lg threads (varlen: sq = max_seqlen_q, rows past the sequence's end do nothing;
+ * they take part in the row's shuffles with a zero sum); thread l of the row reads CHUNK consecutive elements
+ * of O and dO at column CHUNK l and zeroes float4 columns l, l + 2^lg, ... of the row's dq_accum (where the
+ * main kernel adds dQ into it) and, at every FLASH_DQ_SEM_ROWS-th row, the row's dq_semaphore entry. */
+template <typename T>
+__device__ __forceinline__ void preprocess_rows(const flash_params &p)
+{
+    const int d = (int)p.d, lg = row_lanes_log2(d), lanes = 1 << lg, lr = threadIdx.x & (lanes - 1);
+    const int64_t i = (int64_t)blockIdx.x * (POST_THREADS >> lg) + (threadIdx.x >> lg), hq = blockIdx.y, b = blockIdx.z;
+    const flash_seq s = flash_seq_of(&p, b);
+    const bool live = i < s.sq;
+    const int c = lr * CHUNK;
+    float sum = 0.f;
+    if (live && c < d) {
+        const T *o = (const T *)p.o + b * p.o_s.batch + (s.q_row0 + i) * p.o_s.row + hq * p.o_s.head;       /* (d) */
+        const T *dout = (const T *)p.dout + b * p.do_s.batch + (s.q_row0 + i) * p.do_s.row + hq * p.do_s.head; /* (d) */
+        const uint4 ov = *(const uint4 *)(o + c), dv = *(const uint4 *)(dout + c);
+        const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const float2 of = unpack2<T>(ow[k]), df = unpack2<T>(dw[k]);
+            sum += of.x * df.x + of.y * df.y;
+        }
+    }
+    for (int off = lanes / 2; off > 0; off /= 2)
+        sum += __shfl_xor_sync(FULL_MASK, sum, off);
+    if (!live)
+        return;
+    const int64_t row = flash_lse_offset(&p, &s, b, hq) + i; /* of delta; dq_accum: times d */
+    if (lr == 0)
+        ((float *)p.delta)[row] = sum;
+    if (!p.deterministic || p.dq_semaphore != NULL) {
+        float4 *acc = (float4 *)(p.dq_accum + row * d); /* (d / 4) */
+        for (int c4 = lr; c4 < d / 4; c4 += lanes)
+            acc[c4] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    if (p.dq_semaphore != NULL && lr == 0 && i % FLASH_DQ_SEM_ROWS == 0) {
+        const int64_t sem_tiles = flash_dq_sem_tiles(&p);
+        p.dq_semaphore[(b * p.h + hq) * sem_tiles + i / FLASH_DQ_SEM_ROWS] = 0;
+    }
+}
+
+__global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_kernel(const flash_params p)
+{
+    if (p.dtype == FLASH_BF16)
+        preprocess_rows<__nv_bfloat16>(p);
+    else
+        preprocess_rows<__half>(p);
+}
+
+/* dq = dq_accum * scale, one row of a (b, hq) per 2^lg threads as the preprocess (varlen: rows past the
+ * sequence's end do nothing); thread l of the row converts CHUNK consecutive elements at column CHUNK l. */
+template <typename T>
+__device__ __forceinline__ void dq_post_rows(const flash_params &p)
+{
+    const int d = (int)p.d, lg = row_lanes_log2(d), c = (int)(threadIdx.x & ((1u << lg) - 1)) * CHUNK;
+    const int64_t i = (int64_t)blockIdx.x * (POST_THREADS >> lg) + (threadIdx.x >> lg), hq = blockIdx.y, b = blockIdx.z;
+    const flash_seq s = flash_seq_of(&p, b);
+    if (i >= s.sq || c >= d)
+        return;
+    const int64_t row = flash_lse_offset(&p, &s, b, hq) + i;
+    const float scale = (float)p.scale;
+    const float4 *src = (const float4 *)(p.dq_accum + row * d + c); /* (8) of dq_accum (lse layout, d) */
+    const float4 x = src[0], y = src[1];
+    uint4 out;
+    out.x = pack2<T>(x.x * scale, x.y * scale);
+    out.y = pack2<T>(x.z * scale, x.w * scale);
+    out.z = pack2<T>(y.x * scale, y.y * scale);
+    out.w = pack2<T>(y.z * scale, y.w * scale);
+    *(uint4 *)((T *)p.dq + b * p.dq_s.batch + (s.q_row0 + i) * p.dq_s.row + hq * p.dq_s.head + c) = out;
+}
+
+__global__ void __launch_bounds__(POST_THREADS) bwd_dq_post_kernel(const flash_params p)
+{
+    if (p.dtype == FLASH_BF16)
+        dq_post_rows<__nv_bfloat16>(p);
+    else
+        dq_post_rows<__half>(p);
+}
+
+/* GQA: one thread per 8 consecutive elements of dk and dv (b, key j < sk, h_kv; varlen: keys past
+ * the sequence's end do nothing): the sum over the group's query heads, in head order. */
+template <typename T>
+__device__ __forceinline__ void dkv_post_rows(const flash_params &p)
+{
+    const int64_t idx = (int64_t)blockIdx.x * POST_THREADS + threadIdx.x;
+    const int d = (int)p.d, cpr = d / CHUNK;
+    if (idx >= p.b * p.sk * p.h_kv * cpr)
+        return;
+    const int c = (int)(idx % cpr) * CHUNK;
+    const int64_t row = idx / cpr, hk = row % p.h_kv, bj = row / p.h_kv, j = bj % p.sk, b = bj / p.sk;
+    const flash_seq s = flash_seq_of(&p, b);
+    if (j >= s.sk)
+        return;
+    const int64_t arow = flash_kaccum_row(&p, &s, b, j);
+#pragma unroll
+    for (int which = 0; which < 2; ++which) {
+        const float *acc = which == 0 ? p.dk_accum : p.dv_accum; /* (rows, h, d) */
+        const float *src = acc + (arow * p.h + hk * p.h_per_kv) * d + c;
+        float v[CHUNK] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int64_t g = 0; g < p.h_per_kv; ++g) {
+            const float4 x = ((const float4 *)(src + g * d))[0], y = ((const float4 *)(src + g * d))[1];
+            v[0] += x.x; v[1] += x.y; v[2] += x.z; v[3] += x.w;
+            v[4] += y.x; v[5] += y.y; v[6] += y.z; v[7] += y.w;
+        }
+        uint4 out;
+        out.x = pack2<T>(v[0], v[1]);
+        out.y = pack2<T>(v[2], v[3]);
+        out.z = pack2<T>(v[4], v[5]);
+        out.w = pack2<T>(v[6], v[7]);
+        const flash_strides &os = which == 0 ? p.dk_s : p.dv_s;
+        T *dst = (T *)(which == 0 ? p.dk : p.dv) + s.k_batch * os.batch + (s.k_row0 + j) * os.row + hk * os.head + c;
+        *(uint4 *)dst = out;
+    }
+}
+
+__global__ void __launch_bounds__(POST_THREADS) bwd_dkv_post_kernel(const flash_params p)
+{
+    if (p.dtype == FLASH_BF16)
+        dkv_post_rows<__nv_bfloat16>(p);
+    else
+        dkv_post_rows<__half>(p);
+}
+
+static unsigned int blocks_for(int64_t items, int per_block)
+{
+    return (unsigned int)((items + per_block - 1) / per_block);
+}
+
+/* The grid of the row-wise kernels (preprocess, dQ postprocess): (row blocks, h, b). */
+static dim3 row_grid(const flash_params *p)
+{
+    return dim3(blocks_for(p->sq, POST_THREADS >> row_lanes_log2((int)p->d)), (unsigned int)p->h, (unsigned int)p->b);
+}
+
+extern "C" cudaError_t flash_bwd_pre(const flash_params *p, cudaStream_t stream)
+{
+    if (p->b == 0 || p->h == 0 || p->sq == 0)
+        return cudaSuccess;
+    if (p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16)
+        return cudaErrorInvalidValue;
+    bwd_preprocess_kernel<<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t flash_bwd_dq_post(const flash_params *p, cudaStream_t stream)
+{
+    if (p->b == 0 || p->h == 0 || p->sq == 0)
+        return cudaSuccess;
+    if (p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16)
+        return cudaErrorInvalidValue;
+    bwd_dq_post_kernel<<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t flash_bwd_dkv_post(const flash_params *p, cudaStream_t stream)
+{
+    const unsigned int blocks = blocks_for(p->b * p->sk * p->h_kv * (p->d / CHUNK), POST_THREADS);
+    if (p->h == p->h_kv || blocks == 0)
+        return cudaSuccess;
+    if (p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16)
+        return cudaErrorInvalidValue;
+    bwd_dkv_post_kernel<<<blocks, POST_THREADS, 0, stream>>>(*p);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* the dropout keep mask (return_attn_probs)                                                        */
+
+static constexpr int kMaskThreads = 256;       /* threads per CTA */
+
+__global__ void __launch_bounds__(kMaskThreads)
+flash_dropout_mask_kernel(const flash_params p, uint8_t *keep /* (b, h, sq, sk) */)
+{
+    const int64_t groups_per_row = flash_cdiv64(p.sk, FLASH_DROPOUT_KEYS_PER_DRAW);
+    const int64_t groups = p.b * p.h * p.sq * groups_per_row;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < groups; t += stride) {
+        const int64_t c = t % groups_per_row, row = t / groups_per_row; /* row = (b * h + hq) * sq + i */
+        const int64_t i = row % p.sq, bh = row / p.sq;
+        uint32_t bits[4];
+        flash_dropout_bits(&p, bh, i, c, bits);
+        const int64_t j0 = c * FLASH_DROPOUT_KEYS_PER_DRAW;
+        uint8_t *out = keep + row * p.sk + j0; /* keys [j0, j0 + 8) of (sk): key j0 + jj is draw jj */
+#pragma unroll
+        for (int jj = 0; jj < FLASH_DROPOUT_KEYS_PER_DRAW; ++jj)
+            if (j0 + jj < p.sk)
+                out[jj] = flash_dropout_draw(bits, jj) >= p.dropout_threshold;
+    }
+}
+
+extern "C" cudaError_t flash_dropout_mask_cuda(const flash_params *p, uint8_t *keep, cudaStream_t stream)
+{
+    if (p->cu_seqlens_q != NULL)
+        return cudaErrorInvalidValue;
+    if (p->b == 0 || p->h == 0 || p->sq == 0 || p->sk == 0)
+        return cudaSuccess;
+    const int64_t groups = p->b * p->h * p->sq * flash_cdiv64(p->sk, FLASH_DROPOUT_KEYS_PER_DRAW);
+    const int64_t ctas = flash_min64(flash_cdiv64(groups, kMaskThreads), FLASH_MAX_GRID_YZ);
+    flash_dropout_mask_kernel<<<(unsigned)ctas, kMaskThreads, 0, stream>>>(*p, keep);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* the attn_mask block flags                                                                        */
+
+static constexpr int kFlagThreads = 256;       /* threads per CTA */
+static constexpr int kVecBytes = 16;           /* one vector load */
+/* CTAs per SM that the register budget leaves room for: the five entry types' bodies in one kernel need no more
+ * registers than the bool one alone (48, no spills; without the bound 64) */
+static constexpr int kFlagMinCtas = 5;
+
+/* The flags of one entry: bool (stored as uint8) or additive in the dtype of q. */
+__device__ __forceinline__ unsigned entry_flags(uint8_t x)
+{
+    return x ? FLASH_MASK_ANY_VISIBLE : FLASH_MASK_ANY_MASKED;
+}
+__device__ __forceinline__ unsigned value_flags(double x)
+{
+    return (x > -INFINITY ? FLASH_MASK_ANY_VISIBLE : 0u) | (x != 0.0 ? FLASH_MASK_ANY_MASKED : 0u);
+}
+__device__ __forceinline__ unsigned entry_flags(__half x) { return value_flags(__half2float(x)); }
+__device__ __forceinline__ unsigned entry_flags(__nv_bfloat16 x) { return value_flags(__bfloat162float(x)); }
+__device__ __forceinline__ unsigned entry_flags(float x) { return value_flags(x); }
+__device__ __forceinline__ unsigned entry_flags(double x) { return value_flags(x); }
+
+/* The pass over a mask of entry type T. */
+template <typename T>
+__device__ __forceinline__ void mask_flags_of(const flash_params &p, uint8_t *blocks)
+{
+    constexpr unsigned kBoth = FLASH_MASK_ANY_VISIBLE | FLASH_MASK_ANY_MASKED;
+    int64_t dims[4];
+    flash_mask_flag_dims(&p, dims);
+    const int64_t rows = p.mask_s.row ? p.sq : 1, cols = p.mask_s.col ? p.sk : 1;
+    const int64_t n = dims[0] * dims[1] * dims[2] * dims[3];
+    const T *mask = (const T *)p.mask;
+    for (int64_t f = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; f < n; f += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t cb = f % dims[3], rb = f / dims[3] % dims[2], hb = f / (dims[3] * dims[2]) % dims[1];
+        const int64_t bb = f / (dims[3] * dims[2] * dims[1]);
+        const int64_t r0 = rb * FLASH_MASK_BLOCK, c0 = cb * FLASH_MASK_BLOCK;
+        const int64_t r1 = flash_min64(r0 + FLASH_MASK_BLOCK, rows), c1 = flash_min64(c0 + FLASH_MASK_BLOCK, cols);
+        const T *base = mask + bb * p.mask_s.batch + hb * p.mask_s.head;
+        unsigned flags = 0;
+        for (int64_t r = r0; r < r1 && flags != kBoth; r++) {
+            const T *row = base + r * p.mask_s.row + c0 * p.mask_s.col;
+            if (p.mask_s.col == 1 && c1 - c0 == FLASH_MASK_BLOCK && (uintptr_t)row % kVecBytes == 0) {
+                uint4 v[FLASH_MASK_BLOCK * sizeof(T) / kVecBytes];
+#pragma unroll
+                for (int i = 0; i < (int)(FLASH_MASK_BLOCK * sizeof(T) / kVecBytes); i++)
+                    v[i] = __ldg((const uint4 *)row + i);
+                const T *x = (const T *)v;
+#pragma unroll
+                for (int c = 0; c < FLASH_MASK_BLOCK; c++)
+                    flags |= entry_flags(x[c]);
+            } else {
+                for (int64_t c = 0; c < c1 - c0; c++)
+                    flags |= entry_flags(row[c * p.mask_s.col]);
+            }
+        }
+        blocks[f] = (uint8_t)flags;
+    }
+}
+
+/* One kernel for the five entry types (a pass over the mask, memory-bound): its threads take the body of the
+ * mask's type (a uniform branch; launched for a bool or an additive mask of dtype fp16 / bf16 / fp32 / fp64). */
+__global__ void __launch_bounds__(kFlagThreads, kFlagMinCtas)
+flash_mask_flags_kernel(const flash_params p, uint8_t *blocks /* flash_mask_flag_dims, contiguous */)
+{
+    if (p.mask_kind == FLASH_MASK_BOOL)
+        mask_flags_of<uint8_t>(p, blocks);
+    else if (p.dtype == FLASH_FP16)
+        mask_flags_of<__half>(p, blocks);
+    else if (p.dtype == FLASH_BF16)
+        mask_flags_of<__nv_bfloat16>(p, blocks);
+    else if (p.dtype == FLASH_FP32)
+        mask_flags_of<float>(p, blocks);
+    else
+        mask_flags_of<double>(p, blocks);
+}
+
+extern "C" cudaError_t flash_mask_flags_cuda(const flash_params *p, uint8_t *blocks, cudaStream_t stream)
+{
+    if (p->mask == NULL || (p->mask_kind != FLASH_MASK_BOOL && p->mask_kind != FLASH_MASK_ADD))
+        return cudaErrorInvalidValue;
+    int64_t dims[4];
+    flash_mask_flag_dims(p, dims);
+    const int64_t n = dims[0] * dims[1] * dims[2] * dims[3];
+    if (n == 0 || p->sq == 0 || p->sk == 0)
+        return cudaSuccess;
+    const unsigned ctas = (unsigned)flash_min64(flash_cdiv64(n, kFlagThreads), FLASH_MAX_GRID_YZ);
+    if (p->mask_kind == FLASH_MASK_ADD && p->dtype != FLASH_FP16 && p->dtype != FLASH_BF16 &&
+        p->dtype != FLASH_FP32 && p->dtype != FLASH_FP64)
+        return cudaErrorInvalidValue;
+    flash_mask_flags_kernel<<<ctas, kFlagThreads, 0, stream>>>(*p, blocks);
+    return cudaGetLastError();
+}
