@@ -163,7 +163,7 @@ void check_launch(cudaError_t err, const char *what)
 }
 
 // The attn_mask's block flags of params p made by make_params (which leaves a CUDA mask's to this): one pass
-// over the mask on the device (mask_flags.cu), held in keep.
+// over the mask on the device (rows.cu flash_mask_flags_cuda), held in keep.
 void set_cuda_mask_blocks(flash_params *p, const Variants &var, VariantTensors *keep)
 {
     if (!var.attn_mask)
