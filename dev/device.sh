@@ -43,6 +43,11 @@
 #                                             MODE_ARG (an argument of every mode but check), SM80=1 (the modes first
 #                                             with FLASHATTN_EXT_DISABLE_SM90=1). dev/tools/fwd_ab.py interleaves
 #                                             the variants' bench runs afterwards.
+#   bash dev/device.sh ptx                    issue 36's PTX-only proof: the extension built with
+#                                             FLASHATTN_EXT_CUDA_ARCHS=compute_80 (no SASS at all: the driver JITs the
+#                                             sm80 kernels for the H200, as it would for sm_100 / sm_120), the first
+#                                             call's time in two fresh processes (JIT, then the driver's cache), and
+#                                             pytest tests/test_cuda.py tests/test_variants.py -k cuda on it
 set -uo pipefail
 O=${OUT:-/tmp/flashattn_out}
 B=${B:-/tmp/flashattn_dev}
@@ -298,6 +303,26 @@ ncu)
     fwd) ncu_fwd ;;
     *) echo "ncu: bwd or fwd"; exit 2 ;;
     esac ;;
+ptx)
+    FLASHATTN_EXT_CUDA_ARCHS=compute_80 MAX_JOBS=16 python3 setup.py build_ext --inplace >"$O/ptx_build.log" 2>&1 ||
+        { tail -20 "$O/ptx_build.log"; exit 1; }
+    el "built (compute_80 PTX only)"
+    cuobjdump --list-elf flashattn_ext/_C*.so >"$O/ptx_elf.txt" 2>&1; echo "SASS images in the .so: $(grep -c sm_ "$O/ptx_elf.txt")"
+    export CUDA_CACHE_PATH=$B/ptx_jit_cache && rm -rf "$CUDA_CACHE_PATH"
+    for run in jit cached; do
+        python3 - <<'PY' 2>&1 | sed "s/^/$run: /"
+import time, torch, flashattn_ext
+q = torch.randn(1, 128, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+t0 = time.perf_counter(); out = flashattn_ext.flash_attn_func(q, q, q, causal=True); torch.cuda.synchronize()
+t1 = time.perf_counter(); out.sum().backward(); torch.cuda.synchronize(); t2 = time.perf_counter()
+ref = torch.nn.functional.scaled_dot_product_attention(*(q.detach().transpose(1, 2).float(),) * 3, is_causal=True)
+print(f"first forward {t1 - t0:.2f} s, first backward {t2 - t1:.2f} s, max |out - sdpa fp32| "
+      f"{(out.float().transpose(1, 2) - ref).abs().max().item():.2e}")
+PY
+    done
+    PYTHONUNBUFFERED=1 timeout 400 python3 -m pytest tests/test_cuda.py tests/test_variants.py -q -rf -k cuda -n 8 \
+        -p no:cacheprovider >"$O/ptx_pytest.log" 2>&1
+    el "pytest rc $?: $(tail -1 "$O/ptx_pytest.log")" ;;
 ab) [ $# -ge 2 ] || { echo "ab: KERNEL \"MODES\" [NAME=[PATCH] ...]"; exit 2; }; ab "$@" ;;
 *) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2 ;;
 esac
