@@ -46,6 +46,9 @@ CASES = [
     (2, 33, 33, 2, 1, 16, 16, False, (9, 4), 2.5, False, True, 24, False),
     (1, 200, 260, 2, 2, 8, 8, True, (-1, -1), 0.0, False, False, 32, False),
     (1, 150, 150, 3, 1, 8, 8, False, (-1, -1), 1.5, True, True, 40, True),
+    # <= 8 query rows: the CPU's decode path
+    (2, 1, 300, 4, 2, 16, 16, False, (-1, -1), 0.0, True, False, 128, True),
+    (1, 5, 77, 2, 1, 8, 8, True, (-1, -1), 3.0, False, True, 20, False),
 ]
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 3e-2}
 

@@ -231,6 +231,7 @@ static void query_task(const flash_params *p, int64_t task, int64_t *bi, int64_t
  * rows x DECODE_COLS columns; a key split gets at least DECODE_MIN_SPLIT_KEYS keys. */
 #define FLASH_CPU_DECODE_MAX_SQ 8
 #define DECODE_KEYS 64
+_Static_assert(DECODE_KEYS < TILE_Q_NR + TILE_K_NR, "bias_pass's diagonal buffer holds a 1 x DECODE_KEYS block");
 #define DECODE_MR 4
 #define DECODE_COLS 32
 #define DECODE_MIN_SPLIT_KEYS 256
@@ -627,6 +628,19 @@ FLASH_CPU_SIMD static void FN(bias_pass)(T *restrict s, int64_t rows, int64_t co
                                          const SC(flash_score) *sc, int64_t base, int transposed)
 {
     const int32_t dir = transposed ? -1 : 1; /* d(j - i') / dc */
+    if (sc->table) {
+        /* T5: the bias depends on j - i' alone, so it is formed once per diagonal u = c - r + rows - 1
+         * (score.h's step 2 at x = 0) and each row adds a contiguous window of it */
+        T diag[TILE_Q_NR + TILE_K_NR];
+        for (int64_t u = 0; u < rows + cols - 1; u++)
+            diag[u] = SC(flash_score_bias)(sc, 0, base + dir * (u - (rows - 1)), 0);
+        for (int64_t r = 0; r < rows; r++) {
+            const T *restrict dg = diag + (rows - 1 - r);
+            for (int64_t c = 0; c < cols; c++)
+                s[r * ld + c] = scale * s[r * ld + c] + dg[c];
+        }
+        return;
+    }
     for (int64_t r = 0; r < rows; r++)
         for (int32_t c = 0; c < (int32_t)cols; c++) /* cols <= a tile side: an int32 converts in SIMD */
             s[r * ld + c] = SC(flash_score_bias)(sc, scale * s[r * ld + c], base - dir * r, dir * c);
@@ -734,19 +748,39 @@ static void FN(softcap_backward)(T *restrict ds, const T *restrict grad, int64_t
             ds[il * qs + jl * ks] *= grad[il * qs + jl * ks];
 }
 
-/* The score hook's gradient sinks (score.h: dbias, the T5 table's partials) for the tile's elements; ds is
- * an S-layout tile (leading dim TILE_K_NR). */
+/* Sums of an S-layout tile's elements per diagonal: diag[jl - il + qn - 1] += ds[il][jl] (the rows added
+ * into shifted windows, contiguous on both sides). */
+FLASH_CPU_SIMD static void FN(diagonal_sums)(T *restrict diag, const T *restrict ds, const tile *t)
+{
+    for (int64_t c = 0; c < t->qn + t->kn - 1; c++)
+        diag[c] = 0;
+    for (int64_t il = 0; il < t->qn; il++) {
+        T *restrict dg = diag + (t->qn - 1 - il);
+        const T *restrict row = ds + il * TILE_K_NR;
+        for (int64_t jl = 0; jl < t->kn; jl++)
+            dg[jl] += row[jl];
+    }
+}
+
+/* The score hook's gradient sinks (score.h) for the tile's elements; ds is an S-layout tile (leading dim
+ * TILE_K_NR). dbias takes each element; the T5 table's partials one sum per diagonal of the tile (every
+ * element of a diagonal has the same j - i', so the same bucket), passed with its first element. */
 static void FN(score_grad)(const flash_params *p, const flash_seq *seq, const T *restrict ds, const tile *t,
                            int64_t bi, int64_t hq)
 {
-    const SC(flash_score) sc = SC(flash_score_of)(p, seq->alibi_offset, bi, hq, 1);
-    for (int64_t il = 0; il < t->qn; il++)
-        for (int64_t jl = 0; jl < t->kn; jl++) {
-            if (p->dbias)
+    if (p->dbias)
+        for (int64_t il = 0; il < t->qn; il++)
+            for (int64_t jl = 0; jl < t->kn; jl++)
                 SC(flash_score_grad)(p, bi, hq, t->q0 + il, t->k0 + jl, ds[il * TILE_K_NR + jl]);
-            if (p->rel_bias_grad)
-                SC(flash_score_grad_table)(p, &sc, bi, hq, t->q0 + il, t->k0 + jl, ds[il * TILE_K_NR + jl]);
+    if (p->rel_bias_grad) {
+        const SC(flash_score) sc = SC(flash_score_of)(p, seq->alibi_offset, bi, hq, 1);
+        T diag[TILE_Q_NR + TILE_K_NR];
+        FN(diagonal_sums)(diag, ds, t);
+        for (int64_t c = 0; c < t->qn + t->kn - 1; c++) {
+            const int64_t il = flash_max64(0, t->qn - 1 - c); /* the diagonal's first element (il, jl) */
+            SC(flash_score_grad_table)(p, &sc, bi, hq, t->q0 + il, t->k0 + il + c - (t->qn - 1), diag[c]);
         }
+    }
 }
 
 typedef struct FN(workspace) {
