@@ -23,7 +23,8 @@ from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from . import _core
-from ._checks import _check_bools, _check_dropout, _check_mask, _check_softcap, _check_window, _default_scale
+from ._checks import (_check_bools, _check_dropout, _check_mask, _check_rel_bias, _check_softcap, _check_window,
+                      _default_scale)
 from .interface import _attention, flash_attn_func
 from .reference import dropout_keep_probability
 
@@ -293,12 +294,16 @@ class Attention(nn.Module):
     convention; with causal, right is 0: window_size=(w - 1, 0) shows each token its last w tokens, itself
     included). rotary: rotary position embedding on q and k (rotary_base, rotate-half form) at positions
     0..S-1 or the `positions` passed to forward. dropout: on the attention weights in training mode.
-    softcap > 0: scores become softcap * tanh(scores / softcap).
+    softcap > 0: scores become softcap * tanh(scores / softcap). rel_bias_buckets > 0: T5's relative position
+    bias, a learnable float32 parameter `rel_bias` (num_heads, rel_bias_buckets), zero at init, with
+    rel_bias_max_distance and rel_bias_bidirectional (default: not causal) as flash_attn_func's rel_bias (the CPU
+    for now).
     """
 
     def __init__(self, dim, num_heads, num_kv_heads=None, head_dim=None, bias=True, causal=True,
                  window_size=_NO_WINDOW, rotary=False, rotary_base=10000.0, dropout=0.0, softcap=0.0, device=None,
-                 dtype=None, head_dim_v=None):
+                 dtype=None, head_dim_v=None, rel_bias_buckets=0, rel_bias_max_distance=128,
+                 rel_bias_bidirectional=None):
         super().__init__()
         _check_bools("Attention", causal=causal, rotary=rotary)
         window_size, softcap = _check_window("Attention", window_size), _check_softcap("Attention", softcap)
@@ -325,12 +330,26 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, (num_heads + num_kv_heads) * head_dim + num_kv_heads * head_dim_v, bias=bias,
                              **factory)
         self.proj = nn.Linear(num_heads * head_dim_v, dim, bias=bias, **factory)
+        bidirectional = not causal if rel_bias_bidirectional is None else rel_bias_bidirectional
+        _check_bools("Attention", rel_bias_bidirectional=bidirectional)
+        if isinstance(rel_bias_buckets, bool) or not isinstance(rel_bias_buckets, int) or rel_bias_buckets < 0:
+            raise ValueError(f"Attention: rel_bias_buckets must be an int >= 0 (0: none), got {rel_bias_buckets!r}")
+        self.rel_bias_max_distance, self.rel_bias_bidirectional = rel_bias_max_distance, bidirectional
+        self.rel_bias = None
+        if rel_bias_buckets:
+            self.rel_bias = nn.Parameter(torch.zeros(num_heads, rel_bias_buckets, device=device,
+                                                     dtype=torch.float32))
+            # the bucket count and max_distance checked now, as flash_attn_func will check them
+            _check_rel_bias("Attention", self.rel_bias.detach(), rel_bias_max_distance, bidirectional,
+                            self.rel_bias.new_empty(1, 1, num_heads, 1), num_heads, None, 1)
 
     def attend(self, q, k, v, attn_mask=None):
         """The attention core: q (B, S, H, D), k (B, S, Hkv, D) and v (B, S, Hkv, Dv) -> (B, S, H, Dv). Override
         it to run another kernel under the same parameters."""
         return flash_attn_func(q, k, v, dropout_p=self.dropout if self.training else 0.0, causal=self.causal,
-                               window_size=self.window_size, softcap=self.softcap, attn_mask=attn_mask)
+                               window_size=self.window_size, softcap=self.softcap, attn_mask=attn_mask,
+                               rel_bias=self.rel_bias, rel_bias_max_distance=self.rel_bias_max_distance,
+                               rel_bias_bidirectional=self.rel_bias_bidirectional)
 
     def forward(self, x, attn_mask=None, positions=None):
         """x (B, S, dim). attn_mask: bool (True = take part) or additive float, broadcastable to

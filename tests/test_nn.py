@@ -457,3 +457,41 @@ def test_attention_parameters_and_errors():
     for x in (torch.randn(SEQ_Q, EMBED), torch.randn(BATCH, SEQ_Q, EMBED + 1)):
         with pytest.raises(ValueError, match=rf"x must be a \(batch, seqlen, dim\) tensor with dim = {EMBED}"):
             attn(x)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_rel_bias(causal):
+    """Attention(rel_bias_buckets=...) against its own projections around the float64 reference with T5's bias as an
+    additive mask: output, and the gradients of x and the table (a zero-initialized float32 parameter)."""
+    from test_rel_bias import bias_matrix
+
+    from flashattn_ext.reference import attention_ref
+
+    torch.manual_seed(0)
+    attn = fnn.Attention(EMBED, HEADS, num_kv_heads=2, causal=causal, rel_bias_buckets=8, rel_bias_max_distance=12,
+                         dtype=torch.float64)
+    assert attn.rel_bias.dtype == torch.float32 and not attn.rel_bias.any()
+    assert attn.rel_bias_bidirectional == (not causal)
+    with torch.no_grad():
+        attn.rel_bias.normal_()
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(BATCH, 40, EMBED, generator=gen, dtype=torch.float64, requires_grad=True)
+    y = attn(x)
+    y.backward(torch.ones_like(y))
+    gx, gt = x.grad.clone(), attn.rel_bias.grad.clone()
+
+    xr = x.detach().requires_grad_()
+    tr = attn.rel_bias.detach().double().requires_grad_()
+    d = attn.head_dim
+    q, k, v = (t.unflatten(-1, (-1, d)) for t in attn.qkv(xr).split([HEADS * d, 2 * d, 2 * d], dim=-1))
+    out, _ = attention_ref(q, k, v, causal=causal, attn_mask=bias_matrix(tr, 40, 40, 12, not causal).unsqueeze(0))
+    ref = attn.proj(out.flatten(-2))
+    ref.backward(torch.ones_like(ref))
+    assert (y - ref).abs().max() < 1e-10
+    assert (gx - xr.grad).abs().max() < 1e-9
+    assert (gt.double() - tr.grad).abs().max() < 1e-5 * max(1.0, tr.grad.abs().max().item())
+    assert set(attn.state_dict()) == {"qkv.weight", "qkv.bias", "proj.weight", "proj.bias", "rel_bias"}
+    with pytest.raises(ValueError, match="rel_bias_buckets must be an int >= 0"):
+        fnn.Attention(EMBED, HEADS, rel_bias_buckets=-1)
+    with pytest.raises(ValueError, match="rel_bias_max_distance must exceed the exact buckets"):
+        fnn.Attention(EMBED, HEADS, rel_bias_buckets=16, rel_bias_max_distance=4, causal=True)
