@@ -218,14 +218,25 @@ void check_varlen_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor
         check_varlen_paged_kv(q, k, v, *vl.block_table, vl.batch());
 }
 
+// dout in q's dtype; out in q's dtype, or float32 for float16 / bfloat16 q on the CPU (fwd's out32: the
+// forward's out before its rounding, which gives the backward's delta = rowsum(dout * out) without that
+// rounding's error).
+static void check_bwd_dtypes(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &out)
+{
+    const bool half = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
+    const bool out32 = half && q.device().is_cpu() && out.scalar_type() == at::kFloat;
+    TORCH_CHECK(dout.scalar_type() == q.scalar_type() && (out.scalar_type() == q.scalar_type() || out32),
+                "flashattn_ext: dout and out must have the dtype of q (", q.scalar_type(),
+                "; out may be float32 for float16 / bfloat16 on the CPU), got dout ", dout.scalar_type(), ", out ",
+                out.scalar_type());
+}
+
 void check_varlen_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &v, const at::Tensor &out,
                              const at::Tensor &lse)
 {
     check_out_shapes(dout, q, v, out);
     check_rank_and_last_stride(out, "out", kVarlenRank);
-    TORCH_CHECK(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
-                "flashattn_ext: dout and out must have the dtype of q (", q.scalar_type(), "), got dout ",
-                dout.scalar_type(), ", out ", out.scalar_type());
+    check_bwd_dtypes(dout, q, out);
     TORCH_CHECK(lse.defined(), "flashattn_ext: lse is undefined");
     TORCH_CHECK(dout.device() == q.device() && out.device() == q.device() && lse.device() == q.device(),
                 "flashattn_ext: dout, out and lse must be on the device of q (", q.device().str(), ")");
@@ -240,9 +251,7 @@ void check_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Ten
                       const at::Tensor &lse)
 {
     check_out_shapes(dout, q, v, out);
-    TORCH_CHECK(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
-                "flashattn_ext: dout and out must have the dtype of q (", q.scalar_type(), "), got dout ",
-                dout.scalar_type(), ", out ", out.scalar_type());
+    check_bwd_dtypes(dout, q, out);
     TORCH_CHECK(dout.device() == q.device() && out.device() == q.device() && lse.device() == q.device(),
                 "flashattn_ext: dout, out and lse must be on the device of q (", q.device().str(), ")");
     TORCH_CHECK(lse.dim() == 3 && lse.size(0) == q.size(0) && lse.size(1) == q.size(2) && lse.size(2) == q.size(1),
@@ -250,6 +259,11 @@ void check_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Ten
                 shape({q.size(0), q.size(2), q.size(1)}), ", got ", shape(lse.sizes()));
     TORCH_CHECK(lse.scalar_type() == lse_dtype(q.scalar_type()), "flashattn_ext: lse must have dtype ",
                 lse_dtype(q.scalar_type()), " for ", q.scalar_type(), " inputs, got ", lse.scalar_type());
+}
+
+at::Tensor no_out32(const at::Tensor &q)
+{
+    return at::empty({0}, q.options().dtype(at::kFloat));
 }
 
 at::ScalarType lse_dtype(at::ScalarType t)
@@ -811,10 +825,10 @@ void check_cpu_dtype(const at::Tensor &q)
 
 // fp16 / bf16 on the CPU: the kernels (flash_cpu.c) run in fp32. Each op checks its arguments in their own
 // dtypes, then calls itself on fp32 copies (f32) and rounds out / dq / dk / dv back to the input dtype once;
-// lse and dmask are fp32, as on CUDA. out_f32_note: the backward recomputes out in fp32 (one forward) for
-// delta = rowsum(dout * out): the rounded out would add its rounding error to every gradient (bf16 with an
-// additive mask: dq and dk 4% further from the float64 result than its rounding, where torch's CPU SDPA
-// reaches the rounding); the forward costs about a third of the backward.
+// lse and dmask are fp32, as on CUDA. The forwards also return the fp32 out (out32), which fwd's autograd saves
+// for the backward's delta = rowsum(dout * out): the rounded out would add its rounding error to every gradient
+// (bf16 with an additive mask: dq 4% further from the float64 result than its rounding, where torch's CPU
+// SDPA reaches the rounding). Given the rounded out, the backward uses it, as torch and flash-attn do.
 bool is_half(const at::Tensor &q)
 {
     return q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
@@ -876,8 +890,8 @@ struct RelBiasGrad {
     at::Tensor result() const { return on ? part.sum({0, 2}) : part.new_empty({0}); }
 };
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cpu(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
-                                                       double softmax_scale, bool causal, bool bottom_right,
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_cpu(const at::Tensor &q, const at::Tensor &k,
+                                                                   const at::Tensor &v, double softmax_scale, bool causal, bool bottom_right,
                                                        int64_t window_left, int64_t window_right, double softcap,
                                                        const c10::optional<at::Tensor> &alibi_slopes,
                                                        const c10::optional<at::Tensor> &sink,
@@ -893,22 +907,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cpu(const at::Tensor &q, cons
                                        rel_bias, rel_buckets);
     check_variants(var, q, k);
     if (is_half(q)) {
-        auto [out, lse, rng_state] = fwd_cpu(f32(q), f32(k), f32(v), softmax_scale, causal, bottom_right, window_left,
-                                             window_right, softcap, alibi_slopes, sink, mask_f32(attn_mask), dropout_p,
-                                             deterministic, rel_bias, rel_buckets);
-        return {out.to(q.scalar_type()), lse, rng_state};
+        auto [out, lse, rng_state, _] = fwd_cpu(f32(q), f32(k), f32(v), softmax_scale, causal, bottom_right,
+                                                window_left, window_right, softcap, alibi_slopes, sink,
+                                                mask_f32(attn_mask), dropout_p, deterministic, rel_bias, rel_buckets);
+        return {out.to(q.scalar_type()), lse, rng_state, out};
     }
     at::Tensor rng_state = draw_rng_state_cpu(dropout_p);
     if (no_work(q) || k.size(1) == 0) {
         auto [out, lse] = fwd_without_keys(q, v, sink);
-        return {out, lse, rng_state};
+        return {out, lse, rng_state, no_out32(q)};
     }
     at::Tensor out = at::empty(out_sizes(q, v), q.options());
     at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
     VariantTensors keep;
     const flash_params p = make_params(q, k, v, out, lse, softmax_scale, var, rng_state, &keep);
     check_cpu_status(flash_fwd_cpu(&p), "forward");
-    return {out, lse, rng_state};
+    return {out, lse, rng_state, no_out32(q)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
@@ -934,15 +948,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
     if (is_half(q)) {
         const at::Tensor q32 = f32(q), k32 = f32(k), v32 = f32(v);
         const c10::optional<at::Tensor> mask32 = mask_f32(attn_mask);
-        at::Tensor out32 = at::zeros(out_sizes(q, v), q32.options());
-        if (!no_work(q) && k.size(1) > 0) {  // out in fp32 again: see out_f32_note
-            at::Tensor lse = at::empty(lse_in.sizes(), lse_in.options());
-            VariantTensors keep;
-            Variants var32 = var;
-            var32.attn_mask = mask32;
-            const flash_params p = make_params(q32, k32, v32, out32, lse, softmax_scale, var32, rng_state, &keep);
-            check_cpu_status(flash_fwd_cpu(&p), "forward");
-        }
+        const at::Tensor out32 = f32(out);  // fwd's out32, or the rounded out (see is_half)
         auto [dq, dk, dv, dmask, drel] = bwd_cpu(f32(dout_in), q32, k32, v32, out32, lse_in, rng_state, softmax_scale,
                                                  causal, bottom_right, window_left, window_right, softcap, alibi_slopes,
                                                  sink, mask32, dropout_p, deterministic, mask_grad, rel_bias,
@@ -970,7 +976,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
     return {dq, dk, dv, dmask, rel.result()};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cpu(
     const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &cu_seqlens_q,
     const at::Tensor &cu_seqlens_k, const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
@@ -986,20 +992,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cpu(
                                        rel_bias, rel_buckets);
     check_variants(var, q, vl.batch(), max_seqlen_q, q.size(1), max_seqlen_k);
     if (is_half(q)) {
-        auto [out, lse, rng_state] = varlen_fwd_cpu(f32(q), f32(k), f32(v), cu_seqlens_q, cu_seqlens_k, seqused_k,
-                                                    max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                                                    window_right, softcap, alibi_slopes, sink, dropout_p,
-                                                    deterministic, block_table, rel_bias, rel_buckets);
-        return {out.to(q.scalar_type()), lse, rng_state};
+        auto [out, lse, rng_state, _] = varlen_fwd_cpu(f32(q), f32(k), f32(v), cu_seqlens_q, cu_seqlens_k,
+                                                       seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                                                       window_left, window_right, softcap, alibi_slopes, sink,
+                                                       dropout_p, deterministic, block_table, rel_bias, rel_buckets);
+        return {out.to(q.scalar_type()), lse, rng_state, out};
     }
     at::Tensor rng_state = draw_rng_state_cpu(dropout_p);
     auto [out, lse] = varlen_fwd_outputs(q, v);
     if (varlen_fwd_no_work(q, vl, var))
-        return {out, lse, rng_state};
+        return {out, lse, rng_state, no_out32(q)};
     VariantTensors keep;
     const flash_params p = make_varlen_params(q, k, v, out, lse, vl, softmax_scale, var, rng_state, &keep);
     check_cpu_status(flash_fwd_cpu(&p), "forward");
-    return {out, lse, rng_state};
+    return {out, lse, rng_state, no_out32(q)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
@@ -1023,13 +1029,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     TORCH_CHECK(!rel_bias_grad || rel_bias, "flashattn_ext: rel_bias_grad needs a rel_bias");
     if (is_half(q)) {
         const at::Tensor q32 = f32(q), k32 = f32(k), v32 = f32(v);
-        auto [out32, lse] = varlen_fwd_outputs(q32, v32);
-        if (!varlen_fwd_no_work(q, vl, var)) {  // out in fp32 again: see out_f32_note
-            VariantTensors keep;
-            const flash_params p = make_varlen_params(q32, k32, v32, out32, lse, vl, softmax_scale, var, rng_state,
-                                                      &keep);
-            check_cpu_status(flash_fwd_cpu(&p), "forward");
-        }
+        const at::Tensor out32 = f32(out);  // fwd's out32, or the rounded out (see is_half)
         auto [dq, dk, dv, drel] = varlen_bwd_cpu(f32(dout_in), q32, k32, v32, out32, lse_in, rng_state, cu_seqlens_q,
                                                  cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                                                  causal, window_left, window_right, softcap, alibi_slopes, sink,
@@ -1109,7 +1109,7 @@ TORCH_LIBRARY(flashattn_ext, m)
     m.def("fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool bottom_right, "
           "int window_left, int window_right, float softcap, Tensor? alibi_slopes, Tensor? sink, "
           "Tensor? attn_mask, float dropout_p, bool deterministic, Tensor? rel_bias=None, Tensor? rel_buckets=None) -> "
-          "(Tensor out, Tensor lse, Tensor rng_state)");
+          "(Tensor out, Tensor lse, Tensor rng_state, Tensor out32)");
     m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor rng_state, "
           "float softmax_scale, bool causal, bool bottom_right, int window_left, int window_right, float softcap, "
           "Tensor? alibi_slopes, Tensor? sink, Tensor? attn_mask, float dropout_p, bool deterministic, "
@@ -1122,7 +1122,7 @@ TORCH_LIBRARY(flashattn_ext, m)
           "SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, bool causal, int window_left, "
           "int window_right, float softcap, Tensor? alibi_slopes, Tensor? sink, float dropout_p, bool deterministic, "
           "Tensor? block_table=None, Tensor? rel_bias=None, Tensor? rel_buckets=None) -> "
-          "(Tensor out, Tensor lse, Tensor rng_state)");
+          "(Tensor out, Tensor lse, Tensor rng_state, Tensor out32)");
     m.def("varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor rng_state, "
           "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, SymInt max_seqlen_q, SymInt max_seqlen_k, "
           "float softmax_scale, bool causal, int window_left, int window_right, float softcap, Tensor? alibi_slopes, "

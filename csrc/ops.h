@@ -41,6 +41,10 @@ void check_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v);
 void check_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &v, const at::Tensor &out,
                       const at::Tensor &lse);
 
+// The out32 output of a forward (fwd, varlen_fwd) whose out is not rounded from fp32: an empty fp32 tensor
+// (every dtype but fp16 / bf16 on the CPU, whose forward returns its fp32 out there for the backward).
+at::Tensor no_out32(const at::Tensor &q);
+
 // dtype of lse / delta for inputs of dtype t: fp64 for fp64 inputs, fp32 otherwise.
 at::ScalarType lse_dtype(at::ScalarType t);
 

@@ -200,7 +200,7 @@ at::Tensor no_rel_bias_grad(const at::Tensor &q)
     return at::empty({0}, q.options().dtype(lse_dtype(q.scalar_type())));
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(const at::Tensor &q_in, const at::Tensor &k_in,
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_cuda(const at::Tensor &q_in, const at::Tensor &k_in,
                                                         const at::Tensor &v_in, double softmax_scale, bool causal,
                                                         bool bottom_right, int64_t window_left, int64_t window_right,
                                                         double softcap, const c10::optional<at::Tensor> &alibi_slopes,
@@ -220,7 +220,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(const at::Tensor &q_in, 
     at::Tensor rng_state = draw_rng_state_cuda(q_in, dropout_p);
     if (no_work(q_in) || k_in.size(1) == 0) {
         auto [out, lse] = fwd_without_keys(q_in, v_in, sink);
-        return {out, lse, rng_state};
+        return {out, lse, rng_state, no_out32(q_in)};
     }
     const int64_t d_v = v_in.size(3);
     const KernelHeadDims kd = kernel_head_dims(q_in, v_in);
@@ -238,7 +238,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(const at::Tensor &q_in, 
     FwdWorkspaces ws;
     set_fwd_workspaces(&p, 0, q, &ws);
     check_launch(flash_fwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "forward");
-    return {unpad(out, d_v), lse, rng_state};
+    return {unpad(out, d_v), lse, rng_state, no_out32(q_in)};
 }
 
 // The int32 dQ semaphores of csrc/flash.h, set in p, where the backward of p takes them (deterministic mode on
@@ -319,7 +319,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
 }
 
 // A paged k / v (block_table) is padded or copied by kernel_ready like any k / v, as kvcache_fwd_cuda's cache.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cuda(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cuda(
     const at::Tensor &q_in, const at::Tensor &k_in, const at::Tensor &v_in, const at::Tensor &cu_seqlens_q,
     const at::Tensor &cu_seqlens_k, const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
@@ -338,7 +338,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cuda(
     at::Tensor rng_state = draw_rng_state_cuda(q_in, dropout_p);
     if (varlen_fwd_no_work(q_in, vl, var)) {
         auto [out, lse] = varlen_fwd_outputs(q_in, v_in);
-        return {out, lse, rng_state};
+        return {out, lse, rng_state, no_out32(q_in)};
     }
     const int64_t d_v = v_in.size(-1);
     const KernelHeadDims kd = kernel_head_dims(q_in, v_in);
@@ -354,7 +354,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cuda(
     FwdWorkspaces ws;
     set_fwd_workspaces(&p, 0, q, &ws);
     check_launch(flash_fwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "varlen forward");
-    return {unpad(out, d_v), lse, rng_state};
+    return {unpad(out, d_v), lse, rng_state, no_out32(q_in)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(

@@ -27,10 +27,10 @@ KV_APPEND_ARGS = _arg_names("kv_append")
 def fwd(*, q, k, v, softmax_scale, causal=False, bottom_right=True, window_left=-1, window_right=-1, softcap=0.0,
         alibi_slopes=None, sink=None, attn_mask=None, dropout_p=0.0, deterministic=False, rel_bias=None,
         rel_buckets=None):
-    """-> (out, lse, rng_state)."""
+    """-> (out, lse, rng_state) (the op's out32 is for its autograd, ops.py)."""
     return torch.ops.flashattn_ext.fwd(q, k, v, softmax_scale, causal, bottom_right, window_left, window_right,
                                        softcap, alibi_slopes, sink, attn_mask, dropout_p, deterministic, rel_bias,
-                                       rel_buckets)
+                                       rel_buckets)[:3]
 
 
 def bwd(*, dout, q, k, v, out, lse, rng_state, softmax_scale, causal=False, bottom_right=True, window_left=-1,
@@ -50,11 +50,11 @@ def dropout_mask(*, q, rng_state, seqlen_k, dropout_p):
 def varlen_fwd(*, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=None, max_seqlen_q, max_seqlen_k, softmax_scale,
                causal=False, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sink=None,
                dropout_p=0.0, deterministic=False, block_table=None, rel_bias=None, rel_buckets=None):
-    """-> (out, lse, rng_state)."""
+    """-> (out, lse, rng_state) (the op's out32 is for its autograd, ops.py)."""
     return torch.ops.flashattn_ext.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                                               max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
                                               alibi_slopes, sink, dropout_p, deterministic, block_table, rel_bias,
-                                              rel_buckets)
+                                              rel_buckets)[:3]
 
 
 def varlen_bwd(*, dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k=None, max_seqlen_q,

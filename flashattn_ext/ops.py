@@ -54,6 +54,16 @@ def _check_out_fake(dout, out, q, v):
                      lambda: f"flashattn_ext: {name} must have the shape of q with the head dim of v {want}")
 
 
+def _rounds_fp32(q):
+    """Whether the forward computes out in float32 and rounds it (float16 / bfloat16 on the CPU): then it also
+    returns that float32 out (out32), which its autograd saves for the backward (csrc/ops.cpp is_half)."""
+    return q.device.type == "cpu" and q.dtype in (torch.float16, torch.bfloat16)
+
+
+def _out32_fake(q, out):
+    return out.new_empty(out.shape if _rounds_fp32(q) else (0,), dtype=torch.float32)
+
+
 def _check_mask_fake(attn_mask, q, k):
     if attn_mask is not None:
         want = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
@@ -74,7 +84,7 @@ def _fwd_fake(q, k, v, softmax_scale, causal, bottom_right, window_left, window_
     out = q.new_empty((batch, seqlen_q, nheads, v.shape[-1]))
     lse = q.new_empty((batch, nheads, seqlen_q), dtype=_lse_dtype(q.dtype))
     rng_state = torch.empty((2,), dtype=torch.int64, device="cpu")
-    return out, lse, rng_state
+    return out, lse, rng_state, _out32_fake(q, out)
 
 
 @torch.library.register_fake("flashattn_ext::bwd")
@@ -155,12 +165,13 @@ def _dense_vjp(alibi_slopes, rng_state, var, q, k, v, dout, sink, attn_mask, cot
 def _setup_context(ctx, inputs, output):
     (q, k, v, softmax_scale, causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink, attn_mask,
      dropout_p, deterministic, rel_bias, rel_buckets) = inputs
-    out, lse, rng_state = output
-    ctx.save_for_backward(q, k, v, out, lse, rng_state, alibi_slopes, sink, attn_mask, rel_bias, rel_buckets)
+    out, lse, rng_state, out32 = output
+    ctx.save_for_backward(q, k, v, out32 if _rounds_fp32(q) else out, lse, rng_state, alibi_slopes, sink, attn_mask,
+                          rel_bias, rel_buckets)
     ctx.args = (softmax_scale, causal, bottom_right, window_left, window_right, softcap, dropout_p, deterministic)
-    # rng_state carries no gradient. Unused outputs get None, not zeros: lse's gradient (merging partial
+    # rng_state and out32 carry no gradient. Unused outputs get None, not zeros: lse's gradient (merging partial
     # attentions) is computed only where one flows.
-    ctx.mark_non_differentiable(rng_state)
+    ctx.mark_non_differentiable(rng_state, out32)
     ctx.set_materialize_grads(False)
 
 
@@ -171,7 +182,7 @@ def _add_grads(grads, positions, g):
         grads[i] = x if grads[i] is None else grads[i] + x
 
 
-def _backward(ctx, dout, dlse, _drng):
+def _backward(ctx, dout, dlse, _drng, _dout32):
     q, k, v, out, lse, rng_state, alibi_slopes, sink, attn_mask, rel_bias, rel_buckets = ctx.saved_tensors
     if rel_bias is not None and (dlse is not None or torch.is_grad_enabled()):
         raise NotImplementedError(_REL_UNSUPPORTED)
@@ -289,7 +300,7 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_
     out = q.new_empty((total_q, nheads, v.shape[-1]))
     lse = q.new_empty((nheads, total_q), dtype=_lse_dtype(q.dtype))
     rng_state = torch.empty((2,), dtype=torch.int64, device="cpu")
-    return out, lse, rng_state
+    return out, lse, rng_state, _out32_fake(q, out)
 
 
 @torch.library.register_fake("flashattn_ext::varlen_bwd")
@@ -313,21 +324,21 @@ _VARLEN_SINK, _VARLEN_REL = (_core.VARLEN_FWD_ARGS.index(n) for n in ("sink", "r
 def _varlen_setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
      window_right, softcap, alibi_slopes, sink, dropout_p, deterministic, block_table, rel_bias, rel_buckets) = inputs
-    out, lse, rng_state = output
+    out, lse, rng_state, out32 = output
     # lse carries no gradient here (as flash-attn's; fwd's does): its composite would read cu_seqlens on the
     # host, which a traced backward cannot. merge_attention_states refuses such an lse beside an out that
     # requires grad rather than return gradients without lse's part.
-    ctx.mark_non_differentiable(lse, rng_state)
+    ctx.mark_non_differentiable(lse, rng_state, out32)
     ctx.paged = block_table is not None
     if ctx.paged:  # no backward: nothing to save
         return
-    ctx.save_for_backward(q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink,
-                          rel_bias, rel_buckets)
+    ctx.save_for_backward(q, k, v, out32 if _rounds_fp32(q) else out, lse, rng_state, cu_seqlens_q, cu_seqlens_k,
+                          seqused_k, alibi_slopes, sink, rel_bias, rel_buckets)
     ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, dropout_p,
                 deterministic)
 
 
-def _varlen_backward(ctx, dout, _dlse, _drng):
+def _varlen_backward(ctx, dout, _dlse, _drng, _dout32):
     if ctx.paged:
         raise RuntimeError("flashattn_ext: varlen_fwd with a block_table (a paged KV cache) has no backward, as "
                            "flash-attn's; pass k and v as (total_k, nheads_kv, headdim) tensors for gradients")

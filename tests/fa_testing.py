@@ -730,7 +730,7 @@ def replay_keep_mask(q, k, v, cfg, var, tensors, seed, bottom_right=True):
     args = op_fwd_args(*(t.detach() for t in (q, k, v)), cfg, var,
                        {n: (t.detach() if t is not None else None) for n, t in tensors.items()}, bottom_right)
     with torch.no_grad():
-        _, _, rng_state = torch.ops.flashattn_ext.fwd(*args)
+        _, _, rng_state, _ = torch.ops.flashattn_ext.fwd(*args)
     return torch.ops.flashattn_ext.dropout_mask(q.detach(), rng_state, k.shape[1], var.dropout)
 
 

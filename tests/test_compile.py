@@ -44,7 +44,7 @@ def test_opcheck_fwd(device, cfg, bottom_right):
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck_bwd(device, cfg):
     q, k, v, dout = make_inputs(cfg, torch.float64, device, requires_grad=False)
-    out, lse, rng_state = torch.ops.flashattn_ext.fwd(*op_fwd_args(q, k, v, cfg, DENSE, {}))
+    out, lse, rng_state, _ = torch.ops.flashattn_ext.fwd(*op_fwd_args(q, k, v, cfg, DENSE, {}))
     torch.library.opcheck(torch.ops.flashattn_ext.bwd.default,
                           op_bwd_args(dout, q, k, v, out, lse, rng_state, cfg, DENSE, {}))
 

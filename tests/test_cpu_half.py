@@ -73,3 +73,37 @@ def test_results_in_the_input_dtype(dtype):
         torch.ones_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse,
         torch.zeros(2, dtype=torch.int64), 0.25, False, True, -1, -1, 0.0, None, None, mask.detach(), 0.0, False, True)
     assert dq.dtype == dk.dtype == dv.dtype == dtype and dmask.dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda dt: DTYPE_NAMES[dt])
+def test_forward_returns_its_float32_out_for_the_backward(dtype):
+    """fwd and varlen_fwd return out rounded to dtype and, as out32, the float32 out it was rounded from, which
+    their autograd saves: the backward's delta without out's rounding error. The backward takes either out: the
+    rounded one (as torch and flash-attn) moves dq further from the float64 result than out32 does."""
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, dout = (torch.randn(1, 96, 2, 32, generator=gen).to(dtype) for _ in range(4))
+    mask = torch.randn(1, 2, 96, 96, generator=gen).to(dtype)
+    out, lse, rng, out32 = torch.ops.flashattn_ext.fwd(q, k, v, 0.3, False, True, -1, -1, 0.0, None, None, mask,
+                                                       0.0, False)
+    assert out32.dtype == torch.float32 and out32.shape == out.shape
+    assert torch.equal(out32.to(dtype), out)
+    bhsd = [t.double().transpose(1, 2).requires_grad_() for t in (q, k, v)]
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        want = F.scaled_dot_product_attention(*bhsd, attn_mask=mask.double(), scale=0.3)
+    want_dq, = torch.autograd.grad(want, bhsd[0], dout.double().transpose(1, 2))
+    want, want_dq = want.transpose(1, 2), want_dq.transpose(1, 2)
+    assert rel_l2(out32, want) < 1e-6
+    cu = torch.tensor([0, 96], dtype=torch.int32)
+    vout, _, _, vout32 = torch.ops.flashattn_ext.varlen_fwd(q[0], k[0], v[0], cu, cu, None, 96, 96, 0.3, False, -1,
+                                                            -1, 0.0, None, None, 0.0, False)
+    assert vout32.dtype == torch.float32 and torch.equal(vout32.to(dtype), vout)
+    err = {}
+    for name, o in (("out32", out32), ("rounded", out)):
+        dq = torch.ops.flashattn_ext.bwd(dout, q, k, v, o, lse, rng, 0.3, False, True, -1, -1, 0.0, None, None, mask,
+                                         0.0, False, False)[0]
+        err[name] = rel_l2(dq, want_dq)
+    assert err["out32"] <= rel_l2(want_dq.to(dtype), want_dq) * (1 + OUT_TOL[torch.float32]) < err["rounded"], err
+    x = q.float()  # out32 only beside fp16 / bf16 q
+    with pytest.raises(RuntimeError, match="out must have the dtype of q"):
+        torch.ops.flashattn_ext.bwd(dout.float(), x, x, x, out32.double(), lse, rng, 0.3, False, True, -1, -1, 0.0,
+                                    None, None, None, 0.0, False, False)

@@ -221,7 +221,7 @@ def test_gradcheck_bwd_op_direct(block_rows):
     dout = rand(1, 4, 2, 2, gen=torch.Generator().manual_seed(16))
 
     def first_order(dout, q, k, v):
-        out, lse, rng = torch.ops.flashattn_ext.fwd(q, k, v, 0.7, True, False, -1, -1, 0.0, None, None, None, 0.0,
+        out, lse, rng, _ = torch.ops.flashattn_ext.fwd(q, k, v, 0.7, True, False, -1, -1, 0.0, None, None, None, 0.0,
                                                     False)
         return torch.ops.flashattn_ext.bwd(dout, q, k, v, out, lse, rng, 0.7, True, False, -1, -1, 0.0, None, None,
                                            None, 0.0, False, False)[:3]
@@ -257,7 +257,7 @@ def test_gradient_penalty_vs_eager(name, kw, extras, block_rows):
     if kw.get("dropout_p"):  # the keep mask of the seeded call (the dropout_mask op, as the first-order tests)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(DROPOUT_SEED)
-            _, _, rng = torch.ops.flashattn_ext.fwd(q.detach(), k.detach(), v.detach(), 0.5, False, True, -1, -1,
+            _, _, rng, _ = torch.ops.flashattn_ext.fwd(q.detach(), k.detach(), v.detach(), 0.5, False, True, -1, -1,
                                                     0.0, None, None, None, kw["dropout_p"], False)
         keep = torch.ops.flashattn_ext.dropout_mask(q.detach(), rng, sk, kw["dropout_p"])
     inputs = (q, k, v, *tensors)
@@ -418,7 +418,7 @@ def test_gradient_penalty_cuda(name, kw, extras, dtype):
     if kw.get("dropout_p"):
         with torch.random.fork_rng(devices=["cuda"]):
             torch.manual_seed(DROPOUT_SEED)
-            _, _, rng = torch.ops.flashattn_ext.fwd(*(t.detach() for t in cuda[:3]), 0.5, False, True, -1, -1, 0.0,
+            _, _, rng, _ = torch.ops.flashattn_ext.fwd(*(t.detach() for t in cuda[:3]), 0.5, False, True, -1, -1, 0.0,
                                                     None, None, None, kw["dropout_p"], False)
         keep = torch.ops.flashattn_ext.dropout_mask(cuda[0].detach(), rng, sk, kw["dropout_p"]).cpu()
     got = penalty_grads(fn, cuda, w.to("cuda", dtype))

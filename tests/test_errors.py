@@ -157,7 +157,7 @@ def test_sdpa_wrong_ndim():
 def test_bwd_op_checks(device):
     """The backward op validates what it did not compute itself: dout, out and lse."""
     q, k, v = qkv(device)
-    out, lse, rng_state = fwd_op(*fwd_args(q, k, v))
+    out, lse, rng_state, _ = fwd_op(*fwd_args(q, k, v))
     dout = torch.randn_like(out)
     rest = (0.5, False, True, -1, -1, 0.0, None, None, None, 0.0, False, False)
     args = lambda **kw: [kw.get(n, x) for n, x in  # noqa: E731
@@ -388,13 +388,13 @@ def op_calls():
     q, k, v = qkv()
     alibi, sink, mask = torch.rand(4) * 0.5, torch.zeros(4), torch.zeros(MASK_SHAPE)
     fwd = fwd_args(q, k, v, alibi_slopes=alibi, sink=sink, attn_mask=mask)
-    out, lse, rng_state = fwd_op(*fwd)
+    out, lse, rng_state, _ = fwd_op(*fwd)
     bwd = (torch.randn_like(out), q, k, v, out, lse, rng_state) + fwd[3:] + (True,)
     vq, vk, vv = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1)  # 2 sequences of 5 queries, 7 keys
     cu_q, cu_k = torch.tensor([0, 5, 10], dtype=torch.int32), torch.tensor([0, 7, 14], dtype=torch.int32)
     used = torch.tensor([7, 6], dtype=torch.int32)
     varlen = (vq, vk, vv, cu_q, cu_k, used, 5, 7, 0.5, True, -1, -1, 0.0, alibi, sink, 0.0, False)
-    v_out, v_lse, v_rng = torch.ops.flashattn_ext.varlen_fwd(*varlen)
+    v_out, v_lse, v_rng, _ = torch.ops.flashattn_ext.varlen_fwd(*varlen)
     pages, table = torch.randn(3, 16, 2, 8), torch.tensor([[0, 2], [1, 0]], dtype=torch.int32)
     paged = (vq, pages, pages.clone()) + varlen[3:] + (table,)
     varlen_bwd = (torch.randn_like(v_out), vq, vk, vv, v_out, v_lse, v_rng) + varlen[3:]

@@ -412,7 +412,7 @@ def test_bwd_op_out_shapes(device):
     cfg, var = Cfg(1, 4, 6, 2, 1, 8, dv=5), Var()
     q, k, v, dout = make_inputs(cfg, torch.float64, device, requires_grad=False)
     t = make_variant_tensors(cfg, var, torch.float64, device)
-    out, lse, rng = torch.ops.flashattn_ext.fwd(*op_fwd_args(q, k, v, cfg, var, t))
+    out, lse, rng, _ = torch.ops.flashattn_ext.fwd(*op_fwd_args(q, k, v, cfg, var, t))
     assert out.shape == (1, 4, 2, 5)
     wrong = torch.zeros(1, 4, 2, 8, dtype=torch.float64, device=device)
     for args, name in ((op_bwd_args(wrong, q, k, v, out, lse, rng, cfg, var, t), "dout"),
@@ -439,13 +439,13 @@ def test_opcheck_dv(device):
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     torch.library.opcheck(torch.ops.flashattn_ext.fwd.default, op_fwd_args(*leaves, cfg, var, t))
     detached = {n: (x.detach() if x is not None else None) for n, x in t.items()}
-    out, lse, rng = torch.ops.flashattn_ext.fwd(*op_fwd_args(q.detach(), k.detach(), v.detach(), cfg, var, detached))
+    out, lse, rng, _ = torch.ops.flashattn_ext.fwd(*op_fwd_args(q.detach(), k.detach(), v.detach(), cfg, var, detached))
     torch.library.opcheck(torch.ops.flashattn_ext.bwd.default,
                           op_bwd_args(dout, q.detach(), k.detach(), v.detach(), out, lse, rng, cfg, var, detached))
     qv, kv_, vv, cu_q, cu_k, dv_out = varlen_batch([3, 6], [7, 2], 4, 2, 8, 12, torch.float64, device)
     varlen = (qv, kv_, vv, cu_q, cu_k, None, 6, 7, 0.35, True, -1, -1, 0.0, None, None, 0.0, False)
     torch.library.opcheck(torch.ops.flashattn_ext.varlen_fwd.default, varlen)
-    o, l, r = torch.ops.flashattn_ext.varlen_fwd(*varlen)
+    o, l, r, _ = torch.ops.flashattn_ext.varlen_fwd(*varlen)
     torch.library.opcheck(torch.ops.flashattn_ext.varlen_bwd.default,
                           (dv_out, qv, kv_, vv, o, l, r, cu_q, cu_k, None, 6, 7, 0.35, True, -1, -1, 0.0, None, None,
                            0.0, False))

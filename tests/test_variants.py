@@ -186,7 +186,7 @@ def test_op_top_left_variant(cfg, var, device, dtype):
     i + sk - sq - j distance); autograd through the op; dropout's keep mask from the rng_state it returns."""
     q, k, v, dout = make_inputs(cfg, dtype, device)
     t = make_variant_tensors(cfg, var, dtype, device)
-    out, lse, rng_state = torch.ops.flashattn_ext.fwd(*op_fwd_args(q, k, v, cfg, var, t, bottom_right=False))
+    out, lse, rng_state, _ = torch.ops.flashattn_ext.fwd(*op_fwd_args(q, k, v, cfg, var, t, bottom_right=False))
     assert rng_state.dtype == torch.int64 and rng_state.shape == (2,) and rng_state.device.type == "cpu"
     keep = torch.ops.flashattn_ext.dropout_mask(q.detach(), rng_state, cfg.sk, var.dropout) if var.dropout else None
     names = variant_grad_names(t)
@@ -543,7 +543,7 @@ def test_opcheck_bwd_variant(device, var):
     cfg = OPCHECK_CFG
     q, k, v, dout = make_inputs(cfg, torch.float64, device, requires_grad=False)
     t = make_variant_tensors(cfg, var, torch.float64, device, requires_grad=False)
-    out, lse, rng_state = torch.ops.flashattn_ext.fwd(*op_fwd_args(q, k, v, cfg, var, t))
+    out, lse, rng_state, _ = torch.ops.flashattn_ext.fwd(*op_fwd_args(q, k, v, cfg, var, t))
     mask_grad = var.mask == "add"
     args = op_bwd_args(dout, q, k, v, out, lse, rng_state, cfg, var, t, mask_grad=mask_grad)
     torch.library.opcheck(torch.ops.flashattn_ext.bwd.default, args)

@@ -215,7 +215,7 @@ def replay_rng_state(q, k, v, cu_q, cu_k, used, mix, var, t, seed):
     torch.manual_seed(seed)
     detached = {n: (x.detach() if x is not None else None) for n, x in t.items()}
     with torch.no_grad():
-        _, _, rng_state = torch.ops.flashattn_ext.varlen_fwd(
+        _, _, rng_state, _ = torch.ops.flashattn_ext.varlen_fwd(
             *op_fwd_args(q.detach(), k.detach(), v.detach(), cu_q, cu_k, used, mix, var, detached))
     return rng_state
 
@@ -414,7 +414,7 @@ def test_varlen_equals_dense_at_batch_index(device, dtype, var):
     q, k, v, dout, cu_q, cu_k, used = make_varlen_inputs(mix, dtype, device)
     t = make_varlen_variant_tensors(mix, var, dtype, device)
     torch.manual_seed(DROPOUT_SEED)
-    out, lse, rng_state = torch.ops.flashattn_ext.varlen_fwd(*op_fwd_args(q, k, v, cu_q, cu_k, used, mix, var, t))
+    out, lse, rng_state, _ = torch.ops.flashattn_ext.varlen_fwd(*op_fwd_args(q, k, v, cu_q, cu_k, used, mix, var, t))
     dq, dk, dv, _ = torch.ops.flashattn_ext.varlen_bwd(
         *op_bwd_args(dout, q, k, v, out, lse, rng_state, cu_q, cu_k, used, mix, var, t))
     scale = mix.scale if mix.scale is not None else 1.0 / math.sqrt(mix.d)
@@ -435,7 +435,7 @@ def test_varlen_equals_dense_at_batch_index(device, dtype, var):
         args = (dense(q, rows), dense(k, keys), dense(v, keys), scale, mix.causal, True, var.window[0],
                 var.window[1], float(var.softcap), slopes, t["sink"], None, float(var.dropout), False)
         if not var.dropout:
-            d_out, d_lse, _ = torch.ops.flashattn_ext.fwd(*args)
+            d_out, d_lse, _, _ = torch.ops.flashattn_ext.fwd(*args)
             assert_close(f"out of sequence {s}", out[rows], d_out[s], tol)
             assert_lse_close(lse[:, rows], d_lse[s], tol)
         d_lse = lse[:, rows][None].expand(s + 1, mix.h, sq).contiguous()
@@ -701,7 +701,7 @@ def test_opcheck_varlen_fwd(device, var, mix):
 def test_opcheck_varlen_bwd(device, var, mix):
     q, k, v, dout, cu_q, cu_k, used = make_varlen_inputs(mix, torch.float64, device, requires_grad=False)
     t = make_varlen_variant_tensors(mix, var, torch.float64, device, requires_grad=False)
-    out, lse, rng_state = torch.ops.flashattn_ext.varlen_fwd(*op_fwd_args(q, k, v, cu_q, cu_k, used, mix, var, t))
+    out, lse, rng_state, _ = torch.ops.flashattn_ext.varlen_fwd(*op_fwd_args(q, k, v, cu_q, cu_k, used, mix, var, t))
     args = op_bwd_args(dout, q, k, v, out, lse, rng_state, cu_q, cu_k, used, mix, var, t)
     torch.library.opcheck(torch.ops.flashattn_ext.varlen_bwd.default, args)
 

@@ -73,7 +73,7 @@ def _make_case(config, lq, lk, h, h_kv, d, pad_q=0, pad_k=0, used=None, strided=
 
 def _varlen(q, k, v, dout, cu_q, cu_k, seqused, lq, lk, kw):
     torch.manual_seed(DROPOUT_SEED)
-    out, lse, rng = OPS.varlen_fwd(q, k, v, cu_q, cu_k, seqused, max(lq), max(lk), kw["scale"], kw["causal"],
+    out, lse, rng, _ = OPS.varlen_fwd(q, k, v, cu_q, cu_k, seqused, max(lq), max(lk), kw["scale"], kw["causal"],
                                    kw["window"][0], kw["window"][1], kw["softcap"], kw["alibi"], kw["sink"],
                                    kw["dropout_p"], False)
     dq, dk, dv, _ = OPS.varlen_bwd(dout, q, k, v, out, lse, rng, cu_q, cu_k, seqused, max(lq), max(lk),
@@ -95,7 +95,7 @@ def _dense_at(s, q_s, k_s, v_s, dout_s, kw):
     args = (kw["scale"], kw["causal"], True, kw["window"][0], kw["window"][1], kw["softcap"], alibi, kw["sink"], None,
             kw["dropout_p"], False)
     torch.manual_seed(DROPOUT_SEED)
-    out, lse, rng = OPS.fwd(q, k, v, *args)
+    out, lse, rng, _ = OPS.fwd(q, k, v, *args)
     dq, dk, dv, _, _ = OPS.bwd(dout, q, k, v, out, lse, rng, *args, False)
     return out[s], lse[s], rng, dq[s], dk[s], dv[s]
 
@@ -205,7 +205,7 @@ def test_no_keys_anywhere(config):
     device, dtype = config
     q, k, v, dout, cu_q, cu_k, _ = _make_case(config, [3, 4], [0, 0], 2, 1, 8, pad_q=1)
     sink = torch.randn(2, dtype=_lse_dtype(dtype), device=device)
-    out, lse, rng = OPS.varlen_fwd(q, k, v, cu_q, cu_k, None, 4, 0, 0.5, False, -1, -1, 0.0, None, sink, 0.0, False)
+    out, lse, rng, _ = OPS.varlen_fwd(q, k, v, cu_q, cu_k, None, 4, 0, 0.5, False, -1, -1, 0.0, None, sink, 0.0, False)
     assert not out.any()
     torch.testing.assert_close(lse[:, :7], sink[:, None].expand(2, 7))
     assert torch.isneginf(lse[:, 7:]).all()
@@ -263,7 +263,7 @@ def test_bad_inputs(change, match):
 def test_bad_backward_inputs():
     q = torch.zeros(8, 2, 8, dtype=DTYPE)
     cu = torch.tensor([0, 4, 8], dtype=torch.int32)
-    out, lse, rng = OPS.varlen_fwd(*_fwd_args(q, q, q, cu, cu))
+    out, lse, rng, _ = OPS.varlen_fwd(*_fwd_args(q, q, q, cu, cu))
     tail = (cu, cu, None, 4, 4, 0.5, False, -1, -1, 0.0, None, None, 0.0, False)
     with pytest.raises(RuntimeError, match="lse must have shape"):
         OPS.varlen_bwd(q, q, q, q, out, lse.t(), rng, *tail)

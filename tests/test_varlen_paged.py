@@ -172,7 +172,7 @@ def keep_mask(c, t):
     its rng_state replayed through the op, then the dense dropout_mask op (sequence s draws batch index s)."""
     torch.manual_seed(DROPOUT_SEED)
     with torch.no_grad():
-        _, _, rng_state = torch.ops.flashattn_ext.varlen_fwd(*op_args(c, t))
+        _, _, rng_state, _ = torch.ops.flashattn_ext.varlen_fwd(*op_args(c, t))
     shape_q = t["device_q"].new_empty((c.b, c.max_q, c.h, 1))
     return torch.ops.flashattn_ext.dropout_mask(shape_q, rng_state, c.max_seqlen_k, c.dropout)
 
@@ -285,7 +285,7 @@ def test_paged_forward_only(device):
         call(CASES[1], t).sum().backward()
     t = make_inputs(c, torch.float64, device)
     t["device_q"].requires_grad_()
-    out, _, _ = torch.ops.flashattn_ext.varlen_fwd(*op_args(c, t))
+    out, _, _, _ = torch.ops.flashattn_ext.varlen_fwd(*op_args(c, t))
     with pytest.raises(RuntimeError, match="block_table"):
         out.sum().backward()
 
