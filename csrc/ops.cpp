@@ -261,6 +261,55 @@ void check_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Ten
                 lse_dtype(q.scalar_type()), " for ", q.scalar_type(), " inputs, got ", lse.scalar_type());
 }
 
+CallKind fwd_call_kind(const Opt &cu_seqlens_q, const Opt &cu_seqlens_k, const Opt &seqused_k, int64_t max_seqlen_q,
+                       int64_t max_seqlen_k, const Opt &block_table, const Opt &cache_seqlens,
+                       const Opt &cache_batch_idx, const Opt &cache_leftpad, int64_t num_splits, bool bottom_right,
+                       const Opt &attn_mask, double dropout_p, const Opt &rel_bias)
+{
+    const bool cache_args = cache_seqlens || cache_batch_idx || cache_leftpad || num_splits != 0;
+    if (bwd_call_kind(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, bottom_right, attn_mask,
+                      false) == CallKind::Varlen) {
+        TORCH_CHECK(!cache_args, "flashattn_ext: cache_seqlens, cache_batch_idx, cache_leftpad and num_splits are "
+                                 "KV-cache arguments, not taken with cu_seqlens_q (a varlen call; its keys are "
+                                 "limited by seqused_k)");
+        return CallKind::Varlen;
+    }
+    if (!cache_args && !block_table)
+        return CallKind::Dense;
+    const char *call = " with a KV cache (cache_seqlens, cache_batch_idx, cache_leftpad, block_table or num_splits)";
+    TORCH_CHECK(!attn_mask, "flashattn_ext: attn_mask is not supported", call);
+    TORCH_CHECK(dropout_p == 0.0, "flashattn_ext: dropout_p must be 0", call);
+    TORCH_CHECK(!rel_bias, "flashattn_ext: rel_bias is not supported", call);
+    TORCH_CHECK(bottom_right, "flashattn_ext: bottom_right must be True", call,
+                ": causal and windows are aligned to each sequence's last key");
+    return CallKind::Cache;
+}
+
+CallKind bwd_call_kind(const Opt &cu_seqlens_q, const Opt &cu_seqlens_k, const Opt &seqused_k, int64_t max_seqlen_q,
+                       int64_t max_seqlen_k, bool bottom_right, const Opt &attn_mask, bool mask_grad)
+{
+    TORCH_CHECK(cu_seqlens_q.has_value() == cu_seqlens_k.has_value(),
+                "flashattn_ext: cu_seqlens_q and cu_seqlens_k go together (a varlen call), got only ",
+                cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
+    if (!cu_seqlens_q) {
+        TORCH_CHECK(!seqused_k, "flashattn_ext: seqused_k needs cu_seqlens_q and cu_seqlens_k (a varlen call; a KV "
+                                "cache takes cache_seqlens)");
+        TORCH_CHECK(max_seqlen_q == 0 && max_seqlen_k == 0,
+                    "flashattn_ext: max_seqlen_q and max_seqlen_k need cu_seqlens_q and cu_seqlens_k (a varlen call)");
+        return CallKind::Dense;
+    }
+    const char *call = " with cu_seqlens_q (a varlen call)";
+    TORCH_CHECK(!attn_mask && !mask_grad, "flashattn_ext: attn_mask is not supported", call);
+    TORCH_CHECK(bottom_right, "flashattn_ext: bottom_right must be True", call,
+                ": causal and windows are aligned to each sequence's last key");
+    return CallKind::Varlen;
+}
+
+at::Tensor empty_lse_dtype(const at::Tensor &q)
+{
+    return at::empty({0}, q.options().dtype(lse_dtype(q.scalar_type())));
+}
+
 at::Tensor no_out32(const at::Tensor &q)
 {
     return at::empty({0}, q.options().dtype(at::kFloat));
@@ -890,15 +939,10 @@ struct RelBiasGrad {
     at::Tensor result() const { return on ? part.sum({0, 2}) : part.new_empty({0}); }
 };
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_cpu(const at::Tensor &q, const at::Tensor &k,
-                                                                   const at::Tensor &v, double softmax_scale, bool causal, bool bottom_right,
-                                                       int64_t window_left, int64_t window_right, double softcap,
-                                                       const c10::optional<at::Tensor> &alibi_slopes,
-                                                       const c10::optional<at::Tensor> &sink,
-                                                       const c10::optional<at::Tensor> &attn_mask, double dropout_p,
-                                                       bool deterministic,
-                                                       const c10::optional<at::Tensor> &rel_bias,
-                                                       const c10::optional<at::Tensor> &rel_buckets)
+FwdOutputs dense_fwd_cpu(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, double softmax_scale,
+                         bool causal, bool bottom_right, int64_t window_left, int64_t window_right, double softcap,
+                         const Opt &alibi_slopes, const Opt &sink, const Opt &attn_mask, double dropout_p,
+                         bool deterministic, const Opt &rel_bias, const Opt &rel_buckets)
 {
     check_qkv(q, k, v);
     check_cpu_dtype(q);
@@ -907,7 +951,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_cpu(const at::Ten
                                        rel_bias, rel_buckets);
     check_variants(var, q, k);
     if (is_half(q)) {
-        auto [out, lse, rng_state, _] = fwd_cpu(f32(q), f32(k), f32(v), softmax_scale, causal, bottom_right,
+        auto [out, lse, rng_state, _] = dense_fwd_cpu(f32(q), f32(k), f32(v), softmax_scale, causal, bottom_right,
                                                 window_left, window_right, softcap, alibi_slopes, sink,
                                                 mask_f32(attn_mask), dropout_p, deterministic, rel_bias, rel_buckets);
         return {out.to(q.scalar_type()), lse, rng_state, out};
@@ -925,7 +969,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_cpu(const at::Ten
     return {out, lse, rng_state, no_out32(q)};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
+BwdOutputs dense_bwd_cpu(
     const at::Tensor &dout_in, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
     const at::Tensor &lse_in, const at::Tensor &rng_state, double softmax_scale, bool causal, bool bottom_right,
     int64_t window_left, int64_t window_right, double softcap, const c10::optional<at::Tensor> &alibi_slopes,
@@ -949,10 +993,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
         const at::Tensor q32 = f32(q), k32 = f32(k), v32 = f32(v);
         const c10::optional<at::Tensor> mask32 = mask_f32(attn_mask);
         const at::Tensor out32 = f32(out);  // fwd's out32, or the rounded out (see is_half)
-        auto [dq, dk, dv, dmask, drel] = bwd_cpu(f32(dout_in), q32, k32, v32, out32, lse_in, rng_state, softmax_scale,
-                                                 causal, bottom_right, window_left, window_right, softcap, alibi_slopes,
-                                                 sink, mask32, dropout_p, deterministic, mask_grad, rel_bias,
-                                                 rel_buckets, rel_bias_grad);
+        auto [dq, dk, dv, dmask, drel] = dense_bwd_cpu(f32(dout_in), q32, k32, v32, out32, lse_in, rng_state,
+                                                       softmax_scale, causal, bottom_right, window_left, window_right,
+                                                       softcap, alibi_slopes, sink, mask32, dropout_p, deterministic,
+                                                       mask_grad, rel_bias, rel_buckets, rel_bias_grad);
         return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dmask, drel};
     }
     at::Tensor dmask = make_dmask(q, k, mask_grad);
@@ -976,7 +1020,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
     return {dq, dk, dv, dmask, rel.result()};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cpu(
+FwdOutputs varlen_fwd_cpu(
     const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &cu_seqlens_q,
     const at::Tensor &cu_seqlens_k, const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
@@ -1106,43 +1150,37 @@ at::Tensor dropout_mask_cpu(const at::Tensor &q, const at::Tensor &rng_state, in
 
 TORCH_LIBRARY(flashattn_ext, m)
 {
-    m.def("fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool bottom_right, "
-          "int window_left, int window_right, float softcap, Tensor? alibi_slopes, Tensor? sink, "
-          "Tensor? attn_mask, float dropout_p, bool deterministic, Tensor? rel_bias=None, Tensor? rel_buckets=None) -> "
-          "(Tensor out, Tensor lse, Tensor rng_state, Tensor out32)");
+    // The two attention ops (ops.h fwd_op / bwd_op): a dense batch by default; cu_seqlens_q and cu_seqlens_k
+    // make a variable-length batch (with seqused_k, max_seqlen_*, and a paged k / v through block_table);
+    // cache_seqlens, cache_batch_idx, cache_leftpad, num_splits or a block_table alone make a KV-cache call
+    // (k and v the caches; no backward). max_seqlen_* are SymInts: under torch.compile they stay symbolic (one
+    // graph for all values; the kernels take them as int64_t, the fake kernels never read them). out32: the
+    // float32 out that out was rounded from (fp16 / bf16 on the CPU; empty elsewhere), saved by fwd's autograd
+    // for the backward.
+    m.def("fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal=False, bool bottom_right=True, "
+          "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
+          "Tensor? sink=None, Tensor? attn_mask=None, float dropout_p=0.0, bool deterministic=False, "
+          "Tensor? rel_bias=None, Tensor? rel_buckets=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
+          "Tensor? seqused_k=None, SymInt max_seqlen_q=0, SymInt max_seqlen_k=0, Tensor? block_table=None, "
+          "Tensor? cache_seqlens=None, Tensor? cache_batch_idx=None, Tensor? cache_leftpad=None, "
+          "int num_splits=0) -> (Tensor out, Tensor lse, Tensor rng_state, Tensor out32)");
     m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor rng_state, "
-          "float softmax_scale, bool causal, bool bottom_right, int window_left, int window_right, float softcap, "
-          "Tensor? alibi_slopes, Tensor? sink, Tensor? attn_mask, float dropout_p, bool deterministic, "
-          "bool mask_grad, Tensor? rel_bias=None, Tensor? rel_buckets=None, bool rel_bias_grad=False) -> "
+          "float softmax_scale, bool causal=False, bool bottom_right=True, int window_left=-1, int window_right=-1, "
+          "float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sink=None, Tensor? attn_mask=None, "
+          "float dropout_p=0.0, bool deterministic=False, bool mask_grad=False, Tensor? rel_bias=None, "
+          "Tensor? rel_buckets=None, bool rel_bias_grad=False, Tensor? cu_seqlens_q=None, "
+          "Tensor? cu_seqlens_k=None, Tensor? seqused_k=None, SymInt max_seqlen_q=0, SymInt max_seqlen_k=0) -> "
           "(Tensor dq, Tensor dk, Tensor dv, Tensor dmask, Tensor drel_bias)");
     m.def("dropout_mask(Tensor q, Tensor rng_state, int seqlen_k, float dropout_p) -> Tensor");
-    // max_seqlen_* are SymInts: under torch.compile they stay symbolic (one graph for all values; the kernels
-    // take them as int64_t, the fake kernels never read them).
-    m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, "
-          "SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, bool causal, int window_left, "
-          "int window_right, float softcap, Tensor? alibi_slopes, Tensor? sink, float dropout_p, bool deterministic, "
-          "Tensor? block_table=None, Tensor? rel_bias=None, Tensor? rel_buckets=None) -> "
-          "(Tensor out, Tensor lse, Tensor rng_state, Tensor out32)");
-    m.def("varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor rng_state, "
-          "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, SymInt max_seqlen_q, SymInt max_seqlen_k, "
-          "float softmax_scale, bool causal, int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
-          "Tensor? sink, float dropout_p, bool deterministic, Tensor? rel_bias=None, Tensor? rel_buckets=None, "
-          "bool rel_bias_grad=False) -> (Tensor dq, Tensor dk, Tensor dv, Tensor drel_bias)");
-    m.def("kvcache_fwd(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, Tensor? cache_batch_idx, "
-          "Tensor? cache_leftpad, Tensor? block_table, float softmax_scale, bool causal, int window_left, "
-          "int window_right, float softcap, Tensor? alibi_slopes, Tensor? sink, int num_splits=0) -> (Tensor out, Tensor lse)");
     m.def("kv_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor cache_seqlens, "
           "Tensor? cache_batch_idx, Tensor? block_table) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(flashattn_ext, CPU, m)
 {
-    m.impl("fwd", &fwd_cpu);
-    m.impl("bwd", &bwd_cpu);
+    m.impl("fwd", &fwd_op<&dense_fwd_cpu, &varlen_fwd_cpu, &kvcache_fwd_cpu>);
+    m.impl("bwd", &bwd_op<&dense_bwd_cpu, &varlen_bwd_cpu>);
     m.impl("dropout_mask", &dropout_mask_cpu);
-    m.impl("varlen_fwd", &varlen_fwd_cpu);
-    m.impl("varlen_bwd", &varlen_bwd_cpu);
-    m.impl("kvcache_fwd", &kvcache_fwd_cpu);
     m.impl("kv_append", &kv_append_cpu);
 }
 

@@ -229,4 +229,78 @@ std::tuple<at::Tensor, at::Tensor> fwd_without_keys(const at::Tensor &q, const a
 // dmask output of bwd: (b, h, sq, sk) in the lse dtype when mask_grad, else an empty (0,) tensor.
 at::Tensor make_dmask(const at::Tensor &q, const at::Tensor &k, bool mask_grad);
 
+// ---- The two attention ops (schemas in ops.cpp): one forward, one backward, whose optional arguments select
+// the call: a dense batch; a variable-length batch (cu_seqlens_q and cu_seqlens_k; seqused_k, max_seqlen_*, and
+// a paged k / v with block_table); a KV cache (any of cache_seqlens, cache_batch_idx, cache_leftpad, num_splits,
+// or a block_table without cu_seqlens). Each backend implements the three calls (CPU: ops.cpp, CUDA:
+// ops_cuda.cpp) and registers fwd_op / bwd_op over them, so that the routing and its argument checks are one.
+
+using Opt = c10::optional<at::Tensor>;
+using FwdOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;  // out, lse, rng_state, out32
+using BwdOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;  // dq dk dv dmask drel
+
+enum class CallKind { Dense, Varlen, Cache };
+
+// The call of a fwd, from its optional arguments; checks that they go together (messages naming them).
+CallKind fwd_call_kind(const Opt &cu_seqlens_q, const Opt &cu_seqlens_k, const Opt &seqused_k, int64_t max_seqlen_q,
+                       int64_t max_seqlen_k, const Opt &block_table, const Opt &cache_seqlens,
+                       const Opt &cache_batch_idx, const Opt &cache_leftpad, int64_t num_splits, bool bottom_right,
+                       const Opt &attn_mask, double dropout_p, const Opt &rel_bias);
+
+// The call of a bwd (dense or varlen; a KV cache has no backward), checked as fwd_call_kind.
+CallKind bwd_call_kind(const Opt &cu_seqlens_q, const Opt &cu_seqlens_k, const Opt &seqused_k, int64_t max_seqlen_q,
+                       int64_t max_seqlen_k, bool bottom_right, const Opt &attn_mask, bool mask_grad);
+
+// An empty output tensor of q's device in the lse dtype (bwd's dmask without mask_grad).
+at::Tensor empty_lse_dtype(const at::Tensor &q);
+
+template <auto Dense, auto Varlen, auto Cache>
+FwdOutputs fwd_op(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, double softmax_scale, bool causal,
+                  bool bottom_right, int64_t window_left, int64_t window_right, double softcap,
+                  const Opt &alibi_slopes, const Opt &sink, const Opt &attn_mask, double dropout_p, bool deterministic,
+                  const Opt &rel_bias, const Opt &rel_buckets, const Opt &cu_seqlens_q, const Opt &cu_seqlens_k,
+                  const Opt &seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, const Opt &block_table,
+                  const Opt &cache_seqlens, const Opt &cache_batch_idx, const Opt &cache_leftpad, int64_t num_splits)
+{
+    switch (fwd_call_kind(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table,
+                          cache_seqlens, cache_batch_idx, cache_leftpad, num_splits, bottom_right, attn_mask,
+                          dropout_p, rel_bias)) {
+    case CallKind::Varlen:
+        return Varlen(q, k, v, *cu_seqlens_q, *cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                      causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic,
+                      block_table, rel_bias, rel_buckets);
+    case CallKind::Cache: {
+        auto [out, lse] = Cache(q, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, softmax_scale,
+                                causal, window_left, window_right, softcap, alibi_slopes, sink, num_splits);
+        return {out, lse, rng_state_from(0, 0), no_out32(q)};
+    }
+    case CallKind::Dense:
+        break;
+    }
+    return Dense(q, k, v, softmax_scale, causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
+                 attn_mask, dropout_p, deterministic, rel_bias, rel_buckets);
+}
+
+template <auto Dense, auto Varlen>
+BwdOutputs bwd_op(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                  const at::Tensor &out, const at::Tensor &lse, const at::Tensor &rng_state, double softmax_scale,
+                  bool causal, bool bottom_right, int64_t window_left, int64_t window_right, double softcap,
+                  const Opt &alibi_slopes, const Opt &sink, const Opt &attn_mask, double dropout_p, bool deterministic,
+                  bool mask_grad, const Opt &rel_bias, const Opt &rel_buckets, bool rel_bias_grad,
+                  const Opt &cu_seqlens_q, const Opt &cu_seqlens_k, const Opt &seqused_k, int64_t max_seqlen_q,
+                  int64_t max_seqlen_k)
+{
+    if (bwd_call_kind(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, bottom_right, attn_mask,
+                      mask_grad) == CallKind::Varlen) {
+        auto [dq, dk, dv, drel] = Varlen(dout, q, k, v, out, lse, rng_state, *cu_seqlens_q, *cu_seqlens_k, seqused_k,
+                                         max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+                                         softcap, alibi_slopes, sink, dropout_p, deterministic, rel_bias, rel_buckets,
+                                         rel_bias_grad);
+        return {dq, dk, dv, empty_lse_dtype(q), drel};
+    }
+    return Dense(dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right, window_left, window_right,
+                 softcap, alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad, rel_bias, rel_buckets,
+                 rel_bias_grad);
+}
+
 }  // namespace flashattn_ext

@@ -200,15 +200,11 @@ at::Tensor no_rel_bias_grad(const at::Tensor &q)
     return at::empty({0}, q.options().dtype(lse_dtype(q.scalar_type())));
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_cuda(const at::Tensor &q_in, const at::Tensor &k_in,
-                                                        const at::Tensor &v_in, double softmax_scale, bool causal,
-                                                        bool bottom_right, int64_t window_left, int64_t window_right,
-                                                        double softcap, const c10::optional<at::Tensor> &alibi_slopes,
-                                                        const c10::optional<at::Tensor> &sink,
-                                                        const c10::optional<at::Tensor> &attn_mask, double dropout_p,
-                                                        bool deterministic,
-                                                        const c10::optional<at::Tensor> &rel_bias,
-                                                        const c10::optional<at::Tensor> &rel_buckets)
+FwdOutputs dense_fwd_cuda(const at::Tensor &q_in, const at::Tensor &k_in, const at::Tensor &v_in,
+                          double softmax_scale, bool causal, bool bottom_right, int64_t window_left,
+                          int64_t window_right, double softcap, const Opt &alibi_slopes, const Opt &sink,
+                          const Opt &attn_mask, double dropout_p, bool deterministic, const Opt &rel_bias,
+                          const Opt &rel_buckets)
 {
     check_qkv(q_in, k_in, v_in);
     check_cuda_inputs(q_in, k_in, v_in);
@@ -252,7 +248,7 @@ at::Tensor set_dq_semaphore(flash_params *p, const at::Tensor &q)
     return sem;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
+BwdOutputs dense_bwd_cuda(
     const at::Tensor &dout_in, const at::Tensor &q_in, const at::Tensor &k_in, const at::Tensor &v_in,
     const at::Tensor &out_in, const at::Tensor &lse_in, const at::Tensor &rng_state, double softmax_scale, bool causal,
     bool bottom_right, int64_t window_left, int64_t window_right, double softcap,
@@ -319,7 +315,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
 }
 
 // A paged k / v (block_table) is padded or copied by kernel_ready like any k / v, as kvcache_fwd_cuda's cache.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cuda(
+FwdOutputs varlen_fwd_cuda(
     const at::Tensor &q_in, const at::Tensor &k_in, const at::Tensor &v_in, const at::Tensor &cu_seqlens_q,
     const at::Tensor &cu_seqlens_k, const c10::optional<at::Tensor> &seqused_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
@@ -483,12 +479,9 @@ at::Tensor dropout_mask_cuda(const at::Tensor &q, const at::Tensor &rng_state, i
 
 TORCH_LIBRARY_IMPL(flashattn_ext, CUDA, m)
 {
-    m.impl("fwd", &fwd_cuda);
-    m.impl("bwd", &bwd_cuda);
+    m.impl("fwd", &fwd_op<&dense_fwd_cuda, &varlen_fwd_cuda, &kvcache_fwd_cuda>);
+    m.impl("bwd", &bwd_op<&dense_bwd_cuda, &varlen_bwd_cuda>);
     m.impl("dropout_mask", &dropout_mask_cuda);
-    m.impl("varlen_fwd", &varlen_fwd_cuda);
-    m.impl("varlen_bwd", &varlen_bwd_cuda);
-    m.impl("kvcache_fwd", &kvcache_fwd_cuda);
     m.impl("kv_append", &kv_append_cuda);
 }
 

@@ -1,8 +1,9 @@
 """The op contract: the only module that calls the C++ ops torch.ops.flashattn_ext.* (schemas in csrc/ops.cpp) and
 the extension's limits().
-One wrapper per op, its parameters keyword-only and named as the schema's arguments, calls the op positionally
-in schema order. *_ARGS are the schemas' argument names in order, read from the registered ops: ops.py takes
-the input positions of its autograd formulas from them."""
+One wrapper per op (fwd, bwd, dropout_mask, kv_append), its parameters keyword-only and named as the schema's
+arguments, calls the op positionally in schema order; varlen_fwd, varlen_bwd and kvcache_fwd name the calls of
+fwd / bwd that the package makes with a variable-length batch or a KV cache. *_ARGS are the schemas' argument
+names in order, read from the registered ops: ops.py takes the input positions of its autograd formulas from them."""
 import torch
 
 from . import _C  # registers torch.ops.flashattn_ext.*
@@ -17,29 +18,33 @@ def _arg_names(op):
 
 FWD_ARGS = _arg_names("fwd")
 BWD_ARGS = _arg_names("bwd")
-VARLEN_FWD_ARGS = _arg_names("varlen_fwd")
-VARLEN_BWD_ARGS = _arg_names("varlen_bwd")
-KVCACHE_FWD_ARGS = _arg_names("kvcache_fwd")
 DROPOUT_MASK_ARGS = _arg_names("dropout_mask")
 KV_APPEND_ARGS = _arg_names("kv_append")
 
 
 def fwd(*, q, k, v, softmax_scale, causal=False, bottom_right=True, window_left=-1, window_right=-1, softcap=0.0,
         alibi_slopes=None, sink=None, attn_mask=None, dropout_p=0.0, deterministic=False, rel_bias=None,
-        rel_buckets=None):
-    """-> (out, lse, rng_state) (the op's out32 is for its autograd, ops.py)."""
+        rel_buckets=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, max_seqlen_q=0, max_seqlen_k=0,
+        block_table=None, cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, num_splits=0):
+    """The one forward: a dense batch, a varlen batch (cu_seqlens_q / _k given) or a KV cache (cache_* /
+    num_splits, or block_table without cu_seqlens), as the schema says (csrc/ops.cpp) -> (out, lse, rng_state)
+    (the op's out32 is for its autograd, ops.py)."""
     return torch.ops.flashattn_ext.fwd(q, k, v, softmax_scale, causal, bottom_right, window_left, window_right,
                                        softcap, alibi_slopes, sink, attn_mask, dropout_p, deterministic, rel_bias,
-                                       rel_buckets)[:3]
+                                       rel_buckets, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                                       max_seqlen_k, block_table, cache_seqlens, cache_batch_idx, cache_leftpad,
+                                       num_splits)[:3]
 
 
 def bwd(*, dout, q, k, v, out, lse, rng_state, softmax_scale, causal=False, bottom_right=True, window_left=-1,
         window_right=-1, softcap=0.0, alibi_slopes=None, sink=None, attn_mask=None, dropout_p=0.0,
-        deterministic=False, mask_grad=False, rel_bias=None, rel_buckets=None, rel_bias_grad=False):
-    """-> (dq, dk, dv, dmask, drel_bias)."""
+        deterministic=False, mask_grad=False, rel_bias=None, rel_buckets=None, rel_bias_grad=False,
+        cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, max_seqlen_q=0, max_seqlen_k=0):
+    """The one backward (dense, or varlen with cu_seqlens_q / _k) -> (dq, dk, dv, dmask, drel_bias)."""
     return torch.ops.flashattn_ext.bwd(dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right,
                                        window_left, window_right, softcap, alibi_slopes, sink, attn_mask, dropout_p,
-                                       deterministic, mask_grad, rel_bias, rel_buckets, rel_bias_grad)
+                                       deterministic, mask_grad, rel_bias, rel_buckets, rel_bias_grad, cu_seqlens_q,
+                                       cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
 
 
 def dropout_mask(*, q, rng_state, seqlen_k, dropout_p):
@@ -47,34 +52,22 @@ def dropout_mask(*, q, rng_state, seqlen_k, dropout_p):
     return torch.ops.flashattn_ext.dropout_mask(q, rng_state, seqlen_k, dropout_p)
 
 
-def varlen_fwd(*, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=None, max_seqlen_q, max_seqlen_k, softmax_scale,
-               causal=False, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sink=None,
-               dropout_p=0.0, deterministic=False, block_table=None, rel_bias=None, rel_buckets=None):
-    """-> (out, lse, rng_state) (the op's out32 is for its autograd, ops.py)."""
-    return torch.ops.flashattn_ext.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-                                              max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-                                              alibi_slopes, sink, dropout_p, deterministic, block_table, rel_bias,
-                                              rel_buckets)[:3]
+def varlen_fwd(*, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kw):
+    """fwd on a variable-length batch (the sequence boundaries required) -> (out, lse, rng_state)."""
+    return fwd(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+               max_seqlen_k=max_seqlen_k, **kw)
 
 
-def varlen_bwd(*, dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k=None, max_seqlen_q,
-               max_seqlen_k, softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0,
-               alibi_slopes=None, sink=None, dropout_p=0.0, deterministic=False, rel_bias=None, rel_buckets=None,
-               rel_bias_grad=False):
-    """-> (dq, dk, dv, drel_bias)."""
-    return torch.ops.flashattn_ext.varlen_bwd(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k,
-                                              seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                                              window_left, window_right, softcap, alibi_slopes, sink, dropout_p,
-                                              deterministic, rel_bias, rel_buckets, rel_bias_grad)
+def varlen_bwd(*, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kw):
+    """bwd on a variable-length batch -> (dq, dk, dv, drel_bias)."""
+    dq, dk, dv, _, drel = bwd(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                              max_seqlen_k=max_seqlen_k, **kw)
+    return dq, dk, dv, drel
 
 
-def kvcache_fwd(*, q, k_cache, v_cache, cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
-                block_table=None, softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0,
-                alibi_slopes=None, sink=None, num_splits=0):
-    """-> (out, lse)."""
-    return torch.ops.flashattn_ext.kvcache_fwd(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
-                                               block_table, softmax_scale, causal, window_left, window_right,
-                                               softcap, alibi_slopes, sink, num_splits)
+def kvcache_fwd(*, q, k_cache, v_cache, **kw):
+    """fwd over a KV cache (k_cache, v_cache as k, v) -> (out, lse)."""
+    return fwd(q=q, k=k_cache, v=v_cache, **kw)[:2]
 
 
 def kv_append(*, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx=None, block_table=None):

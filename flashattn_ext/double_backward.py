@@ -1,5 +1,5 @@
 """The autograd of the backward: differentiating dq, dk, dv, d attn_mask and d sink (the outputs of the
-backward ops flashattn_ext::bwd / ::varlen_bwd and of ops._sink_grad) gives exact second derivatives,
+backward op flashattn_ext::bwd (dense and varlen) and of ops._sink_grad) gives exact second derivatives,
 and third and higher ones when grad mode is on.
 
 The first-order backward is a function of (dout, q, k, v, sink, attn_mask) alone: out and lse, its other
@@ -45,7 +45,7 @@ def query_block(batch, nheads, seqlen_q, seqlen_k, dtype, device_type="cpu"):
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """The non-tensor arguments of one call (those of fwd / varlen_fwd)."""
+    """The non-tensor arguments of one call (those of a dense or varlen fwd)."""
     softmax_scale: float
     causal: bool
     bottom_right: bool
@@ -201,7 +201,7 @@ def dense_keep(q, rng_state, seqlen_k, dropout_p):
 
 def varlen_vjp(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, alibi_slopes, sink,
                rng_state, var, cotangents, needs, create_graph):
-    """attention_vjp for a variable-length batch (varlen_fwd's layout and arguments), sequence by sequence
+    """attention_vjp for a variable-length batch (the varlen layout and arguments of fwd), sequence by sequence
     as the kernels read them (reference.varlen_sequences: cu_seqlens and seqused_k are read on the host).
     Rows of q and keys in no sequence get zero gradients."""
     total_q, nheads = q.shape[0], q.shape[1]

@@ -1,7 +1,7 @@
 """flash_attn_with_kvcache: attention of new queries against a KV cache (generation), with flash-attn
 2.8.3's signature and semantics. New keys / values are appended into the cache in place (rotary applied
 first when cos / sin are given, in torch ops) by one op (flashattn_ext::kv_append: a C loop on the CPU, one
-kernel on CUDA), then one forward (the op flashattn_ext::kvcache_fwd) attends over each sequence's keys. Dense
+kernel on CUDA), then one forward (flashattn_ext::fwd, the caches as k, v) attends over each sequence's keys. Dense
 caches (batch_cache, seqlen_cache, nheads_kv, headdim), rows picked by cache_batch_idx, or paged caches
 (num_pages, page_size, nheads_kv, headdim) with a block_table. Everything runs on q's device: no host
 synchronization, nothing read back from cache_seqlens (unless check_cache_seqlens=True asks for it)."""

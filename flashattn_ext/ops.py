@@ -1,11 +1,12 @@
-"""torch.library registrations for the C++ ops flashattn_ext::fwd, ::bwd, ::dropout_mask, ::varlen_fwd,
-::varlen_bwd, ::kvcache_fwd and ::kv_append: fake (meta) kernels with shape checks for tracing, and the autograd
-formulas of fwd and varlen_fwd, which save q, k, v, out, lse, the dropout rng_state, the sequence
-boundaries (varlen) and the user's own alibi/sink/mask tensors only, and call bwd / varlen_bwd.
-bwd and varlen_bwd have autograd formulas too (double_backward: a composite over query blocks), and so
-has the sink's gradient, so that derivatives of any order are exact.
-kvcache_fwd and varlen_fwd with a block_table (a paged KV cache) have no backward (as flash-attn's):
-their autograd formulas raise."""
+"""torch.library registrations for the C++ ops flashattn_ext::fwd, ::bwd, ::dropout_mask and ::kv_append: fake
+(meta) kernels with shape checks for tracing, and the autograd formulas of fwd, which save q, k, v, out (its
+float32 out32 where the op returns one), lse, the dropout rng_state, the sequence boundaries (varlen) and the
+user's own alibi/sink/mask tensors only, and call bwd. bwd has an autograd formula too (double_backward: a
+composite over query blocks), and so has the sink's gradient, so that derivatives of any order are exact.
+fwd's optional arguments select the call (csrc/ops.cpp): a dense batch; a variable-length batch (cu_seqlens_q
+and cu_seqlens_k); a KV cache (cache_seqlens, cache_batch_idx, cache_leftpad, num_splits, or a block_table
+without cu_seqlens). A KV cache and a varlen batch with a block_table (a paged KV cache) have no backward (as
+flash-attn's): the autograd formula raises."""
 import functools
 import math
 
@@ -14,6 +15,8 @@ import torch
 from . import _core, double_backward
 from ._checks import _lse_dtype
 from ._core import PAGE_MULTIPLE
+
+DENSE, VARLEN, CACHE = "dense", "varlen", "cache"
 
 
 def _check_rank(name, t, rank):
@@ -73,31 +76,89 @@ def _check_mask_fake(attn_mask, q, k):
         )
 
 
+def _fwd_kind(cu_seqlens_q, cu_seqlens_k, block_table, cache_seqlens, cache_batch_idx, cache_leftpad, num_splits):
+    """The call of a fwd from its optional arguments (csrc/ops.cpp fwd_call_kind, which checks them)."""
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        return VARLEN
+    if any(t is not None for t in (block_table, cache_seqlens, cache_batch_idx, cache_leftpad)) or num_splits != 0:
+        return CACHE
+    return DENSE
+
+
+def _check_kind_fake(kind, bottom_right, attn_mask, dropout_p, rel_bias, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                     cache_args):
+    """What fwd_call_kind / bwd_call_kind check (csrc/ops.cpp) but max_seqlen_* (symbolic under torch.compile)."""
+    torch._check((cu_seqlens_q is None) == (cu_seqlens_k is None),
+                 lambda: "flashattn_ext: cu_seqlens_q and cu_seqlens_k go together (a varlen call)")
+    torch._check(kind == VARLEN or seqused_k is None,
+                 lambda: "flashattn_ext: seqused_k needs cu_seqlens_q and cu_seqlens_k (a varlen call)")
+    torch._check(kind != VARLEN or not cache_args,
+                 lambda: "flashattn_ext: cache_seqlens, cache_batch_idx, cache_leftpad and num_splits are KV-cache "
+                         "arguments, not taken with cu_seqlens_q")
+    if kind != DENSE:
+        call = ("with cu_seqlens_q (a varlen call)" if kind == VARLEN else
+                "with a KV cache (cache_seqlens, cache_batch_idx, cache_leftpad, block_table or num_splits)")
+        torch._check(attn_mask is None, lambda: f"flashattn_ext: attn_mask is not supported {call}")
+        torch._check(bool(bottom_right), lambda: f"flashattn_ext: bottom_right must be True {call}")
+    if kind == CACHE:
+        torch._check(dropout_p == 0.0 and rel_bias is None,
+                     lambda: "flashattn_ext: dropout_p and rel_bias are not supported with a KV cache")
+
+
 @torch.library.register_fake("flashattn_ext::fwd")
-def _fwd_fake(q, k, v, softmax_scale, causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
-              attn_mask, dropout_p, deterministic, rel_bias=None, rel_buckets=None):
+def _fwd_fake(q, k, v, softmax_scale, causal=False, bottom_right=True, window_left=-1, window_right=-1, softcap=0.0,
+              alibi_slopes=None, sink=None, attn_mask=None, dropout_p=0.0, deterministic=False, rel_bias=None,
+              rel_buckets=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, max_seqlen_q=0,
+              max_seqlen_k=0, block_table=None, cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
+              num_splits=0):
     _check_devices_fake(q, k=k, v=v, alibi_slopes=alibi_slopes, sink=sink, attn_mask=attn_mask, rel_bias=rel_bias,
-                        rel_buckets=rel_buckets)
-    _check_qkv_fake(q, k, v)
-    _check_mask_fake(attn_mask, q, k)
+                        rel_buckets=rel_buckets, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                        seqused_k=seqused_k, block_table=block_table, cache_seqlens=cache_seqlens,
+                        cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad)
+    kind = _fwd_kind(cu_seqlens_q, cu_seqlens_k, block_table, cache_seqlens, cache_batch_idx, cache_leftpad,
+                     num_splits)
+    cache_args = any(t is not None for t in (cache_seqlens, cache_batch_idx, cache_leftpad)) or num_splits != 0
+    _check_kind_fake(kind, bottom_right, attn_mask, dropout_p, rel_bias, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                     cache_args)
+    rng_state = torch.empty((2,), dtype=torch.int64, device="cpu")
+    if kind == VARLEN:
+        _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table)
+        total_q, nheads, _ = q.shape
+        out = q.new_empty((total_q, nheads, v.shape[-1]))
+        lse = q.new_empty((nheads, total_q), dtype=_lse_dtype(q.dtype))
+        return out, lse, rng_state, _out32_fake(q, out)
+    if kind == CACHE:
+        _check_kvcache_fake(q, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
+        torch._check(num_splits >= 0, lambda: "flashattn_ext: num_splits must be 0 or a positive count")
+    else:
+        _check_qkv_fake(q, k, v)
+        _check_mask_fake(attn_mask, q, k)
     batch, seqlen_q, nheads, _ = q.shape
     out = q.new_empty((batch, seqlen_q, nheads, v.shape[-1]))
     lse = q.new_empty((batch, nheads, seqlen_q), dtype=_lse_dtype(q.dtype))
-    rng_state = torch.empty((2,), dtype=torch.int64, device="cpu")
-    return out, lse, rng_state, _out32_fake(q, out)
+    return out, lse, rng_state, (_out32_fake(q, out) if kind == DENSE else out.new_empty((0,), dtype=torch.float32))
 
 
 @torch.library.register_fake("flashattn_ext::bwd")
-def _bwd_fake(dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right, window_left, window_right,
-              softcap, alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad, rel_bias=None,
-              rel_buckets=None, rel_bias_grad=False):
+def _bwd_fake(dout, q, k, v, out, lse, rng_state, softmax_scale, causal=False, bottom_right=True, window_left=-1,
+              window_right=-1, softcap=0.0, alibi_slopes=None, sink=None, attn_mask=None, dropout_p=0.0,
+              deterministic=False, mask_grad=False, rel_bias=None, rel_buckets=None, rel_bias_grad=False,
+              cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, max_seqlen_q=0, max_seqlen_k=0):
     _check_devices_fake(q, rng_state, dout=dout, k=k, v=v, out=out, lse=lse, alibi_slopes=alibi_slopes, sink=sink,
-                        attn_mask=attn_mask, rel_bias=rel_bias, rel_buckets=rel_buckets)
-    _check_qkv_fake(q, k, v)
-    _check_mask_fake(attn_mask, q, k)
-    _check_out_fake(dout, out, q, v)
+                        attn_mask=attn_mask, rel_bias=rel_bias, rel_buckets=rel_buckets, cu_seqlens_q=cu_seqlens_q,
+                        cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k)
+    kind = VARLEN if cu_seqlens_q is not None or cu_seqlens_k is not None else DENSE
+    _check_kind_fake(kind, bottom_right, attn_mask, 0.0, None, cu_seqlens_q, cu_seqlens_k, seqused_k, False)
     lse_dtype = _lse_dtype(q.dtype)
-    if mask_grad:
+    if kind == VARLEN:
+        _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+        torch._check(lse.shape == (q.shape[1], q.shape[0]),
+                     lambda: "flashattn_ext: lse must have shape (nheads, total_q)")
+    else:
+        _check_qkv_fake(q, k, v)
+        _check_mask_fake(attn_mask, q, k)
+    _check_out_fake(dout, out, q, v)
+    if mask_grad and kind == DENSE:
         dmask = q.new_empty((q.shape[0], q.shape[2], q.shape[1], k.shape[1]), dtype=lse_dtype)
     else:
         dmask = q.new_empty((0,), dtype=lse_dtype)
@@ -114,6 +175,7 @@ def _dropout_mask_fake(q, rng_state, seqlen_k, dropout_p):
 
 # Positions of fwd's inputs.
 _SINK, _MASK, _REL = (_core.FWD_ARGS.index(n) for n in ("sink", "attn_mask", "rel_bias"))
+_VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "max_seqlen_q", "max_seqlen_k")
 
 _REL_UNSUPPORTED = ("flashattn_ext: rel_bias supports the first-order gradients of q, k, v, sink and rel_bias; the "
                     "gradient of lse and double backward (create_graph=True) through it are not supported yet")
@@ -162,17 +224,32 @@ def _dense_vjp(alibi_slopes, rng_state, var, q, k, v, dout, sink, attn_mask, cot
                                          create_graph)
 
 
+def _needs(ctx, i):
+    """Whether input i needs a gradient: an input left at its default (not passed, so not among
+    ctx.needs_input_grad) never does (None, or a number)."""
+    return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
+
+
 def _setup_context(ctx, inputs, output):
-    (q, k, v, softmax_scale, causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink, attn_mask,
-     dropout_p, deterministic, rel_bias, rel_buckets) = inputs
+    a = dict(zip(_core.FWD_ARGS, inputs))
+    q, rel_bias = a["q"], a["rel_bias"]
     out, lse, rng_state, out32 = output
-    ctx.save_for_backward(q, k, v, out32 if _rounds_fp32(q) else out, lse, rng_state, alibi_slopes, sink, attn_mask,
-                          rel_bias, rel_buckets)
-    ctx.args = (softmax_scale, causal, bottom_right, window_left, window_right, softcap, dropout_p, deterministic)
-    # rng_state and out32 carry no gradient. Unused outputs get None, not zeros: lse's gradient (merging partial
-    # attentions) is computed only where one flows.
-    ctx.mark_non_differentiable(rng_state, out32)
+    ctx.kind = _fwd_kind(*(a[n] for n in ("cu_seqlens_q", "cu_seqlens_k", "block_table", "cache_seqlens",
+                                          "cache_batch_idx", "cache_leftpad", "num_splits")))
+    ctx.paged = ctx.kind == CACHE or a["block_table"] is not None
+    # rng_state and out32 carry no gradient; nor does a varlen lse (as flash-attn's): its composite would read
+    # cu_seqlens on the host, which a traced backward cannot; merge_attention_states refuses such an lse beside
+    # an out that requires grad rather than return gradients without lse's part. Unused outputs get None, not
+    # zeros: lse's gradient (merging partial attentions) is computed only where one flows.
+    ctx.mark_non_differentiable(rng_state, out32, *((lse,) if ctx.kind != DENSE else ()))
     ctx.set_materialize_grads(False)
+    if ctx.paged:  # no backward: nothing to save
+        return
+    varlen = tuple(a[n] for n in _VARLEN_ARGS[:3]) if ctx.kind == VARLEN else ()
+    ctx.save_for_backward(q, a["k"], a["v"], out32 if _rounds_fp32(q) else out, lse, rng_state, a["alibi_slopes"],
+                          a["sink"], a["attn_mask"], rel_bias, a["rel_buckets"], *varlen)
+    ctx.args = {n: a[n] for n in ("softmax_scale", "causal", "bottom_right", "window_left", "window_right",
+                                  "softcap", "dropout_p", "deterministic", "max_seqlen_q", "max_seqlen_k")}
 
 
 def _add_grads(grads, positions, g):
@@ -183,34 +260,43 @@ def _add_grads(grads, positions, g):
 
 
 def _backward(ctx, dout, dlse, _drng, _dout32):
-    q, k, v, out, lse, rng_state, alibi_slopes, sink, attn_mask, rel_bias, rel_buckets = ctx.saved_tensors
+    if ctx.paged:
+        raise RuntimeError(f"flashattn_ext: attention over a {'KV cache' if ctx.kind == CACHE else 'paged KV cache'} "
+                           "(flash_attn_with_kvcache, or varlen with a block_table) has no backward, as flash-attn's; "
+                           "use flash_attn_func / flash_attn_varlen_func with k, v tensors for gradients")
+    q, k, v, out, lse, rng_state, alibi_slopes, sink, attn_mask, rel_bias, rel_buckets, *varlen = ctx.saved_tensors
     if rel_bias is not None and (dlse is not None or torch.is_grad_enabled()):
         raise NotImplementedError(_REL_UNSUPPORTED)
-    softmax_scale, causal, bottom_right, window_left, window_right, softcap, dropout_p, deterministic = ctx.args
-    var = double_backward.Variant(softmax_scale, causal, bottom_right, (window_left, window_right), softcap, dropout_p)
+    args = ctx.args
+    var = double_backward.Variant(args["softmax_scale"], args["causal"], args["bottom_right"],
+                                  (args["window_left"], args["window_right"]), args["softcap"], args["dropout_p"])
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
     grads = [None] * len(_core.FWD_ARGS)
     if dout is not None:
-        mask_grad = float_mask and ctx.needs_input_grad[_MASK]
-        rel_grad = rel_bias is not None and ctx.needs_input_grad[_REL]
+        mask_grad = float_mask and _needs(ctx, _MASK)
+        rel_grad = rel_bias is not None and _needs(ctx, _REL)
+        varlen_kw = dict(zip(_VARLEN_ARGS, (*varlen, args["max_seqlen_q"], args["max_seqlen_k"]))) if varlen else {}
         dq, dk, dv, dmask, drel = _core.bwd(
-            dout=dout, q=q, k=k, v=v, out=out, lse=lse, rng_state=rng_state, softmax_scale=softmax_scale,
-            causal=causal, bottom_right=bottom_right, window_left=window_left, window_right=window_right,
-            softcap=softcap, alibi_slopes=alibi_slopes, sink=sink, attn_mask=attn_mask, dropout_p=dropout_p,
-            deterministic=deterministic, mask_grad=mask_grad, rel_bias=rel_bias, rel_buckets=rel_buckets,
-            rel_bias_grad=rel_grad,
-        )
+            dout=dout, q=q, k=k, v=v, out=out, lse=lse, rng_state=rng_state, softmax_scale=args["softmax_scale"],
+            causal=args["causal"], bottom_right=args["bottom_right"], window_left=args["window_left"],
+            window_right=args["window_right"], softcap=args["softcap"], alibi_slopes=alibi_slopes, sink=sink,
+            attn_mask=attn_mask, dropout_p=args["dropout_p"], deterministic=args["deterministic"],
+            mask_grad=mask_grad, rel_bias=rel_bias, rel_buckets=rel_buckets, rel_bias_grad=rel_grad, **varlen_kw)
         grads[:3] = dq, dk, dv
         if rel_grad:
             grads[_REL] = drel
-        if sink is not None and ctx.needs_input_grad[_SINK]:
-            vjp = functools.partial(_dense_vjp, alibi_slopes, rng_state, var)
+        if sink is not None and _needs(ctx, _SINK):
+            if varlen:
+                vjp = functools.partial(_varlen_vjp, *varlen, args["max_seqlen_q"], args["max_seqlen_k"],
+                                        alibi_slopes, rng_state, var)
+            else:
+                vjp = functools.partial(_dense_vjp, alibi_slopes, rng_state, var)
             grads[_SINK] = _differentiable_sink_grad(vjp, dout, out, lse, sink, q, k, v, attn_mask)
         if mask_grad:
             grads[_MASK] = dmask.to(attn_mask.dtype)
-    if dlse is not None:
+    if dlse is not None:  # dense calls only (a varlen lse is not differentiable)
         positions = {"q": _core.FWD_ARGS.index("q"), "k": _core.FWD_ARGS.index("k"), "sink": _SINK, "mask": _MASK}
-        needs = [n for n, i in positions.items() if ctx.needs_input_grad[i] and (n != "mask" or float_mask)]
+        needs = [n for n, i in positions.items() if _needs(ctx, i) and (n != "mask" or float_mask)]
         _add_grads(grads, positions, double_backward.lse_vjp(q, k, alibi_slopes, sink, attn_mask, var, dlse, needs,
                                                              torch.is_grad_enabled()))
     return tuple(grads)
@@ -225,13 +311,16 @@ _BWD_GRAD = {n: _core.BWD_ARGS.index(arg) for n, arg in
 
 
 def _bwd_setup_context(ctx, inputs, output):
-    (dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right, window_left, window_right, softcap,
-     alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad, rel_bias, _rel_buckets, _rel_grad) = inputs
-    ctx.rel_bias = rel_bias is not None
-    ctx.save_for_backward(dout, q, k, v, rng_state, alibi_slopes, sink, attn_mask)
-    ctx.var = double_backward.Variant(softmax_scale, causal, bottom_right, (window_left, window_right), softcap,
-                                      dropout_p)
-    ctx.mask_grad = mask_grad
+    a = dict(zip(_core.BWD_ARGS, inputs))
+    ctx.rel_bias = a["rel_bias"] is not None
+    ctx.varlen = a["cu_seqlens_q"] is not None
+    varlen = tuple(a[n] for n in _VARLEN_ARGS[:3]) if ctx.varlen else ()
+    ctx.save_for_backward(*(a[n] for n in ("dout", "q", "k", "v", "rng_state", "alibi_slopes", "sink", "attn_mask")),
+                          *varlen)
+    ctx.var = double_backward.Variant(a["softmax_scale"], a["causal"], a["bottom_right"],
+                                      (a["window_left"], a["window_right"]), a["softcap"], a["dropout_p"])
+    ctx.mask_grad = a["mask_grad"]
+    ctx.max_seqlen = (a["max_seqlen_q"], a["max_seqlen_k"])
 
 
 def _bwd_backward(ctx, gdq, gdk, gdv, gdmask, _gdrel):
@@ -240,12 +329,16 @@ def _bwd_backward(ctx, gdq, gdk, gdv, gdmask, _gdrel):
     and rng_state are fwd's for these inputs, as fwd's autograd passes them."""
     if ctx.rel_bias:
         raise NotImplementedError(_REL_UNSUPPORTED)
-    dout, q, k, v, rng_state, alibi_slopes, sink, attn_mask = ctx.saved_tensors
+    dout, q, k, v, rng_state, alibi_slopes, sink, attn_mask, *varlen = ctx.saved_tensors
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
-    needs = [n for n, i in _BWD_GRAD.items() if ctx.needs_input_grad[i] and (n != "mask" or float_mask)]
+    needs = [n for n, i in _BWD_GRAD.items() if _needs(ctx, i) and (n != "mask" or float_mask)]
     cotangents = {"q": gdq, "k": gdk, "v": gdv, "mask": gdmask if ctx.mask_grad else None}
-    g = _dense_vjp(alibi_slopes, rng_state, ctx.var, q, k, v, dout, sink, attn_mask, cotangents, needs,
-                   torch.is_grad_enabled())
+    if ctx.varlen:
+        g = _varlen_vjp(*varlen, *ctx.max_seqlen, alibi_slopes, rng_state, ctx.var, q, k, v, dout, sink, None,
+                        cotangents, needs, torch.is_grad_enabled())
+    else:
+        g = _dense_vjp(alibi_slopes, rng_state, ctx.var, q, k, v, dout, sink, attn_mask, cotangents, needs,
+                       torch.is_grad_enabled())
     grads = [None] * len(_core.BWD_ARGS)
     for n, i in _BWD_GRAD.items():
         grads[i] = g.get(n)
@@ -257,9 +350,12 @@ torch.library.register_autograd("flashattn_ext::bwd", _bwd_backward, setup_conte
 
 # ------------------------------------------------------------------------------------------------
 # Variable-length batches: q (total_q, nheads, headdim), k / v (total_k, nheads_kv, headdim / headdim_v), sequence s
-# in rows cu_seqlens_q[s]:cu_seqlens_q[s + 1] of q and from cu_seqlens_k[s] on in k / v; or (varlen_fwd
-# with a block_table) k / v a paged cache (num_pages, page_size, nheads_kv, headdim), sequence s's keys
-# its first cu_seqlens_k[s + 1] - cu_seqlens_k[s] rows through block_table (batch, max_pages) row s.
+# in rows cu_seqlens_q[s]:cu_seqlens_q[s + 1] of q and from cu_seqlens_k[s] on in k / v; or (with a
+# block_table) k / v a paged cache (num_pages, page_size, nheads_kv, headdim), sequence s's keys its first
+# cu_seqlens_k[s + 1] - cu_seqlens_k[s] rows through block_table (batch, max_pages) row s.
+# KV cache (flash_attn_with_kvcache): q (batch, seqlen_q, nheads, headdim); k / v the caches (batch_cache,
+# seqlen_cache, nheads_kv, headdim / headdim_v), or paged (num_pages, page_size, nheads_kv, headdim) with
+# block_table (batch, max_pages). Forward only.
 # ------------------------------------------------------------------------------------------------
 
 def _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table=None):
@@ -288,134 +384,12 @@ def _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_tab
         torch._check(k.shape[0] > 0, lambda: "flashattn_ext: a paged k needs at least one page")
 
 
-@torch.library.register_fake("flashattn_ext::varlen_fwd")
-def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic,
-                     block_table=None, rel_bias=None, rel_buckets=None):
-    _check_devices_fake(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-                        alibi_slopes=alibi_slopes, sink=sink, block_table=block_table, rel_bias=rel_bias,
-                        rel_buckets=rel_buckets)
-    _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table)
-    total_q, nheads, _ = q.shape
-    out = q.new_empty((total_q, nheads, v.shape[-1]))
-    lse = q.new_empty((nheads, total_q), dtype=_lse_dtype(q.dtype))
-    rng_state = torch.empty((2,), dtype=torch.int64, device="cpu")
-    return out, lse, rng_state, _out32_fake(q, out)
-
-
-@torch.library.register_fake("flashattn_ext::varlen_bwd")
-def _varlen_bwd_fake(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-                     max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink,
-                     dropout_p, deterministic, rel_bias=None, rel_buckets=None, rel_bias_grad=False):
-    _check_devices_fake(q, rng_state, dout=dout, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q,
-                        cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, alibi_slopes=alibi_slopes, sink=sink,
-                        rel_bias=rel_bias, rel_buckets=rel_buckets)
-    _check_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    _check_out_fake(dout, out, q, v)
-    torch._check(lse.shape == (q.shape[1], q.shape[0]), lambda: "flashattn_ext: lse must have shape (nheads, total_q)")
-    drel = q.new_empty(rel_bias.shape if rel_bias_grad else (0,), dtype=_lse_dtype(q.dtype))
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), drel
-
-
-# Positions of varlen_fwd's sink and rel_bias.
-_VARLEN_SINK, _VARLEN_REL = (_core.VARLEN_FWD_ARGS.index(n) for n in ("sink", "rel_bias"))
-
-
-def _varlen_setup_context(ctx, inputs, output):
-    (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-     window_right, softcap, alibi_slopes, sink, dropout_p, deterministic, block_table, rel_bias, rel_buckets) = inputs
-    out, lse, rng_state, out32 = output
-    # lse carries no gradient here (as flash-attn's; fwd's does): its composite would read cu_seqlens on the
-    # host, which a traced backward cannot. merge_attention_states refuses such an lse beside an out that
-    # requires grad rather than return gradients without lse's part.
-    ctx.mark_non_differentiable(lse, rng_state, out32)
-    ctx.paged = block_table is not None
-    if ctx.paged:  # no backward: nothing to save
-        return
-    ctx.save_for_backward(q, k, v, out32 if _rounds_fp32(q) else out, lse, rng_state, cu_seqlens_q, cu_seqlens_k,
-                          seqused_k, alibi_slopes, sink, rel_bias, rel_buckets)
-    ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, dropout_p,
-                deterministic)
-
-
-def _varlen_backward(ctx, dout, _dlse, _drng, _dout32):
-    if ctx.paged:
-        raise RuntimeError("flashattn_ext: varlen_fwd with a block_table (a paged KV cache) has no backward, as "
-                           "flash-attn's; pass k and v as (total_k, nheads_kv, headdim) tensors for gradients")
-    (q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink, rel_bias,
-     rel_buckets) = ctx.saved_tensors
-    if rel_bias is not None and torch.is_grad_enabled():
-        raise NotImplementedError(_REL_UNSUPPORTED)
-    (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, dropout_p,
-     deterministic) = ctx.args
-    grads = [None] * len(_core.VARLEN_FWD_ARGS)
-    rel_grad = rel_bias is not None and ctx.needs_input_grad[_VARLEN_REL]
-    dq, dk, dv, drel = _core.varlen_bwd(
-        dout=dout, q=q, k=k, v=v, out=out, lse=lse, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-        softmax_scale=softmax_scale, causal=causal, window_left=window_left, window_right=window_right,
-        softcap=softcap, alibi_slopes=alibi_slopes, sink=sink, dropout_p=dropout_p, deterministic=deterministic,
-        rel_bias=rel_bias, rel_buckets=rel_buckets, rel_bias_grad=rel_grad,
-    )
-    grads[:3] = dq, dk, dv
-    if rel_grad:
-        grads[_VARLEN_REL] = drel
-    if sink is not None and ctx.needs_input_grad[_VARLEN_SINK]:
-        var = double_backward.Variant(softmax_scale, causal, True, (window_left, window_right), softcap, dropout_p)
-        vjp = functools.partial(_varlen_vjp, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                                alibi_slopes, rng_state, var)
-        grads[_VARLEN_SINK] = _differentiable_sink_grad(vjp, dout, out, lse, sink, q, k, v, None)
-    return tuple(grads)
-
-
-torch.library.register_autograd("flashattn_ext::varlen_fwd", _varlen_backward, setup_context=_varlen_setup_context)
-
-
 def _varlen_vjp(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state, var, q, k,
                 v, dout, sink, attn_mask, cotangents, needs, create_graph):
     return double_backward.varlen_vjp(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                                       max_seqlen_k, alibi_slopes, sink, rng_state, var, cotangents, needs,
                                       create_graph)
 
-
-# Positions of varlen_bwd's differentiable inputs.
-_VARLEN_BWD_GRAD = {n: _core.VARLEN_BWD_ARGS.index(n) for n in ("dout", "q", "k", "v", "sink")}
-
-
-def _varlen_bwd_setup_context(ctx, inputs, output):
-    (dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-     softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic, rel_bias,
-     _rel_buckets, _rel_grad) = inputs
-    ctx.rel_bias = rel_bias is not None
-    ctx.save_for_backward(dout, q, k, v, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink)
-    ctx.args = (max_seqlen_q, max_seqlen_k,
-                double_backward.Variant(softmax_scale, causal, True, (window_left, window_right), softcap, dropout_p))
-
-
-def _varlen_bwd_backward(ctx, gdq, gdk, gdv, _gdrel):
-    """varlen_bwd's gradients of dout, q, k, v and sink (none for out and lse, as _bwd_backward)."""
-    if ctx.rel_bias:
-        raise NotImplementedError(_REL_UNSUPPORTED)
-    dout, q, k, v, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sink = ctx.saved_tensors
-    max_seqlen_q, max_seqlen_k, var = ctx.args
-    needs = [n for n, i in _VARLEN_BWD_GRAD.items() if ctx.needs_input_grad[i]]
-    g = _varlen_vjp(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state, var,
-                    q, k, v, dout, sink, None, {"q": gdq, "k": gdk, "v": gdv}, needs, torch.is_grad_enabled())
-    grads = [None] * len(_core.VARLEN_BWD_ARGS)
-    for n, i in _VARLEN_BWD_GRAD.items():
-        grads[i] = g.get(n)
-    return tuple(grads)
-
-
-torch.library.register_autograd("flashattn_ext::varlen_bwd", _varlen_bwd_backward,
-                                setup_context=_varlen_bwd_setup_context)
-
-
-# ------------------------------------------------------------------------------------------------
-# KV cache (flash_attn_with_kvcache): q (batch, seqlen_q, nheads, headdim); k_cache / v_cache
-# (batch_cache, seqlen_cache, nheads_kv, headdim / headdim_v), or paged (num_pages, page_size, nheads_kv, headdim)
-# with block_table (batch, max_pages). Forward only.
-# ------------------------------------------------------------------------------------------------
 
 
 def _check_kvcache_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table):
@@ -442,28 +416,6 @@ def _check_kvcache_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cac
     elif cache_batch_idx is None:
         torch._check(k_cache.shape[0] == batch,
                      lambda: "flashattn_ext: the batch size of k_cache must be that of q without cache_batch_idx")
-
-
-@torch.library.register_fake("flashattn_ext::kvcache_fwd")
-def _kvcache_fwd_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, softmax_scale,
-                      causal, window_left, window_right, softcap, alibi_slopes, sink, num_splits=0):
-    _check_devices_fake(q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
-                        cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
-                        alibi_slopes=alibi_slopes, sink=sink)
-    _check_kvcache_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
-    torch._check(num_splits >= 0, lambda: "flashattn_ext: num_splits must be 0 or a positive count")
-    batch, seqlen_q, nheads, _ = q.shape
-    out = q.new_empty((batch, seqlen_q, nheads, v_cache.shape[-1]))
-    lse = q.new_empty((batch, nheads, seqlen_q), dtype=_lse_dtype(q.dtype))
-    return out, lse
-
-
-def _kvcache_backward(ctx, dout, dlse):
-    raise RuntimeError("flashattn_ext: kvcache_fwd (flash_attn_with_kvcache) has no backward, as flash-attn's; "
-                       "use flash_attn_func for attention that needs gradients")
-
-
-torch.library.register_autograd("flashattn_ext::kvcache_fwd", _kvcache_backward)
 
 
 @torch.library.register_fake("flashattn_ext::kv_append")

@@ -831,3 +831,46 @@ def run_python(args, env_extra=None, timeout=900):
     env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env_extra or {}))
     return subprocess.run([sys.executable, *args], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=timeout)
+
+
+# ----------------------------------------------------------------------------------------------
+# The argument orders of the calls of the two attention ops (csrc/ops.cpp fwd / bwd) that the tests make with a
+# variable-length batch or a KV cache, as positional tuples: each *_op below passes them to the op by name.
+# ----------------------------------------------------------------------------------------------
+VARLEN_FWD_ARGS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "max_seqlen_q", "max_seqlen_k",
+                   "softmax_scale", "causal", "window_left", "window_right", "softcap", "alibi_slopes", "sink",
+                   "dropout_p", "deterministic", "block_table", "rel_bias", "rel_buckets")
+VARLEN_BWD_ARGS = ("dout", "q", "k", "v", "out", "lse", "rng_state", "cu_seqlens_q", "cu_seqlens_k", "seqused_k",
+                   "max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal", "window_left", "window_right", "softcap",
+                   "alibi_slopes", "sink", "dropout_p", "deterministic", "rel_bias", "rel_buckets", "rel_bias_grad")
+KVCACHE_FWD_ARGS = ("q", "k", "v", "cache_seqlens", "cache_batch_idx", "cache_leftpad", "block_table",
+                    "softmax_scale", "causal", "window_left", "window_right", "softcap", "alibi_slopes", "sink",
+                    "num_splits")
+
+
+def op_kwargs(names, args):
+    """{argument name: value} of positional args in the order names."""
+    assert len(args) <= len(names)
+    return dict(zip(names, args))
+
+
+def varlen_fwd_op(*args):
+    """flashattn_ext::fwd on a varlen batch -> (out, lse, rng_state, out32)."""
+    return torch.ops.flashattn_ext.fwd(**op_kwargs(VARLEN_FWD_ARGS, args))
+
+
+def varlen_bwd_op(*args):
+    """flashattn_ext::bwd on a varlen batch -> (dq, dk, dv, drel_bias)."""
+    dq, dk, dv, _, drel = torch.ops.flashattn_ext.bwd(**op_kwargs(VARLEN_BWD_ARGS, args))
+    return dq, dk, dv, drel
+
+
+def kvcache_fwd_op(*args):
+    """flashattn_ext::fwd over a KV cache -> (out, lse)."""
+    return torch.ops.flashattn_ext.fwd(**op_kwargs(KVCACHE_FWD_ARGS, args))[:2]
+
+
+def opcheck_call(names, args):
+    """torch.library.opcheck of the fwd (or, for VARLEN_BWD_ARGS, bwd) call of args in the order names."""
+    op = torch.ops.flashattn_ext.bwd if names is VARLEN_BWD_ARGS else torch.ops.flashattn_ext.fwd
+    torch.library.opcheck(op.default, (), op_kwargs(names, args))

@@ -12,7 +12,7 @@ import flashattn_ext
 from flashattn_ext import _core
 
 PACKAGE = pathlib.Path(flashattn_ext.__file__).parent
-OPS = ("fwd", "bwd", "dropout_mask", "varlen_fwd", "varlen_bwd", "kvcache_fwd", "kv_append")
+OPS = ("fwd", "bwd", "dropout_mask", "kv_append")
 
 
 def _op_call(fn_name):

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import flashattn_ext
+from fa_testing import varlen_fwd_op
 from fa_testing import DTYPE_NAMES, HALF_DTYPES, OUT_TOL, rel_l2
 
 # (batch, nheads, nheads_kv, seqlen_q, seqlen_k, headdim), SDPA's arguments
@@ -94,7 +95,7 @@ def test_forward_returns_its_float32_out_for_the_backward(dtype):
     want, want_dq = want.transpose(1, 2), want_dq.transpose(1, 2)
     assert rel_l2(out32, want) < 1e-6
     cu = torch.tensor([0, 96], dtype=torch.int32)
-    vout, _, _, vout32 = torch.ops.flashattn_ext.varlen_fwd(q[0], k[0], v[0], cu, cu, None, 96, 96, 0.3, False, -1,
+    vout, _, _, vout32 = varlen_fwd_op(q[0], k[0], v[0], cu, cu, None, 96, 96, 0.3, False, -1,
                                                             -1, 0.0, None, None, 0.0, False)
     assert vout32.dtype == torch.float32 and torch.equal(vout32.to(dtype), vout)
     err = {}

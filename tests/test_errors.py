@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import flashattn_ext
+from fa_testing import KVCACHE_FWD_ARGS, VARLEN_BWD_ARGS, VARLEN_FWD_ARGS, op_kwargs, varlen_fwd_op
 from fa_testing import DEVICES, requires_cuda
 
 fwd_op = torch.ops.flashattn_ext.fwd
@@ -394,7 +395,7 @@ def op_calls():
     cu_q, cu_k = torch.tensor([0, 5, 10], dtype=torch.int32), torch.tensor([0, 7, 14], dtype=torch.int32)
     used = torch.tensor([7, 6], dtype=torch.int32)
     varlen = (vq, vk, vv, cu_q, cu_k, used, 5, 7, 0.5, True, -1, -1, 0.0, alibi, sink, 0.0, False)
-    v_out, v_lse, v_rng, _ = torch.ops.flashattn_ext.varlen_fwd(*varlen)
+    v_out, v_lse, v_rng, _ = varlen_fwd_op(*varlen)
     pages, table = torch.randn(3, 16, 2, 8), torch.tensor([[0, 2], [1, 0]], dtype=torch.int32)
     paged = (vq, pages, pages.clone()) + varlen[3:] + (table,)
     varlen_bwd = (torch.randn_like(v_out), vq, vk, vv, v_out, v_lse, v_rng) + varlen[3:]
@@ -402,11 +403,17 @@ def op_calls():
     kvcache = (q, torch.randn(2, 9, 2, 8), torch.randn(2, 9, 2, 8), used, idx, idx, None, 0.5, True, -1, -1, 0.0,
                alibi, sink, 0)
     kvcache_paged = (q, pages, pages.clone(), used, None, idx, table) + kvcache[7:]
-    calls = [(fwd_op, fwd), (bwd_op, bwd), (torch.ops.flashattn_ext.dropout_mask, (q, rng_state, 7, 0.1)),
-             (torch.ops.flashattn_ext.varlen_fwd, varlen), (torch.ops.flashattn_ext.varlen_fwd, paged),
-             (torch.ops.flashattn_ext.varlen_bwd, varlen_bwd), (torch.ops.flashattn_ext.kvcache_fwd, kvcache),
-             (torch.ops.flashattn_ext.kvcache_fwd, kvcache_paged)]
-    return [(op, dict(zip([a.name for a in op.default._schema.arguments], args))) for op, args in calls]
+    dropout_op = torch.ops.flashattn_ext.dropout_mask
+
+    def named(op):
+        return [a.name for a in op.default._schema.arguments]
+
+    calls = [(fwd_op, named(fwd_op), fwd), (bwd_op, named(bwd_op), bwd),
+             (dropout_op, named(dropout_op), (q, rng_state, 7, 0.1)),
+             (fwd_op, VARLEN_FWD_ARGS, varlen), (fwd_op, VARLEN_FWD_ARGS, paged),
+             (bwd_op, VARLEN_BWD_ARGS, varlen_bwd), (fwd_op, KVCACHE_FWD_ARGS, kvcache),
+             (fwd_op, KVCACHE_FWD_ARGS, kvcache_paged)]
+    return [(op, op_kwargs(names, args)) for op, names, args in calls]
 
 
 OP_CALL_IDS = ["fwd", "bwd", "dropout_mask", "varlen_fwd", "varlen_fwd_paged", "varlen_bwd", "kvcache_fwd",
@@ -576,3 +583,70 @@ def test_modules_check_their_arguments():
     x = torch.randn(2, 5, 32)
     with pytest.raises(TypeError, match=mentions("MultiheadAttention", "is_causal", "bool")):
         mha(x, x, x, need_weights=False, is_causal=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# One forward op, one backward op: the optional arguments that select a varlen batch or a KV cache must go
+# together; a wrong mix raises, naming the arguments, from the op and from its fake kernel (meta tensors).
+# ----------------------------------------------------------------------------------------------
+
+def routing_calls():
+    """(name, op, kwargs, words of the message) of calls that mix the optional arguments wrongly."""
+    q, k, v = qkv()
+    vq, vk, vv = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1)
+    cu_q, cu_k = torch.tensor([0, 5, 10], dtype=torch.int32), torch.tensor([0, 7, 14], dtype=torch.int32)
+    used = torch.tensor([7, 6], dtype=torch.int32)
+    mask = torch.zeros(MASK_SHAPE)
+    dense = dict(q=q, k=k, v=v, softmax_scale=0.5)
+    varlen = dict(q=vq, k=vk, v=vv, softmax_scale=0.5, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=5,
+                  max_seqlen_k=7)
+    out, lse, rng, _ = fwd_op(**dense)
+    v_out, v_lse, v_rng, _ = fwd_op(**varlen)
+    dense_bwd = dict(dout=out, out=out, lse=lse, rng_state=rng, **dense)
+    varlen_bwd = dict(dout=v_out, out=v_out, lse=v_lse, rng_state=v_rng, **varlen)
+    half = {n: t for n, t in varlen.items() if n != "cu_seqlens_k"}
+    return [
+        ("fwd-cu_seqlens_q-alone", fwd_op, half, ("cu_seqlens_q", "cu_seqlens_k", "together")),
+        ("bwd-cu_seqlens_q-alone", bwd_op, {n: t for n, t in varlen_bwd.items() if n != "cu_seqlens_k"},
+         ("cu_seqlens_q", "cu_seqlens_k", "together")),
+        ("fwd-seqused_k-dense", fwd_op, dict(dense, seqused_k=used), ("seqused_k", "cu_seqlens_q")),
+        ("bwd-seqused_k-dense", bwd_op, dict(dense_bwd, seqused_k=used), ("seqused_k", "cu_seqlens_q")),
+        ("fwd-varlen-mask", fwd_op, dict(varlen, attn_mask=mask), ("attn_mask", "not supported", "varlen")),
+        ("bwd-varlen-mask", bwd_op, dict(varlen_bwd, attn_mask=mask), ("attn_mask", "not supported", "varlen")),
+        ("fwd-varlen-top-left", fwd_op, dict(varlen, bottom_right=False), ("bottom_right", "True", "varlen")),
+        ("fwd-varlen-cache_seqlens", fwd_op, dict(varlen, cache_seqlens=used), ("cache_seqlens", "cu_seqlens_q")),
+        ("fwd-varlen-num_splits", fwd_op, dict(varlen, num_splits=2), ("num_splits", "cu_seqlens_q")),
+        ("fwd-cache-mask", fwd_op, dict(dense, cache_seqlens=used, attn_mask=mask),
+         ("attn_mask", "not supported", "KV cache")),
+        ("fwd-cache-dropout", fwd_op, dict(dense, cache_seqlens=used, dropout_p=0.1), ("dropout_p", "KV cache")),
+        ("fwd-cache-top-left", fwd_op, dict(dense, num_splits=1, bottom_right=False), ("bottom_right", "KV cache")),
+    ]
+
+
+ROUTING_IDS = [c[0] for c in routing_calls()]
+
+
+@pytest.mark.parametrize("meta", [False, True], ids=["cpu", "meta"])
+@pytest.mark.parametrize("index", range(len(ROUTING_IDS)), ids=ROUTING_IDS)
+def test_optional_arguments_that_do_not_go_together(index, meta):
+    _, op, kwargs, words = routing_calls()[index]
+    if meta:
+        kwargs = {n: t.to("meta") if isinstance(t, torch.Tensor) and n != "rng_state" else t for n, t in kwargs.items()}
+    with pytest.raises(RuntimeError, match=mentions(*words)):
+        op(**kwargs)
+
+
+def test_max_seqlen_needs_cu_seqlens():
+    """max_seqlen_* without cu_seqlens (checked by the op; its fake kernel leaves symbolic sizes unguarded)."""
+    q, k, v = qkv()
+    for name in ("max_seqlen_q", "max_seqlen_k"):
+        with pytest.raises(RuntimeError, match=mentions("max_seqlen_q", "max_seqlen_k", "cu_seqlens_q")):
+            fwd_op(q, k, v, 0.5, **{name: 5})
+
+
+def test_cache_call_has_no_backward():
+    """fwd over a KV cache (flash_attn_with_kvcache's call) has no backward: its autograd raises, as flash-attn's."""
+    q, k, v = (t.requires_grad_() for t in qkv())
+    out, *_ = fwd_op(q, k, v, 0.5, cache_seqlens=torch.tensor([7, 3], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match=mentions("KV cache", "no backward")):
+        out.sum().backward()

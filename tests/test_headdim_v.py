@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import flashattn_ext
+from fa_testing import (KVCACHE_FWD_ARGS, VARLEN_BWD_ARGS, VARLEN_FWD_ARGS, kvcache_fwd_op, opcheck_call, varlen_bwd_op,
+                        varlen_fwd_op)
 from fa_testing import (
     DEVICES,
     DTYPE_NAMES,
@@ -386,8 +388,7 @@ def test_kvcache_dv_errors(device):
         flashattn_ext.flash_attn_with_kvcache(q, k_cache, torch.randn(1, 7, 2, 12, device=device))
     with pytest.raises(RuntimeError, match=r"head dim \(last dimension\) of q and k_cache must match, got q 16, "
                                            r"k_cache 12"):
-        torch.ops.flashattn_ext.kvcache_fwd(q, v_cache, v_cache, None, None, None, None, 0.25, False, -1, -1, 0.0,
-                                            None, None)
+        kvcache_fwd_op(q, v_cache, v_cache, seqlens, None, None, None, 0.25, False, -1, -1, 0.0, None, None)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -423,7 +424,7 @@ def test_bwd_op_out_shapes(device):
     cu = torch.tensor([0, 4], dtype=torch.int32, device=device)
     ck = torch.tensor([0, 6], dtype=torch.int32, device=device)
     with pytest.raises(RuntimeError, match=r"out must have the shape of q with the head dim of v \(4, 2, 5\)"):
-        torch.ops.flashattn_ext.varlen_bwd(dout[0], q[0], k[0], v[0], wrong[0], lse[0], rng, cu, ck, None, 4, 6, 0.3,
+        varlen_bwd_op(dout[0], q[0], k[0], v[0], wrong[0], lse[0], rng, cu, ck, None, 4, 6, 0.3,
                                            False, -1, -1, 0.0, None, None, 0.0, False)
 
 
@@ -444,14 +445,12 @@ def test_opcheck_dv(device):
                           op_bwd_args(dout, q.detach(), k.detach(), v.detach(), out, lse, rng, cfg, var, detached))
     qv, kv_, vv, cu_q, cu_k, dv_out = varlen_batch([3, 6], [7, 2], 4, 2, 8, 12, torch.float64, device)
     varlen = (qv, kv_, vv, cu_q, cu_k, None, 6, 7, 0.35, True, -1, -1, 0.0, None, None, 0.0, False)
-    torch.library.opcheck(torch.ops.flashattn_ext.varlen_fwd.default, varlen)
-    o, l, r, _ = torch.ops.flashattn_ext.varlen_fwd(*varlen)
-    torch.library.opcheck(torch.ops.flashattn_ext.varlen_bwd.default,
-                          (dv_out, qv, kv_, vv, o, l, r, cu_q, cu_k, None, 6, 7, 0.35, True, -1, -1, 0.0, None, None,
-                           0.0, False))
+    opcheck_call(VARLEN_FWD_ARGS, varlen)
+    o, l, r, _ = varlen_fwd_op(*varlen)
+    opcheck_call(VARLEN_BWD_ARGS, (dv_out, qv, kv_, vv, o, l, r, cu_q, cu_k, None, 6, 7, 0.35, True, -1, -1, 0.0, None,
+                                   None, 0.0, False))
     cache = (qv.view(1, 9, 4, 8), kv_.view(1, 9, 2, 8), vv.view(1, 9, 2, 12))
-    torch.library.opcheck(torch.ops.flashattn_ext.kvcache_fwd.default,
-                          (*cache, None, None, None, None, 0.35, True, -1, -1, 0.0, None, None, 0))
+    opcheck_call(KVCACHE_FWD_ARGS, (*cache, None, None, None, None, 0.35, True, -1, -1, 0.0, None, None, 0))
 
 
 def test_default_scale_is_q_head_dim():

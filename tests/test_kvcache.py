@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import flashattn_ext
+from fa_testing import kvcache_fwd_op, opcheck_call, KVCACHE_FWD_ARGS
 from fa_testing import DTYPE_NAMES, HAS_CUDA, OUT_TOL, assert_close, assert_lse_close, attention64, no_host_sync
 
 CUDA_MARKS = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
@@ -345,15 +346,16 @@ def test_decode_steps(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_no_autograd(device):
-    """As flash-attn's: the result never requires grad; kvcache_fwd's backward raises a clear error."""
+    """As flash-attn's: the result never requires grad; the op's backward over a KV cache raises a clear error."""
     c = CASES[2]
     t = make_inputs(c, torch.float64, device)
     t["q"].requires_grad_()
     out = call(c, t)
     assert not out.requires_grad
     q = t["q"].detach().requires_grad_()
-    out, _ = torch.ops.flashattn_ext.kvcache_fwd(q, t["k_cache"], t["v_cache"], None, None, None, None, 0.25, False,
-                                                 -1, -1, 0.0, None, None)
+    full = torch.full((q.shape[0],), t["k_cache"].shape[1], dtype=torch.int32, device=device)
+    out, _ = kvcache_fwd_op(q, t["k_cache"], t["v_cache"], full, None, None, None, 0.25, False, -1, -1, 0.0, None,
+                            None)
     with pytest.raises(RuntimeError, match="has no backward"):
         out.sum().backward()
 
@@ -387,7 +389,7 @@ def test_opcheck_kvcache_fwd(device, case):
     args = (t["q"], t["k_cache"], t["v_cache"], seqlens, t.get("cache_batch_idx"), t.get("cache_leftpad"),
             t.get("block_table"), 0.3, case.causal, case.window[0], case.window[1], 1.5, t.get("alibi_slopes"),
             t.get("sink"))
-    torch.library.opcheck(torch.ops.flashattn_ext.kvcache_fwd.default, args)
+    opcheck_call(KVCACHE_FWD_ARGS, args)
 
 
 @pytest.mark.cuda
@@ -481,7 +483,7 @@ def op_call(**changes):
                 block_table=None, softmax_scale=0.25, causal=True, window_left=-1, window_right=-1, softcap=0.0,
                 alibi_slopes=None, sink=None, num_splits=0)
     args.update(changes)
-    return torch.ops.flashattn_ext.kvcache_fwd(*args.values())
+    return kvcache_fwd_op(*args.values())
 
 
 BAD_OP_INPUTS = [

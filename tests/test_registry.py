@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import flashattn_ext
+from fa_testing import kvcache_fwd_op
 from flashattn_ext.reference import attention_ref
 from flashattn_ext.integrations import torch_registry as reg
 
@@ -148,7 +149,7 @@ def test_page_multiple_is_the_bindings(page_size):
     q = torch.randn(1, 1, 2, 8)
     cache = torch.randn(2, page_size, 2, 8)
     table = torch.tensor([[1, 0]], dtype=torch.int32)
-    takes = _binding_takes(lambda: torch.ops.flashattn_ext.kvcache_fwd(
+    takes = _binding_takes(lambda: kvcache_fwd_op(
         q, cache, cache, None, None, None, table, 1.0, False, -1, -1, 0.0, None, None))
     assert takes == (page_size % flashattn_ext._core.PAGE_MULTIPLE == 0)
     if takes:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import flashattn_ext
+from fa_testing import varlen_fwd_op, varlen_bwd_op, opcheck_call, VARLEN_FWD_ARGS, VARLEN_BWD_ARGS
 from flashattn_ext.reference import attention_varlen_ref, varlen_sequences
 from fa_testing import (
     DTYPE_NAMES,
@@ -215,7 +216,7 @@ def replay_rng_state(q, k, v, cu_q, cu_k, used, mix, var, t, seed):
     torch.manual_seed(seed)
     detached = {n: (x.detach() if x is not None else None) for n, x in t.items()}
     with torch.no_grad():
-        _, _, rng_state, _ = torch.ops.flashattn_ext.varlen_fwd(
+        _, _, rng_state, _ = varlen_fwd_op(
             *op_fwd_args(q.detach(), k.detach(), v.detach(), cu_q, cu_k, used, mix, var, detached))
     return rng_state
 
@@ -414,8 +415,8 @@ def test_varlen_equals_dense_at_batch_index(device, dtype, var):
     q, k, v, dout, cu_q, cu_k, used = make_varlen_inputs(mix, dtype, device)
     t = make_varlen_variant_tensors(mix, var, dtype, device)
     torch.manual_seed(DROPOUT_SEED)
-    out, lse, rng_state, _ = torch.ops.flashattn_ext.varlen_fwd(*op_fwd_args(q, k, v, cu_q, cu_k, used, mix, var, t))
-    dq, dk, dv, _ = torch.ops.flashattn_ext.varlen_bwd(
+    out, lse, rng_state, _ = varlen_fwd_op(*op_fwd_args(q, k, v, cu_q, cu_k, used, mix, var, t))
+    dq, dk, dv, _ = varlen_bwd_op(
         *op_bwd_args(dout, q, k, v, out, lse, rng_state, cu_q, cu_k, used, mix, var, t))
     scale = mix.scale if mix.scale is not None else 1.0 / math.sqrt(mix.d)
     tol = OUT_TOL[dtype]
@@ -691,8 +692,7 @@ def test_opcheck_varlen_fwd(device, var, mix):
     q, k, v, _, cu_q, cu_k, used = make_varlen_inputs(mix, torch.float64, device)
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     t = make_varlen_variant_tensors(mix, var, torch.float64, device)
-    torch.library.opcheck(torch.ops.flashattn_ext.varlen_fwd.default,
-                          op_fwd_args(*leaves, cu_q, cu_k, used, mix, var, t))
+    opcheck_call(VARLEN_FWD_ARGS, op_fwd_args(*leaves, cu_q, cu_k, used, mix, var, t))
 
 
 @pytest.mark.parametrize("mix", OPCHECK_MIXES, ids=lambda m: m.id)
@@ -701,9 +701,9 @@ def test_opcheck_varlen_fwd(device, var, mix):
 def test_opcheck_varlen_bwd(device, var, mix):
     q, k, v, dout, cu_q, cu_k, used = make_varlen_inputs(mix, torch.float64, device, requires_grad=False)
     t = make_varlen_variant_tensors(mix, var, torch.float64, device, requires_grad=False)
-    out, lse, rng_state, _ = torch.ops.flashattn_ext.varlen_fwd(*op_fwd_args(q, k, v, cu_q, cu_k, used, mix, var, t))
+    out, lse, rng_state, _ = varlen_fwd_op(*op_fwd_args(q, k, v, cu_q, cu_k, used, mix, var, t))
     args = op_bwd_args(dout, q, k, v, out, lse, rng_state, cu_q, cu_k, used, mix, var, t)
-    torch.library.opcheck(torch.ops.flashattn_ext.varlen_bwd.default, args)
+    opcheck_call(VARLEN_BWD_ARGS, args)
 
 
 @pytest.mark.cuda
@@ -815,7 +815,7 @@ def test_varlen_op_bad_inputs(changes, word):
                 alibi_slopes=None, sink=None, dropout_p=0.0, deterministic=False)
     args.update(changes)
     with pytest.raises(RuntimeError, match=word):
-        torch.ops.flashattn_ext.varlen_fwd(*args.values())
+        varlen_fwd_op(*args.values())
 
 
 @pytest.mark.cuda
@@ -831,5 +831,5 @@ def test_varlen_bad_devices():
         flashattn_ext.flash_attn_varlen_func(q, q, q, cu.cuda(), cu.cuda(), 4, 4,
                                              seqused_k=torch.tensor([1, 2], dtype=torch.int32))
     with pytest.raises(RuntimeError, match="cu_seqlens_q"):
-        torch.ops.flashattn_ext.varlen_fwd(q, q, q, cu, cu.cuda(), None, 4, 4, 0.3, False, -1, -1, 0.0, None, None,
+        varlen_fwd_op(q, q, q, cu, cu.cuda(), None, 4, 4, 0.3, False, -1, -1, 0.0, None, None,
                                            0.0, False)

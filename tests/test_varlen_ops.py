@@ -1,5 +1,5 @@
-"""The varlen ops (torch.ops.flashattn_ext.varlen_fwd / varlen_bwd) against the dense ops, sequence by
-sequence: on the CPU in float64, and with a CUDA device in every CUDA dtype (the dense CUDA op of the
+"""The varlen calls of the ops (torch.ops.flashattn_ext.fwd / bwd with cu_seqlens) against their dense calls,
+sequence by sequence: on the CPU in float64, and with a CUDA device in every CUDA dtype (the dense CUDA op of the
 same dtype is the reference there).
 
 Sequence s of a packed batch must equal the dense op on a batch in which it sits at batch index s (the
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import flashattn_ext  # noqa: F401  (registers torch.ops.flashattn_ext)
+from fa_testing import varlen_bwd_op, varlen_fwd_op
 
 OPS = torch.ops.flashattn_ext
 NO_WINDOW = -1
@@ -73,10 +74,10 @@ def _make_case(config, lq, lk, h, h_kv, d, pad_q=0, pad_k=0, used=None, strided=
 
 def _varlen(q, k, v, dout, cu_q, cu_k, seqused, lq, lk, kw):
     torch.manual_seed(DROPOUT_SEED)
-    out, lse, rng, _ = OPS.varlen_fwd(q, k, v, cu_q, cu_k, seqused, max(lq), max(lk), kw["scale"], kw["causal"],
+    out, lse, rng, _ = varlen_fwd_op(q, k, v, cu_q, cu_k, seqused, max(lq), max(lk), kw["scale"], kw["causal"],
                                    kw["window"][0], kw["window"][1], kw["softcap"], kw["alibi"], kw["sink"],
                                    kw["dropout_p"], False)
-    dq, dk, dv, _ = OPS.varlen_bwd(dout, q, k, v, out, lse, rng, cu_q, cu_k, seqused, max(lq), max(lk),
+    dq, dk, dv, _ = varlen_bwd_op(dout, q, k, v, out, lse, rng, cu_q, cu_k, seqused, max(lq), max(lk),
                                    kw["scale"], kw["causal"], kw["window"][0], kw["window"][1], kw["softcap"],
                                    kw["alibi"], kw["sink"], kw["dropout_p"], False)
     return out, lse, rng, dq, dk, dv
@@ -205,11 +206,11 @@ def test_no_keys_anywhere(config):
     device, dtype = config
     q, k, v, dout, cu_q, cu_k, _ = _make_case(config, [3, 4], [0, 0], 2, 1, 8, pad_q=1)
     sink = torch.randn(2, dtype=_lse_dtype(dtype), device=device)
-    out, lse, rng, _ = OPS.varlen_fwd(q, k, v, cu_q, cu_k, None, 4, 0, 0.5, False, -1, -1, 0.0, None, sink, 0.0, False)
+    out, lse, rng, _ = varlen_fwd_op(q, k, v, cu_q, cu_k, None, 4, 0, 0.5, False, -1, -1, 0.0, None, sink, 0.0, False)
     assert not out.any()
     torch.testing.assert_close(lse[:, :7], sink[:, None].expand(2, 7))
     assert torch.isneginf(lse[:, 7:]).all()
-    dq, dk, dv, _ = OPS.varlen_bwd(dout, q, k, v, out, lse, rng, cu_q, cu_k, None, 4, 0, 0.5, False, -1, -1, 0.0, None,
+    dq, dk, dv, _ = varlen_bwd_op(dout, q, k, v, out, lse, rng, cu_q, cu_k, None, 4, 0, 0.5, False, -1, -1, 0.0, None,
                                    sink, 0.0, False)
     assert not dq.any() and dk.shape == k.shape and dv.shape == v.shape
 
@@ -257,17 +258,17 @@ def test_bad_inputs(change, match):
                 cu_k=torch.tensor([0, 4, 8], dtype=torch.int32))
     args.update(change)
     with pytest.raises(RuntimeError, match=match):
-        OPS.varlen_fwd(*_fwd_args(**args))
+        varlen_fwd_op(*_fwd_args(**args))
 
 
 def test_bad_backward_inputs():
     q = torch.zeros(8, 2, 8, dtype=DTYPE)
     cu = torch.tensor([0, 4, 8], dtype=torch.int32)
-    out, lse, rng, _ = OPS.varlen_fwd(*_fwd_args(q, q, q, cu, cu))
+    out, lse, rng, _ = varlen_fwd_op(*_fwd_args(q, q, q, cu, cu))
     tail = (cu, cu, None, 4, 4, 0.5, False, -1, -1, 0.0, None, None, 0.0, False)
     with pytest.raises(RuntimeError, match="lse must have shape"):
-        OPS.varlen_bwd(q, q, q, q, out, lse.t(), rng, *tail)
+        varlen_bwd_op(q, q, q, q, out, lse.t(), rng, *tail)
     with pytest.raises(RuntimeError, match="dout must have the shape of q"):
-        OPS.varlen_bwd(q[:4], q, q, q, out, lse, rng, *tail)
+        varlen_bwd_op(q[:4], q, q, q, out, lse, rng, *tail)
     with pytest.raises(RuntimeError, match="rng_state"):
-        OPS.varlen_bwd(q, q, q, q, out, lse, rng.int(), *tail)
+        varlen_bwd_op(q, q, q, q, out, lse, rng.int(), *tail)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import flashattn_ext
+from fa_testing import varlen_fwd_op, opcheck_call, VARLEN_FWD_ARGS
 from flashattn_ext.reference import attention_varlen_ref
 from fa_testing import (DTYPE_NAMES, HAS_CUDA, OUT_TOL, assert_close, assert_lse_close, expected_lse_dtype,
                         no_host_sync)
@@ -172,7 +173,7 @@ def keep_mask(c, t):
     its rng_state replayed through the op, then the dense dropout_mask op (sequence s draws batch index s)."""
     torch.manual_seed(DROPOUT_SEED)
     with torch.no_grad():
-        _, _, rng_state, _ = torch.ops.flashattn_ext.varlen_fwd(*op_args(c, t))
+        _, _, rng_state, _ = varlen_fwd_op(*op_args(c, t))
     shape_q = t["device_q"].new_empty((c.b, c.max_q, c.h, 1))
     return torch.ops.flashattn_ext.dropout_mask(shape_q, rng_state, c.max_seqlen_k, c.dropout)
 
@@ -285,7 +286,7 @@ def test_paged_forward_only(device):
         call(CASES[1], t).sum().backward()
     t = make_inputs(c, torch.float64, device)
     t["device_q"].requires_grad_()
-    out, _, _, _ = torch.ops.flashattn_ext.varlen_fwd(*op_args(c, t))
+    out, _, _, _ = varlen_fwd_op(*op_args(c, t))
     with pytest.raises(RuntimeError, match="block_table"):
         out.sum().backward()
 
@@ -332,7 +333,7 @@ def test_paged_compile_dynamic(device, dtype):
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck_paged_varlen_fwd(device, case):
     t = make_inputs(case, torch.float64, device)
-    torch.library.opcheck(torch.ops.flashattn_ext.varlen_fwd.default, op_args(case, t, scale=0.3))
+    opcheck_call(VARLEN_FWD_ARGS, op_args(case, t, scale=0.3))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -406,7 +407,7 @@ def test_paged_op_bad_inputs(changes, words):
                 alibi_slopes=None, sink=None, dropout_p=0.0, deterministic=False, block_table=TABLE)
     args.update(changes)
     with pytest.raises(RuntimeError, match=mentions(*words)):
-        torch.ops.flashattn_ext.varlen_fwd(*args.values())
+        varlen_fwd_op(*args.values())
 
 
 @pytest.mark.cuda
@@ -418,7 +419,7 @@ def test_paged_bad_devices():
                                                                                     device="cuda"),
                  cu_seqlens_k=torch.tensor([0, 20, 29], dtype=torch.int32, device="cuda"))
     with pytest.raises(RuntimeError, match=mentions("block_table", "device")):
-        torch.ops.flashattn_ext.varlen_fwd(q, paged().cuda(), paged().cuda(),
+        varlen_fwd_op(q, paged().cuda(), paged().cuda(),
                                            torch.tensor([0, 3, 7], dtype=torch.int32, device="cuda"),
                                            torch.tensor([0, 20, 29], dtype=torch.int32, device="cuda"), None, 4, 20,
                                            0.3, False, -1, -1, 0.0, None, None, 0.0, False, TABLE)

@@ -473,7 +473,7 @@ def _aten_rng(rng, dropout_p, device):
 def varlen_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, scale=None,
                    window_size_left=None, window_size_right=None, seqused_k=None):
     """aten::_flash_attention_forward on a variable-length batch, q (total_q, nheads, headdim), k/v
-    (total_k, nheads_kv, headdim), through flashattn_ext::varlen_fwd (is_causal and windows aligned
+    (total_k, nheads_kv, headdim), through flashattn_ext::fwd with cu_seqlens (is_causal and windows aligned
     bottom-right per sequence, as torch's kernel). Returns (out, lse (nheads, total_q), rng_state, unused)."""
     out, lse, rng = _core.varlen_fwd(
         q=query, k=key, v=value, cu_seqlens_q=cum_seq_q, cu_seqlens_k=cum_seq_k, seqused_k=seqused_k,
@@ -485,7 +485,7 @@ def varlen_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropou
 
 def varlen_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                     is_causal, rng_state, scale=None, window_size_left=None, window_size_right=None):
-    """aten::_flash_attention_backward on varlen_forward's layouts through flashattn_ext::varlen_bwd."""
+    """aten::_flash_attention_backward on varlen_forward's layouts through flashattn_ext::bwd."""
     rng = rng_state.view(torch.int64) if dropout_p > 0.0 else _ZERO_RNG
     dq, dk, dv, _ = _core.varlen_bwd(
         dout=grad_out, q=query, k=key, v=value, out=out, lse=logsumexp, rng_state=rng, cu_seqlens_q=cum_seq_q,
