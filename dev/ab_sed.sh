@@ -2,10 +2,13 @@
 # ab_sed.sh: on the GPU machine, from the repo root: A/B of source edits that no -D knob reaches (a constant of
 # mask.h, a #define without #ifndef). Builds both torch-free harnesses (fh: dev/fwd_harness.cu, bh:
 # dev/bwd_harness.cu) for the tree as it is (variant "base") and for one copy per NAME=FILE:SED edited by
-# `sed -i SED FILE` or NAME=FILE<OTHER with FILE replaced by the tree's file OTHER (a .cu edit rebuilds that
-# object only, a header edit every one), then runs each harness command on every variant, ROUNDS rounds, the
-# variants' order rotated per round.
+# `sed -i SED FILE`, NAME=FILE<OTHER with FILE replaced by the tree's file OTHER (a .cu edit rebuilds that
+# object only, a header edit every one), or NAME=@DIR, another whole tree (DIR/csrc and DIR/dev, e.g. a branch:
+# `git archive BRANCH csrc dev | tar -x -C ab/NAME` here, ab/ travels to the GPU machine as an untracked folder;
+# every object rebuilt, its own kernel files), then runs each harness command on every variant, ROUNDS rounds,
+# the variants' order rotated per round.
 #   bash dev/ab_sed.sh ROUNDS "fh variants 128;bh timev" r7='csrc/mask.h:s/ROUNDS 10/ROUNDS 7/' ...
+#   bash dev/ab_sed.sh 5 "bh timev;fh bench 128" inst=@ab/inst   (python3 dev/ab_table.py on the bh lines)
 # Output: "== round R NAME: CMD" then the command's own lines. Logs and binaries under $TMPDIR/ab_sed.
 set -uo pipefail
 rounds=$1 cmds=$2
@@ -27,6 +30,13 @@ compile "$PWD" "$W/base" $SRCS
 names=base
 for v in "$@"; do
     name=${v%%=*} spec=${v#*=}
+    if [[ $spec == @* ]]; then # a whole other tree, with the kernel files it has
+        mkdir -p "$W/$name/tree" && cp -r "${spec#@}/csrc" "${spec#@}/dev" "$W/$name/tree/"
+        (cd "$W/$name/tree/csrc/cuda" && ls *.cu | sed 's/\.cu$//') >"$W/$name/kernels"
+        compile "$W/$name/tree" "$W/$name" $(cd "$W/$name/tree" && echo $SRCS)
+        names="$names $name"
+        continue
+    fi
     mkdir -p "$W/$name/tree" && cp -r csrc dev "$W/$name/tree/"
     if [[ $spec == *"<"* ]]; then
         file=${spec%%<*}
@@ -44,11 +54,13 @@ for v in "$@"; do
 done
 wait
 for n in $names; do # objects the edit did not rebuild come from base
-    for o in $KERNELS bwd_harness fwd_harness; do
+    kernels=$KERNELS
+    [ -f "$W/$n/kernels" ] && kernels=$(cat "$W/$n/kernels")
+    for o in $kernels bwd_harness fwd_harness; do
         [ -f "$W/$n/$o.o" ] || ln -s "$W/base/$o.o" "$W/$n/$o.o"
     done
     K=""
-    for o in $KERNELS; do K="$K $W/$n/$o.o"; done
+    for o in $kernels; do K="$K $W/$n/$o.o"; done
     nvcc $F "$W/$n/bwd_harness.o" $K -o "$W/$n/bh" & nvcc $F "$W/$n/fwd_harness.o" $K -o "$W/$n/fh" &
 done
 wait
