@@ -178,6 +178,11 @@ typedef struct flash_params {
                                    * zero-filled, or NULL: per key tile of rel_grad_tile keys, the sum of dS
                                    * (before the softcap factor) over the visible elements of each bucket */
     int64_t rel_grad_tile;        /* keys per partial of rel_bias_grad: the backward's key tile */
+
+    /* The C CPU path: the dtype of the tensors whose fp32 copies q, k, v (and dout) are (FLASH_FP16 / FLASH_BF16:
+     * the binding runs fp16 / bf16 calls on the fp32 kernels), else FLASH_FP32 (zero): with AMX, their
+     * products run on bf16 tiles, exactly (cpu/amx.h). Kept last, as rel_bias. */
+    flash_dtype cpu_src_dtype;
 } flash_params;
 
 #ifdef __cplusplus

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "constants.h"
+#include "cpu/amx.h"
 #include "cpu/flash_cpu.h"
 #include "mask.h"
 #include "ops.h"
@@ -900,6 +901,28 @@ c10::optional<at::Tensor> mask_f32(const c10::optional<at::Tensor> &mask)
     return f32(m).expand(mask->sizes());
 }
 
+// The dtype whose fp32 copies this thread's CPU call runs on (flash.h cpu_src_dtype, for the AMX products of
+// flash_cpu.c): is_half's branches set it around their call on the copies; the calls of the kernels below pass it.
+thread_local flash_dtype cpu_src_dtype = FLASH_FP32;
+
+struct SourceDtype {
+    flash_dtype prev;
+    explicit SourceDtype(const at::Tensor &q) : prev(cpu_src_dtype) { cpu_src_dtype = to_flash_dtype(q.scalar_type()); }
+    ~SourceDtype() { cpu_src_dtype = prev; }
+};
+
+flash_cpu_status run_fwd_cpu(flash_params p)
+{
+    p.cpu_src_dtype = cpu_src_dtype;
+    return flash_fwd_cpu(&p);
+}
+
+flash_cpu_status run_bwd_cpu(flash_params p)
+{
+    p.cpu_src_dtype = cpu_src_dtype;
+    return flash_bwd_cpu(&p);
+}
+
 void check_cpu_status(flash_cpu_status status, const char *what)
 {
     TORCH_CHECK(status != FLASH_CPU_ERR_NOMEM, "flashattn_ext: out of memory for the CPU ", what, " workspace");
@@ -951,6 +974,7 @@ FwdOutputs dense_fwd_cpu(const at::Tensor &q, const at::Tensor &k, const at::Ten
                                        rel_bias, rel_buckets);
     check_variants(var, q, k);
     if (is_half(q)) {
+        const SourceDtype src(q);  // the AMX products of the fp32 kernels (flash_cpu.c)
         auto [out, lse, rng_state, _] = dense_fwd_cpu(f32(q), f32(k), f32(v), softmax_scale, causal, bottom_right,
                                                 window_left, window_right, softcap, alibi_slopes, sink,
                                                 mask_f32(attn_mask), dropout_p, deterministic, rel_bias, rel_buckets);
@@ -965,7 +989,7 @@ FwdOutputs dense_fwd_cpu(const at::Tensor &q, const at::Tensor &k, const at::Ten
     at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
     VariantTensors keep;
     const flash_params p = make_params(q, k, v, out, lse, softmax_scale, var, rng_state, &keep);
-    check_cpu_status(flash_fwd_cpu(&p), "forward");
+    check_cpu_status(run_fwd_cpu(p), "forward");
     return {out, lse, rng_state, no_out32(q)};
 }
 
@@ -990,6 +1014,7 @@ BwdOutputs dense_bwd_cpu(
                 "flashattn_ext: mask_grad needs a floating attn_mask");
     TORCH_CHECK(!rel_bias_grad || rel_bias, "flashattn_ext: rel_bias_grad needs a rel_bias");
     if (is_half(q)) {
+        const SourceDtype src(q);  // the AMX products of the fp32 kernels (flash_cpu.c)
         const at::Tensor q32 = f32(q), k32 = f32(k), v32 = f32(v);
         const c10::optional<at::Tensor> mask32 = mask_f32(attn_mask);
         const at::Tensor out32 = f32(out);  // fwd's out32, or the rounded out (see is_half)
@@ -1016,7 +1041,7 @@ BwdOutputs dense_bwd_cpu(
     if (mask_grad)
         p.dbias = dmask.data_ptr();
     rel.set(&p);
-    check_cpu_status(flash_bwd_cpu(&p), "backward");
+    check_cpu_status(run_bwd_cpu(p), "backward");
     return {dq, dk, dv, dmask, rel.result()};
 }
 
@@ -1036,6 +1061,7 @@ FwdOutputs varlen_fwd_cpu(
                                        rel_bias, rel_buckets);
     check_variants(var, q, vl.batch(), max_seqlen_q, q.size(1), max_seqlen_k);
     if (is_half(q)) {
+        const SourceDtype src(q);  // the AMX products of the fp32 kernels (flash_cpu.c)
         auto [out, lse, rng_state, _] = varlen_fwd_cpu(f32(q), f32(k), f32(v), cu_seqlens_q, cu_seqlens_k,
                                                        seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                                                        window_left, window_right, softcap, alibi_slopes, sink,
@@ -1048,7 +1074,7 @@ FwdOutputs varlen_fwd_cpu(
         return {out, lse, rng_state, no_out32(q)};
     VariantTensors keep;
     const flash_params p = make_varlen_params(q, k, v, out, lse, vl, softmax_scale, var, rng_state, &keep);
-    check_cpu_status(flash_fwd_cpu(&p), "forward");
+    check_cpu_status(run_fwd_cpu(p), "forward");
     return {out, lse, rng_state, no_out32(q)};
 }
 
@@ -1072,6 +1098,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     check_variants(var, q, vl.batch(), max_seqlen_q, q.size(1), max_seqlen_k);
     TORCH_CHECK(!rel_bias_grad || rel_bias, "flashattn_ext: rel_bias_grad needs a rel_bias");
     if (is_half(q)) {
+        const SourceDtype src(q);  // the AMX products of the fp32 kernels (flash_cpu.c)
         const at::Tensor q32 = f32(q), k32 = f32(k), v32 = f32(v);
         const at::Tensor out32 = f32(out);  // fwd's out32, or the rounded out (see is_half)
         auto [dq, dk, dv, drel] = varlen_bwd_cpu(f32(dout_in), q32, k32, v32, out32, lse_in, rng_state, cu_seqlens_q,
@@ -1093,7 +1120,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     flash_params p = make_varlen_params(q, k, v, out, lse, vl, softmax_scale, var, rng_state, &keep);
     set_varlen_bwd_params(&p, dout, dq, dk, dv, delta);
     rel.set(&p);
-    check_cpu_status(flash_bwd_cpu(&p), "backward");
+    check_cpu_status(run_bwd_cpu(p), "backward");
     return {dq, dk, dv, rel.result()};
 }
 
@@ -1112,6 +1139,7 @@ std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cpu(
                                      c10::nullopt, 0.0, false);
     check_variants(var, q, q.size(0), q.size(1), q.size(2), kv.seqlen_k(k_cache));
     if (is_half(q)) {
+        const SourceDtype src(q);  // the AMX products of the fp32 kernels (flash_cpu.c)
         auto [out, lse] = kvcache_fwd_cpu(f32(q), f32(k_cache), f32(v_cache), cache_seqlens, cache_batch_idx,
                                           cache_leftpad, block_table, softmax_scale, causal, window_left,
                                           window_right, softcap, alibi_slopes, sink, num_splits);
@@ -1123,7 +1151,7 @@ std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cpu(
     at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype(q.scalar_type())));
     VariantTensors keep;
     const flash_params p = make_kvcache_params(q, k_cache, v_cache, out, lse, kv, softmax_scale, var, &keep);
-    check_cpu_status(flash_fwd_cpu(&p), "forward");
+    check_cpu_status(run_fwd_cpu(p), "forward");
     return {out, lse};
 }
 
@@ -1192,9 +1220,10 @@ namespace {
 // integrations/torch_registry.py) instead of restated there. page_multiple: FLASH_PAGE_MULTIPLE;
 // max_grid_yz: the most batch entries, heads (and varlen sequences) a CUDA call takes; cuda_max_head_dim;
 // dtypes: per device type, torch's names; cuda_min_capability: (major, minor) of the oldest GPU (mma.sync);
-// cuda_smem: the shared memory per block the fp16/bf16 forward (any variant, not paged) and backward need, as
-// ascending steps ((largest head dim, bytes), ...) over head dims 1 .. cuda_max_head_dim, empty in a build
-// without CUDA kernels.
+// cpu_amx: whether fp16 / bf16 CPU calls run their products on AMX tiles (cpu/amx.h; FLASHATTN_EXT_CPU_AMX=0 at
+// import says no); cuda_smem: the shared memory per block the fp16/bf16 forward (any variant, not paged) and
+// backward need, as ascending steps ((largest head dim, bytes), ...) over head dims 1 .. cuda_max_head_dim, empty
+// in a build without CUDA kernels.
 PyObject *limits(PyObject *, PyObject *)
 {
     std::vector<std::pair<int64_t, size_t>> steps;
@@ -1222,10 +1251,11 @@ PyObject *limits(PyObject *, PyObject *)
         }
         PyTuple_SetItem(smem, (Py_ssize_t)i, step);
     }
-    return Py_BuildValue("{s:i,s:i,s:i,s:{s:(ssss),s:(ssss)},s:(ii),s:N}", "page_multiple", FLASH_PAGE_MULTIPLE,
+    return Py_BuildValue("{s:i,s:i,s:i,s:{s:(ssss),s:(ssss)},s:(ii),s:N,s:O}", "page_multiple", FLASH_PAGE_MULTIPLE,
                          "max_grid_yz", FLASH_MAX_GRID_YZ, "cuda_max_head_dim", FLASH_CUDA_MAX_HEAD_DIM, "dtypes",
                          "cpu", "float16", "bfloat16", "float32", "float64", "cuda", "float16", "bfloat16", "float32",
-                         "float64", "cuda_min_capability", 8, 0, "cuda_smem", smem);
+                         "float64", "cuda_min_capability", 8, 0, "cuda_smem", smem, "cpu_amx",
+                         flash_amx_usable() ? Py_True : Py_False);
 }
 
 PyMethodDef module_methods[] = {

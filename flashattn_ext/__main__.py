@@ -9,6 +9,7 @@ import time
 import torch
 
 import flashattn_ext
+from flashattn_ext._core import LIMITS
 from flashattn_ext.integrations import torch_registry
 from flashattn_ext.reference import attention_ref
 
@@ -74,8 +75,9 @@ def arch_name(arch):
 
 def report_cpu():
     threads = os.environ.get("OMP_NUM_THREADS") or f"{os.cpu_count()} (all cores; OMP_NUM_THREADS sets it)"
+    amx = ("; float16/bfloat16 products on AMX-BF16 tiles (csrc/cpu/amx.c)" if LIMITS["cpu_amx"] else "")
     print("CPU: float32/float64 (float16/bfloat16 computed in float32) forward and backward: the C11 kernels of "
-          f"csrc/cpu, OpenMP threads: {threads}; hot loops: {cpu_isa()}")
+          f"csrc/cpu, OpenMP threads: {threads}; hot loops: {cpu_isa()}{amx}")
 
 
 def report_cuda():

@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import flashattn_ext
-from fa_testing import varlen_fwd_op
-from fa_testing import DTYPE_NAMES, HALF_DTYPES, OUT_TOL, rel_l2
+from fa_testing import DTYPE_NAMES, HALF_DTYPES, OUT_TOL, rel_l2, varlen_fwd_op
 
 # (batch, nheads, nheads_kv, seqlen_q, seqlen_k, headdim), SDPA's arguments
 CASES = {
@@ -108,3 +107,49 @@ def test_forward_returns_its_float32_out_for_the_backward(dtype):
     with pytest.raises(RuntimeError, match="out must have the dtype of q"):
         torch.ops.flashattn_ext.bwd(dout.float(), x, x, x, out32.double(), lse, rng, 0.3, False, True, -1, -1, 0.0,
                                     None, None, None, 0.0, False, False)
+
+
+AMX = flashattn_ext._core.LIMITS["cpu_amx"]
+AMX_VARIANTS = {  # flash_attn_func arguments; every product of the fwd, dK/dV and dQ passes runs on the tiles
+    "dense": {},
+    "causal_gqa": dict(causal=True),
+    "softcap_window": dict(softcap=20.0, window_size=(40, 7)),
+    "mask_dropout": dict(attn_mask="add", dropout_p=0.2),
+    "headdims_160_72": dict(d=160, d_v=72),
+}
+
+
+@pytest.mark.skipif(not AMX, reason="no AMX-BF16 on this CPU (or FLASHATTN_EXT_CPU_AMX=0)")
+@pytest.mark.parametrize("variant", list(AMX_VARIANTS))
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda dt: DTYPE_NAMES[dt])
+def test_amx_products_as_exact_as_the_fp32_kernels(dtype, variant, monkeypatch):
+    """fp16 / bf16 on a CPU with AMX: the products run on bf16 tiles with each fp32 operand split exactly into
+    bf16 terms (csrc/cpu/amx.c), so out and the gradients are as close to the float64 result as with the fp32
+    kernels (FLASHATTN_EXT_CPU_AMX=0), element by element within a rounding step of the dtype."""
+    kw = dict(AMX_VARIANTS[variant])
+    d, d_v = kw.pop("d", 64), kw.pop("d_v", 64)
+    b, sq, sk, h, hkv = 2, 150, 190, 4, (2 if variant == "causal_gqa" else 4)
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(b, sq, h, d, generator=gen).to(dtype)
+    k = torch.randn(b, sk, hkv, d, generator=gen).to(dtype)
+    v = torch.randn(b, sk, hkv, d_v, generator=gen).to(dtype)
+    dout = torch.randn(b, sq, h, d_v, generator=gen).to(dtype)
+    if kw.get("attn_mask") == "add":
+        kw["attn_mask"] = torch.randn(b, h, sq, sk, generator=gen).to(dtype)
+
+    def run(x_dtype, amx):
+        monkeypatch.setenv("FLASHATTN_EXT_CPU_AMX", "1" if amx else "0")
+        leaves = [t.to(x_dtype).requires_grad_() for t in (q, k, v)]
+        args = {n: (t.to(x_dtype) if torch.is_tensor(t) else t) for n, t in kw.items()}
+        torch.manual_seed(11)  # the same dropout mask in every run
+        out = flashattn_ext.flash_attn_func(*leaves, **args)
+        return [out.detach()] + list(torch.autograd.grad(out, leaves, dout.to(x_dtype)))
+
+    ref = run(torch.float64, False)
+    fp32_kernels, amx = run(dtype, False), run(dtype, True)
+    for name, a, f, want in zip(("out", "dq", "dk", "dv"), amx, fp32_kernels, ref):
+        assert a.dtype == dtype, name
+        err_amx, err_f32 = rel_l2(a, want), rel_l2(f, want)
+        assert err_amx <= err_f32 * 1.02 + 1e-6, f"{name}: AMX {err_amx:.3g}, fp32 kernels {err_f32:.3g}"
+        step = torch.finfo(dtype).eps * want.abs().clamp_min(want.abs().max() * 1e-2)
+        assert ((a.double() - f.double()).abs() <= 2 * step + 1e-6).all(), name

@@ -79,6 +79,7 @@
 
 #include "../mask.h"
 #include "../score.h"
+#include "amx.h"
 #include "flash_cpu.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -786,7 +787,50 @@ static void FN(score_grad)(const flash_params *p, const flash_seq *seq, const T 
 typedef struct FN(workspace) {
     T *q, *dout, *k, *v, *s, *ds, *acc, *acc2, *grad; /* tile buffers; the layout is per pass */
     const T *renorm; /* backward: renorm_rows' factors (lse layout), or NULL */
+    uint16_t *amx;   /* fp32 copies of fp16 / bf16 inputs with AMX usable: flash_amx_gemm's scratch; else NULL */
+    uint16_t *amx_b[2]; /* with amx: a task's two packed B operands that stay the same over its tiles */
+    int parts;       /* with amx: the bf16 terms of an input value (1 for bf16, 2 for fp16) */
 } FN(workspace);
+
+/* With AMX: B (k, n; row-major, leading dim ldb) of input values packed once into slot of the workspace, for the
+ * products of a task that share it (mm's b_packed); NULL without. */
+static const uint16_t *FN(pack_b)(const FN(workspace) *w, int slot, int64_t k, int64_t n, const T *b, int64_t ldb)
+{
+    if (!w->amx)
+        return NULL;
+    flash_amx_pack_b(w->amx_b[slot], w->parts, k, n, (const float *)b, ldb); /* T is float */
+    return w->amx_b[slot];
+}
+
+/* c = [c +] a b as gemm, on AMX tiles where the workspace has their scratch (amx.h): a holds input values (q, k,
+ * v or dout, of w->parts bf16 terms), b too where b_inputs (b_packed: b as pack_b left it, or NULL), else any
+ * fp32 values (P, dS: 3 terms); exact products either way, only the order of the fp32 additions differs. */
+static void FN(mm)(const FN(workspace) *w, const uint16_t *b_packed, int b_inputs, int64_t m, int64_t n, int64_t k,
+                   const T *a, int64_t a_rs, int64_t a_ks, const T *b, int64_t ldb, T *c, int64_t ldc,
+                   int accumulate)
+{
+    if (w->amx) { /* T is float */
+        const int b_parts = b_inputs ? w->parts : 3;
+        uint16_t *ap = w->amx;
+        flash_amx_pack_a(ap, w->parts, m, k, (const float *)a, a_rs, a_ks);
+        if (!b_packed) {
+            uint16_t *bp = ap + w->parts * flash_amx_packed_elems(m, k);
+            flash_amx_pack_b(bp, b_parts, k, n, (const float *)b, ldb);
+            b_packed = bp;
+        }
+        flash_amx_gemm_packed(m, n, k, ap, w->parts, b_packed, b_parts, (float *)c, ldc, accumulate);
+        return;
+    }
+    FN(gemm)(m, n, k, a, a_rs, a_ks, b, ldb, c, ldc, accumulate);
+}
+
+/* s (rows x cols, leading dim ld) *= scale. */
+FLASH_CPU_SIMD static void FN(scale_tile)(T *restrict s, int64_t rows, int64_t cols, int64_t ld, T scale)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            s[r * ld + c] *= scale;
+}
 
 /* Forward task: one (batch, head, query tile), working on S^T = K Q^T (keys x queries):
  *   w->q   (d, TILE_Q_NR)         Q^T of the tile, times scale
@@ -813,12 +857,13 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
     T *lse = (T *)p->lse + flash_lse_offset(p, &seq, bi, hq) + q0;
     T m[TILE_Q_NR], l[TILE_Q_NR];
 
-    FN(load_transposed)(w->q, TILE_Q_NR, qp, q, p->q_s.row, t.qn, d, (T)p->scale);
+    FN(load_transposed)(w->q, TILE_Q_NR, qp, q, p->q_s.row, t.qn, d, w->amx ? 1 : (T)p->scale); /* AMX: exact */
     for (int64_t u = 0; u < qp; u++) {
         m[u] = -INFINITY;
         l[u] = 0;
     }
     FN(zero_tile)(w->acc, TILE_Q_NR, dvm, qp);
+    const uint16_t *q_packed = FN(pack_b)(w, 0, d, qp, w->q, TILE_Q_NR);
     const flash_tile_range keys = flash_key_tiles(&seq, q0, t.qn, 1); /* in keys, not tiles */
     for (t.k0 = keys.first; t.k0 < keys.end; t.k0 += FLASH_CPU_TILE_K) {
         t.kn = flash_min64(FLASH_CPU_TILE_K, keys.end - t.k0);
@@ -829,7 +874,9 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
         const int full = t.k0 >= keys.full_first && t.k0 + t.kn <= keys.full_end && km == t.kn;
         FN(load_key_rows)(w->k, dm, km, dm, k, p, &seq, t.k0, t.kn, d);
         FN(load_key_rows)(w->v, dvm, t.kn, dvm, v, p, &seq, t.k0, t.kn, d_v);
-        FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
+        FN(mm)(w, q_packed, 1, km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
+        if (w->amx)
+            FN(scale_tile)(w->s, km, qp, TILE_Q_NR, (T)p->scale);
         if (p->has_hook && hooked_scores(p, flags))
             FN(score_hook)(w->s, TILE_Q_NR, 1, p, &seq, &t, bi, hq, 1, flags, w->grad);
         if (!full)
@@ -837,7 +884,7 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
         FN(softmax_step)(w->s, km, qp, w->acc, dvm, m, l);
         if (p->dropout_threshold)
             FN(dropout_columns)(w->s, p, &t, bi * p->h + hq);
-        FN(gemm)(dvm, qp, t.kn, w->v, 1, dvm, w->s, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
+        FN(mm)(w, NULL, 0, dvm, qp, t.kn, w->v, 1, dvm, w->s, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
     }
     const T sink = (T)flash_sink(p, hq);
     for (int64_t u = 0; u < t.qn; u++) {
@@ -875,6 +922,8 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
     FN(load_key_transposed)(w->v, TILE_K_NR, kp, v, p, &seq, t.k0, t.kn, d_v);
     FN(zero_tile)(w->acc, TILE_K_NR, dm, kp);
     FN(zero_tile)(w->acc2, TILE_K_NR, dvm, kp);
+    const uint16_t *k_packed = FN(pack_b)(w, 0, d, kp, w->k, TILE_K_NR);
+    const uint16_t *v_packed = FN(pack_b)(w, 1, d_v, kp, w->v, TILE_K_NR);
     const flash_tile_range rows = flash_query_tiles(&seq, t.k0, t.kn, 1); /* in query rows, not tiles */
     for (int64_t hq = hk * p->h_per_kv; hq < (hk + 1) * p->h_per_kv; hq++) {
         const T *q = (const T *)p->q + bi * p->q_s.batch + seq.q_row0 * p->q_s.row + hq * p->q_s.head; /* (sq, d) */
@@ -894,13 +943,13 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
             FN(load_rows)(w->q, dm, qm, dm, q + t.q0 * p->q_s.row, p->q_s.row, t.qn, d);
             FN(load_rows)(w->dout, dvm, qm, dvm, dout + t.q0 * p->do_s.row, p->do_s.row, t.qn, d_v);
             FN(load_row_stats)(lse_eff, delta, renorm, qm, lse + t.q0, dl + t.q0, rn ? rn + t.q0 : NULL, t.qn);
-            FN(gemm)(qm, kp, d, w->q, dm, 1, w->k, TILE_K_NR, w->s, TILE_K_NR, 0);
+            FN(mm)(w, k_packed, 1, qm, kp, d, w->q, dm, 1, w->k, TILE_K_NR, w->s, TILE_K_NR, 0);
             if (hooked)
                 FN(score_hook)(w->s, TILE_K_NR, 0, p, &seq, &t, bi, hq, (T)p->scale, flags, w->grad);
             FN(probs_by_row)(w->s, qm, kp, TILE_K_NR, hooked ? 1 : (T)p->scale, lse_eff, renorm);
             if (!full)
                 FN(mask_band)(w->s, qm, kp, &seq, &t, 0);
-            FN(gemm)(qm, kp, d_v, w->dout, dvm, 1, w->v, TILE_K_NR, w->ds, TILE_K_NR, 0);
+            FN(mm)(w, v_packed, 1, qm, kp, d_v, w->dout, dvm, 1, w->v, TILE_K_NR, w->ds, TILE_K_NR, 0);
             if (p->dropout_threshold)
                 FN(dscores_dropout_by_row)(w->ds, w->s, p, &t, bi * p->h + hq, delta);
             else
@@ -909,8 +958,8 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
                 FN(score_grad)(p, &seq, w->ds, &t, bi, hq);
             if (hooked && p->softcap > 0)
                 FN(softcap_backward)(w->ds, w->grad, TILE_K_NR, 1, &t);
-            FN(gemm)(dvm, kp, t.qn, w->dout, 1, dvm, w->s, TILE_K_NR, w->acc2, TILE_K_NR, 1);
-            FN(gemm)(dm, kp, t.qn, w->q, 1, dm, w->ds, TILE_K_NR, w->acc, TILE_K_NR, 1);
+            FN(mm)(w, NULL, 0, dvm, kp, t.qn, w->dout, 1, dvm, w->s, TILE_K_NR, w->acc2, TILE_K_NR, 1);
+            FN(mm)(w, NULL, 0, dm, kp, t.qn, w->q, 1, dm, w->ds, TILE_K_NR, w->acc, TILE_K_NR, 1);
         }
     }
     FN(store_key_transposed)((T *)p->dk + hk * p->dk_s.head, p->dk_s, w->acc, TILE_K_NR, p, &seq, t.k0, t.kn, d,
@@ -950,6 +999,8 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
     FN(load_row_stats)(lse_eff, delta, renorm, qp, (const T *)p->lse + row_off, (const T *)p->delta + row_off,
                        w->renorm ? w->renorm + row_off : NULL, t.qn);
     FN(zero_tile)(w->acc, TILE_Q_NR, dm, qp);
+    const uint16_t *q_packed = FN(pack_b)(w, 0, d, qp, w->q, TILE_Q_NR);
+    const uint16_t *dout_packed = FN(pack_b)(w, 1, d_v, qp, w->dout, TILE_Q_NR);
     const flash_tile_range keys = flash_key_tiles(&seq, q0, t.qn, 1); /* in keys, not tiles */
     for (t.k0 = keys.first; t.k0 < keys.end; t.k0 += FLASH_CPU_TILE_K) {
         t.kn = flash_min64(FLASH_CPU_TILE_K, keys.end - t.k0);
@@ -961,19 +1012,19 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
         const int hooked = p->has_hook && hooked_scores(p, flags);
         FN(load_key_rows)(w->k, dm, km, dm, k, p, &seq, t.k0, t.kn, d);
         FN(load_key_rows)(w->v, dvm, km, dvm, v, p, &seq, t.k0, t.kn, d_v);
-        FN(gemm)(km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
+        FN(mm)(w, q_packed, 1, km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
         if (hooked)
             FN(score_hook)(w->s, TILE_Q_NR, 1, p, &seq, &t, bi, hq, (T)p->scale, flags, w->grad);
         FN(probs_by_column)(w->s, km, qp, TILE_Q_NR, hooked ? 1 : (T)p->scale, lse_eff, renorm);
         if (!full)
             FN(mask_band_t)(w->s, km, qp, &seq, &t, 0);
-        FN(gemm)(km, qp, d_v, w->v, dvm, 1, w->dout, TILE_Q_NR, w->ds, TILE_Q_NR, 0);
+        FN(mm)(w, dout_packed, 1, km, qp, d_v, w->v, dvm, 1, w->dout, TILE_Q_NR, w->ds, TILE_Q_NR, 0);
         if (p->dropout_threshold)
             FN(dropout_columns)(w->ds, p, &t, bi * p->h + hq);
         FN(dscores_by_column)(w->ds, w->s, km, qp, TILE_Q_NR, delta);
         if (hooked && p->softcap > 0)
             FN(softcap_backward)(w->ds, w->grad, 1, TILE_Q_NR, &t);
-        FN(gemm)(dm, qp, t.kn, w->k, 1, dm, w->ds, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
+        FN(mm)(w, NULL, 0, dm, qp, t.kn, w->k, 1, dm, w->ds, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
     }
     FN(store_transposed)(dq, p->dq_s.row, w->acc, TILE_Q_NR, t.qn, d, (T)p->scale);
 }
@@ -1344,16 +1395,30 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
         return FLASH_CPU_OK;
     const int64_t buf = tile_buffer_elems(p->d, p->d_v, sizeof(T));
     const int n_threads = omp_get_max_threads();
-    T *pool = aligned_alloc(FLASH_CPU_ALIGN_BYTES,
-                            (size_t)(n_threads * FLASH_CPU_TILE_BUFFERS * buf) * sizeof(T));
+    /* AMX: fp32 copies of fp16 / bf16 inputs; each thread's scratch after its tile buffers (64-byte multiples) */
+    const int parts = p->cpu_src_dtype == FLASH_BF16 ? 1 : p->cpu_src_dtype == FLASH_FP16 ? 2 : 0;
+    const int amx = sizeof(T) == sizeof(float) && parts && flash_amx_usable();
+    const int64_t big = flash_max64(flash_max64(ROUND_UP(p->d, FLASH_CPU_MR), ROUND_UP(p->d_v, FLASH_CPU_MR)),
+                                    FLASH_CPU_TILE_Q > FLASH_CPU_TILE_K ? FLASH_CPU_TILE_Q : FLASH_CPU_TILE_K);
+    const int64_t amx_b = ROUND_UP(2 * flash_amx_packed_elems(big, TILE_MAX_NR), FLASH_CPU_ALIGN_BYTES / 2);
+    const int64_t amx_elems = amx ? ROUND_UP(flash_amx_scratch_elems(big, TILE_MAX_NR, big),
+                                             FLASH_CPU_ALIGN_BYTES / 2) + 2 * amx_b : 0;
+    const int64_t per_thread = FLASH_CPU_TILE_BUFFERS * buf + amx_elems * 2 / (int64_t)sizeof(T);
+    T *pool = aligned_alloc(FLASH_CPU_ALIGN_BYTES, (size_t)(n_threads * per_thread) * sizeof(T));
     if (!pool)
         return FLASH_CPU_ERR_NOMEM;
 #pragma omp parallel num_threads(n_threads)
     {
-        T *base = pool + omp_get_thread_num() * FLASH_CPU_TILE_BUFFERS * buf;
-        const FN(workspace) w = {base,           base + buf,     base + 2 * buf,
-                                 base + 3 * buf, base + 4 * buf, base + 5 * buf,
-                                 base + 6 * buf, base + 7 * buf, base + 8 * buf, renorm};
+        T *base = pool + omp_get_thread_num() * per_thread;
+        FN(workspace) w = {base,           base + buf,     base + 2 * buf,
+                           base + 3 * buf, base + 4 * buf, base + 5 * buf,
+                           base + 6 * buf, base + 7 * buf, base + 8 * buf, renorm,
+                           NULL,           {NULL, NULL},   parts};
+        if (amx) {
+            w.amx = (uint16_t *)(base + FLASH_CPU_TILE_BUFFERS * buf);
+            w.amx_b[0] = w.amx + amx_elems - 2 * amx_b;
+            w.amx_b[1] = w.amx_b[0] + amx_b;
+        }
 #pragma omp for schedule(dynamic)
         for (int64_t task = 0; task < n_tasks; task++)
             run_task(p, &w, task);

@@ -1,0 +1,258 @@
+/* amx.c: flash_amx_gemm (amx.h), C = [C +] A B on AMX tiles for flash_cpu.c's fp32 kernels.
+ *
+ * Tiles: C blocks of 32 x 32 fp32 (tiles 0-3, 2 x 2 of 16 x 16), A in 16 rows x 32 bf16 (tiles 4, 5), B in the
+ * VNNI layout, 16 pairs of k rows x 16 columns (tiles 6, 7); one TDPBF16PS per (A tile, B tile, term pair) and
+ * k step of 32. Each call packs A ([mt][kt][16][32]) and B ([kt][nt][16][16][2]) into the scratch, zero-padded to
+ * multiples of 32, with every value split by truncation into a_parts / b_parts bf16 terms: t1 = x with its low 16
+ * bits cleared, t2 the same of x - t1, t3 = x - t1 - t2 (each difference exact in fp32; 24 significand bits = 3
+ * x 8, so three terms are x exactly, two an fp16 value, one a bf16 value). C blocks that pass the edge of c go
+ * through a 32 x 32 buffer. The tile configuration is loaded per call and released at its end. */
+#define _DEFAULT_SOURCE /* syscall() under -std=c11 */
+#include "amx.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__linux__) && \
+    ((defined(__clang__) && __clang_major__ >= 14) || (!defined(__clang__) && __GNUC__ >= 11))
+#define FLASH_AMX 1
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define FLASH_AMX 0
+#endif
+
+#define ROUND32(x) (((x) + 31) / 32 * 32)
+
+int64_t flash_amx_scratch_elems(int64_t max_m, int64_t max_n, int64_t max_k)
+{
+    const int64_t kp = ROUND32(max_k);
+    return 3 * (ROUND32(max_m) * kp + kp * ROUND32(max_n));
+}
+
+#if FLASH_AMX
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+static int amx_state; /* 0: not probed yet; 1: usable; -1: not */
+
+static int amx_probe(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return -1;
+    const unsigned amx_bf16 = 1u << 22, amx_tile = 1u << 24;
+    if ((d & (amx_bf16 | amx_tile)) != (amx_bf16 | amx_tile))
+        return -1;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
+}
+
+int flash_amx_usable(void)
+{
+    const char *env = getenv("FLASHATTN_EXT_CPU_AMX");
+    if (env && strcmp(env, "0") == 0)
+        return 0;
+    int s = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
+    if (!s) {
+        s = amx_probe();
+        __atomic_store_n(&amx_state, s, __ATOMIC_RELEASE);
+    }
+    return s > 0;
+}
+
+#define AMX_PACK_TARGET __attribute__((target("avx512f,avx512bw")))
+#define HI16 0xFFFF0000u
+
+/* The next term of 16 values: their top 16 bits (as 32-bit words, low half zero); x -= the term. */
+AMX_PACK_TARGET static inline __m512i term(__m512 *x)
+{
+    const __m512i hi = _mm512_and_si512(_mm512_castps_si512(*x), _mm512_set1_epi32((int)HI16));
+    *x = _mm512_sub_ps(*x, _mm512_castsi512_ps(hi));
+    return hi;
+}
+
+static inline __mmask16 lanes(int64_t valid)
+{
+    return valid >= 16 ? (__mmask16)0xFFFF : valid <= 0 ? (__mmask16)0 : (__mmask16)((1u << valid) - 1);
+}
+
+AMX_PACK_TARGET void flash_amx_pack_a(uint16_t *dst, int parts, int64_t m, int64_t k, const float *a, int64_t a_rs,
+                                      int64_t a_ks)
+{
+    const int64_t mp = ROUND32(m), kp = ROUND32(k), kt_n = kp / 32, plane = mp * kp;
+    if (a_rs == 1 && a_ks != 1) { /* a^T rows: pairs of them give the 32-bit words of A's tile rows */
+        const __m512i rows16 = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                                                    14, 15), _mm512_set1_epi32(16));
+        for (int64_t kk = 0; kk < kp; kk += 2)
+            for (int64_t i0 = 0; i0 < mp; i0 += 16) {
+                const __mmask16 ml = lanes(m - i0);
+                __m512 x0 = kk < k ? _mm512_maskz_loadu_ps(ml, a + i0 + kk * a_ks) : _mm512_setzero_ps();
+                __m512 x1 = kk + 1 < k ? _mm512_maskz_loadu_ps(ml, a + i0 + (kk + 1) * a_ks) : _mm512_setzero_ps();
+                uint32_t *base = (uint32_t *)(dst + ((i0 / 16) * kt_n + kk / 32) * 512) + (kk % 32) / 2;
+                for (int p = 0; p < parts; p++) {
+                    const __m512i u0 = term(&x0), u1 = term(&x1);
+                    _mm512_i32scatter_epi32(base + p * plane / 2, rows16, _mm512_or_si512(u1, _mm512_srli_epi32(u0, 16)),
+                                            4);
+                }
+            }
+        return;
+    }
+    for (int64_t i = 0; i < mp; i++)
+        for (int64_t kt = 0; kt < kt_n; kt++) {
+            uint16_t *row = dst + ((i / 16) * kt_n + kt) * 512 + (i % 16) * 32;
+            const int64_t k0 = kt * 32;
+            __m512 x0, x1;
+            if (i < m && a_ks == 1) {
+                x0 = _mm512_maskz_loadu_ps(lanes(k - k0), a + i * a_rs + k0);
+                x1 = _mm512_maskz_loadu_ps(lanes(k - k0 - 16), a + i * a_rs + k0 + 16);
+            } else {
+                _Alignas(64) float t[32];
+                for (int e = 0; e < 32; e++)
+                    t[e] = i < m && k0 + e < k ? a[i * a_rs + (k0 + e) * a_ks] : 0.0f;
+                x0 = _mm512_load_ps(t);
+                x1 = _mm512_load_ps(t + 16);
+            }
+            for (int p = 0; p < parts; p++) {
+                const __m256i h0 = _mm512_cvtepi32_epi16(_mm512_srli_epi32(term(&x0), 16));
+                const __m256i h1 = _mm512_cvtepi32_epi16(_mm512_srli_epi32(term(&x1), 16));
+                _mm512_storeu_si512(row + p * plane, _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1));
+            }
+        }
+}
+
+AMX_PACK_TARGET void flash_amx_pack_b(uint16_t *dst, int parts, int64_t k, int64_t n, const float *b, int64_t ldb)
+{
+    const int64_t kp = ROUND32(k), np = ROUND32(n), nt_n = np / 16, plane = kp * np;
+    for (int64_t kk = 0; kk < kp; kk += 2)
+        for (int64_t j0 = 0; j0 < np; j0 += 16) {
+            const __mmask16 ml = lanes(n - j0);
+            __m512 x0 = kk < k ? _mm512_maskz_loadu_ps(ml, b + kk * ldb + j0) : _mm512_setzero_ps();
+            __m512 x1 = kk + 1 < k ? _mm512_maskz_loadu_ps(ml, b + (kk + 1) * ldb + j0) : _mm512_setzero_ps();
+            uint16_t *row = dst + ((kk / 32) * nt_n + j0 / 16) * 512 + ((kk % 32) / 2) * 32;
+            for (int p = 0; p < parts; p++) {
+                const __m512i u0 = term(&x0), u1 = term(&x1);
+                _mm512_storeu_si512(row + p * plane, _mm512_or_si512(u1, _mm512_srli_epi32(u0, 16)));
+            }
+        }
+}
+
+typedef struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+__attribute__((target("amx-tile,amx-bf16"))) void flash_amx_gemm_packed(int64_t m, int64_t n, int64_t k,
+                                                                         const uint16_t *ap, int a_parts,
+                                                                         const uint16_t *bp, int b_parts, float *c,
+                                                                         int64_t ldc, int accumulate)
+{
+    const int64_t mp = ROUND32(m), np = ROUND32(n), kp = ROUND32(k), kt_n = kp / 32, nt_n = np / 16;
+    amx_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+    _Alignas(64) float edge[32 * 32];
+    for (int64_t i0 = 0; i0 < mp; i0 += 32)
+        for (int64_t j0 = 0; j0 < np; j0 += 32) {
+            const int inside = i0 + 32 <= m && j0 + 32 <= n;
+            float *cb = inside ? c + i0 * ldc + j0 : edge;
+            const int64_t cs = inside ? ldc : 32;
+            if (!inside) {
+                memset(edge, 0, sizeof edge);
+                if (accumulate)
+                    for (int64_t i = i0; i < m && i < i0 + 32; i++)
+                        for (int64_t j = j0; j < n && j < j0 + 32; j++)
+                            edge[(i - i0) * 32 + (j - j0)] = c[i * ldc + j];
+            }
+            if (accumulate) {
+                _tile_loadd(0, cb, cs * 4);
+                _tile_loadd(1, cb + 16, cs * 4);
+                _tile_loadd(2, cb + 16 * cs, cs * 4);
+                _tile_loadd(3, cb + 16 * cs + 16, cs * 4);
+            } else {
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+            }
+            for (int pa = 0; pa < a_parts; pa++)
+                for (int pb = 0; pb < b_parts; pb++)
+                    for (int64_t kt = 0; kt < kt_n; kt++) {
+                        const uint16_t *a0 = ap + pa * mp * kp + ((i0 / 16) * kt_n + kt) * 512;
+                        const uint16_t *b0 = bp + pb * kp * np + (kt * nt_n + j0 / 16) * 512;
+                        _tile_loadd(4, a0, 64);
+                        _tile_loadd(5, a0 + kt_n * 512, 64);
+                        _tile_loadd(6, b0, 64);
+                        _tile_loadd(7, b0 + 512, 64);
+                        _tile_dpbf16ps(0, 4, 6);
+                        _tile_dpbf16ps(1, 4, 7);
+                        _tile_dpbf16ps(2, 5, 6);
+                        _tile_dpbf16ps(3, 5, 7);
+                    }
+            _tile_stored(0, cb, cs * 4);
+            _tile_stored(1, cb + 16, cs * 4);
+            _tile_stored(2, cb + 16 * cs, cs * 4);
+            _tile_stored(3, cb + 16 * cs + 16, cs * 4);
+            if (!inside)
+                for (int64_t i = i0; i < m && i < i0 + 32; i++)
+                    for (int64_t j = j0; j < n && j < j0 + 32; j++)
+                        c[i * ldc + j] = edge[(i - i0) * 32 + (j - j0)];
+        }
+    _tile_release();
+}
+
+void flash_amx_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_rs, int64_t a_ks, int a_parts,
+                    const float *b, int64_t ldb, int b_parts, float *c, int64_t ldc, int accumulate,
+                    uint16_t *scratch)
+{
+    uint16_t *ap = scratch, *bp = scratch + a_parts * ROUND32(m) * ROUND32(k);
+    flash_amx_pack_a(ap, a_parts, m, k, a, a_rs, a_ks);
+    flash_amx_pack_b(bp, b_parts, k, n, b, ldb);
+    flash_amx_gemm_packed(m, n, k, ap, a_parts, bp, b_parts, c, ldc, accumulate);
+}
+
+#else /* no AMX build */
+
+int flash_amx_usable(void)
+{
+    return 0;
+}
+
+/* Never called: flash_amx_usable() is 0. */
+void flash_amx_pack_a(uint16_t *dst, int parts, int64_t m, int64_t k, const float *a, int64_t a_rs, int64_t a_ks)
+{
+    (void)dst, (void)parts, (void)m, (void)k, (void)a, (void)a_rs, (void)a_ks;
+    abort();
+}
+
+void flash_amx_pack_b(uint16_t *dst, int parts, int64_t k, int64_t n, const float *b, int64_t ldb)
+{
+    (void)dst, (void)parts, (void)k, (void)n, (void)b, (void)ldb;
+    abort();
+}
+
+void flash_amx_gemm_packed(int64_t m, int64_t n, int64_t k, const uint16_t *ap, int a_parts, const uint16_t *bp,
+                           int b_parts, float *c, int64_t ldc, int accumulate)
+{
+    (void)m, (void)n, (void)k, (void)ap, (void)a_parts, (void)bp, (void)b_parts, (void)c, (void)ldc, (void)accumulate;
+    abort();
+}
+
+void flash_amx_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_rs, int64_t a_ks, int a_parts,
+                    const float *b, int64_t ldb, int b_parts, float *c, int64_t ldc, int accumulate,
+                    uint16_t *scratch)
+{
+    (void)m, (void)n, (void)k, (void)a, (void)a_rs, (void)a_ks, (void)a_parts, (void)b, (void)ldb, (void)b_parts;
+    (void)c, (void)ldc, (void)accumulate, (void)scratch;
+    abort();
+}
+
+#endif

@@ -1,0 +1,48 @@
+/* amx.h: the fp32 CPU kernels' matrix products (flash_cpu.c gemm) on Intel AMX tiles when the call's inputs
+ * are fp16 / bf16 tensors (the binding's fp32 copies hold their values exactly). A tile product multiplies bf16
+ * numbers exactly and adds in fp32, so an fp32 operand split into bf16 terms that sum to it exactly (by
+ * truncation: 1 term for a bf16 value, 2 for an fp16 value, 3 for any fp32 value) gives the fp32 product up to
+ * the order of the additions: the results stay those of the fp32 kernels (tests/test_cpu_half.py), only faster.
+ * x86-64 Linux with gcc >= 11 or clang >= 14; elsewhere flash_amx_usable() is 0. */
+#ifndef FLASHATTN_EXT_CPU_AMX_H
+#define FLASHATTN_EXT_CPU_AMX_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 1 when the products may run on AMX: the CPU has AMX-BF16, the kernel lets this process use the tile state
+ * (arch_prctl ARCH_REQ_XCOMP_PERM, asked once), and FLASHATTN_EXT_CPU_AMX (read per call) is not "0". */
+int flash_amx_usable(void);
+
+/* uint16 elements of the scratch one flash_amx_gemm call needs for m, n, k up to max_m, max_n, max_k. */
+int64_t flash_amx_scratch_elems(int64_t max_m, int64_t max_n, int64_t max_k);
+
+/* c (m, n) = [c +] a (m, k) * b (k, n), as flash_cpu.c's gemm: a(i, kk) = a[i * a_rs + kk * a_ks] (any
+ * layout), b and c row-major with leading dimensions ldb, ldc; any m, n, k >= 1. a_parts / b_parts: the bf16
+ * terms each operand's values split into exactly (1: bf16 values, 2: fp16 values, 3: any fp32 value); the
+ * tile products are a_parts * b_parts per step. scratch: flash_amx_scratch_elems(m, n, k) elements, 64-byte
+ * aligned. Only where flash_amx_usable() said 1. */
+void flash_amx_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_rs, int64_t a_ks, int a_parts,
+                    const float *b, int64_t ldb, int b_parts, float *c, int64_t ldc, int accumulate,
+                    uint16_t *scratch);
+
+/* flash_amx_gemm in its steps, for an operand packed once and used in several products: A (m, k) into parts
+ * planes of flash_amx_packed_elems(m, k) elements each, B (k, n) into parts planes of
+ * flash_amx_packed_elems(k, n); then the product of packed operands. */
+static inline int64_t flash_amx_packed_elems(int64_t rows, int64_t cols)
+{
+    return (rows + 31) / 32 * 32 * ((cols + 31) / 32 * 32);
+}
+void flash_amx_pack_a(uint16_t *dst, int parts, int64_t m, int64_t k, const float *a, int64_t a_rs, int64_t a_ks);
+void flash_amx_pack_b(uint16_t *dst, int parts, int64_t k, int64_t n, const float *b, int64_t ldb);
+void flash_amx_gemm_packed(int64_t m, int64_t n, int64_t k, const uint16_t *ap, int a_parts, const uint16_t *bp,
+                           int b_parts, float *c, int64_t ldc, int accumulate);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
