@@ -1,4 +1,4 @@
-/* mask.h: the one mask geometry, score hook and probability hook of every kernel (DESIGN.md 2b).
+/* mask.h: the one mask geometry, score hook and probability hook of every kernel (docs/DESIGN.md section 2).
  *
  * Plain C (C11 and CUDA C++), included by csrc/cpu/flash_cpu.c and every CUDA kernel file; the binding
  * fills the fields it reads (csrc/flash.h). Everything here is a small inline function; kernels may

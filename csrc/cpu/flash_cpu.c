@@ -1,7 +1,7 @@
 /* flash_cpu.c: exact FlashAttention forward and backward on the CPU, C11 + OpenMP, fp32 and fp64,
  * with every variant of flash_params (csrc/mask.h: band, softcap, ALiBi, attn_mask, dropout, sinks).
  *
- * Algorithm (DESIGN.md section 1). Forward: one task per (batch, head, query tile) streams over the
+ * Algorithm (docs/DESIGN.md section 1). Forward: one task per (batch, head, query tile) streams over the
  * key tiles with the online softmax (running max m, sum l, unnormalized accumulator acc; a new max
  * rescales both l and acc by exp(m_old - m_new)); the epilogue (flash_row_finish_*, which adds the
  * sink) gives out and lse. Backward: delta = rowsum(dout * o), then pass 1, one task per (batch, kv
