@@ -3,8 +3,8 @@ some cases: 1-256 on CUDA, 1-512 on the CPU), memory layouts per
 tensor (contiguous, (B, H, S, D) transposed, sliced with padding, padded rows, broadcast k/v),
 variants and their combinations, through flash_attn_func (some of its cases with deterministic=True) and
 scaled_dot_product_attention, forward and backward against the float64 reference of fa_testing.py. The
-cases come from fixed seeds (40 on the CPU in fp32/fp64, 200 on CUDA in every dtype), so a failure is
-reproducible from its test id; the two shapes of issue 10's bug (fp16, head dim 1, transposed inputs) are
+cases come from fixed seeds (40 on the CPU in fp32/fp64 and 30 in fp16/bf16, 200 on CUDA in every dtype), so a
+failure is reproducible from its test id; the two shapes of issue 10's bug (fp16, head dim 1, transposed inputs) are
 tested by name. Beside them: torch's SDPA contract, gradient penalties (double backward) and random
 flash_attn_with_kvcache calls (append, decode path, paged / indexed caches) against their references."""
 import dataclasses
@@ -47,6 +47,8 @@ from test_rel_bias import bias_matrix
 from flashattn_ext.reference import attention_ref
 
 CPU_SEEDS = range(40)
+# fp16 / bf16 on the CPU: fp32 kernels on exact fp32 copies, their products on AMX tiles where the CPU has AMX
+CPU_HALF_SEEDS = range(500, 530)
 DETERMINISTIC_SEED_OFFSET = 7_000_003
 HEADDIM_V_SEED_OFFSET = 9_000_011
 MAX_HEADDIM_V = {"cpu": 512, "cuda": 256}
@@ -88,11 +90,11 @@ def log_uniform_int(rng, lo, hi):
     return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
 
 
-def draw_case(seed, device):
-    """The case of one seed: every choice drawn from random.Random(seed)."""
+def draw_case(seed, device, half=False):
+    """The case of one seed: every choice drawn from random.Random(seed); half: a CPU case in fp16 / bf16."""
     rng = random.Random(seed)
     if device == "cpu":
-        dtype = rng.choice((torch.float32, torch.float64))
+        dtype = rng.choice((torch.float16, torch.bfloat16) if half else (torch.float32, torch.float64))
     else:
         dtype = rng.choices((torch.float16, torch.bfloat16, torch.float32, torch.float64), (3, 3, 1, 1))[0]
     d = rng.choice(SPECIAL_HEAD_DIMS) if rng.random() < 0.4 else rng.randint(1, 256)
@@ -202,10 +204,11 @@ def check_case(case):
 
 
 CPU_CASES = [draw_case(s, "cpu") for s in CPU_SEEDS]
+CPU_HALF_CASES = [draw_case(s, "cpu", half=True) for s in CPU_HALF_SEEDS]
 CUDA_CASES = [draw_case(s, "cuda") for s in CUDA_SEEDS]
 
 
-@pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", CPU_CASES + CPU_HALF_CASES, ids=lambda c: c.id)
 def test_fuzz_cpu(case):
     check_case(case)
 
@@ -232,6 +235,7 @@ def test_fuzz_cases_cover_the_axes():
             assert any(getattr(c.var, field) not in ((-1, -1), 0.0, None, False) for c in cases), field
         assert sum(len(c.var.id.split("-")) >= 2 for c in cases) >= len(cases) // 8  # combinations
     assert {c.dtype for c in CUDA_CASES} == {torch.float16, torch.bfloat16, torch.float32, torch.float64}
+    assert {c.dtype for c in CPU_HALF_CASES} == {torch.float16, torch.bfloat16}
 
 
 # ----------------------------------------------------------------------------------------------
