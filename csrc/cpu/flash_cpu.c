@@ -227,6 +227,10 @@ static void query_task(const flash_params *p, int64_t task, int64_t *bi, int64_t
 /* Each thread's workspace: FLASH_CPU_TILE_BUFFERS buffers of tile_buffer_elems elements. */
 #define FLASH_CPU_TILE_BUFFERS 9
 
+/* Which tiles pack_tiles packs: the forward's key tiles (K, V^T), the dQ pass's (K, V, K^T), the dK/dV pass's
+ * query tiles (Q, dO, dO^T, Q^T): the A operands of the passes' products, in the order of the part offsets. */
+enum { PACK_NONE, PACK_FWD, PACK_DQ, PACK_DKDV };
+
 /* Decode forward (decode_fwd below): forward calls with at most FLASH_CPU_DECODE_MAX_SQ query rows and no
  * dropout. Keys are taken in blocks of DECODE_KEYS; the output columns of P V in register blocks of DECODE_MR
  * rows x DECODE_COLS columns; a key split gets at least DECODE_MIN_SPLIT_KEYS keys. */
@@ -790,6 +794,9 @@ typedef struct FN(workspace) {
     uint16_t *amx;   /* fp32 copies of fp16 / bf16 inputs with AMX usable: flash_amx_gemm's scratch; else NULL */
     uint16_t *amx_b[2]; /* with amx: a task's two packed B operands that stay the same over its tiles */
     int parts;       /* with amx: the bf16 terms of an input value (1 for bf16, 2 for fp16) */
+    const uint16_t *packed; /* with amx: the A operands of every key tile (forward, dQ) or query tile (dK/dV),
+                             * packed once for all the tasks that read them (pack_tiles), or NULL */
+    int64_t slot, part[4], tiles; /* elements per (batch, head, tile), each operand's offset in it; tiles per head */
 } FN(workspace);
 
 /* With AMX: B (k, n; row-major, leading dim ldb) of input values packed once into slot of the workspace, for the
@@ -803,22 +810,26 @@ static const uint16_t *FN(pack_b)(const FN(workspace) *w, int slot, int64_t k, i
 }
 
 /* c = [c +] a b as gemm, on AMX tiles where the workspace has their scratch (amx.h): a holds input values (q, k,
- * v or dout, of w->parts bf16 terms), b too where b_inputs (b_packed: b as pack_b left it, or NULL), else any
- * fp32 values (P, dS: 3 terms); exact products either way, only the order of the fp32 additions differs. */
-static void FN(mm)(const FN(workspace) *w, const uint16_t *b_packed, int b_inputs, int64_t m, int64_t n, int64_t k,
-                   const T *a, int64_t a_rs, int64_t a_ks, const T *b, int64_t ldb, T *c, int64_t ldc,
-                   int accumulate)
+ * v or dout, of w->parts bf16 terms; a_packed: packed already, or NULL), b too where b_inputs (b_packed: b as
+ * pack_b left it, or NULL), else any fp32 values (P, dS: 3 terms); exact products either way, only the order of
+ * the fp32 additions differs. */
+static void FN(mm)(const FN(workspace) *w, const uint16_t *a_packed, const uint16_t *b_packed, int b_inputs, int64_t m,
+                   int64_t n, int64_t k, const T *a, int64_t a_rs, int64_t a_ks, const T *b, int64_t ldb, T *c,
+                   int64_t ldc, int accumulate)
 {
     if (w->amx) { /* T is float */
         const int b_parts = b_inputs ? w->parts : 3;
-        uint16_t *ap = w->amx;
-        flash_amx_pack_a(ap, w->parts, m, k, (const float *)a, a_rs, a_ks);
+        uint16_t *ap = w->amx, *bp = w->amx;
+        if (!a_packed) {
+            flash_amx_pack_a(ap, w->parts, m, k, (const float *)a, a_rs, a_ks);
+            a_packed = ap;
+            bp = ap + w->parts * flash_amx_packed_elems(m, k);
+        }
         if (!b_packed) {
-            uint16_t *bp = ap + w->parts * flash_amx_packed_elems(m, k);
             flash_amx_pack_b(bp, b_parts, k, n, (const float *)b, ldb);
             b_packed = bp;
         }
-        flash_amx_gemm_packed(m, n, k, ap, w->parts, b_packed, b_parts, (float *)c, ldc, accumulate);
+        flash_amx_gemm_packed(m, n, k, a_packed, w->parts, b_packed, b_parts, (float *)c, ldc, accumulate);
         return;
     }
     FN(gemm)(m, n, k, a, a_rs, a_ks, b, ldb, c, ldc, accumulate);
@@ -865,16 +876,23 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
     FN(zero_tile)(w->acc, TILE_Q_NR, dvm, qp);
     const uint16_t *q_packed = FN(pack_b)(w, 0, d, qp, w->q, TILE_Q_NR);
     const flash_tile_range keys = flash_key_tiles(&seq, q0, t.qn, 1); /* in keys, not tiles */
-    for (t.k0 = keys.first; t.k0 < keys.end; t.k0 += FLASH_CPU_TILE_K) {
-        t.kn = flash_min64(FLASH_CPU_TILE_K, keys.end - t.k0);
+    /* packed key tiles start at multiples of the tile; keys outside the band are masked as in any partial tile */
+    const int64_t first = w->packed ? keys.first / FLASH_CPU_TILE_K * FLASH_CPU_TILE_K : keys.first;
+    for (t.k0 = first; t.k0 < keys.end; t.k0 += FLASH_CPU_TILE_K) {
+        t.kn = flash_min64(FLASH_CPU_TILE_K, (w->packed ? seq.sk : keys.end) - t.k0);
         const unsigned flags = flash_mask_tile_flags(p, bi, hq, t.q0, t.qn, t.k0, t.kn);
         if (!(flags & FLASH_MASK_ANY_VISIBLE))
             continue;
         const int64_t km = ROUND_UP(t.kn, FLASH_CPU_MR);
         const int full = t.k0 >= keys.full_first && t.k0 + t.kn <= keys.full_end && km == t.kn;
-        FN(load_key_rows)(w->k, dm, km, dm, k, p, &seq, t.k0, t.kn, d);
-        FN(load_key_rows)(w->v, dvm, t.kn, dvm, v, p, &seq, t.k0, t.kn, d_v);
-        FN(mm)(w, q_packed, 1, km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
+        const uint16_t *kv = NULL;
+        if (w->packed) {
+            kv = w->packed + ((bi * p->h_kv + hk) * w->tiles + t.k0 / FLASH_CPU_TILE_K) * w->slot;
+        } else {
+            FN(load_key_rows)(w->k, dm, km, dm, k, p, &seq, t.k0, t.kn, d);
+            FN(load_key_rows)(w->v, dvm, t.kn, dvm, v, p, &seq, t.k0, t.kn, d_v);
+        }
+        FN(mm)(w, kv, q_packed, 1, km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
         if (w->amx)
             FN(scale_tile)(w->s, km, qp, TILE_Q_NR, (T)p->scale);
         if (p->has_hook && hooked_scores(p, flags))
@@ -884,7 +902,8 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
         FN(softmax_step)(w->s, km, qp, w->acc, dvm, m, l);
         if (p->dropout_threshold)
             FN(dropout_columns)(w->s, p, &t, bi * p->h + hq);
-        FN(mm)(w, NULL, 0, dvm, qp, t.kn, w->v, 1, dvm, w->s, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
+        FN(mm)(w, kv ? kv + w->part[1] : NULL, NULL, 0, dvm, qp, t.kn, w->v, 1, dvm, w->s, TILE_Q_NR, w->acc,
+               TILE_Q_NR, 1);
     }
     const T sink = (T)flash_sink(p, hq);
     for (int64_t u = 0; u < t.qn; u++) {
@@ -932,24 +951,32 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
         const T *lse = (const T *)p->lse + row_off;
         const T *dl = (const T *)p->delta + row_off;
         const T *rn = w->renorm ? w->renorm + row_off : NULL;
-        for (t.q0 = rows.first; t.q0 < rows.end; t.q0 += FLASH_CPU_TILE_Q) {
-            t.qn = flash_min64(FLASH_CPU_TILE_Q, rows.end - t.q0);
+        /* packed query tiles start at multiples of the tile; rows outside the band are masked as in any tile */
+        const int64_t first = w->packed ? rows.first / FLASH_CPU_TILE_Q * FLASH_CPU_TILE_Q : rows.first;
+        for (t.q0 = first; t.q0 < rows.end; t.q0 += FLASH_CPU_TILE_Q) {
+            t.qn = flash_min64(FLASH_CPU_TILE_Q, (w->packed ? seq.sq : rows.end) - t.q0);
             const unsigned flags = flash_mask_tile_flags(p, bi, hq, t.q0, t.qn, t.k0, t.kn);
             if (!(flags & FLASH_MASK_ANY_VISIBLE))
                 continue;
             const int64_t qm = ROUND_UP(t.qn, FLASH_CPU_MR);
             const int full = t.q0 >= rows.full_first && t.q0 + t.qn <= rows.full_end;
             const int hooked = p->has_hook && hooked_scores(p, flags);
-            FN(load_rows)(w->q, dm, qm, dm, q + t.q0 * p->q_s.row, p->q_s.row, t.qn, d);
-            FN(load_rows)(w->dout, dvm, qm, dvm, dout + t.q0 * p->do_s.row, p->do_s.row, t.qn, d_v);
+            const uint16_t *qd = NULL;
+            if (w->packed) {
+                qd = w->packed + ((bi * p->h + hq) * w->tiles + t.q0 / FLASH_CPU_TILE_Q) * w->slot;
+            } else {
+                FN(load_rows)(w->q, dm, qm, dm, q + t.q0 * p->q_s.row, p->q_s.row, t.qn, d);
+                FN(load_rows)(w->dout, dvm, qm, dvm, dout + t.q0 * p->do_s.row, p->do_s.row, t.qn, d_v);
+            }
             FN(load_row_stats)(lse_eff, delta, renorm, qm, lse + t.q0, dl + t.q0, rn ? rn + t.q0 : NULL, t.qn);
-            FN(mm)(w, k_packed, 1, qm, kp, d, w->q, dm, 1, w->k, TILE_K_NR, w->s, TILE_K_NR, 0);
+            FN(mm)(w, qd, k_packed, 1, qm, kp, d, w->q, dm, 1, w->k, TILE_K_NR, w->s, TILE_K_NR, 0);
             if (hooked)
                 FN(score_hook)(w->s, TILE_K_NR, 0, p, &seq, &t, bi, hq, (T)p->scale, flags, w->grad);
             FN(probs_by_row)(w->s, qm, kp, TILE_K_NR, hooked ? 1 : (T)p->scale, lse_eff, renorm);
             if (!full)
                 FN(mask_band)(w->s, qm, kp, &seq, &t, 0);
-            FN(mm)(w, v_packed, 1, qm, kp, d_v, w->dout, dvm, 1, w->v, TILE_K_NR, w->ds, TILE_K_NR, 0);
+            FN(mm)(w, qd ? qd + w->part[1] : NULL, v_packed, 1, qm, kp, d_v, w->dout, dvm, 1, w->v, TILE_K_NR, w->ds,
+                   TILE_K_NR, 0);
             if (p->dropout_threshold)
                 FN(dscores_dropout_by_row)(w->ds, w->s, p, &t, bi * p->h + hq, delta);
             else
@@ -958,8 +985,10 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
                 FN(score_grad)(p, &seq, w->ds, &t, bi, hq);
             if (hooked && p->softcap > 0)
                 FN(softcap_backward)(w->ds, w->grad, TILE_K_NR, 1, &t);
-            FN(mm)(w, NULL, 0, dvm, kp, t.qn, w->dout, 1, dvm, w->s, TILE_K_NR, w->acc2, TILE_K_NR, 1);
-            FN(mm)(w, NULL, 0, dm, kp, t.qn, w->q, 1, dm, w->ds, TILE_K_NR, w->acc, TILE_K_NR, 1);
+            FN(mm)(w, qd ? qd + w->part[2] : NULL, NULL, 0, dvm, kp, t.qn, w->dout, 1, dvm, w->s, TILE_K_NR, w->acc2,
+                   TILE_K_NR, 1);
+            FN(mm)(w, qd ? qd + w->part[3] : NULL, NULL, 0, dm, kp, t.qn, w->q, 1, dm, w->ds, TILE_K_NR, w->acc,
+                   TILE_K_NR, 1);
         }
     }
     FN(store_key_transposed)((T *)p->dk + hk * p->dk_s.head, p->dk_s, w->acc, TILE_K_NR, p, &seq, t.k0, t.kn, d,
@@ -1002,29 +1031,37 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
     const uint16_t *q_packed = FN(pack_b)(w, 0, d, qp, w->q, TILE_Q_NR);
     const uint16_t *dout_packed = FN(pack_b)(w, 1, d_v, qp, w->dout, TILE_Q_NR);
     const flash_tile_range keys = flash_key_tiles(&seq, q0, t.qn, 1); /* in keys, not tiles */
-    for (t.k0 = keys.first; t.k0 < keys.end; t.k0 += FLASH_CPU_TILE_K) {
-        t.kn = flash_min64(FLASH_CPU_TILE_K, keys.end - t.k0);
+    const int64_t first = w->packed ? keys.first / FLASH_CPU_TILE_K * FLASH_CPU_TILE_K : keys.first; /* as fwd */
+    for (t.k0 = first; t.k0 < keys.end; t.k0 += FLASH_CPU_TILE_K) {
+        t.kn = flash_min64(FLASH_CPU_TILE_K, (w->packed ? seq.sk : keys.end) - t.k0);
         const unsigned flags = flash_mask_tile_flags(p, bi, hq, t.q0, t.qn, t.k0, t.kn);
         if (!(flags & FLASH_MASK_ANY_VISIBLE))
             continue;
         const int64_t km = ROUND_UP(t.kn, FLASH_CPU_MR);
         const int full = t.k0 >= keys.full_first && t.k0 + t.kn <= keys.full_end;
         const int hooked = p->has_hook && hooked_scores(p, flags);
-        FN(load_key_rows)(w->k, dm, km, dm, k, p, &seq, t.k0, t.kn, d);
-        FN(load_key_rows)(w->v, dvm, km, dvm, v, p, &seq, t.k0, t.kn, d_v);
-        FN(mm)(w, q_packed, 1, km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
+        const uint16_t *kv = NULL;
+        if (w->packed) {
+            kv = w->packed + ((bi * p->h_kv + hk) * w->tiles + t.k0 / FLASH_CPU_TILE_K) * w->slot;
+        } else {
+            FN(load_key_rows)(w->k, dm, km, dm, k, p, &seq, t.k0, t.kn, d);
+            FN(load_key_rows)(w->v, dvm, km, dvm, v, p, &seq, t.k0, t.kn, d_v);
+        }
+        FN(mm)(w, kv, q_packed, 1, km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
         if (hooked)
             FN(score_hook)(w->s, TILE_Q_NR, 1, p, &seq, &t, bi, hq, (T)p->scale, flags, w->grad);
         FN(probs_by_column)(w->s, km, qp, TILE_Q_NR, hooked ? 1 : (T)p->scale, lse_eff, renorm);
         if (!full)
             FN(mask_band_t)(w->s, km, qp, &seq, &t, 0);
-        FN(mm)(w, dout_packed, 1, km, qp, d_v, w->v, dvm, 1, w->dout, TILE_Q_NR, w->ds, TILE_Q_NR, 0);
+        FN(mm)(w, kv ? kv + w->part[1] : NULL, dout_packed, 1, km, qp, d_v, w->v, dvm, 1, w->dout, TILE_Q_NR, w->ds,
+               TILE_Q_NR, 0);
         if (p->dropout_threshold)
             FN(dropout_columns)(w->ds, p, &t, bi * p->h + hq);
         FN(dscores_by_column)(w->ds, w->s, km, qp, TILE_Q_NR, delta);
         if (hooked && p->softcap > 0)
             FN(softcap_backward)(w->ds, w->grad, 1, TILE_Q_NR, &t);
-        FN(mm)(w, NULL, 0, dm, qp, t.kn, w->k, 1, dm, w->ds, TILE_Q_NR, w->acc, TILE_Q_NR, 1);
+        FN(mm)(w, kv ? kv + w->part[2] : NULL, NULL, 0, dm, qp, t.kn, w->k, 1, dm, w->ds, TILE_Q_NR, w->acc,
+               TILE_Q_NR, 1);
     }
     FN(store_transposed)(dq, p->dq_s.row, w->acc, TILE_Q_NR, t.qn, d, (T)p->scale);
 }
@@ -1387,9 +1424,84 @@ static flash_cpu_status FN(decode_fwd)(const flash_params *p)
 
 typedef void (*FN(task_fn))(const flash_params *p, const FN(workspace) *w, int64_t task);
 
+/* With AMX: the A operands (pack_what) of every tile of FLASH_CPU_TILE_K keys (FLASH_CPU_TILE_Q query rows) from
+ * row 0 of each (batch, kv head)'s ((batch, head)'s) sequence, packed once for all the tasks that read them, where
+ * each task re-packed them per step before; w's packed, slot, part and tiles describe them. NULL when out of
+ * memory. T is float. */
+static uint16_t *FN(pack_tiles)(const flash_params *p, FN(workspace) *w, int what)
+{
+    const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR), d_v = p->d_v, dvm = ROUND_UP(d_v, FLASH_CPU_MR);
+    const int queries = what == PACK_DKDV;
+    const int64_t tile = queries ? FLASH_CPU_TILE_Q : FLASH_CPU_TILE_K, heads = queries ? p->h : p->h_kv;
+    int64_t elems[4] = {flash_amx_packed_elems(tile, d), 0, 0, 0};
+    elems[1] = what == PACK_FWD ? flash_amx_packed_elems(dvm, tile) : flash_amx_packed_elems(tile, d_v);
+    if (what != PACK_FWD)
+        elems[2] = what == PACK_DQ ? flash_amx_packed_elems(dm, tile) : flash_amx_packed_elems(dvm, tile);
+    if (queries)
+        elems[3] = flash_amx_packed_elems(dm, tile);
+    w->slot = 0;
+    for (int e = 0; e < 4; e++) {
+        w->part[e] = w->slot;
+        w->slot += w->parts * elems[e];
+    }
+    w->tiles = flash_cdiv64(queries ? p->sq : p->sk, tile);
+    const int64_t n_slots = p->b * heads * w->tiles;
+    uint16_t *packed = aligned_alloc(FLASH_CPU_ALIGN_BYTES,
+                                     (size_t)ROUND_UP(n_slots * w->slot * 2, FLASH_CPU_ALIGN_BYTES));
+    const int64_t buf = ROUND_UP(tile * (dm + dvm), FLASH_CPU_ALIGN_BYTES / (int64_t)sizeof(T));
+    T *bufs = packed ? aligned_alloc(FLASH_CPU_ALIGN_BYTES, (size_t)(omp_get_max_threads() * buf) * sizeof(T)) : NULL;
+    if (!bufs) {
+        free(packed);
+        return NULL;
+    }
+    const FN(workspace) *ws = w;
+#pragma omp parallel
+    {
+        T *x = bufs + omp_get_thread_num() * buf, *y = x + tile * dm; /* k or q rows (dm apart), v or dout rows */
+#pragma omp for schedule(static)
+        for (int64_t slot = 0; slot < n_slots; slot++) {
+            const int64_t bi = slot / (heads * ws->tiles), hh = slot / ws->tiles % heads;
+            const int64_t r0 = slot % ws->tiles * tile;
+            const flash_seq seq = flash_seq_of(p, bi);
+            const int64_t len = queries ? seq.sq : seq.sk;
+            if (r0 >= len)
+                continue;
+            const int64_t n = flash_min64(tile, len - r0), nm = ROUND_UP(n, FLASH_CPU_MR);
+            if (queries) {
+                const int64_t row = seq.q_row0 + r0;
+                FN(load_rows)(x, dm, nm, dm, (const T *)p->q + bi * p->q_s.batch + row * p->q_s.row +
+                              hh * p->q_s.head, p->q_s.row, n, d);
+                FN(load_rows)(y, dvm, nm, dvm, (const T *)p->dout + bi * p->do_s.batch + row * p->do_s.row +
+                              hh * p->do_s.head, p->do_s.row, n, d_v);
+            } else {
+                const FN(key_rows) k = {(const T *)p->k + hh * p->k_s.head, p->k_s.batch, p->k_s.row};
+                const FN(key_rows) v = {(const T *)p->v + hh * p->v_s.head, p->v_s.batch, p->v_s.row};
+                FN(load_key_rows)(x, dm, nm, dm, k, p, &seq, r0, n, d);
+                FN(load_key_rows)(y, dvm, nm, dvm, v, p, &seq, r0, n, d_v);
+            }
+            uint16_t *dst = packed + slot * ws->slot;
+            const float *xf = (const float *)x, *yf = (const float *)y;
+            flash_amx_pack_a(dst, ws->parts, nm, d, xf, dm, 1); /* K or Q rows */
+            if (what == PACK_FWD)
+                flash_amx_pack_a(dst + ws->part[1], ws->parts, dvm, n, yf, 1, dvm); /* V^T */
+            else
+                flash_amx_pack_a(dst + ws->part[1], ws->parts, nm, d_v, yf, dvm, 1); /* V or dO rows */
+            if (what == PACK_DQ)
+                flash_amx_pack_a(dst + ws->part[2], ws->parts, dm, n, xf, 1, dm); /* K^T */
+            if (queries) {
+                flash_amx_pack_a(dst + ws->part[2], ws->parts, dvm, n, yf, 1, dvm); /* dO^T */
+                flash_amx_pack_a(dst + ws->part[3], ws->parts, dm, n, xf, 1, dm);  /* Q^T */
+            }
+        }
+    }
+    free(bufs);
+    return packed;
+}
+
 /* Runs tasks [0, n_tasks) on the OpenMP threads, each thread with its own workspace (renorm: the
- * backward's factors, or NULL). */
-static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN(task_fn) run_task, const T *renorm)
+ * backward's factors, or NULL; pack: what pack_tiles packs first with AMX, or PACK_NONE). */
+static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN(task_fn) run_task, const T *renorm,
+                                      int pack)
 {
     if (n_tasks <= 0)
         return FLASH_CPU_OK;
@@ -1404,16 +1516,25 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
     const int64_t amx_elems = amx ? ROUND_UP(flash_amx_scratch_elems(big, TILE_MAX_NR, big),
                                              FLASH_CPU_ALIGN_BYTES / 2) + 2 * amx_b : 0;
     const int64_t per_thread = FLASH_CPU_TILE_BUFFERS * buf + amx_elems * 2 / (int64_t)sizeof(T);
+    FN(workspace) shared = {0};
+    shared.parts = parts;
+    uint16_t *packed = amx && pack != PACK_NONE ? FN(pack_tiles)(p, &shared, pack) : NULL;
     T *pool = aligned_alloc(FLASH_CPU_ALIGN_BYTES, (size_t)(n_threads * per_thread) * sizeof(T));
-    if (!pool)
+    if (!pool || (amx && pack != PACK_NONE && !packed)) {
+        free(pool);
+        free(packed);
         return FLASH_CPU_ERR_NOMEM;
+    }
 #pragma omp parallel num_threads(n_threads)
     {
         T *base = pool + omp_get_thread_num() * per_thread;
         FN(workspace) w = {base,           base + buf,     base + 2 * buf,
                            base + 3 * buf, base + 4 * buf, base + 5 * buf,
                            base + 6 * buf, base + 7 * buf, base + 8 * buf, renorm,
-                           NULL,           {NULL, NULL},   parts};
+                           NULL,           {NULL, NULL},   parts,
+                           packed,         shared.slot,    {shared.part[0], shared.part[1], shared.part[2],
+                                                            shared.part[3]},
+                           shared.tiles};
         if (amx) {
             w.amx = (uint16_t *)(base + FLASH_CPU_TILE_BUFFERS * buf);
             w.amx_b[0] = w.amx + amx_elems - 2 * amx_b;
@@ -1424,6 +1545,7 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
             run_task(p, &w, task);
     }
     free(pool);
+    free(packed);
     return FLASH_CPU_OK;
 }
 
@@ -1431,7 +1553,7 @@ static flash_cpu_status FN(fwd)(const flash_params *p)
 {
     if (decode_shape(p))
         return FN(decode_fwd)(p);
-    return FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(fwd_task), NULL);
+    return FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(fwd_task), NULL, PACK_FWD);
 }
 
 /* delta[b][h][i] = dot(dout_i, o_i), in the data type, for the rows of every sequence. Returns the
@@ -1518,9 +1640,9 @@ static flash_cpu_status FN(bwd)(const flash_params *p)
     flash_cpu_status st = FLASH_CPU_OK;
     T *renorm = FN(delta_rows)(p) ? FN(renorm_rows)(p, &st) : NULL;
     if (st == FLASH_CPU_OK)
-        st = FN(run_tasks)(p, p->b * p->h_kv * flash_cdiv64(p->sk, FLASH_CPU_TILE_K), FN(dkdv_task), renorm);
+        st = FN(run_tasks)(p, p->b * p->h_kv * flash_cdiv64(p->sk, FLASH_CPU_TILE_K), FN(dkdv_task), renorm, PACK_DKDV);
     if (st == FLASH_CPU_OK)
-        st = FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(dq_task), renorm);
+        st = FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(dq_task), renorm, PACK_DQ);
     free(renorm);
     return st;
 }
