@@ -138,18 +138,20 @@ def test_amx_products_as_exact_as_the_fp32_kernels(dtype, variant, monkeypatch):
         kw["attn_mask"] = torch.randn(b, h, sq, sk, generator=gen).to(dtype)
 
     def run(x_dtype, amx):
-        monkeypatch.setenv("FLASHATTN_EXT_CPU_AMX", "1" if amx else "0")
+        monkeypatch.setenv("FLASHATTN_EXT_CPU_AMX", amx)
         leaves = [t.to(x_dtype).requires_grad_() for t in (q, k, v)]
         args = {n: (t.to(x_dtype) if torch.is_tensor(t) else t) for n, t in kw.items()}
         torch.manual_seed(11)  # the same dropout mask in every run
         out = flashattn_ext.flash_attn_func(*leaves, **args)
         return [out.detach()] + list(torch.autograd.grad(out, leaves, dout.to(x_dtype)))
 
-    ref = run(torch.float64, False)
-    fp32_kernels, amx = run(dtype, False), run(dtype, True)
-    for name, a, f, want in zip(("out", "dq", "dk", "dv"), amx, fp32_kernels, ref):
-        assert a.dtype == dtype, name
-        err_amx, err_f32 = rel_l2(a, want), rel_l2(f, want)
-        assert err_amx <= err_f32 * 1.02 + 1e-6, f"{name}: AMX {err_amx:.3g}, fp32 kernels {err_f32:.3g}"
-        step = torch.finfo(dtype).eps * want.abs().clamp_min(want.abs().max() * 1e-2)
-        assert ((a.double() - f.double()).abs() <= 2 * step + 1e-6).all(), name
+    ref = run(torch.float64, "0")
+    fp32_kernels = run(dtype, "0")
+    for mode in ("1", "step"):  # operands packed once per call; per task step (above FLASH_CPU_PACK_MAX_BYTES)
+        amx = run(dtype, mode)
+        for name, a, f, want in zip(("out", "dq", "dk", "dv"), amx, fp32_kernels, ref):
+            assert a.dtype == dtype, name
+            err_amx, err_f32 = rel_l2(a, want), rel_l2(f, want)
+            assert err_amx <= err_f32 * 1.02 + 1e-6, f"{mode} {name}: AMX {err_amx:.3g}, fp32 kernels {err_f32:.3g}"
+            step = torch.finfo(dtype).eps * want.abs().clamp_min(want.abs().max() * 1e-2)
+            assert ((a.double() - f.double()).abs() <= 2 * step + 1e-6).all(), f"{mode} {name}"

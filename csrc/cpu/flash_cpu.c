@@ -231,6 +231,11 @@ static void query_task(const flash_params *p, int64_t task, int64_t *bi, int64_t
  * query tiles (Q, dO, dO^T, Q^T): the A operands of the passes' products, in the order of the part offsets. */
 enum { PACK_NONE, PACK_FWD, PACK_DQ, PACK_DKDV };
 
+/* The most memory pack_tiles takes for a pass's packed tiles (at most 2 bytes per element of q / k / v / dout per
+ * bf16 term, beside the binding's fp32 copies of 4); above it the tasks pack per step, as they do with
+ * FLASHATTN_EXT_CPU_AMX=step (read per call, for tests). */
+#define FLASH_CPU_PACK_MAX_BYTES ((int64_t)1 << 30)
+
 /* Decode forward (decode_fwd below): forward calls with at most FLASH_CPU_DECODE_MAX_SQ query rows and no
  * dropout. Keys are taken in blocks of DECODE_KEYS; the output columns of P V in register blocks of DECODE_MR
  * rows x DECODE_COLS columns; a key split gets at least DECODE_MIN_SPLIT_KEYS keys. */
@@ -1426,8 +1431,8 @@ typedef void (*FN(task_fn))(const flash_params *p, const FN(workspace) *w, int64
 
 /* With AMX: the A operands (pack_what) of every tile of FLASH_CPU_TILE_K keys (FLASH_CPU_TILE_Q query rows) from
  * row 0 of each (batch, kv head)'s ((batch, head)'s) sequence, packed once for all the tasks that read them, where
- * each task re-packed them per step before; w's packed, slot, part and tiles describe them. NULL when out of
- * memory. T is float. */
+ * each task re-packed them per step before; w's packed, slot, part and tiles describe them. NULL (the tasks then
+ * pack per step) above FLASH_CPU_PACK_MAX_BYTES or when out of memory. T is float. */
 static uint16_t *FN(pack_tiles)(const flash_params *p, FN(workspace) *w, int what)
 {
     const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR), d_v = p->d_v, dvm = ROUND_UP(d_v, FLASH_CPU_MR);
@@ -1445,9 +1450,10 @@ static uint16_t *FN(pack_tiles)(const flash_params *p, FN(workspace) *w, int wha
         w->slot += w->parts * elems[e];
     }
     w->tiles = flash_cdiv64(queries ? p->sq : p->sk, tile);
-    const int64_t n_slots = p->b * heads * w->tiles;
-    uint16_t *packed = aligned_alloc(FLASH_CPU_ALIGN_BYTES,
-                                     (size_t)ROUND_UP(n_slots * w->slot * 2, FLASH_CPU_ALIGN_BYTES));
+    const int64_t n_slots = p->b * heads * w->tiles, bytes = ROUND_UP(n_slots * w->slot * 2, FLASH_CPU_ALIGN_BYTES);
+    if (bytes > FLASH_CPU_PACK_MAX_BYTES)
+        return NULL;
+    uint16_t *packed = aligned_alloc(FLASH_CPU_ALIGN_BYTES, (size_t)bytes);
     const int64_t buf = ROUND_UP(tile * (dm + dvm), FLASH_CPU_ALIGN_BYTES / (int64_t)sizeof(T));
     T *bufs = packed ? aligned_alloc(FLASH_CPU_ALIGN_BYTES, (size_t)(omp_get_max_threads() * buf) * sizeof(T)) : NULL;
     if (!bufs) {
@@ -1518,10 +1524,11 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
     const int64_t per_thread = FLASH_CPU_TILE_BUFFERS * buf + amx_elems * 2 / (int64_t)sizeof(T);
     FN(workspace) shared = {0};
     shared.parts = parts;
-    uint16_t *packed = amx && pack != PACK_NONE ? FN(pack_tiles)(p, &shared, pack) : NULL;
+    const char *amx_env = getenv("FLASHATTN_EXT_CPU_AMX"); /* "step": pack per step (tests) */
+    const int per_step = amx_env && strcmp(amx_env, "step") == 0;
+    uint16_t *packed = amx && pack != PACK_NONE && !per_step ? FN(pack_tiles)(p, &shared, pack) : NULL;
     T *pool = aligned_alloc(FLASH_CPU_ALIGN_BYTES, (size_t)(n_threads * per_thread) * sizeof(T));
-    if (!pool || (amx && pack != PACK_NONE && !packed)) {
-        free(pool);
+    if (!pool) {
         free(packed);
         return FLASH_CPU_ERR_NOMEM;
     }
