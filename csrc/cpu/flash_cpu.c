@@ -236,6 +236,9 @@ enum { PACK_NONE, PACK_FWD, PACK_DQ, PACK_DKDV };
  * FLASHATTN_EXT_CPU_AMX=step (read per call, for tests). */
 #define FLASH_CPU_PACK_MAX_BYTES ((int64_t)1 << 30)
 
+/* The most memory of a thread's dQ accumulator for the one-pass backward (bwd_task); above it, two passes. */
+#define FLASH_CPU_DQ_ACC_MAX_BYTES ((int64_t)64 << 20)
+
 /* Decode forward (decode_fwd below): forward calls with at most FLASH_CPU_DECODE_MAX_SQ query rows and no
  * dropout. Keys are taken in blocks of DECODE_KEYS; the output columns of P V in register blocks of DECODE_MR
  * rows x DECODE_COLS columns; a key split gets at least DECODE_MIN_SPLIT_KEYS keys. */
@@ -797,11 +800,13 @@ typedef struct FN(workspace) {
     T *q, *dout, *k, *v, *s, *ds, *acc, *acc2, *grad; /* tile buffers; the layout is per pass */
     const T *renorm; /* backward: renorm_rows' factors (lse layout), or NULL */
     uint16_t *amx;   /* fp32 copies of fp16 / bf16 inputs with AMX usable: flash_amx_gemm's scratch; else NULL */
-    uint16_t *amx_b[2]; /* with amx: a task's two packed B operands that stay the same over its tiles */
+    uint16_t *amx_b[3]; /* with amx: a task's packed B operands that stay the same over its tiles */
     int parts;       /* with amx: the bf16 terms of an input value (1 for bf16, 2 for fp16) */
     const uint16_t *packed; /* with amx: the A operands of every key tile (forward, dQ) or query tile (dK/dV),
                              * packed once for all the tasks that read them (pack_tiles), or NULL */
     int64_t slot, part[4], tiles; /* elements per (batch, head, tile), each operand's offset in it; tiles per head */
+    T *dq_acc; /* the one-pass backward (bwd_task): dQ / scale of the task's query heads, (h_per_kv, sq, dn) */
+    T *k_rows; /* the one-pass backward: the key tile's K rows, (TILE_K, dn) */
 } FN(workspace);
 
 /* With AMX: B (k, n; row-major, leading dim ldb) of input values packed once into slot of the workspace, for the
@@ -815,29 +820,37 @@ static const uint16_t *FN(pack_b)(const FN(workspace) *w, int slot, int64_t k, i
 }
 
 /* c = [c +] a b as gemm, on AMX tiles where the workspace has their scratch (amx.h): a holds input values (q, k,
- * v or dout, of w->parts bf16 terms; a_packed: packed already, or NULL), b too where b_inputs (b_packed: b as
- * pack_b left it, or NULL), else any fp32 values (P, dS: 3 terms); exact products either way, only the order of
- * the fp32 additions differs. */
-static void FN(mm)(const FN(workspace) *w, const uint16_t *a_packed, const uint16_t *b_packed, int b_inputs, int64_t m,
-                   int64_t n, int64_t k, const T *a, int64_t a_rs, int64_t a_ks, const T *b, int64_t ldb, T *c,
-                   int64_t ldc, int accumulate)
+ * v or dout, of w->parts bf16 terms) where a_inputs (a_packed: packed already, or NULL), b too where b_inputs
+ * (b_packed: b as pack_b left it, or NULL); otherwise any fp32 values (P, dS: 3 terms); exact products either
+ * way, only the order of the fp32 additions differs. */
+static void FN(mm2)(const FN(workspace) *w, const uint16_t *a_packed, int a_inputs, const uint16_t *b_packed,
+                    int b_inputs, int64_t m, int64_t n, int64_t k, const T *a, int64_t a_rs, int64_t a_ks, const T *b,
+                    int64_t ldb, T *c, int64_t ldc, int accumulate)
 {
     if (w->amx) { /* T is float */
-        const int b_parts = b_inputs ? w->parts : 3;
+        const int a_parts = a_inputs ? w->parts : 3, b_parts = b_inputs ? w->parts : 3;
         uint16_t *ap = w->amx, *bp = w->amx;
         if (!a_packed) {
-            flash_amx_pack_a(ap, w->parts, m, k, (const float *)a, a_rs, a_ks);
+            flash_amx_pack_a(ap, a_parts, m, k, (const float *)a, a_rs, a_ks);
             a_packed = ap;
-            bp = ap + w->parts * flash_amx_packed_elems(m, k);
+            bp = ap + a_parts * flash_amx_packed_elems(m, k);
         }
         if (!b_packed) {
             flash_amx_pack_b(bp, b_parts, k, n, (const float *)b, ldb);
             b_packed = bp;
         }
-        flash_amx_gemm_packed(m, n, k, a_packed, w->parts, b_packed, b_parts, (float *)c, ldc, accumulate);
+        flash_amx_gemm_packed(m, n, k, a_packed, a_parts, b_packed, b_parts, (float *)c, ldc, accumulate);
         return;
     }
     FN(gemm)(m, n, k, a, a_rs, a_ks, b, ldb, c, ldc, accumulate);
+}
+
+/* mm2 with a of input values. */
+static void FN(mm)(const FN(workspace) *w, const uint16_t *a_packed, const uint16_t *b_packed, int b_inputs, int64_t m,
+                   int64_t n, int64_t k, const T *a, int64_t a_rs, int64_t a_ks, const T *b, int64_t ldb, T *c,
+                   int64_t ldc, int accumulate)
+{
+    FN(mm2)(w, a_packed, 1, b_packed, b_inputs, m, n, k, a, a_rs, a_ks, b, ldb, c, ldc, accumulate);
 }
 
 /* s (rows x cols, leading dim ld) *= scale. */
@@ -927,16 +940,13 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
  *   w->ds       (TILE_Q, TILE_K_NR)  dP, then dS
  *   w->grad     (TILE_Q, TILE_K_NR)  softcap derivatives
  *   w->acc      (dm, TILE_K_NR)   dK^T / scale;  w->acc2 (dvm, TILE_K_NR) dV^T */
-static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
+static void FN(dkdv_tile)(const flash_params *p, const FN(workspace) *w, const flash_seq *seqp, int64_t bi, int64_t hk,
+                          int64_t k0)
 {
     const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR), d_v = p->d_v, dvm = ROUND_UP(d_v, FLASH_CPU_MR);
-    const int64_t n_bh = p->b * p->h_kv;
-    const int64_t bi = task % n_bh / p->h_kv, hk = task % p->h_kv;
-    const flash_seq seq = flash_seq_of(p, bi);
-    tile t = {0, 0, task / n_bh * FLASH_CPU_TILE_K, 0};
-    if (t.k0 >= seq.sk)
-        return;
-    t.kn = flash_min64(FLASH_CPU_TILE_K, seq.sk - t.k0);
+    const int64_t dn = ROUND_UP(d, FLASH_CPU_NR), dq_rows = ROUND_UP(p->sq, FLASH_CPU_TILE_Q) + FLASH_CPU_TILE_Q;
+    const flash_seq seq = *seqp;
+    tile t = {0, 0, k0, flash_min64(FLASH_CPU_TILE_K, seq.sk - k0)};
     const int64_t kp = ROUND_UP(t.kn, FLASH_CPU_NR);
     const FN(key_rows) k = {(const T *)p->k + hk * p->k_s.head, p->k_s.batch, p->k_s.row};
     const FN(key_rows) v = {(const T *)p->v + hk * p->v_s.head, p->v_s.batch, p->v_s.row};
@@ -948,6 +958,11 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
     FN(zero_tile)(w->acc2, TILE_K_NR, dvm, kp);
     const uint16_t *k_packed = FN(pack_b)(w, 0, d, kp, w->k, TILE_K_NR);
     const uint16_t *v_packed = FN(pack_b)(w, 1, d_v, kp, w->v, TILE_K_NR);
+    const uint16_t *k_rows_packed = NULL;
+    if (w->dq_acc) { /* the one-pass backward: dQ += dS K here, K's rows zero-padded to dn columns */
+        FN(load_key_rows)(w->k_rows, dn, t.kn, dn, k, p, &seq, t.k0, t.kn, d);
+        k_rows_packed = FN(pack_b)(w, 2, t.kn, dn, w->k_rows, dn);
+    }
     const flash_tile_range rows = flash_query_tiles(&seq, t.k0, t.kn, 1); /* in query rows, not tiles */
     for (int64_t hq = hk * p->h_per_kv; hq < (hk + 1) * p->h_per_kv; hq++) {
         const T *q = (const T *)p->q + bi * p->q_s.batch + seq.q_row0 * p->q_s.row + hq * p->q_s.head; /* (sq, d) */
@@ -994,12 +1009,48 @@ static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t
                    TILE_K_NR, 1);
             FN(mm)(w, qd ? qd + w->part[3] : NULL, NULL, 0, dm, kp, t.qn, w->q, 1, dm, w->ds, TILE_K_NR, w->acc,
                    TILE_K_NR, 1);
+            if (w->dq_acc)
+                FN(mm2)(w, NULL, 0, k_rows_packed, 1, qm, dn, t.kn, w->ds, TILE_K_NR, 1, w->k_rows, dn,
+                        w->dq_acc + ((hq - hk * p->h_per_kv) * dq_rows + t.q0) * dn, dn, 1);
         }
     }
     FN(store_key_transposed)((T *)p->dk + hk * p->dk_s.head, p->dk_s, w->acc, TILE_K_NR, p, &seq, t.k0, t.kn, d,
                              (T)p->scale);
     FN(store_key_transposed)((T *)p->dv + hk * p->dv_s.head, p->dv_s, w->acc2, TILE_K_NR, p, &seq, t.k0, t.kn, d_v,
                              1);
+}
+
+/* dK/dV task: one (batch, kv head, key tile). */
+static void FN(dkdv_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
+{
+    const int64_t n_bh = p->b * p->h_kv, bi = task % n_bh / p->h_kv, hk = task % p->h_kv;
+    const flash_seq seq = flash_seq_of(p, bi);
+    const int64_t k0 = task / n_bh * FLASH_CPU_TILE_K;
+    if (k0 < seq.sk)
+        FN(dkdv_tile)(p, w, &seq, bi, hk, k0);
+}
+
+/* One-pass backward task: one (batch, kv head); its key tiles in order, each as a dK/dV task that also adds
+ * dS K into w->dq_acc (the dQ of the kv head's query heads, summed in this fixed order), then dq = scale *
+ * dq_acc for every row of the sequence (rows that see no key get 0). The dQ pass's recomputation of S, P and dP
+ * is saved; the tasks are fewer (bwd picks it where they still fill the threads). */
+static void FN(bwd_task)(const flash_params *p, const FN(workspace) *w, int64_t task)
+{
+    const int64_t bi = task / p->h_kv, hk = task % p->h_kv, d = p->d, dn = ROUND_UP(d, FLASH_CPU_NR);
+    const int64_t dq_rows = ROUND_UP(p->sq, FLASH_CPU_TILE_Q) + FLASH_CPU_TILE_Q;
+    const flash_seq seq = flash_seq_of(p, bi);
+    memset(w->dq_acc, 0, (size_t)(p->h_per_kv * dq_rows * dn) * sizeof(T));
+    for (int64_t k0 = 0; k0 < seq.sk; k0 += FLASH_CPU_TILE_K)
+        FN(dkdv_tile)(p, w, &seq, bi, hk, k0);
+    for (int64_t g = 0; g < p->h_per_kv; g++) {
+        const int64_t hq = hk * p->h_per_kv + g;
+        T *dq = (T *)p->dq + bi * p->dq_s.batch + seq.q_row0 * p->dq_s.row + hq * p->dq_s.head;
+        for (int64_t i = 0; i < seq.sq; i++) {
+            const T *src = w->dq_acc + (g * dq_rows + i) * dn;
+            for (int64_t c = 0; c < d; c++)
+                dq[i * p->dq_s.row + c] = src[c] * (T)p->scale;
+        }
+    }
 }
 
 /* dQ task: one (batch, head, query tile), working on S^T like the forward:
@@ -1504,10 +1555,18 @@ static uint16_t *FN(pack_tiles)(const flash_params *p, FN(workspace) *w, int wha
     return packed;
 }
 
+/* Elements of the one-pass backward's per-thread dQ accumulator (bwd_task) and of its K rows buffer. */
+static int64_t FN(dq_acc_elems)(const flash_params *p)
+{
+    const int64_t dq_rows = ROUND_UP(p->sq, FLASH_CPU_TILE_Q) + FLASH_CPU_TILE_Q, dn = ROUND_UP(p->d, FLASH_CPU_NR);
+    return ROUND_UP(p->h_per_kv * dq_rows * dn + FLASH_CPU_TILE_K * dn, FLASH_CPU_ALIGN_BYTES / (int64_t)sizeof(T));
+}
+
 /* Runs tasks [0, n_tasks) on the OpenMP threads, each thread with its own workspace (renorm: the
- * backward's factors, or NULL; pack: what pack_tiles packs first with AMX, or PACK_NONE). */
+ * backward's factors, or NULL; pack: what pack_tiles packs first with AMX, or PACK_NONE; dq_acc: the one-pass
+ * backward's dQ accumulator and K rows in each workspace). */
 static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN(task_fn) run_task, const T *renorm,
-                                      int pack)
+                                      int pack, int dq_acc)
 {
     if (n_tasks <= 0)
         return FLASH_CPU_OK;
@@ -1520,8 +1579,9 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
                                     FLASH_CPU_TILE_Q > FLASH_CPU_TILE_K ? FLASH_CPU_TILE_Q : FLASH_CPU_TILE_K);
     const int64_t amx_b = ROUND_UP(2 * flash_amx_packed_elems(big, TILE_MAX_NR), FLASH_CPU_ALIGN_BYTES / 2);
     const int64_t amx_elems = amx ? ROUND_UP(flash_amx_scratch_elems(big, TILE_MAX_NR, big),
-                                             FLASH_CPU_ALIGN_BYTES / 2) + 2 * amx_b : 0;
-    const int64_t per_thread = FLASH_CPU_TILE_BUFFERS * buf + amx_elems * 2 / (int64_t)sizeof(T);
+                                             FLASH_CPU_ALIGN_BYTES / 2) + 3 * amx_b : 0;
+    const int64_t dq_elems = dq_acc ? FN(dq_acc_elems)(p) : 0;
+    const int64_t per_thread = FLASH_CPU_TILE_BUFFERS * buf + dq_elems + amx_elems * 2 / (int64_t)sizeof(T);
     FN(workspace) shared = {0};
     shared.parts = parts;
     const char *amx_env = getenv("FLASHATTN_EXT_CPU_AMX"); /* "step": pack per step (tests) */
@@ -1535,17 +1595,22 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
 #pragma omp parallel num_threads(n_threads)
     {
         T *base = pool + omp_get_thread_num() * per_thread;
-        FN(workspace) w = {base,           base + buf,     base + 2 * buf,
-                           base + 3 * buf, base + 4 * buf, base + 5 * buf,
-                           base + 6 * buf, base + 7 * buf, base + 8 * buf, renorm,
-                           NULL,           {NULL, NULL},   parts,
-                           packed,         shared.slot,    {shared.part[0], shared.part[1], shared.part[2],
-                                                            shared.part[3]},
-                           shared.tiles};
+        FN(workspace) w = {base,           base + buf,         base + 2 * buf,
+                           base + 3 * buf, base + 4 * buf,     base + 5 * buf,
+                           base + 6 * buf, base + 7 * buf,     base + 8 * buf, renorm,
+                           NULL,           {NULL, NULL, NULL}, parts,
+                           packed,         shared.slot,        {shared.part[0], shared.part[1], shared.part[2],
+                                                                shared.part[3]},
+                           shared.tiles,   NULL,               NULL};
+        if (dq_acc) {
+            w.dq_acc = base + FLASH_CPU_TILE_BUFFERS * buf;
+            w.k_rows = w.dq_acc + dq_elems - FLASH_CPU_TILE_K * ROUND_UP(p->d, FLASH_CPU_NR);
+        }
         if (amx) {
-            w.amx = (uint16_t *)(base + FLASH_CPU_TILE_BUFFERS * buf);
-            w.amx_b[0] = w.amx + amx_elems - 2 * amx_b;
+            w.amx = (uint16_t *)(base + FLASH_CPU_TILE_BUFFERS * buf + dq_elems);
+            w.amx_b[0] = w.amx + amx_elems - 3 * amx_b;
             w.amx_b[1] = w.amx_b[0] + amx_b;
+            w.amx_b[2] = w.amx_b[1] + amx_b;
         }
 #pragma omp for schedule(dynamic)
         for (int64_t task = 0; task < n_tasks; task++)
@@ -1560,7 +1625,7 @@ static flash_cpu_status FN(fwd)(const flash_params *p)
 {
     if (decode_shape(p))
         return FN(decode_fwd)(p);
-    return FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(fwd_task), NULL, PACK_FWD);
+    return FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(fwd_task), NULL, PACK_FWD, 0);
 }
 
 /* delta[b][h][i] = dot(dout_i, o_i), in the data type, for the rows of every sequence. Returns the
@@ -1646,10 +1711,17 @@ static flash_cpu_status FN(bwd)(const flash_params *p)
 {
     flash_cpu_status st = FLASH_CPU_OK;
     T *renorm = FN(delta_rows)(p) ? FN(renorm_rows)(p, &st) : NULL;
-    if (st == FLASH_CPU_OK)
-        st = FN(run_tasks)(p, p->b * p->h_kv * flash_cdiv64(p->sk, FLASH_CPU_TILE_K), FN(dkdv_task), renorm, PACK_DKDV);
-    if (st == FLASH_CPU_OK)
-        st = FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(dq_task), renorm, PACK_DQ);
+    /* One pass (bwd_task: dQ with dK / dV, per (batch, kv head)) where its tasks fill the threads twice over and
+     * its dQ accumulators stay small; else the dK/dV pass per key tile, then the dQ pass per query tile. */
+    const int one_pass = p->b * p->h_kv >= 2 * (int64_t)omp_get_max_threads() &&
+                         FN(dq_acc_elems)(p) * (int64_t)sizeof(T) <= FLASH_CPU_DQ_ACC_MAX_BYTES;
+    if (st == FLASH_CPU_OK && one_pass)
+        st = FN(run_tasks)(p, p->b * p->h_kv, FN(bwd_task), renorm, PACK_DKDV, 1);
+    if (st == FLASH_CPU_OK && !one_pass)
+        st = FN(run_tasks)(p, p->b * p->h_kv * flash_cdiv64(p->sk, FLASH_CPU_TILE_K), FN(dkdv_task), renorm,
+                           PACK_DKDV, 0);
+    if (st == FLASH_CPU_OK && !one_pass)
+        st = FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(dq_task), renorm, PACK_DQ, 0);
     free(renorm);
     return st;
 }
