@@ -8,7 +8,9 @@
  * head, key tile), owns its dK, dV rows (and the dbias columns of its keys) and loops over every
  * query head of its GQA group and every query tile that sees the key tile; pass 2, one task per
  * (batch, head, query tile), accumulates dQ. P = exp(S - lse) is recomputed in both passes (times
- * 1 / sum_j P_ij for the rare rows whose |lse| is too large to hold log l: renorm_rows). No buffer
+ * 1 / sum_j P_ij for the rare rows whose |lse| is too large to hold log l: renorm_rows). Where the
+ * (batch, kv head) pairs fill the threads twice over, one pass instead (bwd_task): a task per pair runs
+ * pass 1 over all its key tiles and adds dS K into its own dQ accumulator, in a fixed order. No buffer
  * of size sq * sk exists; nothing is written by two tasks.
  *
  * Sequences (mask.h flash_seq_of): every task takes its sequence's lengths, first rows and band once;
