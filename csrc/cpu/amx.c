@@ -6,7 +6,8 @@
  * multiples of 32, with every value split by truncation into a_parts / b_parts bf16 terms: t1 = x with its low 16
  * bits cleared, t2 the same of x - t1, t3 = x - t1 - t2 (each difference exact in fp32; 24 significand bits = 3
  * x 8, so three terms are x exactly, two an fp16 value, one a bf16 value). C blocks that pass the edge of c go
- * through a 32 x 32 buffer. The tile configuration is loaded per call and released at its end. */
+ * through a 32 x 32 buffer. flash_amx_begin loads the one tile configuration (8 tiles of 16 rows x 64 bytes) in the
+ * calling thread, flash_amx_end releases the tile state. */
 #define _DEFAULT_SOURCE /* syscall() under -std=c11 */
 #include "amx.h"
 
@@ -151,14 +152,6 @@ __attribute__((target("amx-tile,amx-bf16"))) void flash_amx_gemm_packed(int64_t 
                                                                          int64_t ldc, int accumulate)
 {
     const int64_t mp = ROUND32(m), np = ROUND32(n), kp = ROUND32(k), kt_n = kp / 32, nt_n = np / 16;
-    amx_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette_id = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-    }
-    _tile_loadconfig(&cfg);
     _Alignas(64) float edge[32 * 32];
     for (int64_t i0 = 0; i0 < mp; i0 += 32)
         for (int64_t j0 = 0; j0 < np; j0 += 32) {
@@ -206,6 +199,19 @@ __attribute__((target("amx-tile,amx-bf16"))) void flash_amx_gemm_packed(int64_t 
                     for (int64_t j = j0; j < n && j < j0 + 32; j++)
                         c[i * ldc + j] = edge[(i - i0) * 32 + (j - j0)];
         }
+}
+
+/* Palette 1, tiles 0-7 of 16 rows x 64 bytes. Static: the compiler cannot drop the stores of a local that only
+ * ldtilecfg reads. */
+static const amx_config amx_tiles = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+
+__attribute__((target("amx-tile"))) void flash_amx_begin(void)
+{
+    _tile_loadconfig(&amx_tiles);
+}
+
+__attribute__((target("amx-tile"))) void flash_amx_end(void)
+{
     _tile_release();
 }
 
@@ -216,7 +222,9 @@ void flash_amx_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_r
     uint16_t *ap = scratch, *bp = scratch + a_parts * ROUND32(m) * ROUND32(k);
     flash_amx_pack_a(ap, a_parts, m, k, a, a_rs, a_ks);
     flash_amx_pack_b(bp, b_parts, k, n, b, ldb);
+    flash_amx_begin();
     flash_amx_gemm_packed(m, n, k, ap, a_parts, bp, b_parts, c, ldc, accumulate);
+    flash_amx_end();
 }
 
 #else /* no AMX build */
@@ -227,6 +235,16 @@ int flash_amx_usable(void)
 }
 
 /* Never called: flash_amx_usable() is 0. */
+void flash_amx_begin(void)
+{
+    abort();
+}
+
+void flash_amx_end(void)
+{
+    abort();
+}
+
 void flash_amx_pack_a(uint16_t *dst, int parts, int64_t m, int64_t k, const float *a, int64_t a_rs, int64_t a_ks)
 {
     (void)dst, (void)parts, (void)m, (void)k, (void)a, (void)a_rs, (void)a_ks;

@@ -41,6 +41,11 @@ void flash_amx_pack_b(uint16_t *dst, int parts, int64_t k, int64_t n, const floa
 void flash_amx_gemm_packed(int64_t m, int64_t n, int64_t k, const uint16_t *ap, int a_parts, const uint16_t *bp,
                            int b_parts, float *c, int64_t ldc, int accumulate);
 
+/* The tile configuration flash_amx_gemm_packed runs under, loaded in the calling thread by flash_amx_begin (before
+ * its products) and released by flash_amx_end (after them); flash_amx_gemm does both itself. */
+void flash_amx_begin(void);
+void flash_amx_end(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1614,9 +1614,13 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
             w.amx_b[1] = w.amx_b[0] + amx_b;
             w.amx_b[2] = w.amx_b[1] + amx_b;
         }
+        if (amx)
+            flash_amx_begin();
 #pragma omp for schedule(dynamic)
         for (int64_t task = 0; task < n_tasks; task++)
             run_task(p, &w, task);
+        if (amx)
+            flash_amx_end();
     }
     free(pool);
     free(packed);
