@@ -1,8 +1,8 @@
-/* amx.c: flash_amx_gemm (amx.h), C = [C +] A B on AMX tiles for flash_cpu.c's fp32 kernels.
+/* amx.c: the products C = [C +] A B on AMX tiles (amx.h) for flash_cpu.c's fp32 kernels.
  *
  * Tiles: C blocks of 32 x 32 fp32 (tiles 0-3, 2 x 2 of 16 x 16), A in 16 rows x 32 bf16 (tiles 4, 5), B in the
  * VNNI layout, 16 pairs of k rows x 16 columns (tiles 6, 7); one TDPBF16PS per (A tile, B tile, term pair) and
- * k step of 32. Each call packs A ([mt][kt][16][32]) and B ([kt][nt][16][16][2]) into the scratch, zero-padded to
+ * k step of 32. The operands are packed, A as [mt][kt][16][32] and B as [kt][nt][16][16][2], zero-padded to
  * multiples of 32, with every value split by truncation into a_parts / b_parts bf16 terms: t1 = x with its low 16
  * bits cleared, t2 the same of x - t1, t3 = x - t1 - t2 (each difference exact in fp32; 24 significand bits = 3
  * x 8, so three terms are x exactly, two an fp16 value, one a bf16 value). C blocks that pass the edge of c go
@@ -95,8 +95,8 @@ AMX_PACK_TARGET void flash_amx_pack_a(uint16_t *dst, int parts, int64_t m, int64
                 uint32_t *base = (uint32_t *)(dst + ((i0 / 16) * kt_n + kk / 32) * 512) + (kk % 32) / 2;
                 for (int p = 0; p < parts; p++) {
                     const __m512i u0 = term(&x0), u1 = term(&x1);
-                    _mm512_i32scatter_epi32(base + p * plane / 2, rows16, _mm512_or_si512(u1, _mm512_srli_epi32(u0, 16)),
-                                            4);
+                    const __m512i words = _mm512_or_si512(u1, _mm512_srli_epi32(u0, 16));
+                    _mm512_i32scatter_epi32(base + p * plane / 2, rows16, words, 4);
                 }
             }
         return;
@@ -215,18 +215,6 @@ __attribute__((target("amx-tile"))) void flash_amx_end(void)
     _tile_release();
 }
 
-void flash_amx_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_rs, int64_t a_ks, int a_parts,
-                    const float *b, int64_t ldb, int b_parts, float *c, int64_t ldc, int accumulate,
-                    uint16_t *scratch)
-{
-    uint16_t *ap = scratch, *bp = scratch + a_parts * ROUND32(m) * ROUND32(k);
-    flash_amx_pack_a(ap, a_parts, m, k, a, a_rs, a_ks);
-    flash_amx_pack_b(bp, b_parts, k, n, b, ldb);
-    flash_amx_begin();
-    flash_amx_gemm_packed(m, n, k, ap, a_parts, bp, b_parts, c, ldc, accumulate);
-    flash_amx_end();
-}
-
 #else /* no AMX build */
 
 int flash_amx_usable(void)
@@ -261,15 +249,6 @@ void flash_amx_gemm_packed(int64_t m, int64_t n, int64_t k, const uint16_t *ap, 
                            int b_parts, float *c, int64_t ldc, int accumulate)
 {
     (void)m, (void)n, (void)k, (void)ap, (void)a_parts, (void)bp, (void)b_parts, (void)c, (void)ldc, (void)accumulate;
-    abort();
-}
-
-void flash_amx_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_rs, int64_t a_ks, int a_parts,
-                    const float *b, int64_t ldb, int b_parts, float *c, int64_t ldc, int accumulate,
-                    uint16_t *scratch)
-{
-    (void)m, (void)n, (void)k, (void)a, (void)a_rs, (void)a_ks, (void)a_parts, (void)b, (void)ldb, (void)b_parts;
-    (void)c, (void)ldc, (void)accumulate, (void)scratch;
     abort();
 }
 

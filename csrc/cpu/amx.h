@@ -17,32 +17,29 @@ extern "C" {
  * (arch_prctl ARCH_REQ_XCOMP_PERM, asked once), and FLASHATTN_EXT_CPU_AMX (read per call) is not "0". */
 int flash_amx_usable(void);
 
-/* uint16 elements of the scratch one flash_amx_gemm call needs for m, n, k up to max_m, max_n, max_k. */
+/* uint16 elements of the scratch for packing one product's A and B (three terms each at most) with m, n, k up to
+ * max_m, max_n, max_k. */
 int64_t flash_amx_scratch_elems(int64_t max_m, int64_t max_n, int64_t max_k);
 
-/* c (m, n) = [c +] a (m, k) * b (k, n), as flash_cpu.c's gemm: a(i, kk) = a[i * a_rs + kk * a_ks] (any
- * layout), b and c row-major with leading dimensions ldb, ldc; any m, n, k >= 1. a_parts / b_parts: the bf16
- * terms each operand's values split into exactly (1: bf16 values, 2: fp16 values, 3: any fp32 value); the
- * tile products are a_parts * b_parts per step. scratch: flash_amx_scratch_elems(m, n, k) elements, 64-byte
- * aligned. Only where flash_amx_usable() said 1. */
-void flash_amx_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_rs, int64_t a_ks, int a_parts,
-                    const float *b, int64_t ldb, int b_parts, float *c, int64_t ldc, int accumulate,
-                    uint16_t *scratch);
-
-/* flash_amx_gemm in its steps, for an operand packed once and used in several products: A (m, k) into parts
- * planes of flash_amx_packed_elems(m, k) elements each, B (k, n) into parts planes of
- * flash_amx_packed_elems(k, n); then the product of packed operands. */
+/* uint16 elements of one term of a packed operand of rows x cols (zero-padded to multiples of 32). */
 static inline int64_t flash_amx_packed_elems(int64_t rows, int64_t cols)
 {
     return (rows + 31) / 32 * 32 * ((cols + 31) / 32 * 32);
 }
+
+/* Pack A (m, k), a(i, kk) = a[i * a_rs + kk * a_ks] (any layout), or B (k, n) row-major with leading dimension
+ * ldb, into parts consecutive terms of flash_amx_packed_elems(m, k) / (k, n) elements each (dst 64-byte
+ * aligned). parts: the bf16 terms each value splits into exactly (1: bf16 values, 2: fp16 values, 3: any fp32
+ * value). */
 void flash_amx_pack_a(uint16_t *dst, int parts, int64_t m, int64_t k, const float *a, int64_t a_rs, int64_t a_ks);
 void flash_amx_pack_b(uint16_t *dst, int parts, int64_t k, int64_t n, const float *b, int64_t ldb);
+
+/* c (m, n) = [c +] A B of operands packed as above (a_parts * b_parts tile products per step), c row-major with
+ * leading dimension ldc; any m, n, k >= 1. Runs under the tile configuration that flash_amx_begin loads in the
+ * calling thread; flash_amx_end releases the tile state after the thread's last product. Only where
+ * flash_amx_usable() said 1. */
 void flash_amx_gemm_packed(int64_t m, int64_t n, int64_t k, const uint16_t *ap, int a_parts, const uint16_t *bp,
                            int b_parts, float *c, int64_t ldc, int accumulate);
-
-/* The tile configuration flash_amx_gemm_packed runs under, loaded in the calling thread by flash_amx_begin (before
- * its products) and released by flash_amx_end (after them); flash_amx_gemm does both itself. */
 void flash_amx_begin(void);
 void flash_amx_end(void);
 

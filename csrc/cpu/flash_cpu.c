@@ -35,7 +35,9 @@
  * tile is zero padded. Head dims: q, k have d columns and v, o, dout d_v (flash.h), any two values; the
  * products with Q or K run over d, those with V or dO (P V, dO V^T, P^T dO) over d_v. All matrix products
  * go through one register-blocked kernel (gemm below, FLASH_CPU_MR x FLASH_CPU_NR = 4 x 32 accumulators)
- * that broadcasts A from any strided layout and streams contiguous rows of B and C. Every pass keeps its per-task operand transposed once per task
+ * that broadcasts A from any strided layout and streams contiguous rows of B and C; for fp16 / bf16 inputs on a
+ * CPU with AMX, through amx.h's tile products instead (mm: exact bf16 terms; the operands that stay the same
+ * packed once per call or task). Every pass keeps its per-task operand transposed once per task
  * so no inner loop transposes: forward and dQ work on S^T (keys x queries, the softmax then reduces
  * down the columns, vectorized across queries), the dK/dV pass works on S (queries x keys). The
  * streamed tiles are copied into compact buffers (cheaper than gemm reads at large row strides).
@@ -801,7 +803,7 @@ static void FN(score_grad)(const flash_params *p, const flash_seq *seq, const T 
 typedef struct FN(workspace) {
     T *q, *dout, *k, *v, *s, *ds, *acc, *acc2, *grad; /* tile buffers; the layout is per pass */
     const T *renorm; /* backward: renorm_rows' factors (lse layout), or NULL */
-    uint16_t *amx;   /* fp32 copies of fp16 / bf16 inputs with AMX usable: flash_amx_gemm's scratch; else NULL */
+    uint16_t *amx;   /* fp32 copies of fp16 / bf16 inputs with AMX usable: packing scratch (amx.h); else NULL */
     uint16_t *amx_b[3]; /* with amx: a task's packed B operands that stay the same over its tiles */
     int parts;       /* with amx: the bf16 terms of an input value (1 for bf16, 2 for fp16) */
     const uint16_t *packed; /* with amx: the A operands of every key tile (forward, dQ) or query tile (dK/dV),
