@@ -7,12 +7,13 @@
  * a block_table, forward) sequence by sequence against the reference run on each sequence alone; then
  * (with the argument "bench") times it.
  *
- *   gcc -std=c11 -O2 -fopenmp -Icsrc dev/cpu_check.c csrc/cpu/flash_cpu.c -lm -o /tmp/cpu_check
+ *   gcc -std=c11 -O2 -fopenmp -Icsrc dev/cpu_check.c csrc/cpu/flash_cpu.c csrc/cpu/amx.c -lm -o /tmp/cpu_check
  *   /tmp/cpu_check            # all checks; exit status 1 on any failure
  *   /tmp/cpu_check bench      # checks, then b1 h8 d64 fp32 timings, dense and with variants: wall
  *                             # time and process CPU time (OMP_NUM_THREADS=1: single-thread time)
- * Add -DFLASH_CPU_TILE_K=2 (and e.g. -DFLASH_CPU_TILE_Q=5) to run every check with tiny tiles; the
- * seed case then is exactly scores [0,0 | 10,10], values [0,0 | 1,1] with a key tile of 2.
+ * Add -DFLASH_CPU_TILE_K=2 (and e.g. -DFLASH_CPU_TILE_Q=40: TILE_Q=5 no longer compiles, see flash_cpu.c's
+ * static assert on DECODE_KEYS) to run every check with tiny key tiles; the seed case then is exactly scores
+ * [0,0 | 10,10], values [0,0 | 1,1] with a key tile of 2.
  */
 #include <math.h>
 #include <omp.h>
