@@ -4,7 +4,8 @@ test_kvcache (flash_attn_with_kvcache) and fa_testing.attention64 (flash_attn_fu
 FLASHATTN_EXT_CPU_DECODE_SPLITS forces the split count, so that splits cut windows, pages, mask blocks and key
 blocks at odd places; seqlen_q 1..4, GQA ratios 1, 2, 4, 8 (tasks of 1 to 24 rows: S by dot products below 8
 rows, with the rows in the vector lanes from 8), head dims with a column tail, d_v != d, attn_mask,
-varlen with empty sequences, the thread heuristic, and FLASHATTN_EXT_DISABLE_DECODE (the prefill path)."""
+varlen with empty sequences, the thread heuristic, and FLASHATTN_EXT_DISABLE_DECODE (the prefill path); in bfloat16
+the path reads the bf16 k / v as they are (no fp32 copy of the cache)."""
 import pytest
 import torch
 
@@ -13,7 +14,9 @@ from fa_testing import OUT_TOL, assert_close, assert_lse_close, attention64
 from test_kvcache import Case, call, make_inputs, reference
 
 SPLITS = (1, 2, 3, 7, 64)
-DTYPES = [pytest.param(torch.float32, id="float32"), pytest.param(torch.float64, id="float64")]
+# bfloat16: the decode path reads the bf16 k / v themselves, widened per key block (flash.h cpu_kv_dtype)
+DTYPES = [pytest.param(torch.float32, id="float32"), pytest.param(torch.float64, id="float64"),
+          pytest.param(torch.bfloat16, id="bfloat16")]
 
 CASES = [
     Case(b=2, sq=1, h=8, hkv=1, d=32, cache=300, seqlens=(300, 123), causal=True, label="gqa8-sq1"),

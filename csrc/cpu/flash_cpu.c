@@ -333,6 +333,11 @@ static int64_t decode_splits(const flash_params *p, int n_threads)
 #undef FABS
 #undef ROW_FINISH
 
+int flash_cpu_decodes(const flash_params *p)
+{
+    return decode_shape(p);
+}
+
 flash_cpu_status flash_fwd_cpu(const flash_params *p)
 {
     switch (p->dtype) {
@@ -1136,6 +1141,7 @@ typedef struct FN(decode_ws) {
     T *s;     /* (rows, DECODE_KEYS): S, then P */
     T *acc;   /* (rows, d_v): O, unnormalized */
     T *m, *l, *alpha; /* (rows): running max and sum, rescale factor of the last block */
+    T *stage; /* bf16 k / v (cpu_kv_dtype): the block's key rows widened, (DECODE_KEYS, d) then (DECODE_KEYS, d_v) */
 } FN(decode_ws);
 
 /* s[r * DECODE_KEYS + j] = dot(q row r, keys[j]) for r < rows, j < kn; q is (rows, d). Four rows at a time
@@ -1302,24 +1308,39 @@ FLASH_CPU_SIMD static void FN(decode_pv)(T *restrict acc, int64_t d_v, const T *
 /* kp[x], vp[x]: the rows of key k0 + x of seq in k and v (heads khead, vhead) for x < kn, run by run
  * (key_run); with prefetch set, each row's cache lines are prefetched. */
 static void FN(decode_key_rows)(const T **kp, const T **vp, const flash_params *p, const flash_seq *seq,
-                                const T *khead, const T *vhead, int64_t k0, int64_t kn, int prefetch)
+                                const char *khead, const char *vhead, int64_t es, int64_t k0, int64_t kn,
+                                int prefetch)
 {
     for (int64_t j = k0, run; j < k0 + kn; j += run) {
         run = key_run(p, seq, j, k0 + kn);
-        const T *kr = khead + flash_key_offset(p, seq, p->k_s.batch, p->k_s.row, j);
-        const T *vr = vhead + flash_key_offset(p, seq, p->v_s.batch, p->v_s.row, j);
+        const char *kr = khead + flash_key_offset(p, seq, p->k_s.batch, p->k_s.row, j) * es;
+        const char *vr = vhead + flash_key_offset(p, seq, p->v_s.batch, p->v_s.row, j) * es;
         for (int64_t x = 0; x < run; x++) {
-            kp[j - k0 + x] = kr + x * p->k_s.row;
-            vp[j - k0 + x] = vr + x * p->v_s.row;
+            kp[j - k0 + x] = (const T *)(kr + x * p->k_s.row * es);
+            vp[j - k0 + x] = (const T *)(vr + x * p->v_s.row * es);
         }
     }
     if (!prefetch)
         return;
     for (int64_t x = 0; x < kn; x++) {
-        for (int64_t b = 0; b < p->d * (int64_t)sizeof(T); b += CACHE_LINE_BYTES)
+        for (int64_t b = 0; b < p->d * es; b += CACHE_LINE_BYTES)
             FLASH_CPU_PREFETCH((const char *)kp[x] + b);
-        for (int64_t b = 0; b < p->d_v * (int64_t)sizeof(T); b += CACHE_LINE_BYTES)
+        for (int64_t b = 0; b < p->d_v * es; b += CACHE_LINE_BYTES)
             FLASH_CPU_PREFETCH((const char *)vp[x] + b);
+    }
+}
+
+/* bf16 rows src[x] (n values each, x < rows) widened into dst (rows, n); dst_rows[x] points at row x. T is
+ * float. */
+FLASH_CPU_SIMD static void FN(widen_bf16_rows)(T *restrict dst, const T *const *src, int64_t rows, int64_t n,
+                                               const T **dst_rows)
+{
+    for (int64_t x = 0; x < rows; x++) {
+        const uint16_t *restrict s = (const uint16_t *)src[x];
+        uint32_t *restrict d = (uint32_t *)(dst + x * n);
+        for (int64_t c = 0; c < n; c++)
+            d[c] = (uint32_t)s[c] << 16;
+        dst_rows[x] = dst + x * n;
     }
 }
 
@@ -1351,7 +1372,9 @@ static void FN(decode_task)(const flash_params *p, const FN(decode_ws) *w, int64
     const flash_tile_range keys = flash_key_tiles(&seq, 0, sq, 1); /* in keys, not tiles */
     const int64_t per = flash_cdiv64(keys.end - keys.first, n_splits);
     const int64_t j0 = keys.first + split * per, j1 = flash_min64(keys.end, j0 + per);
-    const T *khead = (const T *)p->k + hk * p->k_s.head, *vhead = (const T *)p->v + hk * p->v_s.head;
+    const int64_t es = p->cpu_kv_dtype == FLASH_BF16 ? 2 : (int64_t)sizeof(T); /* bf16 k / v: T is float */
+    const char *khead = (const char *)p->k + hk * p->k_s.head * es;
+    const char *vhead = (const char *)p->v + hk * p->v_s.head * es;
 
     const int lanes = rows >= DECODE_LANES_MIN_ROWS;
     const int64_t rp = ROUND_UP(rows, DECODE_LANES);
@@ -1373,17 +1396,25 @@ static void FN(decode_task)(const flash_params *p, const FN(decode_ws) *w, int64
      * first block's too, so that its misses overlap */
     const T *kp[2][DECODE_KEYS], *vp[2][DECODE_KEYS];
     int cur = 0;
+    const T *kw[DECODE_KEYS], *vw[DECODE_KEYS]; /* bf16 k / v: the widened rows of the block */
     if (j0 < j1)
-        FN(decode_key_rows)(kp[0], vp[0], p, &seq, khead, vhead, j0, flash_min64(DECODE_KEYS, j1 - j0), 1);
+        FN(decode_key_rows)(kp[0], vp[0], p, &seq, khead, vhead, es, j0, flash_min64(DECODE_KEYS, j1 - j0), 1);
     for (int64_t k0 = j0; k0 < j1; k0 += DECODE_KEYS, cur ^= 1) {
         const int64_t kn = flash_min64(DECODE_KEYS, j1 - k0);
         if (k0 + kn < j1)
-            FN(decode_key_rows)(kp[cur ^ 1], vp[cur ^ 1], p, &seq, khead, vhead, k0 + kn,
+            FN(decode_key_rows)(kp[cur ^ 1], vp[cur ^ 1], p, &seq, khead, vhead, es, k0 + kn,
                                 flash_min64(DECODE_KEYS, j1 - k0 - kn), 1);
+        const T *const *krows = kp[cur], *const *vrows = vp[cur];
+        if (es != (int64_t)sizeof(T)) {
+            FN(widen_bf16_rows)(w->stage, kp[cur], kn, d, kw);
+            FN(widen_bf16_rows)(w->stage + DECODE_KEYS * d, vp[cur], kn, d_v, vw);
+            krows = kw;
+            vrows = vw;
+        }
         if (lanes)
-            FN(decode_scores_lanes)(w->s, w->q, rp, rows, d, kp[cur], kn);
+            FN(decode_scores_lanes)(w->s, w->q, rp, rows, d, krows, kn);
         else
-            FN(decode_scores)(w->s, w->q, rows, d, kp[cur], kn);
+            FN(decode_scores)(w->s, w->q, rows, d, krows, kn);
         const int full = k0 >= keys.full_first && k0 + kn <= keys.full_end;
         if (!full || p->has_hook)
             for (int64_t r = 0; r < rows; r++) {
@@ -1404,7 +1435,7 @@ static void FN(decode_task)(const flash_params *p, const FN(decode_ws) *w, int64
                                      clamp64(i + seq.diag_hi + 1 - k0, 0, kn), kn, -INFINITY);
             }
         FN(decode_softmax)(w->s, rows, kn, w->m, w->l, w->alpha);
-        FN(decode_pv)(w->acc, d_v, w->s, w->alpha, rows, vp[cur], kn);
+        FN(decode_pv)(w->acc, d_v, w->s, w->alpha, rows, vrows, kn);
     }
     if (n_splits == 1) {
         for (int64_t r = 0; r < rows; r++)
@@ -1454,7 +1485,8 @@ static flash_cpu_status FN(decode_fwd)(const flash_params *p)
     const int64_t n_splits = decode_splits(p, n_threads), groups = p->b * p->h_kv, n_tasks = groups * n_splits;
     const int64_t rows_max = p->h_per_kv * p->sq, align = FLASH_CPU_ALIGN_BYTES / (int64_t)sizeof(T);
     const int64_t q_elems = ROUND_UP(rows_max, DECODE_LANES) * p->d;
-    const int64_t ws = ROUND_UP(q_elems + rows_max * (DECODE_KEYS + p->d_v + 3), align);
+    const int64_t stage = p->cpu_kv_dtype == FLASH_BF16 ? DECODE_KEYS * (p->d + p->d_v) : 0;
+    const int64_t ws = ROUND_UP(q_elems + rows_max * (DECODE_KEYS + p->d_v + 3) + stage, align);
     const int64_t part = n_splits > 1 ? ROUND_UP(n_tasks * rows_max * (p->d_v + 2), align) : 0;
     if (n_tasks <= 0 || rows_max <= 0)
         return FLASH_CPU_OK;
@@ -1468,7 +1500,8 @@ static flash_cpu_status FN(decode_fwd)(const flash_params *p)
         T *rest = base + q_elems;
         const FN(decode_ws) w = {base, rest, rest + rows_max * DECODE_KEYS, rest + rows_max * (DECODE_KEYS + p->d_v),
                                  rest + rows_max * (DECODE_KEYS + p->d_v + 1),
-                                 rest + rows_max * (DECODE_KEYS + p->d_v + 2)};
+                                 rest + rows_max * (DECODE_KEYS + p->d_v + 2),
+                                 rest + rows_max * (DECODE_KEYS + p->d_v + 3)};
 #pragma omp for schedule(dynamic)
         for (int64_t task = 0; task < n_tasks; task++)
             FN(decode_task)(p, &w, task, n_splits, partial);
@@ -1631,6 +1664,8 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
 
 static flash_cpu_status FN(fwd)(const flash_params *p)
 {
+    if (p->cpu_kv_dtype != FLASH_FP32 && !(sizeof(T) == sizeof(float) && decode_shape(p)))
+        return FLASH_CPU_ERR_DTYPE; /* bf16 k / v: the fp32 decode path only */
     if (decode_shape(p))
         return FN(decode_fwd)(p);
     return FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(fwd_task), NULL, PACK_FWD, 0);

@@ -37,6 +37,10 @@ typedef enum flash_cpu_status {
 /* Forward: reads q, k, v; writes o and lse (in a varlen batch: the rows of the sequences only). */
 flash_cpu_status flash_fwd_cpu(const flash_params *p);
 
+/* 1 when flash_fwd_cpu takes the decode path for p (few query rows, no dropout; FLASHATTN_EXT_DISABLE_DECODE=1
+ * says no): the only forward that reads bf16 k / v (p->cpu_kv_dtype); the others refuse them. */
+int flash_cpu_decodes(const flash_params *p);
+
 /* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv (every element of every sequence, zeros
  * included; in a varlen batch nothing outside the sequences' rows and seqused_k keys).
  * p->delta must point to a caller-allocated buffer of the lse type and layout (lse_batch, lse_head);
