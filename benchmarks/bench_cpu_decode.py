@@ -54,11 +54,11 @@ SEED = 0
 IMPLS = ("ours", "blocked", "sdpa")
 
 
-def make_inputs(batch, seqlen_q, keys, nheads, nheads_kv, headdim):
+def make_inputs(batch, seqlen_q, keys, nheads, nheads_kv, headdim, dtype=torch.float32):
     generator = torch.Generator().manual_seed(SEED)
-    q = torch.randn(batch, seqlen_q, nheads, headdim, generator=generator)
-    k_cache = torch.randn(batch, keys, nheads_kv, headdim, generator=generator)
-    v_cache = torch.randn(batch, keys, nheads_kv, headdim, generator=generator)
+    q = torch.randn(batch, seqlen_q, nheads, headdim, generator=generator).to(dtype)
+    k_cache = torch.randn(batch, keys, nheads_kv, headdim, generator=generator).to(dtype)
+    v_cache = torch.randn(batch, keys, nheads_kv, headdim, generator=generator).to(dtype)
     return q, k_cache, v_cache
 
 
@@ -125,7 +125,7 @@ def grid(args):
 def child(args):
     """Runs with OMP_NUM_THREADS set: one JSON row per point on stdout."""
     for seqlen_q, nheads, nheads_kv, headdim, batch, keys in grid(args):
-        q, k_cache, v_cache = make_inputs(batch, seqlen_q, keys, nheads, nheads_kv, headdim)
+        q, k_cache, v_cache = make_inputs(batch, seqlen_q, keys, nheads, nheads_kv, headdim, getattr(torch, args.dtype))
         fns = {name: fn for name, fn in calls(q, k_cache, v_cache).items() if name in args.impls}
         with torch.no_grad():
             diff = (fns["ours"]() - fns["sdpa"]()).abs().max().item()
@@ -150,7 +150,8 @@ def machine_info():
 
 def markdown(info, rows):
     lines = [f"# CPU decode: flash_attn_with_kvcache vs torch SDPA ({info['date'][:10]})", "",
-             f"{info['cpu_model']}, {info['cores']} cores, torch {info['torch_version']}, fp32, causal, wall time "
+             f"{info['cpu_model']}, {info['cores']} cores, torch {info['torch_version']}, {info['dtype']}, causal, "
+             "wall time "
              "(median of interleaved samples). The machine is shared with other jobs: times are noisy (+-20%); "
              "compare ours and sdpa within a row.", "",
              "| threads | sq | heads | d | batch | keys | blocked (us) | ours (us) | sdpa (us) | ours / blocked | "
@@ -174,6 +175,7 @@ def main():
     parser.add_argument("--heads", nargs="+", default=HEADS, help="nheads/nheads_kv")
     parser.add_argument("--headdims", type=int, nargs="+", default=HEADDIMS)
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=IMPLS, help="those to run (ours, sdpa always)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     parser.add_argument("--out", type=pathlib.Path, help="prefix of the .json and .md files")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -182,7 +184,8 @@ def main():
         return
     rows = []
     args.impls = sorted(set(args.impls) | {"ours", "sdpa"}, key=IMPLS.index)
-    grid_args = ["--impls", *args.impls, "--seqlens-q", *map(str, args.seqlens_q), "--keys", *map(str, args.keys),
+    grid_args = ["--dtype", args.dtype, "--impls", *args.impls, "--seqlens-q", *map(str, args.seqlens_q),
+                 "--keys", *map(str, args.keys),
                  "--batches", *map(str, args.batches), "--heads", *args.heads, "--headdims", *map(str, args.headdims)]
     for threads in args.threads:
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
@@ -199,7 +202,7 @@ def main():
         if proc.wait() != 0:
             sys.exit(f"child with {threads} threads failed")
     if args.out:
-        info = machine_info()
+        info = {**machine_info(), "dtype": args.dtype}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_suffix(".json").write_text(json.dumps({"machine": info, "rows": rows}, indent=1) + "\n")
         args.out.with_suffix(".md").write_text(markdown(info, rows))
