@@ -1085,6 +1085,14 @@ FwdOutputs varlen_fwd_cpu(
     check_variants(var, q, vl.batch(), max_seqlen_q, q.size(1), max_seqlen_k);
     if (is_half(q)) {
         const SourceDtype src(q);  // the AMX products of the fp32 kernels (flash_cpu.c)
+        if (q.scalar_type() == at::kBFloat16 && dropout_p == 0.0 && !varlen_fwd_no_work(q, vl, var)) {
+            const at::Tensor q32 = f32(q);
+            auto [out, lse] = varlen_fwd_outputs(q32, v);
+            VariantTensors keep;
+            if (run_bf16_decode(make_varlen_params(q32, k, v, out, lse, vl, softmax_scale, var, rng_state_from(0, 0),
+                                                   &keep)))
+                return {out.to(q.scalar_type()), lse, rng_state_from(0, 0), out};
+        }
         auto [out, lse, rng_state, _] = varlen_fwd_cpu(f32(q), f32(k), f32(v), cu_seqlens_q, cu_seqlens_k,
                                                        seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                                                        window_left, window_right, softcap, alibi_slopes, sink,
