@@ -183,9 +183,9 @@ typedef struct flash_params {
      * the binding runs fp16 / bf16 calls on the fp32 kernels), else FLASH_FP32 (zero): with AMX, their
      * products run on bf16 tiles, exactly (cpu/amx.h). Kept last, as rel_bias. */
     flash_dtype cpu_src_dtype;
-    /* The C CPU decode path (flash_cpu_decodes): FLASH_BF16 where k and v are the bf16 tensors themselves (strides
-     * in their elements) beside fp32 copies of q: their rows are widened per key block as they are read, instead
-     * of the whole cache per call. Else FLASH_FP32 (zero): k and v hold the kernel's type. */
+    /* The C CPU decode path (flash_cpu_decodes): FLASH_BF16 / FLASH_FP16 where k and v are the half tensors
+     * themselves (strides in their elements) beside fp32 copies of q: their rows are widened per key block as they
+     * are read, instead of the whole cache per call. Else FLASH_FP32 (zero): k and v hold the kernel's type. */
     flash_dtype cpu_kv_dtype;
 } flash_params;
 

@@ -929,13 +929,13 @@ void check_cpu_status(flash_cpu_status status, const char *what)
     TORCH_CHECK(status == FLASH_CPU_OK, "flashattn_ext: CPU ", what, " failed with status ", num(status));
 }
 
-// bf16 calls that take the CPU decode path (flash_cpu_decodes: few query rows, no dropout) with params p of fp32
-// copies of q (out, lse fp32) and the bf16 k, v themselves: the kernel widens k / v per key block as it reads them
-// (flash.h cpu_kv_dtype), where fp32 copies of the whole cache per call cost more than the attention. Returns
-// false, having run nothing, where the call takes another path.
-bool run_bf16_decode(flash_params p)
+// fp16 / bf16 calls that take the CPU decode path (flash_cpu_decodes: few query rows, no dropout) with params p of
+// fp32 copies of q (out, lse fp32) and the k, v of dtype t themselves: the kernel widens k / v per key block as it
+// reads them (flash.h cpu_kv_dtype), where fp32 copies of the whole cache per call cost more than the attention.
+// Returns false, having run nothing, where the call takes another path.
+bool run_half_decode(flash_params p, at::ScalarType t)
 {
-    p.cpu_kv_dtype = FLASH_BF16;
+    p.cpu_kv_dtype = to_flash_dtype(t);
     if (!flash_cpu_decodes(&p))
         return false;
     check_cpu_status(run_fwd_cpu(p), "decode forward");
@@ -988,14 +988,15 @@ FwdOutputs dense_fwd_cpu(const at::Tensor &q, const at::Tensor &k, const at::Ten
     check_variants(var, q, k);
     if (is_half(q)) {
         const SourceDtype src(q);  // the AMX products of the fp32 kernels (flash_cpu.c)
-        if (q.scalar_type() == at::kBFloat16 && dropout_p == 0.0 && !no_work(q) && k.size(1) > 0) {
+        if (dropout_p == 0.0 && !no_work(q) && k.size(1) > 0) {
             const at::Tensor q32 = f32(q);
             at::Tensor out = at::empty(out_sizes(q32, v), q32.options());
             at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q32.options());
             Variants var32 = var;
             var32.attn_mask = mask_f32(attn_mask);
             VariantTensors keep;
-            if (run_bf16_decode(make_params(q32, k, v, out, lse, softmax_scale, var32, rng_state_from(0, 0), &keep)))
+            if (run_half_decode(make_params(q32, k, v, out, lse, softmax_scale, var32, rng_state_from(0, 0), &keep),
+                                q.scalar_type()))
                 return {out.to(q.scalar_type()), lse, rng_state_from(0, 0), out};
         }
         auto [out, lse, rng_state, _] = dense_fwd_cpu(f32(q), f32(k), f32(v), softmax_scale, causal, bottom_right,
@@ -1085,12 +1086,13 @@ FwdOutputs varlen_fwd_cpu(
     check_variants(var, q, vl.batch(), max_seqlen_q, q.size(1), max_seqlen_k);
     if (is_half(q)) {
         const SourceDtype src(q);  // the AMX products of the fp32 kernels (flash_cpu.c)
-        if (q.scalar_type() == at::kBFloat16 && dropout_p == 0.0 && !varlen_fwd_no_work(q, vl, var)) {
+        if (dropout_p == 0.0 && !varlen_fwd_no_work(q, vl, var)) {
             const at::Tensor q32 = f32(q);
             auto [out, lse] = varlen_fwd_outputs(q32, v);
             VariantTensors keep;
-            if (run_bf16_decode(make_varlen_params(q32, k, v, out, lse, vl, softmax_scale, var, rng_state_from(0, 0),
-                                                   &keep)))
+            if (run_half_decode(make_varlen_params(q32, k, v, out, lse, vl, softmax_scale, var, rng_state_from(0, 0),
+                                                   &keep),
+                                q.scalar_type()))
                 return {out.to(q.scalar_type()), lse, rng_state_from(0, 0), out};
         }
         auto [out, lse, rng_state, _] = varlen_fwd_cpu(f32(q), f32(k), f32(v), cu_seqlens_q, cu_seqlens_k,
@@ -1171,12 +1173,13 @@ std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cpu(
     check_variants(var, q, q.size(0), q.size(1), q.size(2), kv.seqlen_k(k_cache));
     if (is_half(q)) {
         const SourceDtype src(q);  // the AMX products of the fp32 kernels (flash_cpu.c)
-        if (q.scalar_type() == at::kBFloat16 && !no_work(q) && kv.seqlen_k(k_cache) > 0) {
+        if (!no_work(q) && kv.seqlen_k(k_cache) > 0) {
             const at::Tensor q32 = f32(q);
             at::Tensor out = at::empty(out_sizes(q32, v_cache), q32.options());
             at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q32.options());
             VariantTensors keep;
-            if (run_bf16_decode(make_kvcache_params(q32, k_cache, v_cache, out, lse, kv, softmax_scale, var, &keep)))
+            if (run_half_decode(make_kvcache_params(q32, k_cache, v_cache, out, lse, kv, softmax_scale, var, &keep),
+                                q.scalar_type()))
                 return {out.to(q.scalar_type()), lse};
         }
         auto [out, lse] = kvcache_fwd_cpu(f32(q), f32(k_cache), f32(v_cache), cache_seqlens, cache_batch_idx,

@@ -4,8 +4,8 @@ test_kvcache (flash_attn_with_kvcache) and fa_testing.attention64 (flash_attn_fu
 FLASHATTN_EXT_CPU_DECODE_SPLITS forces the split count, so that splits cut windows, pages, mask blocks and key
 blocks at odd places; seqlen_q 1..4, GQA ratios 1, 2, 4, 8 (tasks of 1 to 24 rows: S by dot products below 8
 rows, with the rows in the vector lanes from 8), head dims with a column tail, d_v != d, attn_mask,
-varlen with empty sequences, the thread heuristic, and FLASHATTN_EXT_DISABLE_DECODE (the prefill path); in bfloat16
-the path reads the bf16 k / v as they are (no fp32 copy of the cache)."""
+varlen with empty sequences, the thread heuristic, and FLASHATTN_EXT_DISABLE_DECODE (the prefill path); in float16
+and bfloat16 the path reads the half k / v as they are (no fp32 copy of the cache)."""
 import pytest
 import torch
 
@@ -14,9 +14,9 @@ from fa_testing import OUT_TOL, assert_close, assert_lse_close, attention64
 from test_kvcache import Case, call, make_inputs, reference
 
 SPLITS = (1, 2, 3, 7, 64)
-# bfloat16: the decode path reads the bf16 k / v themselves, widened per key block (flash.h cpu_kv_dtype)
+# float16 / bfloat16: the decode path reads the half k / v themselves, widened per key block (flash.h cpu_kv_dtype)
 DTYPES = [pytest.param(torch.float32, id="float32"), pytest.param(torch.float64, id="float64"),
-          pytest.param(torch.bfloat16, id="bfloat16")]
+          pytest.param(torch.bfloat16, id="bfloat16"), pytest.param(torch.float16, id="float16")]
 
 CASES = [
     Case(b=2, sq=1, h=8, hkv=1, d=32, cache=300, seqlens=(300, 123), causal=True, label="gqa8-sq1"),
@@ -73,11 +73,12 @@ def test_func_mask_dv(splits, dtype, sq, h, hkv, kind, monkeypatch):
     assert_lse_close(lse, ref_lse, OUT_TOL[dtype])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["float32", "bfloat16",
+                                                                                     "float16"])
 @pytest.mark.parametrize("splits", (1, 4))
 def test_varlen_empty_sequences(splits, dtype, monkeypatch):
-    """A varlen batch with max_seqlen_q 3: sequences without queries or without keys, GQA 4, causal (bf16: k and
-    v read as they are)."""
+    """A varlen batch with max_seqlen_q 3: sequences without queries or without keys, GQA 4, causal (fp16 / bf16:
+    k and v read as they are)."""
     monkeypatch.setenv("FLASHATTN_EXT_CPU_DECODE_SPLITS", str(splits))
     lens_q, lens_k = (1, 3, 0, 2), (200, 0, 57, 300)
     h, hkv, d = 8, 2, 32
@@ -129,3 +130,18 @@ def test_disable_decode_takes_the_prefill_path(monkeypatch):
     out_pre = call(c, make_inputs(c, torch.float32, "cpu"))
     torch.testing.assert_close(out_dec, out_pre, rtol=0, atol=1e-5)
     assert not torch.equal(out_dec, out_pre), "FLASHATTN_EXT_DISABLE_DECODE changed nothing"
+
+
+def test_float16_cache_values_widened_exactly():
+    """fp16 k / v widened in the decode path keep every value: subnormals, the largest finite value, signs, inf.
+    With q = 0 every key gets the same probability, so out is the mean of v's rows: per column, subnormals whose
+    mean is 2^-23, +-65504 beside 2s (mean 1), negatives (-0.375), and an inf (inf)."""
+    keys = 96
+    cols = ([2.0 ** -24, 3 * 2.0 ** -24], [65504.0, -65504.0, 2.0, 2.0], [-0.5, -0.25], [float("inf"), 1.0, 1.0, 1.0])
+    v = torch.stack([torch.tensor(c * (keys // len(c)), dtype=torch.float64) for c in cols], dim=1)
+    v = v.to(torch.float16).view(1, keys, 1, 4)
+    k = torch.randn(1, keys, 1, 4).to(torch.float16)
+    q = torch.zeros(1, 1, 2, 4, dtype=torch.float16)
+    out = flashattn_ext.flash_attn_with_kvcache(q, k, v, cache_seqlens=torch.tensor([keys], dtype=torch.int32))
+    want = torch.tensor([2.0 ** -23, 1.0, -0.375, float("inf")], dtype=torch.float16).expand(1, 1, 2, 4)
+    assert torch.equal(out, want), out

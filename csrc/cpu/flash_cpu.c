@@ -1141,7 +1141,7 @@ typedef struct FN(decode_ws) {
     T *s;     /* (rows, DECODE_KEYS): S, then P */
     T *acc;   /* (rows, d_v): O, unnormalized */
     T *m, *l, *alpha; /* (rows): running max and sum, rescale factor of the last block */
-    T *stage; /* bf16 k / v (cpu_kv_dtype): the block's key rows widened, (DECODE_KEYS, d) then (DECODE_KEYS, d_v) */
+    T *stage; /* fp16 / bf16 k / v (cpu_kv_dtype): the block's key rows widened, (DECODE_KEYS, d), (DECODE_KEYS, d_v) */
 } FN(decode_ws);
 
 /* s[r * DECODE_KEYS + j] = dot(q row r, keys[j]) for r < rows, j < kn; q is (rows, d). Four rows at a time
@@ -1330,16 +1330,29 @@ static void FN(decode_key_rows)(const T **kp, const T **vp, const flash_params *
     }
 }
 
-/* bf16 rows src[x] (n values each, x < rows) widened into dst (rows, n); dst_rows[x] points at row x. T is
- * float. */
-FLASH_CPU_SIMD static void FN(widen_bf16_rows)(T *restrict dst, const T *const *src, int64_t rows, int64_t n,
+/* bf16 (fp16 where fp16) rows src[x] (n values each, x < rows) widened into dst (rows, n); dst_rows[x] points at
+ * row x. T is float. fp16: the exponent and mantissa moved to fp32's places and rebiased by one exact multiply
+ * by 2^112 (subnormals included), inf / nan given fp32's all-ones exponent. */
+FLASH_CPU_SIMD static void FN(widen_half_rows)(T *restrict dst, const T *const *src, int64_t rows, int64_t n, int fp16,
                                                const T **dst_rows)
 {
     for (int64_t x = 0; x < rows; x++) {
         const uint16_t *restrict s = (const uint16_t *)src[x];
         uint32_t *restrict d = (uint32_t *)(dst + x * n);
-        for (int64_t c = 0; c < n; c++)
-            d[c] = (uint32_t)s[c] << 16;
+        if (!fp16) {
+            for (int64_t c = 0; c < n; c++)
+                d[c] = (uint32_t)s[c] << 16;
+        } else {
+            for (int64_t c = 0; c < n; c++) {
+                const uint32_t em = s[c] & 0x7fffu;
+                uint32_t u = em << 13;
+                float f;
+                memcpy(&f, &u, sizeof f);
+                f *= 0x1p112f;
+                memcpy(&u, &f, sizeof u);
+                d[c] = (u | (em >= 0x7c00u ? 0x7f800000u : 0u)) | (uint32_t)(s[c] & 0x8000u) << 16;
+            }
+        }
         dst_rows[x] = dst + x * n;
     }
 }
@@ -1372,7 +1385,8 @@ static void FN(decode_task)(const flash_params *p, const FN(decode_ws) *w, int64
     const flash_tile_range keys = flash_key_tiles(&seq, 0, sq, 1); /* in keys, not tiles */
     const int64_t per = flash_cdiv64(keys.end - keys.first, n_splits);
     const int64_t j0 = keys.first + split * per, j1 = flash_min64(keys.end, j0 + per);
-    const int64_t es = p->cpu_kv_dtype == FLASH_BF16 ? 2 : (int64_t)sizeof(T); /* bf16 k / v: T is float */
+    const int half_kv = p->cpu_kv_dtype == FLASH_BF16 || p->cpu_kv_dtype == FLASH_FP16; /* T is float */
+    const int64_t es = half_kv ? 2 : (int64_t)sizeof(T);
     const char *khead = (const char *)p->k + hk * p->k_s.head * es;
     const char *vhead = (const char *)p->v + hk * p->v_s.head * es;
 
@@ -1396,7 +1410,7 @@ static void FN(decode_task)(const flash_params *p, const FN(decode_ws) *w, int64
      * first block's too, so that its misses overlap */
     const T *kp[2][DECODE_KEYS], *vp[2][DECODE_KEYS];
     int cur = 0;
-    const T *kw[DECODE_KEYS], *vw[DECODE_KEYS]; /* bf16 k / v: the widened rows of the block */
+    const T *kw[DECODE_KEYS], *vw[DECODE_KEYS]; /* fp16 / bf16 k / v: the widened rows of the block */
     if (j0 < j1)
         FN(decode_key_rows)(kp[0], vp[0], p, &seq, khead, vhead, es, j0, flash_min64(DECODE_KEYS, j1 - j0), 1);
     for (int64_t k0 = j0; k0 < j1; k0 += DECODE_KEYS, cur ^= 1) {
@@ -1405,9 +1419,10 @@ static void FN(decode_task)(const flash_params *p, const FN(decode_ws) *w, int64
             FN(decode_key_rows)(kp[cur ^ 1], vp[cur ^ 1], p, &seq, khead, vhead, es, k0 + kn,
                                 flash_min64(DECODE_KEYS, j1 - k0 - kn), 1);
         const T *const *krows = kp[cur], *const *vrows = vp[cur];
-        if (es != (int64_t)sizeof(T)) {
-            FN(widen_bf16_rows)(w->stage, kp[cur], kn, d, kw);
-            FN(widen_bf16_rows)(w->stage + DECODE_KEYS * d, vp[cur], kn, d_v, vw);
+        if (half_kv) {
+            const int fp16 = p->cpu_kv_dtype == FLASH_FP16;
+            FN(widen_half_rows)(w->stage, kp[cur], kn, d, fp16, kw);
+            FN(widen_half_rows)(w->stage + DECODE_KEYS * d, vp[cur], kn, d_v, fp16, vw);
             krows = kw;
             vrows = vw;
         }
@@ -1485,7 +1500,7 @@ static flash_cpu_status FN(decode_fwd)(const flash_params *p)
     const int64_t n_splits = decode_splits(p, n_threads), groups = p->b * p->h_kv, n_tasks = groups * n_splits;
     const int64_t rows_max = p->h_per_kv * p->sq, align = FLASH_CPU_ALIGN_BYTES / (int64_t)sizeof(T);
     const int64_t q_elems = ROUND_UP(rows_max, DECODE_LANES) * p->d;
-    const int64_t stage = p->cpu_kv_dtype == FLASH_BF16 ? DECODE_KEYS * (p->d + p->d_v) : 0;
+    const int64_t stage = p->cpu_kv_dtype != FLASH_FP32 ? DECODE_KEYS * (p->d + p->d_v) : 0;
     const int64_t ws = ROUND_UP(q_elems + rows_max * (DECODE_KEYS + p->d_v + 3) + stage, align);
     const int64_t part = n_splits > 1 ? ROUND_UP(n_tasks * rows_max * (p->d_v + 2), align) : 0;
     if (n_tasks <= 0 || rows_max <= 0)
@@ -1665,7 +1680,7 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
 static flash_cpu_status FN(fwd)(const flash_params *p)
 {
     if (p->cpu_kv_dtype != FLASH_FP32 && !(sizeof(T) == sizeof(float) && decode_shape(p)))
-        return FLASH_CPU_ERR_DTYPE; /* bf16 k / v: the fp32 decode path only */
+        return FLASH_CPU_ERR_DTYPE; /* fp16 / bf16 k / v: the fp32 decode path only */
     if (decode_shape(p))
         return FN(decode_fwd)(p);
     return FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(fwd_task), NULL, PACK_FWD, 0);

@@ -38,7 +38,7 @@ typedef enum flash_cpu_status {
 flash_cpu_status flash_fwd_cpu(const flash_params *p);
 
 /* 1 when flash_fwd_cpu takes the decode path for p (few query rows, no dropout; FLASHATTN_EXT_DISABLE_DECODE=1
- * says no): the only forward that reads bf16 k / v (p->cpu_kv_dtype); the others refuse them. */
+ * says no): the only forward that reads fp16 / bf16 k / v (p->cpu_kv_dtype); the others refuse them. */
 int flash_cpu_decodes(const flash_params *p);
 
 /* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv (every element of every sequence, zeros
