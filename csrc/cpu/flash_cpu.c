@@ -163,6 +163,26 @@ static inline float tanhf_exp(float y)
     return (e - 1) / (e + 1);
 }
 
+/* The value of fp16 (fp16 set) or bf16 bits h, as widen_half_rows widens them. */
+static FLASH_CPU_INLINE float widen_half(uint16_t h, int fp16)
+{
+    uint32_t u;
+    float f;
+    if (!fp16) {
+        u = (uint32_t)h << 16;
+        memcpy(&f, &u, sizeof f);
+        return f;
+    }
+    const uint32_t em = h & 0x7fffu;
+    u = em << 13;
+    memcpy(&f, &u, sizeof f);
+    f *= 0x1p112f;
+    memcpy(&u, &f, sizeof u);
+    u = (u | (em >= 0x7c00u ? 0x7f800000u : 0u)) | (uint32_t)(h & 0x8000u) << 16;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 static inline int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return flash_min64(flash_max64(x, lo), hi); }
 
 /* Length of the run of keys from key j (< j_end) of sequence seq that lie at one row stride from each
@@ -1357,6 +1377,50 @@ FLASH_CPU_SIMD static void FN(widen_half_rows)(T *restrict dst, const T *const *
     }
 }
 
+/* decode_scores and decode_pv for fewer than DECODE_MR rows (one or two query rows per kv head: MHA), reading the
+ * fp16 / bf16 key and value rows as they are (each row serves too few rows to be worth widening first). T is
+ * float. */
+FLASH_CPU_SIMD FLASH_CPU_REASSOC static void FN(decode_scores_half)(T *restrict s, const T *restrict q, int64_t rows,
+                                                                    int64_t d, const T *const *keys, int64_t kn,
+                                                                    int fp16)
+{
+    for (int64_t j = 0; j < kn; j++) {
+        const uint16_t *restrict kj = (const uint16_t *)keys[j];
+        for (int64_t r = 0; r < rows; r++) {
+            const T *restrict qr = q + r * d;
+            T sr = 0;
+            if (fp16)
+                for (int64_t c = 0; c < d; c++)
+                    sr += qr[c] * widen_half(kj[c], 1);
+            else
+                for (int64_t c = 0; c < d; c++)
+                    sr += qr[c] * widen_half(kj[c], 0);
+            s[r * DECODE_KEYS + j] = sr;
+        }
+    }
+}
+
+FLASH_CPU_SIMD static void FN(decode_pv_half)(T *restrict acc, int64_t d_v, const T *restrict pr,
+                                              const T *restrict alpha, int64_t rows, const T *const *vals, int64_t kn,
+                                              int fp16)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        T *restrict ar = acc + r * d_v;
+        for (int64_t c = 0; c < d_v; c++)
+            ar[c] *= alpha[r];
+        for (int64_t j = 0; j < kn; j++) {
+            const uint16_t *restrict vj = (const uint16_t *)vals[j];
+            const T pj = pr[r * DECODE_KEYS + j];
+            if (fp16)
+                for (int64_t c = 0; c < d_v; c++)
+                    ar[c] += pj * widen_half(vj[c], 1);
+            else
+                for (int64_t c = 0; c < d_v; c++)
+                    ar[c] += pj * widen_half(vj[c], 0);
+        }
+    }
+}
+
 /* Output row of query i of head hq from its running max m, sum l (relative to m) and unnormalized acc (d_v):
  * o and lse, with the sink (flash_row_finish_*). */
 static void FN(decode_store_row)(const flash_params *p, const flash_seq *seq, int64_t bi, int64_t hq, int64_t i,
@@ -1419,14 +1483,16 @@ static void FN(decode_task)(const flash_params *p, const FN(decode_ws) *w, int64
             FN(decode_key_rows)(kp[cur ^ 1], vp[cur ^ 1], p, &seq, khead, vhead, es, k0 + kn,
                                 flash_min64(DECODE_KEYS, j1 - k0 - kn), 1);
         const T *const *krows = kp[cur], *const *vrows = vp[cur];
-        if (half_kv) {
-            const int fp16 = p->cpu_kv_dtype == FLASH_FP16;
+        const int fp16 = p->cpu_kv_dtype == FLASH_FP16, direct = half_kv && rows < DECODE_MR;
+        if (half_kv && !direct) {
             FN(widen_half_rows)(w->stage, kp[cur], kn, d, fp16, kw);
             FN(widen_half_rows)(w->stage + DECODE_KEYS * d, vp[cur], kn, d_v, fp16, vw);
             krows = kw;
             vrows = vw;
         }
-        if (lanes)
+        if (direct)
+            FN(decode_scores_half)(w->s, w->q, rows, d, krows, kn, fp16);
+        else if (lanes)
             FN(decode_scores_lanes)(w->s, w->q, rp, rows, d, krows, kn);
         else
             FN(decode_scores)(w->s, w->q, rows, d, krows, kn);
@@ -1450,7 +1516,10 @@ static void FN(decode_task)(const flash_params *p, const FN(decode_ws) *w, int64
                                      clamp64(i + seq.diag_hi + 1 - k0, 0, kn), kn, -INFINITY);
             }
         FN(decode_softmax)(w->s, rows, kn, w->m, w->l, w->alpha);
-        FN(decode_pv)(w->acc, d_v, w->s, w->alpha, rows, vrows, kn);
+        if (direct)
+            FN(decode_pv_half)(w->acc, d_v, w->s, w->alpha, rows, vrows, kn, fp16);
+        else
+            FN(decode_pv)(w->acc, d_v, w->s, w->alpha, rows, vrows, kn);
     }
     if (n_splits == 1) {
         for (int64_t r = 0; r < rows; r++)
