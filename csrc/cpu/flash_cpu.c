@@ -163,7 +163,8 @@ static inline float tanhf_exp(float y)
     return (e - 1) / (e + 1);
 }
 
-/* The value of fp16 (fp16 set) or bf16 bits h, as widen_half_rows widens them. */
+/* The value of fp16 (fp16 set) or bf16 bits h. fp16: the exponent and mantissa moved to fp32's places and rebiased
+ * by one exact multiply by 2^112 (subnormals included), inf / nan given fp32's all-ones exponent. */
 static FLASH_CPU_INLINE float widen_half(uint16_t h, int fp16)
 {
     uint32_t u;
@@ -852,9 +853,9 @@ static const uint16_t *FN(pack_b)(const FN(workspace) *w, int slot, int64_t k, i
  * v or dout, of w->parts bf16 terms) where a_inputs (a_packed: packed already, or NULL), b too where b_inputs
  * (b_packed: b as pack_b left it, or NULL); otherwise any fp32 values (P, dS: 3 terms); exact products either
  * way, only the order of the fp32 additions differs. */
-static void FN(mm2)(const FN(workspace) *w, const uint16_t *a_packed, int a_inputs, const uint16_t *b_packed,
-                    int b_inputs, int64_t m, int64_t n, int64_t k, const T *a, int64_t a_rs, int64_t a_ks, const T *b,
-                    int64_t ldb, T *c, int64_t ldc, int accumulate)
+static void FN(mm)(const FN(workspace) *w, const uint16_t *a_packed, int a_inputs, const uint16_t *b_packed,
+                   int b_inputs, int64_t m, int64_t n, int64_t k, const T *a, int64_t a_rs, int64_t a_ks, const T *b,
+                   int64_t ldb, T *c, int64_t ldc, int accumulate)
 {
     if (w->amx) { /* T is float */
         const int a_parts = a_inputs ? w->parts : 3, b_parts = b_inputs ? w->parts : 3;
@@ -872,14 +873,6 @@ static void FN(mm2)(const FN(workspace) *w, const uint16_t *a_packed, int a_inpu
         return;
     }
     FN(gemm)(m, n, k, a, a_rs, a_ks, b, ldb, c, ldc, accumulate);
-}
-
-/* mm2 with a of input values. */
-static void FN(mm)(const FN(workspace) *w, const uint16_t *a_packed, const uint16_t *b_packed, int b_inputs, int64_t m,
-                   int64_t n, int64_t k, const T *a, int64_t a_rs, int64_t a_ks, const T *b, int64_t ldb, T *c,
-                   int64_t ldc, int accumulate)
-{
-    FN(mm2)(w, a_packed, 1, b_packed, b_inputs, m, n, k, a, a_rs, a_ks, b, ldb, c, ldc, accumulate);
 }
 
 /* s (rows x cols, leading dim ld) *= scale. */
@@ -939,7 +932,7 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
             FN(load_key_rows)(w->k, dm, km, dm, k, p, &seq, t.k0, t.kn, d);
             FN(load_key_rows)(w->v, dvm, t.kn, dvm, v, p, &seq, t.k0, t.kn, d_v);
         }
-        FN(mm)(w, kv, q_packed, 1, km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
+        FN(mm)(w, kv, 1, q_packed, 1, km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
         if (w->amx)
             FN(scale_tile)(w->s, km, qp, TILE_Q_NR, (T)p->scale);
         if (p->has_hook && hooked_scores(p, flags))
@@ -949,7 +942,7 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
         FN(softmax_step)(w->s, km, qp, w->acc, dvm, m, l);
         if (p->dropout_threshold)
             FN(dropout_columns)(w->s, p, &t, bi * p->h + hq);
-        FN(mm)(w, kv ? kv + w->part[1] : NULL, NULL, 0, dvm, qp, t.kn, w->v, 1, dvm, w->s, TILE_Q_NR, w->acc,
+        FN(mm)(w, kv ? kv + w->part[1] : NULL, 1, NULL, 0, dvm, qp, t.kn, w->v, 1, dvm, w->s, TILE_Q_NR, w->acc,
                TILE_Q_NR, 1);
     }
     const T sink = (T)flash_sink(p, hq);
@@ -1018,13 +1011,13 @@ static void FN(dkdv_tile)(const flash_params *p, const FN(workspace) *w, const f
                 FN(load_rows)(w->dout, dvm, qm, dvm, dout + t.q0 * p->do_s.row, p->do_s.row, t.qn, d_v);
             }
             FN(load_row_stats)(lse_eff, delta, renorm, qm, lse + t.q0, dl + t.q0, rn ? rn + t.q0 : NULL, t.qn);
-            FN(mm)(w, qd, k_packed, 1, qm, kp, d, w->q, dm, 1, w->k, TILE_K_NR, w->s, TILE_K_NR, 0);
+            FN(mm)(w, qd, 1, k_packed, 1, qm, kp, d, w->q, dm, 1, w->k, TILE_K_NR, w->s, TILE_K_NR, 0);
             if (hooked)
                 FN(score_hook)(w->s, TILE_K_NR, 0, p, &seq, &t, bi, hq, (T)p->scale, flags, w->grad);
             FN(probs_by_row)(w->s, qm, kp, TILE_K_NR, hooked ? 1 : (T)p->scale, lse_eff, renorm);
             if (!full)
                 FN(mask_band)(w->s, qm, kp, &seq, &t, 0);
-            FN(mm)(w, qd ? qd + w->part[1] : NULL, v_packed, 1, qm, kp, d_v, w->dout, dvm, 1, w->v, TILE_K_NR, w->ds,
+            FN(mm)(w, qd ? qd + w->part[1] : NULL, 1, v_packed, 1, qm, kp, d_v, w->dout, dvm, 1, w->v, TILE_K_NR, w->ds,
                    TILE_K_NR, 0);
             if (p->dropout_threshold)
                 FN(dscores_dropout_by_row)(w->ds, w->s, p, &t, bi * p->h + hq, delta);
@@ -1034,12 +1027,12 @@ static void FN(dkdv_tile)(const flash_params *p, const FN(workspace) *w, const f
                 FN(score_grad)(p, &seq, w->ds, &t, bi, hq);
             if (hooked && p->softcap > 0)
                 FN(softcap_backward)(w->ds, w->grad, TILE_K_NR, 1, &t);
-            FN(mm)(w, qd ? qd + w->part[2] : NULL, NULL, 0, dvm, kp, t.qn, w->dout, 1, dvm, w->s, TILE_K_NR, w->acc2,
+            FN(mm)(w, qd ? qd + w->part[2] : NULL, 1, NULL, 0, dvm, kp, t.qn, w->dout, 1, dvm, w->s, TILE_K_NR, w->acc2,
                    TILE_K_NR, 1);
-            FN(mm)(w, qd ? qd + w->part[3] : NULL, NULL, 0, dm, kp, t.qn, w->q, 1, dm, w->ds, TILE_K_NR, w->acc,
+            FN(mm)(w, qd ? qd + w->part[3] : NULL, 1, NULL, 0, dm, kp, t.qn, w->q, 1, dm, w->ds, TILE_K_NR, w->acc,
                    TILE_K_NR, 1);
             if (w->dq_acc)
-                FN(mm2)(w, NULL, 0, k_rows_packed, 1, qm, dn, t.kn, w->ds, TILE_K_NR, 1, w->k_rows, dn,
+                FN(mm)(w, NULL, 0, k_rows_packed, 1, qm, dn, t.kn, w->ds, TILE_K_NR, 1, w->k_rows, dn,
                         w->dq_acc + ((hq - hk * p->h_per_kv) * dq_rows + t.q0) * dn, dn, 1);
         }
     }
@@ -1132,20 +1125,20 @@ static void FN(dq_task)(const flash_params *p, const FN(workspace) *w, int64_t t
             FN(load_key_rows)(w->k, dm, km, dm, k, p, &seq, t.k0, t.kn, d);
             FN(load_key_rows)(w->v, dvm, km, dvm, v, p, &seq, t.k0, t.kn, d_v);
         }
-        FN(mm)(w, kv, q_packed, 1, km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
+        FN(mm)(w, kv, 1, q_packed, 1, km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
         if (hooked)
             FN(score_hook)(w->s, TILE_Q_NR, 1, p, &seq, &t, bi, hq, (T)p->scale, flags, w->grad);
         FN(probs_by_column)(w->s, km, qp, TILE_Q_NR, hooked ? 1 : (T)p->scale, lse_eff, renorm);
         if (!full)
             FN(mask_band_t)(w->s, km, qp, &seq, &t, 0);
-        FN(mm)(w, kv ? kv + w->part[1] : NULL, dout_packed, 1, km, qp, d_v, w->v, dvm, 1, w->dout, TILE_Q_NR, w->ds,
+        FN(mm)(w, kv ? kv + w->part[1] : NULL, 1, dout_packed, 1, km, qp, d_v, w->v, dvm, 1, w->dout, TILE_Q_NR, w->ds,
                TILE_Q_NR, 0);
         if (p->dropout_threshold)
             FN(dropout_columns)(w->ds, p, &t, bi * p->h + hq);
         FN(dscores_by_column)(w->ds, w->s, km, qp, TILE_Q_NR, delta);
         if (hooked && p->softcap > 0)
             FN(softcap_backward)(w->ds, w->grad, 1, TILE_Q_NR, &t);
-        FN(mm)(w, kv ? kv + w->part[2] : NULL, NULL, 0, dm, qp, t.kn, w->k, 1, dm, w->ds, TILE_Q_NR, w->acc,
+        FN(mm)(w, kv ? kv + w->part[2] : NULL, 1, NULL, 0, dm, qp, t.kn, w->k, 1, dm, w->ds, TILE_Q_NR, w->acc,
                TILE_Q_NR, 1);
     }
     FN(store_transposed)(dq, p->dq_s.row, w->acc, TILE_Q_NR, t.qn, d, (T)p->scale);
@@ -1350,9 +1343,8 @@ static void FN(decode_key_rows)(const T **kp, const T **vp, const flash_params *
     }
 }
 
-/* bf16 (fp16 where fp16) rows src[x] (n values each, x < rows) widened into dst (rows, n); dst_rows[x] points at
- * row x. T is float. fp16: the exponent and mantissa moved to fp32's places and rebiased by one exact multiply
- * by 2^112 (subnormals included), inf / nan given fp32's all-ones exponent. */
+/* bf16 (fp16 where fp16) rows src[x] (n values each, x < rows) widened into dst (rows, n) as widen_half does;
+ * dst_rows[x] points at row x. T is float. */
 FLASH_CPU_SIMD static void FN(widen_half_rows)(T *restrict dst, const T *const *src, int64_t rows, int64_t n, int fp16,
                                                const T **dst_rows)
 {
@@ -1363,15 +1355,8 @@ FLASH_CPU_SIMD static void FN(widen_half_rows)(T *restrict dst, const T *const *
             for (int64_t c = 0; c < n; c++)
                 d[c] = (uint32_t)s[c] << 16;
         } else {
-            for (int64_t c = 0; c < n; c++) {
-                const uint32_t em = s[c] & 0x7fffu;
-                uint32_t u = em << 13;
-                float f;
-                memcpy(&f, &u, sizeof f);
-                f *= 0x1p112f;
-                memcpy(&u, &f, sizeof u);
-                d[c] = (u | (em >= 0x7c00u ? 0x7f800000u : 0u)) | (uint32_t)(s[c] & 0x8000u) << 16;
-            }
+            for (int64_t c = 0; c < n; c++)
+                dst[x * n + c] = widen_half(s[c], 1);
         }
         dst_rows[x] = dst + x * n;
     }
