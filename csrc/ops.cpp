@@ -972,7 +972,7 @@ struct RelBiasGrad {
         p->rel_bias_grad = part.data_ptr();
         p->rel_grad_tile = FLASH_CPU_TILE_K;
     }
-    at::Tensor result() const { return on ? part.sum({0, 2}) : part.new_empty({0}); }
+    at::Tensor result() const { return on ? part.sum(at::IntArrayRef{0, 2}) : part.new_empty({0}); }
 };
 
 FwdOutputs dense_fwd_cpu(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, double softmax_scale,
