@@ -7,7 +7,7 @@ import numbers
 
 import torch
 
-from ._core import PAGE_MULTIPLE
+from ._core import LIMITS, PAGE_MULTIPLE
 
 
 def _symbolic(x):
@@ -307,6 +307,11 @@ def _check_kv_cache(fn, q, k_cache, v_cache):
     if (q.shape[2] % k_cache.shape[2] != 0) if k_cache.shape[2] else q.shape[2] != 0:
         raise ValueError(f"{fn}: nheads of q ({q.shape[2]}) must be a multiple of nheads_kv of k_cache "
                          f"({k_cache.shape[2]})")
+    top = LIMITS["cuda_max_head_dim"]
+    if q.is_cuda and max(q.shape[3], v_cache.shape[3]) > top:
+        name = "q and k_cache" if q.shape[3] > top else "v_cache"
+        raise ValueError(f"{fn}: on CUDA, the head dim (last dimension) of {name} must be at most {top}, got "
+                         f"{max(q.shape[3], v_cache.shape[3])} (the CPU takes any head dim)")
 
 
 def _check_cache_rows(fn, k_cache, batch, device, cache_batch_idx, cache_leftpad, block_table):

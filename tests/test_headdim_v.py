@@ -149,9 +149,12 @@ def test_cuda_head_dim_limit(dims):
     with pytest.raises(RuntimeError, match=rf"head dim \(last dimension\) of {name} must be at most 256, got "
                                            rf"{max(d, dv)}"):
         flashattn_ext.flash_attn_func(q, k, v)
-    name = "q and k" if d > 256 else "v_cache"
-    with pytest.raises(RuntimeError, match=rf"of {name} must be at most 256"):
-        flashattn_ext.flash_attn_with_kvcache(q, k, v)
+    # before anything is appended: the cache is unchanged
+    name = "q and k_cache" if d > 256 else "v_cache"
+    k_cache, v_cache = k.clone(), v.clone()
+    with pytest.raises(ValueError, match=rf"of {name} must be at most 256, got {max(d, dv)}"):
+        flashattn_ext.flash_attn_with_kvcache(q, k_cache, v_cache, k=k[:, :1], v=v[:, :1], cache_seqlens=2)
+    assert torch.equal(k_cache, k) and torch.equal(v_cache, v)
 
 
 # ----------------------------------------------------------------------------------------------
