@@ -16,7 +16,7 @@ shift 2
 F="-std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Icsrc -Icsrc/cuda -DFLASHATTN_EXT_SM90A"
 W=${TMPDIR:-/tmp}/ab_sed
 SRCS="csrc/cuda/*.cu dev/bwd_harness.cu dev/fwd_harness.cu"
-KERNELS="launch rows bwd_sm80 bwd_sm90 bwd_simple fwd_sm80 fwd_sm90 fwd_decode fwd_simple"
+KERNELS=$(cd csrc/cuda && ls *.cu | sed "s/\.cu$//")
 rm -rf "$W" && mkdir -p "$W/base"
 compile() { # dir obj-dir files...
     local d=$1 o=$2
