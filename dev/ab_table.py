@@ -1,4 +1,4 @@
-"""Medians per config and variant of dev/ab_sed.sh output (bwd_harness lines), with each variant over \"main\"."""
+"""Medians per config and variant of dev/ab_sed.sh output (bwd_harness lines), with each variant over the reference (\"main\" or \"base\")."""
 import re, sys, statistics, collections
 d = collections.defaultdict(lambda: collections.defaultdict(list))
 name = None
@@ -9,9 +9,10 @@ for line in open(sys.argv[1]):
     m = re.match(r"bf16 (d=\s*\d+ seqlen=\s*\d+ .*?)\s*:\s*([\d.]+) ms\s+([\d.]+) TFLOP/s", line)
     if m and name:
         d[m.group(1).strip()][name].append(float(m.group(3)))
-names = sorted({n for c in d.values() for n in c}, key=lambda n: (n != "main", n))
-print("config".ljust(52), *[n.rjust(9) for n in names], *[("%s/main" % n).rjust(11) for n in names if n != "main"])
+names = sorted({n for c in d.values() for n in c}, key=lambda n: (n not in ("main", "base"), n))
+ref = names[0]
+print("config".ljust(52), *[n.rjust(9) for n in names], *[("%s/%s" % (n, ref)).rjust(11) for n in names[1:]])
 for c, v in d.items():
     med = {n: statistics.median(v[n]) if v[n] else float("nan") for n in names}
     print(re.sub(r"\s+", " ", c).ljust(52), *["%9.1f" % med[n] for n in names],
-          *["%11.3f" % (med[n] / med["main"]) for n in names if n != "main"])
+          *["%11.3f" % (med[n] / med[ref]) for n in names[1:]])
