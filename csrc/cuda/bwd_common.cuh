@@ -1,6 +1,6 @@
 /* bwd_common.cuh: pieces shared by the backward kernels of bwd_sm80.cu and bwd_sm90.cu: the lse helper, the
  * band constants of a key tile (and the per-CTA copy of its sequence's constants in shared memory), the dQ
- * reduction into the fp32 accumulator, and the dK/dV epilogue. Fragment layouts are those of common.cuh
+ * reduction into the fp32 accumulator, the per-CTA tensor slices, and the dK/dV epilogue. Fragment layouts are those of common.cuh
  * (mma.sync m16n8k16; wgmma uses the same per-warp layouts). Varlen: the epilogue addresses one sequence's keys
  * through its flash_seq (mask.h). */
 #ifndef FLASHATTN_EXT_BWD_COMMON_CUH
@@ -50,6 +50,38 @@ __host__ __device__ __forceinline__ int band_tile_lo(int lb, int m0)
 {
     const int v = lb + m0;
     return v > -FLASH_DIAG_CLAMP ? v : -FLASH_DIAG_CLAMP;
+}
+
+/* A dK/dV CTA's slices of the tensors (the per-CTA prologue of every backward kernel): key tile n0 of head hq's
+ * sequence seq (batch b, kv head hk) and the query rows and row statistics it meets; the kernels copy the fields
+ * into locals of the same names. */
+template <typename T>
+struct bwd_cta_slices {
+    const T *kg, *vg;           /* (sk - n0, d): the keys and values from n0 on */
+    const T *qg, *dog;          /* (sq, d): the sequence's queries and output gradients */
+    const float *lseg, *deltag; /* (sq): its rows' lse and delta */
+    float *dqa;                 /* (sq, d): its rows of the fp32 dQ accumulator */
+    int kvalid, kn;             /* keys from n0 on; of them, those of the tile (at most BN) */
+    flash_tile_range qt;        /* the query tiles of BM rows that see a key of the tile */
+};
+
+template <typename T, int BN, int BM>
+__device__ __forceinline__ bwd_cta_slices<T> bwd_cta_slices_of(const flash_params &p, const flash_seq &seq, int b,
+                                                               int hq, int64_t hk, int n0)
+{
+    bwd_cta_slices<T> s;
+    const int64_t krow = seq.k_row0 + n0, lse0 = flash_lse_offset(&p, &seq, b, hq);
+    s.kg = (const T *)p.k + seq.k_batch * p.k_s.batch + hk * p.k_s.head + krow * p.k_s.row;
+    s.vg = (const T *)p.v + seq.k_batch * p.v_s.batch + hk * p.v_s.head + krow * p.v_s.row;
+    s.qg = (const T *)p.q + b * p.q_s.batch + hq * p.q_s.head + seq.q_row0 * p.q_s.row;
+    s.dog = (const T *)p.dout + b * p.do_s.batch + hq * p.do_s.head + seq.q_row0 * p.do_s.row;
+    s.lseg = (const float *)p.lse + lse0;
+    s.deltag = (const float *)p.delta + lse0;
+    s.dqa = p.dq_accum + lse0 * (int)p.d;
+    s.kvalid = (int)seq.sk - n0;
+    s.kn = s.kvalid < BN ? s.kvalid : BN;
+    s.qt = flash_query_tiles(&seq, n0, s.kn, BM);
+    return s;
 }
 
 /* What a dK/dV kernel's loop over query tiles needs of its sequence in every tile, written to shared

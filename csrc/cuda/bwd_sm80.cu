@@ -515,21 +515,16 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
     if (n0 >= seq.sk)
         return; /* varlen: the grid spans the longest sequence */
     const int64_t hk = hq / p.h_per_kv;
-    const int sq = (int)seq.sq, sk = (int)seq.sk, d = (int)p.d;
+    const int sq = (int)seq.sq, d = (int)p.d;
     const float sl2 = p.scale_log2;
     const bool do_dq = !p.deterministic;
 
-    const int64_t krow = seq.k_row0 + n0, lse0 = flash_lse_offset(&p, &seq, b, hq);
-    const T *kg = (const T *)p.k + seq.k_batch * p.k_s.batch + hk * p.k_s.head + krow * p.k_s.row; /* (sk - n0, d) */
-    const T *vg = (const T *)p.v + seq.k_batch * p.v_s.batch + hk * p.v_s.head + krow * p.v_s.row; /* (sk - n0, d) */
-    const T *qg = (const T *)p.q + b * p.q_s.batch + hq * p.q_s.head + seq.q_row0 * p.q_s.row;     /* (sq, d) */
-    const T *dog = (const T *)p.dout + b * p.do_s.batch + hq * p.do_s.head + seq.q_row0 * p.do_s.row; /* (sq, d) */
-    const float *lseg = (const float *)p.lse + lse0;     /* (sq) */
-    const float *deltag = (const float *)p.delta + lse0; /* (sq) */
-    float *dqa = p.dq_accum + lse0 * d;                  /* (sq, d) */
-
-    const int kvalid = sk - n0, kn = kvalid < BC ? kvalid : BC; /* keys of the tile that exist */
-    const flash_tile_range qt = flash_query_tiles(&seq, n0, kn, BR);
+    const bwd_cta_slices<T> sl = bwd_cta_slices_of<T, BC, BR>(p, seq, b, hq, hk, n0);
+    const T *kg = sl.kg, *vg = sl.vg, *qg = sl.qg, *dog = sl.dog;
+    const float *lseg = sl.lseg, *deltag = sl.deltag;
+    float *dqa = sl.dqa;
+    const int kvalid = sl.kvalid, kn = sl.kn; /* kn: keys of the tile that exist */
+    const flash_tile_range qt = sl.qt;
     const int m_end = (int)qt.end, full_first = (int)qt.full_first, full_end = (int)qt.full_end;
     if (tid == 0)
         bwd_seq_consts_set(sc, seq, n0); /* visible after the loop's first barrier */
