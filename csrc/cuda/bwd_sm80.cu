@@ -1,92 +1,41 @@
-/* bwd_sm80.cu: FlashAttention-2 backward for fp16/bf16 on mma.sync m16n8k16 (fp32 accumulators),
- * sm80 and later. launch.cu calls its entry points in order (launch.h); on Hopper (sm_90a builds) the
- * main kernel is bwd_sm90.cu's, the deterministic dQ kernel is this file's on every GPU, and the row-wise
- * preprocess and postprocess are rows.cu's for both.
+/* bwd_sm80.cu: FlashAttention-2 backward for fp16/bf16 on mma.sync m16n8k16 (fp32 accumulators), sm80 and
+ * later. launch.cu calls its entry points (launch.h); on Hopper the main kernel is bwd_sm90.cu's and this
+ * file's dQ kernel serves deterministic mode. rows.cu does the preprocess (delta = rowsum(dO o O), dq_accum
+ * zeroed) and the postprocess (dq = scale dq_accum; GQA: dk / dv summed over the query heads in a fixed order).
  *
- * Algorithm (nothing of size sq x sk is ever stored):
- *   1. rows.cu's preprocess: delta_i = rowsum(dO_i * O_i) in fp32; zeroes the dq_accum row.
- *   2. bwd_main_kernel, grid (key tiles, h, b): a CTA owns BC keys of one query head. K and V of the
- *      tile are loaded once (cp.async); the CTA walks the query tiles of BR rows that the band of
- *      mask.h lets see the tile (flash_query_tiles: [first, end); tiles in [full_first, full_end)
- *      take the unmasked path), Q/dO/lse/delta double-buffered through cp.async:
- *        S^T  = K Q^T                      P^T = exp2(S^T * scale*log2e - lse*log2e), 0 where masked
- *        dP^T - delta = V dO^T - delta     dS^T = P^T o (dP^T - delta)  (accumulated onto -delta)
- *        P^T, dS^T -> smem once            (and kept in registers by the warp that computed them)
- *        dV += P^T dO    dK += dS^T Q
- *        dQ_partial = dS K                 (dS^T read back with ldmatrix.trans), added to the fp32
- *                                          dq_accum with vector red.add (sm90) or scalar red.add (sm80).
- *      dK is scaled by `scale` at the end and written in the dtype (h == h_kv) or, for GQA, as fp32
- *      per query head into dk_accum/dv_accum.
- *   3. rows.cu's postprocess: dq = dq_accum * scale in the dtype; GQA only: dk/dv = sum over the h/h_kv
- *      query heads of dk_accum/dv_accum, in a fixed order.
- *   Deterministic mode (p->deterministic): the main kernel skips dQ; bwd_dq_kernel, grid (query
- *   tiles, h, b), walks the key tiles of flash_key_tiles in order recomputing S, P, dP, dS, keeps dQ
- *   in registers and writes dq directly. Bitwise reproducible; costs S and dP twice. (On Hopper the
- *   main kernel orders its own dQ additions instead, but for the d > 128 variants: p->dq_semaphore, bwd_sm90.cu.)
- *   Variants (HOOK = p->has_hook, a template parameter of the main and dQ kernels; HOOK = false is
- *   the dense path, band geometry only): where P is recomputed from S, the score hook of mask.h
- *   (softcap with tanh_approx as the forward, ALiBi, attn_mask read only in tiles whose block flags say
- *   partial; tiles whose flags say empty are never loaded), then dropout: the 16-bit Philox draws of each (query
- *   row, 8-key block) are computed once per CTA step by one of the 8 (main kernel) or 4 (dQ kernel)
- *   lanes that hold them, as one keep bit per key, and exchanged by __shfl_sync; dV uses
- *   keep*dropout_scale*P, dS = P o (keep*dropout_scale*dP - delta). dS (the gradient of an additive
- *   mask) is written to p->dbias by the main kernel only; then dS times the softcap derivative
- *   feeds dK and dQ. The uniform conditions are hoisted out of the per-element loops (see
- *   hook_tile); only partial mask tiles and dbias take a per-element slow path.
- *   Varlen (cu_seqlens, seqused_k): every CTA (every thread of the elementwise kernels) takes its
- *   sequence once from flash_seq_of (mask.h); the grids span the longest sequence and tiles past
- *   their sequence's end return at once; the main loop reads the sequence's per-tile constants from
- *   shared memory (bwd_seq_consts), which keeps the dense kernels' instructions per tile.
+ * Algorithm (nothing of size sq x sk is stored). bwd_main_kernel, grid (key tiles, h, b): a CTA owns BC keys of
+ * one query head, loads K and V once (cp.async) and walks the query tiles of BR rows that mask.h's band lets
+ * see them (flash_query_tiles; tiles in [full_first, full_end) unmasked), Q / dO / lse / delta double-buffered:
+ *   S^T = K Q^T, P^T = exp2(S^T scale log2e - lse log2e), dP^T = V dO^T, dS^T = P^T o (dP^T - delta);
+ *   P^T and dS^T to smem once; dV += P^T dO, dK += dS^T Q; dQ_partial = dS K, red.add'ed to fp32 dq_accum.
+ * dK is scaled at the end and written in the dtype (h == h_kv), or per query head in fp32 (GQA). Deterministic
+ * mode: the main kernel skips dQ; bwd_dq_kernel, grid (query tiles, h, b), recomputes S, P, dP, dS over the key
+ * tiles in order and writes dq itself (bitwise reproducible, S and dP computed twice).
+ * Variants (HOOK = p->has_hook, a template parameter of both kernels): score.h's composition where P is
+ * recomputed (softcap, ALiBi, attn_mask read in partial tiles only; empty tiles never loaded), then dropout
+ * (each (row, 8 keys) Philox draw made by one lane, shared by __shfl_sync); dS goes to p->dbias (main kernel)
+ * before the softcap derivative. Uniform conditions are hoisted (hook_tile); only partial mask tiles and dbias
+ * take a per-element path. Varlen: each CTA takes its sequence from flash_seq_of, per-tile constants from smem
+ * (bwd_seq_consts).
  *
- * Warps' roles (main kernel, 8 warps in a WK x WQ grid, WQ = 8 / WK): warp (wk, wq) computes S^T and
- * dP^T for keys [KW*wk, +KW) x queries [QW*wq, +QW) of the tile (KW = BC/WK, QW = BR/WQ), and owns
- * dK and dV of the same keys x columns [DW*wq, +DW) (DW = D/WQ) as fp32 accumulator fragments in
- * registers. dV and dK need P^T and dS^T of those keys for all BR queries: the warp's own QW queries
- * come from its registers, the other WQ-1 groups from smem, where each warp stores its tile once.
- * dQ: the warps split the BR x D output into DQ_WM row groups x 8/DQ_WM column groups, in chunks
- * of DQC columns. Operand traffic (ldmatrix.x4 per mma) at D=128: S^T and dP^T 0.5, dV and dK 0.31,
- * dQ 0.5 -- 0.43 overall. dQ kernel: warp w owns query rows [16w, 16w+16) of the tile and all BCQ
- * keys of each key tile.
- * Between the smem loads and the mma's of the main kernel there are no branches (ptxas then keeps
- * several ldmatrix in flight ahead of the mma's that use them): columns past d are zero in smem and
- * are computed like the others, only the global writes are guarded; head dims other than 64/128/256
- * pay for this with the work of the padding (e.g. 25% of it at d=96).
+ * Warps (main kernel, 8 in a WK x WQ grid): warp (wk, wq) computes S^T and dP^T of keys [KW wk, +KW) x queries
+ * [QW wq, +QW) and owns dK, dV of those keys x columns [DW wq, +DW) in registers; the other warps' P^T and dS^T
+ * come from smem. dQ: DQ_WM row groups x 8 / DQ_WM column groups. dQ kernel: warp w owns rows [16 w, +16).
+ * No branches between the smem loads and the mma's: columns past d are zero in smem and computed like the others
+ * (d 96 pays 25% for it), only the global writes are guarded.
  *
- * Tiles (tiles.h bwd80_tiles_d*_*; D = head dim rounded up to 64/128/256; smem rows padded by 16 bytes so
- * that ldmatrix and the fragment stores are bank-conflict free; warp tiles keys x queries for S^T,
- * keys x columns for dK/dV, rows x columns for dQ):
- *   D=64 : BC=128 x BR=128, WK=4: S^T 32x64, dK/dV 32x32, dQ 32x32; 178 KB smem.
- *   D=128: BC=128 x BR=64,  WK=4: S^T 32x32, dK/dV 32x64, dQ 32x32; 173 KB smem.
- *   D=256: BC=64  x BR=64,  WK=2: S^T 32x16, dK/dV 32x64, dQ 32x64 in two chunks of 32; 217 KB smem
- *          (the dK/dV accumulators of 128 keys would not fit in registers).
- *   dQ kernel (deterministic mode): D=64/128 BRQ=128 x BCQ=64, 8 warps; D=256 BRQ=64 x BCQ=32, 4 warps.
- *   These need sm90's 227 KB (FLASH_TILES_LARGE). FLASH_TILES_SMALL: D=64 BC=64 x BR=64, WK=2
- *   (75 KB); D=128 BC=64 x BR=32, WK=4, dQ kernel 64 x 32 (80 KB); D=256 BC=64 x BR=32, WK=4 (142 KB):
- *   A100 (163 KB) runs all three, sm86/sm89 (99 KB) d <= 128 only.
- * Dense kernels (HOOK = false): no register spills for sm_90a, nor for sm_80 with the small tiles
- * (ptxas -v; the sm_80 build of the large d64 / d256 main kernels, which no sm_80 device can launch,
- * spills 4-12 bytes; the main kernel needs the lane and warp index re-read in each step, see
- * lane_now, and its sequence's constants read from shared memory, see bwd_seq_consts); the HOOK
- * kernels with the large tiles spill a little (main kernel d64 / d128 and dQ kernel d128: 8-300 bytes
- * of spill loads, mostly in the slow per-element path), those with the small tiles not at all. One
- * CTA of 8 warps per SM.
- * Requirements (flash_bwd_sm80_check, cudaErrorInvalidValue otherwise): d % 8 == 0, d <= 256,
- * 16-byte aligned base pointers, batch/row/head strides multiples of 8 elements wherever that
- * dimension has more than one index.
+ * Tiles (tiles.h bwd80_tiles_*; D = d rounded up to 64 / 128 / 256; smem rows padded by 16 bytes):
+ *   large (sm90's 227 KB): D64 BC 128 x BR 128, WK 4 (178 KB); D128 128 x 64, WK 4 (173 KB); D256 64 x 64, WK 2
+ *     (217 KB); dQ kernel D64 / D128 BRQ 128 x BCQ 64, D256 64 x 32.
+ *   small (A100's 163 KB; sm86 / sm89's 99 KB take d <= 128): D64 64 x 64, WK 2 (75 KB); D128 64 x 32, WK 4
+ *     (80 KB); D256 64 x 32, WK 4 (142 KB).
+ * The dense kernels do not spill (ptxas -v: sm_90a, and sm_80 with the small tiles); the HOOK kernels with the
+ * large tiles spill 8-300 bytes, in the per-element path. One CTA of 8 warps per SM.
+ * Requirements (flash_bwd_sm80_check): d % 8 == 0, d <= 256, 16-byte aligned pointers, strides multiples of 8.
  *
- * Measured on the H200 (dev/bwd_harness.cu time / timev, FLASHATTN_EXT_DISABLE_SM90=1; bf16, 16k
- * tokens, nheads = 2048/d, CUDA events, median of 10, whole backward incl. pre/postprocess; bwd FLOPs
- * = 2.5 * 4 * D per visible (i, j) pair), TFLOP/s:
- *                     s512  s2048  s8192 | causal: s512  s2048  s8192
- *   d64                154   201    217  |         104    174    210
- *   d128               186   241    261  |         126    203    244
- *   d256               146   174    183  |         109    155    184
- *   deterministic mode, d128 s8192: 196 (causal 182).
- *   Variants (HOOK kernels), d128 s8192 b2 h16: softcap 50 190 (d256: 153), ALiBi causal 197, bool
- *   padding mask (25% of the keys) 177, block-sparse mask (10% of 128 x 128 blocks) 95, dropout 0.1
- *   191 (deterministic 124); causal window 4096 at s16k (dense path) 246; dense 258, causal 244.
- * torch's flash backend (FA2) on this H200: 276 (d64 s8k), 251 (d128 s2k), 296 (d128 s8k), 257 (d256).
- * History: benchmarks/results/h200/history_bwd_sm80.md.
+ * Speed (H200, FLASHATTN_EXT_DISABLE_SM90=1, bwd_harness time, bf16 16k tokens): d128 s8192 261 TFLOP/s
+ * (causal 244), torch's FA2 296. Every shape, the variants and the history: benchmarks/results/h200/
+ * history_bwd_sm80.md.
  */
 #include <cuda_runtime.h>
 #include <limits.h>
