@@ -1,75 +1,40 @@
 /* fwd_sm80.cu: FlashAttention-2 forward for fp16 / bf16 on tensor cores (mma.sync), sm80 and later.
  *
- * Algorithm. One CTA owns kBlockM query rows of one (batch, head); its warps split those rows (each
- * warp kBlockM / kNWarps rows = one or two m16 tiles), never the keys, so no cross-warp merge. The CTA
- * visits the key tiles [first, end) of kBlockN keys that flash_key_tiles (mask.h) puts in the band of
- * its rows, in increasing order (the HOOK kernels also skip tiles whose attn_mask block flags have no
- * visible entry). K and V tiles stream through shared memory with cp.async: K is double buffered (the
- * next tile's K is in flight during all of the current one); V too when two V buffers fit the sm80
- * limit, else V loads during S and the softmax (one more __syncthreads per tile). Per tile, per warp:
- *   S = Q K^T        mma.sync m16n8k16, fp32 accumulators; Q fragments from registers (ldmatrix once)
- *                    or from shared memory per k step (configs short of registers); K by ldmatrix
- *                    (K rows are the n dimension of S).
- *   score hook       HOOK kernels only (score_hook): softcap (tanh.approx.f32), ALiBi, attn_mask (read
- *                    only in tiles whose block flags say partial), in mask.h's order, kept in the raw
- *                    units of q.k so that the softmax below is shared.
- *   mask             tiles outside [full_first, full_end) only: keys past seqlen_k or outside the band
- *                    diag_lo <= j - i <= diag_hi (flash_visible: dense kernels one unsigned compare per
- *                    value; HOOK kernels one pass per crossed edge against flash_tile_diag).
- *   online softmax   fp32, base 2 (log2(e) folded into the scale: one FFMA + one EX2 per score); row
- *                    max over the 4 lanes of a quad by shuffle-xor; O and the row sum rescaled by
- *                    exp2(m_old - m_new); the row sum stays per lane until the end. A row whose max is
- *                    still -inf exponentiates against 0, so it stays all zeros, never NaN.
- *   dropout          HOOK kernels only, after the row sum (which keeps the undropped P): P = 0 where
- *                    the key's Philox draw is below the threshold; the keep scale goes into the
- *                    epilogue's factor.
- *   O += P V         the S accumulators of two adjacent n8 tiles repack in registers (pack2) into one
- *                    k16 A fragment; V by ldmatrix.trans.
- * End: per row (factor, lse) = flash_row_finish_f (mask.h; factor 1 / l, lse = (m + log2 l) ln 2 without
- * a sink), O * factor through this warp's own rows of the Q buffer to 16-byte global stores. A row with
- * no visible key has l = 0: it writes O = 0 and lse = -inf (the sink with one).
- * Query tiles run in reverse order so the heaviest causal tiles are scheduled first.
- * Varlen batches (and seqused_k / k_leftpad / k_batch_idx): grid (max_seqlen_q tiles, h, b); a CTA reads
- * its sequence once (flash_seq_of), leaves at once when its tile starts past the sequence's sq, and keeps its
- * slice pointers, lengths and band in shared memory (no registers through the loop: its SASS is no longer
- * than before varlen); loads zero-fill past the sequence's own sq / sk.
- * Paged KV cache (block_table; dense or varlen batches, no attn_mask): kernels of their own (kPaged), the
- * unpaged ones keep their code. Before the barrier that precedes a tile's loads, threads 0 .. kBlockN - 1
- * write the element offsets of its keys (mask.h flash_key_offset: one block_table read per key and tile) to
- * shared memory, two buffers like K; each cp.async row then adds its offset to the kv head's base.
+ * Algorithm. One CTA owns kBlockM query rows of one (batch, head); its warps split the rows (kBlockM / kNWarps
+ * each), never the keys, so there is no cross-warp merge. The CTA walks, in order, the key tiles of kBlockN keys
+ * that flash_key_tiles (mask.h) puts in its rows' band (HOOK kernels also skip tiles whose attn_mask block flags
+ * have no visible entry); K (double buffered) and V (two buffers where they fit, else loaded during S and the
+ * softmax) stream through shared memory by cp.async. Per tile and warp:
+ *   S = Q K^T (mma.sync m16n8k16, fp32; Q fragments in registers or, short of registers, from smem per k step);
+ *   HOOK kernels: score.h's composition (softcap by tanh.approx, ALiBi, attn_mask in partial tiles only), in
+ *   the raw units of q.k so the softmax is shared; tiles outside [full_first, full_end): keys outside the band
+ *   masked (flash_visible); online softmax in base 2 (log2 e folded into the scale: one FFMA + one EX2 per
+ *   score; row max by quad shuffle; a row whose max is -inf stays 0, never NaN); HOOK: dropout after the row
+ *   sum (keep scale in the epilogue's factor); O += P V (S repacked in registers as the A fragment, V by
+ *   ldmatrix.trans).
+ * End: flash_row_finish_f (mask.h) gives factor and lse per row; O goes through the warp's rows of the Q buffer
+ * to 16-byte stores. A row with no visible key writes O = 0 and lse = -inf (the sink with one). Query tiles run
+ * in reverse order (heaviest causal tiles first). A negative scale negates Q in smem and runs with |scale|; a
+ * zero scale runs with FLT_MIN.
+ * Varlen (and seqused_k / k_leftpad / k_batch_idx): grid over max_seqlen_q tiles; a CTA reads its sequence once
+ * (flash_seq_of) and keeps its slices and band in smem. Paged KV caches (kPaged kernels): threads 0 .. kBlockN - 1
+ * write the tile's key offsets (flash_key_offset) to smem before the loads; each cp.async row adds its offset.
+ * HOOK key order: the keys of each 32 are permuted so that a lane's 8 values of four n8 tiles are the 8 keys of
+ * one dropout draw and 8 consecutive attn_mask entries; K and V rows follow through the ldmatrix addresses and
+ * swz_key, at no cost (kBlockN % 32 == 0).
  *
- * Key order inside a tile (key_row): the dense kernels keep S column c of n8 tile nt = key 8 nt + c.
- * The HOOK kernels permute the keys of each 32 so that the 8 values a lane holds in four consecutive
- * n8 tiles (columns 2 q, 2 q + 1) are the 8 keys of one dropout draw: one Philox call per (row, 8 keys)
- * in one lane, no exchange across the quad, and 8 consecutive attn_mask entries (one vector load). K
- * and V rows follow the same order through the ldmatrix row addresses (and a swizzle that keeps those
- * conflict-free, swz_key), so the permutation costs nothing; it needs kBlockN % 32 == 0.
+ * Warps and smem: Q (kBlockM, D) | K[2] (kBlockN, D) | V[1 or 2] (kBlockN, D), 16-bit rows, chunk c of row r at
+ * c ^ swz_key(r): cp.async, ldmatrix (.trans) and the epilogue are bank-conflict free; head dims below D and
+ * rows past the end zero-filled. Every config fits the A100's 163 KB; 2 CTAs (8 warps) per SM at d <= 128, 1 at
+ * d256; 2 warps per scheduler with no overlap inside a warp of its mma, softmax and loads.
  *
- * Shared memory: Q (kBlockM, kHeadDim) | K[2] (kBlockN, kHeadDim) | V[1 or 2] (kBlockN, kHeadDim),
- * 16-bit rows; the 16-byte chunk c of row r is stored at chunk c ^ swz_key(r), so cp.async stores,
- * ldmatrix (plain and .trans) and the epilogue's row writes are free of bank conflicts. Head dims
- * below the config's kHeadDim are zero-filled on load and masked on store; rows past the end are
- * zero-filled. Every config fits the A100's 163 KB.
+ * Tiles (tiles.h fwd80_dense_*, fwd80_hook_*, fwd80_paged_d128):
+ *   d <= 64: 128 x 64, 4 warps, Q in registers, 2 x V; d <= 128: 128 x 48, 4 warps, Q from smem, 2 x V;
+ *   d <= 256: 128 x 64, 8 warps, Q from smem, 1 x V. HOOK kernels: the same but d <= 128 128 x 32 (128 x 64
+ *   spills); paged: the same but dense d <= 128 128 x 32 (128 x 48 spills with the page rows).
  *
- * A negative softmax scale negates Q in shared memory once and runs with |scale| (the max-subtraction
- * needs a positive factor); a zero scale runs with FLT_MIN (HOOK: kHookMinScaleLog2).
- *
- * Tiles (tiles.h fwd80_dense_*, fwd80_hook_*, fwd80_paged_d128), measured on the H200: bf16, 16k tokens,
- * nheads = 2048 / d, TFLOP/s = 4 B H Sq Sk D / t (halved for causal), non-causal | causal at seqlen
- * 512 / 2k / 8k (dev/fwd_harness.cu bench):
- *   d <= 64 : 128 x 64, 4 warps, Q in registers, 2 x V    272 311 323 | 181 266 299
- *   d <= 128: 128 x 48, 4 warps, Q from smem,    2 x V    299 362 380 | 196 287 327
- *   d <= 256: 128 x 64, 8 warps, Q from smem,    1 x V    270 317 332 | 186 260 299
- * (torch's FA2 backend on the same H200: ~307 d64, 339-353 d128, 324 d256.) The HOOK kernels use the
- * same tiles except d <= 128: 128 x 32 (kBlockN % 32; 128 x 64 spills). HOOK TFLOP/s on the visible
- * pairs, d128 s8k (dev/fwd_harness.cu variants): no hook field 314, softcap 50 287, ALiBi causal 267,
- * dropout 0.1 231, 25% key padding 298, 10% block-sparse 164; sliding window 4096 (dense kernel) 340.
- * The paged kernels use the same tiles except dense d <= 128: 128 x 32 (fwd80_paged_d128; 128 x 48
- * spills with the page rows); their speed: dev/fwd_harness.cu paged-bench.
- * 2 CTAs (8 warps) per SM at d <= 128, 1 CTA at d256. Where the time goes: 2 warps per scheduler with
- * no overlap inside a warp between its mma, softmax and loads (registers allow no more); at d256
- * 16-row warps re-read K, V and Q from shared memory. History: benchmarks/results/h200/
- * history_fwd_sm80.md.
+ * Speed (H200, dev/fwd_harness.cu bench, bf16 16k tokens): d128 s8k 380 TFLOP/s (causal 327), torch's FA2
+ * 339-353. Every shape, the variants, paged and the history: benchmarks/results/h200/history_fwd_sm80.md.
  * Build: nvcc -std=c++17 -O3 -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a
  */
 #include <float.h>
