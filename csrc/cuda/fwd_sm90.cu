@@ -1,75 +1,42 @@
 /* fwd_sm90.cu: the FlashAttention forward on Hopper tensor cores (wgmma + TMA, sm_90a), fp16 / bf16, head
  * dims up to 256, warp-specialized (FlashAttention-3's design, written from the PTX ISA).
  *
- * Algorithm. A work tile is FWD90_BM = 128 query rows of one (batch, query head); its CTA visits the key
- * tiles [first, end) of kBlockN keys that flash_key_tiles (mask.h) puts in the band of its rows, from the
- * last one down (the masked diagonal tiles of a causal band come first). Where every work item costs the
- * same (dense, no band, no per-sequence lengths; or a square causal band, its query tiles paired heavy
- * with light: fwd90_work) one CTA per SM walks the items (persistent, static order) and the producer runs
- * into the next tile while the consumers finish the current one. Elsewhere (varlen, seqused_k, leftpad,
- * windows, a non-square causal band, an attn_mask) one CTA per query tile, heaviest first, balanced by the
- * hardware's CTA scheduler; but varlen batches of the dense kernel (d <= 128: the kDynamic instantiations) run
- * one CTA per SM on the dynamic scheduler, heaviest query tiles first within groups of heads that share K / V
- * in L2 (fwd90_work_grouped): warp 1 counts the items off p.tile_counter (a zeroed int32 from the binding,
- * launch.h flash_fwd_wants_tile_counter) and hands each to the producer warp and to the consumers through a
- * work slot apiece in shared memory (sched.cuh: fwd90_fetch / fwd90_schedule / fwd90_take).
- *   Warpgroup 0, the producer (setmaxnreg FWD90_PRODUCER_REGS; warp 1 stays for the dynamic scheduler, warps
- *     2-3 leave at once, warp 0 stays for the V tails below): one thread issues the TMA loads, K_j, V_j
- *     into a ring of kStages stages that runs on across work tiles, and Q (one box per 64-column panel)
- *     after each work tile's first K / V into a ring of kQStages (d128: 2, so that it loads while the
- *     consumers finish the previous work tile), once the consumers are done with that stage (Q_EMPTY); each
- *     load completes on its mbarrier (Q_FULL, K_FULL, V_FULL, transaction bytes). A stage's K and V are
- *     released apart: K once both consumers' S wgmma on it is done (K_EMPTY), V once their P V is (V_EMPTY),
- *     so the next K loads a whole P V ahead of the next V (with 2 stages, one common release left the
- *     tensor cores idle while the next K loaded). Out-of-range rows and columns of the tensor are
- *     zero-filled by the TMA unit. Where the keys of a sequence do not end at the tensor's row end (varlen,
- *     seqused_k) the V rows past them hold other data, which P = 0 cannot cancel if it is not finite:
- *     there the producer warp copies the sequence's last V tile itself (cp.async, rows past the
- *     sequence zero-filled, then fence.proxy.async before arriving).
- *   Warpgroups 1 and 2, the consumers (setmaxnreg FWD90_CONSUMER_REGS): FWD90_WG_ROWS = 64 query rows each,
- *     the M of their wgmma's. Per key tile j, in registers:
- *       S_j = Q K_j^T       wgmma SS (m64 n kBlockN k16), fp32 accumulators
- *       score hook          kHook kernels (kScore, score.h FLASH_SCORE_*): softcap (a kernel of its own), ALiBi, the
- *                           attn_mask where the tile's block flags say partial (hook_tile, mask.h's order)
- *       mask                tiles outside [full_first, full_end): keys past sk or outside diag_lo <= j - i
- *                           <= diag_hi, one unsigned compare per value (compile-time split: masked tiles
- *                           and full tiles run separate copies of the loop body)
- *       online softmax      base 2 (one FFMA + EX2 per score), row max / sum over the 4 lanes of a quad,
- *                           O and l rescaled by exp2(m_old - m_new) (O not at all where no row of the warp
- *                           changed its max: fwd90_cfg::LAZY_RESCALE)
- *       dropout             kHook kernels: P = 0 where the Philox draw (one call per row and n8 block, handed
- *                           round a quad by quad_transpose) says so, after the row sum (dropout_tile)
- *       O += P_j V_j        wgmma RS: P converted in registers from the S accumulators (two n8 blocks
- *                           = one k16 A fragment), V read MN-major; n = head dim (two n128 halves at 256)
- *     Overlap inside a warpgroup: iteration t issues S_t, then O += P_{t-1} V_{t-1}, waits for S_t
- *     alone (releases K_t), runs the softmax of S_t while the P V wgmma runs, then waits for it, releases
- *     V_{t-1}, and rescales O. Ping-pong across the two warpgroups: named barriers hand the right to issue
- *     wgmma's back and forth, so one warpgroup's softmax runs under the other's GEMMs.
- *   Epilogue: per row (factor, lse) as fwd_sm80.cu (flash_row_finish_f with a sink), O * factor straight
- *     from the accumulators to global memory (a quad's words transposed across its lanes, so that each lane
- *     stores 16 contiguous bytes under a predicate; no shared memory, so the next Q can load meanwhile), rows
- *     < sq and columns < d only; lse in fp32. A row with no visible key: O = 0, lse = -inf (the sink with one).
- * Tiles (tiles.h fwd90_cfg; kBlockN the N of a wgmma.cuh wrapper): M 128 (2 consumer warpgroups) x kBlockN 128
- *   at d <= 64 (3 stages, 1 Q) and d <= 128 (2 stages, 2 Q), x 80 at d <= 256 (2 stages, 1 Q). Shared memory:
- *   Q stages x (128 x D) + stages x (K + V) (kBlockN x D), all in the 128-byte swizzled layout of wgmma.cuh (the
- *   TMA's SWIZZLE_128B with 64-column boxes); d = 64: 113 KB, d = 128: 193 KB, d = 256: 225 KB. Head dims below
- *   the config's are zero-filled by the TMA (boxes past the tensor's d) and computed like the others; only the
- *   global stores are guarded.
- * attn_mask (kHook, d <= 128): the producer and every consumer warp walk the same visible key tiles of the
- *   work tile (fwd90_tiles: the mask's block flags, 32 tiles per ballot); hidden tiles are never loaded, plain
- *   ones take no mask reads, and an attn_mask call runs one CTA per query tile.
- * Serves (launch.cu flash_fwd_sm90_ok): fp16 / bf16, d % 8 == 0, 16-byte aligned pointers and strides, a
- *   positive softmax scale, no paged KV cache, no split-KV; dense and varlen batches, seqused_k,
- *   k_batch_idx, k_leftpad, GQA, every band (causal both alignments, sliding windows), sinks; softcap and
- *   ALiBi in the kHook kernels (p.has_hook; on the raw scores before the band mask); attn_mask (dense
- *   batches) and dropout up to d128 (fwd90_cfg::MASK_DROPOUT; at d256 fwd_sm80.cu).
- * Measured on the H200 (`dev/device.sh ab fwd_sm90 bench`: dev/fwd_harness.cu, bf16, 16k tokens, nheads =
- * 2048 / d, TFLOP/s = 4 B H Sq Sk D / t, halved for causal), non-causal | causal at seqlen 512 / 2k / 8k:
- *   d64                323 434 471 | 204 357 455   (2026-12-02, 16-byte epilogue stores:
- *   d128               473 639 659 | 276 503 624    benchmarks/results/h200/fwd_epilogue_2026-12-02)
- *   d256               472 666 703 | 267 497 657
- * (fwd_sm80.cu on the same GPU and inputs: d64 261-325, d128 293-369, d256 258-318.) The hook kernels, varlen
- * batches, the tile and scheduling choices and the runs beside cuDNN / FA2: benchmarks/results/h200/
+ * Algorithm. A work tile is FWD90_BM = 128 query rows of one (batch, query head); its CTA visits the key tiles
+ * that flash_key_tiles (mask.h) puts in its rows' band, last first (a causal band's masked diagonal first).
+ * Scheduling (sched.cuh): where every item costs the same (dense; a square causal band, heavy and light query
+ * tiles paired) one persistent CTA per SM walks a static order; varlen in the dense kernel at d <= 128 (kDynamic)
+ * runs persistent on a dynamic scheduler (warp 1 counts items off p.tile_counter, heaviest first within groups
+ * of heads sharing K / V in L2); elsewhere (other varlen, windows, non-square bands, attn_mask, seqused_k,
+ * leftpad) one CTA per query tile, heaviest first.
+ * Warpgroup 0, the producer (setmaxnreg FWD90_PRODUCER_REGS): one thread issues the TMA loads of K_j, V_j into a
+ *   ring of kStages stages running on across work tiles, and of Q into a ring of kQStages; each completes on
+ *   its mbarrier. K and V of a stage are released apart (K_EMPTY after both consumers' S, V_EMPTY after their
+ *   P V), so the next K loads a whole P V ahead of the next V. Where a sequence's keys end before the tensor's
+ *   rows (varlen, seqused_k), warp 0 copies the last V tile itself, zero-filling rows past the sequence.
+ * Warpgroups 1 and 2, the consumers (FWD90_CONSUMER_REGS): 64 query rows each. Per key tile j, in registers:
+ *   S_j = Q K_j^T (wgmma SS, fp32); kHook kernels: score.h's composition (softcap in a kernel of its own,
+ *   ALiBi, attn_mask in partial tiles); tiles outside [full_first, full_end): the band mask (a separate copy of
+ *   the loop body); online softmax in base 2 (quad shuffles; O rescaled only where a row's max changed:
+ *   LAZY_RESCALE); kHook: dropout after the row sum (quad_transpose of the Philox draws); O += P_j V_j (wgmma
+ *   RS, P converted in registers; n = head dim, two n128 halves at 256).
+ *   Overlap: iteration t issues S_t, then P_{t-1} V_{t-1}, waits for S_t alone (releases K_t), runs the softmax
+ *   under the P V, then rescales O; named barriers ping-pong the wgmma issue between the two warpgroups so one's
+ *   softmax runs under the other's GEMMs.
+ * Epilogue: flash_row_finish_f (with a sink) per row; O * factor straight from the accumulators to global memory
+ *   (a quad transposes its words so each lane stores 16 contiguous bytes; no smem, the next Q loads meanwhile).
+ *   A row with no visible key: O = 0, lse = -inf (the sink with one).
+ * attn_mask (kHook, d <= 128): producer and consumers walk the same visible key tiles (fwd90_tiles, the block
+ *   flags 32 tiles per ballot); hidden tiles are never loaded.
+ *
+ * Tiles (tiles.h fwd90_cfg): 128 x kBlockN 128 at d <= 64 (3 stages, 1 Q stage) and d <= 128 (2 stages, 2 Q),
+ *   128 x 80 at d <= 256 (2 stages, 1 Q); 128-byte swizzled smem (wgmma.cuh, TMA SWIZZLE_128B, 64-column
+ *   boxes): 113 / 193 / 225 KB. Head dims below the config's are zero-filled by the TMA; only stores are guarded.
+ * Serves (launch.cu flash_fwd_sm90_ok): fp16 / bf16, d % 8 == 0, 16-byte aligned pointers and strides, positive
+ *   scale, no paged KV cache or split-KV; dense and varlen, seqused_k, k_batch_idx, k_leftpad, GQA, every band,
+ *   sinks, softcap, ALiBi; attn_mask and dropout up to d128 (MASK_DROPOUT; d256: fwd_sm80.cu).
+ *
+ * Speed (H200, dev/fwd_harness.cu bench, bf16 16k tokens): d128 s8k 659 TFLOP/s (causal 624). Every shape, the
+ * hook kernels, varlen, the scheduling choices and the runs beside cuDNN / FA2: benchmarks/results/h200/
  * history_fwd_sm90.md.
  */
 #ifdef FLASHATTN_EXT_SM90A /* the whole file: builds with sm_90a only (launch.cu calls it under the same macro) */
