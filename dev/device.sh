@@ -43,6 +43,12 @@
 #                                             MODE_ARG (an argument of every mode but check), SM80=1 (the modes first
 #                                             with FLASHATTN_EXT_DISABLE_SM90=1). dev/tools/fwd_ab.py interleaves
 #                                             the variants' bench runs afterwards.
+#   bash dev/device.sh tree DIR... [-- PYTEST_ARGS...]
+#                                             other trees (a branch: `git archive BRANCH | tar -x -C ab/NAME` here;
+#                                             ab/ travels as an untracked folder): each built in place (sm_90a, side
+#                                             by side, TREE_JOBS jobs each, default 16 / the trees), then pytest in
+#                                             each in turn (default args: tests -k cuda); logs $OUT/NAME_build.log,
+#                                             $OUT/NAME_pytest.log
 #   bash dev/device.sh ptx                    issue 36's PTX-only proof: the extension built with
 #                                             FLASHATTN_EXT_CUDA_ARCHS=compute_80 (no SASS at all: the driver JITs the
 #                                             sm80 kernels for the H200, as it would for sm_100 / sm_120), the first
@@ -280,6 +286,29 @@ ab() {
     done
 }
 
+# Other trees: built in place side by side, then pytest in each (args after --, default tests -k cuda).
+tree() {
+    local dirs=() d n args=(tests -k cuda)
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do dirs+=("$1"); shift; done
+    [ "${1:-}" = -- ] && shift && [ $# -gt 0 ] && args=("$@")
+    for d in "${dirs[@]}"; do
+        n=$(basename "$d")
+        (cd "$d" && FLASHATTN_EXT_CUDA_ARCHS=90a MAX_JOBS=${TREE_JOBS:-$((16 / ${#dirs[@]}))} \
+            python3 setup.py build_ext --inplace >"$O/${n}_build.log" 2>&1; echo $? >"$B/${n}_rc") &
+    done
+    wait
+    for d in "${dirs[@]}"; do
+        n=$(basename "$d")
+        if [ "$(cat "$B/${n}_rc")" != 0 ]; then
+            el "$n: build failed"; grep -m8 -E "error|Error" "$O/${n}_build.log"; continue
+        fi
+        (cd "$d" && PYTHONPATH=$PWD PYTHONUNBUFFERED=1 timeout 400 python3 -m pytest -q -rf --maxfail=20 -n 12 \
+            -p no:cacheprovider "${args[@]}" >"$O/${n}_pytest.log" 2>&1)
+        el "$n pytest rc $?: $(tail -1 "$O/${n}_pytest.log")"
+        grep -m10 "^FAILED" "$O/${n}_pytest.log" || true
+    done
+}
+
 cmd=${1:-}
 shift || true
 case $cmd in
@@ -296,6 +325,7 @@ sanitize)
     sanitizer 590 memcheck "$O/sanitizer_memcheck.log"
     sanitizer 590 racecheck "$O/sanitizer_racecheck.log" ;;
 harness) harness "$@" ;;
+tree) tree "$@" ;;
 bench) bench "$@" ;;
 ncu)
     case ${1:-} in
