@@ -1,83 +1,43 @@
-/* bwd_sm90.cu: the main backward kernels on Hopper tensor cores (wgmma, sm_90a), fp16/bf16, head dims
- * up to 256 (flash_bwd_main_sm90, called by launch.cu between bwd_sm80.cu's preprocess and
- * postprocess). Each kernel has a dense variant (HOOK = false: the band geometry of mask.h only) and a
- * general one (HOOK = true, chosen by p->has_hook: softcap, ALiBi, attn_mask, dropout, dbias as
- * runtime branches).
+/* bwd_sm90.cu: the main backward kernels on Hopper tensor cores (wgmma, sm_90a), fp16/bf16, head dims up to 256
+ * (flash_bwd_main_sm90, called by launch.cu between rows.cu's preprocess and postprocess). Each kernel has a dense
+ * variant (HOOK = false: mask.h's band only) and a general one (HOOK = p->has_hook: softcap, ALiBi, attn_mask,
+ * dropout, dbias as runtime branches).
  *
- * bwd_main_sm90_kernel, head dims up to 128. Per CTA = (key tile of BN = 128 keys, query head, batch);
- * nothing of size sq x sk stored:
- *   K, V of the tile are loaded once (cp.async); the CTA walks the query tiles of BM rows that the band
- *   lets see the tile (flash_query_tiles; the HOOK variant also skips tiles whose attn_mask blocks
- *   see nothing), Q, dO, lse, delta double-buffered through cp.async.
- *   Warpgroup wg (threads 128 wg .. +127) owns keys [64 wg, +64) of the tile, the M of its wgmma's:
- *     S^T  = K_wg Q^T      wgmma SS, m64 n=BM, K = d       P^T  = exp2(S^T scale log2e - lse log2e)
- *     dP^T = V_wg dO^T     wgmma SS                         dS^T = P^T o (dP^T - delta)
- *     dV_wg += P^T dO      wgmma RS (P^T from registers, repacked from the S^T accumulators), n = D;
- *                          dense D = 64 (BM = 128): P^T stored to shared memory, wgmma SS after the
- *                          warpgroup's own named barrier (BAR_WG0 + wg)
- *     dK_wg += dS^T Q      wgmma RS
- *     dS^T -> shared memory (both warpgroups), then dQ_partial = dS K, wgmma SS with both operands
- *     MN-major: at D = 128 the warpgroups split its columns (K = all 128 keys); at D = 64 with
- *     BM = 128 its rows (K = all 128 keys); at D = 64 with BM = 64 (HOOK) each computes all 64 columns
- *     from its own 64 keys (two partials). The partials go to one of two smem buffers (one for the
- *     dense D = 64 kernel, whose P^T tile takes the other's room) [NPART][BM][D + 8] fp32 and a third warpgroup, the dQ reducer (setmaxnreg 24;
- *     the MMA warpgroups take 240), sums them and adds them into the fp32 dq_accum with vector
- *     red.add while the MMA warpgroups go on with the next query tile. Handshake per buffer b through
- *     mbarriers: FULL[b] (every MMA thread arrives after its stores, release; the reducer waits,
- *     acquire) and EMPTY[b] (every reducer thread arrives after its loads; the MMA warpgroups wait
- *     before rewriting b, from the third tile on). The MMA warpgroups meet each other on named
- *     barrier 1, never on __syncthreads.
- *   dK (times scale) and dV stay in registers until the end: dtype when h == h_kv, else fp32 per query
- *   head into dk_accum / dv_accum for the GQA postprocess.
- *   Deterministic mode: with p->dq_semaphore the kernels run as ORDERED instantiations, whose key tiles
- *   start in descending order and whose reducers add each query tile's dQ after the next higher key tile's
- *   (dq_order: an acquire spin on a per-tile semaphore, a release store after the red.adds and a barrier);
- *   the HOOK kernels' reducers pass the chain's turn on every tile of the band, adding on the tiles they walk.
- *   Masking: query tiles inside the band and the key range (flash_query_tiles' full tiles) take an
- *   unmasked copy of the P step; the others test each value against the band's upper bound and the key
- *   tail with one compare, and against the lower bound only in tiles that it cuts.
- * Tiles (tiles.h bwd90_tiles): BN 128 x BM 64, 3 warpgroups (384 threads); the dense D = 64 kernel BN 128 x
- *   BM 128. D = 128: 214 KB smem; D = 64: 199 KB, HOOK 154 KB + 1 KB of dropout keep bits. Shared-memory tiles
- *   use the 128-byte swizzled layout of wgmma.cuh; head dims below D are zero-padded in smem and computed like
- *   the others, only global writes are guarded.
- * bwd_main_sm90_d256_kernel, head dims 129..256: 64 keys per CTA, the warpgroups split the columns of
- *   dK, dV and dQ; see its own comment.
- * HOOK variant, per element of S^T (keys x queries: row = key j, column = query i), in the P step:
- *   s = softcap tanh(scale q.k / softcap) (tanh.approx.f32), - slope |j - i - alibi_offset|, + the
- *   additive mask or -inf where the bool mask is 0 (read only in tiles flagged FLASH_MASK_ANY_MASKED),
- *   kept in the units of the exponent's one multiply; dropout keep bits by Philox, one call per 8 keys
- *   of a query row, made per warp into shared memory while the S^T wgmma's run; dV takes keep * P^T
- *   (dropout_scale applied to dV at the end); then P^T times the softcap derivative. In the dS step:
- *   dP^T times keep * dropout_scale, dS^T = P^T (dP^T - delta); with dbias (dS^T before the softcap
- *   factor, written to p.dbias) the derivative waits in dS^T's shared memory (fp16) instead.
- * Work order: the grid is (key tiles, h, b); with a band that has an upper bound (causal, windows) the dense
- *   kernels map each CTA's linear index heaviest key tile first within groups of heads (sched.cuh bwd90_cta_of), so
- *   that the grid's last CTAs are light ones.
- * Varlen (cu_seqlens, seqused_k): each CTA takes its sequence once (flash_seq_uniform: flash_seq_of
- *   as warp-uniform values, so the base pointers stay on the uniform datapath) and returns at once when
- *   its key tile is past the sequence's keys; the main loops' instructions are those of dense batches.
- * Requirements: as bwd_sm80.cu (d % 8 == 0, 16-byte aligned pointers and strides), plus an sm_90
- *   device with an sm_90a build (FLASHATTN_EXT_SM90A).
+ * bwd_main_sm90_kernel (d <= 128), CTA = (key tile of BN = 128 keys, query head, batch); nothing of size sq x sk
+ * stored. K, V of the tile are loaded once (cp.async); the CTA walks the query tiles of BM rows that the band lets
+ * see the tile (flash_query_tiles; HOOK: attn_mask-empty tiles skipped), Q, dO, lse, delta double-buffered.
+ * MMA warpgroup wg owns keys [64 wg, +64), the M of its wgmma's:
+ *   S^T = K_wg Q^T, dP^T = V_wg dO^T (SS); P^T = exp2(S^T scale log2e - lse log2e), dS^T = P^T o (dP^T - delta);
+ *   dV_wg += P^T dO (RS from the repacked S^T accumulators; dense D = 64, BM = 128: P^T via smem, SS);
+ *   dK_wg += dS^T Q (RS); dS^T to smem, then dQ_partial = dS K (SS, both MN-major: at D = 128 the warpgroups
+ *   split its columns, at D = 64 / BM = 128 its rows, at D = 64 / BM = 64 (HOOK) each makes a partial).
+ * The partials go to one of two fp32 smem buffers; a third warpgroup, the dQ reducer (setmaxnreg 24, MMA 240), sums
+ * them into dq_accum with vector red.add while the MMA warpgroups go on (FULL / EMPTY mbarriers per buffer; the
+ * MMA warpgroups meet on named barrier 1, never __syncthreads). dK (times scale) and dV stay in registers to the
+ * end: dtype when h == h_kv, else fp32 per query head for the GQA postprocess.
+ * Deterministic mode (p->dq_semaphore): ORDERED instantiations walk key tiles in descending order and each
+ * reducer adds a query tile's dQ after the next higher key tile's (dq_order: acquire spin, release store).
+ * Masking: full tiles take an unmasked P step; the others one compare per value against the upper bound and the
+ * key tail, and the lower bound only in tiles it cuts. HOOK, per element of S^T in the P step: softcap (tanh.approx),
+ * ALiBi, the attn_mask (partial tiles only); dropout keep bits (Philox per 8 keys, made into smem under the S^T
+ * wgmma's); in the dS step dP^T times keep * dropout_scale; dbias before the softcap factor.
+ * Work order: with an upper band bound the dense kernels run the heaviest key tiles first within groups of heads
+ * (sched.cuh bwd90_cta_of). Varlen: flash_seq_uniform keeps the sequence's values warp-uniform.
+ * bwd_main_sm90_d256_kernel (d 129..256): 64 keys per CTA, the warpgroups split dK, dV and dQ's columns (its own
+ * comment).
  *
- * Measured on the H200 (dev/bwd_harness.cu time; bf16, 16k tokens, nheads = 2048/d, whole backward
- * incl. pre/postprocess; bwd FLOPs = 2.5 * 4*B*H*Sq*Sk*D, halved for causal), TFLOP/s:
- *                     s512  s2048  s8192 | causal: s512  s2048  s8192
- *   d64                246   364    413  |         155    304    398   (2026-12-02, since bwd_sm80.cu's
- *   d128               290   429    464  |         176    351    460    row-wise pre / postprocess)
- *   d256               200   261    286  |         146    229    283   (2026-12-01; causal 240 / 285 at
- *                                                                        s2048 / s8192 since 2026-12-02)
- * The history, the deterministic mode's cost and the runs beside FA2 and cuDNN:
+ * Tiles (tiles.h bwd90_tiles): BN 128 x BM 64, 3 warpgroups (384 threads); dense D = 64: BM 128. Smem D = 128:
+ * 214 KB; D = 64: 199 KB, HOOK 154 KB + 1 KB of keep bits; 128-byte swizzled (wgmma.cuh); head dims below D are
+ * zero-padded and computed, only global writes guarded. Requirements: as bwd_sm80.cu, plus an sm_90a build.
+ *
+ * FLASH_BWD90_TMA_DQ (compile-time, default 0, not yet run on a GPU; dev/bwd_tma_ab.sh decides it): 1 makes the dQ
+ * reducer one thread issuing bulk tensor reduce-adds (cp.reduce.async.bulk.tensor, a 3-D tensor map of dq_accum)
+ * of 64 x 32 fp32 boxes that the MMA warpgroups store in the map's 128-byte swizzle; ORDERED waits for completion
+ * before its release, and with two partials (HOOK D = 64) before issuing the second. At 0 the SASS is main's.
+ *
+ * Speed (H200, bwd_harness time, bf16 16k tokens, whole backward): d128 s8192 464 TFLOP/s (causal 460); behind
+ * cuDNN (bench_gpu.py 2026-12-03: 0.86-0.95x at d64 / d128, 0.75-0.80x at d256). Every shape and the history:
  * benchmarks/results/h200/history_bwd_sm90.md.
- *
- * FLASH_BWD90_TMA_DQ (compile-time, default 0; A/B candidate of branch i35-bwd, not yet run on a GPU): 1 makes
- * bwd_main_sm90_kernel's dQ reducer one thread that adds each dQ buffer into dq_accum with bulk tensor
- * reduce-adds (cp.reduce.async.bulk.tensor, a 3-D tensor map of dq_accum passed as a __grid_constant__
- * parameter), instead of 128 threads with LDS + red.add: the MMA warpgroups store each 64 x 64 dQ block as two
- * 64 x 32 fp32 boxes in the map's 128-byte swizzle (32 KB per buffer: 4 KB less shared memory than the padded
- * rows in the dense kernels and at D = 128, 8 KB less in the HOOK D = 64 kernel); ORDERED waits for the additions' completion before its
- * release (no reducer halves), and with two partials (HOOK D = 64) for the first partial's before issuing the
- * second, so that each element's additions keep one order. dev/bwd_tma_ab.sh A/Bs it. At 0 every kernel's SASS
- * is main's.
  */
 #ifndef FLASH_BWD90_TMA_DQ
 #define FLASH_BWD90_TMA_DQ 0
