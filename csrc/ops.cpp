@@ -988,20 +988,21 @@ FwdOutputs dense_fwd_cpu(const at::Tensor &q, const at::Tensor &k, const at::Ten
     check_variants(var, q, k);
     if (is_half(q)) {
         const SourceDtype src(q);  // the AMX products of the fp32 kernels (flash_cpu.c)
+        const at::Tensor q32 = f32(q);  // for the decode path and the fp32 kernels alike
+        const c10::optional<at::Tensor> mask32 = mask_f32(attn_mask);
         if (dropout_p == 0.0 && !no_work(q) && k.size(1) > 0) {
-            const at::Tensor q32 = f32(q);
             at::Tensor out = at::empty(out_sizes(q32, v), q32.options());
             at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q32.options());
             Variants var32 = var;
-            var32.attn_mask = mask_f32(attn_mask);
+            var32.attn_mask = mask32;
             VariantTensors keep;
             if (run_half_decode(make_params(q32, k, v, out, lse, softmax_scale, var32, rng_state_from(0, 0), &keep),
                                 q.scalar_type()))
                 return {out.to(q.scalar_type()), lse, rng_state_from(0, 0), out};
         }
-        auto [out, lse, rng_state, _] = dense_fwd_cpu(f32(q), f32(k), f32(v), softmax_scale, causal, bottom_right,
-                                                window_left, window_right, softcap, alibi_slopes, sink,
-                                                mask_f32(attn_mask), dropout_p, deterministic, rel_bias, rel_buckets);
+        auto [out, lse, rng_state, _] = dense_fwd_cpu(q32, f32(k), f32(v), softmax_scale, causal, bottom_right,
+                                                window_left, window_right, softcap, alibi_slopes, sink, mask32,
+                                                dropout_p, deterministic, rel_bias, rel_buckets);
         return {out.to(q.scalar_type()), lse, rng_state, out};
     }
     at::Tensor rng_state = draw_rng_state_cpu(dropout_p);
@@ -1086,8 +1087,8 @@ FwdOutputs varlen_fwd_cpu(
     check_variants(var, q, vl.batch(), max_seqlen_q, q.size(1), max_seqlen_k);
     if (is_half(q)) {
         const SourceDtype src(q);  // the AMX products of the fp32 kernels (flash_cpu.c)
+        const at::Tensor q32 = f32(q);  // for the decode path and the fp32 kernels alike
         if (dropout_p == 0.0 && !varlen_fwd_no_work(q, vl, var)) {
-            const at::Tensor q32 = f32(q);
             auto [out, lse] = varlen_fwd_outputs(q32, v);
             VariantTensors keep;
             if (run_half_decode(make_varlen_params(q32, k, v, out, lse, vl, softmax_scale, var, rng_state_from(0, 0),
@@ -1095,7 +1096,7 @@ FwdOutputs varlen_fwd_cpu(
                                 q.scalar_type()))
                 return {out.to(q.scalar_type()), lse, rng_state_from(0, 0), out};
         }
-        auto [out, lse, rng_state, _] = varlen_fwd_cpu(f32(q), f32(k), f32(v), cu_seqlens_q, cu_seqlens_k,
+        auto [out, lse, rng_state, _] = varlen_fwd_cpu(q32, f32(k), f32(v), cu_seqlens_q, cu_seqlens_k,
                                                        seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                                                        window_left, window_right, softcap, alibi_slopes, sink,
                                                        dropout_p, deterministic, block_table, rel_bias, rel_buckets);
@@ -1173,8 +1174,8 @@ std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cpu(
     check_variants(var, q, q.size(0), q.size(1), q.size(2), kv.seqlen_k(k_cache));
     if (is_half(q)) {
         const SourceDtype src(q);  // the AMX products of the fp32 kernels (flash_cpu.c)
+        const at::Tensor q32 = f32(q);  // for the decode path and the fp32 kernels alike
         if (!no_work(q) && kv.seqlen_k(k_cache) > 0) {
-            const at::Tensor q32 = f32(q);
             at::Tensor out = at::empty(out_sizes(q32, v_cache), q32.options());
             at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q32.options());
             VariantTensors keep;
@@ -1182,7 +1183,7 @@ std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cpu(
                                 q.scalar_type()))
                 return {out.to(q.scalar_type()), lse};
         }
-        auto [out, lse] = kvcache_fwd_cpu(f32(q), f32(k_cache), f32(v_cache), cache_seqlens, cache_batch_idx,
+        auto [out, lse] = kvcache_fwd_cpu(q32, f32(k_cache), f32(v_cache), cache_seqlens, cache_batch_idx,
                                           cache_leftpad, block_table, softmax_scale, causal, window_left,
                                           window_right, softcap, alibi_slopes, sink, num_splits);
         return {out.to(q.scalar_type()), lse};

@@ -42,9 +42,6 @@
 #ifndef FLASH_BWD90_TMA_DQ
 #define FLASH_BWD90_TMA_DQ 0
 #endif
-#if FLASH_BWD90_TMA_DQ
-#include <cuda.h> /* CUtensorMap (the encoder comes from cudaGetDriverEntryPoint: no libcuda link) */
-#endif
 #include <cuda_runtime.h>
 #include <limits.h>
 #include <math.h>
@@ -1536,35 +1533,11 @@ static cudaError_t launch_main_sm90_d256(const flash_params *p, cudaStream_t str
 }
 
 #if FLASH_BWD90_TMA_DQ
-typedef CUresult (*bwd90_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-/* cuTensorMapEncodeTiled from the driver (once per process), or NULL. */
-static bwd90_encode_fn bwd90_encoder(void)
-{
-    static int looked = 0;
-    static bwd90_encode_fn fn = NULL;
-    if (!looked) {
-        void *f = NULL;
-        cudaDriverEntryPointQueryResult res;
-#if CUDART_VERSION >= 12050
-        const cudaError_t err =
-            cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &res);
-#else
-        const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &res);
-#endif
-        fn = err == cudaSuccess && res == cudaDriverEntryPointSuccess ? (bwd90_encode_fn)f : NULL;
-        looked = 1;
-    }
-    return fn;
-}
-
 /* The 3-D map of dq_accum, (d, sq, b h) dense or (d, total_q, h) varlen (flash.h: the lse order, d floats per
  * element), in fp32 boxes of 32 columns x 64 rows with the 128-byte swizzle of the dQ buffers. */
 static cudaError_t bwd90_dq_map(CUtensorMap *map, const flash_params *p)
 {
-    const bwd90_encode_fn encode = bwd90_encoder();
+    const tma_encode_fn encode = tma_encoder();
     if (encode == NULL)
         return cudaErrorNotSupported;
     const int64_t rows = p->cu_seqlens_q ? p->total_q : p->sq, planes = p->cu_seqlens_q ? p->h : p->b * p->h;

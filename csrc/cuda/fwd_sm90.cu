@@ -40,7 +40,6 @@
  * history_fwd_sm90.md.
  */
 #ifdef FLASHATTN_EXT_SM90A /* the whole file: builds with sm_90a only (launch.cu calls it under the same macro) */
-#include <cuda.h> /* CUtensorMap and its enums (no libcuda link: the encoder comes from cudaGetDriverEntryPoint) */
 #include <cuda_runtime.h>
 #include <limits.h>
 #include <math.h>
@@ -888,30 +887,6 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
 /* ------------------------------------------------------------------------------------------------ */
 /* Host side                                                                                        */
 
-typedef CUresult (*fwd90_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-/* cuTensorMapEncodeTiled from the driver (once per process), or NULL. */
-static fwd90_encode_fn fwd90_encoder(void)
-{
-    static int looked = 0;
-    static fwd90_encode_fn fn = NULL;
-    if (!looked) {
-        void *f = NULL;
-        cudaDriverEntryPointQueryResult res;
-#if CUDART_VERSION >= 12050
-        const cudaError_t err =
-            cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &res);
-#else
-        const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &res);
-#endif
-        fn = err == cudaSuccess && res == cudaDriverEntryPointSuccess ? (fwd90_encode_fn)f : NULL;
-        looked = 1;
-    }
-    return fn;
-}
-
 /* Stride of a dimension of size 1 is never used: any legal value (a multiple of 16 bytes). */
 static cuuint64_t fwd90_stride(int64_t elems, int64_t size, cuuint64_t fallback)
 {
@@ -931,7 +906,7 @@ static int fwd90_make_map(CUtensorMap *map, const flash_params *p, const void *p
     const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
     const CUtensorMapDataType type =
         p->dtype == FLASH_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    return fwd90_encoder()(map, type, 4, (void *)ptr, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+    return tma_encoder()(map, type, 4, (void *)ptr, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
@@ -990,7 +965,7 @@ extern "C" int flash_fwd_sm90_ok(const flash_params *p)
            k_rows < INT_MAX && (p->sq + FWD90_BM - 1) / FWD90_BM * p->h * p->b < INT_MAX && p->h_per_kv >= 1 &&
            (p->k_batch_idx == NULL || p->k_batches >= 1) && fwd90_aligned(p->q, &p->q_s) &&
            fwd90_aligned(p->k, &p->k_s) &&
-           fwd90_aligned(p->v, &p->v_s) && fwd90_aligned(p->o, &p->o_s) && fwd90_encoder() != NULL;
+           fwd90_aligned(p->v, &p->v_s) && fwd90_aligned(p->o, &p->o_s) && tma_encoder() != NULL;
 }
 
 template <typename T, int kHeadDim, int kScore>

@@ -22,8 +22,10 @@
 #ifndef FLASHATTN_EXT_WGMMA_CUH
 #define FLASHATTN_EXT_WGMMA_CUH
 
+#include <cuda.h> /* CUtensorMap and its enums (no libcuda link: the encoder comes from cudaGetDriverEntryPoint) */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 
 #define SW128_ROW_BYTES 128  /* bytes per row of a swizzled panel (64 16-bit elements) */
@@ -269,6 +271,31 @@ __device__ __forceinline__ void bulk_wait_all(void)
 __device__ __forceinline__ void tma_prefetch_map(const void *map)
 {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
+}
+
+/* Host side: the tensor maps' encoder. */
+typedef CUresult (*tma_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                  const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* cuTensorMapEncodeTiled from the driver (looked up once per translation unit), or NULL. */
+static inline tma_encode_fn tma_encoder(void)
+{
+    static int looked = 0;
+    static tma_encode_fn fn = NULL;
+    if (!looked) {
+        void *f = NULL;
+        cudaDriverEntryPointQueryResult res;
+#if CUDART_VERSION >= 12050
+        const cudaError_t err =
+            cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &res);
+#else
+        const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &res);
+#endif
+        fn = err == cudaSuccess && res == cudaDriverEntryPointSuccess ? (tma_encode_fn)f : NULL;
+        looked = 1;
+    }
+    return fn;
 }
 
 #endif
