@@ -30,18 +30,10 @@
  * 214 KB; D = 64: 199 KB, HOOK 154 KB + 1 KB of keep bits; 128-byte swizzled (wgmma.cuh); head dims below D are
  * zero-padded and computed, only global writes guarded. Requirements: as bwd_sm80.cu, plus an sm_90a build.
  *
- * FLASH_BWD90_TMA_DQ (compile-time, default 0, not yet run on a GPU; dev/bwd_tma_ab.sh decides it): 1 makes the dQ
- * reducer one thread issuing bulk tensor reduce-adds (cp.reduce.async.bulk.tensor, a 3-D tensor map of dq_accum)
- * of 64 x 32 fp32 boxes that the MMA warpgroups store in the map's 128-byte swizzle; ORDERED waits for completion
- * before its release, and with two partials (HOOK D = 64) before issuing the second. At 0 the SASS is main's.
- *
  * Speed (H200, bwd_harness time, bf16 16k tokens, whole backward): d128 s8192 464 TFLOP/s (causal 460); behind
  * cuDNN (bench_gpu.py 2026-12-03: 0.86-0.95x at d64 / d128, 0.75-0.80x at d256). Every shape and the history:
  * benchmarks/results/h200/history_bwd_sm90.md.
  */
-#ifndef FLASH_BWD90_TMA_DQ
-#define FLASH_BWD90_TMA_DQ 0
-#endif
 #include <cuda_runtime.h>
 #include <limits.h>
 #include <math.h>
@@ -67,20 +59,10 @@
 /* named barrier of the MMA warpgroups (0 is __syncthreads, used once before the roles split) */
 #define BAR_MMA 1
 #define BAR_WG0 2 /* + wg: one MMA warpgroup's own (its P^T stored, PT_SMEM) */
-#if FLASH_BWD90_TMA_DQ
-/* dQ buffers: each MMA warpgroup's 64 x 64 fp32 dQ block as two boxes of 64 rows x 32 columns in the 128-byte
- * swizzled layout of the dq_accum tensor map (row r at 128 r, its 16-byte chunk c at c ^ (r % 8)), which one
- * reducer thread adds to dq_accum with one bulk tensor reduce-add each */
-#define DQ_BOX_COLS 32
-#define DQ_BOX_ROWS 64
-#define DQ_BOX_BYTES (DQ_BOX_ROWS * DQ_BOX_COLS * 4)
-#define DQ_BUF_BYTES (SM90_WARPGROUPS * 2 * DQ_BOX_BYTES) /* 32 KB: two boxes per warpgroup */
-#else
 #define DQ_PAD 8         /* fp32 padding per row of the dQ buffers: conflict-free float2 stores */
 #define BAR_REDUCER 4 /* the dQ reducer warpgroup's own (ORDERED: the semaphore waited for / its adds done);
                        * + 1: its second half's (dq_split) */
 #define DQ_HALF_THREADS (WARPGROUP_THREADS / 2) /* ORDERED, two dQ buffers: the reducer's halves (dq_split) */
-#endif
 #define SM90_BN (bwd90_tiles<128>::BN) /* keys per CTA (tiles.h) */
 static_assert(bwd90_tiles<64>::BN == SM90_BN, "one key tile for the kernel of head dims up to 128");
 #define WG_KEYS 64    /* keys per warpgroup: the M of one wgmma */
@@ -111,13 +93,6 @@ __host__ __device__ constexpr int dq_bufs(int D, int BM)
     return D == 64 && BM == 128 ? 1 : 2;
 }
 
-#if FLASH_BWD90_TMA_DQ
-/* Arrivals on a dQ buffer's EMPTY barrier: the one reducer thread. */
-__host__ __device__ constexpr int dq_empty_arrivals(int, int, bool, bool)
-{
-    return 1;
-}
-#else
 /* ORDERED, dense, two dQ buffers (D = 128): the reducer's halves take the tiles of one buffer each, so that one
  * half's wait, additions and release overlap the other's (det / default time d128 s2k / s8k 1.13 / 1.12 ->
  * 1.04 / 1.06, causal 1.12 / 1.21 -> 1.05 / 1.12: benchmarks/results/h200/det_ab_2026-12-02). The EMPTY
@@ -132,7 +107,6 @@ __host__ __device__ constexpr int dq_empty_arrivals(int D, int BM, bool hook, bo
 {
     return dq_split(D, BM, hook, ordered) ? DQ_HALF_THREADS : WARPGROUP_THREADS;
 }
-#endif
 
 /* BM = 128 at D = 64: P^T goes through shared memory and dV runs SS (its A fragments held by in-flight RS
  * wgmma's left ptxas too few registers: C7512) */
@@ -671,95 +645,6 @@ __device__ __forceinline__ void dq_order_release(const dq_order &ord, int m0)
     st_release_gpu(ord.sem + m0 / FLASH_DQ_SEM_ROWS, ord.tile + 1);
 }
 
-#if FLASH_BWD90_TMA_DQ
-/* The box coordinates of dQ block (warpgroup wg, box k) of a tile: its first column c0 and its first row r0
- * relative to the tile's (the map's column and row, see bwd90_dq_map). */
-template <int D, int BM>
-__device__ __forceinline__ void dq_box_coords(int wg, int k, int &c0, int &r0)
-{
-    constexpr bool DQ_ROWS = BM == 2 * DQ_N;
-    c0 = (dq_parts(D, BM) == 2 || DQ_ROWS ? 0 : wg * DQ_N) + k * DQ_BOX_COLS;
-    r0 = DQ_ROWS ? wg * DQ_N : 0;
-}
-
-/* The reducer's part of one walked tile (walk index i, its buffer buf = i % NBUF, map row `row` of its first
- * query, map plane `plane`): wait on FULL[buf], add the buffer's 4 boxes into dq_accum by bulk tensor
- * reduce-adds (the map clips columns past d and, in dense batches, rows past sq; a varlen tile's rows past its
- * sequence add exact zeros to the next one's: dS is 0 there, dO and delta being zero-filled), wait until the
- * boxes have been read (ORDERED: until the additions are performed, before the chain's release; with two
- * partials also between them, so that each element's two additions keep one order), hand the buffer back on
- * EMPTY[buf]. */
-template <int BM, int D, bool ORDERED>
-__device__ __forceinline__ void dq_add_tile(const CUtensorMap *map, uint32_t dQb, uint32_t full, uint32_t empty,
-                                            int i, int buf, int row, int plane)
-{
-    constexpr int NBUF = dq_bufs(D, BM), NPART = dq_parts(D, BM);
-    mbar_wait(full + buf * sizeof(uint64_t), (i / NBUF) & 1);
-#pragma unroll
-    for (int wg = 0; wg < SM90_WARPGROUPS; ++wg) {
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            int c0, r0;
-            dq_box_coords<D, BM>(wg, k, c0, r0);
-            tma_reduce_add_3d(map, dQb + buf * DQ_BUF_BYTES + (wg * 2 + k) * DQ_BOX_BYTES, c0, row + r0, plane);
-        }
-        if (ORDERED && NPART == 2 && wg == 0) {
-            bulk_commit();
-            bulk_wait_all();
-        }
-    }
-    bulk_commit();
-    if (ORDERED)
-        bulk_wait_all();
-    else
-        bulk_wait_read();
-    mbar_arrive(empty + buf * sizeof(uint64_t));
-}
-
-/* The dQ reducer, one thread (the others of its warpgroup return): for each query tile the MMA warpgroups
- * walk (the same sequence, step i), wait on FULL[i % NBUF] until they have written its dQ_partial into buffer
- * i % NBUF, add it to dq_accum by bulk tensor reduce-adds, and hand the buffer back on EMPTY[i % NBUF]. The
- * MMA warpgroups never stall on these L2 reductions. ORDERED: the additions of each tile wait for the CTA
- * before this one in dq_order (a spin) and release the next once performed; HOOK and ORDERED: every tile of
- * the band takes its turn in that chain, the walked ones also add. row0: the map row of the sequence's first
- * query; plane: the map plane of (batch, query head). */
-template <bool HOOK, int BM, int D, bool ORDERED>
-__device__ __forceinline__ void dq_reducer(const flash_params &p, const CUtensorMap *map, uint32_t dQb,
-                                           uint32_t full, uint32_t empty, int m_first, int m_end, int row0,
-                                           int plane, const dq_order &ord)
-{
-    constexpr int NBUF = dq_bufs(D, BM);
-    unsigned flags;
-    int m = next_query_tile<HOOK, BM, SM90_BN, ORDERED>(p, m_first, m_end, flags); /* HOOK: the walked tiles */
-    if constexpr (HOOK && ORDERED) {
-        /* every tile of the band takes its turn in the chain (the other CTAs cannot know which ones this
-         * CTA's attn_mask hides); the walked ones also add */
-        for (int mt = m_first, i = 0; mt < m_end; ++mt) {
-            if (dq_order_has_pred(ord, mt))
-                dq_order_wait(ord, mt * BM);
-            if (mt == m) {
-                dq_add_tile<BM, D, ORDERED>(map, dQb, full, empty, i, NBUF == 1 ? 0 : i & 1, row0 + mt * BM, plane);
-                ++i;
-                m = next_query_tile<HOOK, BM, SM90_BN, ORDERED>(p, mt + 1, m_end, flags);
-            }
-            dq_order_release(ord, mt * BM);
-        }
-    } else {
-        for (int i = 0; HOOK ? m < m_end : i < m_end - m_first; ++i) {
-            const int mt = HOOK ? m : m_first + i;
-            if (ORDERED && dq_order_has_pred(ord, mt))
-                dq_order_wait(ord, mt * BM);
-            dq_add_tile<BM, D, ORDERED>(map, dQb, full, empty, i, NBUF == 1 ? 0 : i & 1, row0 + mt * BM, plane);
-            if (ORDERED)
-                dq_order_release(ord, mt * BM);
-            if (HOOK)
-                m = next_query_tile<HOOK, BM, SM90_BN>(p, m + 1, m_end, flags);
-        }
-    }
-    bulk_wait_all(); /* the last additions performed (and their buffer read) before the thread's end */
-}
-
-#else
 /* The reducer's part of one walked tile (walk index i, its buffer buf = i % NBUF, first row m0): wait on
  * FULL[buf], add the rows below sq into dq_accum (sq, d), hand the buffer back on EMPTY[buf]. */
 template <int BM, int D, int THREADS = WARPGROUP_THREADS>
@@ -858,17 +743,12 @@ __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *d
         }
     }
 }
-#endif
 
 #endif
 
 template <typename T, int D, int BM, bool HOOK, bool ORDERED>
 __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
-#if FLASH_BWD90_TMA_DQ
-    bwd_main_sm90_kernel(const flash_params p, const __grid_constant__ CUtensorMap dq_map)
-#else
     bwd_main_sm90_kernel(const flash_params p)
-#endif
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BN = SM90_BN;
@@ -891,18 +771,11 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
     uint8_t *dOs = Qs + 2 * Q_BYTES;          /* [2][BM][D] sw128 */
     uint8_t *dSs = dOs + 2 * Q_BYTES;         /* [BN][BM] sw128: dS^T of the current query tile */
     uint8_t *Ps = dSs + DS_BYTES;             /* PT_SMEM: [BN][BM] sw128: P^T of the current query tile */
-#if FLASH_BWD90_TMA_DQ
-    uint8_t *dQb = Ps + (PT_SMEM ? DS_BYTES : 0); /* [NBUF][2 warpgroups][2 boxes] fp32: dQ_partial, MMA -> reducer */
-    float *lse_s = (float *)(dQb + NBUF * DQ_BUF_BYTES); /* [2][BM] */
-    float *delta_s = lse_s + 2 * BM;          /* [2][BM] */
-    uint64_t *mbar = (uint64_t *)(delta_s + 2 * BM); /* [2] FULL, [2] EMPTY of the dQ buffers */
-#else
     constexpr int DQ_LD = D + DQ_PAD;
     float *lse_s = (float *)(Ps + (PT_SMEM ? DS_BYTES : 0)); /* [2][BM] */
     float *delta_s = lse_s + 2 * BM;          /* [2][BM] */
     float *dQb = delta_s + 2 * BM;            /* [NBUF][NPART][BM][D + DQ_PAD] fp32: dQ_partial, MMA -> reducer */
     uint64_t *mbar = (uint64_t *)(dQb + NBUF * NPART * BM * DQ_LD); /* [2] FULL, [2] EMPTY of the dQ buffers */
-#endif
     uint8_t *keep_s = (uint8_t *)(mbar + 4);  /* HOOK: [SM90_MMA_WARPS][keep_warp_bytes(BM)] dropout keep bits */
 
     const int tid = threadIdx.x;
@@ -934,16 +807,6 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
     __syncthreads(); /* the mbarriers initialized */
     if (tid >= SM90_THREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REDUCER_REGS));
-#if FLASH_BWD90_TMA_DQ
-        if (do_dq && tid == SM90_THREADS) {
-            dq_order ord = {};
-            if (ORDERED)
-                ord = dq_order_of<BM, BN>(p, seq, b, hq, cta.tile);
-            /* dq_map: (d, sq, b h) dense, (d, total_q, h) varlen */
-            dq_reducer<HOOK, BM, D, ORDERED>(p, &dq_map, smem_u32(dQb), full, empty, m_first, m_end,
-                                             (int)seq.lse_row0, p.cu_seqlens_q ? hq : (int)bh, ord);
-        }
-#else
         if (do_dq) {
             dq_order ord = {};
             if (ORDERED)
@@ -951,7 +814,6 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
             dq_reducer<HOOK, BM, D, ORDERED>(p, dQb, sl.dqa, full, empty, m_first, m_end, sq, tid - SM90_THREADS,
                                              ord);
         }
-#endif
     } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(MMA_REGS));
     load_tile_sw128<T, BN, D>(Ks, kg, p.k_s.row, kvalid, d, tid);
@@ -1156,20 +1018,6 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
             const int buf = NBUF == 1 ? 0 : step & 1;
             if (step >= NBUF) /* the reducer has added tile step - NBUF from this buffer */
                 mbar_wait(smem_addr_now(mbar) + (2 + buf) * sizeof(uint64_t), (step / NBUF - 1) & 1);
-#if FLASH_BWD90_TMA_DQ
-            /* rows w 16 + lane / 4 (+ 8) of the warpgroup's boxes, columns 8 i + 2 lc: box i / 4, 16-byte chunk
-             * 2 (i % 4) + lc / 2 swizzled by the row's lane / 4, its half lc % 2 */
-            const int t = (lc / 2) ^ (lane / 4);
-            const uint32_t dst = smem_addr_now(dQb) + (uint32_t)(buf * DQ_BUF_BYTES + wg * 2 * DQ_BOX_BYTES +
-                                                                 (w * 16 + lane / 4) * 128 + (lc % 2) * 8);
-#pragma unroll
-            for (int i = 0; i < DQ_N / 8; ++i) {
-                const uint32_t a = dst + (i / 4) * DQ_BOX_BYTES + ((2 * (i % 4)) ^ t) * 16;
-                st_shared_v2_f32(a, acc_dq[4 * i], acc_dq[4 * i + 1]);
-                st_shared_v2_f32(a + 8 * 128, acc_dq[4 * i + 2], acc_dq[4 * i + 3]);
-            }
-            fence_proxy_async(); /* read by the bulk reduce-adds */
-#else
             const int dq_part = NPART == 2 ? wg : 0; /* partial */
             const uint32_t dst = smem_addr_now(dQb) + (uint32_t)((((buf * NPART + dq_part) * BM + dq_row0 + w * 16 + lane / 4) * DQ_LD +
                                                                   dq_col0 + 2 * lc) * sizeof(float)); /* (DQ_N) */
@@ -1178,7 +1026,6 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
                 st_shared_v2_f32(dst + i * 8 * sizeof(float), acc_dq[4 * i], acc_dq[4 * i + 1]);
                 st_shared_v2_f32(dst + (8 * DQ_LD + i * 8) * sizeof(float), acc_dq[4 * i + 2], acc_dq[4 * i + 3]);
             }
-#endif
             mbar_arrive(smem_addr_now(mbar) + buf * sizeof(uint64_t));
         } else if (DQ_FIRST) {
             wgmma_fence();
@@ -1505,11 +1352,7 @@ static size_t smem_main_sm90(int D, int BM, bool hook)
 {
     return SW128_ATOM_BYTES + (size_t)(2 * SM90_BN * D + 4 * BM * D + SM90_BN * BM) * 2 +
            (pt_in_smem(D, BM) ? (size_t)SM90_BN * BM * 2 : 0) +
-#if FLASH_BWD90_TMA_DQ
-           (size_t)dq_bufs(D, BM) * DQ_BUF_BYTES + 4 * BM * sizeof(float) + 4 * sizeof(uint64_t) +
-#else
            (size_t)(4 * BM + dq_bufs(D, BM) * dq_parts(D, BM) * BM * (D + DQ_PAD)) * sizeof(float) + 4 * sizeof(uint64_t) +
-#endif
            (hook ? (size_t)SM90_MMA_WARPS * keep_warp_bytes(BM) : 0);
 }
 
@@ -1532,42 +1375,6 @@ static cudaError_t launch_main_sm90_d256(const flash_params *p, cudaStream_t str
     return cudaGetLastError();
 }
 
-#if FLASH_BWD90_TMA_DQ
-/* The 3-D map of dq_accum, (d, sq, b h) dense or (d, total_q, h) varlen (flash.h: the lse order, d floats per
- * element), in fp32 boxes of 32 columns x 64 rows with the 128-byte swizzle of the dQ buffers. */
-static cudaError_t bwd90_dq_map(CUtensorMap *map, const flash_params *p)
-{
-    const tma_encode_fn encode = tma_encoder();
-    if (encode == NULL)
-        return cudaErrorNotSupported;
-    const int64_t rows = p->cu_seqlens_q ? p->total_q : p->sq, planes = p->cu_seqlens_q ? p->h : p->b * p->h;
-    const cuuint64_t dims[3] = {(cuuint64_t)p->d, (cuuint64_t)rows, (cuuint64_t)planes};
-    const cuuint64_t strides[2] = {(cuuint64_t)p->d * sizeof(float), (cuuint64_t)(rows * p->d) * sizeof(float)};
-    const cuuint32_t box[3] = {DQ_BOX_COLS, DQ_BOX_ROWS, 1}, elem_strides[3] = {1, 1, 1};
-    return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, p->dq_accum, dims, strides, box, elem_strides,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
-               ? cudaSuccess
-               : cudaErrorInvalidValue;
-}
-
-template <typename T, int D, int BM, bool HOOK, bool ORDERED = false>
-static cudaError_t launch_main_sm90(const flash_params *p, cudaStream_t stream)
-{
-    CUtensorMap dq_map;
-    cudaError_t err = bwd90_dq_map(&dq_map, p);
-    if (err != cudaSuccess)
-        return err;
-    const size_t smem = smem_main_sm90(D, BM, HOOK);
-    auto kernel = bwd_main_sm90_kernel<T, D, BM, HOOK, ORDERED>;
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (err != cudaSuccess)
-        return err;
-    const dim3 grid((unsigned int)((p->sk + SM90_BN - 1) / SM90_BN), (unsigned int)p->h, (unsigned int)p->b);
-    kernel<<<grid, SM90_THREADS_ALL, smem, stream>>>(*p, dq_map);
-    return cudaGetLastError();
-}
-#else
 template <typename T, int D, int BM, bool HOOK, bool ORDERED = false>
 static cudaError_t launch_main_sm90(const flash_params *p, cudaStream_t stream)
 {
@@ -1580,7 +1387,6 @@ static cudaError_t launch_main_sm90(const flash_params *p, cudaStream_t stream)
     kernel<<<grid, SM90_THREADS_ALL, smem, stream>>>(*p);
     return cudaGetLastError();
 }
-#endif
 
 /* The kernel of head dim D (64 or 128) with its tiles.h query tile: HOOK from p->has_hook, ORDERED from ordered. */
 template <typename T, int D>

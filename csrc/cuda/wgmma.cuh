@@ -241,33 +241,6 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, uint3
                  : "memory");
 }
 
-/* Bulk tensor reduce-add of the fp32 box at shared address src into the 3-D tensor map at `map` at
- * coordinates c0..c2 (innermost first; out-of-bounds elements are skipped), in this thread's bulk group. */
-__device__ __forceinline__ void tma_reduce_add_3d(const void *map, uint32_t src, int c0, int c1, int c2)
-{
-    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n"
-                 ::"l"((uint64_t)map), "r"(src), "r"(c0), "r"(c1), "r"(c2)
-                 : "memory");
-}
-
-/* Closes this thread's bulk group; waits until its bulk operations have read their shared memory (_read) or
- * are complete, their writes performed and ordered before this thread's later generic accesses (_all). */
-__device__ __forceinline__ void bulk_commit(void)
-{
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void bulk_wait_read(void)
-{
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void bulk_wait_all(void)
-{
-    asm volatile("cp.async.bulk.wait_group 0;\n"
-                 "fence.proxy.async.global;\n" ::: "memory");
-}
-
 __device__ __forceinline__ void tma_prefetch_map(const void *map)
 {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
