@@ -18,8 +18,8 @@
  *   bwd_harness time1 D SEQLEN CAUSAL DET    one timing config (e.g. under ncu)
  *   bwd_harness timedet d64 / d128 / d256, s2048 / s8192, causal and not: the default and deterministic mode one
  *                       after the other (their ratio)
- *   bwd_harness timev   bf16 d128 (d256 for softcap) TFLOP/s of each variant, counted on the visible
- *                              (i, j) pairs
+ *   bwd_harness timev   bf16 d128 TFLOP/s of each variant (also softcap / dropout at d64, softcap / ALiBi at
+ *                              d256), counted on the visible (i, j) pairs
  *   bwd_harness timevl  bf16 d64 / d128 TFLOP/s of time's shapes dense, as one varlen batch of equal
  *                              lengths (the varlen path's own cost) and of lengths drawn from [1, 2 seqlen]
  *
@@ -1488,6 +1488,10 @@ static void time_variants(void)
                  "causal window 4096 (s16k)");
     time_variant(with_softcap(dense, 50.f), "softcap 50");
     time_variant(with_softcap(make_cfg(FLASH_BF16, b, 8, 8, s, s, 256, CAUSAL_NONE), 50.f), "softcap 50 (d256)");
+    time_variant(with_softcap(make_cfg(FLASH_BF16, b, 32, 32, s, s, 64, CAUSAL_NONE), 50.f), "softcap 50 (d64)");
+    time_variant(with_dropout(make_cfg(FLASH_BF16, b, 32, 32, s, s, 64, CAUSAL_NONE), 0.1), "dropout 0.1 (d64)");
+    time_variant(with_alibi(make_cfg(FLASH_BF16, b, 8, 8, s, s, 256, CAUSAL_BOTTOM_RIGHT), ALIBI_HEAD),
+                 "alibi causal (d256)");
     time_variant(with_alibi(causal, ALIBI_HEAD), "alibi causal");
     time_variant(with_mask(dense, MASK_BOOL, PAT_PADDING, BC_H | BC_Q), "padding mask (bool)");
     time_variant(with_mask(dense, MASK_BOOL, PAT_SPARSE, BC_B | BC_H), "block-sparse 10% (bool)");
