@@ -6,7 +6,7 @@
  * so the cache is read once per KV head, not once per query head. The CTA's key tiles (mask.h
  * flash_key_tiles over its queries, in tiles of kWarpKeys keys) are cut into num_splits contiguous
  * slices, one per CTA of the grid's x dimension. Inside a CTA the warps split the keys, not the rows:
- * warp w takes the slice's tiles w, w + kWarps, ..., each through its own kStages-deep cp.async ring in
+ * warp w of the CTA's nwarps takes the slice's tiles w, w + nwarps, ..., each through its own kStages-deep cp.async ring in
  * shared memory (no CTA barrier in the main loop, only __syncwarp), and keeps its own online softmax
  * (running max m, sum l, unnormalized O, natural-log units). Per tile, per warp:
  *   S = Q K^T        mma.sync m16n8k16 (2 n8 tiles), Q fragments from registers (d <= 128) or shared memory
@@ -19,13 +19,13 @@
  * lse_accum, and flash_fwd_combine_kernel merges the splits of each row (exactly: weights exp(lse_s -
  * lse)) and applies the sink; on sm90 it is a programmatic dependent launch, started while the decode grid
  * drains. Split count: flash_fwd_decode_splits, FA2's wave-efficiency rule over the SMs' CTA slots, each
- * split kMinRounds rounds of kWarps tiles at least.
+ * split kMinRounds rounds of nwarps tiles at least.
  * Paged KV caches (kPaged): each lane looks up the page of one key of the tile (mask.h flash_key_offset)
  * and the lanes exchange the rows' offsets by shuffle: one table read per key and tile.
  *
  * Tiles (DecodeCfg from tiles.h decode_tiles): kRows 16, kWarpKeys 16, kStages 4 / 3 / 2 at d 64 / 128 / 256;
  * 4 warps (shared memory 66 / 100 / 136 KB: 3 / 2 / 1 CTAs per SM), or 8 at d <= 128 when the unsplit grid is
- * small (decode_warps; 130 / 196 KB, 1 CTA per SM). Speed on the H200 (bf16 d128, TB/s of K+V read,
+ * small (decode_warps, at run time: one kernel per head dim takes both; 130 / 196 KB, 1 CTA per SM). Speed on the H200 (bf16 d128, TB/s of K+V read,
  * benchmarks/results/h200/decode_2026-12-01c): B8 H32 131k 4.47 (cuDNN 4.49), B1 H32/KV8 131k 3.64 with 4 warps
  * (cuDNN 3.86; 8 warps: 3% faster in the harness), 0.85-1.00x cuDNN over 4k-131k caches.
  * Varlen batches (flash_attn_varlen_func, paged or not) as dense ones: each CTA reads its sequence through
@@ -61,17 +61,18 @@ constexpr int kRows = kMmaM;     /* rows of a CTA */
 constexpr int kWarpKeys = 16;    /* keys of one warp tile: 2 n8 tiles of S, one k16 step of P V */
 constexpr int kMaxSplits = 128;            /* most key splits of one row block */
 constexpr double kWaveEfficiency = 0.95;   /* the split heuristic's tolerance to the best wave efficiency */
-constexpr int kMinRounds = 4;              /* the fewest rounds of kWarps key tiles per split */
+constexpr int kMinRounds = 4;              /* the fewest rounds of nwarps key tiles per split */
 constexpr size_t kDefaultSmemBytes = 48 * 1024;
 constexpr int kMergePad = 4;     /* floats of padding per merge row (bank spread) */
 constexpr int kCombineWarps = 4; /* rows per combine CTA, one warp each */
 constexpr float kLog2e = FLASH_LOG2E_F;
 
-/* A config: kHeadDim (compiled width; smaller head dims are zero-filled), warps per CTA, cp.async ring depth
+/* A config: kHeadDim (compiled width; smaller head dims are zero-filled), the most warps per CTA (the warps of a
+ * launch are its block size, chosen at run time by decode_warps: kWarpsFew only at d <= 128), cp.async ring depth
  * per warp (tiles.h), Q fragments in registers (d <= 128). */
-template <int kHeadDim_, int kWarps_>
+template <int kHeadDim_>
 struct DecodeCfg {
-    static constexpr int kHeadDim = kHeadDim_, kWarps = kWarps_, kThreads = kWarps_ * FLASH_WARP_SIZE;
+    static constexpr int kHeadDim = kHeadDim_, kMaxWarps = kHeadDim_ <= 128 ? kWarpsFew : kWarpsMany;
     static constexpr int kStages = decode_tiles<kHeadDim_>::STAGES;
     static constexpr bool kQInRegs = kHeadDim_ <= 128;
 };
@@ -97,17 +98,17 @@ __host__ __device__ constexpr size_t decode_ring_bytes()
     return (size_t)Cfg::kStages * 2 * kWarpKeys * Cfg::kHeadDim * kElemBytes; /* K and V */
 }
 
-/* the warps' (m, l, O) at the end, over the rings */
+/* one warp's (m, l, O) at the end, over its ring */
 template <typename Cfg>
 __host__ __device__ constexpr size_t decode_merge_bytes()
 {
-    return (size_t)Cfg::kWarps * kRows * (Cfg::kHeadDim + kMergePad + 2) * sizeof(float);
+    return (size_t)kRows * (Cfg::kHeadDim + kMergePad + 2) * sizeof(float);
 }
 
 template <typename Cfg>
-__host__ __device__ constexpr size_t decode_smem_bytes()
+__host__ __device__ constexpr size_t decode_smem_bytes(int warps)
 {
-    return decode_q_bytes<Cfg>() + Cfg::kWarps * decode_ring_bytes<Cfg>();
+    return decode_q_bytes<Cfg>() + warps * decode_ring_bytes<Cfg>();
 }
 
 /* Rows and grid of a decode launch (varlen: of the longest sequence, p->sq = max_seqlen_q). */
@@ -204,12 +205,12 @@ __device__ __forceinline__ void grid_dependency_wait(void)
 #endif
 }
 
-/* grid (num_splits, row_blocks * h_kv, b); Cfg::kThreads threads */
+/* grid (num_splits, row_blocks * h_kv, b); 32 threads per warp, up to Cfg::kMaxWarps warps */
 template <typename T, typename Cfg, bool kPaged>
-__global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const __grid_constant__ flash_params p)
+__global__ void __launch_bounds__(Cfg::kMaxWarps *FLASH_WARP_SIZE) flash_fwd_decode_kernel(const __grid_constant__ flash_params p)
 {
     constexpr int kHeadDim = Cfg::kHeadDim;
-    constexpr int kWarps = Cfg::kWarps, kThreads = Cfg::kThreads;
+    const int nwarps = (int)blockDim.x / FLASH_WARP_SIZE, nthreads = (int)blockDim.x;
     constexpr int kStages = Cfg::kStages;
     constexpr int kRowBytes = kHeadDim * kElemBytes;
     constexpr int kTileBytes = kWarpKeys * kRowBytes;
@@ -218,10 +219,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
     constexpr int kChunks = kHeadDim / CHUNK;
     constexpr int kMergeRow = kHeadDim + kMergePad;
     static_assert(sizeof(T) == kElemBytes, "16-bit types only");
-    static_assert(decode_merge_bytes<Cfg>() <= kWarps * decode_ring_bytes<Cfg>(), "merge area exceeds the rings");
+    static_assert(decode_merge_bytes<Cfg>() <= decode_ring_bytes<Cfg>(), "merge area exceeds the rings");
     static_assert(kChunks % (kSwizzleMask + 1) == 0, "swizzle needs rows of at least 128 bytes");
 
-    /* sQ (kRows, kHeadDim) | ring of warp 0 | ... | ring of warp kWarps - 1; each ring kStages x (K, V) tiles of
+    /* sQ (kRows, kHeadDim) | ring of warp 0 | ... | ring of warp nwarps - 1; each ring kStages x (K, V) tiles of
      * (kWarpKeys, kHeadDim), swizzled. At the end the rings hold the merge area: per warp, O (kRows, kMergeRow)
      * floats, then m (kRows), l (kRows). */
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -249,7 +250,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
 
     /* Q rows: packed row x -> query x / g, head kv_head g + x % g (rows past x_end zero-filled) */
     {
-        for (int idx = tid; idx < kRows * kChunks; idx += kThreads) {
+        for (int idx = tid; idx < kRows * kChunks; idx += nthreads) {
             const int rr = idx / kChunks, chunk = idx % kChunks;
             const int64_t x = x0 + rr;
             const bool ok = x < x_end && chunk * CHUNK < d;
@@ -261,11 +262,11 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
         cp_async_commit();
     }
 
-    /* this CTA's key tiles: the split's slice of the band of its queries, in whole rounds of kWarps tiles */
+    /* this CTA's key tiles: the split's slice of the band of its queries, in whole rounds of nwarps tiles */
     const int64_t i_first = x0 / g, i_last = x_last / g;
     const flash_tile_range kt = flash_key_tiles(&seq, i_first, i_last - i_first + 1, kWarpKeys);
     const int64_t n_tiles = kt.end - kt.first;
-    const int64_t per_split = flash_cdiv64(flash_cdiv64(n_tiles, p.num_splits > 1 ? p.num_splits : 1), kWarps) * kWarps;
+    const int64_t per_split = flash_cdiv64(flash_cdiv64(n_tiles, p.num_splits > 1 ? p.num_splits : 1), nwarps) * nwarps;
     const int t_begin = (int)flash_min64(kt.first + split * per_split, kt.end);
     const int t_end = (int)flash_min64(t_begin + per_split, kt.end);
     const int full_first = (int)kt.full_first, full_end = (int)kt.full_end;
@@ -280,7 +281,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
     /* prologue: this warp's first kStages - 1 tiles (one cp.async group each, empty past the slice) */
 #pragma unroll
     for (int s = 0; s < kStages - 1; s++) {
-        const int t = t_begin + warp + s * kWarps;
+        const int t = t_begin + warp + s * nwarps;
         if (t < t_end)
             load_kv<T, Cfg, kPaged>(p, seq, ring + s * 2 * kTileBytes, ring + (s * 2 + 1) * kTileBytes, kbase, vbase, t,
                                     sk, d, lane);
@@ -320,9 +321,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
     float l_run[2] = {0.f, 0.f};             /* this lane's part of the row sums */
 
     int stage = 0;
-    for (int t = t_begin + warp; t < t_end; t += kWarps) {
+    for (int t = t_begin + warp; t < t_end; t += nwarps) {
         {
-            const int tn = t + (kStages - 1) * kWarps;
+            const int tn = t + (kStages - 1) * nwarps;
             const int sn = (stage + kStages - 1) % kStages;
             if (tn < t_end)
                 load_kv<T, Cfg, kPaged>(p, seq, ring + sn * 2 * kTileBytes, ring + (sn * 2 + 1) * kTileBytes, kbase,
@@ -446,17 +447,17 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
 
     /* each thread: chunks of 8 columns of some rows; (M, L) of the row from the warps' (m, l) */
     const bool split_out = p.num_splits > 1;
-    for (int idx = tid; idx < kRows * kChunks; idx += kThreads) {
+    for (int idx = tid; idx < kRows * kChunks; idx += nthreads) {
         const int r = idx / kChunks;
         const int chunk = idx % kChunks;
         const int64_t x = x0 + r;
         if (x >= x_end || chunk * CHUNK >= d)
             continue;
         const int64_t i = x / g, hq = kv_head * g + x % g;
-        float mw[kWarps], M = -INFINITY;
+        float mw[Cfg::kMaxWarps], M = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < kWarps; w++) {
-            mw[w] = merge[w * kRows * (kMergeRow + 2) + kRows * kMergeRow + r];
+        for (int w = 0; w < Cfg::kMaxWarps; w++) {
+            mw[w] = w < nwarps ? merge[w * kRows * (kMergeRow + 2) + kRows * kMergeRow + r] : -INFINITY;
             M = fmaxf(M, mw[w]);
         }
         float L = 0.f, o[CHUNK];
@@ -464,7 +465,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_decode_kernel(const _
         for (int c = 0; c < CHUNK; c++)
             o[c] = 0.f;
 #pragma unroll
-        for (int w = 0; w < kWarps; w++) {
+        for (int w = 0; w < Cfg::kMaxWarps; w++) {
+            if (w >= nwarps)
+                break;
             const float *base = merge + w * kRows * (kMergeRow + 2);
             const float wt = mw[w] == -INFINITY ? 0.f : __expf(mw[w] - M);
             L += wt * base[kRows * kMergeRow + kRows + r];
@@ -559,9 +562,9 @@ bool has_pdl(void)
 }
 
 template <typename T, typename Cfg, bool kPaged>
-cudaError_t launch_decode(const flash_params *p, cudaStream_t stream)
+cudaError_t launch_decode(const flash_params *p, int warps, cudaStream_t stream)
 {
-    constexpr size_t smem = decode_smem_bytes<Cfg>();
+    const size_t smem = decode_smem_bytes<Cfg>(warps);
     void (*kernel)(const flash_params) = flash_fwd_decode_kernel<T, Cfg, kPaged>;
     if (smem > kDefaultSmemBytes) {
         const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -570,7 +573,7 @@ cudaError_t launch_decode(const flash_params *p, cudaStream_t stream)
     }
     const int splits = p->num_splits > 1 ? p->num_splits : 1;
     const dim3 grid((unsigned)splits, (unsigned)(decode_row_blocks(p) * p->h_kv), (unsigned)p->b);
-    kernel<<<grid, Cfg::kThreads, smem, stream>>>(*p);
+    kernel<<<grid, warps * FLASH_WARP_SIZE, smem, stream>>>(*p);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess || splits == 1)
         return err;
@@ -588,24 +591,25 @@ cudaError_t launch_decode(const flash_params *p, cudaStream_t stream)
 }
 
 template <typename Cfg>
-cudaError_t dispatch_type(const flash_params *p, cudaStream_t stream)
+cudaError_t dispatch_type(const flash_params *p, int warps, cudaStream_t stream)
 {
     const bool paged = p->block_table != NULL;
     if (p->dtype == FLASH_FP16)
-        return paged ? launch_decode<__half, Cfg, true>(p, stream) : launch_decode<__half, Cfg, false>(p, stream);
-    return paged ? launch_decode<__nv_bfloat16, Cfg, true>(p, stream)
-                 : launch_decode<__nv_bfloat16, Cfg, false>(p, stream);
+        return paged ? launch_decode<__half, Cfg, true>(p, warps, stream)
+                     : launch_decode<__half, Cfg, false>(p, warps, stream);
+    return paged ? launch_decode<__nv_bfloat16, Cfg, true>(p, warps, stream)
+                 : launch_decode<__nv_bfloat16, Cfg, false>(p, warps, stream);
 }
 
-/* f(the config for head dim d with `warps` warps per CTA: kWarpsFew only at d <= 128) */
+/* f(the config for head dim d) */
 template <typename F>
-auto by_config(int64_t d, int warps, F f)
+auto by_config(int64_t d, F f)
 {
     if (d <= 64)
-        return warps == kWarpsFew ? f(DecodeCfg<64, kWarpsFew>()) : f(DecodeCfg<64, kWarpsMany>());
+        return f(DecodeCfg<64>());
     if (d <= 128)
-        return warps == kWarpsFew ? f(DecodeCfg<128, kWarpsFew>()) : f(DecodeCfg<128, kWarpsMany>());
-    return f(DecodeCfg<256, kWarpsMany>());
+        return f(DecodeCfg<128>());
+    return f(DecodeCfg<256>());
 }
 
 /* Warps per CTA: kWarpsFew when the unsplit grid holds fewer than one CTA per kFewCtasPerSm SMs (so the split
@@ -617,23 +621,23 @@ int decode_warps(const flash_params *p, int num_sms)
     const int64_t ctas = p->b * p->h_kv * decode_row_blocks(p);
     if (p->d > 128 || ctas * kFewCtasPerSm >= num_sms)
         return kWarpsMany;
-    const size_t smem = by_config(p->d, kWarpsFew, [](auto cfg) { return decode_smem_bytes<decltype(cfg)>(); });
+    const size_t smem = by_config(p->d, [](auto cfg) { return decode_smem_bytes<decltype(cfg)>(kWarpsFew); });
     return flash_smem_available() >= smem ? kWarpsFew : kWarpsMany;
 }
 
 /* CTAs of the decode kernel at head dim d with `warps` warps that fit one SM at once (0 if the query fails). */
 int decode_ctas_per_sm(int64_t d, int warps, flash_dtype dtype)
 {
-    return by_config(d, warps, [dtype](auto cfg) {
+    return by_config(d, [warps, dtype](auto cfg) {
         using Cfg = decltype(cfg);
         int n = 0;
         void (*kernel)(const flash_params) = dtype == FLASH_FP16 ? flash_fwd_decode_kernel<__half, Cfg, false>
                                                                  : flash_fwd_decode_kernel<__nv_bfloat16, Cfg, false>;
-        constexpr size_t smem = decode_smem_bytes<Cfg>();
+        const size_t smem = decode_smem_bytes<Cfg>(warps);
         if (smem > kDefaultSmemBytes &&
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
             return 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads, smem) != cudaSuccess)
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, warps * FLASH_WARP_SIZE, smem) != cudaSuccess)
             return 0;
         return n;
     });
@@ -652,7 +656,7 @@ int num_sms_of_device(void)
 
 extern "C" size_t flash_fwd_decode_smem(const flash_params *p)
 {
-    return by_config(p->d, kWarpsMany, [](auto cfg) { return decode_smem_bytes<decltype(cfg)>(); });
+    return by_config(p->d, [](auto cfg) { return decode_smem_bytes<decltype(cfg)>(kWarpsMany); });
 }
 
 extern "C" int flash_fwd_decode_ok(const flash_params *p)
@@ -702,6 +706,6 @@ extern "C" cudaError_t flash_fwd_decode(const flash_params *p, cudaStream_t stre
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0)
         return cudaSuccess;
-    return by_config(p->d, decode_warps(p, num_sms_of_device()),
-                     [p, stream](auto cfg) { return dispatch_type<decltype(cfg)>(p, stream); });
+    const int warps = decode_warps(p, num_sms_of_device());
+    return by_config(p->d, [p, warps, stream](auto cfg) { return dispatch_type<decltype(cfg)>(p, warps, stream); });
 }
