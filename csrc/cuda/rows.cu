@@ -70,7 +70,8 @@ __host__ __device__ inline int row_lanes_log2(int d)
 /* One row of a (b, hq) per 2^lg threads (varlen: sq = max_seqlen_q, rows past the sequence's end do nothing;
  * they take part in the row's shuffles with a zero sum); thread l of the row reads CHUNK consecutive elements
  * of O and dO at column CHUNK l and zeroes float4 columns l, l + 2^lg, ... of the row's dq_accum (where the
- * main kernel adds dQ into it) and, at every FLASH_DQ_SEM_ROWS-th row, the row's dq_semaphore entry. */
+ * main kernel adds dQ into it) and, at every FLASH_DQ_SEM_ROWS-th row, the row's dq_semaphore entry. TILED
+ * (bwd_preprocess_tiled_kernel): the zeroing is that of the tiled dq_accum instead. */
 template <typename T, bool TILED = false>
 __device__ __forceinline__ void preprocess_rows(const flash_params &p)
 {
@@ -171,30 +172,33 @@ __global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_tiled_kernel(cons
                                                        * + 4 makes its fragment-order stores conflict-free */
 
 /* dq = dq_accum * scale from the tiled layout, one CTA per tile (FLASH_DQ_TILE_ROWS query rows of a (b, hq);
- * varlen: tiles past the sequence's end do nothing): each thread reads 16 float4 of the tile, coalesced (float4 q
- * holds rows 16 (q % 128 / 32) + q % 32 / 4 and + 8, columns 8 (q / 128) + 2 (q % 4) and + 1), packs their pairs
- * into the staging tile, then writes CHUNK consecutive elements of a row at a time (rows below sq, columns below
- * d). */
+ * varlen: tiles past the sequence's end do nothing): each thread loads its 16 float4 of the tile at once, coalesced
+ * (float4 q holds rows 16 (q % 128 / 32) + q % 32 / 4 and + 8, columns 8 (q / 128) + 2 (q % 4) and + 1; column
+ * groups past d, padding, are not read), packs their pairs into the staging tile, then writes CHUNK consecutive
+ * elements of a row at a time (rows below sq, columns below d). */
 template <typename T>
 __device__ __forceinline__ void dq_post_tile(const flash_params &p, uint32_t (*stage)[DQ_STAGE_LD])
 {
     constexpr int R = FLASH_DQ_TILE_ROWS, C = FLASH_CUDA_MAX_HEAD_DIM, GROUP_V4 = R * 8 / 4; /* float4 per group */
+    constexpr int NV4 = R * C / 4 / POST_THREADS, GSTEP = POST_THREADS / GROUP_V4; /* per thread; groups per pass */
+    static_assert(POST_THREADS % GROUP_V4 == 0, "a thread's float4 share their rows");
     const int64_t m0 = (int64_t)blockIdx.x * R, hq = blockIdx.y, b = blockIdx.z;
     const flash_seq s = flash_seq_of(&p, b);
     if (m0 >= s.sq)
         return;
     const int d = (int)p.d, t = threadIdx.x;
+    const int r = 16 * (t % GROUP_V4 / 32) + t % 32 / 4, g0 = t / GROUP_V4; /* rows r, r + 8; first group */
     const float scale = (float)p.scale;
-    const float4 *src = (const float4 *)(p.dq_accum + (flash_dq_tiled_row0(&p, &s, b, hq) + m0) * C);
+    const float4 *src = (const float4 *)(p.dq_accum + (flash_dq_tiled_row0(&p, &s, b, hq) + m0) * C) + t;
+    float4 x[NV4];
 #pragma unroll
-    for (int k = 0; k < R * C / 4 / POST_THREADS; ++k) {
-        const int q = k * POST_THREADS + t;
-        if (q / GROUP_V4 * 8 < d) { /* warp-uniform: column groups past d are padding */
-            const float4 x = src[q];
-            const int r = 16 * (q % GROUP_V4 / 32) + q % 32 / 4, w = 4 * (q / GROUP_V4) + q % 4;
-            stage[r][w] = pack2<T>(x.x * scale, x.y * scale);
-            stage[r + 8][w] = pack2<T>(x.z * scale, x.w * scale);
-        }
+    for (int k = 0; k < NV4; ++k)
+        x[k] = (g0 + GSTEP * k) * 8 < d ? src[k * POST_THREADS] : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int k = 0; k < NV4; ++k) {
+        const int w = 4 * (g0 + GSTEP * k) + t % 4;
+        stage[r][w] = pack2<T>(x[k].x * scale, x[k].y * scale);
+        stage[r + 8][w] = pack2<T>(x[k].z * scale, x[k].w * scale);
     }
     __syncthreads();
     const int rows = (int)flash_min64(R, s.sq - m0);
