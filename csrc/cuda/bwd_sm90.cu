@@ -1328,7 +1328,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         static_assert(D256_COLS == 2 * D256_DQ_CHUNK, "two dQ chunks");
 #if FLASH_BWD90_D256_DQ_TILED
         /* the thread's float4 of the warpgroup's first 8-column group in tile m */
-        float *dq_dst = dqt + (int64_t)m * BM * D + (wg * D256_COLS / 8 * DQ_GROUP_FLOATS + (tid % WARPGROUP_THREADS) * 4);
+        float *dq_dst =
+            dqt + (int64_t)m * BM * D + (wg * D256_COLS / 8 * DQ_GROUP_FLOATS + (tid % WARPGROUP_THREADS) * 4);
 #else
         const int row = m0 + w * 16 + lane / 4;
 #endif

@@ -304,7 +304,8 @@ extern "C" cudaError_t flash_bwd_pre_tiled(const flash_params *p, cudaStream_t s
     if ((p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16) || p->d <= 128 || p->d > FLASH_CUDA_MAX_HEAD_DIM)
         return cudaErrorInvalidValue;
     const int64_t rows = flash_cdiv64(p->sq, FLASH_DQ_TILE_ROWS) * FLASH_DQ_TILE_ROWS;
-    const dim3 grid(blocks_for(rows, POST_THREADS >> row_lanes_log2((int)p->d)), (unsigned int)p->h, (unsigned int)p->b);
+    const unsigned int row_blocks = blocks_for(rows, POST_THREADS >> row_lanes_log2((int)p->d));
+    const dim3 grid(row_blocks, (unsigned int)p->h, (unsigned int)p->b);
     bwd_preprocess_tiled_kernel<<<grid, POST_THREADS, 0, stream>>>(*p);
     return cudaGetLastError();
 }
