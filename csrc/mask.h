@@ -134,6 +134,35 @@ FLASH_HD int64_t flash_lse_offset(const flash_params *p, const flash_seq *s, int
     return b * p->lse_batch + hq * p->lse_head + s->lse_row0;
 }
 
+/* dq_accum in the tile order of bwd_sm90.cu's d > 128 kernel (launch.h FLASH_BWD90_D256_DQ_TILED): tiles of
+ * FLASH_DQ_TILE_ROWS query rows x FLASH_CUDA_MAX_HEAD_DIM columns (every head dim 129..256 padded to 256), each
+ * 64 x 256 contiguous floats, a sequence's rows padded to whole tiles. Element (r, c) of a tile is at
+ * (c / 8) 512 + (r / 16) 128 + (r % 8) 16 + (c % 8 / 2) 4 + (r % 16 / 8) 2 + c % 2: column group c / 8 is the
+ * wgmma accumulator fragments of a 64 x 8 block, thread t of a warpgroup owning the float4 at 4 t. Query
+ * tile m of (b, hq) is at tiled row flash_dq_tiled_row0 + 64 m (floats: times 256). Dense: (b h + hq)
+ * ceil(sq / 64) 64. Varlen: hq R + (q_row0 / 64 + b) 64 with R = (ceil(total_q / 64) + b_count) 64 rows per
+ * head (FA3's padding: each sequence's tiles end before the next one's begin, and the size needs no host read
+ * of cu_seqlens). */
+FLASH_HD int64_t flash_dq_tiled_head_rows(const flash_params *p)
+{
+    return (flash_cdiv64(p->total_q, FLASH_DQ_TILE_ROWS) + p->b) * FLASH_DQ_TILE_ROWS;
+}
+
+FLASH_HD int64_t flash_dq_tiled_row0(const flash_params *p, const flash_seq *s, int64_t b, int64_t hq)
+{
+    if (p->cu_seqlens_q)
+        return hq * flash_dq_tiled_head_rows(p) + (s->q_row0 / FLASH_DQ_TILE_ROWS + b) * FLASH_DQ_TILE_ROWS;
+    return (b * p->h + hq) * flash_cdiv64(p->sq, FLASH_DQ_TILE_ROWS) * FLASH_DQ_TILE_ROWS;
+}
+
+/* Floats of the tiled dq_accum. */
+FLASH_HD int64_t flash_dq_tiled_floats(const flash_params *p)
+{
+    const int64_t rows = p->cu_seqlens_q ? p->h * flash_dq_tiled_head_rows(p)
+                                         : p->b * p->h * flash_cdiv64(p->sq, FLASH_DQ_TILE_ROWS) * FLASH_DQ_TILE_ROWS;
+    return rows * FLASH_CUDA_MAX_HEAD_DIM;
+}
+
 /* Row of key j of sequence s (batch b) in the GQA workspaces dk_accum / dv_accum, (rows, h, d):
  * dense rows = b * sk + j, varlen k_row0 + j. */
 FLASH_HD int64_t flash_kaccum_row(const flash_params *p, const flash_seq *s, int64_t b, int64_t j)

@@ -300,7 +300,7 @@ BwdOutputs dense_bwd_cuda(
     if (is_half(q)) {
         check_smem(flash_bwd_smem_needed(&p), kd.qk, "backward");
         const auto f32 = q.options().dtype(at::kFloat);
-        dq_accum = at::empty({p.b, p.h, p.sq, p.d}, f32);
+        dq_accum = at::empty({flash_bwd_dq_accum_floats(&p)}, f32); // (b, h, sq, d) or launch.h's tiled layout
         p.dq_accum = dq_accum.data_ptr<float>();
         dq_semaphore = set_dq_semaphore(&p, q);
         if (p.h != p.h_kv) {
@@ -394,13 +394,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
     set_varlen_bwd_params(&p, dout, dq, dk, dv, delta);
 
     // fp32 workspaces of the tensor-core backward in the varlen layouts of csrc/flash.h: dq_accum
-    // (nheads, total_q, d), dk_accum / dv_accum (total_k, nheads, d), zero-filled (rows of no sequence
-    // and keys past seqused_k are never written by the kernels); the dQ semaphores as in the dense case.
+    // (nheads, total_q, d) or launch.h's tiled layout, dk_accum / dv_accum (total_k, nheads, d), zero-filled (rows
+    // of no sequence and keys past seqused_k are never written by the kernels); the dQ semaphores as in the dense
+    // case.
     at::Tensor dq_accum, dk_accum, dv_accum, dq_semaphore;
     if (is_half(q)) {
         check_smem(flash_bwd_smem_needed(&p), kd.qk, "backward");
         const auto f32 = q.options().dtype(at::kFloat);
-        dq_accum = at::zeros({p.h, p.total_q, p.d}, f32);
+        dq_accum = at::zeros({flash_bwd_dq_accum_floats(&p)}, f32);
         p.dq_accum = dq_accum.data_ptr<float>();
         dq_semaphore = set_dq_semaphore(&p, q);
         if (p.h != p.h_kv) {

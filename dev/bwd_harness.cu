@@ -744,6 +744,16 @@ static int32_t *alloc_dq_semaphore(flash_params *p, size_t *bytes)
     return p->dq_semaphore;
 }
 
+/* dq_accum, of the size (and layout) the backward of p takes (launch.h flash_bwd_dq_accum_floats), as the
+ * binding allocates it. Call with p complete. */
+static float *alloc_dq_accum(const flash_params *p, size_t *bytes)
+{
+    float *x;
+    *bytes = (size_t)flash_bwd_dq_accum_floats(p) * sizeof(float);
+    CUDA_CHECK(cudaMalloc(&x, *bytes));
+    return x;
+}
+
 static void poison(const dev_bufs &db)
 {
     CUDA_CHECK(cudaMemset(db.dq, kPoison, db.dq_bytes));
@@ -785,8 +795,6 @@ static int run_test(const test_cfg &c, const prepared &pr)
     CUDA_CHECK(cudaMalloc(&db.dk, db.dk_bytes));
     CUDA_CHECK(cudaMalloc(&db.dv, db.dv_bytes));
     if (half) {
-        db.dqa_bytes = (size_t)b * h * sq * d * sizeof(float);
-        CUDA_CHECK(cudaMalloc(&db.dq_accum, db.dqa_bytes));
         if (h != hkv) {
             db.dkva_bytes = (size_t)b * sk * h * d * sizeof(float);
             CUDA_CHECK(cudaMalloc(&db.dk_accum, db.dkva_bytes));
@@ -824,6 +832,8 @@ static int run_test(const test_cfg &c, const prepared &pr)
     p.has_hook = (p.softcap > 0 || p.alibi_slopes || p.mask || p.dropout_threshold) ? 1 : 0;
     p.deterministic = c.det;
     db.dq_sem = alloc_dq_semaphore(&p, &db.sem_bytes);
+    if (half)
+        p.dq_accum = db.dq_accum = alloc_dq_accum(&p, &db.dqa_bytes);
 
     std::vector<unsigned char> hq(db.dq_bytes), hk(db.dk_bytes), hv(db.dv_bytes), hb(db.dbias_bytes);
     std::vector<unsigned char> hq0, hk0, hv0, hb0;
@@ -975,8 +985,6 @@ static int run_varlen(const test_cfg &c, const prepared &pr)
     CUDA_CHECK(cudaMalloc(&db.dk, db.dk_bytes));
     CUDA_CHECK(cudaMalloc(&db.dv, db.dv_bytes));
     if (half) {
-        db.dqa_bytes = (size_t)h * tq * d * sizeof(float); /* (h, total_q, d) */
-        CUDA_CHECK(cudaMalloc(&db.dq_accum, db.dqa_bytes));
         if (h != hkv) {
             db.dkva_bytes = (size_t)tk * h * d * sizeof(float); /* (total_k, h, d) */
             CUDA_CHECK(cudaMalloc(&db.dk_accum, db.dkva_bytes));
@@ -1007,6 +1015,8 @@ static int run_varlen(const test_cfg &c, const prepared &pr)
     p.has_hook = (p.softcap > 0 || p.alibi_slopes) ? 1 : 0;
     p.deterministic = c.det;
     db.dq_sem = alloc_dq_semaphore(&p, &db.sem_bytes);
+    if (half)
+        p.dq_accum = db.dq_accum = alloc_dq_accum(&p, &db.dqa_bytes);
 
     std::vector<unsigned char> hq(db.dq_bytes), hk(db.dk_bytes), hv(db.dv_bytes);
     std::vector<unsigned char> hq0, hk0, hv0;
@@ -1235,6 +1245,9 @@ static void varlen_configs(std::vector<test_cfg> &v, flash_dtype t)
         v.push_back(with_window(make_varlen(t, 6, 6, 2, 300, 250, 128, NO, 0, 0, 2, s0 + 18), -1, 5));
         v.push_back(make_varlen(t, 3, 2, 1, 1500, 1400, 64, BR, 1, 2, 0, s0 + 19)); /* many tiles per sequence */
         v.push_back(with_det(make_varlen(t, 3, 2, 2, 1200, 1000, 128, NO, 0, 1, 0, s0 + 20)));
+        /* d > 128 with many tiles per sequence (Hopper: dq_accum padded per sequence, FLASH_BWD90_D256_DQ_TILED) */
+        v.push_back(make_varlen(t, 3, 4, 2, 1000, 900, 200, BR, 1, 1, 0, s0 + 41));
+        v.push_back(with_det(make_varlen(t, 3, 2, 2, 800, 900, 256, NO, 0, 0, 0, s0 + 42)));
         return;
     }
     v.push_back(make_varlen(t, 5, 4, 2, 70, 60, 33, BR, 1, 2, 0, s0 + 21));
@@ -1281,6 +1294,7 @@ static std::vector<test_cfg> small_configs(void)
     v.push_back(with_alibi(make_varlen(FLASH_BF16, 4, 4, 4, 140, 140, 128, CAUSAL_NONE, 1, 0, 0, 33), ALIBI_HEAD));
     v.push_back(
         with_alibi(make_varlen(FLASH_FP32, 4, 2, 1, 40, 50, 40, CAUSAL_BOTTOM_RIGHT, 1, 0, 0, 34), ALIBI_BATCH));
+    v.push_back(make_varlen(FLASH_BF16, 5, 2, 1, 150, 140, 200, CAUSAL_BOTTOM_RIGHT, 1, 0, 0, 35));
     return v;
 }
 
@@ -1322,7 +1336,6 @@ static void time_variant(const test_cfg &c, const char *label)
         CUDA_CHECK(cudaMalloc(x, n * sizeof(__nv_bfloat16)));
     CUDA_CHECK(cudaMalloc(&lse, (size_t)b * h * s * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&delta, (size_t)b * h * s * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&dqa, n * sizeof(float)));
     uint32_t seed = 1;
     for (__nv_bfloat16 *x : {q, k, v, o, dout})
         fill_bf16<<<1024, 256>>>(x, n, seed++);
@@ -1333,9 +1346,11 @@ static void time_variant(const test_cfg &c, const char *label)
     memset(&p, 0, sizeof(p));
     const layout l = make_layout(b, s, h, d, LAYOUT_BSHD);
     p.q = q; p.k = k; p.v = v; p.o = o; p.lse = lse; p.dout = dout;
-    p.dq = dq; p.dk = dk; p.dv = dv; p.delta = delta; p.dq_accum = dqa;
+    p.dq = dq; p.dk = dk; p.dv = dv; p.delta = delta;
     p.q_s = p.k_s = p.v_s = p.o_s = p.do_s = p.dq_s = p.dk_s = p.dv_s = l.st;
     fill_sizes(&p, FLASH_BF16, b, h, h, s, s, d, 0);
+    size_t dqa_bytes;
+    p.dq_accum = dqa = alloc_dq_accum(&p, &dqa_bytes);
     set_band(&p, c);
     p.softcap = c.softcap;
     rng r = {12345};
@@ -1429,7 +1444,6 @@ static void time_varlen(int d, int s, int causal, int random_lengths)
         CUDA_CHECK(cudaMalloc(x, n * sizeof(__nv_bfloat16)));
     CUDA_CHECK(cudaMalloc(&lse, (size_t)h * tokens * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&delta, (size_t)h * tokens * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&dqa, n * sizeof(float)));
     int32_t *cu_dev = (int32_t *)upload_flat(cu.data(), cu.size() * sizeof(int32_t));
     uint32_t seed = 1;
     for (__nv_bfloat16 *x : {q, k, v, o, dout})
@@ -1442,11 +1456,13 @@ static void time_varlen(int d, int s, int causal, int random_lengths)
     layout l = make_layout(1, tokens, h, d, LAYOUT_BSHD);
     l.st.batch = 0;
     p.q = q; p.k = k; p.v = v; p.o = o; p.lse = lse; p.dout = dout;
-    p.dq = dq; p.dk = dk; p.dv = dv; p.delta = delta; p.dq_accum = dqa;
+    p.dq = dq; p.dk = dk; p.dv = dv; p.delta = delta;
     p.q_s = p.k_s = p.v_s = p.o_s = p.do_s = p.dq_s = p.dk_s = p.dv_s = l.st;
     fill_sizes(&p, FLASH_BF16, b, h, h, max_len, max_len, d, 0);
     p.total_q = p.total_k = tokens;
     p.cu_seqlens_q = p.cu_seqlens_k = cu_dev;
+    size_t dqa_bytes;
+    p.dq_accum = dqa = alloc_dq_accum(&p, &dqa_bytes);
     p.lse_batch = 0;
     p.lse_head = tokens;
     p.band_left = -1;

@@ -1089,6 +1089,23 @@ __device__ __forceinline__ void add_dq_chunk_d256(float *dqa, int d, int sq, int
 }
 #endif
 
+#if FLASH_BWD90_D256_DQ_TILED
+#define DQ_GROUP_FLOATS (FLASH_DQ_TILE_ROWS * 8) /* floats of one 8-column group of a tiled dq_accum tile */
+static_assert(D256_BM == FLASH_DQ_TILE_ROWS && D256_D == FLASH_CUDA_MAX_HEAD_DIM, "dq_accum's tiles are the kernel's");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* Add a chunk into the tiled dq_accum (mask.h flash_dq_tiled_row0) from dst, the thread's float4 of the chunk's
+ * first 8-column group: value quad i (rows row, row + 8 x columns 8 i + 2 lc, + 1) is the thread's float4 of
+ * group i, one red.add each, no shuffles and no bounds (rows past sq and columns past d fall in the padding). */
+__device__ __forceinline__ void add_dq_chunk_tiled(float *dst, const float (&acc)[D256_DQ_CHUNK / 2])
+{
+#pragma unroll
+    for (int i = 0; i < D256_DQ_CHUNK / 8; ++i)
+        atomicAdd((float4 *)(dst + i * DQ_GROUP_FLOATS),
+                  make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+}
+#endif
+#endif
+
 /* One CTA per (64 keys, query head, batch). The dK/dV accumulators of 64 keys x 256 columns do not fit
  * one warpgroup, so the warpgroups split the columns: warpgroup wg owns columns [128 wg, +128) of dK,
  * dV and dQ, and computes S^T, dP^T for all 64 keys x queries [32 wg, +32) of the step. P^T and dS^T
@@ -1157,6 +1174,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     dq_order ord = {};
     if constexpr (ORDERED)
         ord = dq_order_of<BM, BN>(p, seq, b, hq, cta.tile);
+#if FLASH_BWD90_D256_DQ_TILED
+    float *dqt = p.dq_accum + flash_dq_tiled_row0(&p, &seq, b, hq) * D; /* the tiles of (b, hq) in dq_accum */
+#endif
 
     load_tile_sw128<T, BN, D>(Ks, kg, p.k_s.row, kvalid, d, tid);
     load_tile_sw128<T, BN, D>(Vs, vg, p.v_s.row, kvalid, d, tid);
@@ -1306,7 +1326,13 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
          * dO[:, cols] and dK += dS^T Q[:, cols] (K = the 64 queries): the tensor cores run chunk 0, dV,
          * dK, chunk 1 back to back, and the red.adds of chunk 0 overlap dV and dK. */
         static_assert(D256_COLS == 2 * D256_DQ_CHUNK, "two dQ chunks");
+#if FLASH_BWD90_D256_DQ_TILED
+        /* the thread's float4 of the warpgroup's first 8-column group in tile m */
+        float *dq_dst =
+            dqt + (int64_t)m * BM * D + (wg * D256_COLS / 8 * DQ_GROUP_FLOATS + (tid % WARPGROUP_THREADS) * 4);
+#else
         const int row = m0 + w * 16 + lane / 4;
+#endif
         float acc_dq[NDQ]; /* overwritten by the first step of each chunk (accumulate = 0) */
         issue_dq_chunk_d256<T>(acc_dq, dSa, Ka, c0);
         wgmma_commit();
@@ -1320,6 +1346,16 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
             wgmma_op<T, D256_COLS>::template ss<0, 1>(acc_dk, desc_k_major<BN>(dSa, 0, kq * WGMMA_K),
                                                       desc_mn_major<BM>(Qt, kq * WGMMA_K, c0), 1);
         wgmma_commit();
+#if FLASH_BWD90_D256_DQ_TILED
+        wgmma_wait<1>(); /* chunk 0 (dV, dK may still run) */
+        if (do_dq) /* none for HOOK in deterministic mode */
+            add_dq_chunk_tiled(dq_dst, acc_dq);
+        issue_dq_chunk_d256<T>(acc_dq, dSa, Ka, c0 + D256_DQ_CHUNK);
+        wgmma_commit();
+        wgmma_wait<0>();
+        if (do_dq)
+            add_dq_chunk_tiled(dq_dst + D256_DQ_CHUNK / 8 * DQ_GROUP_FLOATS, acc_dq);
+#else
         const int dq_rows = do_dq ? sq : 0; /* rows added into dq_accum: none for HOOK in deterministic mode */
         wgmma_wait<1>(); /* chunk 0 (dV, dK may still run) */
         add_dq_chunk_d256(dqa, d, dq_rows, row, c0, acc_dq, lc, lane);
@@ -1327,6 +1363,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         wgmma_commit();
         wgmma_wait<0>();
         add_dq_chunk_d256(dqa, d, dq_rows, row, c0 + D256_DQ_CHUNK, acc_dq, lc, lane);
+#endif
         m = m_next;
         flags = flags_next;
     }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "launch.h"
+#include "../mask.h"
 
 /* The current device's opt-in shared memory per CTA, capped by FLASHATTN_EXT_SMEM_LIMIT (bytes; read
  * once) so that the small configurations can be tested on a large GPU. 0 if the query fails. */
@@ -126,6 +127,39 @@ extern "C" int flash_bwd_wants_dq_semaphore(const flash_params *p)
     return !is_simple(p) && p->deterministic && use_sm90() && flash_bwd_sm90_orders_dq(p);
 }
 
+/* 1 where dq_accum is in the tiled layout (launch.h FLASH_BWD90_D256_DQ_TILED): where bwd_sm90.cu's d > 128
+ * kernel runs p. */
+static int bwd_dq_tiled(const flash_params *p)
+{
+    return FLASH_BWD90_D256_DQ_TILED && !is_simple(p) && p->d > 128 && use_sm90();
+}
+
+extern "C" int64_t flash_bwd_dq_accum_floats(const flash_params *p)
+{
+    if (bwd_dq_tiled(p))
+        return flash_dq_tiled_floats(p);
+    return (p->cu_seqlens_q ? p->total_q : p->b * p->sq) * p->h * p->d;
+}
+
+/* The preprocess and the dQ postprocess of p's dq_accum layout. */
+static cudaError_t bwd_pre(const flash_params *p, cudaStream_t stream)
+{
+#if FLASH_BWD90_D256_DQ_TILED
+    if (bwd_dq_tiled(p))
+        return flash_bwd_pre_tiled(p, stream);
+#endif
+    return flash_bwd_pre(p, stream);
+}
+
+static cudaError_t bwd_dq_post(const flash_params *p, cudaStream_t stream)
+{
+#if FLASH_BWD90_D256_DQ_TILED
+    if (bwd_dq_tiled(p))
+        return flash_bwd_dq_post_tiled(p, stream);
+#endif
+    return flash_bwd_dq_post(p, stream);
+}
+
 extern "C" cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream)
 {
     if (is_simple(p))
@@ -137,14 +171,14 @@ extern "C" cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream
     const flash_tiles tiles = smem >= flash_bwd_sm80_smem(p, FLASH_TILES_LARGE) ? FLASH_TILES_LARGE : FLASH_TILES_SMALL;
     if (smem < flash_bwd_sm80_smem(p, tiles))
         return cudaErrorInvalidConfiguration;
-    if ((err = flash_bwd_pre(p, stream)) != cudaSuccess)
+    if ((err = bwd_pre(p, stream)) != cudaSuccess)
         return err;
     err = use_sm90() ? flash_bwd_main_sm90(p, stream) : flash_bwd_main_sm80(p, tiles, stream);
     if (err != cudaSuccess)
         return err;
     /* deterministic mode: dQ in the main kernel's fixed order where it has the semaphores, else the dQ kernel */
     const int dq_added = !p->deterministic || (p->dq_semaphore != NULL && flash_bwd_wants_dq_semaphore(p));
-    err = dq_added ? flash_bwd_dq_post(p, stream) : flash_bwd_sm80_dq(p, tiles, stream);
+    err = dq_added ? bwd_dq_post(p, stream) : flash_bwd_sm80_dq(p, tiles, stream);
     if (err != cudaSuccess)
         return err;
     if (p->h != p->h_kv)

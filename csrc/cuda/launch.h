@@ -17,6 +17,15 @@
 #include "../flash.h"
 #include "../kv_append.h"
 
+/* 1: bwd_sm90.cu's d > 128 kernel adds dQ into dq_accum in its tile order (mask.h flash_dq_tiled_row0), one
+ * float4 red.add per accumulator quad at a per-thread base plus constant offsets, with no shuffles and no bounds
+ * (the tiles are padded); the preprocess zeroes and the dQ postprocess reads that layout (rows.cu
+ * flash_bwd_pre_tiled, flash_bwd_dq_post_tiled) wherever that kernel runs (launch.cu bwd_dq_tiled). 0: dq_accum
+ * is (rows, d) for every kernel. */
+#ifndef FLASH_BWD90_D256_DQ_TILED
+#define FLASH_BWD90_D256_DQ_TILED 0
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -36,6 +45,9 @@ int flash_fwd_wants_tile_counter(const flash_params *p);
  * but the d > 128 variants: bwd_sm90.cu flash_bwd_sm90_orders_dq) instead of running the dQ kernel: the binding then passes the int32 workspace
  * p->dq_semaphore of csrc/flash.h. Host only, no sync. */
 int flash_bwd_wants_dq_semaphore(const flash_params *p);
+/* Floats of the dq_accum workspace (csrc/flash.h) that the backward of p needs: b h sq d (varlen h total_q d),
+ * or flash_dq_tiled_floats where it keeps the tiled layout. Host only, no sync. */
+int64_t flash_bwd_dq_accum_floats(const flash_params *p);
 /* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv (and dbias if set); uses the workspaces
  * named in flash.h. */
 cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream);
@@ -113,6 +125,11 @@ cudaError_t flash_bwd_main_sm90(const flash_params *p, cudaStream_t stream);
 int flash_bwd_sm90_orders_dq(const flash_params *p);
 cudaError_t flash_bwd_sm80_dq(const flash_params *p, flash_tiles t, cudaStream_t stream);
 cudaError_t flash_bwd_dq_post(const flash_params *p, cudaStream_t stream);
+#if FLASH_BWD90_D256_DQ_TILED
+/* flash_bwd_pre and flash_bwd_dq_post for the tiled dq_accum (d > 128) */
+cudaError_t flash_bwd_pre_tiled(const flash_params *p, cudaStream_t stream);
+cudaError_t flash_bwd_dq_post_tiled(const flash_params *p, cudaStream_t stream);
+#endif
 cudaError_t flash_bwd_dkv_post(const flash_params *p, cudaStream_t stream);
 
 #ifdef __cplusplus

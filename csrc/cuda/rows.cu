@@ -8,6 +8,9 @@
  *   (row_lanes_log2: one per CHUNK columns): delta_i = rowsum(dO_i * O_i) in fp32; zeroes the row's dq_accum
  *   and, with p->dq_semaphore, its semaphore entry.
  *   flash_bwd_dq_post (bwd_dq_post_kernel), the same grid: dq = scale * dq_accum in the dtype.
+ *   launch.h FLASH_BWD90_D256_DQ_TILED = 1, where Hopper's d > 128 kernel runs (dq_accum in its tile order, mask.h
+ *   flash_dq_tiled_row0): flash_bwd_pre_tiled (bwd_preprocess_tiled_kernel) zeroes whole tiles, and
+ *   flash_bwd_dq_post_tiled (bwd_dq_post_tiled_kernel), one CTA per tile, un-permutes through shared memory.
  *   flash_bwd_dkv_post (bwd_dkv_post_kernel), GQA only, one thread per CHUNK elements of a key row: dk, dv =
  *   the sums of dk_accum, dv_accum over the group's query heads, in head order.
  *   POST_THREADS threads per CTA. Varlen: each thread takes its sequence from flash_seq_of (mask.h); the grids
@@ -67,8 +70,9 @@ __host__ __device__ inline int row_lanes_log2(int d)
 /* One row of a (b, hq) per 2^lg threads (varlen: sq = max_seqlen_q, rows past the sequence's end do nothing;
  * they take part in the row's shuffles with a zero sum); thread l of the row reads CHUNK consecutive elements
  * of O and dO at column CHUNK l and zeroes float4 columns l, l + 2^lg, ... of the row's dq_accum (where the
- * main kernel adds dQ into it) and, at every FLASH_DQ_SEM_ROWS-th row, the row's dq_semaphore entry. */
-template <typename T>
+ * main kernel adds dQ into it) and, at every FLASH_DQ_SEM_ROWS-th row, the row's dq_semaphore entry. TILED
+ * (bwd_preprocess_tiled_kernel): the zeroing is that of the tiled dq_accum instead. */
+template <typename T, bool TILED = false>
 __device__ __forceinline__ void preprocess_rows(const flash_params &p)
 {
     const int d = (int)p.d, lg = row_lanes_log2(d), lanes = 1 << lg, lr = threadIdx.x & (lanes - 1);
@@ -90,12 +94,20 @@ __device__ __forceinline__ void preprocess_rows(const flash_params &p)
     }
     for (int off = lanes / 2; off > 0; off /= 2)
         sum += __shfl_xor_sync(FULL_MASK, sum, off);
+#if FLASH_BWD90_D256_DQ_TILED
+    if (TILED && i < flash_cdiv64(s.sq, FLASH_DQ_TILE_ROWS) * FLASH_DQ_TILE_ROWS &&
+        (!p.deterministic || p.dq_semaphore != NULL)) {
+        float4 *acc = (float4 *)(p.dq_accum + (flash_dq_tiled_row0(&p, &s, b, hq) + i) * FLASH_CUDA_MAX_HEAD_DIM);
+        for (int c4 = lr; c4 < FLASH_CUDA_MAX_HEAD_DIM / 4; c4 += lanes)
+            acc[c4] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#endif
     if (!live)
         return;
     const int64_t row = flash_lse_offset(&p, &s, b, hq) + i; /* of delta; dq_accum: times d */
     if (lr == 0)
         ((float *)p.delta)[row] = sum;
-    if (!p.deterministic || p.dq_semaphore != NULL) {
+    if (!TILED && (!p.deterministic || p.dq_semaphore != NULL)) {
         float4 *acc = (float4 *)(p.dq_accum + row * d); /* (d / 4) */
         for (int c4 = lr; c4 < d / 4; c4 += lanes)
             acc[c4] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -143,6 +155,71 @@ __global__ void __launch_bounds__(POST_THREADS) bwd_dq_post_kernel(const flash_p
     else
         dq_post_rows<__half>(p);
 }
+
+#if FLASH_BWD90_D256_DQ_TILED
+/* The tiled dq_accum (d > 128, mask.h flash_dq_tiled_row0): the preprocess's threads of rows [sq, sq rounded up
+ * to FLASH_DQ_TILE_ROWS) zero too, each row's threads the 256 contiguous floats of the row's index in the tiles
+ * (which hold values of other rows); the grid spans p->sq rounded up likewise. */
+__global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_tiled_kernel(const flash_params p)
+{
+    if (p.dtype == FLASH_BF16)
+        preprocess_rows<__nv_bfloat16, true>(p);
+    else
+        preprocess_rows<__half, true>(p);
+}
+
+#define DQ_STAGE_LD (FLASH_CUDA_MAX_HEAD_DIM / 2 + 4) /* 32-bit words per row of dq_post_tile's staging tile: the
+                                                       * + 4 makes its fragment-order stores conflict-free */
+
+/* dq = dq_accum * scale from the tiled layout, one CTA per tile (FLASH_DQ_TILE_ROWS query rows of a (b, hq);
+ * varlen: tiles past the sequence's end do nothing): each thread loads its 16 float4 of the tile at once, coalesced
+ * (float4 q holds rows 16 (q % 128 / 32) + q % 32 / 4 and + 8, columns 8 (q / 128) + 2 (q % 4) and + 1; column
+ * groups past d, padding, are not read), packs their pairs into the staging tile, then writes CHUNK consecutive
+ * elements of a row at a time (rows below sq, columns below d). */
+template <typename T>
+__device__ __forceinline__ void dq_post_tile(const flash_params &p, uint32_t (*stage)[DQ_STAGE_LD])
+{
+    constexpr int R = FLASH_DQ_TILE_ROWS, C = FLASH_CUDA_MAX_HEAD_DIM, GROUP_V4 = R * 8 / 4; /* float4 per group */
+    constexpr int NV4 = R * C / 4 / POST_THREADS, GSTEP = POST_THREADS / GROUP_V4; /* per thread; groups per pass */
+    static_assert(POST_THREADS % GROUP_V4 == 0, "a thread's float4 share their rows");
+    const int64_t m0 = (int64_t)blockIdx.x * R, hq = blockIdx.y, b = blockIdx.z;
+    const flash_seq s = flash_seq_of(&p, b);
+    if (m0 >= s.sq)
+        return;
+    const int d = (int)p.d, t = threadIdx.x;
+    const int r = 16 * (t % GROUP_V4 / 32) + t % 32 / 4, g0 = t / GROUP_V4; /* rows r, r + 8; first group */
+    const float scale = (float)p.scale;
+    const float4 *src = (const float4 *)(p.dq_accum + (flash_dq_tiled_row0(&p, &s, b, hq) + m0) * C) + t;
+    float4 x[NV4];
+#pragma unroll
+    for (int k = 0; k < NV4; ++k)
+        x[k] = (g0 + GSTEP * k) * 8 < d ? src[k * POST_THREADS] : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int k = 0; k < NV4; ++k) {
+        const int w = 4 * (g0 + GSTEP * k) + t % 4;
+        stage[r][w] = pack2<T>(x[k].x * scale, x[k].y * scale);
+        stage[r + 8][w] = pack2<T>(x[k].z * scale, x[k].w * scale);
+    }
+    __syncthreads();
+    const int rows = (int)flash_min64(R, s.sq - m0);
+    T *dq = (T *)p.dq + b * p.dq_s.batch + (s.q_row0 + m0) * p.dq_s.row + hq * p.dq_s.head;
+#pragma unroll
+    for (int k = 0; k < R * C / CHUNK / POST_THREADS; ++k) {
+        const int e = k * POST_THREADS + t, r = e / (C / CHUNK), c = e % (C / CHUNK) * CHUNK;
+        if (r < rows && c < d)
+            *(uint4 *)(dq + r * p.dq_s.row + c) = *(const uint4 *)&stage[r][c / 2];
+    }
+}
+
+__global__ void __launch_bounds__(POST_THREADS) bwd_dq_post_tiled_kernel(const flash_params p)
+{
+    __shared__ __align__(16) uint32_t stage[FLASH_DQ_TILE_ROWS][DQ_STAGE_LD];
+    if (p.dtype == FLASH_BF16)
+        dq_post_tile<__nv_bfloat16>(p, stage);
+    else
+        dq_post_tile<__half>(p, stage);
+}
+#endif
 
 /* GQA: one thread per 8 consecutive elements of dk and dv (b, key j < sk, h_kv; varlen: keys past
  * the sequence's end do nothing): the sum over the group's query heads, in head order. */
@@ -218,6 +295,32 @@ extern "C" cudaError_t flash_bwd_dq_post(const flash_params *p, cudaStream_t str
     bwd_dq_post_kernel<<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
     return cudaGetLastError();
 }
+
+#if FLASH_BWD90_D256_DQ_TILED
+extern "C" cudaError_t flash_bwd_pre_tiled(const flash_params *p, cudaStream_t stream)
+{
+    if (p->b == 0 || p->h == 0 || p->sq == 0)
+        return cudaSuccess;
+    if ((p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16) || p->d <= 128 || p->d > FLASH_CUDA_MAX_HEAD_DIM)
+        return cudaErrorInvalidValue;
+    const int64_t rows = flash_cdiv64(p->sq, FLASH_DQ_TILE_ROWS) * FLASH_DQ_TILE_ROWS;
+    const unsigned int row_blocks = blocks_for(rows, POST_THREADS >> row_lanes_log2((int)p->d));
+    const dim3 grid(row_blocks, (unsigned int)p->h, (unsigned int)p->b);
+    bwd_preprocess_tiled_kernel<<<grid, POST_THREADS, 0, stream>>>(*p);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t flash_bwd_dq_post_tiled(const flash_params *p, cudaStream_t stream)
+{
+    if (p->b == 0 || p->h == 0 || p->sq == 0)
+        return cudaSuccess;
+    if ((p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16) || p->d <= 128 || p->d > FLASH_CUDA_MAX_HEAD_DIM)
+        return cudaErrorInvalidValue;
+    const dim3 grid(blocks_for(p->sq, FLASH_DQ_TILE_ROWS), (unsigned int)p->h, (unsigned int)p->b);
+    bwd_dq_post_tiled_kernel<<<grid, POST_THREADS, 0, stream>>>(*p);
+    return cudaGetLastError();
+}
+#endif
 
 extern "C" cudaError_t flash_bwd_dkv_post(const flash_params *p, cudaStream_t stream)
 {
