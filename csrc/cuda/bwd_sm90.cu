@@ -8,13 +8,16 @@
  * see the tile (flash_query_tiles; HOOK: attn_mask-empty tiles skipped), Q, dO, lse, delta double-buffered.
  * MMA warpgroup wg owns keys [64 wg, +64), the M of its wgmma's:
  *   S^T = K_wg Q^T, dP^T = V_wg dO^T (SS); P^T = exp2(S^T scale log2e - lse log2e), dS^T = P^T o (dP^T - delta);
- *   dV_wg += P^T dO (RS from the repacked S^T accumulators; dense D = 64, BM = 128: P^T via smem, SS);
+ *   dV_wg += P^T dO (RS from the repacked S^T accumulators; dense D = 64, BM = 128: P^T via smem, SS, unless
+ *   launch.h FLASH_BWD90_D64_RS: then all of P^T and dS^T first, dV RS per block, lse / delta shuffled);
  *   dK_wg += dS^T Q (RS); dS^T to smem, then dQ_partial = dS K (SS, both MN-major: at D = 128 the warpgroups
- *   split its columns, at D = 64 / BM = 128 its rows, at D = 64 / BM = 64 (HOOK) each makes a partial).
- * The partials go to one of two fp32 smem buffers; a third warpgroup, the dQ reducer (setmaxnreg 24, MMA 240), sums
- * them into dq_accum with vector red.add while the MMA warpgroups go on (FULL / EMPTY mbarriers per buffer; the
- * MMA warpgroups meet on named barrier 1, never __syncthreads). dK (times scale) and dV stay in registers to the
- * end: dtype when h == h_kv, else fp32 per query head for the GQA postprocess.
+ *   split its columns, at D = 64 / BM = 128 its rows, at D = 64 / BM = 64 (HOOK) each makes a partial); the
+ *   dense D = 128 (and FLASH_BWD90_D64_RS) kernels issue dQ before dK.
+ * The partials go to one of two fp32 smem buffers (one where P^T goes via smem); a third warpgroup, the dQ
+ * reducer (setmaxnreg 24, MMA 240), sums them into dq_accum with vector red.add while the MMA warpgroups go on
+ * (FULL / EMPTY mbarriers per buffer; the MMA warpgroups meet on named barrier 1, never __syncthreads). dK (times
+ * scale) and dV stay in registers to the end: dtype when h == h_kv, else fp32 per query head for the GQA
+ * postprocess.
  * Deterministic mode (p->dq_semaphore): ORDERED instantiations walk key tiles in descending order and each
  * reducer adds a query tile's dQ after the next higher key tile's (dq_order: acquire spin, release store).
  * Masking: full tiles take an unmasked P step; the others one compare per value against the upper bound and the
@@ -27,8 +30,9 @@
  * comment).
  *
  * Tiles (tiles.h bwd90_tiles): BN 128 x BM 64, 3 warpgroups (384 threads); dense D = 64: BM 128. Smem D = 128:
- * 214 KB; D = 64: 199 KB, HOOK 154 KB + 1 KB of keep bits; 128-byte swizzled (wgmma.cuh); head dims below D are
- * zero-padded and computed, only global writes guarded. Requirements: as bwd_sm80.cu, plus an sm_90a build.
+ * 214 KB; D = 64: 199 KB (FLASH_BWD90_D64_RS 203 KB), HOOK 154 KB + 1 KB of keep bits; 128-byte swizzled
+ * (wgmma.cuh); head dims below D are zero-padded and computed, only global writes guarded. Requirements: as
+ * bwd_sm80.cu, plus an sm_90a build.
  *
  * Speed (H200, bwd_harness time, bf16 16k tokens, whole backward): d128 s8192 464 TFLOP/s (causal 460); behind
  * cuDNN (bench_gpu.py 2026-12-03: 0.86-0.95x at d64 / d128, 0.75-0.80x at d256). Every shape and the history:
@@ -86,17 +90,33 @@ __host__ __device__ constexpr int dq_parts(int D, int BM)
     return D == 64 && BM == 64 ? 2 : 1;
 }
 
-/* dQ buffers between the MMA warpgroups and the reducer: two, but one at D = 64 with BM = 128, whose P^T
- * tile (dV as an SS wgmma) takes the shared memory of the second. */
-__host__ __device__ constexpr int dq_bufs(int D, int BM)
+/* The dense D = 64 kernel (BM = 128) in FlashAttention-3's order (launch.h FLASH_BWD90_D64_RS): all of P^T and
+ * dS^T first, then dV += P^T dO with P^T from registers (RS), dQ, dK; lse and delta shuffled (stat_pair), or
+ * with FLASH_BWD90_D64_RS = 2 read per n8 block from shared memory as in the other kernels (the A/B of the two). */
+__host__ __device__ constexpr bool d64_rs(int D, int BM)
 {
-    return D == 64 && BM == 128 ? 1 : 2;
+    return FLASH_BWD90_D64_RS && D == 64 && BM == 128;
 }
 
-/* ORDERED, dense, two dQ buffers (D = 128): the reducer's halves take the tiles of one buffer each, so that one
- * half's wait, additions and release overlap the other's (det / default time d128 s2k / s8k 1.13 / 1.12 ->
- * 1.04 / 1.06, causal 1.12 / 1.21 -> 1.05 / 1.12: benchmarks/results/h200/det_ab_2026-12-02). The EMPTY
- * barriers then count one half's arrivals. */
+/* BM = 128 at D = 64 (unless d64_rs): P^T goes through shared memory and dV runs SS (dV issued per block while
+ * S^T's fp32 values were still live for dS^T: the A fragments held by those in-flight RS wgmma's left ptxas too
+ * few registers, C7512) */
+__host__ __device__ constexpr bool pt_in_smem(int D, int BM)
+{
+    return D == 64 && BM == 128 && !d64_rs(D, BM);
+}
+
+/* dQ buffers between the MMA warpgroups and the reducer: two, but one where P^T goes through shared memory
+ * (pt_in_smem: its tile takes the shared memory of the second). */
+__host__ __device__ constexpr int dq_bufs(int D, int BM)
+{
+    return pt_in_smem(D, BM) ? 1 : 2;
+}
+
+/* ORDERED, dense, two dQ buffers (D = 128; D = 64 with d64_rs, not measured on its own): the reducer's halves take
+ * the tiles of one buffer each, so that one half's wait, additions and release overlap the other's (det / default
+ * time d128 s2k / s8k 1.13 / 1.12 -> 1.04 / 1.06, causal 1.12 / 1.21 -> 1.05 / 1.12:
+ * benchmarks/results/h200/det_ab_2026-12-02). The EMPTY barriers then count one half's arrivals. */
 __host__ __device__ constexpr bool dq_split(int D, int BM, bool hook, bool ordered)
 {
     return ordered && !hook && dq_bufs(D, BM) == 2;
@@ -106,13 +126,6 @@ __host__ __device__ constexpr bool dq_split(int D, int BM, bool hook, bool order
 __host__ __device__ constexpr int dq_empty_arrivals(int D, int BM, bool hook, bool ordered)
 {
     return dq_split(D, BM, hook, ordered) ? DQ_HALF_THREADS : WARPGROUP_THREADS;
-}
-
-/* BM = 128 at D = 64: P^T goes through shared memory and dV runs SS (its A fragments held by in-flight RS
- * wgmma's left ptxas too few registers: C7512) */
-__host__ __device__ constexpr bool pt_in_smem(int D, int BM)
-{
-    return D == 64 && BM == 128;
 }
 
 /* Layout of the 8 accumulator values s8 of one 16-query block kq of a thread (wgmma D fragment of S^T,
@@ -224,6 +237,23 @@ __device__ __forceinline__ void store_a_frag_sw128(uint32_t s, int row0, int col
                  : "memory");
 }
 
+/* a_frag_addr_sw128 of columns 16 kq from addr0, that of column 0 (same rows, lane): the panel kq / 4 is a
+ * constant, and the 16-byte chunk index 2 (kq % 4) + lane / 16, whose low bit is the lane's, XORs into the
+ * swizzle as 2 (kq % 4) (the tile base is 1024-byte aligned): one LOP3 per block instead of the whole offset. */
+template <int ROWS>
+__device__ __forceinline__ uint32_t a_frag_addr_sw128_kq(uint32_t addr0, int kq)
+{
+    return (addr0 ^ (uint32_t)(kq % 4 * 32)) + (uint32_t)(kq / 4 * ROWS * SW128_ROW_BYTES);
+}
+
+/* store_a_frag_sw128 at the lane's address. */
+__device__ __forceinline__ void store_a_frag_at(uint32_t addr, const uint32_t a[4])
+{
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a[0]),
+                 "r"(a[1]), "r"(a[2]), "r"(a[3])
+                 : "memory");
+}
+
 /* The inverse: the fragment that store_a_frag_sw128 wrote there (ldmatrix with the same addresses). */
 template <int ROWS>
 __device__ __forceinline__ void load_a_frag_sw128(uint32_t s, int row0, int col0, uint32_t a[4], int lane)
@@ -276,6 +306,58 @@ __device__ __forceinline__ void p_block_lo(float s8[8], int kq, int u)
     for (int v = 0; v < 8; ++v)
         if (u < block_c(kq, v))
             s8[v] = 0.f;
+}
+
+/* A per-query statistic of a stage (lse in its log2 form, or delta) as d64_rs reads it: a thread's values are
+ * the pairs of queries 8 i + 2 lc + {0, 1} of the BM / 8 n8 blocks i (the block_c layout), the same for the 8
+ * lanes of equal lc. Each thread loads only those of blocks lane / 4 + 8 k (BM / 64 conflict-free 8-byte loads
+ * per step) and takes block i's pair from lane 4 (i % 8) + lc with shuffles (FlashAttention-3's ShuffleLSE). */
+template <int BM>
+struct stat_pair {
+    float2 v[BM / 64];
+};
+
+template <int BM>
+__device__ __forceinline__ stat_pair<BM> stat_pair_load(uint32_t s, int lane)
+{
+    stat_pair<BM> x;
+#pragma unroll
+    for (int k = 0; k < BM / 64; ++k)
+        x.v[k] = ld_shared_v2_f32(s + (64 * k + 8 * (lane / 4) + 2 * (lane % 4)) * sizeof(float));
+    return x;
+}
+
+/* v of lane 4 r + lane % 4: shfl.sync.idx with segment mask 3 (c = 0x31f) keeps the two low bits of the lane,
+ * so that the source lane is the same in all lanes (r a constant once unrolled: an immediate). */
+__device__ __forceinline__ float shfl_quad_row(float v, int r)
+{
+    float y;
+    asm("shfl.sync.idx.b32 %0, %1, %2, 0x31f, 0xffffffff;\n" : "=f"(y) : "f"(v), "r"(4 * r));
+    return y;
+}
+
+/* The pair of n8 block i. */
+template <int BM>
+__device__ __forceinline__ float2 stat_pair_of(const stat_pair<BM> &x, int i)
+{
+    return make_float2(shfl_quad_row(x.v[i / 8].x, i % 8), shfl_quad_row(x.v[i / 8].y, i % 8));
+}
+
+/* p_block with lse from a stat_pair (lse2: this block's pairs, n8 blocks 2 kq and 2 kq + 1). */
+template <bool MASK>
+__device__ __forceinline__ void p_block_pair(float s8[8], int kq, const p_tile &pt, const float2 lse2[2])
+{
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int v = 4 * h + e;
+            float pv = exp2_approx(fmaf(s8[v], pt.mul, -((e & 1) ? lse2[h].y : lse2[h].x)));
+            if (MASK && ((e >> 1 ? pt.row8_out : pt.row0_out) || pt.t > block_c(kq, v)))
+                pv = 0.f;
+            s8[v] = pv;
+        }
+    }
 }
 
 /* v, which is the same in all lanes of the warp, as the compiler's warp-uniform value (broadcast from
@@ -758,9 +840,11 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
     constexpr bool DQ_ROWS = BM == 2 * DQ_N;  /* the warpgroups split dQ's rows (D = 64, BM = 128) */
     constexpr int NBUF = dq_bufs(D, BM);
     constexpr bool PT_SMEM = pt_in_smem(D, BM);
+    constexpr bool RS = d64_rs(D, BM), RS_SHFL = RS && FLASH_BWD90_D64_RS == 1; /* lse, delta: stat_pair */
     /* dQ_partial issued before dK += dS^T Q (its store to the reducer's buffer runs under dK): the dense
-     * D = 128 kernel only, where it won 1-3% on the H200 (D = 64 lost 0.5-1.6%; HOOK not measured) */
-    constexpr bool DQ_FIRST = D == 128 && !HOOK;
+     * D = 128 kernel, where it won 1-3% on the H200 (D = 64 with P^T through smem lost 0.5-1.6%; HOOK not
+     * measured), and d64_rs (FlashAttention-3's order) */
+    constexpr bool DQ_FIRST = (D == 128 && !HOOK) || RS;
     static_assert((BM == 64 && (D == 64 || D == 128)) || (BM == 128 && D == 64 && !HOOK), "tile configuration");
 
     extern __shared__ uint8_t smem_raw[];
@@ -909,89 +993,143 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
         pt.row0_out = jb >= kvalid;
         pt.row8_out = jb + 8 >= kvalid;
         uint32_t pa[BM / WGMMA_K][4], dsa[BM / WGMMA_K][4];
-        wgmma_wait<1>(); /* S^T */
-        /* masking only in tiles where some key is masked. D = 64: two copies of the whole loop; D = 128:
-         * one loop branching per 16-query block, so that the wgmma issue exists once (two copies of the
-         * loop made ptxas serialize the wgmma's there, too few registers; at D = 64 the per-block
-         * branch was 1-2% slower than the copies) */
-        if (need_mask || D == 128) {
+        if constexpr (RS) {
+            /* d64_rs: all of P^T (S^T's fp32 values, which dS^T needs), then per 16-query block dS^T, its store,
+             * and dV += P^T dO issued at once from the P^T fragment that the block's S^T values die into (RS) */
+            stat_pair<BM> lse2, delta2;
+            if (RS_SHFL)
+                lse2 = stat_pair_load<BM>(lse_t, lane);
+            wgmma_wait<1>(); /* S^T */
+            if (need_mask) {
 #pragma unroll
-            for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
-                float g8[8]; /* HOOK: the softcap derivative */
-                if (HOOK)
-                    hook_scores<T, BN>(s + 8 * kq, g8, kq, hkt, p, lane);
-                if (D == 64 || need_mask) {
-                    p_block<true>(s + 8 * kq, kq, pt);
+                for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
+                    if (RS_SHFL) {
+                        const float2 l2[2] = {stat_pair_of(lse2, 2 * kq), stat_pair_of(lse2, 2 * kq + 1)};
+                        p_block_pair<true>(s + 8 * kq, kq, pt, l2);
+                    } else {
+                        p_block<true>(s + 8 * kq, kq, pt);
+                    }
                     if (need_lo)
                         p_block_lo(s + 8 * kq, kq, pt.u);
-                } else {
-                    p_block<false>(s + 8 * kq, kq, pt);
                 }
-                if (HOOK)
-                    hook_p<T, BM, D == 128>(pa[kq], s + 8 * kq, g8, kq, hkt, lane);
-                else
-                    acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
-                if constexpr (PT_SMEM) {
-                    store_a_frag_sw128<BN>(Pa, key0 + w * WARP_KEYS, kq * WGMMA_K, pa[kq], lane);
-                } else {
-                    wgmma_fence();
-                    wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
+            } else {
+#pragma unroll
+                for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
+                    if (RS_SHFL) {
+                        const float2 l2[2] = {stat_pair_of(lse2, 2 * kq), stat_pair_of(lse2, 2 * kq + 1)};
+                        p_block_pair<false>(s + 8 * kq, kq, pt, l2);
+                    } else {
+                        p_block<false>(s + 8 * kq, kq, pt);
+                    }
                 }
             }
-        } else {
+            if (RS_SHFL)
+                delta2 = stat_pair_load<BM>(delta_t, lane);
+            const uint32_t ds_addr = a_frag_addr_sw128<BN>(dSa, key0 + w * WARP_KEYS, 0, lane); /* block 0's */
+            wgmma_wait<0>(); /* dP^T */
 #pragma unroll
             for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
-                float g8[8]; /* HOOK: the softcap derivative */
-                if (HOOK)
-                    hook_scores<T, BN>(s + 8 * kq, g8, kq, hkt, p, lane);
-                p_block<false>(s + 8 * kq, kq, pt);
-                if (HOOK)
-                    hook_p<T, BM, D == 128>(pa[kq], s + 8 * kq, g8, kq, hkt, lane);
-                else
-                    acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
-                if constexpr (PT_SMEM) {
-                    store_a_frag_sw128<BN>(Pa, key0 + w * WARP_KEYS, kq * WGMMA_K, pa[kq], lane);
-                } else {
-                    wgmma_fence();
-                    wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
+#pragma unroll
+                for (int i = 2 * kq; i < 2 * kq + 2; ++i) {
+                    const float2 dl = RS_SHFL ? stat_pair_of(delta2, i)
+                                              : ld_shared_v2_f32(delta_t + (i * 8 + 2 * lc) * sizeof(float));
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? dl.y : dl.x));
+                }
+                acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
+                acc_to_a<T>(dsa[kq], dp + 8 * kq, dp + 8 * kq + 4);
+                if (do_dq)
+                    store_a_frag_at(a_frag_addr_sw128_kq<BN>(ds_addr, kq), dsa[kq]);
+                wgmma_fence();
+                wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
+            }
+            wgmma_commit();
+        } else {
+            wgmma_wait<1>(); /* S^T */
+            /* masking only in tiles where some key is masked. D = 64: two copies of the whole loop; D = 128:
+             * one loop branching per 16-query block, so that the wgmma issue exists once (two copies of the
+             * loop made ptxas serialize the wgmma's there, too few registers; at D = 64 the per-block
+             * branch was 1-2% slower than the copies) */
+            if (need_mask || D == 128) {
+#pragma unroll
+                for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
+                    float g8[8]; /* HOOK: the softcap derivative */
+                    if (HOOK)
+                        hook_scores<T, BN>(s + 8 * kq, g8, kq, hkt, p, lane);
+                    if (D == 64 || need_mask) {
+                        p_block<true>(s + 8 * kq, kq, pt);
+                        if (need_lo)
+                            p_block_lo(s + 8 * kq, kq, pt.u);
+                    } else {
+                        p_block<false>(s + 8 * kq, kq, pt);
+                    }
+                    if (HOOK)
+                        hook_p<T, BM, D == 128>(pa[kq], s + 8 * kq, g8, kq, hkt, lane);
+                    else
+                        acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
+                    if constexpr (PT_SMEM) {
+                        store_a_frag_sw128<BN>(Pa, key0 + w * WARP_KEYS, kq * WGMMA_K, pa[kq], lane);
+                    } else {
+                        wgmma_fence();
+                        wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
+                    float g8[8]; /* HOOK: the softcap derivative */
+                    if (HOOK)
+                        hook_scores<T, BN>(s + 8 * kq, g8, kq, hkt, p, lane);
+                    p_block<false>(s + 8 * kq, kq, pt);
+                    if (HOOK)
+                        hook_p<T, BM, D == 128>(pa[kq], s + 8 * kq, g8, kq, hkt, lane);
+                    else
+                        acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
+                    if constexpr (PT_SMEM) {
+                        store_a_frag_sw128<BN>(Pa, key0 + w * WARP_KEYS, kq * WGMMA_K, pa[kq], lane);
+                    } else {
+                        wgmma_fence();
+                        wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
+                    }
                 }
             }
-        }
-        if constexpr (PT_SMEM) {
-            /* dV += P^T dO from the warpgroup's P^T rows, once its 4 warps have stored them */
-            fence_proxy_async();
-            named_sync(BAR_WG0 + wg, WARPGROUP_THREADS);
-            wgmma_fence();
-#pragma unroll
-            for (int kq = 0; kq < BM / WGMMA_K; ++kq)
-                wgmma_op<T, D>::template ss<0, 1>(acc_dv, desc_k_major<BN>(Pa, key0, kq * WGMMA_K),
-                                                  desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
-        }
-        wgmma_commit();
-        wgmma_wait<1>(); /* dP^T (dV may still run) */
-#pragma unroll
-        for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
-            if (HOOK)
-                hook_dp<BM>(dp + 8 * kq, kq, hkt, p, lane);
-#pragma unroll
-            for (int i = 2 * kq; i < 2 * kq + 2; ++i) {
-                const float2 dl = ld_shared_v2_f32(delta_t + (i * 8 + 2 * lc) * sizeof(float));
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? dl.y : dl.x));
-            }
-            if (HOOK)
-                hook_ds<BN>(dp + 8 * kq, kq, hkt, p, lane);
-            acc_to_a<T>(dsa[kq], dp + 8 * kq, dp + 8 * kq + 4);
-            if (do_dq)
-                store_a_frag_sw128<BN>(dSa, key0 + w * WARP_KEYS, kq * WGMMA_K, dsa[kq], lane);
-            if (!DQ_FIRST) {
+            if constexpr (PT_SMEM) {
+                /* dV += P^T dO from the warpgroup's P^T rows, once its 4 warps have stored them */
+                fence_proxy_async();
+                named_sync(BAR_WG0 + wg, WARPGROUP_THREADS);
                 wgmma_fence();
-                wgmma_op<T, D>::template rs<1>(acc_dk, dsa[kq], desc_mn_major<BM>(Qt, kq * WGMMA_K, 0), 1);
+#pragma unroll
+                for (int kq = 0; kq < BM / WGMMA_K; ++kq)
+                    wgmma_op<T, D>::template ss<0, 1>(acc_dv, desc_k_major<BN>(Pa, key0, kq * WGMMA_K),
+                                                      desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
             }
-        }
-        if (!DQ_FIRST)
             wgmma_commit();
+            wgmma_wait<1>(); /* dP^T (dV may still run) */
+#pragma unroll
+            for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
+                if (HOOK)
+                    hook_dp<BM>(dp + 8 * kq, kq, hkt, p, lane);
+#pragma unroll
+                for (int i = 2 * kq; i < 2 * kq + 2; ++i) {
+                    const float2 dl = ld_shared_v2_f32(delta_t + (i * 8 + 2 * lc) * sizeof(float));
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? dl.y : dl.x));
+                }
+                if (HOOK)
+                    hook_ds<BN>(dp + 8 * kq, kq, hkt, p, lane);
+                acc_to_a<T>(dsa[kq], dp + 8 * kq, dp + 8 * kq + 4);
+                if (do_dq)
+                    store_a_frag_sw128<BN>(dSa, key0 + w * WARP_KEYS, kq * WGMMA_K, dsa[kq], lane);
+                if (!DQ_FIRST) {
+                    wgmma_fence();
+                    wgmma_op<T, D>::template rs<1>(acc_dk, dsa[kq], desc_mn_major<BM>(Qt, kq * WGMMA_K, 0), 1);
+                }
+            }
+            if (!DQ_FIRST)
+                wgmma_commit();
+        }
 
         if (do_dq) {
             /* dQ_partial = dS K: this warpgroup's 64 x DQ_N block, K = the BN keys; dS^T and K read

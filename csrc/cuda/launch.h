@@ -121,6 +121,14 @@ size_t flash_bwd_sm80_smem(const flash_params *p, flash_tiles t);
 cudaError_t flash_bwd_pre(const flash_params *p, cudaStream_t stream);
 cudaError_t flash_bwd_main_sm80(const flash_params *p, flash_tiles t, cudaStream_t stream);
 cudaError_t flash_bwd_main_sm90(const flash_params *p, cudaStream_t stream);
+/* FLASH_BWD90_D64_RS (compile-time; default 0 until measured): 1 runs bwd_sm90.cu's dense head-dim-64 kernels
+ * (BM 128, ORDERED included) in FlashAttention-3's order: all of P^T and dS^T first, P^T kept in registers as the
+ * A operand of dV (RS) instead of going through shared memory, then dQ, then dK; lse and delta loaded once per
+ * step (4 values per thread) and shuffled; two dQ buffers in the freed shared memory. 2: the same, but lse and
+ * delta read per n8 block from shared memory as before (the A/B of the shuffles). 0: the kernels as before. */
+#ifndef FLASH_BWD90_D64_RS
+#define FLASH_BWD90_D64_RS 0
+#endif
 /* 1 where flash_bwd_main_sm90 serves deterministic mode with ordered dQ additions (p->dq_semaphore). */
 int flash_bwd_sm90_orders_dq(const flash_params *p);
 cudaError_t flash_bwd_sm80_dq(const flash_params *p, flash_tiles t, cudaStream_t stream);
