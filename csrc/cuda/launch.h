@@ -23,7 +23,7 @@
  * flash_bwd_pre_tiled, flash_bwd_dq_post_tiled) wherever that kernel runs (launch.cu bwd_dq_tiled). 0: dq_accum
  * is (rows, d) for every kernel. */
 #ifndef FLASH_BWD90_D256_DQ_TILED
-#define FLASH_BWD90_D256_DQ_TILED 0
+#define FLASH_BWD90_D256_DQ_TILED 1
 #endif
 
 #ifdef __cplusplus
@@ -127,7 +127,7 @@ cudaError_t flash_bwd_main_sm90(const flash_params *p, cudaStream_t stream);
  * step (4 values per thread) and shuffled; two dQ buffers in the freed shared memory. 2: the same, but lse and
  * delta read per n8 block from shared memory as before (the A/B of the shuffles). 0: the kernels as before. */
 #ifndef FLASH_BWD90_D64_RS
-#define FLASH_BWD90_D64_RS 0
+#define FLASH_BWD90_D64_RS 1
 #endif
 /* 1 where flash_bwd_main_sm90 serves deterministic mode with ordered dQ additions (p->dq_semaphore). */
 int flash_bwd_sm90_orders_dq(const flash_params *p);
