@@ -9,6 +9,11 @@ same inputs for every implementation (ours gets q, k, v as (B, S, H, D) tensors,
   block mask) and SDPA efficient (the band as a bool attn_mask (1, 1, S, S));
 - softcap 50 at s8k, d128 and d256: ours vs Flex (score_mod with tanh);
 - ALiBi causal at s8k: ours (alibi_slopes, the usual 2^(-8 (h+1) / H)) vs Flex (score_mod, causal block mask);
+- T5's relative position bias (rel_bias, 32 buckets, max_distance 128, causal: T5's decoder buckets), a learnable
+  table (its gradient computed in bwd): in bf16 at s8k Flex (score_mod gathering table[h, bucket(j - i)]) beside
+  ours, which refuses rel_bias in fp16 / bf16 on CUDA (its error recorded); and in fp32 (the CUDA-core kernels
+  of ours, the only ones with rel_bias on CUDA) at s2k, batch 1 ("simple_tokens"), ours with T5 beside ours with
+  ALiBi (the cost of the table against ALiBi's in the same kernels) and the dense fp32 row (ratios ours/dense);
 - padding mask at s8k, 25% of the keys padded (per batch element, lengths drawn with a fixed seed,
   their mean 25% to rounding), bool (B, 1, 1, Sk) and (B, 1, Sq, Sk): ours (scaled_dot_product_attention
   with attn_mask) vs SDPA cuDNN and SDPA efficient with the same mask;
@@ -49,19 +54,22 @@ import torch.nn.functional as F
 import flashattn_ext
 from bench_gpu import SDPA_BACKENDS, SEED, backend_context, cell, environment, make_inputs, median_ms
 
+# "simple": the seqlen of the fp32 rows (ours on CUDA cores), simple_tokens their tokens per call
 FULL_SCALE = {
     "device": "cuda", "dtype": torch.bfloat16, "total_tokens": 16384, "hidden": 2048,
-    "seqlen": {"long": 16384, "short": 8192}, "window": 4096, "sparse_block": 128,
+    "seqlen": {"long": 16384, "short": 8192, "simple": 2048}, "simple_tokens": 2048, "window": 4096,
+    "sparse_block": 128,
 }
 DRY_SCALE = {
     "device": "cpu", "dtype": torch.float32, "total_tokens": 1024, "hidden": 256,
-    "seqlen": {"long": 512, "short": 256}, "window": 128, "sparse_block": 32,
+    "seqlen": {"long": 512, "short": 256, "simple": 128}, "simple_tokens": 128, "window": 128, "sparse_block": 32,
 }
 SOFTCAP = 50.0
 DROPOUT_P = 0.1
 PADDING_FRACTION = 0.25
 SPARSE_FRACTION = 0.10
 ALIBI_MAX_BIAS = 8.0  # slopes 2^(-ALIBI_MAX_BIAS * (h + 1) / H), as in the ALiBi paper
+T5_BUCKETS, T5_MAX_DISTANCE = 32, 128  # T5's defaults; causal rows: unidirectional buckets (T5's decoder)
 FLOPS_PER_FWD = {"fwd": 1.0, "bwd": 2.5}
 PASSES = ("fwd", "bwd")
 FLEX_RECOMPILE_LIMIT = 64  # one compilation per configuration (score_mod, mask_mod, shapes)
@@ -83,6 +91,13 @@ CONFIGS = (
      "impls": ("ours", "flex")},
     {"group": "alibi", "name": "ALiBi causal", "headdim": 128, "seqlen": "short", "causal": True, "alibi": True,
      "impls": ("ours", "flex")},
+    {"group": "t5", "name": "T5 causal", "headdim": 128, "seqlen": "short", "causal": True, "t5": True,
+     "impls": ("ours", "flex")},
+    {"group": "t5", "name": "dense fp32", "headdim": 128, "seqlen": "simple", "dtype": "float32", "impls": ("ours",)},
+    {"group": "t5", "name": "ALiBi causal fp32", "headdim": 128, "seqlen": "simple", "causal": True, "alibi": True,
+     "dtype": "float32", "impls": ("ours",)},
+    {"group": "t5", "name": "T5 causal fp32", "headdim": 128, "seqlen": "simple", "causal": True, "t5": True,
+     "dtype": "float32", "impls": ("ours",)},
     {"group": "padding", "name": "padding (B,1,1,Sk)", "headdim": 128, "seqlen": "short", "padding": "keys",
      "impls": ("ours", "cudnn", "efficient")},
     {"group": "padding", "name": "padding (B,1,Sq,Sk)", "headdim": 128, "seqlen": "short", "padding": "full",
@@ -111,6 +126,16 @@ def alibi_slopes(nheads, device):
     """(H,) fp32: 2^(-ALIBI_MAX_BIAS * (h + 1) / H)."""
     exponents = torch.arange(1, nheads + 1, dtype=torch.float32, device=device) * (ALIBI_MAX_BIAS / nheads)
     return torch.pow(2.0, -exponents)
+
+
+def t5_table(nheads, causal, device):
+    """T5's learnable (H, T5_BUCKETS) fp32 table (seeded, requires grad) and the int32 bucket of each relative
+    position -R .. R (R = T5_MAX_DISTANCE; flashattn_ext's own t5_buckets, checked against transformers' in
+    tests/test_rel_bias.py): unidirectional for causal calls."""
+    from flashattn_ext._checks import t5_buckets
+    table = torch.randn(nheads, T5_BUCKETS, generator=torch.Generator().manual_seed(SEED)).to(device)
+    buckets = t5_buckets(T5_BUCKETS, T5_MAX_DISTANCE, not causal, T5_MAX_DISTANCE, device)
+    return table.requires_grad_(), buckets
 
 
 def padding_mask(batch, seqlen, shape, device):
@@ -146,11 +171,12 @@ def band_mask(seqlen, diag_lo, diag_hi, device):
 
 def build_case(config, scale):
     """Inputs, masks and exact visible work of one configuration (identical on every call: seeded)."""
-    device, dtype = torch.device(scale["device"]), scale["dtype"]
+    device = torch.device(scale["device"])
+    dtype = getattr(torch, config["dtype"]) if "dtype" in config else scale["dtype"]
     headdim = config["headdim"]
     nheads = scale["hidden"] // headdim
     seqlen = scale["seqlen"][config["seqlen"]]
-    batch = scale["total_tokens"] // seqlen
+    batch = scale["simple_tokens" if config["seqlen"] == "simple" else "total_tokens"] // seqlen
     causal = config.get("causal", False)
     window = scale["window"] if config.get("window") else None
     q, k, v, dout = make_inputs(batch, seqlen, nheads, headdim, dtype, device)
@@ -159,6 +185,7 @@ def build_case(config, scale):
         "causal": causal, "window": window, "q": q, "k": k, "v": v, "dout": dout,
         "softcap": config.get("softcap", 0.0), "dropout": config.get("dropout", 0.0),
         "slopes": alibi_slopes(nheads, device) if config.get("alibi") else None,
+        "t5": t5_table(nheads, causal, device) if config.get("t5") else None, "dtype": dtype,
         "diag_lo": -(window - 1) if window else -seqlen, "diag_hi": 0 if causal else seqlen,
         "attn_mask": None, "pattern": None, "lengths": None, "sparse_block": scale["sparse_block"],
     }
@@ -188,13 +215,16 @@ def ours_call(case):
         "causal": case["causal"], "window_size": (case["window"] - 1, 0) if case["window"] else (-1, -1),
         "softcap": case["softcap"], "alibi_slopes": case["slopes"], "dropout_p": case["dropout"],
     }
+    if case["t5"] is not None:
+        kwargs.update(rel_bias=case["t5"][0], rel_bias_max_distance=T5_MAX_DISTANCE,
+                      rel_bias_bidirectional=not case["causal"])
     return lambda: flashattn_ext.flash_attn_func(q, k, v, **kwargs)
 
 
 def sdpa_call(case):
     """torch SDPA (the backend chosen by the caller's sdpa_kernel): the band or mask as a bool attn_mask."""
-    if case["softcap"] or case["slopes"] is not None:
-        raise NotImplementedError("SDPA has no softcap / ALiBi")
+    if case["softcap"] or case["slopes"] is not None or case["t5"] is not None:
+        raise NotImplementedError("SDPA has no softcap / ALiBi / T5 bias")
     qt, kt, vt = (case[name].transpose(1, 2) for name in ("q", "k", "v"))
     mask = case["attn_mask"] if case["attn_mask"] is not None else (
         case["band"][None, None] if case["window"] else None)
@@ -205,16 +235,21 @@ def sdpa_call(case):
 
 
 def score_hook(case):
-    """The score modification of ours (softcap, then ALiBi) on a scaled score s; None when neither is on."""
-    softcap, slopes = case["softcap"], case["slopes"]
-    if not softcap and slopes is None:
+    """The score modification of ours (softcap, then ALiBi or T5's table) on a scaled score s; None when none is
+    on."""
+    softcap, slopes, t5 = case["softcap"], case["slopes"], case["t5"]
+    if not softcap and slopes is None and t5 is None:
         return None
+    table, buckets = t5 if t5 is not None else (None, None)
+    radius = T5_MAX_DISTANCE
 
     def score_mod(score, b, h, q_idx, kv_idx):
         if softcap:
             score = softcap * torch.tanh(score / softcap)
         if slopes is not None:  # |j - i - (sk - sq)| with sq = sk
             score = score - slopes[h] * (kv_idx - q_idx).abs()
+        if table is not None:  # table[h, bucket(j - i)], positions past +-max_distance in its last bucket
+            score = score + table[h, buckets[(kv_idx - q_idx).clamp(-radius, radius) + radius]]
         return score
     return score_mod
 
@@ -318,6 +353,9 @@ def new_record(config, case):
         "headdim": case["headdim"], "seqlen": case["seqlen"], "batch": case["batch"], "nheads": case["nheads"],
         "causal": case["causal"], "window": case["window"], "softcap": case["softcap"] or None,
         "alibi": case["slopes"] is not None, "dropout_p": case["dropout"] or None,
+        "t5_rel_bias": None if case["t5"] is None else {"num_buckets": T5_BUCKETS, "max_distance": T5_MAX_DISTANCE,
+                                                        "bidirectional": not case["causal"]},
+        "dtype": str(case["dtype"]).removeprefix("torch."),
         "padding_lengths": case["lengths"],
         "attn_mask_shape": None if case["attn_mask"] is None else list(case["attn_mask"].shape),
         "visible_pairs": case["pairs"],
@@ -364,11 +402,11 @@ def run(scale, configs, impls_of, deadline):
 
 
 def add_ratios(records):
-    """ours / each backend, ours / our dense (non-causal, same head dim and seqlen), per pass."""
-    dense = {(r["headdim"], r["seqlen"]): r for r in records if r["name"] == "dense"}
+    """ours / each backend, ours / our dense (non-causal, same head dim, seqlen and dtype), per pass."""
+    dense = {(r["headdim"], r["seqlen"], r["dtype"]): r for r in records if r["name"] in ("dense", "dense fp32")}
     for record in records:
         ours = record["impls"]["ours"]["tflops"]
-        reference = dense.get((record["headdim"], record["seqlen"]))
+        reference = dense.get((record["headdim"], record["seqlen"], record["dtype"]))
         record["ratios"] = {
             "ours/dense": {name: ratio(ours[name], reference["impls"]["ours"]["tflops"][name] if reference else None)
                            for name in PASSES},
@@ -462,7 +500,8 @@ def main():
         "environment": environment(device),
         "scale": {**scale, "dtype": str(scale["dtype"]).removeprefix("torch.")},
         "settings": {"softcap": SOFTCAP, "dropout_p": DROPOUT_P, "padding_fraction": PADDING_FRACTION,
-                     "sparse_fraction": SPARSE_FRACTION, "alibi_max_bias": ALIBI_MAX_BIAS, "seed": SEED},
+                     "sparse_fraction": SPARSE_FRACTION, "alibi_max_bias": ALIBI_MAX_BIAS, "seed": SEED,
+                     "t5_buckets": T5_BUCKETS, "t5_max_distance": T5_MAX_DISTANCE},
         "configs": records,
         "time_budget_s": args.time_budget if math.isfinite(args.time_budget) else None,
         "truncated": any(result["errors"].get("fwd") == "skipped: --time-budget"

@@ -188,16 +188,49 @@ at::Tensor draw_rng_state_cuda(const at::Tensor &q, double dropout_p)
     return rng_state_from(inputs.first, inputs.second);
 }
 
-// T5's relative position bias (rel_bias) runs on the CPU only until its kernels are validated on a GPU.
-void check_no_rel_bias(const c10::optional<at::Tensor> &rel_bias, const c10::optional<at::Tensor> &rel_buckets)
+// T5's relative position bias (rel_bias) on CUDA: the fp32 / fp64 kernels (launch.h); fp16 / bf16 refuse it. The
+// contents of rel_buckets are not read on the host (no synchronization): the kernels clamp them (score.h).
+void check_cuda_rel_bias(const at::Tensor &q, const Opt &rel_bias)
 {
-    TORCH_CHECK(!rel_bias && !rel_buckets, "flashattn_ext: rel_bias is not supported on CUDA yet (the CPU takes it)");
+    TORCH_CHECK(!rel_bias || !is_half(q), "flashattn_ext: rel_bias (T5's relative position bias) is not supported on "
+                "CUDA for float16 / bfloat16 inputs yet; on CUDA it takes float32 and float64 inputs (the CPU, every "
+                "dtype)");
 }
 
 // bwd's drel_bias output without a rel_bias: empty, in the lse dtype.
 at::Tensor no_rel_bias_grad(const at::Tensor &q)
 {
     return at::empty({0}, q.options().dtype(lse_dtype(q.scalar_type())));
+}
+
+// bwd's drel_bias where no query sees a key: zeros of rel_bias's shape when asked for, else empty.
+at::Tensor zero_rel_bias_grad(const at::Tensor &q, const Opt &rel_bias, bool rel_bias_grad)
+{
+    return rel_bias_grad ? at::zeros(rel_bias->sizes(), q.options().dtype(lse_dtype(q.scalar_type())))
+                         : no_rel_bias_grad(q);
+}
+
+// The T5 table's gradient of a CUDA backward: the zero-filled partials that the kernels of p sum dS into (flash.h
+// rel_bias_grad: (batch, nheads, key tiles of launch.h flash_bwd_rel_grad_tile keys, num_buckets) in the lse
+// dtype), set in p; undefined when not asked. rel_bias_grad_sum makes bwd's drel_bias of them on the device.
+at::Tensor set_rel_bias_grad(flash_params *p, const at::Tensor &q, bool rel_bias_grad)
+{
+    if (!rel_bias_grad)
+        return at::Tensor();
+    const int64_t tile = flash_bwd_rel_grad_tile(p);
+    TORCH_CHECK(tile > 0, "flashattn_ext: the gradient of rel_bias is not supported on CUDA for this dtype");
+    at::Tensor part = at::zeros({p->b, p->h, flash_cdiv64(p->sk, tile), p->rel_nb},
+                                q.options().dtype(lse_dtype(q.scalar_type())));
+    p->rel_bias_grad = part.data_ptr();
+    p->rel_grad_tile = tile;
+    return part;
+}
+
+// bwd's drel_bias (nheads, num_buckets): the partials of set_rel_bias_grad summed over batch and key tiles (a
+// fixed-order device reduction, no host synchronization), or empty when not asked.
+at::Tensor rel_bias_grad_sum(const at::Tensor &part, const at::Tensor &q)
+{
+    return part.defined() ? part.sum(at::IntArrayRef{0, 2}) : no_rel_bias_grad(q);
 }
 
 FwdOutputs dense_fwd_cuda(const at::Tensor &q_in, const at::Tensor &k_in, const at::Tensor &v_in,
@@ -208,9 +241,10 @@ FwdOutputs dense_fwd_cuda(const at::Tensor &q_in, const at::Tensor &k_in, const 
 {
     check_qkv(q_in, k_in, v_in);
     check_cuda_inputs(q_in, k_in, v_in);
-    check_no_rel_bias(rel_bias, rel_buckets);
-    const Variants var = variants_of(causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
-                                     attn_mask, dropout_p, deterministic);
+    check_cuda_rel_bias(q_in, rel_bias);
+    const Variants var = with_rel_bias(variants_of(causal, bottom_right, window_left, window_right, softcap,
+                                                   alibi_slopes, sink, attn_mask, dropout_p, deterministic),
+                                       rel_bias, rel_buckets);
     check_variants(var, q_in, k_in);
     const c10::cuda::CUDAGuard guard(q_in.device());
     at::Tensor rng_state = draw_rng_state_cuda(q_in, dropout_p);
@@ -259,12 +293,13 @@ BwdOutputs dense_bwd_cuda(
 {
     check_qkv(q_in, k_in, v_in);
     check_cuda_inputs(q_in, k_in, v_in);
-    check_no_rel_bias(rel_bias, rel_buckets);
-    TORCH_CHECK(!rel_bias_grad, "flashattn_ext: rel_bias_grad needs a rel_bias");
+    check_cuda_rel_bias(q_in, rel_bias);
+    TORCH_CHECK(!rel_bias_grad || rel_bias, "flashattn_ext: rel_bias_grad needs a rel_bias");
     check_bwd_inputs(dout_in, q_in, v_in, out_in, lse_in);
     check_rng_state(rng_state);
-    const Variants var = variants_of(causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
-                                     attn_mask, dropout_p, deterministic);
+    const Variants var = with_rel_bias(variants_of(causal, bottom_right, window_left, window_right, softcap,
+                                                   alibi_slopes, sink, attn_mask, dropout_p, deterministic),
+                                       rel_bias, rel_buckets);
     check_variants(var, q_in, k_in);
     TORCH_CHECK(!mask_grad || (attn_mask && attn_mask->scalar_type() != at::kBool),
                 "flashattn_ext: mask_grad needs a floating attn_mask");
@@ -272,7 +307,7 @@ BwdOutputs dense_bwd_cuda(
     at::Tensor dmask = make_dmask(q_in, k_in, mask_grad);
     if (no_work(q_in) || k_in.size(1) == 0)
         return {at::zeros(q_in.sizes(), q_in.options()), at::zeros(k_in.sizes(), k_in.options()),
-                at::zeros(v_in.sizes(), v_in.options()), dmask, no_rel_bias_grad(q_in)};
+                at::zeros(v_in.sizes(), v_in.options()), dmask, zero_rel_bias_grad(q_in, rel_bias, rel_bias_grad)};
     const int64_t d = q_in.size(3), d_v = v_in.size(3);
     const KernelHeadDims kd = kernel_head_dims(q_in, v_in);
     const at::Tensor q = kernel_ready(q_in, kd.qk);
@@ -292,6 +327,7 @@ BwdOutputs dense_bwd_cuda(
     set_bwd_params(&p, dout, dq, dk, dv, delta);
     if (mask_grad)
         p.dbias = dmask.data_ptr();
+    const at::Tensor rel_part = set_rel_bias_grad(&p, q, rel_bias_grad);
 
     // fp32 workspaces of the tensor-core backward (see csrc/flash.h; in deterministic mode on Hopper also the
     // int32 dQ semaphores, zeroed by the preprocess); freed when this call returns, after the kernels that
@@ -311,7 +347,7 @@ BwdOutputs dense_bwd_cuda(
         }
     }
     check_launch(flash_bwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "backward");
-    return {unpad(dq, d), unpad(dk, d), unpad(dv, d_v), dmask, no_rel_bias_grad(q_in)};
+    return {unpad(dq, d), unpad(dk, d), unpad(dv, d_v), dmask, rel_bias_grad_sum(rel_part, q_in)};
 }
 
 // A paged k / v (block_table) is padded or copied by kernel_ready like any k / v, as kvcache_fwd_cuda's cache.
@@ -323,12 +359,13 @@ FwdOutputs varlen_fwd_cuda(
     bool deterministic, const c10::optional<at::Tensor> &block_table,
     const c10::optional<at::Tensor> &rel_bias, const c10::optional<at::Tensor> &rel_buckets)
 {
-    check_no_rel_bias(rel_bias, rel_buckets);
     const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table);
     check_varlen_qkv(q_in, k_in, v_in, vl);
     check_cuda_sizes(q_in, v_in, vl.batch(), q_in.size(1), max_seqlen_q, max_seqlen_k);
-    const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
-                                     c10::nullopt, dropout_p, deterministic);
+    check_cuda_rel_bias(q_in, rel_bias);
+    const Variants var = with_rel_bias(variants_of(causal, true, window_left, window_right, softcap, alibi_slopes,
+                                                   sink, c10::nullopt, dropout_p, deterministic),
+                                       rel_bias, rel_buckets);
     check_variants(var, q_in, vl.batch(), max_seqlen_q, q_in.size(1), max_seqlen_k);
     const c10::cuda::CUDAGuard guard(q_in.device());
     at::Tensor rng_state = draw_rng_state_cuda(q_in, dropout_p);
@@ -362,20 +399,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
     bool deterministic, const c10::optional<at::Tensor> &rel_bias, const c10::optional<at::Tensor> &rel_buckets,
     bool rel_bias_grad)
 {
-    check_no_rel_bias(rel_bias, rel_buckets);
-    TORCH_CHECK(!rel_bias_grad, "flashattn_ext: rel_bias_grad needs a rel_bias");
     const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
     check_varlen_qkv(q_in, k_in, v_in, vl);
     check_cuda_sizes(q_in, v_in, vl.batch(), q_in.size(1), max_seqlen_q, max_seqlen_k);
+    check_cuda_rel_bias(q_in, rel_bias);
+    TORCH_CHECK(!rel_bias_grad || rel_bias, "flashattn_ext: rel_bias_grad needs a rel_bias");
     check_varlen_bwd_inputs(dout_in, q_in, v_in, out_in, lse_in);
     check_rng_state(rng_state);
-    const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
-                                     c10::nullopt, dropout_p, deterministic);
+    const Variants var = with_rel_bias(variants_of(causal, true, window_left, window_right, softcap, alibi_slopes,
+                                                   sink, c10::nullopt, dropout_p, deterministic),
+                                       rel_bias, rel_buckets);
     check_variants(var, q_in, vl.batch(), max_seqlen_q, q_in.size(1), max_seqlen_k);
     const c10::cuda::CUDAGuard guard(q_in.device());
     if (varlen_bwd_no_work(q_in, k_in, vl))
         return {at::zeros(q_in.sizes(), q_in.options()), at::zeros(k_in.sizes(), k_in.options()),
-                at::zeros(v_in.sizes(), v_in.options()), no_rel_bias_grad(q_in)};
+                at::zeros(v_in.sizes(), v_in.options()), zero_rel_bias_grad(q_in, rel_bias, rel_bias_grad)};
     const int64_t d = q_in.size(2), d_v = v_in.size(2);
     const KernelHeadDims kd = kernel_head_dims(q_in, v_in);
     const at::Tensor q = kernel_ready(q_in, kd.qk);
@@ -392,6 +430,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
     flash_params p = make_varlen_params(q, k, v, out, lse, vl, softmax_scale, var, rng_state, &keep);
     check_kernel_head_dims(p);
     set_varlen_bwd_params(&p, dout, dq, dk, dv, delta);
+    const at::Tensor rel_part = set_rel_bias_grad(&p, q, rel_bias_grad);
 
     // fp32 workspaces of the tensor-core backward in the varlen layouts of csrc/flash.h: dq_accum
     // (nheads, total_q, d) or launch.h's tiled layout, dk_accum / dv_accum (total_k, nheads, d), zero-filled (rows
@@ -412,7 +451,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
         }
     }
     check_launch(flash_bwd_cuda(&p, c10::cuda::getCurrentCUDAStream()), "varlen backward");
-    return {unpad(dq, d), unpad(dk, d), unpad(dv, d_v), no_rel_bias_grad(q_in)};
+    return {unpad(dq, d), unpad(dk, d), unpad(dv, d_v), rel_bias_grad_sum(rel_part, q_in)};
 }
 
 // The cache is padded or copied by kernel_ready like any k / v (fp16/bf16 with a head dim that is not a

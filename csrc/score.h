@@ -17,9 +17,13 @@
  * Step 2 is per element of j - i' = d0 + k: d0 the caller's per-thread / per-row origin, k a per-value
  * offset (a compile-time constant in the tensor-core kernels, frag.cuh).
  *
- * FLASH_SCORE_TABLE (defined for the C CPU build, not under nvcc): the T5 table of step 2. The CUDA binding
- * refuses rel_bias until the kernels are validated with it on a GPU; until then nvcc compiles none of it,
- * so the kernels' machine code is that of the ALiBi-only form.
+ * FLASH_SCORE_TABLE: the T5 table of step 2, compiled where it is defined: always in the C / C++ host build,
+ * under nvcc only in the files that define it before including this header (the fp32 / fp64 kernels,
+ * fwd_simple.cu and bwd_simple.cu). Every other kernel compiles the ALiBi-only form, so its machine code is
+ * as without the table (the CUDA binding refuses rel_bias for fp16 / bf16, launch.cu for any kernel but the
+ * simple ones). Under nvcc the bucket read from rel_buckets is clamped to [0, rel_nb): the CUDA binding does
+ * not read rel_buckets on the host (that would synchronize), so out-of-range entries stay memory-safe; the
+ * CPU binding checks them.
  *
  * The kinds a kernel may compile for (flash_score_kind): DENSE (band geometry only, no hook field read),
  * HOOK (the hook and dropout, a runtime softcap where the kernel has no SOFTCAP kind), SOFTCAP (the hook
@@ -36,7 +40,7 @@
 
 #include "mask.h"
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(FLASH_SCORE_TABLE)
 #define FLASH_SCORE_TABLE 1
 #endif
 
@@ -114,6 +118,7 @@ typedef struct FLASH_SCORE_S {
     const T_ *table;      /* step 2, T5: the row of (b, hq) in rel_bias (natural units), or 0 */
     const int32_t *bucket; /* rel_buckets at relative position 0 (index -rel_range .. rel_range) */
     int64_t range;        /* rel_range */
+    int64_t nb;           /* rel_nb */
 #endif
 } FLASH_SCORE_S;
 
@@ -134,6 +139,7 @@ FLASH_HD FLASH_SCORE_S FLASH_SCORE_FN(flash_score_base)(const flash_params *p, T
     sc.table = 0;
     sc.bucket = p->rel_buckets ? p->rel_buckets + p->rel_range : 0; /* (no offset on a null pointer) */
     sc.range = p->rel_range;
+    sc.nb = p->rel_nb;
 #endif
     return sc;
 }
@@ -168,7 +174,12 @@ FLASH_HD T_ FLASH_SCORE_FN(flash_score_cap_grad)(T_ th) { return 1 - th * th; }
 /* The T5 bucket of relative position d = j - i'. */
 FLASH_HD int64_t FLASH_SCORE_FN(flash_score_bucket)(const FLASH_SCORE_S *sc, int64_t d)
 {
-    return sc->bucket[d < -sc->range ? -sc->range : d > sc->range ? sc->range : d];
+    const int64_t b = sc->bucket[d < -sc->range ? -sc->range : d > sc->range ? sc->range : d];
+#ifdef __CUDACC__
+    return b < 0 ? 0 : b >= sc->nb ? sc->nb - 1 : b;
+#else
+    return b;
+#endif
 }
 #endif
 

@@ -455,12 +455,16 @@ def test_fuzz_kvcache(seed, device, dtype):
 
 
 # ----------------------------------------------------------------------------------------------
-# T5's relative position bias (rel_bias, the CPU for now): random shapes, strides, buckets and variants against the
-# float64 reference with the bias as an additive mask
+# T5's relative position bias (rel_bias; fp32 / fp64, on CUDA the simple kernels): random shapes, strides, buckets
+# and variants against the float64 reference with the bias as an additive mask
 # ----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("seed", range(30))
-def test_fuzz_rel_bias(seed):
+REL_BIAS_PARAMS = [pytest.param(seed, "cpu", id=f"{seed}-cpu") for seed in range(30)] + [
+    pytest.param(seed, "cuda", id=f"{seed}-cuda", marks=requires_cuda) for seed in range(30, 70)]
+
+
+@pytest.mark.parametrize("seed, device", REL_BIAS_PARAMS)
+def test_fuzz_rel_bias(seed, device):
     r = random.Random(9000 + seed)
     dtype = r.choice((torch.float32, torch.float64))
     b, hkv = r.randint(1, 2), r.choice((1, 2))
@@ -484,15 +488,15 @@ def test_fuzz_rel_bias(seed):
     q64, k64, v64, dout = rand(b, sq, h, d), rand(b, sk, hkv, d), rand(b, sk, hkv, dv), rand(b, sq, h, dv)
     table64 = torch.randn(h, nb, generator=gen, dtype=torch.float64)
     sink64 = torch.randn(h, generator=gen, dtype=torch.float64) if r.random() < 0.3 else None
-    q, k, v = (x.to(dtype).requires_grad_() for x in (q64, k64, v64))
-    table = table64.to(dtype).requires_grad_()
-    sink = sink64.to(dtype).requires_grad_() if sink64 is not None else None
+    q, k, v = (x.to(device, dtype).requires_grad_() for x in (q64, k64, v64))
+    table = table64.to(device, dtype).requires_grad_()
+    sink = sink64.to(device, dtype).requires_grad_() if sink64 is not None else None
     out = flashattn_ext.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap, sink=sink,
                                         rel_bias=table, rel_bias_max_distance=md, rel_bias_bidirectional=bidir)
-    out.backward(dout.to(dtype))
-    qr, kr, vr = (x.detach().double().requires_grad_() for x in (q, k, v))
-    tr = table.detach().double().requires_grad_()
-    sr = sink.detach().double().requires_grad_() if sink is not None else None
+    out.backward(dout.to(device, dtype))
+    qr, kr, vr = (x.detach().cpu().double().requires_grad_() for x in (q, k, v))
+    tr = table.detach().cpu().double().requires_grad_()
+    sr = sink.detach().cpu().double().requires_grad_() if sink is not None else None
     ref, _ = attention_ref(qr, kr, vr, causal=causal, window_size=window, softcap=softcap, sink=sr,
                            attn_mask=bias_matrix(tr, sq, sk, md, bidir).unsqueeze(0))
     ref.backward(dout)
@@ -500,5 +504,5 @@ def test_fuzz_rel_bias(seed):
     pairs = [("out", out, ref), ("dq", q.grad, qr.grad), ("dk", k.grad, kr.grad), ("dv", v.grad, vr.grad),
              ("drel_bias", table.grad, tr.grad)] + ([("dsink", sink.grad, sr.grad)] if sink is not None else [])
     for name, got, want in pairs:
-        err = (got.double() - want).abs().max().item() / max(1.0, want.abs().max().item())
+        err = (got.detach().cpu().double() - want).abs().max().item() / max(1.0, want.abs().max().item())
         assert err < tol, (name, err)

@@ -1,7 +1,8 @@
 """T5's relative position bias (flash_attn_func's rel_bias): the buckets against transformers' own function, out,
 lse and the gradients of q, k, v, sink and the table against the float64 reference with the bias as an additive
 mask (the table gathered by bucket, so autograd gives the table's exact gradient), gradcheck in float64, and the
-refusals (CUDA for now, with ALiBi, double backward, bad arguments)."""
+refusals (with ALiBi, double backward, bad arguments). On the CPU every dtype; on CUDA float32 and float64 (the
+simple kernels, bitwise deterministic: gradcheck, repeated calls), while float16 / bfloat16 raise, naming rel_bias."""
 import itertools
 import math
 
@@ -13,7 +14,7 @@ import flashattn_ext
 from flashattn_ext._checks import t5_buckets
 from flashattn_ext.reference import attention_ref
 
-from fa_testing import requires_cuda
+from fa_testing import DTYPE_NAMES, requires_cuda
 
 
 def bias_matrix(table, sq, sk, max_distance, bidirectional):
@@ -51,6 +52,13 @@ CASES = [
     (1, 5, 77, 2, 1, 8, 8, True, (-1, -1), 3.0, False, True, 20, False),
 ]
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 3e-2}
+# (device, dtype) of the comparisons: every dtype on the CPU; on CUDA the float32 / float64 kernels (fp16 / bf16
+# raise: test_cuda_half_raises)
+DEVICE_DTYPES = [pytest.param("cpu", dt, id=f"cpu-{DTYPE_NAMES[dt]}")
+                 for dt in (torch.float64, torch.float32, torch.bfloat16)] + [
+                pytest.param("cuda", dt, id=f"cuda-{DTYPE_NAMES[dt]}", marks=requires_cuda)
+                for dt in (torch.float64, torch.float32)]
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 
 
 def make_case(case, dtype, seed):
@@ -66,24 +74,24 @@ def make_case(case, dtype, seed):
     return q, k, v, table, s, m, dout
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"b{c[0]}-s{c[1]}x{c[2]}-h{c[3]}/{c[4]}-md{c[12]}-bi{c[13]}")
-def test_against_reference(case, dtype):
+def test_against_reference(case, device, dtype):
     b, sq, sk, h, hkv, d, dv, causal, window, softcap, sink, mask, md, bidir = case
     q64, k64, v64, table64, sink64, m, dout = make_case(case, dtype, seed=sq * 7 + sk)
     lse_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    q, k, v = (x.to(dtype).requires_grad_() for x in (q64, k64, v64))
-    table = table64.to(lse_dtype).requires_grad_()
-    sk_t = sink64.to(lse_dtype).requires_grad_() if sink else None
+    q, k, v = (x.to(device, dtype).requires_grad_() for x in (q64, k64, v64))
+    table = table64.to(device, lse_dtype).requires_grad_()
+    sk_t = sink64.to(device, lse_dtype).requires_grad_() if sink else None
     out, lse = flashattn_ext.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap, sink=sk_t,
-                                             attn_mask=m, rel_bias=table, rel_bias_max_distance=md,
-                                             rel_bias_bidirectional=bidir, return_lse=True)
-    out.backward(dout.to(dtype))
+                                             attn_mask=m.to(device) if m is not None else None, rel_bias=table,
+                                             rel_bias_max_distance=md, rel_bias_bidirectional=bidir, return_lse=True)
+    out.backward(dout.to(device, dtype))
 
-    # the reference in float64 from the rounded inputs, the bias as an additive mask (False -> -inf)
-    qr, kr, vr = (x.detach().double().requires_grad_() for x in (q, k, v))
-    tr = table.detach().double().requires_grad_()
-    sr = sk_t.detach().double().requires_grad_() if sink else None
+    # the reference in float64 on the CPU from the rounded inputs, the bias as an additive mask (False -> -inf)
+    qr, kr, vr = (x.detach().cpu().double().requires_grad_() for x in (q, k, v))
+    tr = table.detach().cpu().double().requires_grad_()
+    sr = sk_t.detach().cpu().double().requires_grad_() if sink else None
     bias = bias_matrix(tr, sq, sk, md, bidir).unsqueeze(0)
     if m is not None:
         bias = bias.masked_fill(~m, -math.inf)
@@ -95,18 +103,19 @@ def test_against_reference(case, dtype):
     for name, got, want in (("out", out, ref), ("lse", lse, ref_lse), ("dq", q.grad, qr.grad),
                             ("dk", k.grad, kr.grad), ("dv", v.grad, vr.grad), ("drel_bias", table.grad, tr.grad)) + (
                            (("dsink", sk_t.grad, sr.grad),) if sink else ()):
-        err = (got.double() - want).abs().max().item() / scale(want)
+        err = (got.detach().cpu().double() - want).abs().max().item() / scale(want)
         assert err < tol * (10 if name.startswith("d") and dtype == torch.bfloat16 else 1), (name, err)
     assert table.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bidirectional", [True, False])
-def test_gradcheck(bidirectional):
+def test_gradcheck(bidirectional, device):
     g = torch.Generator().manual_seed(3)
-    q = torch.randn(1, 5, 2, 3, generator=g, dtype=torch.float64, requires_grad=True)
-    k = torch.randn(1, 7, 1, 3, generator=g, dtype=torch.float64, requires_grad=True)
-    v = torch.randn(1, 7, 1, 4, generator=g, dtype=torch.float64, requires_grad=True)
-    table = torch.randn(2, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    q = torch.randn(1, 5, 2, 3, generator=g, dtype=torch.float64).to(device).requires_grad_()
+    k = torch.randn(1, 7, 1, 3, generator=g, dtype=torch.float64).to(device).requires_grad_()
+    v = torch.randn(1, 7, 1, 4, generator=g, dtype=torch.float64).to(device).requires_grad_()
+    table = torch.randn(2, 8, generator=g, dtype=torch.float64).to(device).requires_grad_()
 
     def fn(q, k, v, table):
         return flashattn_ext.flash_attn_func(q, k, v, causal=True, softcap=1.5, rel_bias=table,
@@ -114,14 +123,15 @@ def test_gradcheck(bidirectional):
     assert torch.autograd.gradcheck(fn, (q, k, v, table))
 
 
-def test_float32_table_with_float64_inputs():
+@pytest.mark.parametrize("device", DEVICES)
+def test_float32_table_with_float64_inputs(device):
     """A float32 table with float64 inputs is cast (differentiably): its gradient comes back in float32."""
     g = torch.Generator().manual_seed(5)
     q = torch.randn(1, 9, 2, 4, generator=g, dtype=torch.float64)
-    table = torch.randn(2, 8, generator=g, dtype=torch.float32, requires_grad=True)
-    out = flashattn_ext.flash_attn_func(q, q, q, rel_bias=table, rel_bias_max_distance=10)
-    ref, _ = attention_ref(q, q, q, attn_mask=bias_matrix(table.double(), 9, 9, 10, True).unsqueeze(0))
-    assert (out - ref).abs().max() < 1e-6
+    table = torch.randn(2, 8, generator=g, dtype=torch.float32).to(device).requires_grad_()
+    out = flashattn_ext.flash_attn_func(*(q.to(device),) * 3, rel_bias=table, rel_bias_max_distance=10)
+    ref, _ = attention_ref(q, q, q, attn_mask=bias_matrix(table.detach().cpu().double(), 9, 9, 10, True).unsqueeze(0))
+    assert (out.cpu() - ref).abs().max() < 1e-6
     out.sum().backward()
     assert table.grad.dtype == torch.float32 and table.grad.abs().sum() > 0
 
@@ -166,15 +176,79 @@ def test_double_backward_and_lse_gradient_raise():
 
 
 @requires_cuda
-def test_cuda_raises():
-    q = torch.randn(1, 4, 2, 64, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="rel_bias is not supported on CUDA yet"):
-        flashattn_ext.flash_attn_func(q, q, q, rel_bias=torch.randn(2, 32, device="cuda"))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_cuda_half_raises(dtype):
+    """fp16 / bf16 on CUDA refuse rel_bias with an error naming it (flash_attn_func, the varlen function and the
+    module), never a result without the bias."""
+    q = torch.randn(1, 4, 2, 64, device="cuda", dtype=dtype)
+    table = torch.randn(2, 32, device="cuda")
+    with pytest.raises(RuntimeError, match="rel_bias"):
+        flashattn_ext.flash_attn_func(q, q, q, rel_bias=table)
+    cu = torch.tensor([0, 1, 4], dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match="rel_bias"):
+        flashattn_ext.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 3, 3, rel_bias=table)
+    attn = flashattn_ext.nn.Attention(128, 2, rel_bias_buckets=8, device="cuda", dtype=dtype)
+    with pytest.raises(RuntimeError, match="rel_bias"):
+        attn(torch.randn(1, 4, 128, device="cuda", dtype=dtype))
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@requires_cuda
+def test_cuda_deterministic():
+    """The CUDA backward with rel_bias is bitwise reproducible (no atomics; the table's partials summed in a fixed
+    order), GQA, varlen-free, dropout-free."""
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(2, 97, h, 24, generator=g).cuda().requires_grad_() for h in (4, 2, 2))
+    table = torch.randn(4, 32, generator=g).cuda().requires_grad_()
+    runs = []
+    for _ in range(2):
+        out = flashattn_ext.flash_attn_func(q, k, v, causal=True, softcap=4.0, rel_bias=table,
+                                            rel_bias_max_distance=40)
+        runs.append((out.detach(),) + torch.autograd.grad(out.square().sum(), (q, k, v, table)))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+@requires_cuda
+def test_cuda_buckets_clamped():
+    """The CUDA binding does not read rel_buckets on the host (no sync): entries outside [0, num_buckets) are
+    clamped by the kernels (memory-safe), where the CPU binding raises (test_refusals)."""
+    q = torch.randn(1, 3, 2, 8, device="cuda")
+    table = torch.randn(2, 8, device="cuda")
+
+    def fwd(buckets):  # relative positions -2 .. 2
+        buckets = torch.tensor(buckets, dtype=torch.int32, device="cuda")
+        return torch.ops.flashattn_ext.fwd(q, q, q, 0.5, False, True, -1, -1, 0.0, None, None, None, 0.0, False, table,
+                                           buckets)[0]
+    assert torch.equal(fwd([0, 100, 1, -5, 2]), fwd([0, 7, 1, 0, 2]))
+
+
+@requires_cuda
+@pytest.mark.parametrize("causal", [True, False])
+def test_cuda_module(causal):
+    """nn.Attention(rel_bias_buckets=...) in float32 / float64 on CUDA equals the same module on the CPU: output and
+    the gradients of x and the table (a float32 parameter: 1e-6 in float64, its rounding)."""
+    for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 2e-5)):
+        torch.manual_seed(0)
+        attn = flashattn_ext.nn.Attention(64, 4, num_kv_heads=2, causal=causal, rel_bias_buckets=16,
+                                          rel_bias_max_distance=30, dtype=dtype)
+        with torch.no_grad():
+            attn.rel_bias.normal_()
+        x = torch.randn(2, 75, 64, dtype=dtype)
+        results = []
+        for device in ("cpu", "cuda"):
+            m = attn.to(device)
+            m.zero_grad()
+            xd = x.to(device).requires_grad_()
+            y = m(xd)
+            y.backward(torch.ones_like(y))
+            results.append([t.detach().cpu().double() for t in (y, xd.grad, m.rel_bias.grad)])
+        for name, got, want, t in zip(("y", "dx", "drel_bias"), results[1], results[0], (tol, tol, max(tol, 1e-6))):
+            assert (got - want).abs().max() <= t * max(1.0, want.abs().max().item()), name
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("bidirectional,causal", [(True, False), (False, True)])
-def test_varlen_against_reference(dtype, bidirectional, causal):
+def test_varlen_against_reference(device, dtype, bidirectional, causal):
     """flash_attn_varlen_func with rel_bias: each sequence equals the reference on it alone (its own i'), the
     table's gradient the sum over the sequences; a zero-length sequence and seqlen_q > seqlen_k included."""
     g = torch.Generator().manual_seed(11)
@@ -188,14 +262,14 @@ def test_varlen_against_reference(dtype, bidirectional, causal):
     dout = torch.randn(sum(lens_q), h, d, generator=g, dtype=torch.float64)
     cu_q = torch.tensor([0] + list(itertools.accumulate(lens_q)), dtype=torch.int32)
     cu_k = torch.tensor([0] + list(itertools.accumulate(lens_k)), dtype=torch.int32)
-    q, k, v = (x.to(dtype).requires_grad_() for x in (q64, k64, v64))
-    table = table64.to(lse_dtype).requires_grad_()
-    out = flashattn_ext.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
-                                               rel_bias=table, rel_bias_max_distance=md,
+    q, k, v = (x.to(device, dtype).requires_grad_() for x in (q64, k64, v64))
+    table = table64.to(device, lse_dtype).requires_grad_()
+    out = flashattn_ext.flash_attn_varlen_func(q, k, v, cu_q.to(device), cu_k.to(device), max(lens_q), max(lens_k),
+                                               causal=causal, rel_bias=table, rel_bias_max_distance=md,
                                                rel_bias_bidirectional=bidirectional)
-    out.backward(dout.to(dtype))
-    tr = table.detach().double().requires_grad_()
-    qr, kr, vr = (x.detach().double().requires_grad_() for x in (q, k, v))
+    out.backward(dout.to(device, dtype))
+    tr = table.detach().cpu().double().requires_grad_()
+    qr, kr, vr = (x.detach().cpu().double().requires_grad_() for x in (q, k, v))
     refs = []
     for s, (sq, sk) in enumerate(zip(lens_q, lens_k)):
         qs, ks, vs = qr[cu_q[s]:cu_q[s + 1]], kr[cu_k[s]:cu_k[s + 1]], vr[cu_k[s]:cu_k[s + 1]]
@@ -209,7 +283,7 @@ def test_varlen_against_reference(dtype, bidirectional, causal):
     tol = TOL[dtype] * (1 if dtype == torch.float64 else 10)
     for name, got, want in (("out", out, ref), ("dq", q.grad, qr.grad), ("dk", k.grad, kr.grad),
                             ("dv", v.grad, vr.grad), ("drel_bias", table.grad, tr.grad)):
-        err = (got.double() - want).abs().max().item() / max(1.0, want.abs().max().item())
+        err = (got.detach().cpu().double() - want).abs().max().item() / max(1.0, want.abs().max().item())
         assert err < tol, (name, err)
 
 

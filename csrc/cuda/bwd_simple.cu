@@ -1,6 +1,6 @@
 /* bwd_simple.cu: attention backward for fp32 and fp64 on CUDA cores. Correctness over speed: this
  * path exists so that torch.autograd.gradcheck runs on the GPU. No atomics, bitwise deterministic,
- * O(N) memory (only delta, b*h*sq values of the input type).
+ * O(N) memory (delta, b*h*sq values of the input type; with T5's table gradient, its partials below).
  *
  * Algorithm (scalar type T = float or double; lse, delta, an additive attn_mask and dbias are T too;
  * everything, the score hook included, is computed in T):
@@ -10,10 +10,15 @@
  *      and, per head, the query tiles of SIMPLE_TILE rows that flash_query_tiles (mask.h) puts in the
  *      band of j, minus those whose attn_mask block flags have no visible entry; inside a tile, the
  *      visible rows i in order (band test skipped in full tiles, mask read only in partial ones):
- *        s = hook(scale q_i.k_j) (softcap, ALiBi, attn_mask), P = exp(s - lse_i),
+ *        s = hook(scale q_i.k_j) (softcap, ALiBi or T5's table, attn_mask), P = exp(s - lse_i),
  *        dp = dO_i.v_j (warp butterfly sums, identical in all lanes), with dropout keep/scale z_ij:
  *        dv_j += z P dO_i; dS = P (z dp - delta_i) (the gradient of s: written to dbias[b, hq, i, j]
  *        when requested, by this warp's lane 0 only); dk_j += dS softcap'(s) q_i; finally dk_j *= scale.
+ *      T5's table gradient (p.rel_bias_grad, rel_grad_tile = 1: flash_bwd_simple_rel_grad_tile): the warp of
+ *        key j owns the partial row (b, hq, j) of rel_bias_grad for each query head hq of its group, and
+ *        sums dS there per bucket (score.h flash_score_grad_table), in the order of i; consecutive rows of
+ *        one bucket (j - i' runs through the buckets monotonically) are summed in registers first and
+ *        added as one. The binding adds the partials over batch and keys (b*h*sk*num_buckets values of T).
  *   3. bwd_simple_dq_kernel, grid (query rows / SIMPLE_WARPS, h, b): one warp per query row i, the
  *      key tiles of SIMPLE_TILE keys from flash_key_tiles, likewise: dq_i += dS softcap'(s) k_j;
  *      finally dq_i *= scale.
@@ -24,6 +29,8 @@
  *
  * Speed is not a goal (each query row is read once per key row); not measured.
  */
+#define FLASH_SCORE_TABLE 1 /* before score.h: the T5 table of step 2 (score.h) */
+
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -173,7 +180,7 @@ __global__ void __launch_bounds__(SIMPLE_WARPS *FLASH_WARP_SIZE) bwd_simple_delt
 }
 
 /* dk, dv (rows of k): one warp per key row j < sk of sequence b, summing over the group's query heads;
- * dbias. */
+ * dbias and T5's table gradient. */
 template <typename T>
 __device__ __forceinline__ void simple_dkv_rows(const flash_params &p)
 {
@@ -199,6 +206,9 @@ __device__ __forceinline__ void simple_dkv_rows(const flash_params &p)
         const T *lse = (const T *)p.lse + lse0;     /* (sq) */
         const T *delta = (const T *)p.delta + lse0; /* (sq) */
         const typename flash_score_type<T>::type sc = flash_score_of(&p, seq.alibi_offset, b, hq, (T)1);
+        /* T5's table gradient: the run of dS of one bucket not yet added (run_i: its last row; -1: none) */
+        T run = 0;
+        int64_t run_i = -1, run_bucket = -1;
         for (int64_t mt = tiles.first; mt < tiles.end; ++mt) {
             const int64_t m0 = mt * SIMPLE_TILE, m1 = flash_min64(m0 + SIMPLE_TILE, seq.sq);
             const unsigned flags = flash_mask_tile_flags(&p, b, hq, m0, m1 - m0, j, 1);
@@ -220,8 +230,19 @@ __device__ __forceinline__ void simple_dkv_rows(const flash_params &p)
                 load_row(dov, (const T *)p.dout + b * p.do_s.batch + qr * p.do_s.row + hq * p.do_s.head, d, lane);
                 T pd, ds;
                 const T dsc = element_grad(p, s, th, l, delta[i], dot_row(dov, vv), bh, i, j, &pd, &ds);
-                if (flash_score_has_grad(&p) && lane == 0)
+                if (p.dbias != NULL && lane == 0)
                     flash_score_grad(&p, b, hq, i, j, ds);
+                if (p.rel_bias_grad != NULL) {
+                    const int64_t bucket = flash_score_bucket(&sc, j - i - sc.alibi_offset);
+                    if (bucket != run_bucket) {
+                        if (run_i >= 0 && lane == 0)
+                            flash_score_grad_table(&p, &sc, b, hq, run_i, j, run);
+                        run = 0;
+                        run_bucket = bucket;
+                    }
+                    run += ds;
+                    run_i = i;
+                }
 #pragma unroll
                 for (int c = 0; c < SIMPLE_CPL; ++c) {
                     dv[c] += pd * dov[c];
@@ -229,6 +250,8 @@ __device__ __forceinline__ void simple_dkv_rows(const flash_params &p)
                 }
             }
         }
+        if (run_i >= 0 && lane == 0)
+            flash_score_grad_table(&p, &sc, b, hq, run_i, j, run);
     }
     store_row((T *)p.dk + kb * p.dk_s.batch + kr * p.dk_s.row + hk * p.dk_s.head, dk, (T)p.scale, d, lane);
     store_row((T *)p.dv + kb * p.dv_s.batch + kr * p.dv_s.row + hk * p.dv_s.head, dv, (T)1, d, lane);
@@ -326,14 +349,21 @@ static cudaError_t run_bwd_simple(const flash_params *p, cudaStream_t stream)
     return cudaGetLastError();
 }
 
+extern "C" int64_t flash_bwd_simple_rel_grad_tile(void)
+{
+    return 1; /* one key row per warp of bwd_simple_dkv_kernel */
+}
+
 extern "C" cudaError_t flash_bwd_simple(const flash_params *p, cudaStream_t stream)
 {
     /* attn_mask and dbias: dense batches only; KV caches (k_batch_idx, k_leftpad, block_table): the
-     * forward only */
+     * forward only; T5's table gradient: partials of flash_bwd_simple_rel_grad_tile keys */
     const int varlen = p->cu_seqlens_q != NULL;
     if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->h_kv < 1 || p->h % p->h_kv != 0 ||
         (varlen && (p->mask != NULL || p->dbias != NULL || p->cu_seqlens_k == NULL)) || p->k_batch_idx != NULL ||
-        p->k_leftpad != NULL || p->block_table != NULL)
+        p->k_leftpad != NULL || p->block_table != NULL ||
+        (p->rel_bias != NULL && (p->rel_buckets == NULL || p->rel_range < 0 || p->rel_nb < 1)) ||
+        (p->rel_bias_grad != NULL && (p->rel_bias == NULL || p->rel_grad_tile != flash_bwd_simple_rel_grad_tile())))
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0 || p->sq == 0 || p->sk == 0)
         return cudaSuccess;

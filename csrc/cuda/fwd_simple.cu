@@ -5,7 +5,7 @@
  * only the key tiles of kBlockN keys that flash_key_tiles (mask.h) puts in the band of its rows, minus
  * those whose attn_mask block flags have no visible entry; each tile is staged in shared memory by the
  * whole CTA. Per tile a warp forms its kBlockN scores (lane partial dot products, shuffle-xor sum),
- * applies the score hook (softcap, ALiBi, attn_mask; the mask is read only in tiles flagged partial)
+ * applies the score hook (softcap, ALiBi or T5's table, attn_mask; the mask is read only in tiles flagged partial)
  * and the per-element band test (skipped in full tiles), then the online softmax in the data type:
  * m' = max(m, s), l = l exp(m - m') + sum_j exp(s_j - m'), a = a exp(m - m') + sum_j P_j v_j, where
  * P_j = exp(s_j - m') times the dropout keep / scale (one Philox call per row and tile: kBlockN is one
@@ -16,8 +16,12 @@
  * Varlen batches (and seqused_k / k_leftpad / k_batch_idx): the CTA works on its sequence (flash_seq_of:
  * lengths, first rows, band), leaving at once when its rows start past its sq; no other row is touched.
  * K / V rows, paged (block_table) or not, are read at the offsets flash_key_offset gives for the tile's keys.
+ * T5's relative position bias (rel_bias): score.h's table form (FLASH_SCORE_TABLE, defined here and in
+ * bwd_simple.cu only), table[hq, bucket(j - i')] in T read per visible element.
  * Speed is not a goal; not measured.
  */
+#define FLASH_SCORE_TABLE 1 /* before score.h: the T5 table of step 2 (score.h) */
+
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
@@ -208,7 +212,8 @@ extern "C" cudaError_t flash_fwd_simple(const flash_params *p, cudaStream_t stre
      * block_table); a paged KV cache serves dense and varlen batches (flash_block_table_ok) */
     if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->sq > INT_MAX || p->sk > INT_MAX ||
         p->h > FLASH_MAX_GRID_YZ || p->b > FLASH_MAX_GRID_YZ || p->h_per_kv < 1 || !flash_block_table_ok(p) ||
-        (p->mask != NULL && (p->cu_seqlens_q != NULL || p->k_leftpad != NULL || p->block_table != NULL)))
+        (p->mask != NULL && (p->cu_seqlens_q != NULL || p->k_leftpad != NULL || p->block_table != NULL)) ||
+        (p->rel_bias != NULL && (p->rel_buckets == NULL || p->rel_range < 0 || p->rel_nb < 1)))
         return cudaErrorInvalidValue;
     if (p->b == 0 || p->h == 0 || p->sq == 0)
         return cudaSuccess;

@@ -2,7 +2,7 @@
  * tensor-core kernels) -> shape (forward: a few rows per KV head -> the split-KV decode kernel) -> arch (Hopper with an sm_90a build: the
  * wgmma + TMA forward where it serves p, the wgmma backward main kernel) -> tile
  * configuration (large tiles where the device's shared memory allows) -> variant (p->has_hook, chosen
- * inside each family's launcher from the same field). The kernels' own files hold the tile constants
+ * inside each family's launcher from the same field). T5's rel_bias goes to the fp32 / fp64 kernels only. The kernels' own files hold the tile constants
  * next to the measurements that justify them. Variable-length batches and KV caches go the same way:
  * their grids cover the max lengths p->sq / p->sk, so the early-outs below hold for them too. */
 #include <stdlib.h>
@@ -108,6 +108,8 @@ extern "C" int flash_fwd_wants_tile_counter(const flash_params *p)
 
 extern "C" cudaError_t flash_fwd_cuda(const flash_params *p, cudaStream_t stream)
 {
+    if (p->rel_bias != NULL && !is_simple(p))
+        return cudaErrorInvalidValue; /* T5's table: the simple kernels only (score.h FLASH_SCORE_TABLE) */
     switch (fwd_family_of(p)) {
     case FWD_SIMPLE:
         return flash_fwd_simple(p, stream);
@@ -160,10 +162,17 @@ static cudaError_t bwd_dq_post(const flash_params *p, cudaStream_t stream)
     return flash_bwd_dq_post(p, stream);
 }
 
+extern "C" int64_t flash_bwd_rel_grad_tile(const flash_params *p)
+{
+    return is_simple(p) ? flash_bwd_simple_rel_grad_tile() : 0;
+}
+
 extern "C" cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream)
 {
     if (is_simple(p))
         return flash_bwd_simple(p, stream);
+    if (p->rel_bias != NULL || p->rel_bias_grad != NULL)
+        return cudaErrorInvalidValue; /* T5's table: the simple kernels only (score.h FLASH_SCORE_TABLE) */
     cudaError_t err = flash_bwd_sm80_check(p);
     if (err != cudaSuccess || p->b == 0 || p->h == 0 || p->sq == 0 || p->sk == 0)
         return err;

@@ -48,9 +48,14 @@ int flash_bwd_wants_dq_semaphore(const flash_params *p);
 /* Floats of the dq_accum workspace (csrc/flash.h) that the backward of p needs: b h sq d (varlen h total_q d),
  * or flash_dq_tiled_floats where it keeps the tiled layout. Host only, no sync. */
 int64_t flash_bwd_dq_accum_floats(const flash_params *p);
-/* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv (and dbias if set); uses the workspaces
- * named in flash.h. */
+/* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv (and dbias, rel_bias_grad if set); uses the
+ * workspaces named in flash.h. */
 cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream);
+/* T5's relative position bias (p->rel_bias, flash.h) runs on the fp32 / fp64 kernels only: flash_fwd_cuda and
+ * flash_bwd_cuda return cudaErrorInvalidValue for it in fp16 / bf16. flash_bwd_rel_grad_tile: the keys per
+ * partial of p->rel_bias_grad (flash.h rel_grad_tile) that the backward of p takes, which sizes that zero-filled
+ * workspace (b, h, cdiv(sk, tile), rel_nb); 0 where the backward of p takes no rel_bias. Host only, no sync. */
+int64_t flash_bwd_rel_grad_tile(const flash_params *p);
 /* keep (b, h, sq, sk) contiguous uint8: 1 where dropout keeps P[b, h, i, j] (mask.h; rows.cu), for
  * return_attn_probs. */
 cudaError_t flash_dropout_mask_cuda(const flash_params *p, uint8_t *keep, cudaStream_t stream);
@@ -79,9 +84,11 @@ typedef enum flash_tiles {
     FLASH_TILES_SMALL = 1,
 } flash_tiles;
 
-/* fp32 / fp64 on CUDA cores (fwd_simple.cu, bwd_simple.cu). */
+/* fp32 / fp64 on CUDA cores (fwd_simple.cu, bwd_simple.cu), T5's rel_bias included; flash_bwd_simple_rel_grad_tile:
+ * the rel_grad_tile that flash_bwd_simple takes. */
 cudaError_t flash_fwd_simple(const flash_params *p, cudaStream_t stream);
 cudaError_t flash_bwd_simple(const flash_params *p, cudaStream_t stream);
+int64_t flash_bwd_simple_rel_grad_tile(void);
 
 /* fp16 / bf16 forward of a few rows per KV head (decode) with split-KV, sm80+ (fwd_decode.cu).
  * flash_fwd_decode_ok: p is one it serves (no attn_mask, no dropout, no varlen, seqlen_q * h / h_kv <=
