@@ -170,8 +170,8 @@ typedef struct flash_params {
      * add their dQ partials of one query tile into dq_accum in a fixed order; NULL: the dQ kernel. */
     int32_t *dq_semaphore;
 
-    /* T5's relative position bias (score.h step 2, in ALiBi's place; the C CPU path only, the CUDA binding
-     * refuses it): s += rel_bias[hq, rel_buckets[clamp(j - i', -rel_range, rel_range) + rel_range]], i' =
+    /* T5's relative position bias (score.h step 2, in ALiBi's place; the C CPU path and the fp32 / fp64 CUDA
+     * kernels, launch.h): s += rel_bias[hq, rel_buckets[clamp(j - i', -rel_range, rel_range) + rel_range]], i' =
      * i + (sk_s - sq_s) as ALiBi's. Kept last: the fields above keep their offsets in the CUDA kernels. */
     const void *rel_bias;         /* (h, rel_nb) contiguous, lse type, or NULL */
     const int32_t *rel_buckets;   /* (2 rel_range + 1,) the bucket of each relative position */
