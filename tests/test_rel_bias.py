@@ -238,7 +238,7 @@ def test_cuda_module(causal):
         for device in ("cpu", "cuda"):
             m = attn.to(device)
             m.zero_grad()
-            xd = x.to(device).requires_grad_()
+            xd = x.detach().to(device).requires_grad_()
             y = m(xd)
             y.backward(torch.ones_like(y))
             results.append([t.detach().cpu().double() for t in (y, xd.grad, m.rel_bias.grad)])

@@ -1,7 +1,8 @@
 """Small forward + backward calls through the extension on CUDA, for compute-sanitizer
 (memcheck, racecheck): every dtype path, tails, causal both alignments, GQA, rows with no key,
 a padded head dim, deterministic mode, and every attention variant (window, softcap, ALiBi, sink,
-bool and additive masks with broadcast dimensions and a mask gradient, dropout); variable-length
+bool and additive masks with broadcast dimensions and a mask gradient, dropout, T5's rel_bias in fp32 / fp64
+with its gradient, rel_buckets contents out of range included); variable-length
 batches (lengths 0 and 1, sq != sk, GQA, variants) against a float64 reference per sequence, and
 deliberately bad cu_seqlens / seqused_k contents (past the tensors, negative, decreasing), which must
 never reach outside q/k/v (memcheck) however wrong the result. Exits non-zero on NaN or a mismatch with
@@ -14,6 +15,8 @@ import pytest
 import torch
 
 import flashattn_ext
+from flashattn_ext import _core
+from flashattn_ext._checks import t5_buckets
 from flashattn_ext.reference import attention_ref
 
 CONFIGS = [
@@ -181,6 +184,60 @@ def check_decode():
     return failures
 
 
+def t5_bias(table, buckets, sq, sk):
+    """(1, h, sq, sk) float64: table[h, buckets[clamp(j - i', -R, R) + R]], i' = i + sk - sq."""
+    radius = (buckets.numel() - 1) // 2
+    rel = torch.arange(sk, device="cuda")[None, :] - torch.arange(sq, device="cuda")[:, None] - (sk - sq)
+    return table.double()[:, buckets.long()[rel.clamp(-radius, radius) + radius]][None]
+
+
+def check_rel_bias():
+    """T5's rel_bias on the fp32 / fp64 kernels (dense GQA causal with sq != sk, a window, softcap; varlen), out and
+    the gradients of q, k, v and the table against attention_ref with the bias as an additive mask; then
+    rel_buckets entries outside [0, num_buckets) through the ops (the binding does not read them; the kernels
+    clamp them): memcheck judges those accesses. Returns the failures."""
+    failures = 0
+    for dtype in (torch.float32, torch.float64):
+        for b, sq, sk, causal, kw in ((2, 45, 70, True, {}), (1, 60, 33, False, dict(window_size=(9, 4), softcap=3.0))):
+            q = torch.randn(b, sq, 4, 24, device="cuda", dtype=dtype, requires_grad=True)
+            k = torch.randn(b, sk, 2, 24, device="cuda", dtype=dtype, requires_grad=True)
+            v = torch.randn(b, sk, 2, 24, device="cuda", dtype=dtype, requires_grad=True)
+            table = torch.randn(4, 16, device="cuda", dtype=dtype, requires_grad=True)
+            out = flashattn_ext.flash_attn_func(q, k, v, causal=causal, rel_bias=table, rel_bias_max_distance=20,
+                                                rel_bias_bidirectional=not causal, **kw)
+            dout = torch.randn_like(out)
+            grads = torch.autograd.grad(out, (q, k, v, table), dout)
+            q64, k64, v64, t64 = (t.detach().double().requires_grad_() for t in (q, k, v, table))
+            buckets = t5_buckets(16, 20, not causal, max(sq, sk), "cuda")
+            ref = attention_ref(q64, k64, v64, causal=causal, attn_mask=t5_bias(t64, buckets, sq, sk), **kw)[0]
+            ref_grads = torch.autograd.grad(ref, (q64, k64, v64, t64), dout.double())
+            errs = [rel_err(out, ref)] + [rel_err(g, r) for g, r in zip(grads, ref_grads)]
+            ok = all(e <= TOLERANCE[dtype] * 10 for e in errs)
+            failures += not ok
+            print(f"{str(dtype):15s} rel_bias b{b} sq{sq} sk{sk} causal={causal} {kw}: rel err out/grads "
+                  f"{' '.join(f'{e:.1e}' for e in errs)} {'ok' if ok else 'FAIL'}")
+        lens = [(30, 41), (0, 3), (17, 9)]
+        cu_q, cu_k = cumulative([a for a, _ in lens]), cumulative([c for _, c in lens])
+        q = torch.randn(47, 4, 8, device="cuda", dtype=dtype, requires_grad=True)
+        k = torch.randn(53, 2, 8, device="cuda", dtype=dtype, requires_grad=True)
+        table = torch.randn(4, 8, device="cuda", dtype=dtype, requires_grad=True)
+        out = flashattn_ext.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 30, 41, causal=True, rel_bias=table,
+                                                   rel_bias_max_distance=12, rel_bias_bidirectional=False)
+        grads = torch.autograd.grad(out, (q, k, table), torch.ones_like(out))
+        ok = not any(t.isnan().any() for t in (out, *grads))
+        failures += not ok
+        print(f"{str(dtype):15s} rel_bias varlen {lens}: {'ran' if ok else 'FAIL (NaN)'}")
+        x = torch.randn(1, 9, 2, 8, device="cuda", dtype=dtype)
+        bad = torch.tensor([3, -7, 10**6, 0, 1, 2, 10**9, -1, 5], dtype=torch.int32, device="cuda")  # R = 4
+        table = torch.randn(2, 8, device="cuda", dtype=dtype)
+        common = dict(q=x, k=x, v=x, softmax_scale=0.3, rel_bias=table, rel_buckets=bad)
+        out, lse, rng = _core.fwd(**common)
+        _core.bwd(dout=torch.ones_like(out), out=out, lse=lse, rng_state=rng, rel_bias_grad=True, **common)
+    torch.cuda.synchronize()
+    print("bad rel_buckets: ran (results not checked; memcheck judges the accesses)")
+    return failures
+
+
 def run(only_det=False):
     """Every call above; returns the number of mismatches (each printed)."""
     torch.manual_seed(0)
@@ -190,6 +247,7 @@ def run(only_det=False):
         for config in VARLEN_CONFIGS:
             failures += not check_varlen(*config)
         bad_varlen_indices()
+        failures += check_rel_bias()
     for dtype, b, sq, sk, h, hkv, d, causal, det, var in CONFIGS:
         if only_det and not det:
             continue
