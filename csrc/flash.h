@@ -146,9 +146,11 @@ typedef struct flash_params {
     /* Probability hook. */
     const void *sink;             /* (h,) in the lse type, or NULL: each row's softmax denominator
                                    * gains exp(sink[h]) */
-    uint32_t dropout_threshold;   /* 0: no dropout; else an element is kept iff its 16-bit Philox
-                                   * draw is >= this (p rounded to a multiple of 2^-16) */
-    double dropout_scale;         /* 65536 / (65536 - dropout_threshold): kept values are scaled */
+    uint64_t dropout_threshold;   /* 0: no dropout; else an element is kept iff its 32-bit Philox
+                                   * draw is >= this: round(p 2^32) in [1, 2^32] (mask.h
+                                   * flash_dropout_set; 2^32: nothing kept) */
+    double dropout_scale;         /* 1 / (1 - p) of the user's p, in double (0 when nothing is
+                                   * kept): kept values are scaled */
     uint64_t philox_seed, philox_offset;
 
     int deterministic;      /* 1: bitwise reproducible backward */

@@ -21,8 +21,9 @@
  * scalar forms below are the element-by-element definition (dev/attn_ref.h).
  *
  * Probability hook:
- *   dropout  P_ij is kept iff the 16-bit Philox draw of (seed, offset, b * h + hq, i, j) is
- *            >= dropout_threshold, and a kept P is scaled by dropout_scale. The forward sums the
+ *   dropout  P_ij is kept iff the 32-bit Philox draw of (seed, offset, b * h + hq, i, j) is
+ *            >= dropout_threshold = round(p 2^32), and a kept P is scaled by dropout_scale =
+ *            1 / (1 - p) of the user's p (flash_dropout_set). The forward sums the
  *            undropped P into the row sum l and the dropped P into the output; the backward uses
  *            the dropped P for dV and multiplies dP by the same keep/scale before dS = P (dP - delta).
  *   sink     the row's softmax denominator gains exp(sink[hq]): at the forward's end,
@@ -330,9 +331,30 @@ FLASH_HD int64_t flash_alibi_distance(const flash_seq *s, int64_t i, int64_t j)
 #define FLASH_PHILOX_W0 0x9E3779B9u
 #define FLASH_PHILOX_W1 0xBB67AE85u
 #define FLASH_PHILOX_ROUNDS 10
-/* One Philox call gives 4 x 32 bits = 8 draws of 16 bits: keys 8c .. 8c + 7 of one row. */
-#define FLASH_DROPOUT_KEYS_PER_DRAW 8
-#define FLASH_DROPOUT_ONE 65536u /* the 16-bit draws are uniform on [0, FLASH_DROPOUT_ONE) */
+/* One Philox call gives 4 x 32 bits = the 32-bit draws of keys 4c .. 4c + 3 of one row (key 4c + k: word k). */
+#define FLASH_DROPOUT_KEYS_PER_CALL 4
+#define FLASH_DROPOUT_ONE 4294967296.0 /* 2^32: the draws are uniform on [0, FLASH_DROPOUT_ONE) */
+
+/* The dropout fields of p for the probability prob in [0, 1] (the bindings check the range):
+ * dropout_threshold = round(prob 2^32) (half away from zero; exact, prob 2^32 is exact in double), at least
+ * 1 when prob > 0 (0 means no dropout), at most 2^32 (prob >= 1 - 2^-33, prob = 1 included: nothing kept);
+ * dropout_scale = 1 / (1 - prob) in double, 0 when nothing is kept (so that a sum of kept values, none,
+ * times the scale is 0, never 0 * inf). The keep probability is 1 - prob to within 2^-33. */
+FLASH_HD void flash_dropout_set(flash_params *p, double prob)
+{
+    if (!(prob > 0.0)) {
+        p->dropout_threshold = 0;
+        p->dropout_scale = 1.0;
+        return;
+    }
+    const double t = round(prob * FLASH_DROPOUT_ONE);
+    p->dropout_threshold = t < 1.0 ? 1u : t >= FLASH_DROPOUT_ONE ? (uint64_t)1 << 32 : (uint64_t)t;
+    p->dropout_scale = p->dropout_threshold == (uint64_t)1 << 32 ? 0.0 : 1.0 / (1.0 - prob);
+}
+
+/* The kernels' form of the rule: a 32-bit draw is kept iff draw > flash_dropout_cut(p) (= threshold - 1,
+ * which fits 32 bits), i.e. iff draw >= dropout_threshold. Only meaningful with dropout on. */
+FLASH_HD uint32_t flash_dropout_cut(const flash_params *p) { return (uint32_t)(p->dropout_threshold - 1); }
 
 FLASH_HD uint32_t flash_mulhi32(uint32_t a, uint32_t b) { return (uint32_t)(((uint64_t)a * b) >> 32); }
 
@@ -356,29 +378,23 @@ FLASH_HD void flash_philox(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, u
     out[3] = c3;
 }
 
-/* The 32 x 4 random bits of keys [8 c, 8 c + 8) of query row i of (batch, query head) bh = b * h + hq:
- * counter (c, i, bh, offset_lo), key (seed_lo, seed_hi ^ offset_hi). Key j's 16-bit draw is
- * flash_dropout_draw(bits, j). */
+/* The 32-bit draws of keys [4 c, 4 c + 4) of query row i of (batch, query head) bh = b * h + hq: counter
+ * (c, i, bh, offset_lo), key (seed_lo, seed_hi ^ offset_hi); key 4 c + k's draw is bits[k]. */
 FLASH_HD void flash_dropout_bits(const flash_params *p, int64_t bh, int64_t i, int64_t c, uint32_t bits[4])
 {
     flash_philox((uint32_t)c, (uint32_t)i, (uint32_t)bh, (uint32_t)p->philox_offset, (uint32_t)p->philox_seed,
                  (uint32_t)(p->philox_seed >> 32) ^ (uint32_t)(p->philox_offset >> 32), bits);
 }
 
-FLASH_HD uint32_t flash_dropout_draw(const uint32_t bits[4], int64_t j)
-{
-    return (bits[(j % FLASH_DROPOUT_KEYS_PER_DRAW) / 2] >> (16 * (j & 1))) & 0xffffu;
-}
-
 /* 1 iff P[b, hq, i, j] is kept (always 1 without dropout). One Philox call per element: for
- * reference-grade kernels; fast kernels call flash_dropout_bits once per 8 keys. */
+ * reference-grade kernels; fast kernels call flash_dropout_bits once per 4 keys. */
 FLASH_HD int flash_dropout_keep(const flash_params *p, int64_t bh, int64_t i, int64_t j)
 {
     if (p->dropout_threshold == 0)
         return 1;
     uint32_t bits[4];
-    flash_dropout_bits(p, bh, i, j / FLASH_DROPOUT_KEYS_PER_DRAW, bits);
-    return flash_dropout_draw(bits, j) >= p->dropout_threshold;
+    flash_dropout_bits(p, bh, i, j / FLASH_DROPOUT_KEYS_PER_CALL, bits);
+    return bits[j % FLASH_DROPOUT_KEYS_PER_CALL] >= p->dropout_threshold;
 }
 
 /* Sink of query head hq in the lse type, as double; -inf without sinks. */

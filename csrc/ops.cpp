@@ -55,7 +55,6 @@ namespace {
 
 constexpr int64_t kRank = 4;  // (batch, seqlen, nheads, headdim)
 constexpr int64_t kVarlenRank = 3;  // (total rows, nheads, headdim)
-constexpr double kDropoutOne = FLASH_DROPOUT_ONE;  // 16-bit dropout draws: uniform on [0, 65536)
 
 flash_dtype to_flash_dtype(at::ScalarType t)
 {
@@ -333,8 +332,7 @@ void check_variants(const Variants &var, const at::Tensor &q, int64_t b, int64_t
                 num(var.window_right), ")");
     TORCH_CHECK(std::isfinite(var.softcap) && var.softcap >= 0.0,
                 "flashattn_ext: softcap must be finite and >= 0 (0: off), got ", std::to_string(var.softcap));
-    TORCH_CHECK(std::isfinite(var.dropout_p) && var.dropout_p >= 0.0 && var.dropout_p < 1.0,
-                "flashattn_ext: dropout_p must be in [0, 1), got ", std::to_string(var.dropout_p));
+    check_dropout_p(var.dropout_p);
     if (var.alibi_slopes) {
         const at::Tensor &a = *var.alibi_slopes;
         TORCH_CHECK(a.scalar_type() == at::kFloat, "flashattn_ext: alibi_slopes must be float32, got ", a.scalar_type());
@@ -415,13 +413,17 @@ Variants with_rel_bias(Variants var, const c10::optional<at::Tensor> &rel_bias,
     return var;
 }
 
+void check_dropout_p(double dropout_p)
+{
+    TORCH_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0, "flashattn_ext: dropout_p must be a real number in [0, 1], got ",
+                std::to_string(dropout_p));
+}
+
 void set_dropout_params(flash_params *p, double dropout_p, const at::Tensor &rng_state)
 {
     if (dropout_p <= 0.0)
         return;
-    const double thr = std::round(dropout_p * kDropoutOne);
-    p->dropout_threshold = static_cast<uint32_t>(std::min(std::max(thr, 1.0), kDropoutOne - 1));
-    p->dropout_scale = kDropoutOne / (kDropoutOne - p->dropout_threshold);
+    flash_dropout_set(p, dropout_p);
     p->philox_seed = static_cast<uint64_t>(rng_state.data_ptr<int64_t>()[0]);
     p->philox_offset = static_cast<uint64_t>(rng_state.data_ptr<int64_t>()[1]);
 }
@@ -432,8 +434,7 @@ flash_params dropout_mask_params(const at::Tensor &q, const at::Tensor &rng_stat
     TORCH_CHECK(q.dim() == kRank, "flashattn_ext: q must have 4 dimensions (batch, seqlen, nheads, headdim), got ",
                 num(q.dim()));
     TORCH_CHECK(seqlen_k >= 0, "flashattn_ext: seqlen_k must be >= 0, got ", num(seqlen_k));
-    TORCH_CHECK(std::isfinite(dropout_p) && dropout_p >= 0.0 && dropout_p < 1.0,
-                "flashattn_ext: dropout_p must be in [0, 1), got ", std::to_string(dropout_p));
+    check_dropout_p(dropout_p);
     flash_params p;
     std::memset(&p, 0, sizeof(p));
     p.b = q.size(0);

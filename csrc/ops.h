@@ -72,7 +72,11 @@ Variants variants_of(bool causal, bool bottom_right, int64_t window_left, int64_
 Variants with_rel_bias(Variants var, const c10::optional<at::Tensor> &rel_bias,
                        const c10::optional<at::Tensor> &rel_buckets);
 
-// Dropout fields of p from dropout_p and rng_state (mask.h): p rounded to a multiple of 2^-16.
+// Raises unless dropout_p is in [0, 1] (NaN fails the comparisons).
+void check_dropout_p(double dropout_p);
+
+// Dropout fields of p from dropout_p and rng_state (mask.h flash_dropout_set: a 32-bit threshold
+// round(p 2^32), the scale 1 / (1 - p) of p as given).
 void set_dropout_params(flash_params *p, double dropout_p, const at::Tensor &rng_state);
 
 // Checked params (sizes and dropout only) of the dropout_mask op for q (batch, seqlen_q, nheads, headdim).

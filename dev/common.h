@@ -104,9 +104,7 @@ static inline void set_dropout(flash_params *p, double prob, uint64_t seed, uint
 {
     if (prob <= 0)
         return;
-    const double thr = std::round(prob * FLASH_DROPOUT_ONE);
-    p->dropout_threshold = (uint32_t)std::min(std::max(thr, 1.0), (double)FLASH_DROPOUT_ONE - 1);
-    p->dropout_scale = (double)FLASH_DROPOUT_ONE / (FLASH_DROPOUT_ONE - p->dropout_threshold);
+    flash_dropout_set(p, prob);
     p->philox_seed = seed;
     p->philox_offset = offset;
 }

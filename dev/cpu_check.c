@@ -361,8 +361,7 @@ static int run_case(const config *c, flash_dtype dt, const char *what)
     if (var->sink)
         p.sink = sink;
     if (var->dropout > 0) {
-        p.dropout_threshold = (uint32_t)llround(var->dropout * FLASH_DROPOUT_ONE);
-        p.dropout_scale = (double)FLASH_DROPOUT_ONE / (FLASH_DROPOUT_ONE - p.dropout_threshold);
+        flash_dropout_set(&p, var->dropout);
         p.philox_seed = DROPOUT_SEED;
         p.philox_offset = DROPOUT_OFFSET;
     }
@@ -456,18 +455,25 @@ static int run_case(const config *c, flash_dtype dt, const char *what)
 }
 
 /* flash_dropout_mask_cpu: equal to flash_dropout_keep everywhere, its keep rate 1 - p within
- * DROPOUT_SIGMAS standard deviations, all ones without dropout, different for another seed. */
+ * DROPOUT_SIGMAS standard deviations (p = 0.1234567: no short binary expansion, the 32-bit threshold
+ * round(p 2^32) keeps 1 - p to within 2^-33), all ones without dropout, all zeros at p = 1, different for
+ * another seed. */
 static int check_dropout_mask(void)
 {
     const int64_t b = 2, h = 3, sq = 67, sk = 301, n = b * h * sq * sk;
-    const double drop = 0.17;
+    const double drop = 0.1234567;
     flash_params p = {.b = b, .h = h, .sq = sq, .sk = sk, .philox_seed = DROPOUT_SEED, .philox_offset = DROPOUT_OFFSET};
     uint8_t *keep = malloc((size_t)n), *other = malloc((size_t)n);
     int fail = flash_dropout_mask_cpu(&p, keep) != FLASH_CPU_OK;
     for (int64_t e = 0; e < n; e++)
         fail |= keep[e] != 1;
-    p.dropout_threshold = (uint32_t)llround(drop * FLASH_DROPOUT_ONE);
-    fail |= flash_dropout_mask_cpu(&p, keep) != FLASH_CPU_OK;
+    flash_dropout_set(&p, 1.0);
+    fail |= p.dropout_scale != 0 || flash_dropout_mask_cpu(&p, keep) != FLASH_CPU_OK;
+    int64_t kept_at_one = 0;
+    for (int64_t e = 0; e < n; e++)
+        kept_at_one += keep[e];
+    flash_dropout_set(&p, drop);
+    fail |= p.dropout_scale != 1.0 / (1.0 - drop) || flash_dropout_mask_cpu(&p, keep) != FLASH_CPU_OK;
     int64_t kept = 0, mismatches = 0, differ = 0;
     for (int64_t e = 0; e < n; e++) {
         kept += keep[e];
@@ -477,13 +483,13 @@ static int check_dropout_mask(void)
     fail |= flash_dropout_mask_cpu(&p, other) != FLASH_CPU_OK;
     for (int64_t e = 0; e < n; e++)
         differ += keep[e] != other[e];
-    const double keep_p = 1 - (double)p.dropout_threshold / FLASH_DROPOUT_ONE, rate = (double)kept / (double)n;
+    const double keep_p = 1 - drop, rate = (double)kept / (double)n;
     const double sigma = sqrt(keep_p * (1 - keep_p) / (double)n);
-    fail |= mismatches != 0 || fabs(rate - keep_p) > DROPOUT_SIGMAS * sigma || differ == 0;
-    printf("%s dropout mask b%lld h%lld sq%lld sk%lld p %.2f: keep rate %.5f (expected %.5f, sigma %.1e), "
-           "%lld mismatches with flash_dropout_keep, %lld differ for seed + 1\n", fail ? "FAIL" : "ok  ",
-           (long long)b, (long long)h, (long long)sq, (long long)sk, drop, rate, keep_p, sigma,
-           (long long)mismatches, (long long)differ);
+    fail |= mismatches != 0 || fabs(rate - keep_p) > DROPOUT_SIGMAS * sigma || differ == 0 || kept_at_one != 0;
+    printf("%s dropout mask b%lld h%lld sq%lld sk%lld p %.7f: keep rate %.5f (expected %.5f, sigma %.1e), "
+           "%lld mismatches with flash_dropout_keep, %lld differ for seed + 1, %lld kept at p = 1\n",
+           fail ? "FAIL" : "ok  ", (long long)b, (long long)h, (long long)sq, (long long)sk, drop, rate, keep_p, sigma,
+           (long long)mismatches, (long long)differ, (long long)kept_at_one);
     free(keep);
     free(other);
     return fail;
@@ -546,8 +552,8 @@ static void bench_all(void)
     static float slopes[8] = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f, 0.0078125f, 0.00390625f};
     v = none, v.has_hook = 1, v.alibi_slopes = slopes;
     bench(s, UNBOUNDED, 0, &v, "causal alibi");
-    v = none, v.has_hook = 1, v.dropout_threshold = FLASH_DROPOUT_ONE / 10;
-    v.dropout_scale = (double)FLASH_DROPOUT_ONE / (FLASH_DROPOUT_ONE - v.dropout_threshold);
+    v = none, v.has_hook = 1;
+    flash_dropout_set(&v, 0.1);
     bench(s, UNBOUNDED, UNBOUNDED, &v, "dropout 0.1");
     static const float sink[8] = {0};
     v = none, v.sink = sink;
@@ -592,6 +598,11 @@ static int variant_cases(config *cases, const char **names)
     ADD("sink", 1, 3, 1, 65, 130, 32, NONCAUSAL, 0, sk);
     ADD("dropout", 2, 2, 1, 130, 257, 64, NONCAUSAL, 0, dr);
     ADD("dropout", 1, 4, 2, 257, 130, 64, CAUSAL_TOP_LEFT, 1, dr);
+    variant dx = none;
+    dx.dropout = 0.1234567; /* no short binary expansion: the 32-bit threshold and the scale of p itself */
+    ADD("dropout", 1, 2, 1, 130, 257, 64, NONCAUSAL, 0, dx);
+    dx.dropout = 1, dx.sink = 1; /* nothing kept: out and every gradient 0 */
+    ADD("dropout", 1, 2, 2, 65, 130, 64, CAUSAL_BOTTOM_RIGHT, 0, dx);
     /* masks: every kind, broadcast strides, rows fully masked */
     static const struct {
         enum mask_type type;

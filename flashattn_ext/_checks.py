@@ -60,8 +60,8 @@ def _check_dropout(fn, dropout_p):
         return dropout_p
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
         raise TypeError(f"{fn}: dropout_p must be a float, got {type(dropout_p).__name__}")
-    if not (0.0 <= dropout_p < 1.0):
-        raise ValueError(f"{fn}: dropout_p must be in [0, 1), got {dropout_p}")
+    if not (0.0 <= dropout_p <= 1.0):
+        raise ValueError(f"{fn}: dropout_p must be a real number in [0, 1], got {dropout_p}")
     return float(dropout_p)
 
 

@@ -26,7 +26,7 @@ from . import _core
 from ._checks import (_check_bools, _check_dropout, _check_mask, _check_rel_bias, _check_softcap, _check_window,
                       _default_scale)
 from .interface import _attention, flash_attn_func
-from .reference import dropout_keep_probability
+from .reference import dropout_scale
 
 _NO_WINDOW = (-1, -1)
 
@@ -80,7 +80,7 @@ def _attention_weights(q, k, mask, causal, scale, dropout_p, rng_state):
     weights = torch.softmax(scores.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
     if dropout_p > 0.0:
         keep = _core.dropout_mask(q=q, rng_state=rng_state, seqlen_k=k.shape[1], dropout_p=dropout_p)
-        weights = weights * keep / dropout_keep_probability(dropout_p)
+        weights = weights * keep * dropout_scale(dropout_p)
     return weights
 
 

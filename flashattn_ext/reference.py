@@ -9,9 +9,15 @@ import torch
 
 
 def dropout_keep_probability(dropout_p):
-    """1 - p_q, with p_q = round(p * 65536) / 65536: the kernels draw 16-bit numbers and keep an
-    element iff its draw is >= round(p * 65536)."""
-    return 1.0 - round(dropout_p * 65536) / 65536
+    """1 - p: the kernels draw a 32-bit number per element and keep it iff the draw is >= round(p * 2^32),
+    which keeps with probability 1 - p to within 2^-33."""
+    return 1.0 - dropout_p
+
+
+def dropout_scale(dropout_p):
+    """The factor of a kept probability, as the kernels apply it: 1 / (1 - p) of p as given, in double;
+    0 when nothing is kept (p >= 1 - 2^-33, p = 1 included: round(p * 2^32) = 2^32)."""
+    return 0.0 if math.floor(dropout_p * 2.0 ** 32 + 0.5) >= 2 ** 32 else 1.0 / (1.0 - dropout_p)
 
 
 def visible_band(seqlen_q, seqlen_k, causal=False, bottom_right=True, window_size=(-1, -1), device="cpu",
@@ -97,7 +103,7 @@ def attention_ref(
     sink: (nheads,) logits: each row's softmax denominator gains exp(sink[h]); the sink takes
         probability mass but contributes no value.
     dropout_mask: (batch, nheads, seqlen_q, seqlen_k) bool keep mask (required when dropout_p > 0):
-        the probabilities are multiplied by dropout_mask / (1 - p_q) before @ v.
+        the probabilities are multiplied by dropout_mask / (1 - p) (dropout_scale) before @ v.
     Rows that see no key: out 0, lse -inf (lse = sink with a sink), zero gradients.
     lse: (batch, nheads, seqlen_q) in q's dtype, the logsumexp of the row's final scores and the sink,
         taken before dropout.
@@ -129,7 +135,7 @@ def attention_ref(
     probs = torch.where(visible, torch.exp(masked - lse), zero)  # exactly 0 on hidden keys
     if dropout_mask is not None:
         keep = dropout_mask.to(device=device, dtype=torch.bool).expand(batch, nheads, seqlen_q, seqlen_k)
-        probs = torch.where(keep, probs / dropout_keep_probability(dropout_p), zero)
+        probs = torch.where(keep, probs * dropout_scale(dropout_p), zero)
     out = torch.matmul(probs, vh).transpose(1, 2)  # (batch, seqlen_q, nheads, headdim_v)
     lse = lse.squeeze(-1)
     if sink is None:

@@ -78,9 +78,25 @@ def band_mask(sq, sk, causal, bottom_right, window=(-1, -1), device="cpu"):
     return (t >= lo) & (t <= hi)
 
 
+DROPOUT_ONE = 2 ** 32  # the draws are uniform 32-bit integers
+
+
+def dropout_threshold(dropout_p):
+    """mask.h flash_dropout_set: round(p * 2^32) (half away from zero), at least 1 for p > 0; 0: no dropout."""
+    if dropout_p <= 0.0:
+        return 0
+    return max(1, min(math.floor(dropout_p * DROPOUT_ONE + 0.5), DROPOUT_ONE))
+
+
 def keep_probability(dropout_p):
-    """Dropout keeps with probability 1 - p_q, p_q = round(p * 65536) / 65536 (16-bit draws)."""
-    return (65536 - int(round(dropout_p * 65536))) / 65536
+    """Dropout keeps an element iff its 32-bit draw is >= dropout_threshold(p): with probability
+    1 - threshold / 2^32, which is 1 - p to within 2^-33."""
+    return (DROPOUT_ONE - dropout_threshold(dropout_p)) / DROPOUT_ONE
+
+
+def dropout_scale(dropout_p):
+    """The factor of a kept value: 1 / (1 - p) of p as given (0 when nothing is kept)."""
+    return 0.0 if dropout_threshold(dropout_p) == DROPOUT_ONE else 1.0 / (1.0 - dropout_p)
 
 
 def attention64(q, k, v, scale=None, causal=False, bottom_right=True, *, window=(-1, -1), softcap=0.0,
@@ -143,7 +159,7 @@ def attention64(q, k, v, scale=None, causal=False, bottom_right=True, *, window=
     lse = (m + torch.log(denom.detach())).squeeze(-1)               # log 0 = -inf on empty rows
     p_undropped = p.detach()
     if keep is not None:
-        p = p * keep.to(dev).to(torch.float64) / keep_probability(dropout_p)
+        p = p * keep.to(dev).to(torch.float64) * dropout_scale(dropout_p)
     out = torch.einsum("bhqk,bkhe->bqhe", p, vx)                    # (B, Sq, H, Dv)
     if internals:
         return out, lse, p_undropped, dcap
@@ -497,7 +513,7 @@ class Var:
         assert 1 <= len(dims) <= 4 and dims[-1] == "k", dims
         assert all(c in ("1", DIM_LETTERS[4 - len(dims) + i]) for i, c in enumerate(dims)), dims
         assert self.mask_pattern == "random" or "q" in dims
-        assert 0.0 <= self.dropout < 1.0 and len(self.window) == 2
+        assert 0.0 <= self.dropout <= 1.0 and len(self.window) == 2
 
     @property
     def id(self):
@@ -651,7 +667,7 @@ def _variant_reference(q, k, v, dout, cfg, var, tensors, keep, bottom_right):
     scale = default_scale(cfg)
     group = H // Hkv
     kv_head = torch.arange(H) // group
-    drop = torch.ones(()) if keep is None else keep.to(torch.float64) / keep_probability(var.dropout)
+    drop = torch.ones(()) if keep is None else keep.to(torch.float64) * dropout_scale(var.dropout)
     dp = torch.einsum("bqhd,bkhd->bhqk", do64, v64.index_select(2, kv_head)) * drop           # dP~
     delta = (do64 * o64).sum(-1).transpose(1, 2)[..., None]                                     # (B, H, Sq, 1)
     ds_size = p * ((dp - delta).abs() + delta.abs())
@@ -777,7 +793,7 @@ PHILOX_M = (0xD2511F53, 0xCD9E8D57)
 PHILOX_W = (0x9E3779B9, 0xBB67AE85)
 PHILOX_ROUNDS = 10
 U32 = 0xFFFFFFFF
-DROPOUT_KEYS_PER_DRAW = 8  # 4 x 32 random bits = 8 draws of 16 bits
+DROPOUT_KEYS_PER_CALL = 4  # 4 x 32 random bits = the 32-bit draws of 4 keys
 
 
 def philox4x32_10(ctr, key):
@@ -796,23 +812,21 @@ def philox4x32_10(ctr, key):
 
 
 def philox_keep_mask(seed, offset, batch, nheads, seqlen_q, seqlen_k, dropout_p):
-    """(B, H, Sq, Sk) bool keep mask by mask.h's stream: the 16-bit draw of key j in row i of
-    (b, h) comes from Philox of counter (j // 8, i, b * H + h, offset low word), key (seed low word,
-    seed high word ^ offset high word), 32-bit word (j % 8) // 2, half j % 2; kept iff the draw is
-    >= round(p * 65536)."""
+    """(B, H, Sq, Sk) bool keep mask by mask.h's stream: the 32-bit draw of key j in row i of
+    (b, h) is word j % 4 of Philox of counter (j // 4, i, b * H + h, offset low word), key (seed low
+    word, seed high word ^ offset high word); kept iff the draw is >= dropout_threshold(p)."""
     import numpy as np
-    threshold = int(round(dropout_p * 65536))
+    threshold = dropout_threshold(dropout_p)
     bh = np.arange(batch * nheads, dtype=np.uint64)[:, None, None]
     i = np.arange(seqlen_q, dtype=np.uint64)[None, :, None]
     j = np.arange(seqlen_k, dtype=np.uint64)
-    c = (j // DROPOUT_KEYS_PER_DRAW)[None, None, :]
+    c = (j // DROPOUT_KEYS_PER_CALL)[None, None, :]
     seed, offset = int(seed) & ((1 << 64) - 1), int(offset) & ((1 << 64) - 1)
     zero = np.zeros((1, 1, 1), dtype=np.uint64)
     words = philox4x32_10((c + zero, i + zero, bh + zero, zero + (offset & U32)),
                           (seed & U32, (seed >> 32) ^ (offset >> 32)))
     words = np.stack(np.broadcast_arrays(*words))  # (4, BH, Sq, Sk)
-    word = words[(j % DROPOUT_KEYS_PER_DRAW) // 2, :, :, np.arange(seqlen_k)]  # (Sk, BH, Sq)
-    draw = (word >> ((j & 1) * 16)[:, None, None]) & 0xFFFF
+    draw = words[j % DROPOUT_KEYS_PER_CALL, :, :, np.arange(seqlen_k)]  # (Sk, BH, Sq)
     keep = np.transpose(draw >= threshold, (1, 2, 0)).reshape(batch, nheads, seqlen_q, seqlen_k)
     return torch.from_numpy(np.ascontiguousarray(keep))
 

@@ -350,7 +350,7 @@ def test_attn_mask_with_is_causal():
             flashattn_ext.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
 
 
-@pytest.mark.parametrize("p", [-0.1, -1e-12, 1.0, 1.5, math.nan, math.inf], ids=str)
+@pytest.mark.parametrize("p", [-0.1, -1e-12, 1.0 + 2.0 ** -52, 1.5, math.nan, math.inf], ids=str)
 def test_dropout_p_outside_unit_interval(p):
     assert_both_raise("dropout_p", dict(dropout_p=p), py_exc=ValueError)
     q, k, v = sdpa_inputs()

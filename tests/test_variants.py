@@ -571,12 +571,13 @@ def within_sigmas(count, n, prob):
     return abs(count - n * prob) <= SIGMAS * sigma, f"{count} of {n}, expected {n * prob:.1f} +- {sigma:.1f}"
 
 
-@pytest.mark.parametrize("p", [0.01, 0.1, 0.17, 0.5, 0.9])
+@pytest.mark.parametrize("p", [0.01, 0.1, 0.1234567, 0.17, 0.5, 0.9])
 @pytest.mark.parametrize("device", DEVICES)
 def test_dropout_keep_fraction(device, p):
-    """The mean of the keep mask over 2^20 elements is 1 - p_q within 5 sigma; so is the fraction of
-    pairs of neighbours kept together ((1 - p_q)^2: the draws of one 32-bit word and of two Philox
-    calls are independent); no two (batch, head) planes and no two rows are equal."""
+    """The mean of the keep mask over 2^20 elements is 1 - p (the p passed, 0.1234567 included: no short
+    binary expansion) within 5 sigma; so is the fraction of pairs of neighbours kept together ((1 - p)^2:
+    the draws of two words of one Philox call and of two calls are independent); no two (batch, head)
+    planes and no two rows are equal."""
     b, sq, h, sk = STAT_SHAPE
     q = torch.zeros(b, sq, h, 1, device=device)
     keep = torch.ops.flashattn_ext.dropout_mask(q, torch.tensor([2024, 77]), sk, p)
@@ -584,11 +585,11 @@ def test_dropout_keep_fraction(device, p):
     keep = keep.cpu()
     n = keep.numel()
     assert n >= 10 ** 6
-    kp = keep_probability(p)
+    kp = 1.0 - p
     ok, msg = within_sigmas(int(keep.sum()), n, kp)
     assert ok, f"keep fraction: {msg}"
-    for name, a, bb in (("same word", keep[..., 0::2], keep[..., 1::2]),
-                        ("across Philox calls", keep[..., 7:-1:8], keep[..., 8::8])):
+    for name, a, bb in (("same Philox call", keep[..., 0::2], keep[..., 1::2]),
+                        ("across Philox calls", keep[..., 3:-1:4], keep[..., 4::4])):
         ok, msg = within_sigmas(int((a & bb).sum()), a.numel(), kp * kp)
         assert ok, f"neighbours kept together ({name}): {msg}"
     planes = keep.reshape(b * h, -1)
@@ -611,9 +612,81 @@ def test_dropout_mask_is_the_philox_stream(device):
         assert tuple(int(x) for x in philox4x32_10(ctr, key)) == want
     b, sq, h, sk = 2, 19, 3, 77
     q = torch.zeros(b, sq, h, 4, device=device)
-    for seed, offset, p in ((0, 0, 0.3), (2 ** 63 - 25, 2 ** 35 + 3, 0.1), (-(2 ** 40) - 1, 12345, 0.77)):
+    for seed, offset, p in ((0, 0, 0.3), (2 ** 63 - 25, 2 ** 35 + 3, 0.1), (-(2 ** 40) - 1, 12345, 0.77),
+                            (5, 6, 0.1234567), (7, 8, 1e-12), (9, 10, 1.0 - 2.0 ** -34), (11, 12, 1.0)):
         got = torch.ops.flashattn_ext.dropout_mask(q, torch.tensor([seed, offset]), sk, p).cpu()
         assert torch.equal(got, philox_keep_mask(seed, offset, b, h, sq, sk, p)), (seed, offset, p)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dropout_threshold_extremes(device):
+    """p = 1 and p >= 1 - 2^-33 (round(p 2^32) = 2^32) keep nothing; a p > 0 below 2^-33 still drops (the
+    threshold is at least 1, so dropout stays on and kept values are scaled by 1 / (1 - p))."""
+    q = torch.zeros(1, 64, 2, 1, device=device)
+    rng_state = torch.tensor([3, 4])
+    for p in (1.0, 1.0 - 2.0 ** -34):
+        assert not torch.ops.flashattn_ext.dropout_mask(q, rng_state, 256, p).any(), p
+    assert torch.ops.flashattn_ext.dropout_mask(q, rng_state, 256, 2.0 ** -40).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dropout_scale_is_one_over_one_minus_p(device):
+    """float64 with p = 0.1234567: out and dv equal (P * keep / (1 - p)) @ v and its transpose product with
+    the p passed (P and keep from S_dmask, P against the independent float64 probabilities) to ~1e-15;
+    the former 16-bit rule (p rounded to a multiple of 2^-16) is 2.9e-6 away from it."""
+    p = 0.1234567
+    cfg = Cfg(2, 37, 83, 4, 2, 16)
+    q, k, v, dout = make_inputs(cfg, torch.float64, device)
+    var = Var(dropout=p)
+    t = make_variant_tensors(cfg, var, torch.float64, device)
+    torch.manual_seed(DROPOUT_SEED)
+    out, _, s_dmask = run_flash(q, k, v, cfg, var, t, return_attn_probs=True)
+    dv, = torch.autograd.grad(out, (v,), dout)
+    keep = ~torch.signbit(s_dmask)
+    probs = probs64(q, k, cfg, var, t).to(device)
+    assert_close("|S_dmask|", s_dmask.abs(), probs, 1e-14)
+    vh = v.detach().repeat_interleave(cfg.h // cfg.hkv, dim=2).transpose(1, 2)  # (B, H, Sk, D)
+    dropped = probs * keep / (1.0 - p)
+    out_ref = (dropped @ vh).transpose(1, 2)
+    dv_ref = (dropped.transpose(-1, -2) @ dout.transpose(1, 2)).reshape(cfg.b, cfg.hkv, cfg.h // cfg.hkv, cfg.sk, -1)
+    dv_ref = dv_ref.sum(2).transpose(1, 2)
+    err = lambda got, ref: ((got - ref).abs().max() / ref.abs().max()).item()
+    assert err(out, out_ref) < 1e-14, err(out, out_ref)
+    assert err(dv, dv_ref) < 1e-14, err(dv, dv_ref)
+    p16 = round(p * 65536) / 65536
+    assert err((probs * keep / (1.0 - p16) @ vh).transpose(1, 2), out_ref) > 1e-6
+
+
+@pytest.mark.parametrize("api", ["flash", "sdpa", "varlen"])
+@pytest.mark.parametrize("device, dtype", device_dtype_params())
+def test_dropout_p_one(device, dtype, api):
+    """dropout_p = 1 keeps nothing, as torch: out 0 and every gradient 0 exactly (torch's SDPA gives the same),
+    lse that of the call without dropout, S_dmask all negated; varlen: the batch's sequences end to end."""
+    cfg = Cfg(2, 45, 70, 4, 2, 16, causal=True)
+    var = Var(sink=api == "flash", dropout=1.0)
+    q, k, v, dout = make_inputs(cfg, dtype, device)
+    t = make_variant_tensors(cfg, var, dtype, device)
+    inputs = variant_grad_inputs(q, k, v, t)
+    if api == "flash":
+        out, lse, s_dmask = run_flash(q, k, v, cfg, var, t, return_attn_probs=True)
+        _, lse_ref = run_flash(q, k, v, cfg, dataclasses.replace(var, dropout=0.0), t)
+        assert torch.equal(lse, lse_ref)
+        assert torch.signbit(s_dmask).all()
+    elif api == "varlen":
+        cu_q = torch.arange(0, cfg.b + 1, dtype=torch.int32, device=device) * cfg.sq
+        cu_k = torch.arange(0, cfg.b + 1, dtype=torch.int32, device=device) * cfg.sk
+        out = flashattn_ext.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k, cfg.sq,
+                                                   cfg.sk, dropout_p=1.0, softmax_scale=cfg.scale, causal=True)
+        out = out.unflatten(0, (cfg.b, cfg.sq))
+    else:
+        out = run_sdpa(q, k, v, cfg, var, t)
+        torch_out = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=1.0, is_causal=True, scale=cfg.scale,
+            enable_gqa=True).transpose(1, 2)
+        assert torch.equal(torch_out, torch.zeros_like(torch_out))
+    assert torch.equal(out, torch.zeros_like(out))
+    for name, g in zip(variant_grad_names(t), torch.autograd.grad(out, inputs, dout)):
+        assert torch.equal(g, torch.zeros_like(g)), name
 
 
 @requires_cuda

@@ -760,7 +760,7 @@ BAD_INPUTS = [
     ("alibi shape", dict(alibi_slopes=torch.zeros(3, 4)), ValueError, ["alibi_slopes"]),
     ("alibi dtype", dict(alibi_slopes=torch.zeros(4, dtype=torch.float64)), TypeError, ["alibi_slopes", "float32"]),
     ("window", dict(window_size=(2,)), TypeError, ["window_size"]),
-    ("dropout_p", dict(dropout_p=1.0), ValueError, ["dropout_p"]),
+    ("dropout_p", dict(dropout_p=1.5), ValueError, ["dropout_p"]),
     ("softcap", dict(softcap=-1.0), ValueError, ["softcap"]),
 ]
 

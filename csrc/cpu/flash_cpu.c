@@ -207,8 +207,8 @@ static int hooked_scores(const flash_params *p, unsigned mask_flags)
     return flash_score_capped(p) || flash_score_biased(p) || (mask_flags & FLASH_MASK_ANY_MASKED) != 0;
 }
 
-/* The Philox bits (mask.h flash_dropout_bits) of key group c for query rows [i0, i0 + n): bits[w][r]
- * is word w of row i0 + r. One loop across the rows, which vectorizes. */
+/* The Philox draws (mask.h flash_dropout_bits) of keys 4 c .. 4 c + 3 for query rows [i0, i0 + n):
+ * bits[k][r] is the draw of key 4 c + k in row i0 + r. One loop across the rows, which vectorizes. */
 static inline void dropout_group_bits(const flash_params *p, int64_t bh, int64_t i0, int64_t n, int64_t c,
                                       uint32_t bits[4][TILE_Q_NR])
 {
@@ -219,13 +219,6 @@ static inline void dropout_group_bits(const flash_params *p, int64_t bh, int64_t
             bits[w][r] = b[w];
     }
 }
-
-/* Tile-local form of flash_dropout_draw: key j's word is bits[dropout_word(j)], its draw
- * (word >> dropout_shift(j)) & DROPOUT_DRAW_MASK. */
-#define DROPOUT_DRAW_BITS 16
-#define DROPOUT_DRAW_MASK (FLASH_DROPOUT_ONE - 1u)
-static inline int dropout_word(int64_t j) { return (int)(j % FLASH_DROPOUT_KEYS_PER_DRAW) / 2; }
-static inline int dropout_shift(int64_t j) { return DROPOUT_DRAW_BITS * (int)(j & 1); }
 
 /* Per-thread workspace elements for head dims d (q, k) and d_v (v, o): one tile buffer (see the workspace
  * struct), sized for the larger. */
@@ -390,17 +383,17 @@ flash_cpu_status flash_dropout_mask_cpu(const flash_params *p, uint8_t *keep)
     for (int64_t r = 0; r < rows; r++) { /* r = (b * h + hq) * sq + i */
         const int64_t bh = r / p->sq, i = r % p->sq;
         uint8_t *row = keep + r * p->sk;
-        for (int64_t j0 = 0; j0 < p->sk; j0 += FLASH_DROPOUT_KEYS_PER_DRAW) {
-            const int64_t j_end = flash_min64(p->sk, j0 + FLASH_DROPOUT_KEYS_PER_DRAW);
+        for (int64_t j0 = 0; j0 < p->sk; j0 += FLASH_DROPOUT_KEYS_PER_CALL) {
+            const int64_t j_end = flash_min64(p->sk, j0 + FLASH_DROPOUT_KEYS_PER_CALL);
             uint32_t bits[4];
             if (p->dropout_threshold == 0) {
                 for (int64_t j = j0; j < j_end; j++)
                     row[j] = 1;
                 continue;
             }
-            flash_dropout_bits(p, bh, i, j0 / FLASH_DROPOUT_KEYS_PER_DRAW, bits);
+            flash_dropout_bits(p, bh, i, j0 / FLASH_DROPOUT_KEYS_PER_CALL, bits);
             for (int64_t j = j0; j < j_end; j++)
-                row[j] = flash_dropout_draw(bits, j) >= p->dropout_threshold;
+                row[j] = bits[j - j0] >= p->dropout_threshold;
         }
     }
     return FLASH_CPU_OK;
@@ -736,23 +729,22 @@ static void FN(score_hook)(T *s, int64_t ld, int transposed, const flash_params 
 /* dK/dV pass with dropout, on an S tile (query rows il < qn, key columns jl < kn, leading dim
  * TILE_K_NR), replacing dscores_by_row: with f = dropout_scale where kept, 0 where dropped (mask.h),
  * ds = dP -> dS = P * (f * dP - delta) and pr = P -> f * P (the dropped P that dV needs). The Philox
- * calls of one group of 8 keys run across the query rows (dropout_group_bits). */
+ * calls of one group of 4 keys run across the query rows (dropout_group_bits). */
 FLASH_CPU_SIMD static void FN(dscores_dropout_by_row)(T *restrict ds, T *restrict pr, const flash_params *p,
                                                       const tile *t, int64_t bh, const T *restrict delta)
 {
     const T keep_scale = (T)p->dropout_scale;
-    const uint32_t threshold = p->dropout_threshold;
+    const uint32_t cut = flash_dropout_cut(p); /* kept iff draw > cut */
     uint32_t bits[4][TILE_Q_NR];
-    for (int64_t j0 = t->k0 / FLASH_DROPOUT_KEYS_PER_DRAW * FLASH_DROPOUT_KEYS_PER_DRAW; j0 < t->k0 + t->kn;
-         j0 += FLASH_DROPOUT_KEYS_PER_DRAW) {
-        dropout_group_bits(p, bh, t->q0, t->qn, j0 / FLASH_DROPOUT_KEYS_PER_DRAW, bits);
-        const int64_t j_end = flash_min64(j0 + FLASH_DROPOUT_KEYS_PER_DRAW, t->k0 + t->kn);
+    for (int64_t j0 = t->k0 / FLASH_DROPOUT_KEYS_PER_CALL * FLASH_DROPOUT_KEYS_PER_CALL; j0 < t->k0 + t->kn;
+         j0 += FLASH_DROPOUT_KEYS_PER_CALL) {
+        dropout_group_bits(p, bh, t->q0, t->qn, j0 / FLASH_DROPOUT_KEYS_PER_CALL, bits);
+        const int64_t j_end = flash_min64(j0 + FLASH_DROPOUT_KEYS_PER_CALL, t->k0 + t->kn);
         for (int64_t j = flash_max64(j0, t->k0); j < j_end; j++) {
-            const uint32_t *word = bits[dropout_word(j)];
-            const int shift = dropout_shift(j);
+            const uint32_t *draw = bits[j - j0];
             for (int64_t il = 0; il < t->qn; il++) {
                 const int64_t e = il * TILE_K_NR + (j - t->k0);
-                const T f = ((word[il] >> shift) & DROPOUT_DRAW_MASK) >= threshold ? keep_scale : 0;
+                const T f = draw[il] > cut ? keep_scale : 0;
                 ds[e] = pr[e] * (f * ds[e] - delta[il]);
                 pr[e] *= f;
             }
@@ -761,23 +753,22 @@ FLASH_CPU_SIMD static void FN(dscores_dropout_by_row)(T *restrict ds, T *restric
 }
 
 /* Dropout of the tile's elements of an S^T tile x (key rows jl < kn, query columns il < qn, leading
- * dim TILE_Q_NR): x = x * dropout_scale where kept, 0 where dropped (mask.h: one Philox call per 8
- * keys of a row), the calls of one group of 8 keys across the query columns (dropout_group_bits). */
+ * dim TILE_Q_NR): x = x * dropout_scale where kept, 0 where dropped (mask.h: one Philox call per 4
+ * keys of a row), the calls of one group of 4 keys across the query columns (dropout_group_bits). */
 FLASH_CPU_SIMD static void FN(dropout_columns)(T *restrict x, const flash_params *p, const tile *t, int64_t bh)
 {
     const T keep_scale = (T)p->dropout_scale;
-    const uint32_t threshold = p->dropout_threshold;
+    const uint32_t cut = flash_dropout_cut(p); /* kept iff draw > cut */
     uint32_t bits[4][TILE_Q_NR];
-    for (int64_t j0 = t->k0 / FLASH_DROPOUT_KEYS_PER_DRAW * FLASH_DROPOUT_KEYS_PER_DRAW; j0 < t->k0 + t->kn;
-         j0 += FLASH_DROPOUT_KEYS_PER_DRAW) {
-        dropout_group_bits(p, bh, t->q0, t->qn, j0 / FLASH_DROPOUT_KEYS_PER_DRAW, bits);
-        const int64_t j_end = flash_min64(j0 + FLASH_DROPOUT_KEYS_PER_DRAW, t->k0 + t->kn);
+    for (int64_t j0 = t->k0 / FLASH_DROPOUT_KEYS_PER_CALL * FLASH_DROPOUT_KEYS_PER_CALL; j0 < t->k0 + t->kn;
+         j0 += FLASH_DROPOUT_KEYS_PER_CALL) {
+        dropout_group_bits(p, bh, t->q0, t->qn, j0 / FLASH_DROPOUT_KEYS_PER_CALL, bits);
+        const int64_t j_end = flash_min64(j0 + FLASH_DROPOUT_KEYS_PER_CALL, t->k0 + t->kn);
         for (int64_t j = flash_max64(j0, t->k0); j < j_end; j++) {
-            const uint32_t *word = bits[dropout_word(j)];
-            const int shift = dropout_shift(j);
+            const uint32_t *draw = bits[j - j0];
             T *restrict row = x + (j - t->k0) * TILE_Q_NR;
             for (int64_t il = 0; il < t->qn; il++)
-                row[il] = ((word[il] >> shift) & DROPOUT_DRAW_MASK) >= threshold ? row[il] * keep_scale : 0;
+                row[il] = draw[il] > cut ? row[il] * keep_scale : 0;
         }
     }
 }

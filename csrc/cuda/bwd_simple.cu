@@ -114,14 +114,14 @@ __device__ __forceinline__ T hooked_score(const flash_params &p, const typename 
  * stay in registers (an indexed array would go to local memory). */
 __device__ __forceinline__ bool simple_dropout_keep(const flash_params &p, int64_t bh, int64_t i, int64_t j)
 {
-    uint32_t bits[4];
-    flash_dropout_bits(&p, bh, i, j / FLASH_DROPOUT_KEYS_PER_DRAW, bits);
-    const int64_t w = j % FLASH_DROPOUT_KEYS_PER_DRAW;
+    uint32_t bits[FLASH_DROPOUT_KEYS_PER_CALL];
+    flash_dropout_bits(&p, bh, i, j / FLASH_DROPOUT_KEYS_PER_CALL, bits);
+    const int64_t w = j % FLASH_DROPOUT_KEYS_PER_CALL;
     uint32_t draw = 0;
 #pragma unroll
-    for (int k = 0; k < FLASH_DROPOUT_KEYS_PER_DRAW; ++k)
-        draw = k == w ? flash_dropout_draw(bits, k) : draw;
-    return draw >= p.dropout_threshold;
+    for (int k = 0; k < FLASH_DROPOUT_KEYS_PER_CALL; ++k)
+        draw = k == w ? bits[k] : draw;
+    return draw > flash_dropout_cut(&p);
 }
 
 /* Everything one visible element contributes, given s = hooked_score(...), its softcap tanh th, the

@@ -163,16 +163,20 @@ static hook_consts make_hook_consts(const flash_params *p)
     return hc;
 }
 
-/* Keep bits of the 8 keys [8c, 8c + 8) of query row i of (b, hq) = bh: bit k for key 8c + k, whose
- * draw is flash_dropout_draw(bits, 8c + k) (that function reads only (8c + k) % 8 = k). */
+/* Keep bits of the 8 keys [8c, 8c + 8) of query row i of (b, hq) = bh: bit k for key 8c + k, whose draw is
+ * word k % 4 of flash_dropout_bits call 2c + k / 4 (mask.h: 4 keys per call). */
 __device__ __forceinline__ uint32_t dropout_keep_byte(const flash_params &p, int64_t bh, int64_t i, int64_t c)
 {
-    uint32_t bits[4];
-    flash_dropout_bits(&p, bh, i, c, bits);
+    const uint32_t cut = flash_dropout_cut(&p); /* kept iff draw > cut */
     uint32_t byte = 0;
 #pragma unroll
-    for (int k = 0; k < FLASH_DROPOUT_KEYS_PER_DRAW; ++k)
-        byte |= (uint32_t)(flash_dropout_draw(bits, k) >= p.dropout_threshold) << k;
+    for (int half = 0; half < 2; ++half) {
+        uint32_t bits[FLASH_DROPOUT_KEYS_PER_CALL];
+        flash_dropout_bits(&p, bh, i, 2 * c + half, bits);
+#pragma unroll
+        for (int k = 0; k < FLASH_DROPOUT_KEYS_PER_CALL; ++k)
+            byte |= (uint32_t)(bits[k] > cut) << (FLASH_DROPOUT_KEYS_PER_CALL * half + k);
+    }
     return byte;
 }
 
@@ -331,7 +335,7 @@ __device__ __forceinline__ void mma_kv_step(float acc[MT][DW / 8][4], uint32_t a
 
 /* Dropout in the main kernel. The (query, 8-key block) pairs of a warp's S^T tile that the 8 lanes of
  * one lc hold are numbered P = (2 t + (e & 1)) * NB + 2 mt + (e >> 1) for fragment element (mt, t, e)
- * (NB = KW / 8 key blocks); lane lr of the group draws pairs [NPL lr, +NPL), one Philox call each,
+ * (NB = KW / 8 key blocks); lane lr of the group draws pairs [NPL lr, +NPL), two Philox calls each,
  * whose 8 keep bits go to byte u % 4 of word u / 4 of `mine` (u = pair - NPL lr). The element
  * (mt, t, e) is key 8 (block) + lr, so it takes bit lr of pair P from lane P / NPL of its group. */
 template <int MT, int QW>

@@ -22,7 +22,7 @@
  * reducer adds a query tile's dQ after the next higher key tile's (dq_order: acquire spin, release store).
  * Masking: full tiles take an unmasked P step; the others one compare per value against the upper bound and the
  * key tail, and the lower bound only in tiles it cuts. HOOK, per element of S^T in the P step: softcap (tanh.approx),
- * ALiBi, the attn_mask (partial tiles only); dropout keep bits (Philox per 8 keys, made into smem under the S^T
+ * ALiBi, the attn_mask (partial tiles only); dropout keep bits (Philox per 4 keys, made into smem under the S^T
  * wgmma's); in the dS step dP^T times keep * dropout_scale; dbias before the softcap factor.
  * Work order: with an upper band bound the dense kernels run the heaviest key tiles first within groups of heads
  * (sched.cuh bwd90_cta_of). Varlen: flash_seq_uniform keeps the sequence's values warp-uniform.
@@ -73,12 +73,13 @@ static_assert(bwd90_tiles<64>::BN == SM90_BN, "one key tile for the kernel of he
 #define DQ_N 64       /* dQ columns per warpgroup (D = 128) or all of them (D = 64) */
 #define WGMMA_K 16    /* K of one wgmma step */
 #define WARP_KEYS 16  /* keys (rows of S^T) per warp */
+#define KEEP_KEYS 8   /* keys of one dropout keep byte: two Philox calls (mask.h, 4 keys per call) */
 
-/* Dropout keep bits of one warp (HOOK): its WARP_KEYS keys (two groups of FLASH_DROPOUT_KEYS_PER_DRAW,
- * one Philox call each per query) x NQW queries, one byte per (group, query), bit b = key 8 g + b. */
+/* Dropout keep bits of one warp (HOOK): its WARP_KEYS keys (two groups of KEEP_KEYS) x NQW queries, one byte
+ * per (group, query), bit b = key 8 g + b. */
 __host__ __device__ constexpr int keep_warp_bytes(int nqw)
 {
-    return WARP_KEYS / FLASH_DROPOUT_KEYS_PER_DRAW * nqw;
+    return WARP_KEYS / KEEP_KEYS * nqw;
 }
 
 /* dQ_partial = dS K per tile: at D = 128 the warpgroups split its columns (one partial, 64 columns
@@ -467,18 +468,23 @@ template <int NQW>
 __device__ __forceinline__ void dropout_keep_bytes(const flash_params &p, int64_t bh, int64_t i0, int64_t kw,
                                                    uint32_t region, int lane)
 {
-    constexpr int GROUPS = WARP_KEYS / FLASH_DROPOUT_KEYS_PER_DRAW;
-    static_assert(NQW % FLASH_WARP_SIZE == 0 && GROUPS == 2, "keep-bit layout");
+    constexpr int GROUPS = WARP_KEYS / KEEP_KEYS;
+    constexpr int CALLS = KEEP_KEYS / FLASH_DROPOUT_KEYS_PER_CALL;
+    static_assert(NQW % FLASH_WARP_SIZE == 0 && GROUPS == 2 && CALLS == 2, "keep-bit layout");
+    const uint32_t cut = flash_dropout_cut(&p); /* kept iff draw > cut */
     __syncwarp(); /* the previous tile's words have been read */
 #pragma unroll
     for (int c = 0; c < GROUPS * NQW / FLASH_WARP_SIZE; ++c) {
         const int g = c % GROUPS, q = lane + FLASH_WARP_SIZE * (c / GROUPS);
-        uint32_t bits[4];
-        flash_dropout_bits(&p, bh, i0 + q, kw / FLASH_DROPOUT_KEYS_PER_DRAW + g, bits);
         uint32_t byte = 0;
 #pragma unroll
-        for (int k = 0; k < FLASH_DROPOUT_KEYS_PER_DRAW; ++k)
-            byte |= (uint32_t)(flash_dropout_draw(bits, k) >= p.dropout_threshold) << k;
+        for (int half = 0; half < CALLS; ++half) {
+            uint32_t bits[FLASH_DROPOUT_KEYS_PER_CALL];
+            flash_dropout_bits(&p, bh, i0 + q, (kw / KEEP_KEYS + g) * CALLS + half, bits);
+#pragma unroll
+            for (int k = 0; k < FLASH_DROPOUT_KEYS_PER_CALL; ++k)
+                byte |= (uint32_t)(bits[k] > cut) << (FLASH_DROPOUT_KEYS_PER_CALL * half + k);
+        }
         st_shared_u8(region + keep_byte_index<NQW>(g, q), byte);
     }
     __syncwarp(); /* the bytes are visible to the warp */

@@ -8,8 +8,8 @@
  * applies the score hook (softcap, ALiBi or T5's table, attn_mask; the mask is read only in tiles flagged partial)
  * and the per-element band test (skipped in full tiles), then the online softmax in the data type:
  * m' = max(m, s), l = l exp(m - m') + sum_j exp(s_j - m'), a = a exp(m - m') + sum_j P_j v_j, where
- * P_j = exp(s_j - m') times the dropout keep / scale (one Philox call per row and tile: kBlockN is one
- * draw's 8 keys); l sums the undropped values. End: (factor, lse) = flash_row_finish (with the head's
+ * P_j = exp(s_j - m') times the dropout keep / scale (two Philox calls per row and tile of kBlockN = 8 keys,
+ * 4 keys per call); l sums the undropped values. End: (factor, lse) = flash_row_finish (with the head's
  * sink, if any), out = a * factor; a row with no visible key gets out = 0, lse = -inf (or the sink).
  * Everything, the hook included, is computed in the data type T (double hook functions for fp64).
  * O(seqlen) memory, any head dim 1..256, strides, GQA (kv head = h / h_per_kv), tails.
@@ -33,7 +33,7 @@
 
 static constexpr unsigned kSimpleFullMask = 0xffffffffu;
 static constexpr int kRows = 8;                                    /* query rows (= warps) per CTA */
-static constexpr int kBlockN = FLASH_DROPOUT_KEYS_PER_DRAW; /* keys per shared-memory tile: one dropout draw */
+static constexpr int kBlockN = 2 * FLASH_DROPOUT_KEYS_PER_CALL; /* keys per shared-memory tile: two Philox calls */
 static constexpr int kPerLane = FLASH_CUDA_MAX_HEAD_DIM / FLASH_WARP_SIZE; /* head-dim elements per lane */
 /* launch-bounds occupancy hint: lets ptxas go past 128 registers, which fp64 needs to avoid spills */
 static constexpr int kMinCtasPerSm = 1;
@@ -76,6 +76,7 @@ __device__ __forceinline__ void fwd_simple_rows(const flash_params &p, T (*sk_ti
     const T scale = (T)p.scale;
     const typename flash_score_type<T>::type sc = flash_score_of(&p, seq.alibi_offset, batch, head, (T)1);
     const T dropout_scale = (T)p.dropout_scale;
+    const uint32_t dropout_cut = flash_dropout_cut(&p); /* kept iff draw > cut */
 
     /* (sq, d) with row stride q_s.row / o_s.row; k, v: the kv head, key j at flash_key_offset; (sq) */
     const T *q = (const T *)p.q + batch * p.q_s.batch + head * p.q_s.head + seq.q_row0 * p.q_s.row;
@@ -145,9 +146,11 @@ __device__ __forceinline__ void fwd_simple_rows(const flash_params &p, T (*sk_ti
         }
         if (m_new == (T)-INFINITY)
             continue; /* nothing visible to this row yet */
-        uint32_t bits[4] = {0, 0, 0, 0};
-        if (p.dropout_threshold)
-            flash_dropout_bits(&p, bh, row, j0 / FLASH_DROPOUT_KEYS_PER_DRAW, bits); /* key j0 + jj: draw jj */
+        uint32_t bits[kBlockN] = {0, 0, 0, 0, 0, 0, 0, 0}; /* key j0 + jj: draw bits[jj] */
+        if (p.dropout_threshold) {
+            flash_dropout_bits(&p, bh, row, j0 / FLASH_DROPOUT_KEYS_PER_CALL, bits);
+            flash_dropout_bits(&p, bh, row, j0 / FLASH_DROPOUT_KEYS_PER_CALL + 1, bits + FLASH_DROPOUT_KEYS_PER_CALL);
+        }
         const T alpha = exp_t(m - m_new); /* 0 while m = -inf */
         l *= alpha;
 #pragma unroll
@@ -159,7 +162,7 @@ __device__ __forceinline__ void fwd_simple_rows(const flash_params &p, T (*sk_ti
             l += pj;
             T pd = pj;
             if (p.dropout_threshold)
-                pd = flash_dropout_draw(bits, jj) >= p.dropout_threshold ? pj * dropout_scale : (T)0;
+                pd = bits[jj] > dropout_cut ? pj * dropout_scale : (T)0;
 #pragma unroll
             for (int i = 0; i < kPerLane; i++) {
                 const int c = lane + i * FLASH_WARP_SIZE;

@@ -63,15 +63,16 @@ static constexpr int kPermKeys = kPermTiles * kMmaN; /* keys per permuted group 
 static constexpr size_t kDefaultSmemBytes = 48 * 1024;
 static constexpr size_t kSm80MaxSmemBytes = 163 * 1024; /* A100 opt-in limit per CTA */
 static constexpr uint32_t kSignBits2 = 0x80008000u; /* sign bits of two packed 16-bit floats */
-static constexpr uint32_t kLowHalf = 0xffffu;       /* low 16 bits (of a Philox word: the even key's draw) */
+static constexpr uint32_t kLowHalf = 0xffffu;       /* low 16 bits */
 static constexpr int kHalfBits = 16;
 static constexpr float kLn2 = (float)(1.0 / FLASH_LOG2E);
 /* smallest |scale_log2| of the HOOK kernels (a zero scale runs with it): their raw-unit hook divides by
  * it (score_hook), which must stay far from float overflow */
 static constexpr float kHookMinScaleLog2 = 1e-20f;
 
-static_assert(FLASH_DROPOUT_KEYS_PER_DRAW == 2 * kPermTiles && FLASH_DROPOUT_KEYS_PER_DRAW == kMmaN,
-              "one draw = the 2 values a lane holds in each of kPermTiles n8 tiles");
+static constexpr int kLaneKeys = 2 * kPermTiles; /* HOOK: the consecutive keys of a lane's row in one permuted group */
+static_assert(kLaneKeys == kMmaN && kLaneKeys == 2 * FLASH_DROPOUT_KEYS_PER_CALL,
+              "two Philox calls = the 2 values a lane holds in each of kPermTiles n8 tiles");
 
 /* Swizzle key of a tile row: chunk c of row r is stored at chunk c ^ swz_key(r). Natural tiles (Q, and K /
  * V of the dense kernels): r % 8, so that 8 consecutive rows (one ldmatrix matrix) hit 8 different
@@ -443,7 +444,7 @@ __device__ __forceinline__ void load_mask8(uint32_t (&w)[kBits / 4], const unsig
     for (int i = 0; i < kBits / 4; i++)
         w[i] = 0;
 #pragma unroll
-    for (int k = 0; k < FLASH_DROPOUT_KEYS_PER_DRAW; k++) {
+    for (int k = 0; k < kLaneKeys; k++) {
         const unsigned char *at = row + kBytes * (min(key0 + k, last_key) * col_stride);
         const uint32_t x = kBits == 16 ? (uint32_t)*(const unsigned short *)at : (uint32_t)*at;
         w[k / kPerWord] |= x << (kBits * (k % kPerWord));
@@ -461,7 +462,7 @@ template <typename T, int kMT, int kNT>
 __device__ __forceinline__ void apply_attn_mask(float (&s)[kMT][kNT][4], const flash_params &p, const flash_score_f &sc,
                                                 int batch, int head, int r_t, int c_t, bool tile_in_sk)
 {
-    constexpr int kKeys = FLASH_DROPOUT_KEYS_PER_DRAW; /* one group's keys per lane */
+    constexpr int kKeys = kLaneKeys; /* one group's keys per lane */
     constexpr int kAddBits = 8 * sizeof(T);
     constexpr int kBoolBits = 8;
     const bool additive = p.mask_kind == FLASH_MASK_ADD;
@@ -545,31 +546,34 @@ __device__ __forceinline__ void score_hook(float (&s)[kMT][kNT][4], const flash_
 }
 
 /* Dropout of one tile's P (permuted key order): lane q's values of row i in the n8 tiles of group g are
- * keys c_t + 32 g .. + 7 (c_t = tile start + 8 q), one flash_dropout_bits call; value (nt = 4 g + u, e) is
- * key 2 u + e of that draw, i.e. flash_dropout_draw's word u, half e. Dropped values become 0. */
+ * keys c_t + 32 g .. + 7 (c_t = tile start + 8 q), two flash_dropout_bits calls of 4 keys (mask.h); value
+ * (nt = 4 g + u, e) is key 2 u + e, i.e. word 2 (u % 2) + e of call u / 2. Dropped values become 0. */
 template <int kMT, int kNT>
 __device__ __forceinline__ void apply_dropout(float (&s)[kMT][kNT][4], const flash_params &p, int64_t bh, int r_t,
                                               int c_t)
 {
     static_assert(kNT % kPermTiles == 0, "permuted key order");
-    const uint32_t thr = p.dropout_threshold;
-    const uint32_t thr_hi = thr << kHalfBits; /* draw of the odd key >= thr iff word >= thr << 16 */
-    const int64_t c0 = c_t / FLASH_DROPOUT_KEYS_PER_DRAW;
+    constexpr int kCalls = kLaneKeys / FLASH_DROPOUT_KEYS_PER_CALL, kTilesPerCall = kPermTiles / kCalls;
+    const uint32_t cut = flash_dropout_cut(&p); /* kept iff draw > cut */
+    const int64_t c0 = c_t / FLASH_DROPOUT_KEYS_PER_CALL;
 #pragma unroll
     for (int t = 0; t < kMT; t++)
 #pragma unroll
         for (int h = 0; h < 2; h++)
 #pragma unroll
-            for (int g = 0; g < kNT / kPermTiles; g++) {
-                uint32_t w[kPermTiles];
-                flash_dropout_bits(&p, bh, r_t + t * kMmaM + h * kHalfRows, c0 + g * kPermTiles, w);
+            for (int g = 0; g < kNT / kPermTiles; g++)
 #pragma unroll
-                for (int u = 0; u < kPermTiles; u++) {
-                    float *x = &s[t][g * kPermTiles + u][2 * h];
-                    x[0] = (w[u] & kLowHalf) >= thr ? x[0] : 0.f;
-                    x[1] = w[u] >= thr_hi ? x[1] : 0.f;
+                for (int c = 0; c < kCalls; c++) {
+                    uint32_t w[FLASH_DROPOUT_KEYS_PER_CALL];
+                    flash_dropout_bits(&p, bh, r_t + t * kMmaM + h * kHalfRows,
+                                       c0 + (int64_t)g * kPermKeys / FLASH_DROPOUT_KEYS_PER_CALL + c, w);
+#pragma unroll
+                    for (int u = 0; u < kTilesPerCall; u++) {
+                        float *x = &s[t][g * kPermTiles + c * kTilesPerCall + u][2 * h];
+                        x[0] = w[2 * u] > cut ? x[0] : 0.f;
+                        x[1] = w[2 * u + 1] > cut ? x[1] : 0.f;
+                    }
                 }
-            }
 }
 
 /* HOOK: the general kernel (score hook, attn_mask tile skipping, dropout, permuted key order); else the

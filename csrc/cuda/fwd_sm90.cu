@@ -17,7 +17,7 @@
  *   S_j = Q K_j^T (wgmma SS, fp32); kHook kernels: score.h's composition (softcap in a kernel of its own,
  *   ALiBi, attn_mask in partial tiles); tiles outside [full_first, full_end): the band mask (a separate copy of
  *   the loop body); online softmax in base 2 (quad shuffles; O rescaled only where a row's max changed:
- *   LAZY_RESCALE); kHook: dropout after the row sum (quad_transpose of the Philox draws); O += P_j V_j (wgmma
+ *   LAZY_RESCALE); kHook: dropout after the row sum (quad_dropout_words of the Philox draws); O += P_j V_j (wgmma
  *   RS, P converted in registers; n = head dim, two n128 halves at 256).
  *   Overlap: iteration t issues S_t, then P_{t-1} V_{t-1}, waits for S_t alone (releases K_t), runs the softmax
  *   under the P V, then rescales O; named barriers ping-pong the wgmma issue between the two warpgroups so one's
@@ -367,33 +367,58 @@ __device__ __forceinline__ void quad_transpose(const uint32_t (&w)[4], uint32_t 
     }
 }
 
-/* Dropout of one tile's P (mask.h): the 8 keys of n8 block i of a row are one Philox call (flash_dropout_bits,
- * counter key0 / 8 + i), of which lane q holds keys 2 q, 2 q + 1 = word q. Lane q of a quad computes the call
- * of block 4 g + q and quad_transpose hands each lane its words. Dropped values become 0 (the row sum already
- * holds the undropped P; dropout_scale is applied in the epilogue). */
+/* The Philox draws of two n8 blocks handed round a quad (q = lane % 4): in, lane t holds w[k] = word k of
+ * call t, where call 2 b + e draws keys 4 e .. 4 e + 3 of block b; out, lane q holds f[2 b + x] = the draw of
+ * key 2 q + x of block b (word 2 (q % 2) + x of call 2 b + q / 2). Two butterfly stages (xor 1: lane bit 0
+ * for word bit 1; xor 2: lane bit 1 for slot bit 1), 4 shuffles. */
+__device__ __forceinline__ void quad_dropout_words(const uint32_t (&w)[4], uint32_t (&f)[4], int q)
+{
+    const bool b1 = q & 2, b0 = q & 1;
+    /* stage 1: keep words 2 b0, 2 b0 + 1, take the same words of lane q ^ 1; c[z][x]: word 2 b0 + x of call
+     * 2 b1 + z (block b1, half z) */
+    const uint32_t r0 = __shfl_xor_sync(FULL_MASK, b0 ? w[0] : w[2], 1);
+    const uint32_t r1 = __shfl_xor_sync(FULL_MASK, b0 ? w[1] : w[3], 1);
+    const uint32_t k0 = b0 ? w[2] : w[0], k1 = b0 ? w[3] : w[1];
+    const uint32_t c[2][2] = {{b0 ? r0 : k0, b0 ? r1 : k1}, {b0 ? k0 : r0, b0 ? k1 : r1}};
+    /* stage 2: lane q needs half b1 of both blocks: keep c[b1], send c[b1 ^ 1] (which lane q ^ 2 needs) and
+     * take lane q ^ 2's half b1 of block b1 ^ 1 */
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+        const uint32_t keep = b1 ? c[1][x] : c[0][x];
+        const uint32_t recv = __shfl_xor_sync(FULL_MASK, b1 ? c[0][x] : c[1][x], 2);
+        f[x] = b1 ? recv : keep;
+        f[2 + x] = b1 ? keep : recv;
+    }
+}
+
+/* Dropout of one tile's P (mask.h): the 8 keys of n8 block i of a row are two Philox calls of 4 keys
+ * (flash_dropout_bits, counters key0 / 4 + 2 i, + 1), of which lane q holds keys 2 q, 2 q + 1. Lane q of a
+ * quad computes call q of blocks 2 g, 2 g + 1 (counter key0 / 4 + 4 g + q) and quad_dropout_words hands each
+ * lane its draws. Dropped values become 0 (the row sum already holds the undropped P; dropout_scale is applied
+ * in the epilogue). */
 template <int kN>
 __device__ __forceinline__ void dropout_tile(float (&s)[kN], const flash_params &p, const fwd90_tile &tl, int key0,
                                              int lane)
 {
-    static_assert(FWD90_N8 == FLASH_DROPOUT_KEYS_PER_DRAW && FWD90_QUAD == 4, "one Philox call per n8 block");
+    static_assert(FWD90_N8 == 2 * FLASH_DROPOUT_KEYS_PER_CALL && FWD90_QUAD == 4, "two Philox calls per n8 block");
     constexpr int kN8 = kN / FWD90_N8_VALS;
     const int q = lane % FWD90_QUAD;
-    const uint32_t thr = p.dropout_threshold, thr_hi = thr << 16; /* odd key's draw >= thr iff word >= thr << 16 */
+    const uint32_t cut = flash_dropout_cut(&p); /* kept iff draw > cut */
 #pragma unroll
     for (int h = 0; h < 2; h++)
 #pragma unroll
-        for (int g = 0; g < (kN8 + FWD90_QUAD - 1) / FWD90_QUAD; g++) {
+        for (int g = 0; g < (kN8 + 1) / 2; g++) {
             uint32_t w[4], f[4];
             flash_dropout_bits(&p, tl.bh, tl.r_t + FWD90_HALF_ROWS * h,
-                               key0 / FLASH_DROPOUT_KEYS_PER_DRAW + FWD90_QUAD * g + q, w);
-            quad_transpose(w, f, q);
+                               key0 / FLASH_DROPOUT_KEYS_PER_CALL + FWD90_QUAD * g + q, w);
+            quad_dropout_words(w, f, q);
 #pragma unroll
-            for (int u = 0; u < FWD90_QUAD; u++) {
-                const int i = FWD90_QUAD * g + u;
+            for (int b = 0; b < 2; b++) {
+                const int i = 2 * g + b;
                 if (i < kN8) {
                     float *x = &s[4 * i + 2 * h];
-                    x[0] = (f[u] & 0xffffu) >= thr ? x[0] : 0.f;
-                    x[1] = f[u] >= thr_hi ? x[1] : 0.f;
+                    x[0] = f[2 * b] > cut ? x[0] : 0.f;
+                    x[1] = f[2 * b + 1] > cut ? x[1] : 0.f;
                 }
             }
         }

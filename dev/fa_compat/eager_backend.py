@@ -11,8 +11,6 @@ import math
 
 import torch
 
-DROPOUT_LEVELS = 65536  # flashattn_ext quantizes dropout_p to a multiple of 1/65536 (16-bit draws)
-
 
 def flash_attn_func(
     q,
@@ -56,9 +54,8 @@ def flash_attn_func(
     probs = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
     lse = torch.logsumexp(scores.detach(), dim=-1)  # -inf on empty rows
     if dropout_p > 0.0:
-        p_q = round(dropout_p * DROPOUT_LEVELS) / DROPOUT_LEVELS
-        keep = torch.rand(probs.shape, device=q.device) >= p_q
-        dropped = probs * keep / (1.0 - p_q)
+        keep = torch.rand(probs.shape, device=q.device) >= dropout_p
+        dropped = probs * keep * (0.0 if dropout_p >= 1.0 else 1.0 / (1.0 - dropout_p))
     else:
         keep = torch.ones_like(probs, dtype=torch.bool)
         dropped = probs
