@@ -473,7 +473,7 @@ __device__ __forceinline__ void dropout_keep_bytes(const flash_params &p, int64_
     static_assert(NQW % FLASH_WARP_SIZE == 0 && GROUPS == 2 && CALLS == 2, "keep-bit layout");
     const uint32_t cut = flash_dropout_cut(&p); /* kept iff draw > cut */
     __syncwarp(); /* the previous tile's words have been read */
-#pragma unroll
+#pragma unroll 1 /* a loop: unrolled, the d128 HOOK kernels spilled 100 bytes instead of 32 (ptxas -v) */
     for (int c = 0; c < GROUPS * NQW / FLASH_WARP_SIZE; ++c) {
         const int g = c % GROUPS, q = lane + FLASH_WARP_SIZE * (c / GROUPS);
         uint32_t byte = 0;
@@ -1269,7 +1269,7 @@ __device__ __forceinline__ void add_dq_chunk_tiled(float *dst, const float (&acc
  * of the additions). det / default time 1.12 / 1.18 at s2048 / s8192 (causal 1.16 / 1.21), against the dQ
  * kernel's 1.53 / 1.61 (1.58 / 1.66): benchmarks/results/h200/det_ab_2026-12-02.
  * smem: K, V 32 KB each, Q/dO 2 stages x 2 x 32 KB, P^T and dS^T 8 KB each: 210 KB (HOOK: + 512 bytes
- * of dropout keep bits). 198 registers (ORDERED 212, HOOK 252).
+ * of dropout keep bits). 198 registers (ORDERED 212, HOOK 241).
  * Measured (H200, bf16, 16k tokens, harness): 261 TFLOP/s at s2048, 286 at s8192 (mma.sync kernel: 170, 178). */
 template <typename T, bool HOOK, bool ORDERED>
 __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(const flash_params p)
