@@ -670,7 +670,7 @@ def test_dropout_p_one(device, dtype, api):
     if api == "flash":
         out, lse, s_dmask = run_flash(q, k, v, cfg, var, t, return_attn_probs=True)
         _, lse_ref = run_flash(q, k, v, cfg, dataclasses.replace(var, dropout=0.0), t)
-        assert torch.equal(lse, lse_ref)
+        assert_close("lse", lse, lse_ref, 1e-6)  # on CUDA another kernel (HOOK) than without dropout
         assert torch.signbit(s_dmask).all()
     elif api == "varlen":
         cu_q = torch.arange(0, cfg.b + 1, dtype=torch.int32, device=device) * cfg.sq
@@ -680,10 +680,10 @@ def test_dropout_p_one(device, dtype, api):
         out = out.unflatten(0, (cfg.b, cfg.sq))
     else:
         out = run_sdpa(q, k, v, cfg, var, t)
-        torch_out = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=1.0, is_causal=True, scale=cfg.scale,
-            enable_gqa=True).transpose(1, 2)
-        assert torch.equal(torch_out, torch.zeros_like(torch_out))
+        q64, k64, v64 = (x.detach().cpu().double().transpose(1, 2) for x in (q, k, v))
+        torch_out = torch.nn.functional.scaled_dot_product_attention(q64, k64, v64, dropout_p=1.0, is_causal=True,
+                                                                     scale=cfg.scale, enable_gqa=True)
+        assert torch.equal(torch_out, torch.zeros_like(torch_out))  # torch's math: nothing kept
     assert torch.equal(out, torch.zeros_like(out))
     for name, g in zip(variant_grad_names(t), torch.autograd.grad(out, inputs, dout)):
         assert torch.equal(g, torch.zeros_like(g)), name
