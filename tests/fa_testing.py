@@ -627,7 +627,8 @@ def variant_reference(q, k, v, dout, cfg, var, tensors, keep=None, bottom_right=
     cancel (rows that see one key have dS = 0 exactly: dP = delta). *_rw is the root sum of squares of
     the terms' sizes, with dS_ij = P_ij (dP~_ij - delta_i) sized P_ij (|dP~_ij - delta_i| + |delta_i|)
     (the operands of the difference every FlashAttention backward forms, delta = dO . O) and delta_i
-    sized |dO_i| |O_i|; dP~ = dO V^T with dropout's keep / (1 - p_q), dS' = dS * the softcap factor.
+    sized sum_d |dO_id O_id| (O is rounded to the dtype before that dot product, which may cancel);
+    dP~ = dO V^T with dropout's keep / (1 - p_q), dS' = dS * the softcap factor.
     assert_sum_close judges the error relative to max(||g||, RW_FRACTION * ||g_rw||): the plain
     relative error except where the sum cancels."""
     with reference_threads(q, k):
@@ -670,11 +671,12 @@ def _variant_reference(q, k, v, dout, cfg, var, tensors, keep, bottom_right):
     drop = torch.ones(()) if keep is None else keep.to(torch.float64) * dropout_scale(var.dropout)
     dp = torch.einsum("bqhd,bkhd->bhqk", do64, v64.index_select(2, kv_head)) * drop           # dP~
     delta = (do64 * o64).sum(-1).transpose(1, 2)[..., None]                                     # (B, H, Sq, 1)
-    ds_size = p * ((dp - delta).abs() + delta.abs())
+    don2 = do64.pow(2).sum(-1).transpose(1, 2)
+    delta_size = (do64 * o64).abs().sum(-1).transpose(1, 2)[..., None]                         # sum |dO O|
+    ds_size = p * ((dp - delta).abs() + delta_size)
     dsc2 = (ds_size * dcap) ** 2
     qn2 = q64.pow(2).sum(-1).transpose(1, 2)                                                    # (B, H, Sq)
     kn2 = k64.pow(2).sum(-1).index_select(2, kv_head).transpose(1, 2)                           # (B, H, Sk)
-    don2 = do64.pow(2).sum(-1).transpose(1, 2)
 
     def per_kv(x):  # (B, H, Sk) summed over the query heads of each kv head -> (B, Sk, Hkv)
         return x.view(B, Hkv, group, Sk).sum(2).transpose(1, 2)
@@ -685,8 +687,7 @@ def _variant_reference(q, k, v, dout, cfg, var, tensors, keep, bottom_right):
     if sink64 is not None:
         res["dsink"] = grads[3]
         p_sink = torch.exp(sink64.detach()[None, :, None] - lse.detach())                    # (B, H, Sq)
-        delta_size = don2.sqrt() * o64.pow(2).sum(-1).transpose(1, 2).sqrt()
-        res["dsink_rw"] = (p_sink * delta_size).pow(2).sum((0, 2)).sqrt()
+        res["dsink_rw"] = (p_sink * delta_size[..., 0]).pow(2).sum((0, 2)).sqrt()
     if mask_ref is not None and mask_ref.requires_grad:
         res["dmask"] = grads[-1].sum_to_size(mask.shape)
         res["dmask_rw"] = ds_size.pow(2).sum_to_size(mask.shape).sqrt()
