@@ -29,11 +29,43 @@ def fwd(*, q, k, v, softmax_scale, causal=False, bottom_right=True, window_left=
     """The one forward: a dense batch, a varlen batch (cu_seqlens_q / _k given) or a KV cache (cache_* /
     num_splits, or block_table without cu_seqlens), as the schema says (csrc/ops.cpp) -> (out, lse, rng_state)
     (the op's out32 is for its autograd, ops.py)."""
+    if _FwdRecorder.records(q, k, v, alibi_slopes, sink, attn_mask, rel_bias):
+        return _FwdRecorder.apply(q, k, v, softmax_scale, causal, bottom_right, window_left, window_right, softcap,
+                                  alibi_slopes, sink, attn_mask, dropout_p, deterministic, rel_bias, rel_buckets,
+                                  cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table,
+                                  cache_seqlens, cache_batch_idx, cache_leftpad, num_splits)[:3]
     return torch.ops.flashattn_ext.fwd(q, k, v, softmax_scale, causal, bottom_right, window_left, window_right,
                                        softcap, alibi_slopes, sink, attn_mask, dropout_p, deterministic, rel_bias,
                                        rel_buckets, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                                        max_seqlen_k, block_table, cache_seqlens, cache_batch_idx, cache_leftpad,
                                        num_splits)[:3]
+
+
+class _FwdRecorder(torch.autograd.Function):
+    """The fwd op under the autograd formula that ops.py registers for it (ops.py sets setup_fn and backward_fn),
+    applied directly: fwd takes it in eager mode when a graph is recorded. Through the op's registered autograd,
+    torch fills the schema's defaults on every such call (torch/_library/utils.py fill_defaults reads
+    schema.arguments anew for each argument): ~150 us of Python for fwd's 26 arguments, more than the kernel up to
+    s2k on an H200. torch.compile traces the op with its registered autograd instead."""
+    setup_fn = backward_fn = None
+
+    @staticmethod
+    def records(*tensors):
+        return (_FwdRecorder.setup_fn is not None and torch.is_grad_enabled() and not _compiling() and
+                any(t is not None and t.requires_grad for t in tensors))
+
+    @staticmethod
+    def forward(ctx, *args):  # no setup_context staticmethod: torch would bind the defaults of such a forward per call
+        output = torch.ops.flashattn_ext.fwd(*args)  # grad mode is off here: the op's autograd records nothing
+        _FwdRecorder.setup_fn(ctx, args, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return _FwdRecorder.backward_fn(ctx, *grads)
+
+
+_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
 
 def bwd(*, dout, q, k, v, out, lse, rng_state, softmax_scale, causal=False, bottom_right=True, window_left=-1,

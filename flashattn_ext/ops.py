@@ -303,6 +303,7 @@ def _backward(ctx, dout, dlse, _drng, _dout32):
 
 
 torch.library.register_autograd("flashattn_ext::fwd", _backward, setup_context=_setup_context)
+_core._FwdRecorder.setup_fn, _core._FwdRecorder.backward_fn = _setup_context, _backward  # eager calls (_core.fwd)
 
 
 # Positions of bwd's differentiable inputs, by double_backward's names.

@@ -39,3 +39,21 @@ def test_only_core_calls_the_ops():
     callers = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                      if p.name != "_core.py" and call.search(p.read_text()))
     assert callers == []
+
+
+def test_eager_graph_through_the_recorder():
+    """Eager calls that record a graph take _core._FwdRecorder (no per-call filling of the schema's defaults by
+    torch's register_autograd wrapper); its gradients are the registered formula's, bit for bit."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 5, 3, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    dout = torch.randn(2, 5, 3, 8, dtype=torch.float64)
+    out, lse, _ = _core.fwd(q=q, k=k, v=v, softmax_scale=0.3, causal=True)
+    assert "_FwdRecorder" in type(out.grad_fn).__name__
+    ref_out, ref_lse = torch.ops.flashattn_ext.fwd.default(q, k, v, 0.3, True)[:2]  # the op's registered autograd
+    assert "_FwdRecorder" not in type(ref_out.grad_fn).__name__
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    got = torch.autograd.grad((out * dout).sum() + lse.sum(), (q, k, v))
+    ref = torch.autograd.grad((ref_out * dout).sum() + ref_lse.sum(), (q, k, v))
+    assert all(torch.equal(a, b) for a, b in zip(got, ref))
+    with torch.no_grad():
+        assert _core.fwd(q=q, k=k, v=v, softmax_scale=0.3)[0].grad_fn is None
