@@ -17,8 +17,8 @@
 /* query rows per entry of the deterministic backward's dQ semaphores (flash_params.dq_semaphore): the
  * smallest query tile of the kernels that order their dQ additions */
 #define FLASH_DQ_SEM_ROWS 64
-/* query rows per tile of dq_accum's tiled layout (mask.h flash_dq_tiled_row0; launch.h
- * FLASH_BWD90_D256_DQ_TILED): the query tile of bwd_sm90.cu's d > 128 kernel */
+/* query rows per tile of dq_accum's tiled layout (mask.h flash_dq_tiled_row0; launch.cu
+ * bwd_dq_tiled): the query tile of bwd_sm90.cu's d > 128 kernel */
 #define FLASH_DQ_TILE_ROWS 64
 /* largest grid dimension y or z of a CUDA launch (batch and nheads index them), and the CTA cap of the kernels
  * whose loops stride over the rest */

@@ -72,9 +72,9 @@ typedef struct flash_params {
     void *dv;               /* (b, sk, h_kv, d_v) */
     void *delta;            /* (b, h, sq) contiguous workspace, same type as lse: rowsum(dout * o)
                              * (with dropout o is the dropped output, which is what the formula needs) */
-    float *dq_accum;        /* (b, h, sq, d) contiguous fp32 workspace (CUDA half paths); with launch.h
-                             * FLASH_BWD90_D256_DQ_TILED the Hopper d > 128 backward's tile order (mask.h
-                             * flash_dq_tiled_row0). Its size: launch.h flash_bwd_dq_accum_floats */
+    float *dq_accum;        /* (b, h, sq, d) contiguous fp32 workspace (CUDA half paths), but in the tile order
+                             * of the Hopper d > 128 backward where that runs (mask.h flash_dq_tiled_row0).
+                             * Its size: launch.h flash_bwd_dq_accum_floats */
     float *dk_accum;        /* (b, sk, h, d) contiguous fp32 workspace, GQA only (CUDA half paths) */
     float *dv_accum;        /* (b, sk, h, d) contiguous fp32 workspace, GQA only (CUDA half paths) */
 

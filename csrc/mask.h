@@ -135,7 +135,7 @@ FLASH_HD int64_t flash_lse_offset(const flash_params *p, const flash_seq *s, int
     return b * p->lse_batch + hq * p->lse_head + s->lse_row0;
 }
 
-/* dq_accum in the tile order of bwd_sm90.cu's d > 128 kernel (launch.h FLASH_BWD90_D256_DQ_TILED): tiles of
+/* dq_accum in the tile order of bwd_sm90.cu's d > 128 kernel (launch.cu bwd_dq_tiled): tiles of
  * FLASH_DQ_TILE_ROWS query rows x FLASH_CUDA_MAX_HEAD_DIM columns (every head dim 129..256 padded to 256), each
  * 64 x 256 contiguous floats, a sequence's rows padded to whole tiles. Element (r, c) of a tile is at
  * (c / 8) 512 + (r / 16) 128 + (r % 8) 16 + (c % 8 / 2) 4 + (r % 16 / 8) 2 + c % 2: column group c / 8 is the

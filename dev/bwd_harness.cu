@@ -1245,7 +1245,7 @@ static void varlen_configs(std::vector<test_cfg> &v, flash_dtype t)
         v.push_back(with_window(make_varlen(t, 6, 6, 2, 300, 250, 128, NO, 0, 0, 2, s0 + 18), -1, 5));
         v.push_back(make_varlen(t, 3, 2, 1, 1500, 1400, 64, BR, 1, 2, 0, s0 + 19)); /* many tiles per sequence */
         v.push_back(with_det(make_varlen(t, 3, 2, 2, 1200, 1000, 128, NO, 0, 1, 0, s0 + 20)));
-        /* d > 128 with many tiles per sequence (Hopper: dq_accum padded per sequence, FLASH_BWD90_D256_DQ_TILED) */
+        /* d > 128 with many tiles per sequence (Hopper: the tiled dq_accum, padded per sequence) */
         v.push_back(make_varlen(t, 3, 4, 2, 1000, 900, 200, BR, 1, 1, 0, s0 + 41));
         v.push_back(with_det(make_varlen(t, 3, 2, 2, 800, 900, 256, NO, 0, 0, 0, s0 + 42)));
         return;

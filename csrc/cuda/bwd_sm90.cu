@@ -8,16 +8,15 @@
  * see the tile (flash_query_tiles; HOOK: attn_mask-empty tiles skipped), Q, dO, lse, delta double-buffered.
  * MMA warpgroup wg owns keys [64 wg, +64), the M of its wgmma's:
  *   S^T = K_wg Q^T, dP^T = V_wg dO^T (SS); P^T = exp2(S^T scale log2e - lse log2e), dS^T = P^T o (dP^T - delta);
- *   dV_wg += P^T dO (RS from the repacked S^T accumulators; dense D = 64, BM = 128: P^T via smem, SS, unless
- *   launch.h FLASH_BWD90_D64_RS: then all of P^T and dS^T first, dV RS per block, lse / delta shuffled);
+ *   dV_wg += P^T dO (RS from the repacked S^T accumulators; dense D = 64, BM = 128 in FlashAttention-3's order,
+ *   d64_rs: all of P^T and dS^T first, then dV per block, lse / delta shuffled);
  *   dK_wg += dS^T Q (RS); dS^T to smem, then dQ_partial = dS K (SS, both MN-major: at D = 128 the warpgroups
  *   split its columns, at D = 64 / BM = 128 its rows, at D = 64 / BM = 64 (HOOK) each makes a partial); the
- *   dense D = 128 (and FLASH_BWD90_D64_RS) kernels issue dQ before dK.
- * The partials go to one of two fp32 smem buffers (one where P^T goes via smem); a third warpgroup, the dQ
- * reducer (setmaxnreg 24, MMA 240), sums them into dq_accum with vector red.add while the MMA warpgroups go on
- * (FULL / EMPTY mbarriers per buffer; the MMA warpgroups meet on named barrier 1, never __syncthreads). dK (times
- * scale) and dV stay in registers to the end: dtype when h == h_kv, else fp32 per query head for the GQA
- * postprocess.
+ *   dense kernels (D = 128, and D = 64 by d64_rs) issue dQ before dK.
+ * The partials go to one of two fp32 smem buffers; a third warpgroup, the dQ reducer (setmaxnreg 24, MMA 240),
+ * sums them into dq_accum with vector red.add while the MMA warpgroups go on (FULL / EMPTY mbarriers per buffer;
+ * the MMA warpgroups meet on named barrier 1, never __syncthreads). dK (times scale) and dV stay in registers to
+ * the end: dtype when h == h_kv, else fp32 per query head for the GQA postprocess.
  * Deterministic mode (p->dq_semaphore): ORDERED instantiations walk key tiles in descending order and each
  * reducer adds a query tile's dQ after the next higher key tile's (dq_order: acquire spin, release store).
  * Masking: full tiles take an unmasked P step; the others one compare per value against the upper bound and the
@@ -30,9 +29,8 @@
  * comment).
  *
  * Tiles (tiles.h bwd90_tiles): BN 128 x BM 64, 3 warpgroups (384 threads); dense D = 64: BM 128. Smem D = 128:
- * 214 KB; D = 64: 199 KB (FLASH_BWD90_D64_RS 203 KB), HOOK 154 KB + 1 KB of keep bits; 128-byte swizzled
- * (wgmma.cuh); head dims below D are zero-padded and computed, only global writes guarded. Requirements: as
- * bwd_sm80.cu, plus an sm_90a build.
+ * 214 KB; D = 64: 203 KB, HOOK 154 KB + 1 KB of keep bits; 128-byte swizzled (wgmma.cuh); head dims below D are
+ * zero-padded and computed, only global writes guarded. Requirements: as bwd_sm80.cu, plus an sm_90a build.
  *
  * Speed (H200, bwd_harness time, bf16 16k tokens, whole backward): d128 s8192 464 TFLOP/s (causal 460); behind
  * cuDNN (bench_gpu.py 2026-12-03: 0.86-0.95x at d64 / d128, 0.75-0.80x at d256). Every shape and the history:
@@ -62,7 +60,6 @@
                           * MMA warpgroups take, (240 - 168) * 256; 168 = the launch cap for 384 threads */
 /* named barrier of the MMA warpgroups (0 is __syncthreads, used once before the roles split) */
 #define BAR_MMA 1
-#define BAR_WG0 2 /* + wg: one MMA warpgroup's own (its P^T stored, PT_SMEM) */
 #define DQ_PAD 8         /* fp32 padding per row of the dQ buffers: conflict-free float2 stores */
 #define BAR_REDUCER 4 /* the dQ reducer warpgroup's own (ORDERED: the semaphore waited for / its adds done);
                        * + 1: its second half's (dq_split) */
@@ -91,36 +88,22 @@ __host__ __device__ constexpr int dq_parts(int D, int BM)
     return D == 64 && BM == 64 ? 2 : 1;
 }
 
-/* The dense D = 64 kernel (BM = 128) in FlashAttention-3's order (launch.h FLASH_BWD90_D64_RS): all of P^T and
- * dS^T first, then dV += P^T dO with P^T from registers (RS), dQ, dK; lse and delta shuffled (stat_pair), or
- * with FLASH_BWD90_D64_RS = 2 read per n8 block from shared memory as in the other kernels (the A/B of the two). */
+/* The dense D = 64 kernel (BM = 128) in FlashAttention-3's order: all of P^T and dS^T first, then dV += P^T dO
+ * with P^T from registers (RS), dQ, dK; lse and delta shuffled (stat_pair). */
 __host__ __device__ constexpr bool d64_rs(int D, int BM)
 {
-    return FLASH_BWD90_D64_RS && D == 64 && BM == 128;
+    return D == 64 && BM == 128;
 }
 
-/* BM = 128 at D = 64 (unless d64_rs): P^T goes through shared memory and dV runs SS (dV issued per block while
- * S^T's fp32 values were still live for dS^T: the A fragments held by those in-flight RS wgmma's left ptxas too
- * few registers, C7512) */
-__host__ __device__ constexpr bool pt_in_smem(int D, int BM)
-{
-    return D == 64 && BM == 128 && !d64_rs(D, BM);
-}
+#define DQ_BUFS 2 /* dQ buffers between the MMA warpgroups and the reducer */
 
-/* dQ buffers between the MMA warpgroups and the reducer: two, but one where P^T goes through shared memory
- * (pt_in_smem: its tile takes the shared memory of the second). */
-__host__ __device__ constexpr int dq_bufs(int D, int BM)
-{
-    return pt_in_smem(D, BM) ? 1 : 2;
-}
-
-/* ORDERED, dense, two dQ buffers (D = 128; D = 64 with d64_rs, not measured on its own): the reducer's halves take
- * the tiles of one buffer each, so that one half's wait, additions and release overlap the other's (det / default
- * time d128 s2k / s8k 1.13 / 1.12 -> 1.04 / 1.06, causal 1.12 / 1.21 -> 1.05 / 1.12:
- * benchmarks/results/h200/det_ab_2026-12-02). The EMPTY barriers then count one half's arrivals. */
+/* ORDERED, dense (D = 128; D = 64, not measured on its own): the reducer's halves take the tiles of one buffer
+ * each, so that one half's wait, additions and release overlap the other's (det / default time d128 s2k / s8k
+ * 1.13 / 1.12 -> 1.04 / 1.06, causal 1.12 / 1.21 -> 1.05 / 1.12: benchmarks/results/h200/det_ab_2026-12-02).
+ * The EMPTY barriers then count one half's arrivals. */
 __host__ __device__ constexpr bool dq_split(int D, int BM, bool hook, bool ordered)
 {
-    return ordered && !hook && dq_bufs(D, BM) == 2;
+    return ordered && !hook;
 }
 
 /* Arrivals on a dQ buffer's EMPTY barrier: the reducer warpgroup, or one half of it (dq_split). */
@@ -739,7 +722,7 @@ template <int BM, int D, int THREADS = WARPGROUP_THREADS>
 __device__ __forceinline__ void dq_add_tile(const float *dQb, float *dqa, uint32_t full, uint32_t empty, int i,
                                             int buf, int m0, int sq, int d, int rtid)
 {
-    constexpr int DQ_LD = D + DQ_PAD, V4_PER_ROW = D / 4, NPART = dq_parts(D, BM), NBUF = dq_bufs(D, BM);
+    constexpr int DQ_LD = D + DQ_PAD, V4_PER_ROW = D / 4, NPART = dq_parts(D, BM), NBUF = DQ_BUFS;
     mbar_wait(full + buf * sizeof(uint64_t), (i / NBUF) & 1);
     const uint32_t src = smem_u32(dQb + buf * NPART * BM * DQ_LD); /* [NPART][BM][DQ_LD] */
     constexpr int UNROLL = THREADS == WARPGROUP_THREADS ? 4 : 1; /* a half: 2 or 4 spilled (24 registers) */
@@ -793,7 +776,7 @@ __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *d
                                            uint32_t empty, int m_first, int m_end, int sq, int rtid,
                                            const dq_order &ord)
 {
-    constexpr int NBUF = dq_bufs(D, BM);
+    constexpr int NBUF = DQ_BUFS;
     const int d = (int)p.d;
     unsigned flags;
     int m = next_query_tile<HOOK, BM, SM90_BN, ORDERED>(p, m_first, m_end, flags); /* HOOK: the walked tiles */
@@ -803,7 +786,7 @@ __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *d
         for (int mt = m_first, i = 0; mt < m_end; ++mt) {
             dq_chain_wait(ord, mt, mt * BM, rtid);
             if (mt == m) {
-                dq_add_tile<BM, D>(dQb, dqa, full, empty, i, NBUF == 1 ? 0 : i & 1, mt * BM, sq, d, rtid);
+                dq_add_tile<BM, D>(dQb, dqa, full, empty, i, i & 1, mt * BM, sq, d, rtid);
                 ++i;
                 m = next_query_tile<HOOK, BM, SM90_BN, ORDERED>(p, mt + 1, m_end, flags);
             }
@@ -820,7 +803,7 @@ __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *d
         }
     } else {
         for (int i = 0; HOOK ? m < m_end : i < m_end - m_first; ++i) {
-            const int buf = NBUF == 1 ? 0 : i & 1, mt = HOOK ? m : m_first + i, m0 = mt * BM;
+            const int buf = i & 1, mt = HOOK ? m : m_first + i, m0 = mt * BM;
             if (ORDERED)
                 dq_chain_wait(ord, mt, m0, rtid);
             dq_add_tile<BM, D>(dQb, dqa, full, empty, i, buf, m0, sq, d, rtid);
@@ -844,12 +827,10 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
     constexpr int NQ = BM / 2, NDKV = D / 2, NDQ = DQ_N / 2; /* accumulator registers per thread */
     constexpr int NPART = dq_parts(D, BM), DQ_K = NPART == 2 ? WG_KEYS : BN; /* dQ partials, their K */
     constexpr bool DQ_ROWS = BM == 2 * DQ_N;  /* the warpgroups split dQ's rows (D = 64, BM = 128) */
-    constexpr int NBUF = dq_bufs(D, BM);
-    constexpr bool PT_SMEM = pt_in_smem(D, BM);
-    constexpr bool RS = d64_rs(D, BM), RS_SHFL = RS && FLASH_BWD90_D64_RS == 1; /* lse, delta: stat_pair */
+    constexpr int NBUF = DQ_BUFS;
+    constexpr bool RS = d64_rs(D, BM);
     /* dQ_partial issued before dK += dS^T Q (its store to the reducer's buffer runs under dK): the dense
-     * D = 128 kernel, where it won 1-3% on the H200 (D = 64 with P^T through smem lost 0.5-1.6%; HOOK not
-     * measured), and d64_rs (FlashAttention-3's order) */
+     * D = 128 kernel, where it won 1-3% on the H200 (HOOK not measured), and d64_rs (FlashAttention-3's order) */
     constexpr bool DQ_FIRST = (D == 128 && !HOOK) || RS;
     static_assert((BM == 64 && (D == 64 || D == 128)) || (BM == 128 && D == 64 && !HOOK), "tile configuration");
 
@@ -860,9 +841,8 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
     uint8_t *Qs = Vs + K_BYTES;               /* [2][BM][D] sw128 */
     uint8_t *dOs = Qs + 2 * Q_BYTES;          /* [2][BM][D] sw128 */
     uint8_t *dSs = dOs + 2 * Q_BYTES;         /* [BN][BM] sw128: dS^T of the current query tile */
-    uint8_t *Ps = dSs + DS_BYTES;             /* PT_SMEM: [BN][BM] sw128: P^T of the current query tile */
     constexpr int DQ_LD = D + DQ_PAD;
-    float *lse_s = (float *)(Ps + (PT_SMEM ? DS_BYTES : 0)); /* [2][BM] */
+    float *lse_s = (float *)(dSs + DS_BYTES); /* [2][BM] */
     float *delta_s = lse_s + 2 * BM;          /* [2][BM] */
     float *dQb = delta_s + 2 * BM;            /* [NBUF][NPART][BM][D + DQ_PAD] fp32: dQ_partial, MMA -> reducer */
     uint64_t *mbar = (uint64_t *)(dQb + NBUF * NPART * BM * DQ_LD); /* [2] FULL, [2] EMPTY of the dQ buffers */
@@ -949,7 +929,6 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
         }
         const uint32_t Qt = warp_uniform(smem_addr_now(Qs + st * Q_BYTES)), dOt = warp_uniform(smem_addr_now(dOs + st * Q_BYTES)); /* [BM][D] */
         const uint32_t Ka = warp_uniform(smem_addr_now(Ks)), Va = warp_uniform(smem_addr_now(Vs)), dSa = warp_uniform(smem_addr_now(dSs));
-        const uint32_t Pa = PT_SMEM ? warp_uniform(smem_addr_now(Ps)) : 0u; /* [BN][BM] */
         const uint32_t lse_t = smem_addr_now(lse_s + st * BM), delta_t = smem_addr_now(delta_s + st * BM); /* [BM] */
 
         /* S^T = K_wg Q^T, then dP^T = V_wg dO^T: 64 keys x BM queries each */
@@ -1002,43 +981,31 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
         if constexpr (RS) {
             /* d64_rs: all of P^T (S^T's fp32 values, which dS^T needs), then per 16-query block dS^T, its store,
              * and dV += P^T dO issued at once from the P^T fragment that the block's S^T values die into (RS) */
-            stat_pair<BM> lse2, delta2;
-            if (RS_SHFL)
-                lse2 = stat_pair_load<BM>(lse_t, lane);
+            const stat_pair<BM> lse2 = stat_pair_load<BM>(lse_t, lane);
             wgmma_wait<1>(); /* S^T */
             if (need_mask) {
 #pragma unroll
                 for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
-                    if (RS_SHFL) {
-                        const float2 l2[2] = {stat_pair_of(lse2, 2 * kq), stat_pair_of(lse2, 2 * kq + 1)};
-                        p_block_pair<true>(s + 8 * kq, kq, pt, l2);
-                    } else {
-                        p_block<true>(s + 8 * kq, kq, pt);
-                    }
+                    const float2 l2[2] = {stat_pair_of(lse2, 2 * kq), stat_pair_of(lse2, 2 * kq + 1)};
+                    p_block_pair<true>(s + 8 * kq, kq, pt, l2);
                     if (need_lo)
                         p_block_lo(s + 8 * kq, kq, pt.u);
                 }
             } else {
 #pragma unroll
                 for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
-                    if (RS_SHFL) {
-                        const float2 l2[2] = {stat_pair_of(lse2, 2 * kq), stat_pair_of(lse2, 2 * kq + 1)};
-                        p_block_pair<false>(s + 8 * kq, kq, pt, l2);
-                    } else {
-                        p_block<false>(s + 8 * kq, kq, pt);
-                    }
+                    const float2 l2[2] = {stat_pair_of(lse2, 2 * kq), stat_pair_of(lse2, 2 * kq + 1)};
+                    p_block_pair<false>(s + 8 * kq, kq, pt, l2);
                 }
             }
-            if (RS_SHFL)
-                delta2 = stat_pair_load<BM>(delta_t, lane);
+            const stat_pair<BM> delta2 = stat_pair_load<BM>(delta_t, lane);
             const uint32_t ds_addr = a_frag_addr_sw128<BN>(dSa, key0 + w * WARP_KEYS, 0, lane); /* block 0's */
             wgmma_wait<0>(); /* dP^T */
 #pragma unroll
             for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
 #pragma unroll
                 for (int i = 2 * kq; i < 2 * kq + 2; ++i) {
-                    const float2 dl = RS_SHFL ? stat_pair_of(delta2, i)
-                                              : ld_shared_v2_f32(delta_t + (i * 8 + 2 * lc) * sizeof(float));
+                    const float2 dl = stat_pair_of(delta2, i);
 #pragma unroll
                     for (int e = 0; e < 4; ++e)
                         dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? dl.y : dl.x));
@@ -1074,12 +1041,8 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
                         hook_p<T, BM, D == 128>(pa[kq], s + 8 * kq, g8, kq, hkt, lane);
                     else
                         acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
-                    if constexpr (PT_SMEM) {
-                        store_a_frag_sw128<BN>(Pa, key0 + w * WARP_KEYS, kq * WGMMA_K, pa[kq], lane);
-                    } else {
-                        wgmma_fence();
-                        wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
-                    }
+                    wgmma_fence();
+                    wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
                 }
             } else {
 #pragma unroll
@@ -1092,23 +1055,9 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
                         hook_p<T, BM, D == 128>(pa[kq], s + 8 * kq, g8, kq, hkt, lane);
                     else
                         acc_to_a<T>(pa[kq], s + 8 * kq, s + 8 * kq + 4);
-                    if constexpr (PT_SMEM) {
-                        store_a_frag_sw128<BN>(Pa, key0 + w * WARP_KEYS, kq * WGMMA_K, pa[kq], lane);
-                    } else {
-                        wgmma_fence();
-                        wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
-                    }
+                    wgmma_fence();
+                    wgmma_op<T, D>::template rs<1>(acc_dv, pa[kq], desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
                 }
-            }
-            if constexpr (PT_SMEM) {
-                /* dV += P^T dO from the warpgroup's P^T rows, once its 4 warps have stored them */
-                fence_proxy_async();
-                named_sync(BAR_WG0 + wg, WARPGROUP_THREADS);
-                wgmma_fence();
-#pragma unroll
-                for (int kq = 0; kq < BM / WGMMA_K; ++kq)
-                    wgmma_op<T, D>::template ss<0, 1>(acc_dv, desc_k_major<BN>(Pa, key0, kq * WGMMA_K),
-                                                      desc_mn_major<BM>(dOt, kq * WGMMA_K, 0), 1);
             }
             wgmma_commit();
             wgmma_wait<1>(); /* dP^T (dV may still run) */
@@ -1159,7 +1108,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
             } else {
                 wgmma_wait<0>();
             }
-            const int buf = NBUF == 1 ? 0 : step & 1;
+            const int buf = step & 1;
             if (step >= NBUF) /* the reducer has added tile step - NBUF from this buffer */
                 mbar_wait(smem_addr_now(mbar) + (2 + buf) * sizeof(uint64_t), (step / NBUF - 1) & 1);
             const int dq_part = NPART == 2 ? wg : 0; /* partial */
@@ -1221,19 +1170,8 @@ __device__ __forceinline__ void issue_dq_chunk_d256(float (&acc)[D256_DQ_CHUNK /
                                                       desc_mn_major<D256_BN>(Ka, kk * WGMMA_K, cc), kk);
 }
 
-/* Add that chunk (this thread's rows row, row + 8) into dq_accum (sq, d) with vector red.add. */
-__device__ __forceinline__ void add_dq_chunk_d256(float *dqa, int d, int sq, int row, int cc,
-                                                  const float (&acc)[D256_DQ_CHUNK / 2], int lc, int lane)
-{
-#pragma unroll
-    for (int i = 0; i < D256_DQ_CHUNK / 8; ++i) {
-        if (cc + i * 8 < d) /* warp-uniform: the shuffles inside need all lanes */
-            red_add_tile(dqa, d, row, row < sq, row + 8 < sq, cc + i * 8 + 2 * lc, acc + 4 * i, lane);
-    }
-}
 #endif
 
-#if FLASH_BWD90_D256_DQ_TILED
 #define DQ_GROUP_FLOATS (FLASH_DQ_TILE_ROWS * 8) /* floats of one 8-column group of a tiled dq_accum tile */
 static_assert(D256_BM == FLASH_DQ_TILE_ROWS && D256_D == FLASH_CUDA_MAX_HEAD_DIM, "dq_accum's tiles are the kernel's");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1247,7 +1185,6 @@ __device__ __forceinline__ void add_dq_chunk_tiled(float *dst, const float (&acc
         atomicAdd((float4 *)(dst + i * DQ_GROUP_FLOATS),
                   make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
 }
-#endif
 #endif
 
 /* One CTA per (64 keys, query head, batch). The dK/dV accumulators of 64 keys x 256 columns do not fit
@@ -1308,7 +1245,6 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     const bwd_cta_slices<T> sl = bwd_cta_slices_of<T, BN, BM>(p, seq, b, hq, hk, n0);
     const T *kg = sl.kg, *vg = sl.vg, *qg = sl.qg, *dog = sl.dog;
     const float *lseg = sl.lseg, *deltag = sl.deltag;
-    float *dqa = sl.dqa;
     const int kvalid = sl.kvalid, kn = sl.kn; /* kn: keys of the tile that exist */
     const flash_tile_range qt = sl.qt;
     const int64_t bh = (int64_t)b * p.h + hq;
@@ -1318,9 +1254,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     dq_order ord = {};
     if constexpr (ORDERED)
         ord = dq_order_of<BM, BN>(p, seq, b, hq, cta.tile);
-#if FLASH_BWD90_D256_DQ_TILED
     float *dqt = p.dq_accum + flash_dq_tiled_row0(&p, &seq, b, hq) * D; /* the tiles of (b, hq) in dq_accum */
-#endif
 
     load_tile_sw128<T, BN, D>(Ks, kg, p.k_s.row, kvalid, d, tid);
     load_tile_sw128<T, BN, D>(Vs, vg, p.v_s.row, kvalid, d, tid);
@@ -1470,13 +1404,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
          * dO[:, cols] and dK += dS^T Q[:, cols] (K = the 64 queries): the tensor cores run chunk 0, dV,
          * dK, chunk 1 back to back, and the red.adds of chunk 0 overlap dV and dK. */
         static_assert(D256_COLS == 2 * D256_DQ_CHUNK, "two dQ chunks");
-#if FLASH_BWD90_D256_DQ_TILED
         /* the thread's float4 of the warpgroup's first 8-column group in tile m */
         float *dq_dst =
             dqt + (int64_t)m * BM * D + (wg * D256_COLS / 8 * DQ_GROUP_FLOATS + (tid % WARPGROUP_THREADS) * 4);
-#else
-        const int row = m0 + w * 16 + lane / 4;
-#endif
         float acc_dq[NDQ]; /* overwritten by the first step of each chunk (accumulate = 0) */
         issue_dq_chunk_d256<T>(acc_dq, dSa, Ka, c0);
         wgmma_commit();
@@ -1490,7 +1420,6 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
             wgmma_op<T, D256_COLS>::template ss<0, 1>(acc_dk, desc_k_major<BN>(dSa, 0, kq * WGMMA_K),
                                                       desc_mn_major<BM>(Qt, kq * WGMMA_K, c0), 1);
         wgmma_commit();
-#if FLASH_BWD90_D256_DQ_TILED
         wgmma_wait<1>(); /* chunk 0 (dV, dK may still run) */
         if (do_dq) /* none for HOOK in deterministic mode */
             add_dq_chunk_tiled(dq_dst, acc_dq);
@@ -1499,15 +1428,6 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         wgmma_wait<0>();
         if (do_dq)
             add_dq_chunk_tiled(dq_dst + D256_DQ_CHUNK / 8 * DQ_GROUP_FLOATS, acc_dq);
-#else
-        const int dq_rows = do_dq ? sq : 0; /* rows added into dq_accum: none for HOOK in deterministic mode */
-        wgmma_wait<1>(); /* chunk 0 (dV, dK may still run) */
-        add_dq_chunk_d256(dqa, d, dq_rows, row, c0, acc_dq, lc, lane);
-        issue_dq_chunk_d256<T>(acc_dq, dSa, Ka, c0 + D256_DQ_CHUNK);
-        wgmma_commit();
-        wgmma_wait<0>();
-        add_dq_chunk_d256(dqa, d, dq_rows, row, c0 + D256_DQ_CHUNK, acc_dq, lc, lane);
-#endif
         m = m_next;
         flags = flags_next;
     }
@@ -1532,8 +1452,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
 static size_t smem_main_sm90(int D, int BM, bool hook)
 {
     return SW128_ATOM_BYTES + (size_t)(2 * SM90_BN * D + 4 * BM * D + SM90_BN * BM) * 2 +
-           (pt_in_smem(D, BM) ? (size_t)SM90_BN * BM * 2 : 0) +
-           (size_t)(4 * BM + dq_bufs(D, BM) * dq_parts(D, BM) * BM * (D + DQ_PAD)) * sizeof(float) + 4 * sizeof(uint64_t) +
+           (size_t)(4 * BM + DQ_BUFS * dq_parts(D, BM) * BM * (D + DQ_PAD)) * sizeof(float) + 4 * sizeof(uint64_t) +
            (hook ? (size_t)SM90_MMA_WARPS * keep_warp_bytes(BM) : 0);
 }
 

@@ -129,11 +129,11 @@ extern "C" int flash_bwd_wants_dq_semaphore(const flash_params *p)
     return !is_simple(p) && p->deterministic && use_sm90() && flash_bwd_sm90_orders_dq(p);
 }
 
-/* 1 where dq_accum is in the tiled layout (launch.h FLASH_BWD90_D256_DQ_TILED): where bwd_sm90.cu's d > 128
- * kernel runs p. */
+/* 1 where dq_accum is in the tiled layout (launch.h flash_bwd_pre_tiled): where bwd_sm90.cu's d > 128 kernel
+ * runs p. */
 static int bwd_dq_tiled(const flash_params *p)
 {
-    return FLASH_BWD90_D256_DQ_TILED && !is_simple(p) && p->d > 128 && use_sm90();
+    return !is_simple(p) && p->d > 128 && use_sm90();
 }
 
 extern "C" int64_t flash_bwd_dq_accum_floats(const flash_params *p)
@@ -146,19 +146,15 @@ extern "C" int64_t flash_bwd_dq_accum_floats(const flash_params *p)
 /* The preprocess and the dQ postprocess of p's dq_accum layout. */
 static cudaError_t bwd_pre(const flash_params *p, cudaStream_t stream)
 {
-#if FLASH_BWD90_D256_DQ_TILED
     if (bwd_dq_tiled(p))
         return flash_bwd_pre_tiled(p, stream);
-#endif
     return flash_bwd_pre(p, stream);
 }
 
 static cudaError_t bwd_dq_post(const flash_params *p, cudaStream_t stream)
 {
-#if FLASH_BWD90_D256_DQ_TILED
     if (bwd_dq_tiled(p))
         return flash_bwd_dq_post_tiled(p, stream);
-#endif
     return flash_bwd_dq_post(p, stream);
 }
 

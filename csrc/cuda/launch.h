@@ -17,15 +17,6 @@
 #include "../flash.h"
 #include "../kv_append.h"
 
-/* 1: bwd_sm90.cu's d > 128 kernel adds dQ into dq_accum in its tile order (mask.h flash_dq_tiled_row0), one
- * float4 red.add per accumulator quad at a per-thread base plus constant offsets, with no shuffles and no bounds
- * (the tiles are padded); the preprocess zeroes and the dQ postprocess reads that layout (rows.cu
- * flash_bwd_pre_tiled, flash_bwd_dq_post_tiled) wherever that kernel runs (launch.cu bwd_dq_tiled). 0: dq_accum
- * is (rows, d) for every kernel. */
-#ifndef FLASH_BWD90_D256_DQ_TILED
-#define FLASH_BWD90_D256_DQ_TILED 1
-#endif
-
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -115,10 +106,12 @@ size_t flash_fwd_sm80_smem(const flash_params *p);
 
 /* fp16 / bf16 backward, in this order (launch.cu):
  *   flash_bwd_pre                delta = rowsum(dout * o), dq_accum = 0, dq_semaphore = 0  (rows.cu)
+ *                                (flash_bwd_pre_tiled where dq_accum is tiled, below)
  *   flash_bwd_main_sm90 (Hopper) or flash_bwd_main_sm80: dK, dV (and dQ partials into dq_accum unless
  *                                deterministic without dq_semaphore)     (bwd_sm90.cu / bwd_sm80.cu)
  *   flash_bwd_sm80_dq            deterministic without dq_semaphore: the dQ kernel   (bwd_sm80.cu)
  *   or flash_bwd_dq_post         dq = scale * dq_accum                                (rows.cu)
+ *                                (flash_bwd_dq_post_tiled where dq_accum is tiled)
  *   flash_bwd_dkv_post           GQA only: dk, dv = sums of dk_accum, dv_accum over each group (rows.cu)
  * flash_bwd_sm80_check validates what these kernels require of p (alignment, strides, head dim):
  * cudaErrorInvalidValue when unmet. flash_bwd_sm80_smem: shared memory of the sm80 main and dQ kernels
@@ -128,23 +121,16 @@ size_t flash_bwd_sm80_smem(const flash_params *p, flash_tiles t);
 cudaError_t flash_bwd_pre(const flash_params *p, cudaStream_t stream);
 cudaError_t flash_bwd_main_sm80(const flash_params *p, flash_tiles t, cudaStream_t stream);
 cudaError_t flash_bwd_main_sm90(const flash_params *p, cudaStream_t stream);
-/* FLASH_BWD90_D64_RS (compile-time; default 0 until measured): 1 runs bwd_sm90.cu's dense head-dim-64 kernels
- * (BM 128, ORDERED included) in FlashAttention-3's order: all of P^T and dS^T first, P^T kept in registers as the
- * A operand of dV (RS) instead of going through shared memory, then dQ, then dK; lse and delta loaded once per
- * step (4 values per thread) and shuffled; two dQ buffers in the freed shared memory. 2: the same, but lse and
- * delta read per n8 block from shared memory as before (the A/B of the shuffles). 0: the kernels as before. */
-#ifndef FLASH_BWD90_D64_RS
-#define FLASH_BWD90_D64_RS 1
-#endif
 /* 1 where flash_bwd_main_sm90 serves deterministic mode with ordered dQ additions (p->dq_semaphore). */
 int flash_bwd_sm90_orders_dq(const flash_params *p);
 cudaError_t flash_bwd_sm80_dq(const flash_params *p, flash_tiles t, cudaStream_t stream);
 cudaError_t flash_bwd_dq_post(const flash_params *p, cudaStream_t stream);
-#if FLASH_BWD90_D256_DQ_TILED
-/* flash_bwd_pre and flash_bwd_dq_post for the tiled dq_accum (d > 128) */
+/* flash_bwd_pre and flash_bwd_dq_post for the tiled dq_accum, wherever bwd_sm90.cu's d > 128 kernel runs (launch.cu
+ * bwd_dq_tiled): that kernel adds dQ into dq_accum in its tile order (mask.h flash_dq_tiled_row0), one float4
+ * red.add per accumulator quad at a per-thread base plus constant offsets, with no shuffles and no bounds (the
+ * tiles are padded). */
 cudaError_t flash_bwd_pre_tiled(const flash_params *p, cudaStream_t stream);
 cudaError_t flash_bwd_dq_post_tiled(const flash_params *p, cudaStream_t stream);
-#endif
 cudaError_t flash_bwd_dkv_post(const flash_params *p, cudaStream_t stream);
 
 #ifdef __cplusplus

@@ -8,7 +8,7 @@
  *   (row_lanes_log2: one per CHUNK columns): delta_i = rowsum(dO_i * O_i) in fp32; zeroes the row's dq_accum
  *   and, with p->dq_semaphore, its semaphore entry.
  *   flash_bwd_dq_post (bwd_dq_post_kernel), the same grid: dq = scale * dq_accum in the dtype.
- *   launch.h FLASH_BWD90_D256_DQ_TILED = 1, where Hopper's d > 128 kernel runs (dq_accum in its tile order, mask.h
+ *   Where Hopper's d > 128 kernel runs (launch.cu bwd_dq_tiled; dq_accum in its tile order, mask.h
  *   flash_dq_tiled_row0): flash_bwd_pre_tiled (bwd_preprocess_tiled_kernel) zeroes whole tiles, and
  *   flash_bwd_dq_post_tiled (bwd_dq_post_tiled_kernel), one CTA per tile, un-permutes through shared memory.
  *   flash_bwd_dkv_post (bwd_dkv_post_kernel), GQA only, one thread per CHUNK elements of a key row: dk, dv =
@@ -94,14 +94,12 @@ __device__ __forceinline__ void preprocess_rows(const flash_params &p)
     }
     for (int off = lanes / 2; off > 0; off /= 2)
         sum += __shfl_xor_sync(FULL_MASK, sum, off);
-#if FLASH_BWD90_D256_DQ_TILED
     if (TILED && i < flash_cdiv64(s.sq, FLASH_DQ_TILE_ROWS) * FLASH_DQ_TILE_ROWS &&
         (!p.deterministic || p.dq_semaphore != NULL)) {
         float4 *acc = (float4 *)(p.dq_accum + (flash_dq_tiled_row0(&p, &s, b, hq) + i) * FLASH_CUDA_MAX_HEAD_DIM);
         for (int c4 = lr; c4 < FLASH_CUDA_MAX_HEAD_DIM / 4; c4 += lanes)
             acc[c4] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
-#endif
     if (!live)
         return;
     const int64_t row = flash_lse_offset(&p, &s, b, hq) + i; /* of delta; dq_accum: times d */
@@ -156,7 +154,6 @@ __global__ void __launch_bounds__(POST_THREADS) bwd_dq_post_kernel(const flash_p
         dq_post_rows<__half>(p);
 }
 
-#if FLASH_BWD90_D256_DQ_TILED
 /* The tiled dq_accum (d > 128, mask.h flash_dq_tiled_row0): the preprocess's threads of rows [sq, sq rounded up
  * to FLASH_DQ_TILE_ROWS) zero too, each row's threads the 256 contiguous floats of the row's index in the tiles
  * (which hold values of other rows); the grid spans p->sq rounded up likewise. */
@@ -219,7 +216,6 @@ __global__ void __launch_bounds__(POST_THREADS) bwd_dq_post_tiled_kernel(const f
     else
         dq_post_tile<__half>(p, stage);
 }
-#endif
 
 /* GQA: one thread per 8 consecutive elements of dk and dv (b, key j < sk, h_kv; varlen: keys past
  * the sequence's end do nothing): the sum over the group's query heads, in head order. */
@@ -296,7 +292,6 @@ extern "C" cudaError_t flash_bwd_dq_post(const flash_params *p, cudaStream_t str
     return cudaGetLastError();
 }
 
-#if FLASH_BWD90_D256_DQ_TILED
 extern "C" cudaError_t flash_bwd_pre_tiled(const flash_params *p, cudaStream_t stream)
 {
     if (p->b == 0 || p->h == 0 || p->sq == 0)
@@ -320,7 +315,6 @@ extern "C" cudaError_t flash_bwd_dq_post_tiled(const flash_params *p, cudaStream
     bwd_dq_post_tiled_kernel<<<grid, POST_THREADS, 0, stream>>>(*p);
     return cudaGetLastError();
 }
-#endif
 
 extern "C" cudaError_t flash_bwd_dkv_post(const flash_params *p, cudaStream_t stream)
 {
