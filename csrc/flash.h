@@ -160,12 +160,30 @@ typedef struct flash_params {
      * tiles into that many slices, whose CTAs write the normalized partial out and its lse here; a combine
      * kernel merges them into o / lse. 0 or 1: no split (o_accum / lse_accum unused, may be NULL). */
     int num_splits;
-    float *o_accum;         /* (num_splits, b, h, sq, d) contiguous fp32 workspace */
-    float *lse_accum;       /* (num_splits, b, h, sq) contiguous fp32 workspace */
+    union {
+        float *o_accum;     /* (num_splits, b, h, sq, d) contiguous fp32 workspace */
+        void *dout_fix;     /* the CUDA backward: see below */
+    };
+    union {
+        float *lse_accum;   /* (num_splits, b, h, sq) contiguous fp32 workspace */
+        void *lse_fix;      /* the CUDA backward: see below */
+    };
 
     /* The Hopper forward's dynamic tile scheduler (launch.h flash_fwd_wants_tile_counter): one int32, zero at
      * launch, that its persistent CTAs count work items off with atomicAdd; NULL: a static order. */
     int32_t *tile_counter;
+
+    /* The CUDA backward with an additive attn_mask (score.h "Huge additive entries"; dout_fix NULL: off; the CPU
+     * ignores these), in the slots of the forward's o_accum and lse_accum (no call needs both: the kernels'
+     * parameter layout stays as it was): the preprocess reads dout and lse and writes dout_fix (dout's sizes
+     * (b, sq, h, d) and dtype, contiguous: mask.h flash_dout_fix_strides) and lse_fix (lse's layout and type),
+     * and delta = rowsum(dout_fix * o). fp16 / bf16 (rows.cu, huge_rows.cuh huge_row_fix): dout and lse, except in
+     * a row whose maximum score is a huge entry, l of its keys at it: dout / l and sign * HUGE (score.h
+     * flash_score_huge, a natural-unit lse: bwd_sm80.cu's P of a key at +-HUGE is then exactly 1, and bwd_sm90.cu
+     * maps it to its units of mul, bwd_common.cuh lse_to_log2_hook). fp32 / fp64 (bwd_simple.cu): dout / mass in
+     * a row with |lse| >= SIMPLE_RENORM_MIN (mass = sum_j exp(s_j - lse) + exp(sink - lse), as flash_cpu.c's
+     * renorm_rows), dout elsewhere; lse_fix unused (the kernels keep lse). The main kernels then run with dout =
+     * dout_fix, do_s = flash_dout_fix_strides (and, fp16 / bf16, lse = lse_fix). */
 
     /* Deterministic backward on Hopper (launch.h flash_bwd_wants_dq_semaphore): (b, h, cdiv(sq,
      * FLASH_DQ_SEM_ROWS)) int32 workspace, zeroed by the preprocess, through which the main kernel's CTAs

@@ -447,4 +447,16 @@ FLASH_HD void flash_row_finish_d(double m, double l, double sink, double *factor
     *lse = mm + log(total);
 }
 
+/* The strides of flash.h's dout_fix (the CUDA backward with an additive attn_mask): (b, sq, h, d) contiguous. In d,
+ * not d_v: the CUDA kernels take d_v == d (flash.h) and read and write dout's rows by d columns, and a caller that
+ * leaves d_v unset (the harnesses, before dev/common.h fill_sizes set it) would otherwise get strides of 0. */
+FLASH_HD flash_strides flash_dout_fix_strides(const flash_params *p)
+{
+    flash_strides s;
+    s.head = p->d;
+    s.row = p->h * p->d;
+    s.batch = p->sq * s.row;
+    return s;
+}
+
 #endif

@@ -328,6 +328,19 @@ BwdOutputs dense_bwd_cuda(
     if (mask_grad)
         p.dbias = dmask.data_ptr();
     const at::Tensor rel_part = set_rel_bias_grad(&p, q, rel_bias_grad);
+    // An additive attn_mask: the preprocess's dO' and lse (flash.h dout_fix, score.h "Huge additive entries"),
+    // known on the host without a look at the mask's values.
+    at::Tensor dout_fix, lse_fix;
+    if (p.mask != nullptr && p.mask_kind == FLASH_MASK_ADD) {
+        dout_fix = at::empty(dout.sizes(), dout.options());
+        lse_fix = at::empty(lse.sizes(), lse.options());
+        const flash_strides fs = flash_dout_fix_strides(&p);
+        TORCH_INTERNAL_ASSERT(dout_fix.size(1) == p.sq && dout_fix.size(2) == p.h && dout_fix.size(3) == p.d_v &&
+                              dout_fix.stride(0) == fs.batch && dout_fix.stride(1) == fs.row &&
+                              dout_fix.stride(2) == fs.head && dout_fix.stride(3) == 1);
+        p.dout_fix = dout_fix.data_ptr();
+        p.lse_fix = lse_fix.data_ptr();
+    }
 
     // fp32 workspaces of the tensor-core backward (see csrc/flash.h; in deterministic mode on Hopper also the
     // int32 dQ semaphores, zeroed by the preprocess); freed when this call returns, after the kernels that

@@ -14,6 +14,9 @@
  *                its gradient, the sum of dS per bucket, goes to flash_score_grad_table
  *   3. attn_mask additive x += entry / u, bool x = -inf where the entry is 0; its gradient, dS of the
  *                final score (before the softcap factor), goes to flash_score_grad_* (dbias)
+ *                Huge entries (CUDA only, issue 33; flash_score_mask_huge): a finite entry with |entry| >=
+ *                HUGE_MIN (2^28 float, 2^60 double) makes the score exactly +-HUGE (2^100 float, 2^900 double)
+ *                in the kernel's units, x dropped (see "Huge additive entries" below)
  * Step 2 is per element of j - i' = d0 + k: d0 the caller's per-thread / per-row origin, k a per-value
  * offset (a compile-time constant in the tensor-core kernels, frag.cuh).
  *
@@ -28,6 +31,25 @@
  * The kinds a kernel may compile for (flash_score_kind): DENSE (band geometry only, no hook field read),
  * HOOK (the hook and dropout, a runtime softcap where the kernel has no SOFTCAP kind), SOFTCAP (the hook
  * with softcap).
+ *
+ * Huge additive entries (CUDA only). Hugging Face pads with rows of a float mask at torch.finfo(dtype).min;
+ * in the kernels' units (entry / u, u = |scale| for raw q.k) such an entry overflows to -inf (the row would
+ * look fully masked), and even where it does not, a row max m of that size leaves no room for log l in
+ * lse = m + log l, nor for the exponent's fma(s, c, -m c) to be exact (its residual is an ulp of m c, up to
+ * 2^100). So an entry with HUGE_MIN <= |entry| < inf gives the score exactly sign(entry) HUGE, a power of
+ * two in the kernel's units, whatever x: then every exponent fma(HUGE, c, -(HUGE c)) is exactly 0 (a power of
+ * two times a float is exact), the huge keys of a row tie exactly, a row whose maximum is -HUGE gets P = 1 / l
+ * on its huge keys (torch: uniform over them, q.k being far below the ulp of the entry), and a row with any
+ * key below HUGE_MIN gives its huge keys P = 0 (torch: exp(-huge) = 0). +-inf entries and NaN keep the old
+ * rule (x + entry / u: -inf masks the key). What this gives up: distinct entries below -HUGE_MIN merge (a row
+ * whose visible keys are all at or below -2^28, with two different such values, gets uniform attention over
+ * all of them, torch only over those at the largest). The CPU (natural units, to_units = 1: nothing
+ * overflows) keeps the plain add and renormalizes in its backward (flash_cpu.c renorm_rows). The backward
+ * kernels cannot recover 1 / l from such an lse: fp16 / bf16, rows.cu's preprocess (huge_row_fix) finds the
+ * rows whose maximum is a huge entry, scales their dO by 1 / l and gives the main kernels the lse +-HUGE, at
+ * which their P of the huge keys is exactly 1 (flash.h dout_fix, lse_fix); fp32 / fp64 (natural units, as the
+ * CPU), bwd_simple.cu's preprocess scales dO of every row with |lse| >= 1024 by 1 / its P's sum (flash.h).
+ * fp64's HUGE_MIN is 2^60: a double row at -1e9 is an ordinary one (exact through that renormalization).
  *
  * The float and double forms are one text: this file includes itself with FLASH_SCORE_T defined. Their
  * types are flash_score_f / flash_score_d; C names the functions with the same suffix (flash_score_bias_f),
@@ -70,6 +92,8 @@ FLASH_HD int flash_score_has_grad(const flash_params *p) { return p->dbias != 0;
 #define FLASH_SCORE_T float
 #define FLASH_SCORE_S flash_score_f
 #define FLASH_SCORE_FABS fabsf
+#define FLASH_SCORE_HUGE_MIN 0x1p28f
+#define FLASH_SCORE_HUGE 0x1p100f
 #ifdef __cplusplus
 #define FLASH_SCORE_FN(name) name
 #else
@@ -80,10 +104,14 @@ FLASH_HD int flash_score_has_grad(const flash_params *p) { return p->dbias != 0;
 #undef FLASH_SCORE_S
 #undef FLASH_SCORE_FN
 #undef FLASH_SCORE_FABS
+#undef FLASH_SCORE_HUGE_MIN
+#undef FLASH_SCORE_HUGE
 
 #define FLASH_SCORE_T double
 #define FLASH_SCORE_S flash_score_d
 #define FLASH_SCORE_FABS fabs
+#define FLASH_SCORE_HUGE_MIN 0x1p60
+#define FLASH_SCORE_HUGE 0x1p900
 #ifdef __cplusplus
 #define FLASH_SCORE_FN(name) name
 #else
@@ -94,6 +122,8 @@ FLASH_HD int flash_score_has_grad(const flash_params *p) { return p->dbias != 0;
 #undef FLASH_SCORE_S
 #undef FLASH_SCORE_FN
 #undef FLASH_SCORE_FABS
+#undef FLASH_SCORE_HUGE_MIN
+#undef FLASH_SCORE_HUGE
 #undef FLASH_SCORE_GENERIC
 
 #ifdef __cplusplus
@@ -192,9 +222,24 @@ FLASH_HD T_ FLASH_SCORE_FN(flash_score_bias)(const FLASH_SCORE_S *sc, T_ x, int6
     return x - sc->slope * FLASH_SCORE_FABS((T_)d0 + (T_)k);
 }
 
-/* Step 3 on x: the additive entry, and the bool entry (0: the key is masked). */
+/* 1 when an additive entry is huge (see "Huge additive entries" above): HUGE_MIN <= |entry| < inf. */
+FLASH_HD int FLASH_SCORE_FN(flash_score_mask_huge)(T_ entry)
+{
+    const T_ a = FLASH_SCORE_FABS(entry);
+    return a >= FLASH_SCORE_HUGE_MIN && a < (T_)INFINITY;
+}
+
+/* The score of a huge entry, in any kernel's units: +-HUGE. */
+FLASH_HD T_ FLASH_SCORE_FN(flash_score_huge)(T_ entry) { return entry < 0 ? -FLASH_SCORE_HUGE : FLASH_SCORE_HUGE; }
+
+/* Step 3 on x: the additive entry (CUDA: a huge one gives +-HUGE, x dropped), and the bool entry (0: the key
+ * is masked). */
 FLASH_HD T_ FLASH_SCORE_FN(flash_score_mask_add)(const FLASH_SCORE_S *sc, T_ x, T_ entry)
 {
+#ifdef __CUDACC__
+    if (FLASH_SCORE_FN(flash_score_mask_huge)(entry))
+        return FLASH_SCORE_FN(flash_score_huge)(entry);
+#endif
     return x + entry * sc->to_units;
 }
 FLASH_HD T_ FLASH_SCORE_FN(flash_score_mask_bool)(T_ x, unsigned entry) { return entry ? x : (T_)-INFINITY; }

@@ -29,9 +29,13 @@
 
 /* Scores of query row i of (bi, hq) against every key: s[j] the final score (-inf where key j is
  * not visible), capped[j] the softcapped scaled score (what the softcap derivative needs); returns
- * the row's lse (the sink included). */
+ * the row's lse (the sink included). norm[0] = m, the row's maximum (the sink's included), norm[1] = l =
+ * sum_j exp(s_j - m) + exp(sink - m): the probabilities are exp(s_j - m) / l (ref_prob), not exp(s_j - lse),
+ * which a row at finfo.min (Hugging Face's padding: m ~ -3.4e38, log l below an ulp of it, lse = m) would
+ * turn into 1 per key instead of 1 / l (issue 33). */
 static double ref_row_scores(const flash_params *p, const double *q, const double *k, const double *mask,
-                             const double *sink, int64_t bi, int64_t hq, int64_t i, double *s, double *capped)
+                             const double *sink, int64_t bi, int64_t hq, int64_t i, double *s, double *capped,
+                             double norm[2])
 {
     const int64_t d = p->d, hk = hq / (p->h / p->h_kv);
     const double *qi = q + ((bi * p->sq + i) * p->h + hq) * d;
@@ -58,12 +62,21 @@ static double ref_row_scores(const flash_params *p, const double *q, const doubl
         if (x > m)
             m = x;
     }
+    norm[0] = m;
+    norm[1] = 0;
     if (m == -INFINITY)
         return -INFINITY;
     double l = sink ? exp(sink[hq] - m) : 0;
     for (int64_t j = 0; j < p->sk; j++)
         l += exp(s[j] - m);
+    norm[1] = l;
     return m + log(l);
+}
+
+/* The probability of score x (a key's, or the sink) in a row of ref_row_scores' norm. */
+static double ref_prob(double x, const double norm[2])
+{
+    return exp(x - norm[0]) / norm[1];
 }
 
 /* keep * dropout_scale of element (bi, hq, i, j); 1 without dropout. */
@@ -83,7 +96,8 @@ static void ref_forward(const flash_params *p, const double *q, const double *k,
     for (int64_t bi = 0; bi < p->b; bi++)
         for (int64_t hq = 0; hq < p->h; hq++)
             for (int64_t i = 0; i < p->sq; i++) {
-                const double row_lse = ref_row_scores(p, q, k, mask, sink, bi, hq, i, s, capped);
+                double norm[2];
+                const double row_lse = ref_row_scores(p, q, k, mask, sink, bi, hq, i, s, capped, norm);
                 double *oi = out + ((bi * p->sq + i) * p->h + hq) * d;
                 lse[(bi * p->h + hq) * p->sq + i] = row_lse;
                 for (int64_t c = 0; c < d; c++)
@@ -91,7 +105,7 @@ static void ref_forward(const flash_params *p, const double *q, const double *k,
                 for (int64_t j = 0; j < p->sk; j++) {
                     if (s[j] == -INFINITY)
                         continue;
-                    const double pd = exp(s[j] - row_lse) * ref_dropout_factor(p, bi, hq, i, j);
+                    const double pd = ref_prob(s[j], norm) * ref_dropout_factor(p, bi, hq, i, j);
                     const double *vj = v + ((bi * p->sk + j) * p->h_kv + hq / group) * d;
                     for (int64_t c = 0; c < d; c++)
                         oi[c] += pd * vj[c];
@@ -121,7 +135,8 @@ static void ref_backward(const flash_params *p, const double *q, const double *k
         for (int64_t hq = 0; hq < p->h; hq++)
             for (int64_t i = 0; i < p->sq; i++) {
                 const int64_t hk = hq / group, qoff = ((bi * p->sq + i) * p->h + hq) * d;
-                const double row_lse = ref_row_scores(p, q, k, mask, sink, bi, hq, i, s, capped);
+                double norm[2];
+                ref_row_scores(p, q, k, mask, sink, bi, hq, i, s, capped, norm);
                 double delta = 0;
                 for (int64_t j = 0; j < p->sk; j++) {
                     dp[j] = 0;
@@ -131,14 +146,14 @@ static void ref_backward(const flash_params *p, const double *q, const double *k
                     for (int64_t c = 0; c < d; c++)
                         dp[j] += dout[qoff + c] * vj[c];
                     dp[j] *= ref_dropout_factor(p, bi, hq, i, j); /* dP of the dropped P */
-                    delta += exp(s[j] - row_lse) * dp[j];
+                    delta += ref_prob(s[j], norm) * dp[j];
                 }
                 if (dsink && sink)
-                    dsink[hq] -= exp(sink[hq] - row_lse) * delta;
+                    dsink[hq] -= ref_prob(sink[hq], norm) * delta;
                 for (int64_t j = 0; j < p->sk; j++) {
                     if (s[j] == -INFINITY)
                         continue;
-                    const double pr = exp(s[j] - row_lse);
+                    const double pr = ref_prob(s[j], norm);
                     const double ds = pr * (dp[j] - delta);
                     const double pd = pr * ref_dropout_factor(p, bi, hq, i, j);
                     if (dbias)

@@ -50,6 +50,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -78,7 +79,9 @@ enum { ALIBI_NONE = 0, ALIBI_HEAD = 1, ALIBI_BATCH = 2 };
 enum { MASK_NONE = 0, MASK_BOOL = 1, MASK_ADD = 2 };
 /* attn_mask patterns; PAT_BLOCKS / PAT_SPARSE: 128 x 128 blocks, 40% empty, 40% plain, 20% random
  * entries / 90% empty, 10% plain */
-enum { PAT_RANDOM = 0, PAT_PADDING = 1, PAT_BLOCKS = 2, PAT_SPARSE = 3 };
+/* PAT_FINFO (additive only): Hugging Face's padding, random entries with the padded keys and the first fifth of
+ * the rows at the dtype's finfo.min (score.h "Huge additive entries", issue 33) */
+enum { PAT_RANDOM = 0, PAT_PADDING = 1, PAT_BLOCKS = 2, PAT_SPARSE = 3, PAT_FINFO = 4 };
 /* broadcast (stride 0) dimensions of the attn_mask */
 enum { BC_B = 1, BC_H = 2, BC_Q = 4, BC_K = 8 };
 /* layouts of the (b, s, h, d) tensors */
@@ -240,7 +243,7 @@ static std::string cfg_name(const test_cfg &c)
     static const char *causal_names[] = {"none", "top-left", "bottom-right"};
     static const char *alibi_names[] = {"", " alibi=head", " alibi=batch"};
     static const char *mask_names[] = {"", "bool", "add"};
-    static const char *pat_names[] = {"random", "padding", "blocks", "sparse"};
+    static const char *pat_names[] = {"random", "padding", "blocks", "sparse", "finfo"};
     char buf[512];
     int n = snprintf(buf, sizeof(buf), "%-4s d=%3d b=%d h=%d/%d sq=%4d sk=%4d causal=%-12s", dtype_name(c.dtype), c.d,
                      c.b, c.h, c.h_kv, c.sq, c.sk, causal_names[c.causal]);
@@ -357,6 +360,11 @@ static mask_data make_mask(const test_cfg &c, rng *r, int expand)
                     if (c.mask_pat == PAT_PADDING) {
                         const int len = c.sk - (bi + 1) * c.sk / (2 * m.mb + 2); /* keys [len, sk) are padding */
                         v = j < len ? plain : masked;
+                    } else if (c.mask_pat == PAT_FINFO) {
+                        const double low = c.dtype == FLASH_FP16 ? -65504.0 : c.dtype == FLASH_BF16 ?
+                                           -3.3895313892515355e38 : c.dtype == FLASH_FP32 ? -FLT_MAX : -DBL_MAX;
+                        const int len = c.sk - (bi + 1) * c.sk / (2 * m.mb + 2); /* keys [len, sk) are padding */
+                        v = j >= len || i < m.mq / 5 ? low : round_to(c.dtype, 0.5 * rng_normal(r));
                     } else {
                         int partial = 1;
                         if (c.mask_pat == PAT_BLOCKS || c.mask_pat == PAT_SPARSE) {
@@ -725,7 +733,7 @@ static int64_t nonzero_rows(const std::vector<unsigned char> &host, const std::v
 /* ---- one correctness config ------------------------------------------------------------------- */
 
 typedef struct dev_bufs {
-    void *q, *k, *v, *o, *dout, *lse, *dq, *dk, *dv, *delta, *dbias, *sink;
+    void *q, *k, *v, *o, *dout, *lse, *dq, *dk, *dv, *delta, *dbias, *sink, *dout_fix, *lse_fix;
     float *dq_accum, *dk_accum, *dv_accum, *slopes;
     int32_t *dq_sem;
     mask_dev mask;
@@ -823,6 +831,12 @@ static int run_test(const test_cfg &c, const prepared &pr)
         p.mask_s = db.mask.mask_s;
         p.mask_blocks = db.mask.blocks;
         p.mask_blocks_s = db.mask.blocks_s;
+        if (p.mask_kind == FLASH_MASK_ADD) { /* the preprocess's dO' and lse, as the binding (flash.h dout_fix) */
+            CUDA_CHECK(cudaMalloc(&db.dout_fix, lq.elems * elem_size(t)));
+            CUDA_CHECK(cudaMalloc(&db.lse_fix, db.delta_bytes));
+            p.dout_fix = db.dout_fix; /* contiguous (b, sq, h, d): mask.h flash_dout_fix_strides */
+            p.lse_fix = db.lse_fix;
+        }
     }
     if (c.sink) {
         db.sink = upload_typed(pr.sink, lt);
@@ -903,7 +917,7 @@ static int run_test(const test_cfg &c, const prepared &pr)
 
     for (void *x : {db.q, db.k, db.v, db.o, db.dout, db.lse, db.dq, db.dk, db.dv, db.delta, db.dbias, db.sink,
                     (void *)db.dq_accum, (void *)db.dk_accum, (void *)db.dv_accum, (void *)db.slopes, db.mask.mask,
-                    (void *)db.mask.blocks, (void *)db.dq_sem})
+                    (void *)db.mask.blocks, (void *)db.dq_sem, db.dout_fix, db.lse_fix})
         if (x)
             CUDA_CHECK(cudaFree(x));
     return ok;
@@ -1174,6 +1188,12 @@ static void variant_configs(std::vector<test_cfg> &v, flash_dtype t)
         v.push_back(with_mask(make_cfg(t, 1, 2, 1, 600, 600, d, CAUSAL_NONE), MASK_ADD, PAT_BLOCKS, BC_H));
     }
     v.push_back(with_mask(make_cfg(t, 2, 2, 2, 300, 300, 64, CAUSAL_NONE), MASK_ADD, PAT_PADDING, BC_H | BC_Q));
+    if (t == FLASH_BF16) { /* finfo.min rows (fp16's, -65504, is an ordinary entry) */
+        v.push_back(with_dbias(with_mask(make_cfg(t, 2, 4, 2, 300, 200, 64, CAUSAL_NONE), MASK_ADD, PAT_FINFO, 0)));
+        v.push_back(with_det(with_mask(make_cfg(t, 1, 2, 1, 200, 300, 256, CAUSAL_NONE), MASK_ADD, PAT_FINFO, BC_H)));
+        v.push_back(with_softcap(with_mask(make_cfg(t, 2, 2, 2, 129, 300, 128, CAUSAL_NONE), MASK_ADD, PAT_FINFO, BC_B),
+                                 20.f));
+    }
     v.push_back(with_mask(make_cfg(t, 2, 2, 2, 129, 129, 64, CAUSAL_NONE), MASK_BOOL, PAT_RANDOM, BC_B | BC_H | BC_K));
     v.push_back(with_layout(with_mask(make_cfg(t, 2, 2, 2, 129, 300, 96, CAUSAL_NONE), MASK_ADD, PAT_RANDOM, BC_H),
                             LAYOUT_STRIDED));
@@ -1332,6 +1352,7 @@ static void time_variant(const test_cfg &c, const char *label)
     const int64_t n = (int64_t)b * s * h * d;
     __nv_bfloat16 *q, *k, *v, *o, *dout, *dq, *dk, *dv;
     float *lse, *delta, *dqa, *slopes = NULL, *dbias = NULL;
+    void *dout_fix = NULL, *lse_fix = NULL;
     for (__nv_bfloat16 **x : {&q, &k, &v, &o, &dout, &dq, &dk, &dv})
         CUDA_CHECK(cudaMalloc(x, n * sizeof(__nv_bfloat16)));
     CUDA_CHECK(cudaMalloc(&lse, (size_t)b * h * s * sizeof(float)));
@@ -1373,6 +1394,12 @@ static void time_variant(const test_cfg &c, const char *label)
         p.mask_s = md.mask_s;
         p.mask_blocks = md.blocks;
         p.mask_blocks_s = md.blocks_s;
+        if (p.mask_kind == FLASH_MASK_ADD) { /* the preprocess's dO' and lse, as the binding (flash.h dout_fix) */
+            CUDA_CHECK(cudaMalloc(&dout_fix, n * sizeof(__nv_bfloat16)));
+            CUDA_CHECK(cudaMalloc(&lse_fix, (size_t)b * h * s * sizeof(float)));
+            p.dout_fix = dout_fix; /* contiguous (b, sq, h, d): mask.h flash_dout_fix_strides */
+            p.lse_fix = lse_fix;
+        }
     }
     if (c.dbias) {
         CUDA_CHECK(cudaMalloc(&dbias, (size_t)b * h * s * s * sizeof(float)));
@@ -1406,7 +1433,7 @@ static void time_variant(const test_cfg &c, const char *label)
     fflush(stdout);
     for (void *x : {(void *)q, (void *)k, (void *)v, (void *)o, (void *)dout, (void *)dq, (void *)dk, (void *)dv,
                     (void *)lse, (void *)delta, (void *)dqa, (void *)slopes, (void *)dbias, md.mask, (void *)md.blocks,
-                    (void *)sem})
+                    (void *)sem, dout_fix, lse_fix})
         if (x)
             CUDA_CHECK(cudaFree(x));
 }

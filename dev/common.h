@@ -91,6 +91,7 @@ static inline void fill_sizes(flash_params *p, flash_dtype t, int64_t b, int64_t
     p->sq = sq;
     p->sk = sk;
     p->d = d;
+    p->d_v = d; /* the CUDA kernels take d_v == d (flash.h) */
     p->h_per_kv = h / h_kv;
     p->lse_batch = h * sq;
     p->lse_head = sq;

@@ -133,6 +133,15 @@ def attention_ref(
     else:
         lse = torch.where(row_empty, zero, lse_keys)
     probs = torch.where(visible, torch.exp(masked - lse), zero)  # exactly 0 on hidden keys
+    # A row with a large |lse| holds log l only to an ulp of its maximum (a row at finfo.min, Hugging Face's padding:
+    # lse = max, so exp(s - lse) is 1 per key): its probabilities are divided by their sum (the sink's included), as
+    # torch's softmax and the kernels do (flash_cpu.c renorm_rows); every other row keeps exp(s - lse) bit for bit
+    # (divided by 1). No data-dependent branch: attention_ref is traced (double_backward.py lse_vjp).
+    wide = (lse.detach().abs() >= 1024) & torch.isfinite(lse.detach())
+    mass = probs.sum(-1, keepdim=True)
+    if sink is not None:
+        mass = mass + torch.exp(sink_col - lse)
+    probs = probs / torch.where(wide, mass, torch.ones((), dtype=dtype, device=device))
     if dropout_mask is not None:
         keep = dropout_mask.to(device=device, dtype=torch.bool).expand(batch, nheads, seqlen_q, seqlen_k)
         probs = torch.where(keep, probs * dropout_scale(dropout_p), zero)

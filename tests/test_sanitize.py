@@ -42,6 +42,12 @@ CONFIGS = [
     (torch.float32, 1, 31, 45, 2, 1, 24, True, False, {"window_size": (5, 0), "softcap": 5.0, "alibi": True,
                                                        "sink": True, "mask": "add_grad", "dropout_p": 0.3}),
     (torch.float64, 1, 29, 17, 2, 2, 8, False, False, {"window_size": (3, 4), "mask": "bool", "dropout_p": 0.25}),
+    # additive masks with rows at finfo.min (Hugging Face's padding, issue 33: score.h "Huge additive entries",
+    # the backward preprocess's scan of those rows): GQA d64, d256 (the tiled preprocess) deterministic, fp32, fp64
+    (torch.bfloat16, 2, 100, 150, 4, 2, 64, False, False, {"mask": "add_finfo"}),
+    (torch.bfloat16, 1, 70, 90, 2, 1, 256, False, True, {"mask": "add_finfo", "softcap": 5.0}),
+    (torch.float32, 1, 31, 45, 2, 1, 24, False, False, {"mask": "add_finfo", "alibi": True}),
+    (torch.float64, 2, 23, 19, 2, 2, 8, False, False, {"mask": "add_finfo"}),
 ]
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-5, torch.float64: 1e-12}
 
@@ -63,6 +69,11 @@ def variant_args(var, b, sq, sk, h, dtype):
         kw["attn_mask"] = torch.rand(b, 1, sq, sk, device="cuda") > 0.3      # broadcast over heads
     elif var.get("mask") == "add_grad":
         kw["attn_mask"] = torch.randn(1, h, sq, sk, device="cuda", dtype=dtype, requires_grad=True)
+    elif var.get("mask") == "add_finfo":  # whole rows at finfo.min, and the last batch's last keys (padding)
+        m = torch.randn(b, 1, sq, sk, device="cuda", dtype=dtype)
+        m[:, :, : sq // 5] = torch.finfo(dtype).min
+        m[-1, :, :, 2 * sk // 3:] = torch.finfo(dtype).min
+        kw["attn_mask"] = m.requires_grad_()
     return kw
 
 

@@ -296,32 +296,37 @@ def test_no_keys_at_all_with_sink(device, dtype):
     assert (dq == 0).all() and (dsink == 0).all()
 
 
-FINFO_MIN_CUDA = pytest.mark.xfail(strict=True, reason="the CUDA kernels turn mask x (1 / scale) at finfo.min into "
-                                   "-inf (out 0) and their backward gives such rows P = 1 per key; the CPU is fixed "
-                                   "(issue 33, open on CUDA); fp16's finfo.min (-65504) stays finite and passes")
-
-
-@pytest.mark.parametrize("device, dtype", [pytest.param(*p.values, id=p.id, marks=[*p.marks, FINFO_MIN_CUDA])
-                                           if p.values[0] == "cuda" and p.values[1] != torch.float16 else p
-                                           for p in device_dtype_params()])
-def test_float_mask_rows_at_finfo_min(device, dtype):
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
+@pytest.mark.parametrize("device, dtype", device_dtype_params())
+def test_float_mask_rows_at_finfo_min(device, dtype, gqa):
     """Hugging Face pads with rows of a float mask entirely at torch.finfo(dtype).min: torch's math gives
     such a row uniform attention over its keys (score + min rounds to min), and so must we, out and the
-    gradients of q, k, v and the mask; beside rows partly at min (a causal part at min, as Hugging Face's)."""
+    gradients of q, k, v and the mask; beside rows partly at min (a causal part at min, as Hugging Face's),
+    padded keys, a row at -1e9 (score.h: also a huge entry on CUDA, except in fp64) and a row mixing min and
+    ordinary entries. gqa: 4 query heads on 2 KV heads (enable_gqa). CUDA (issue 33): such entries are score.h's
+    "huge" ones (exactly +-2^100 in the kernels' units, so that min x (1 / scale) cannot overflow); fp16 / bf16:
+    the backward's preprocess scales dO of the rows whose maximum is one of them by 1 / l (rows.cu
+    huge_row_fix); fp32 / fp64: that of every row with |lse| >= 1024 by 1 / its P's sum (bwd_simple.cu, as the
+    CPU's renorm_rows), which the fp64 row at -1e9 (an ordinary entry there, its lse rounded at 2^-23) needs.
+    Varlen batches take no attn_mask, so no varlen case here."""
     b, h, sq, sk, d = 2, 3, 40, 70, 16
+    hq, hk = (4, 2) if gqa else (h, h)
     gen = torch.Generator().manual_seed(0)
-    q, dout = (torch.randn(b, h, sq, d, generator=gen, dtype=torch.float64) for _ in range(2))
-    k, v = (torch.randn(b, h, sk, d, generator=gen, dtype=torch.float64) for _ in range(2))
+    q, dout = (torch.randn(b, hq, sq, d, generator=gen, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(b, hk, sk, d, generator=gen, dtype=torch.float64) for _ in range(2))
     mask = torch.randn(b, 1, sq, sk, generator=gen, dtype=torch.float64)
     low = torch.finfo(dtype).min
     mask[0, 0, :5] = low  # whole rows
+    mask[0, 0, 30] = -1e9 if dtype != torch.float16 else low  # a whole row at -1e9 (fp16: out of range)
+    mask[0, 0, 31, ::2] = low  # half the keys at min: they get 0
+    mask[0, 0, 32:, 60:] = low  # padded keys
     mask[1] = mask[1].masked_fill(~causal_mask(sq, sk, True), low)
     mask[1, 0, 17:20] = low
 
     def run(fn, dt, dev):
         leaves = [x.to(device=dev, dtype=dt).requires_grad_() for x in (q, k, v)]
         leaves.append(mask.clamp_min(low).to(device=dev, dtype=dt).requires_grad_())
-        out = fn(*leaves[:3], attn_mask=leaves[3])
+        out = fn(*leaves[:3], attn_mask=leaves[3], enable_gqa=gqa)
         return [out] + list(torch.autograd.grad(out, leaves, dout.to(device=dev, dtype=dt)))
 
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):

@@ -24,6 +24,18 @@ __device__ __forceinline__ float lse_to_log2(float lse)
     return lse == -INFINITY ? INFINITY : lse * FLASH_LOG2E_F;
 }
 
+/* lse_to_log2 of the HOOK kernels whose scores are not in natural units (bwd_sm90.cu: units of mul, hook_cta_init):
+ * a finite lse with |lse| >= 2^64 is one the preprocess wrote (flash.h lse_fix: +-HUGE, score.h flash_score_huge,
+ * huge_rows.cuh huge_row_fix) for a row whose maximum score is a huge attn_mask entry; its log2-domain form in
+ * these units is +-HUGE mul (exact: a power of two times a float), at which P = exp2(fma(s, mul, -lse2)) of a key
+ * at s = +-HUGE is exactly 1. No natural lse the forward writes for another row is that large. lse_fix holds a
+ * natural-unit value, not HUGE mul, because bwd_sm80.cu's dQ kernel (natural units, lse_to_log2) reads the same
+ * buffer where it runs beside this kernel (deterministic mode at d > 128). */
+__device__ __forceinline__ float lse_to_log2_hook(float lse, float mul)
+{
+    return fabsf(lse) >= 0x1p64f && lse != -INFINITY ? lse * mul : lse_to_log2(lse);
+}
+
 /* The band [lo, hi] of flash_tile_diag for the query tiles m0 of key tile n0 (dK/dV kernels), in a
  * per-CTA part and a cheap per-tile part: band_tile_hi(band_cta_hi(s, n0), m0) and
  * band_tile_lo(band_cta_lo(s, n0), m0) equal flash_tile_diag(s.diag_hi / s.diag_lo, m0, n0) in every

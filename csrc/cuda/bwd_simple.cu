@@ -4,7 +4,14 @@
  *
  * Algorithm (scalar type T = float or double; lse, delta, an additive attn_mask and dbias are T too;
  * everything, the score hook included, is computed in T):
- *   1. bwd_simple_delta_kernel: one warp per (b, h, query row): delta_i = dO_i . O_i.
+ *   1. bwd_simple_delta_kernel: one warp per (b, h, query row): delta_i = dO_i . O_i. With an additive
+ *      attn_mask (p->dout_fix set, bwd_simple_delta_fix_kernel): dO' = dO into dout_fix, except in a row with
+ *      |lse| >= SIMPLE_RENORM_MIN: dO / mass, mass = sum_j exp(s_j - lse) (+ the sink's), the sum of the P that
+ *      the kernels below compute at that lse (simple_row_mass; flash_cpu.c renorm_rows). Such an lse is rounded
+ *      at the scale of the row maximum (a row at finfo.min or -1e9, score.h "Huge additive entries": lse = m,
+ *      log l lost), so P = exp(s - lse) is c P_true for one factor c = mass per row, and dO / c makes dV =
+ *      P^T dO', dP' = dO' V^T, delta' = dO'_i . O_i and dS = P (dP' - delta') exact; delta_i = dO'_i . O_i;
+ *      the kernels below then read dO' (run_bwd_simple) and the forward's lse.
  *   2. bwd_simple_dkv_kernel, grid (key rows / SIMPLE_WARPS, h_kv, b): one warp per key row j,
  *      lane l holding columns l, l+32, ... of k_j, v_j, dk_j, dv_j. It walks the group's query heads
  *      and, per head, the query tiles of SIMPLE_TILE rows that flash_query_tiles (mask.h) puts in the
@@ -147,8 +154,49 @@ __device__ __forceinline__ T element_grad(const flash_params &p, T s, T th, T ls
 /* Each kernel serves fp32 and fp64 (not a speed path): its threads take the body of p.dtype (a uniform branch)
  * instead of an instantiation per dtype. */
 
-/* delta (lse layout) = rowsum(dout * o); one warp per (b, h, query row i < sq). */
+/* The rows whose P the fix kernel renormalizes (|lse| >= this, finite; flash_cpu.c LSE_RENORM_MIN): lse holds
+ * log l only to an ulp of the row maximum, 2^-13 of fp32's, beyond fp32's tolerance from here on. */
+#define SIMPLE_RENORM_MIN 1024
+
+/* sum_j exp(s_j - lse) over the keys query row i of (b, hq) sees, plus exp(sink - lse): the mass of the P that
+ * simple_dkv_rows and simple_dq_rows compute for the row at this lse (their key loop and score, element by
+ * element), 1 up to the rounding of lse. Every lane gets the sum. */
 template <typename T>
+__device__ __forceinline__ T simple_row_mass(const flash_params &p, const flash_seq &seq, int64_t b, int64_t hq,
+                                          int64_t i, T lse, int lane)
+{
+    const int d = (int)p.d;
+    const int64_t hk = hq / p.h_per_kv, kb = seq.k_batch, qr = seq.q_row0 + i;
+    const typename flash_score_type<T>::type sc = flash_score_of(&p, seq.alibi_offset, b, hq, (T)1);
+    T qv[SIMPLE_CPL];
+    load_row(qv, (const T *)p.q + b * p.q_s.batch + qr * p.q_s.row + hq * p.q_s.head, d, lane);
+    T mass = simple_exp((T)flash_sink(&p, hq) - lse); /* 0 without a sink */
+    const flash_tile_range tiles = flash_key_tiles(&seq, i, 1, SIMPLE_TILE);
+    for (int64_t nt = tiles.first; nt < tiles.end; ++nt) {
+        const int64_t n0 = nt * SIMPLE_TILE, n1 = flash_min64(n0 + SIMPLE_TILE, seq.sk);
+        const unsigned flags = flash_mask_tile_flags(&p, b, hq, i, 1, n0, n1 - n0);
+        if (!(flags & FLASH_MASK_ANY_VISIBLE))
+            continue;
+        const bool full = nt >= tiles.full_first && nt < tiles.full_end;
+        const bool read_mask = flags & FLASH_MASK_ANY_MASKED;
+        for (int64_t j = n0; j < n1; ++j) {
+            if (!full && !flash_visible(&seq, i, j))
+                continue;
+            T kv[SIMPLE_CPL];
+            const int64_t kr = seq.k_row0 + j;
+            load_row(kv, (const T *)p.k + kb * p.k_s.batch + kr * p.k_s.row + hk * p.k_s.head, d, lane);
+            T th = 0;
+            const T s = hooked_score<T>(p, sc, dot_row(qv, kv), read_mask, b, hq, i, j, &th);
+            if (s != (T)-INFINITY)
+                mass += simple_exp(s - lse);
+        }
+    }
+    return mass;
+}
+
+/* delta (lse layout) = rowsum(dout * o); one warp per (b, h, query row i < sq). FIX: dout' (dout / mass where
+ * simple_row_mass renormalizes) into dout_fix, delta = rowsum(dout' * o). */
+template <typename T, bool FIX = false>
 __device__ __forceinline__ void simple_delta_rows(const flash_params &p)
 {
     const int lane = threadIdx.x % FLASH_WARP_SIZE;
@@ -166,6 +214,20 @@ __device__ __forceinline__ void simple_delta_rows(const flash_params &p)
     T ov[SIMPLE_CPL], dv[SIMPLE_CPL];
     load_row(ov, o, d, lane);
     load_row(dv, dout, d, lane);
+    if (FIX) {
+        const T lse = ((const T *)p.lse)[flash_lse_offset(&p, &seq, b, hq) + i];
+        T inv_l = 1; /* uniform over the warp */
+        if (fabs((double)lse) >= SIMPLE_RENORM_MIN && fabs((double)lse) < (double)INFINITY) {
+            const T mass = simple_row_mass<T>(p, seq, b, hq, i, lse, lane);
+            if (mass > (T)0 && mass < (T)INFINITY)
+                inv_l = (T)1 / mass;
+        }
+        const flash_strides fs = flash_dout_fix_strides(&p);
+        store_row((T *)p.dout_fix + b * fs.batch + r * fs.row + hq * fs.head, dv, inv_l, d, lane);
+#pragma unroll
+        for (int c = 0; c < SIMPLE_CPL; ++c)
+            dv[c] *= inv_l;
+    }
     const T sum = dot_row(ov, dv);
     if (lane == 0)
         ((T *)p.delta)[flash_lse_offset(&p, &seq, b, hq) + i] = sum;
@@ -177,6 +239,15 @@ __global__ void __launch_bounds__(SIMPLE_WARPS *FLASH_WARP_SIZE) bwd_simple_delt
         simple_delta_rows<double>(p);
     else
         simple_delta_rows<float>(p);
+}
+
+__global__ void __launch_bounds__(SIMPLE_WARPS *FLASH_WARP_SIZE, SIMPLE_MIN_BLOCKS)
+bwd_simple_delta_fix_kernel(const flash_params p)
+{
+    if (p.dtype == FLASH_FP64)
+        simple_delta_rows<double, true>(p);
+    else
+        simple_delta_rows<float, true>(p);
 }
 
 /* dk, dv (rows of k): one warp per key row j < sk of sequence b, summing over the group's query heads;
@@ -335,9 +406,15 @@ static unsigned int simple_blocks(int64_t rows)
 static cudaError_t run_bwd_simple(const flash_params *p, cudaStream_t stream)
 {
     cudaError_t err;
-    const flash_params pv = *p;
+    flash_params pv = *p;
     const dim3 block(SIMPLE_WARPS * FLASH_WARP_SIZE);
-    bwd_simple_delta_kernel<<<simple_blocks(p->b * p->h * p->sq), block, 0, stream>>>(pv);
+    if (p->dout_fix != NULL) {
+        bwd_simple_delta_fix_kernel<<<simple_blocks(p->b * p->h * p->sq), block, 0, stream>>>(pv);
+        pv.dout = pv.dout_fix;
+        pv.do_s = flash_dout_fix_strides(&pv);
+    } else {
+        bwd_simple_delta_kernel<<<simple_blocks(p->b * p->h * p->sq), block, 0, stream>>>(pv);
+    }
     if ((err = cudaGetLastError()) != cudaSuccess)
         return err;
     const dim3 dkv_grid(simple_blocks(p->sk), (unsigned int)p->h_kv, (unsigned int)p->b);

@@ -912,7 +912,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
         cp_async_wait<0>();
         fence_proxy_async(); /* the landed tiles are read by wgmma */
         if (tid < BM)        /* lse -> its log2-domain form, by the thread that loaded it */
-            lse_s[st * BM + tid] = lse_to_log2(lse_s[st * BM + tid]);
+            lse_s[st * BM + tid] = HOOK ? lse_to_log2_hook(lse_s[st * BM + tid], hkt.mul) : lse_to_log2(lse_s[st * BM + tid]);
         named_sync(BAR_MMA, SM90_THREADS); /* stage st landed; stage st^1 and dS^T no longer read by step-1 */
         const int tid = tid_now(), lane = tid % FLASH_WARP_SIZE, lc = lane % 4;
         const int wg = warp_uniform(tid / WARPGROUP_THREADS), w = (tid % WARPGROUP_THREADS) / FLASH_WARP_SIZE;
@@ -1280,7 +1280,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
         cp_async_wait<0>();
         fence_proxy_async(); /* the landed tiles are read by wgmma */
         if (tid < BM)        /* lse -> its log2-domain form, by the thread that loaded it */
-            lse_s[st * BM + tid] = lse_to_log2(lse_s[st * BM + tid]);
+            lse_s[st * BM + tid] = HOOK ? lse_to_log2_hook(lse_s[st * BM + tid], hkt.mul) : lse_to_log2(lse_s[st * BM + tid]);
         __syncthreads();     /* stage st landed; stage st^1, P^T and dS^T no longer read by step-1 */
         const int tid = tid_now(), lane = tid % FLASH_WARP_SIZE, lc = lane % 4;
         const int wg = warp_uniform(tid / WARPGROUP_THREADS), w = (tid % WARPGROUP_THREADS) / FLASH_WARP_SIZE;

@@ -163,10 +163,15 @@ extern "C" int64_t flash_bwd_rel_grad_tile(const flash_params *p)
     return is_simple(p) ? flash_bwd_simple_rel_grad_tile() : 0;
 }
 
-extern "C" cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream)
+extern "C" cudaError_t flash_bwd_cuda(const flash_params *p_in, cudaStream_t stream)
 {
-    if (is_simple(p))
-        return flash_bwd_simple(p, stream);
+    if (is_simple(p_in))
+        return flash_bwd_simple(p_in, stream);
+    /* with an additive attn_mask (dout_fix set) the preprocess reads dout and lse and writes dout_fix and lse_fix,
+     * which every later kernel reads instead (flash.h): the main kernel, the dQ kernel (deterministic mode where
+     * the main kernel does not order dQ) and the postprocesses all run with `fixed` */
+    flash_params fixed = *p_in;
+    const flash_params *p = &fixed;
     if (p->rel_bias != NULL || p->rel_bias_grad != NULL)
         return cudaErrorInvalidValue; /* T5's table: the simple kernels only (score.h FLASH_SCORE_TABLE) */
     cudaError_t err = flash_bwd_sm80_check(p);
@@ -178,6 +183,11 @@ extern "C" cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream
         return cudaErrorInvalidConfiguration;
     if ((err = bwd_pre(p, stream)) != cudaSuccess)
         return err;
+    if (fixed.dout_fix != NULL) {
+        fixed.dout = fixed.dout_fix;
+        fixed.do_s = flash_dout_fix_strides(&fixed);
+        fixed.lse = fixed.lse_fix;
+    }
     err = use_sm90() ? flash_bwd_main_sm90(p, stream) : flash_bwd_main_sm80(p, tiles, stream);
     if (err != cudaSuccess)
         return err;

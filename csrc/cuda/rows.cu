@@ -7,6 +7,9 @@
  *   flash_bwd_pre (bwd_preprocess_kernel), grid (row blocks, h, b), a power of two of lanes per query row
  *   (row_lanes_log2: one per CHUNK columns): delta_i = rowsum(dO_i * O_i) in fp32; zeroes the row's dq_accum
  *   and, with p->dq_semaphore, its semaphore entry.
+ *   With an additive attn_mask (p->dout_fix set; FIX kernels bwd_preprocess_fix_kernel and its tiled twin, the
+ *   others keep their code): dO' = dO (dO / l in a row whose maximum score is a huge entry, huge_row_fix) into
+ *   dout_fix, lse_fix, and delta_i = rowsum(dO'_i * O_i) of the rounded dO'.
  *   flash_bwd_dq_post (bwd_dq_post_kernel), the same grid: dq = scale * dq_accum in the dtype.
  *   Where Hopper's d > 128 kernel runs (launch.cu bwd_dq_tiled; dq_accum in its tile order, mask.h
  *   flash_dq_tiled_row0): flash_bwd_pre_tiled (bwd_preprocess_tiled_kernel) zeroes whole tiles, and
@@ -44,6 +47,7 @@
 #include "../constants.h"
 #include "../mask.h"
 #include "common.cuh"
+#include "huge_rows.cuh"
 #include "launch.h"
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -67,12 +71,19 @@ __host__ __device__ inline int row_lanes_log2(int d)
  * both 16-bit dtypes, whose threads take the body of p.dtype (a uniform branch; launched for fp16 / bf16 only)
  * instead of an instantiation per dtype. */
 
+/* The mask of the aligned group of `lanes` lanes (a power of two <= 32) holding this lane. */
+__device__ __forceinline__ unsigned group_mask(int lanes)
+{
+    const unsigned lane = threadIdx.x % FLASH_WARP_SIZE;
+    return lanes == FLASH_WARP_SIZE ? FULL_MASK : ((1u << lanes) - 1u) << (lane & ~(unsigned)(lanes - 1));
+}
+
 /* One row of a (b, hq) per 2^lg threads (varlen: sq = max_seqlen_q, rows past the sequence's end do nothing;
  * they take part in the row's shuffles with a zero sum); thread l of the row reads CHUNK consecutive elements
  * of O and dO at column CHUNK l and zeroes float4 columns l, l + 2^lg, ... of the row's dq_accum (where the
  * main kernel adds dQ into it) and, at every FLASH_DQ_SEM_ROWS-th row, the row's dq_semaphore entry. TILED
  * (bwd_preprocess_tiled_kernel): the zeroing is that of the tiled dq_accum instead. */
-template <typename T, bool TILED = false>
+template <typename T, bool TILED = false, bool FIX = false>
 __device__ __forceinline__ void preprocess_rows(const flash_params &p)
 {
     const int d = (int)p.d, lg = row_lanes_log2(d), lanes = 1 << lg, lr = threadIdx.x & (lanes - 1);
@@ -80,12 +91,33 @@ __device__ __forceinline__ void preprocess_rows(const flash_params &p)
     const flash_seq s = flash_seq_of(&p, b);
     const bool live = i < s.sq;
     const int c = lr * CHUNK;
-    float sum = 0.f;
+    float sum = 0.f, inv_l = 1.f;
+    if (FIX && live) { /* uniform over the row's lanes */
+        const int64_t row = flash_lse_offset(&p, &s, b, hq) + i;
+        float lse_fix;
+        inv_l = huge_row_fix<T, float>(p, s, b, hq, i, ((const float *)p.lse)[row], lanes, lr, group_mask(lanes),
+                                       &lse_fix);
+        if (lr == 0)
+            ((float *)p.lse_fix)[row] = lse_fix;
+    }
     if (live && c < d) {
         const T *o = (const T *)p.o + b * p.o_s.batch + (s.q_row0 + i) * p.o_s.row + hq * p.o_s.head;       /* (d) */
         const T *dout = (const T *)p.dout + b * p.do_s.batch + (s.q_row0 + i) * p.do_s.row + hq * p.do_s.head; /* (d) */
-        const uint4 ov = *(const uint4 *)(o + c), dv = *(const uint4 *)(dout + c);
-        const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
+        const uint4 ov = *(const uint4 *)(o + c);
+        uint4 dv = *(const uint4 *)(dout + c);
+        uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
+        if (FIX) { /* dO' = dO / l rounded to T (a copy where inv_l = 1), written where the main kernels read it */
+            if (inv_l != 1.f) {
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const float2 df = unpack2<T>(dw[k]);
+                    dw[k] = pack2<T>(df.x * inv_l, df.y * inv_l);
+                }
+            }
+            const flash_strides fs = flash_dout_fix_strides(&p);
+            T *dfix = (T *)p.dout_fix + b * fs.batch + (s.q_row0 + i) * fs.row + hq * fs.head;
+            *(uint4 *)(dfix + c) = make_uint4(dw[0], dw[1], dw[2], dw[3]);
+        }
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const float2 of = unpack2<T>(ow[k]), df = unpack2<T>(dw[k]);
@@ -163,6 +195,23 @@ __global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_tiled_kernel(cons
         preprocess_rows<__nv_bfloat16, true>(p);
     else
         preprocess_rows<__half, true>(p);
+}
+
+/* The two preprocesses with an additive attn_mask (p.dout_fix set: dO', lse_fix, huge_row_fix). */
+__global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_fix_kernel(const flash_params p)
+{
+    if (p.dtype == FLASH_BF16)
+        preprocess_rows<__nv_bfloat16, false, true>(p);
+    else
+        preprocess_rows<__half, false, true>(p);
+}
+
+__global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_tiled_fix_kernel(const flash_params p)
+{
+    if (p.dtype == FLASH_BF16)
+        preprocess_rows<__nv_bfloat16, true, true>(p);
+    else
+        preprocess_rows<__half, true, true>(p);
 }
 
 #define DQ_STAGE_LD (FLASH_CUDA_MAX_HEAD_DIM / 2 + 4) /* 32-bit words per row of dq_post_tile's staging tile: the
@@ -278,7 +327,10 @@ extern "C" cudaError_t flash_bwd_pre(const flash_params *p, cudaStream_t stream)
         return cudaSuccess;
     if (p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16)
         return cudaErrorInvalidValue;
-    bwd_preprocess_kernel<<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
+    if (p->dout_fix != NULL)
+        bwd_preprocess_fix_kernel<<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
+    else
+        bwd_preprocess_kernel<<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
     return cudaGetLastError();
 }
 
@@ -301,7 +353,10 @@ extern "C" cudaError_t flash_bwd_pre_tiled(const flash_params *p, cudaStream_t s
     const int64_t rows = flash_cdiv64(p->sq, FLASH_DQ_TILE_ROWS) * FLASH_DQ_TILE_ROWS;
     const unsigned int row_blocks = blocks_for(rows, POST_THREADS >> row_lanes_log2((int)p->d));
     const dim3 grid(row_blocks, (unsigned int)p->h, (unsigned int)p->b);
-    bwd_preprocess_tiled_kernel<<<grid, POST_THREADS, 0, stream>>>(*p);
+    if (p->dout_fix != NULL)
+        bwd_preprocess_tiled_fix_kernel<<<grid, POST_THREADS, 0, stream>>>(*p);
+    else
+        bwd_preprocess_tiled_kernel<<<grid, POST_THREADS, 0, stream>>>(*p);
     return cudaGetLastError();
 }
 
