@@ -46,6 +46,8 @@ def _check_int(fn, name, x):
 def _check_scale(fn, name, scale):
     """A real number (Python or NumPy int / float), finite -> float. Not a bool, and not a tensor: its gradient
     would be silently dropped and reading a CUDA tensor would synchronize (pass float(t) / t.item())."""
+    if type(scale) is float and -math.inf < scale < math.inf:  # the common case first: a few us per call
+        return scale
     if _symbolic(scale):
         return scale
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
@@ -56,6 +58,8 @@ def _check_scale(fn, name, scale):
 
 
 def _check_dropout(fn, dropout_p):
+    if type(dropout_p) is float and 0.0 <= dropout_p <= 1.0:
+        return dropout_p
     if _symbolic(dropout_p):
         return dropout_p
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
@@ -66,6 +70,10 @@ def _check_dropout(fn, dropout_p):
 
 
 def _check_window(fn, window_size):
+    if type(window_size) is tuple and len(window_size) == 2:
+        left, right = window_size
+        if type(left) is int and type(right) is int and left >= -1 and right >= -1:
+            return window_size
     try:
         left, right = window_size
     except (TypeError, ValueError):
@@ -81,6 +89,8 @@ def _check_window(fn, window_size):
 
 
 def _check_softcap(fn, softcap):
+    if type(softcap) is float and 0.0 <= softcap < math.inf:
+        return softcap
     if _symbolic(softcap):
         return softcap
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):

@@ -29,16 +29,14 @@ def fwd(*, q, k, v, softmax_scale, causal=False, bottom_right=True, window_left=
     """The one forward: a dense batch, a varlen batch (cu_seqlens_q / _k given) or a KV cache (cache_* /
     num_splits, or block_table without cu_seqlens), as the schema says (csrc/ops.cpp) -> (out, lse, rng_state)
     (the op's out32 is for its autograd, ops.py)."""
-    if _FwdRecorder.records(q, k, v, alibi_slopes, sink, attn_mask, rel_bias):
-        return _FwdRecorder.apply(q, k, v, softmax_scale, causal, bottom_right, window_left, window_right, softcap,
-                                  alibi_slopes, sink, attn_mask, dropout_p, deterministic, rel_bias, rel_buckets,
-                                  cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table,
-                                  cache_seqlens, cache_batch_idx, cache_leftpad, num_splits)[:3]
-    return torch.ops.flashattn_ext.fwd(q, k, v, softmax_scale, causal, bottom_right, window_left, window_right,
-                                       softcap, alibi_slopes, sink, attn_mask, dropout_p, deterministic, rel_bias,
-                                       rel_buckets, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-                                       max_seqlen_k, block_table, cache_seqlens, cache_batch_idx, cache_leftpad,
-                                       num_splits)[:3]
+    args = (q, k, v, softmax_scale, causal, bottom_right, window_left, window_right, softcap, alibi_slopes, sink,
+            attn_mask, dropout_p, deterministic, rel_bias, rel_buckets, cu_seqlens_q, cu_seqlens_k, seqused_k,
+            max_seqlen_q, max_seqlen_k, block_table, cache_seqlens, cache_batch_idx, cache_leftpad, num_splits)
+    grads = (q, k, v, alibi_slopes, sink, attn_mask, rel_bias)
+    _no_forward_ad(grads)
+    if _FwdRecorder.records(*grads):
+        return _FwdRecorder.apply(*args)[:3]
+    return _run(torch.ops.flashattn_ext.fwd.default, args, grads)[:3]
 
 
 class _FwdRecorder(torch.autograd.Function):
@@ -56,7 +54,8 @@ class _FwdRecorder(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, *args):  # no setup_context staticmethod: torch would bind the defaults of such a forward per call
-        output = torch.ops.flashattn_ext.fwd(*args)  # grad mode is off here: the op's autograd records nothing
+        with _BelowAutograd():  # this Function records the graph: the op's own autograd is skipped
+            output = torch.ops.flashattn_ext.fwd.default(*args)
         _FwdRecorder.setup_fn(ctx, args, output)
         return output
 
@@ -66,6 +65,40 @@ class _FwdRecorder(torch.autograd.Function):
 
 
 _compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+# Eager calls that record no graph skip the ops' registered autograd (torch/_library/autograd.py), whose Python
+# wrapper only redispatches below autograd in that case but costs ~10 us of host time per call (at s512 more than
+# an H200 kernel): the same redispatch, done here. Not while torch.compile traces, a torch.func transform or a
+# forward-mode AD level is active (dual tensors: the op's autograd raises for them, which must stay so).
+_BelowAutograd = torch._C._AutoDispatchBelowAutograd
+_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: True)
+
+
+def _run(op, args, tensors):
+    """op(*args), straight below autograd where that records nothing (see _BelowAutograd): no graph is recorded
+    (grad mode off, or no tensor among tensors requires grad), no torch.compile trace, torch.func transform or
+    forward-mode AD level is active."""
+    if (not _compiling() and not _transforms_active() and torch.autograd.forward_ad._current_level < 0 and
+            (not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors))):
+        with _BelowAutograd():
+            return op(*args)
+    return op(*args)
+
+
+def _no_forward_ad(tensors):
+    """Forward-mode AD (dual tensors of torch.autograd.forward_ad, torch.func.jvp / jacfwd / hessian) has no
+    formula here: raise rather than let the ops return outputs without tangents (zero directional derivatives)."""
+    level = torch.autograd.forward_ad._current_level
+    if level >= 0 and any(t is not None and torch.autograd.forward_ad.unpack_dual(t).tangent is not None
+                          for t in tensors):
+        raise NotImplementedError(_FORWARD_AD)
+    if _transforms_active() and not _compiling():
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+        if any(i.key() == torch._C._functorch.TransformType.Jvp for i in retrieve_all_functorch_interpreters()):
+            raise NotImplementedError(_FORWARD_AD)
+
+
+_FORWARD_AD = ("flashattn_ext: forward-mode AD (torch.autograd.forward_ad dual tensors, torch.func.jvp, jacfwd, "
+               "hessian) is not supported; reverse mode (backward, torch.autograd.grad, double backward) is")
 
 
 def bwd(*, dout, q, k, v, out, lse, rng_state, softmax_scale, causal=False, bottom_right=True, window_left=-1,
@@ -73,10 +106,12 @@ def bwd(*, dout, q, k, v, out, lse, rng_state, softmax_scale, causal=False, bott
         deterministic=False, mask_grad=False, rel_bias=None, rel_buckets=None, rel_bias_grad=False,
         cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, max_seqlen_q=0, max_seqlen_k=0):
     """The one backward (dense, or varlen with cu_seqlens_q / _k) -> (dq, dk, dv, dmask, drel_bias)."""
-    return torch.ops.flashattn_ext.bwd(dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right,
-                                       window_left, window_right, softcap, alibi_slopes, sink, attn_mask, dropout_p,
-                                       deterministic, mask_grad, rel_bias, rel_buckets, rel_bias_grad, cu_seqlens_q,
-                                       cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+    args = (dout, q, k, v, out, lse, rng_state, softmax_scale, causal, bottom_right, window_left, window_right, softcap,
+            alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad, rel_bias, rel_buckets, rel_bias_grad,
+            cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+    grads = (dout, q, k, v, out, lse, alibi_slopes, sink, attn_mask, rel_bias)
+    _no_forward_ad(grads)
+    return _run(torch.ops.flashattn_ext.bwd.default, args, grads)
 
 
 def dropout_mask(*, q, rng_state, seqlen_k, dropout_p):

@@ -16,12 +16,20 @@ OPS = ("fwd", "bwd", "dropout_mask", "kv_append")
 
 
 def _op_call(fn_name):
-    """The positional argument names of the torch.ops.flashattn_ext.<op> call in _core.<fn_name>."""
+    """The op that _core.<fn_name> calls and the positional argument names it passes: either one call
+    torch.ops.flashattn_ext.<op>(a, b, ...), or the op's .default given to _run beside `args = (a, b, ...)`."""
     tree = ast.parse((PACKAGE / "_core.py").read_text())
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == fn_name)
     calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func).startswith("torch.ops.")]
-    assert len(calls) == 1 and not calls[0].keywords
-    return ast.unparse(calls[0].func), [ast.unparse(a) for a in calls[0].args]
+    if calls:
+        assert len(calls) == 1 and not calls[0].keywords
+        return ast.unparse(calls[0].func), [ast.unparse(a) for a in calls[0].args]
+    runs = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func) == "_run"]
+    assigns = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "args"]
+    assert len(runs) == 1 and len(assigns) == 1 and ast.unparse(runs[0].args[1]) == "args"
+    op = ast.unparse(runs[0].args[0])
+    assert op.endswith(".default")
+    return op[:-len(".default")], [ast.unparse(a) for a in assigns[0].value.elts]
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -57,3 +65,75 @@ def test_eager_graph_through_the_recorder():
     assert all(torch.equal(a, b) for a, b in zip(got, ref))
     with torch.no_grad():
         assert _core.fwd(q=q, k=k, v=v, softmax_scale=0.3)[0].grad_fn is None
+
+
+def _qkv(requires_grad=False, dtype=torch.float64):
+    torch.manual_seed(1)
+    return [torch.randn(2, 7, 4, 8, dtype=dtype, requires_grad=requires_grad) for _ in range(3)]
+
+
+def test_calls_that_record_nothing_match_the_registered_autograd():
+    """Without a graph to record, _core calls the ops straight below autograd (no Python wrapper per call): the
+    same outputs, bit for bit, as the op through its registered autograd, and none of them has a grad_fn."""
+    q, k, v = _qkv()
+    ref = torch.ops.flashattn_ext.fwd.default(q, k, v, 0.3, True)[:3]
+    for grad in (False, True):  # grad mode on, but nothing requires grad: nothing to record either
+        with torch.set_grad_enabled(grad):
+            got = _core.fwd(q=q, k=k, v=v, softmax_scale=0.3, causal=True)
+        assert all(torch.equal(a, b) for a, b in zip(got, ref)) and all(t.grad_fn is None for t in got)
+    dout = torch.randn_like(q)
+    out, lse, rng = ref
+    got = _core.bwd(dout=dout, q=q, k=k, v=v, out=out, lse=lse, rng_state=rng, softmax_scale=0.3, causal=True)
+    want = torch.ops.flashattn_ext.bwd.default(dout, q, k, v, out, lse, rng, 0.3, True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want) if a.numel())
+
+
+def _entry_points():
+    """Each public function on (q, k, v) of (batch, seqlen, nheads, headdim)."""
+    def varlen(q, k, v):
+        cu = torch.tensor([0, 7, 14], dtype=torch.int32)
+        return flashattn_ext.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu, 7, 7)
+
+    def sdpa(q, k, v):
+        return flashattn_ext.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+
+    return {"flash_attn_func": lambda q, k, v: flashattn_ext.flash_attn_func(q, k, v, causal=True),
+            "varlen": varlen, "sdpa": sdpa}
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("entry", ["flash_attn_func", "varlen", "sdpa"])
+def test_forward_mode_ad_raises(entry, grad):
+    """Forward-mode AD has no formula here: dual inputs raise (before any kernel runs) instead of coming back
+    with zero tangents, a silent wrong directional derivative; torch.func.jvp and jacfwd too."""
+    import torch.autograd.forward_ad as fwAD
+    f = _entry_points()[entry]
+    q, k, v = _qkv(requires_grad=grad)
+    with fwAD.dual_level():
+        qd = fwAD.make_dual(q, torch.randn_like(q))
+        with pytest.raises(NotImplementedError, match="forward-mode AD"):
+            f(qd, k, v)
+    with pytest.raises(NotImplementedError, match="forward-mode AD"):
+        torch.func.jvp(lambda x: f(x, k, v), (q.detach(),), (torch.randn_like(q),))
+    with pytest.raises(NotImplementedError, match="forward-mode AD"):
+        torch.func.jacfwd(lambda x: f(x, k, v).sum())(q.detach())
+
+
+def test_forward_mode_ad_through_the_backward_raises():
+    """A dual cotangent (forward-over-reverse by hand) reaches the backward op: it raises too."""
+    import torch.autograd.forward_ad as fwAD
+    q, k, v = _qkv(requires_grad=True)
+    out = flashattn_ext.flash_attn_func(q, k, v)
+    with fwAD.dual_level():
+        dout = fwAD.make_dual(torch.randn_like(out), torch.randn_like(out))
+        with pytest.raises(NotImplementedError, match="forward-mode AD"):
+            torch.autograd.grad(out, (q, k, v), dout)
+
+
+def test_vmap_runs_per_sample():
+    """torch.func.vmap has no batching rule here: torch's per-sample fallback runs the op on each sample, with
+    the results of separate calls."""
+    q, k, v = (torch.randn(3, *t.shape, dtype=t.dtype) for t in _qkv())
+    got = torch.func.vmap(lambda a, b, c: flashattn_ext.flash_attn_func(a, b, c, causal=True))(q, k, v)
+    want = torch.stack([flashattn_ext.flash_attn_func(a, b, c, causal=True) for a, b, c in zip(q, k, v)])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-15)
