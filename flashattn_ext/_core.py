@@ -91,7 +91,7 @@ def _no_forward_ad(tensors):
     if level >= 0 and any(t is not None and torch.autograd.forward_ad.unpack_dual(t).tangent is not None
                           for t in tensors):
         raise NotImplementedError(_FORWARD_AD)
-    if _transforms_active() and not _compiling():
+    if not _compiling() and _transforms_active():
         from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
         if any(i.key() == torch._C._functorch.TransformType.Jvp for i in retrieve_all_functorch_interpreters()):
             raise NotImplementedError(_FORWARD_AD)
