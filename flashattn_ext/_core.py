@@ -34,6 +34,8 @@ def fwd(*, q, k, v, softmax_scale, causal=False, bottom_right=True, window_left=
             max_seqlen_q, max_seqlen_k, block_table, cache_seqlens, cache_batch_idx, cache_leftpad, num_splits)
     grads = (q, k, v, alibi_slopes, sink, attn_mask, rel_bias)
     _no_forward_ad(grads)
+    if not _compiling() and _transforms_active():
+        return _FwdTransformed.apply(*args)[:3]
     if _FwdRecorder.records(*grads):
         return _FwdRecorder.apply(*args)[:3]
     return _run(torch.ops.flashattn_ext.fwd.default, args, grads)[:3]
@@ -62,6 +64,37 @@ class _FwdRecorder(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         return _FwdRecorder.backward_fn(ctx, *grads)
+
+
+class _Transformed(torch.autograd.Function):
+    """An op under its registered autograd formula (ops.py sets setup_fn and backward_fn of the subclasses) in
+    the form torch.func's transforms take, which torch's register_autograd wrapper is not: a setup_context
+    staticmethod, and a vmap rule generated from the op's per-sample fallback. So torch.func.grad / vjp / jacrev,
+    vmap of them and grad of grad run on the kernels and the double backward. Taken only while a transform is
+    active (fwd / bwd below), where no jvp level is (_no_forward_ad)."""
+    generate_vmap_rule = True
+    op = setup_fn = backward_fn = None
+
+    @classmethod
+    def forward(cls, *args):
+        with _BelowAutograd():  # this Function is the autograd
+            return cls.op(*args)
+
+    @classmethod
+    def setup_context(cls, ctx, inputs, output):
+        cls.setup_fn(ctx, inputs, output)
+
+    @classmethod
+    def backward(cls, ctx, *grads):
+        return cls.backward_fn(ctx, *grads)
+
+
+class _FwdTransformed(_Transformed):
+    op = torch.ops.flashattn_ext.fwd.default
+
+
+class _BwdTransformed(_Transformed):
+    op = torch.ops.flashattn_ext.bwd.default
 
 
 _compiling = getattr(torch.compiler, "is_compiling", lambda: False)
@@ -111,6 +144,8 @@ def bwd(*, dout, q, k, v, out, lse, rng_state, softmax_scale, causal=False, bott
             cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     grads = (dout, q, k, v, out, lse, alibi_slopes, sink, attn_mask, rel_bias)
     _no_forward_ad(grads)
+    if not _compiling() and _transforms_active():
+        return _BwdTransformed.apply(*args)
     return _run(torch.ops.flashattn_ext.bwd.default, args, grads)
 
 

@@ -304,6 +304,7 @@ def _backward(ctx, dout, dlse, _drng, _dout32):
 
 torch.library.register_autograd("flashattn_ext::fwd", _backward, setup_context=_setup_context)
 _core._FwdRecorder.setup_fn, _core._FwdRecorder.backward_fn = _setup_context, _backward  # eager calls (_core.fwd)
+_core._FwdTransformed.setup_fn, _core._FwdTransformed.backward_fn = _setup_context, _backward  # torch.func
 
 
 # Positions of bwd's differentiable inputs, by double_backward's names.
@@ -330,6 +331,10 @@ def _bwd_backward(ctx, gdq, gdk, gdv, gdmask, _gdrel):
     and rng_state are fwd's for these inputs, as fwd's autograd passes them."""
     if ctx.rel_bias:
         raise NotImplementedError(_REL_UNSUPPORTED)
+    if not _core._compiling() and _core._transforms_active():  # the composite makes leaves that require grad
+        raise NotImplementedError("flashattn_ext: second derivatives under torch.func transforms (grad of grad, "
+                                  "jacrev of jacrev, hessian) are not supported; torch.autograd.grad with "
+                                  "create_graph=True gives them")
     dout, q, k, v, rng_state, alibi_slopes, sink, attn_mask, *varlen = ctx.saved_tensors
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
     needs = [n for n, i in _BWD_GRAD.items() if _needs(ctx, i) and (n != "mask" or float_mask)]
@@ -347,6 +352,7 @@ def _bwd_backward(ctx, gdq, gdk, gdv, gdmask, _gdrel):
 
 
 torch.library.register_autograd("flashattn_ext::bwd", _bwd_backward, setup_context=_bwd_setup_context)
+_core._BwdTransformed.setup_fn, _core._BwdTransformed.backward_fn = _bwd_setup_context, _bwd_backward  # torch.func
 
 
 # ------------------------------------------------------------------------------------------------

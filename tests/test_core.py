@@ -1,6 +1,7 @@
 """flashattn_ext._core, the op contract: each wrapper calls its op with the schema's arguments in the schema's
 order, and no other module of the package calls the ops."""
 import ast
+import math
 import inspect
 import pathlib
 import re
@@ -137,3 +138,74 @@ def test_vmap_runs_per_sample():
     got = torch.func.vmap(lambda a, b, c: flashattn_ext.flash_attn_func(a, b, c, causal=True))(q, k, v)
     want = torch.stack([flashattn_ext.flash_attn_func(a, b, c, causal=True) for a, b, c in zip(q, k, v)])
     torch.testing.assert_close(got, want, rtol=0, atol=1e-15)
+
+
+def _variant_calls():
+    """(name, f(q, k, v) -> out, extra differentiable inputs) over the variants whose gradients torch.func sees."""
+    torch.manual_seed(2)
+    sink = torch.randn(4, dtype=torch.float64)
+    mask = torch.randn(2, 4, 7, 7, dtype=torch.float64)
+    slopes = torch.rand(4, dtype=torch.float32)
+    cu = torch.tensor([0, 3, 7, 14], dtype=torch.int32)
+    return {
+        "causal": lambda q, k, v: flashattn_ext.flash_attn_func(q, k, v, causal=True),
+        "gqa_softcap_window": lambda q, k, v: flashattn_ext.flash_attn_func(q, k[:, :, :2], v[:, :, :2], softcap=3.0,
+                                                                            window_size=(2, 1)),
+        "alibi": lambda q, k, v: flashattn_ext.flash_attn_func(q, k, v, alibi_slopes=slopes, causal=True),
+        "sink": lambda q, k, v: flashattn_ext.flash_attn_func(q, k, v, sink=sink),
+        "float_mask": lambda q, k, v: flashattn_ext.flash_attn_func(q, k, v, attn_mask=mask),
+        "varlen": lambda q, k, v: flashattn_ext.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1),
+                                                                       v.flatten(0, 1), cu, cu, 7, 7, causal=True),
+        "sdpa": lambda q, k, v: flashattn_ext.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                                           v.transpose(1, 2), is_causal=True),
+    }
+
+
+@pytest.mark.parametrize("name", list(_variant_calls()))
+def test_torch_func_reverse_mode(name):
+    """torch.func.grad / vjp / jacrev and vmap of grad (per-sample gradients) run on the kernels (a
+    setup_context form of the ops' autograd, _core._Transformed) and give eager autograd's gradients."""
+    f = _variant_calls()[name]
+    q, k, v = _qkv()
+    loss = lambda q, k, v: (f(q, k, v) ** 2).sum()  # noqa: E731
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = torch.autograd.grad(loss(*leaves), leaves)
+    got = torch.func.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-13)
+    out, vjp = torch.func.vjp(lambda q: f(q, k, v), q)
+    assert torch.equal(out, f(q, k, v))
+    torch.testing.assert_close(vjp(2 * out)[0], want[0], rtol=0, atol=1e-13)
+    if name == "causal":
+        jac = torch.func.jacrev(lambda q: f(q, k, v).sum(dim=(1, 2, 3)))(q)  # (batch, *q.shape)
+        torch.testing.assert_close(jac.sum(0), torch.autograd.grad(f(*leaves).sum(), leaves[0])[0], rtol=0,
+                                   atol=1e-13)
+        per_sample = torch.func.vmap(torch.func.grad(lambda q, k, v: loss(q[None], k[None], v[None])))(q, k, v)
+        for i in range(q.shape[0]):
+            one = [t[i:i + 1].clone().requires_grad_() for t in (q, k, v)]
+            torch.testing.assert_close(per_sample[i], torch.autograd.grad(loss(*one), one[0])[0][0], rtol=0,
+                                       atol=1e-13)
+
+
+def test_torch_func_grad_matches_float64_math():
+    """The same through an independent reference: softmax(q k^T / sqrt(d)) v in float64 torch ops."""
+    q, k, v = _qkv()
+
+    def ref(q, k, v):
+        s = torch.einsum("bqhd,bkhd->bhqk", q, k) / 8 ** 0.5
+        causal = torch.ones(7, 7, dtype=torch.bool).tril()
+        return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s.masked_fill(~causal, -math.inf), -1), v)
+
+    for argnum in range(3):
+        got = torch.func.grad(lambda *x: (flashattn_ext.flash_attn_func(*x, causal=True) ** 2).sum(), argnum)(q, k, v)
+        want = torch.func.grad(lambda *x: (ref(*x) ** 2).sum(), argnum)(q, k, v)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-13)
+
+
+def test_second_order_under_torch_func_raises():
+    q, k, v = _qkv()
+    f = lambda q: (flashattn_ext.flash_attn_func(q, k, v) ** 2).sum()  # noqa: E731
+    with pytest.raises(NotImplementedError, match="second derivatives under torch.func"):
+        torch.func.grad(lambda q: torch.func.grad(f)(q).sum())(q)
+    with pytest.raises(NotImplementedError):
+        torch.func.hessian(f)(q)
