@@ -203,6 +203,29 @@ def check_case(case):
     check_variant_results(got, ref, dtype)
 
 
+def check_case_torch_func(case):
+    """check_case with the gradients from torch.func.vjp (the ops' autograd in its torch.func form) instead of
+    torch.autograd.grad; the variant's sink and floating mask among the differentiated inputs."""
+    cfg, var, dtype, device = case.cfg, case.var, case.dtype, case.device
+    q, k, v, dout = make_fuzz_inputs(case)
+    t = make_variant_tensors(cfg, var, dtype, device, seed=case.seed)
+    bottom_right = case.api == "flash"
+    keep = replay_keep_mask(q, k, v, cfg, var, t, DROPOUT_SEED, bottom_right) if var.dropout else None
+    extra = [n for n, x in t.items() if n in ("sink", "attn_mask") and x is not None and x.requires_grad]
+
+    def f(q, k, v, *xs):
+        tt = dict(t, **dict(zip(extra, xs)))
+        torch.manual_seed(DROPOUT_SEED)
+        if case.api == "flash":
+            return run_flash(q, k, v, cfg, var, tt, deterministic=case.deterministic)[0]
+        return run_sdpa(q, k, v, cfg, var, tt)
+
+    out, vjp = torch.func.vjp(f, *(x.detach() for x in variant_grad_inputs(q, k, v, t)))
+    got = dict(zip(variant_grad_names(t), vjp(dout)), out=out)
+    check_variant_results(got, variant_reference(q, k, v, dout, cfg, var, t, keep=keep, bottom_right=bottom_right),
+                          dtype)
+
+
 CPU_CASES = [draw_case(s, "cpu") for s in CPU_SEEDS]
 CPU_HALF_CASES = [draw_case(s, "cpu", half=True) for s in CPU_HALF_SEEDS]
 CUDA_CASES = [draw_case(s, "cuda") for s in CUDA_SEEDS]
@@ -217,6 +240,17 @@ def test_fuzz_cpu(case):
 @pytest.mark.parametrize("case", CUDA_CASES, ids=lambda c: c.id)
 def test_fuzz_cuda(case):
     check_case(case)
+
+
+@pytest.mark.parametrize("case", CPU_CASES[:16], ids=lambda c: c.id)
+def test_fuzz_torch_func_cpu(case):
+    check_case_torch_func(case)
+
+
+@requires_cuda
+@pytest.mark.parametrize("case", CUDA_CASES[:24], ids=lambda c: c.id)
+def test_fuzz_torch_func_cuda(case):
+    check_case_torch_func(case)
 
 
 def test_fuzz_cases_cover_the_axes():
