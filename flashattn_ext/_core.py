@@ -69,9 +69,9 @@ class _FwdRecorder(torch.autograd.Function):
 class _Transformed(torch.autograd.Function):
     """An op under its registered autograd formula (ops.py sets setup_fn and backward_fn of the subclasses) in
     the form torch.func's transforms take, which torch's register_autograd wrapper is not: a setup_context
-    staticmethod, and a vmap rule generated from the op's per-sample fallback. So torch.func.grad / vjp / jacrev,
-    vmap of them and grad of grad run on the kernels and the double backward. Taken only while a transform is
-    active (fwd / bwd below), where no jvp level is (_no_forward_ad)."""
+    staticmethod, and a vmap rule generated from the op's per-sample fallback. So torch.func.grad / vjp / jacrev
+    and vmap of them run on the kernels (second derivatives under a transform raise: ops._bwd_backward). Taken
+    only while a transform is active (fwd / bwd below), where no jvp level is (_no_forward_ad)."""
     generate_vmap_rule = True
     op = setup_fn = backward_fn = None
 
