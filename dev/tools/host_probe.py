@@ -1,5 +1,5 @@
-"""Host time per call on a GPU machine (run from the repo root with the extension built): tiny CUDA tensors, N calls queued
-SDPA's cuDNN / flash backends; then cProfile of ours to split Python from the C++ op."""
+"""Host time per call on a GPU machine (from the repo root, the extension built): tiny CUDA tensors, calls queued
+without sync (host-bound), ours beside SDPA's cuDNN / flash backends; then cProfile of ours (Python vs the op)."""
 import time, cProfile, pstats, torch, flashattn_ext
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
