@@ -23,5 +23,9 @@
 /* largest grid dimension y or z of a CUDA launch (batch and nheads index them), and the CTA cap of the kernels
  * whose loops stride over the rest */
 #define FLASH_MAX_GRID_YZ 65535
+/* the fp32 / fp64 backward (flash_cpu.c renorm_rows, bwd_simple.cu's delta kernel) renormalizes the
+ * probabilities of rows whose finite |lse| is at least this: lse holds log l only to an ulp of the row maximum,
+ * 2^-13 of fp32's, beyond fp32's tolerance from here on */
+#define FLASH_LSE_RENORM_MIN 1024
 
 #endif

@@ -239,9 +239,6 @@ static void query_task(const flash_params *p, int64_t task, int64_t *bi, int64_t
     *q0 = (flash_cdiv64(p->sq, FLASH_CPU_TILE_Q) - 1 - task / n_bh) * FLASH_CPU_TILE_Q;
 }
 
-/* The backward renormalizes the probabilities of rows whose |lse| is at least this (renorm_rows). */
-#define LSE_RENORM_MIN 1024
-
 /* Each thread's workspace: FLASH_CPU_TILE_BUFFERS buffers of tile_buffer_elems elements. */
 #define FLASH_CPU_TILE_BUFFERS 9
 
@@ -1751,7 +1748,7 @@ static int64_t FN(delta_rows)(const flash_params *p)
             acc += dout[c] * o[c];
         const int64_t at = flash_lse_offset(p, &seq, bi, hq) + i;
         ((T *)p->delta)[at] = acc;
-        wide += FABS(((const T *)p->lse)[at]) >= LSE_RENORM_MIN && isfinite(((const T *)p->lse)[at]);
+        wide += FABS(((const T *)p->lse)[at]) >= FLASH_LSE_RENORM_MIN && isfinite(((const T *)p->lse)[at]);
     }
     return wide;
 }
@@ -1781,7 +1778,7 @@ static T FN(row_mass)(const flash_params *p, const flash_seq *seq, int64_t bi, i
     return mass;
 }
 
-/* Rows with |lse| >= LSE_RENORM_MIN: lse = m + log l rounds at the scale of the row maximum m, and a row
+/* Rows with |lse| >= FLASH_LSE_RENORM_MIN: lse = m + log l rounds at the scale of the row maximum m, and a row
  * whose keys are all at finfo.min (Hugging Face's padding) has lse = m, so exp(S - lse) would give every
  * key 1 instead of 1 / l. Their P is multiplied by renorm = 1 / row_mass (exact probabilities again);
  * every other row's factor is 1. Returns the factors in the lse layout, or NULL with *st set on failure. */
@@ -1804,7 +1801,7 @@ static T *FN(renorm_rows)(const flash_params *p, flash_cpu_status *st)
             continue;
         const int64_t at = flash_lse_offset(p, &seq, bi, hq) + i;
         const T lse = ((const T *)p->lse)[at];
-        if (FABS(lse) >= LSE_RENORM_MIN && isfinite(lse))
+        if (FABS(lse) >= FLASH_LSE_RENORM_MIN && isfinite(lse))
             renorm[at] = 1 / FN(row_mass)(p, &seq, bi, hq, i, lse);
     }
     return renorm;

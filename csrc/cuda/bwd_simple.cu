@@ -6,7 +6,7 @@
  * everything, the score hook included, is computed in T):
  *   1. bwd_simple_delta_kernel: one warp per (b, h, query row): delta_i = dO_i . O_i. With an additive
  *      attn_mask (p->dout_fix set, bwd_simple_delta_fix_kernel): dO' = dO into dout_fix, except in a row with
- *      |lse| >= SIMPLE_RENORM_MIN: dO / mass, mass = sum_j exp(s_j - lse) (+ the sink's), the sum of the P that
+ *      |lse| >= FLASH_LSE_RENORM_MIN: dO / mass, mass = sum_j exp(s_j - lse) (+ the sink's), the sum of the P that
  *      the kernels below compute at that lse (simple_row_mass; flash_cpu.c renorm_rows). Such an lse is rounded
  *      at the scale of the row maximum (a row at finfo.min or -1e9, score.h "Huge additive entries": lse = m,
  *      log l lost), so P = exp(s - lse) is c P_true for one factor c = mass per row, and dO / c makes dV =
@@ -154,10 +154,6 @@ __device__ __forceinline__ T element_grad(const flash_params &p, T s, T th, T ls
 /* Each kernel serves fp32 and fp64 (not a speed path): its threads take the body of p.dtype (a uniform branch)
  * instead of an instantiation per dtype. */
 
-/* The rows whose P the fix kernel renormalizes (|lse| >= this, finite; flash_cpu.c LSE_RENORM_MIN): lse holds
- * log l only to an ulp of the row maximum, 2^-13 of fp32's, beyond fp32's tolerance from here on. */
-#define SIMPLE_RENORM_MIN 1024
-
 /* sum_j exp(s_j - lse) over the keys query row i of (b, hq) sees, plus exp(sink - lse): the mass of the P that
  * simple_dkv_rows and simple_dq_rows compute for the row at this lse (their key loop and score, element by
  * element), 1 up to the rounding of lse. Every lane gets the sum. */
@@ -217,7 +213,7 @@ __device__ __forceinline__ void simple_delta_rows(const flash_params &p)
     if (FIX) {
         const T lse = ((const T *)p.lse)[flash_lse_offset(&p, &seq, b, hq) + i];
         T inv_l = 1; /* uniform over the warp */
-        if (fabs((double)lse) >= SIMPLE_RENORM_MIN && fabs((double)lse) < (double)INFINITY) {
+        if (fabs((double)lse) >= FLASH_LSE_RENORM_MIN && fabs((double)lse) < (double)INFINITY) {
             const T mass = simple_row_mass<T>(p, seq, b, hq, i, lse, lane);
             if (mass > (T)0 && mass < (T)INFINITY)
                 inv_l = (T)1 / mass;
