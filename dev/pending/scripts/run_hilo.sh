@@ -1,4 +1,5 @@
 #!/bin/bash
+# hi/lo v2 (ab/hilo2, made by prep.sh) beside main: fh variants 128 and bh timev, 2 rounds interleaved
 export TMPDIR=/tmp/hilo_ab
 mkdir -p $TMPDIR
 timeout 570 bash dev/ab_sed.sh 2 "fh variants 128;bh timev" hilo2=@ab/hilo2 > $OUT/hilo2_ab.log 2>&1
