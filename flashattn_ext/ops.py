@@ -9,6 +9,7 @@ without cu_seqlens). A KV cache and a varlen batch with a block_table (a paged K
 flash-attn's): the autograd formula raises."""
 import functools
 import math
+import operator
 
 import torch
 
@@ -230,13 +231,23 @@ def _needs(ctx, i):
     return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
 
 
-def _setup_context(ctx, inputs, output):
-    a = dict(zip(_core.FWD_ARGS, inputs))
-    q, rel_bias = a["q"], a["rel_bias"]
+_FWD_AT = {n: i for i, n in enumerate(_core.FWD_ARGS)}
+_kind_args = operator.itemgetter(*(_FWD_AT[n] for n in ("cu_seqlens_q", "cu_seqlens_k", "block_table", "cache_seqlens",
+                                                        "cache_batch_idx", "cache_leftpad", "num_splits")))
+_SAVED_ARGS = ("softmax_scale", "causal", "bottom_right", "window_left", "window_right", "softcap", "dropout_p",
+               "deterministic", "max_seqlen_q", "max_seqlen_k")
+_saved_args = operator.itemgetter(*(_FWD_AT[n] for n in _SAVED_ARGS))
+_saved_inputs = operator.itemgetter(*(_FWD_AT[n] for n in ("k", "v", "alibi_slopes", "sink", "attn_mask", "rel_bias",
+                                                             "rel_buckets")))
+_varlen_inputs = operator.itemgetter(*(_FWD_AT[n] for n in _VARLEN_ARGS[:3]))
+_Q, _BLOCK_TABLE = _FWD_AT["q"], _FWD_AT["block_table"]
+
+
+def _setup_context(ctx, inputs, output):  # on every recorded call: positions, not a dict of the 26 inputs
+    q = inputs[_Q]
     out, lse, rng_state, out32 = output
-    ctx.kind = _fwd_kind(*(a[n] for n in ("cu_seqlens_q", "cu_seqlens_k", "block_table", "cache_seqlens",
-                                          "cache_batch_idx", "cache_leftpad", "num_splits")))
-    ctx.paged = ctx.kind == CACHE or a["block_table"] is not None
+    ctx.kind = _fwd_kind(*_kind_args(inputs))
+    ctx.paged = ctx.kind == CACHE or inputs[_BLOCK_TABLE] is not None
     # rng_state and out32 carry no gradient; nor does a varlen lse (as flash-attn's): its composite would read
     # cu_seqlens on the host, which a traced backward cannot; merge_attention_states refuses such an lse beside
     # an out that requires grad rather than return gradients without lse's part. Unused outputs get None, not
@@ -245,11 +256,11 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
     if ctx.paged:  # no backward: nothing to save
         return
-    varlen = tuple(a[n] for n in _VARLEN_ARGS[:3]) if ctx.kind == VARLEN else ()
-    ctx.save_for_backward(q, a["k"], a["v"], out32 if _rounds_fp32(q) else out, lse, rng_state, a["alibi_slopes"],
-                          a["sink"], a["attn_mask"], rel_bias, a["rel_buckets"], *varlen)
-    ctx.args = {n: a[n] for n in ("softmax_scale", "causal", "bottom_right", "window_left", "window_right",
-                                  "softcap", "dropout_p", "deterministic", "max_seqlen_q", "max_seqlen_k")}
+    varlen = _varlen_inputs(inputs) if ctx.kind == VARLEN else ()
+    k, v, alibi_slopes, sink, attn_mask, rel_bias, rel_buckets = _saved_inputs(inputs)
+    ctx.save_for_backward(q, k, v, out32 if _rounds_fp32(q) else out, lse, rng_state, alibi_slopes, sink, attn_mask,
+                          rel_bias, rel_buckets, *varlen)
+    ctx.args = dict(zip(_SAVED_ARGS, _saved_args(inputs)))
 
 
 def _add_grads(grads, positions, g):
