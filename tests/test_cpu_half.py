@@ -10,6 +10,8 @@ import torch.nn.functional as F
 import flashattn_ext
 from fa_testing import DTYPE_NAMES, HALF_DTYPES, OUT_TOL, rel_l2, varlen_fwd_op
 
+AMX = flashattn_ext._core.LIMITS["cpu_amx"]
+
 # (batch, nheads, nheads_kv, seqlen_q, seqlen_k, headdim), SDPA's arguments
 CASES = {
     "dense": ((2, 4, 4, 150, 170, 64), {}),
@@ -92,7 +94,9 @@ def test_forward_returns_its_float32_out_for_the_backward(dtype):
         want = F.scaled_dot_product_attention(*bhsd, attn_mask=mask.double(), scale=0.3)
     want_dq, = torch.autograd.grad(want, bhsd[0], dout.double().transpose(1, 2))
     want, want_dq = want.transpose(1, 2), want_dq.transpose(1, 2)
-    assert rel_l2(out32, want) < 1e-6
+    # bf16 on AMX: the forward's P V product takes P to 16 significant bits (csrc/cpu/amx.h), 2^-17 relative
+    # against the 2^-9 of out's rounding to bf16; fp16 and the fp32 kernels keep P exact
+    assert rel_l2(out32, want) < (1e-5 if dtype == torch.bfloat16 and AMX else 1e-6)
     cu = torch.tensor([0, 96], dtype=torch.int32)
     vout, _, _, vout32 = varlen_fwd_op(q[0], k[0], v[0], cu, cu, None, 96, 96, 0.3, False, -1,
                                                             -1, 0.0, None, None, 0.0, False)
@@ -109,7 +113,6 @@ def test_forward_returns_its_float32_out_for_the_backward(dtype):
                                     None, None, None, 0.0, False, False)
 
 
-AMX = flashattn_ext._core.LIMITS["cpu_amx"]
 AMX_VARIANTS = {  # flash_attn_func arguments; every product of the fwd, dK/dV and dQ passes runs on the tiles
     "dense": {},
     "causal_gqa": dict(causal=True),

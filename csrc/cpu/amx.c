@@ -11,6 +11,7 @@
 #define _DEFAULT_SOURCE /* syscall() under -std=c11 */
 #include "amx.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,6 +74,18 @@ AMX_PACK_TARGET static inline __m512i term(__m512 *x)
     const __m512i hi = _mm512_and_si512(_mm512_castps_si512(*x), _mm512_set1_epi32((int)HI16));
     *x = _mm512_sub_ps(*x, _mm512_castsi512_ps(hi));
     return hi;
+}
+
+/* term, or for the last term (last set) x rounded to the nearest bf16 (ties to even): exact where the terms
+ * before left at most 8 significant bits (the third of three), and without truncation's bias where they did not. */
+AMX_PACK_TARGET static inline __m512i term_last(__m512 *x, int last)
+{
+    if (!last)
+        return term(x);
+    const __m512i b = _mm512_castps_si512(*x);
+    const __m512i even = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    return _mm512_and_si512(_mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), even)),
+                            _mm512_set1_epi32((int)HI16));
 }
 
 static inline __mmask16 lanes(int64_t valid)
@@ -138,6 +151,99 @@ AMX_PACK_TARGET void flash_amx_pack_b(uint16_t *dst, int parts, int64_t k, int64
                 _mm512_storeu_si512(row + p * plane, _mm512_or_si512(u1, _mm512_srli_epi32(u0, 16)));
             }
         }
+}
+
+/* 2^x for 16 lanes: 2^n * 2^f with n = round(x), |f| <= 1/2, 2^f = e^(f ln 2) by its Taylor series to degree 7
+ * (relative error < 1e-8 before the final rounding); x below -200 (-inf included) gives 0, NaN stays NaN (max keeps
+ * its second operand when one is NaN). */
+AMX_PACK_TARGET static inline __m512 exp2_16(__m512 x)
+{
+    x = _mm512_max_ps(_mm512_set1_ps(-200.0f), x);
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(x, n);
+    __m512 e = _mm512_set1_ps(1.5252733804059841e-05f); /* (ln 2)^7 / 7! */
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.5403530393381606e-04f));
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.3333558146428443e-03f));
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(9.6181291076284772e-03f));
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(5.5504108664821580e-02f));
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(2.4022650695910071e-01f));
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(6.9314718055994531e-01f));
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(e, n);
+}
+
+#define LOG2E 1.4426950408889634f
+#define STALE_MAX_NAT 5.5451774444795623f /* 8 ln 2: a column's running max is kept until passed by this much */
+
+/* One 16-column vector of flash_amx_softmax_pack's column group: m and alpha updated, the shift of its exponents
+ * (natural units: scaled by log2 e only after the subtraction, so that a score near -FLT_MAX, Hugging Face's
+ * padding rows, cannot overflow); returns 1 where the max moved. */
+AMX_PACK_TARGET static inline int column_stats(__m512 mx, float scale, float *m, float *alpha, __m512 *shift)
+{
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), old = _mm512_loadu_ps(m), cand = _mm512_mul_ps(mx, _mm512_set1_ps(scale));
+    /* a new max only past the stale one by STALE_MAX_NAT (any finite one while the column has seen none) */
+    const __mmask16 up = _mm512_cmp_ps_mask(cand, _mm512_add_ps(old, _mm512_set1_ps(STALE_MAX_NAT)), _CMP_GT_OQ);
+    const __m512 mnew = _mm512_mask_blend_ps(up, old, cand);
+    _mm512_storeu_ps(m, mnew);
+    _mm512_storeu_ps(alpha, _mm512_mask_blend_ps(up, _mm512_set1_ps(1.0f),
+                                                 exp2_16(_mm512_mul_ps(_mm512_sub_ps(old, mnew),
+                                                                       _mm512_set1_ps(LOG2E)))));
+    /* a column that has seen no key keeps m = -inf and shifts by 0: exp(-inf - 0) = 0 */
+    *shift = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(mnew, ninf, _CMP_NEQ_UQ), mnew);
+    return up != 0;
+}
+
+AMX_PACK_TARGET int flash_amx_softmax_pack(const float *s, int64_t kn, int64_t cols, int64_t ld, float scale,
+                                           float *m, float *l, float *alpha, uint16_t *dst, int parts)
+{
+    const int64_t kp = ROUND32(kn), nt_n = cols / 16, plane = kp * cols;
+    const __m512 sv = _mm512_set1_ps(scale), log2e = _mm512_set1_ps(LOG2E), ninf = _mm512_set1_ps(-INFINITY);
+    int rescale = 0;
+    for (int64_t c0 = 0; c0 < cols; c0 += 32) { /* two vectors of 16 columns, rows in pairs: 4 independent chains */
+        const float *sc = s + c0;
+        __m512 mx[4] = {ninf, ninf, ninf, ninf};
+        int64_t j = 0;
+        for (; j + 1 < kn; j += 2) {
+            mx[0] = _mm512_max_ps(mx[0], _mm512_loadu_ps(sc + j * ld));
+            mx[1] = _mm512_max_ps(mx[1], _mm512_loadu_ps(sc + j * ld + 16));
+            mx[2] = _mm512_max_ps(mx[2], _mm512_loadu_ps(sc + (j + 1) * ld));
+            mx[3] = _mm512_max_ps(mx[3], _mm512_loadu_ps(sc + (j + 1) * ld + 16));
+        }
+        if (j < kn) {
+            mx[0] = _mm512_max_ps(mx[0], _mm512_loadu_ps(sc + j * ld));
+            mx[1] = _mm512_max_ps(mx[1], _mm512_loadu_ps(sc + j * ld + 16));
+        }
+        __m512 shift0, shift1;
+        rescale |= column_stats(_mm512_max_ps(mx[0], mx[2]), scale, m + c0, alpha + c0, &shift0);
+        rescale |= column_stats(_mm512_max_ps(mx[1], mx[3]), scale, m + c0 + 16, alpha + c0 + 16, &shift1);
+        __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+        for (j = 0; j < kp; j += 2) {
+            __m512 e[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+            if (j < kn) {
+                e[0] = exp2_16(_mm512_mul_ps(_mm512_fmsub_ps(_mm512_loadu_ps(sc + j * ld), sv, shift0), log2e));
+                e[1] = exp2_16(_mm512_mul_ps(_mm512_fmsub_ps(_mm512_loadu_ps(sc + j * ld + 16), sv, shift1), log2e));
+            }
+            if (j + 1 < kn) {
+                e[2] = exp2_16(_mm512_mul_ps(_mm512_fmsub_ps(_mm512_loadu_ps(sc + (j + 1) * ld), sv, shift0), log2e));
+                e[3] = exp2_16(
+                    _mm512_mul_ps(_mm512_fmsub_ps(_mm512_loadu_ps(sc + (j + 1) * ld + 16), sv, shift1), log2e));
+            }
+            sum0 = _mm512_add_ps(sum0, _mm512_add_ps(e[0], e[2]));
+            sum1 = _mm512_add_ps(sum1, _mm512_add_ps(e[1], e[3]));
+            uint16_t *row = dst + ((j / 32) * nt_n + c0 / 16) * 512 + ((j % 32) / 2) * 32;
+            for (int p = 0; p < parts; p++) {
+                const int last = p == parts - 1;
+                const __m512i u0 = term_last(&e[0], last), u1 = term_last(&e[1], last), u2 = term_last(&e[2], last),
+                              u3 = term_last(&e[3], last);
+                _mm512_storeu_si512(row + p * plane, _mm512_or_si512(u2, _mm512_srli_epi32(u0, 16)));
+                _mm512_storeu_si512(row + p * plane + 512, _mm512_or_si512(u3, _mm512_srli_epi32(u1, 16)));
+            }
+        }
+        _mm512_storeu_ps(l + c0, _mm512_fmadd_ps(_mm512_loadu_ps(alpha + c0), _mm512_loadu_ps(l + c0), sum0));
+        _mm512_storeu_ps(l + c0 + 16,
+                         _mm512_fmadd_ps(_mm512_loadu_ps(alpha + c0 + 16), _mm512_loadu_ps(l + c0 + 16), sum1));
+    }
+    return rescale;
 }
 
 typedef struct {
@@ -249,6 +355,13 @@ void flash_amx_gemm_packed(int64_t m, int64_t n, int64_t k, const uint16_t *ap, 
                            int b_parts, float *c, int64_t ldc, int accumulate)
 {
     (void)m, (void)n, (void)k, (void)ap, (void)a_parts, (void)bp, (void)b_parts, (void)c, (void)ldc, (void)accumulate;
+    abort();
+}
+
+int flash_amx_softmax_pack(const float *s, int64_t kn, int64_t cols, int64_t ld, float scale, float *m, float *l,
+                           float *alpha, uint16_t *dst, int parts)
+{
+    (void)s, (void)kn, (void)cols, (void)ld, (void)scale, (void)m, (void)l, (void)alpha, (void)dst, (void)parts;
     abort();
 }
 

@@ -863,6 +863,14 @@ static void FN(mm)(const FN(workspace) *w, const uint16_t *a_packed, int a_input
     FN(gemm)(m, n, k, a, a_rs, a_ks, b, ldb, c, ldc, accumulate);
 }
 
+/* Column c of acc (rows x TILE_Q_NR columns, cols used) *= alpha[c]. */
+FLASH_CPU_SIMD static void FN(scale_columns)(T *restrict acc, int64_t rows, int64_t cols, const T *restrict alpha)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            acc[r * TILE_Q_NR + c] *= alpha[c];
+}
+
 /* s (rows x cols, leading dim ld) *= scale. */
 FLASH_CPU_SIMD static void FN(scale_tile)(T *restrict s, int64_t rows, int64_t cols, int64_t ld, T scale)
 {
@@ -894,7 +902,11 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
     const FN(key_rows) v = {(const T *)p->v + hk * p->v_s.head, p->v_s.batch, p->v_s.row};
     T *o = (T *)p->o + bi * p->o_s.batch + (seq.q_row0 + q0) * p->o_s.row + hq * p->o_s.head;
     T *lse = (T *)p->lse + flash_lse_offset(p, &seq, bi, hq) + q0;
-    T m[TILE_Q_NR], l[TILE_Q_NR];
+    T m[TILE_Q_NR], l[TILE_Q_NR], alpha[TILE_Q_NR];
+    /* AMX without dropout and with a positive scale: flash_amx_softmax_pack (m in natural units, a stale max), P in
+     * p_terms bf16 terms: bf16 inputs 2 (P to 16 significant bits, 2^-17 relative: out32 within 1e-5 of the exact
+     * result, 100x below out's rounding to bf16, as torch's CPU SDPA rounds P to bf16), fp16 3 (P exact) */
+    const int fused = w->amx && !p->dropout_threshold && p->scale > 0, p_terms = w->parts == 1 ? 2 : 3;
 
     FN(load_transposed)(w->q, TILE_Q_NR, qp, q, p->q_s.row, t.qn, d, w->amx ? 1 : (T)p->scale); /* AMX: exact */
     for (int64_t u = 0; u < qp; u++) {
@@ -921,12 +933,24 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
             FN(load_key_rows)(w->v, dvm, t.kn, dvm, v, p, &seq, t.k0, t.kn, d_v);
         }
         FN(mm)(w, kv, 1, q_packed, 1, km, qp, d, w->k, dm, 1, w->q, TILE_Q_NR, w->s, TILE_Q_NR, 0);
-        if (w->amx)
+        const int hooked = p->has_hook && hooked_scores(p, flags);
+        if (w->amx && (!fused || hooked))
             FN(scale_tile)(w->s, km, qp, TILE_Q_NR, (T)p->scale);
-        if (p->has_hook && hooked_scores(p, flags))
+        if (hooked)
             FN(score_hook)(w->s, TILE_Q_NR, 1, p, &seq, &t, bi, hq, 1, flags, w->grad);
         if (!full)
             FN(mask_band_t)(w->s, km, qp, &seq, &t, -INFINITY);
+        if (fused) { /* T is float: the scale (unless the hook applied it), softmax and P^T's packing in one pass */
+            uint16_t *pt = w->amx_b[1]; /* and amx_b[2]: 3 ROUND32(TILE_K) TILE_Q_NR <= 2 amx_b elements */
+            if (flash_amx_softmax_pack((const float *)w->s, t.kn, qp, TILE_Q_NR, hooked ? 1.0f : (float)p->scale,
+                                       (float *)m, (float *)l, (float *)alpha, pt, p_terms))
+                FN(scale_columns)(w->acc, dvm, qp, alpha);
+            if (!kv)
+                flash_amx_pack_a(w->amx, w->parts, dvm, t.kn, (const float *)w->v, 1, dvm);
+            flash_amx_gemm_packed(dvm, qp, t.kn, kv ? kv + w->part[1] : w->amx, w->parts, pt, p_terms,
+                                  (float *)w->acc, TILE_Q_NR, 1);
+            continue;
+        }
         FN(softmax_step)(w->s, km, qp, w->acc, dvm, m, l);
         if (p->dropout_threshold)
             FN(dropout_columns)(w->s, p, &t, bi * p->h + hq);
