@@ -3,7 +3,9 @@
  * numbers exactly and adds in fp32, so an fp32 operand split into bf16 terms that sum to it exactly (by
  * truncation: 1 term for a bf16 value, 2 for an fp16 value, 3 for any fp32 value) gives the fp32 product up to
  * the order of the additions: the results stay those of the fp32 kernels (tests/test_cpu_half.py), only faster.
- * x86-64 Linux with gcc >= 11 or clang >= 14; elsewhere flash_amx_usable() is 0. */
+ * One exception: with bf16 inputs the forward's P V takes P in 2 terms (flash_amx_softmax_pack: 16 significant
+ * bits, the second term rounded to nearest), as far below out's rounding to bf16 as torch's CPU SDPA, which rounds
+ * P to bf16, is above it. x86-64 Linux with gcc >= 11 or clang >= 14; elsewhere flash_amx_usable() is 0. */
 #ifndef FLASHATTN_EXT_CPU_AMX_H
 #define FLASHATTN_EXT_CPU_AMX_H
 

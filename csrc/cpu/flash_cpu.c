@@ -37,7 +37,7 @@
  * go through one register-blocked kernel (gemm below, FLASH_CPU_MR x FLASH_CPU_NR = 4 x 32 accumulators)
  * that broadcasts A from any strided layout and streams contiguous rows of B and C; for fp16 / bf16 inputs on a
  * CPU with AMX, through amx.h's tile products instead (mm: exact bf16 terms; the operands that stay the same
- * packed once per call or task). Every pass keeps its per-task operand transposed once per task
+ * packed once per call or task; the forward's softmax fused with P's packing, flash_amx_softmax_pack). Every pass keeps its per-task operand transposed once per task
  * so no inner loop transposes: forward and dQ work on S^T (keys x queries, the softmax then reduces
  * down the columns, vectorized across queries), the dK/dV pass works on S (queries x keys). The
  * streamed tiles are copied into compact buffers (cheaper than gemm reads at large row strides).
