@@ -246,6 +246,80 @@ AMX_PACK_TARGET int flash_amx_softmax_pack(const float *s, int64_t kn, int64_t c
     return rescale;
 }
 
+/* r[i] (16 rows of 16 32-bit elements) -> r[c] = column c. Unpacks pair rows, then quads, within 128-bit lanes;
+ * two lane shuffles gather each column's four quads. */
+AMX_PACK_TARGET static inline void transpose16(__m512i r[16])
+{
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) { /* r[i + e], lane L: rows i .. i + 3 of column 4 L + e */
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int e = 0; e < 4; e++) {
+        const __m512i ab_lo = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x44), ab_hi = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xEE);
+        const __m512i cd_lo = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x44),
+                      cd_hi = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xEE);
+        t[e] = _mm512_shuffle_i32x4(ab_lo, cd_lo, 0x88);
+        t[4 + e] = _mm512_shuffle_i32x4(ab_lo, cd_lo, 0xDD);
+        t[8 + e] = _mm512_shuffle_i32x4(ab_hi, cd_hi, 0x88);
+        t[12 + e] = _mm512_shuffle_i32x4(ab_hi, cd_hi, 0xDD);
+    }
+    for (int i = 0; i < 16; i++)
+        r[i] = t[i];
+}
+
+AMX_PACK_TARGET void flash_amx_pack_b_rows(uint16_t *dst, int parts, int64_t k, int64_t n, const float *rows,
+                                           int64_t rs, int64_t n_valid)
+{
+    const int64_t kp = ROUND32(k), np = ROUND32(n), nt_n = np / 16, plane = kp * np;
+    /* 16-bit element m of the result: the high half of 32-bit element m of the pair (x0, x1) */
+    const __m512i hi_halves = _mm512_add_epi16(_mm512_slli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23,
+        22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 1), _mm512_set1_epi16(1));
+    for (int64_t j0 = 0; j0 < np; j0 += 16)
+        for (int64_t k0 = 0; k0 < kp; k0 += 32) {
+            __m512 x[16][2];
+            for (int r = 0; r < 16; r++) {
+                const int valid = j0 + r < n_valid;
+                x[r][0] = valid ? _mm512_maskz_loadu_ps(lanes(k - k0), rows + (j0 + r) * rs + k0) : _mm512_setzero_ps();
+                x[r][1] = valid ? _mm512_maskz_loadu_ps(lanes(k - k0 - 16), rows + (j0 + r) * rs + k0 + 16)
+                                : _mm512_setzero_ps();
+            }
+            for (int p = 0; p < parts; p++) {
+                __m512i w[16];
+                for (int r = 0; r < 16; r++) { /* row r's 16 words: pairs (k0 + 2 i, k0 + 2 i + 1) */
+                    const __m512i u0 = term(&x[r][0]), u1 = term(&x[r][1]);
+                    w[r] = _mm512_permutex2var_epi16(u0, hi_halves, u1);
+                }
+                transpose16(w);
+                uint16_t *blk = dst + p * plane + ((k0 / 32) * nt_n + j0 / 16) * 512;
+                for (int i = 0; i < 16; i++)
+                    _mm512_storeu_si512(blk + i * 32, w[i]);
+            }
+        }
+}
+
+AMX_PACK_TARGET void flash_amx_store_rows(float *o, int64_t o_rs, const float *acc, int64_t ld, int64_t rows,
+                                          int64_t cols, const float *factor)
+{
+    for (int64_t u0 = 0; u0 < cols; u0 += 16)
+        for (int64_t c0 = 0; c0 < rows; c0 += 16) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = c0 + i < rows ? _mm512_maskz_loadu_epi32(lanes(cols - u0), acc + (c0 + i) * ld + u0)
+                                     : _mm512_setzero_si512();
+            transpose16(r);
+            for (int64_t u = u0; u < cols && u < u0 + 16; u++)
+                _mm512_mask_storeu_ps(o + u * o_rs + c0, lanes(rows - c0),
+                                      _mm512_mul_ps(_mm512_castsi512_ps(r[u - u0]), _mm512_set1_ps(factor[u])));
+        }
+}
+
 typedef struct {
     uint8_t palette_id, start_row, reserved[14];
     uint16_t colsb[16];
@@ -362,6 +436,20 @@ int flash_amx_softmax_pack(const float *s, int64_t kn, int64_t cols, int64_t ld,
                            float *alpha, uint16_t *dst, int parts)
 {
     (void)s, (void)kn, (void)cols, (void)ld, (void)scale, (void)m, (void)l, (void)alpha, (void)dst, (void)parts;
+    abort();
+}
+
+void flash_amx_pack_b_rows(uint16_t *dst, int parts, int64_t k, int64_t n, const float *rows, int64_t rs,
+                           int64_t n_valid)
+{
+    (void)dst, (void)parts, (void)k, (void)n, (void)rows, (void)rs, (void)n_valid;
+    abort();
+}
+
+void flash_amx_store_rows(float *o, int64_t o_rs, const float *acc, int64_t ld, int64_t rows, int64_t cols,
+                          const float *factor)
+{
+    (void)o, (void)o_rs, (void)acc, (void)ld, (void)rows, (void)cols, (void)factor;
     abort();
 }
 

@@ -46,6 +46,15 @@ void flash_amx_pack_b(uint16_t *dst, int parts, int64_t k, int64_t n, const floa
 int flash_amx_softmax_pack(const float *s, int64_t kn, int64_t cols, int64_t ld, float scale, float *m, float *l,
                            float *alpha, uint16_t *dst, int parts);
 
+/* pack_b of B = rows^T (k, n): B[kk][j] = rows[j * rs + kk] for j < n_valid (zero for n_valid <= j < n), i.e. the
+ * transposed operand packed straight from its rows (16 x 16 transposes of bf16 pairs). */
+void flash_amx_pack_b_rows(uint16_t *dst, int parts, int64_t k, int64_t n, const float *rows, int64_t rs,
+                           int64_t n_valid);
+
+/* o[u * o_rs + c] = acc[c * ld + u] * factor[u] for c < rows, u < cols (16 x 16 transposes). */
+void flash_amx_store_rows(float *o, int64_t o_rs, const float *acc, int64_t ld, int64_t rows, int64_t cols,
+                          const float *factor);
+
 /* c (m, n) = [c +] A B of operands packed as above (a_parts * b_parts tile products per step), c row-major with
  * leading dimension ldc; any m, n, k >= 1. Runs under the tile configuration that flash_amx_begin loads in the
  * calling thread; flash_amx_end releases the tile state after the thread's last product. Only where

@@ -908,13 +908,18 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
      * result, 100x below out's rounding to bf16, as torch's CPU SDPA rounds P to bf16), fp16 3 (P exact) */
     const int fused = w->amx && !p->dropout_threshold && p->scale > 0, p_terms = w->parts == 1 ? 2 : 3;
 
-    FN(load_transposed)(w->q, TILE_Q_NR, qp, q, p->q_s.row, t.qn, d, w->amx ? 1 : (T)p->scale); /* AMX: exact */
+    const uint16_t *q_packed = NULL; /* AMX: Q^T packed from q's rows, unscaled (exact) */
+    if (w->amx) { /* T is float */
+        flash_amx_pack_b_rows(w->amx_b[0], w->parts, d, qp, (const float *)q, p->q_s.row, t.qn);
+        q_packed = w->amx_b[0];
+    } else {
+        FN(load_transposed)(w->q, TILE_Q_NR, qp, q, p->q_s.row, t.qn, d, (T)p->scale);
+    }
     for (int64_t u = 0; u < qp; u++) {
         m[u] = -INFINITY;
         l[u] = 0;
     }
     FN(zero_tile)(w->acc, TILE_Q_NR, dvm, qp);
-    const uint16_t *q_packed = FN(pack_b)(w, 0, d, qp, w->q, TILE_Q_NR);
     const flash_tile_range keys = flash_key_tiles(&seq, q0, t.qn, 1); /* in keys, not tiles */
     /* packed key tiles start at multiples of the tile; keys outside the band are masked as in any partial tile */
     const int64_t first = w->packed ? keys.first / FLASH_CPU_TILE_K * FLASH_CPU_TILE_K : keys.first;
@@ -959,12 +964,13 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
     }
     const T sink = (T)flash_sink(p, hq);
     for (int64_t u = 0; u < t.qn; u++) {
-        T *orow = o + u * p->o_s.row;
-        T factor;
-        ROW_FINISH(m[u], l[u], sink, &factor, lse + u);
-        for (int64_t c = 0; c < d_v; c++)
-            orow[c] = w->acc[c * TILE_Q_NR + u] * factor;
+        ROW_FINISH(m[u], l[u], sink, &alpha[u], lse + u); /* alpha: the rows' factors now */
+        if (!w->amx)
+            for (int64_t c = 0; c < d_v; c++)
+                o[u * p->o_s.row + c] = w->acc[c * TILE_Q_NR + u] * alpha[u];
     }
+    if (w->amx)
+        flash_amx_store_rows((float *)o, p->o_s.row, (const float *)w->acc, TILE_Q_NR, d_v, t.qn, (const float *)alpha);
 }
 
 /* dK/dV task: one (batch, kv head, key tile), working on S = Q K^T (queries x keys):
