@@ -236,6 +236,50 @@ def test_fuzz_cpu(case):
     check_case(case)
 
 
+def run_case(case):
+    """out, lse and the gradients of one case (flash_attn_func or SDPA on its inputs), and the float64 reference."""
+    cfg, var, dtype, device = case.cfg, case.var, case.dtype, case.device
+    q, k, v, dout = make_fuzz_inputs(case)
+    t = make_variant_tensors(cfg, var, dtype, device, seed=case.seed)
+    torch.manual_seed(DROPOUT_SEED)
+    if case.api == "flash":
+        out, lse = run_flash(q, k, v, cfg, var, t, deterministic=case.deterministic)
+    else:
+        out, lse = run_sdpa(q, k, v, cfg, var, t), None
+    got = dict(zip(variant_grad_names(t), torch.autograd.grad(out, variant_grad_inputs(q, k, v, t), dout)))
+    got.update(out=out.detach(), lse=lse)
+    return got
+
+
+@pytest.mark.skipif(not flashattn_ext._core.LIMITS["cpu_amx"], reason="no AMX-BF16 on this CPU")
+@pytest.mark.parametrize("case", CPU_HALF_CASES, ids=lambda c: c.id)
+def test_fuzz_cpu_amx_as_the_fp32_kernels(case, monkeypatch):
+    """The fp16 / bf16 cases with their products on AMX tiles (csrc/cpu/amx.c: exact bf16 terms, the forward's
+    softmax fused with P's packing, bf16's P in 16 bits) against the fp32 kernels on the same inputs
+    (FLASHATTN_EXT_CPU_AMX=0): every element of out and of the gradients within two rounding steps of the inputs'
+    dtype (of the larger of the value and 1% of the tensor's maximum), lse within 1e-5."""
+    results = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("FLASHATTN_EXT_CPU_AMX", mode)
+        results[mode] = run_case(case)
+    eps = torch.finfo(case.dtype).eps
+    for name, f in results["0"].items():
+        a = results["1"][name]
+        if f is None:
+            assert a is None, name
+            continue
+        if name == "lse":
+            finite = torch.isfinite(f)
+            assert torch.equal(finite, torch.isfinite(a)) and torch.equal(f[~finite], a[~finite]), name
+            lf, la = f[finite].double(), a[finite].double()
+            assert ((la - lf).abs() <= 1e-5 * lf.abs().clamp_min(1)).all(), name
+            continue
+        assert a.dtype == f.dtype, name  # the dtype's; float32 for a sink's gradient
+        ref = f.double()
+        step = eps * ref.abs().clamp_min(ref.abs().max() * 1e-2)
+        assert ((a.double() - ref).abs() <= 2 * step + 1e-6).all(), name
+
+
 @requires_cuda
 @pytest.mark.parametrize("case", CUDA_CASES, ids=lambda c: c.id)
 def test_fuzz_cuda(case):
