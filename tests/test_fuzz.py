@@ -187,11 +187,19 @@ def make_fuzz_inputs(case):
 
 
 def check_case(case):
+    got, (q, k, v, dout, t) = run_case(case)
+    bottom_right = case.api == "flash"
+    keep = replay_keep_mask(q, k, v, case.cfg, case.var, t, DROPOUT_SEED, bottom_right) if case.var.dropout else None
+    ref = variant_reference(q, k, v, dout, case.cfg, case.var, t, keep=keep, bottom_right=bottom_right)
+    check_variant_results(got, ref, case.dtype)
+
+
+def run_case(case):
+    """out, lse and the gradients of one case (flash_attn_func or SDPA on its inputs), and those inputs (q, k, v,
+    dout and the variant's tensors)."""
     cfg, var, dtype, device = case.cfg, case.var, case.dtype, case.device
     q, k, v, dout = make_fuzz_inputs(case)
     t = make_variant_tensors(cfg, var, dtype, device, seed=case.seed)
-    bottom_right = case.api == "flash"
-    keep = replay_keep_mask(q, k, v, cfg, var, t, DROPOUT_SEED, bottom_right) if var.dropout else None
     torch.manual_seed(DROPOUT_SEED)
     if case.api == "flash":
         out, lse = run_flash(q, k, v, cfg, var, t, deterministic=case.deterministic)
@@ -199,8 +207,7 @@ def check_case(case):
         out, lse = run_sdpa(q, k, v, cfg, var, t), None
     got = dict(zip(variant_grad_names(t), torch.autograd.grad(out, variant_grad_inputs(q, k, v, t), dout)))
     got.update(out=out, lse=lse)
-    ref = variant_reference(q, k, v, dout, cfg, var, t, keep=keep, bottom_right=bottom_right)
-    check_variant_results(got, ref, dtype)
+    return got, (q, k, v, dout, t)
 
 
 def check_case_torch_func(case):
@@ -236,21 +243,6 @@ def test_fuzz_cpu(case):
     check_case(case)
 
 
-def run_case(case):
-    """out, lse and the gradients of one case (flash_attn_func or SDPA on its inputs), and the float64 reference."""
-    cfg, var, dtype, device = case.cfg, case.var, case.dtype, case.device
-    q, k, v, dout = make_fuzz_inputs(case)
-    t = make_variant_tensors(cfg, var, dtype, device, seed=case.seed)
-    torch.manual_seed(DROPOUT_SEED)
-    if case.api == "flash":
-        out, lse = run_flash(q, k, v, cfg, var, t, deterministic=case.deterministic)
-    else:
-        out, lse = run_sdpa(q, k, v, cfg, var, t), None
-    got = dict(zip(variant_grad_names(t), torch.autograd.grad(out, variant_grad_inputs(q, k, v, t), dout)))
-    got.update(out=out.detach(), lse=lse)
-    return got
-
-
 @pytest.mark.skipif(not flashattn_ext._core.LIMITS["cpu_amx"], reason="no AMX-BF16 on this CPU")
 @pytest.mark.parametrize("case", CPU_HALF_CASES, ids=lambda c: c.id)
 def test_fuzz_cpu_amx_as_the_fp32_kernels(case, monkeypatch):
@@ -261,7 +253,7 @@ def test_fuzz_cpu_amx_as_the_fp32_kernels(case, monkeypatch):
     results = {}
     for mode in ("0", "1"):
         monkeypatch.setenv("FLASHATTN_EXT_CPU_AMX", mode)
-        results[mode] = run_case(case)
+        results[mode] = run_case(case)[0]
     eps = torch.finfo(case.dtype).eps
     for name, f in results["0"].items():
         a = results["1"][name]
