@@ -1001,6 +1001,26 @@ FwdOutputs dense_fwd_cpu(const at::Tensor &q, const at::Tensor &k, const at::Ten
                                 q.scalar_type()))
                 return {out.to(q.scalar_type()), lse, rng_state_from(0, 0), out};
         }
+        if (!no_work(q) && k.size(1) > 0) { // AMX with every key tile packed: k and v read as they are
+            at::Tensor out = at::empty(out_sizes(q32, v), q32.options());
+            at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q32.options());
+            Variants var32 = var;
+            var32.attn_mask = mask32;
+            VariantTensors keep;
+            const auto params = [&](const at::Tensor &rng_state) {
+                flash_params p = make_params(q32, k, v, out, lse, softmax_scale, var32, rng_state, &keep);
+                p.cpu_src_dtype = cpu_src_dtype;
+                p.cpu_kv_dtype = to_flash_dtype(k.scalar_type());
+                return p;
+            };
+            const flash_params probe = params(rng_state_from(0, 0));
+            if (flash_cpu_fwd_reads_half_kv(&probe)) { // the dropout draw only then
+                const at::Tensor rng_state = draw_rng_state_cpu(dropout_p);
+                const flash_params p = params(rng_state);
+                check_cpu_status(flash_fwd_cpu(&p), "forward");
+                return {out.to(q.scalar_type()), lse, rng_state, out};
+            }
+        }
         auto [out, lse, rng_state, _] = dense_fwd_cpu(q32, f32(k), f32(v), softmax_scale, causal, bottom_right,
                                                 window_left, window_right, softcap, alibi_slopes, sink, mask32,
                                                 dropout_p, deterministic, rel_bias, rel_buckets);

@@ -349,6 +349,11 @@ int flash_cpu_decodes(const flash_params *p)
     return decode_shape(p);
 }
 
+int flash_cpu_fwd_reads_half_kv(const flash_params *p)
+{
+    return p->dtype == FLASH_FP32 && fwd_packs_kv_f32(p);
+}
+
 flash_cpu_status flash_fwd_cpu(const flash_params *p)
 {
     switch (p->dtype) {
@@ -491,6 +496,23 @@ static void FN(load_key_rows)(T *restrict dst, int64_t ld, int64_t rows_pad, int
                       cols);
     }
     FN(load_rows)(dst + rows * ld, ld, rows_pad - rows, cols_pad, src.head, src.row_stride, 0, cols);
+}
+
+/* load_key_rows of fp16 / bf16 (fp16 set) rows of head `head` (strides in its elements), widened; cols_pad = ld. */
+static void FN(load_key_rows_half)(T *restrict dst, int64_t ld, int64_t rows_pad, const uint16_t *head,
+                                   int64_t batch_stride, int64_t row_stride, const flash_params *p,
+                                   const flash_seq *seq, int64_t j0, int64_t rows, int64_t cols, int fp16)
+{
+    for (int64_t j = j0, run; j < j0 + rows; j += run) {
+        run = key_run(p, seq, j, j0 + rows);
+        const uint16_t *src = head + flash_key_offset(p, seq, batch_stride, row_stride, j);
+        for (int64_t x = 0; x < run; x++)
+            for (int64_t c = 0; c < ld; c++)
+                dst[(j - j0 + x) * ld + c] = c < cols ? (T)widen_half(src[x * row_stride + c], fp16) : 0;
+    }
+    for (int64_t j = rows; j < rows_pad; j++)
+        for (int64_t c = 0; c < ld; c++)
+            dst[j * ld + c] = 0;
 }
 
 static void FN(load_key_transposed)(T *restrict dst, int64_t ld, int64_t rows_pad, FN(key_rows) src,
@@ -1608,7 +1630,8 @@ typedef void (*FN(task_fn))(const flash_params *p, const FN(workspace) *w, int64
  * row 0 of each (batch, kv head)'s ((batch, head)'s) sequence, packed once for all the tasks that read them, where
  * each task re-packed them per step before; w's packed, slot, part and tiles describe them. NULL (the tasks then
  * pack per step) above FLASH_CPU_PACK_MAX_BYTES or when out of memory. T is float. */
-static uint16_t *FN(pack_tiles)(const flash_params *p, FN(workspace) *w, int what)
+/* pack_tiles' layout: w->slot, part and tiles for pass `what`; returns the bytes of all the slots. */
+static int64_t FN(pack_layout)(const flash_params *p, FN(workspace) *w, int what)
 {
     const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR), d_v = p->d_v, dvm = ROUND_UP(d_v, FLASH_CPU_MR);
     const int queries = what == PACK_DKDV;
@@ -1625,7 +1648,15 @@ static uint16_t *FN(pack_tiles)(const flash_params *p, FN(workspace) *w, int wha
         w->slot += w->parts * elems[e];
     }
     w->tiles = flash_cdiv64(queries ? p->sq : p->sk, tile);
-    const int64_t n_slots = p->b * heads * w->tiles, bytes = ROUND_UP(n_slots * w->slot * 2, FLASH_CPU_ALIGN_BYTES);
+    return ROUND_UP(p->b * heads * w->tiles * w->slot * 2, FLASH_CPU_ALIGN_BYTES);
+}
+
+static uint16_t *FN(pack_tiles)(const flash_params *p, FN(workspace) *w, int what)
+{
+    const int64_t d = p->d, dm = ROUND_UP(d, FLASH_CPU_MR), d_v = p->d_v, dvm = ROUND_UP(d_v, FLASH_CPU_MR);
+    const int queries = what == PACK_DKDV;
+    const int64_t tile = queries ? FLASH_CPU_TILE_Q : FLASH_CPU_TILE_K, heads = queries ? p->h : p->h_kv;
+    const int64_t bytes = FN(pack_layout)(p, w, what), n_slots = p->b * heads * w->tiles;
     if (bytes > FLASH_CPU_PACK_MAX_BYTES)
         return NULL;
     uint16_t *packed = aligned_alloc(FLASH_CPU_ALIGN_BYTES, (size_t)bytes);
@@ -1654,6 +1685,12 @@ static uint16_t *FN(pack_tiles)(const flash_params *p, FN(workspace) *w, int wha
                               hh * p->q_s.head, p->q_s.row, n, d);
                 FN(load_rows)(y, dvm, nm, dvm, (const T *)p->dout + bi * p->do_s.batch + row * p->do_s.row +
                               hh * p->do_s.head, p->do_s.row, n, d_v);
+            } else if (p->cpu_kv_dtype != FLASH_FP32) { /* T is float: the fp16 / bf16 k, v widened here */
+                const int fp16 = p->cpu_kv_dtype == FLASH_FP16;
+                FN(load_key_rows_half)(x, dm, nm, (const uint16_t *)p->k + hh * p->k_s.head, p->k_s.batch, p->k_s.row,
+                                       p, &seq, r0, n, d, fp16);
+                FN(load_key_rows_half)(y, dvm, nm, (const uint16_t *)p->v + hh * p->v_s.head, p->v_s.batch,
+                                       p->v_s.row, p, &seq, r0, n, d_v, fp16);
             } else {
                 const FN(key_rows) k = {(const T *)p->k + hh * p->k_s.head, p->k_s.batch, p->k_s.row};
                 const FN(key_rows) v = {(const T *)p->v + hh * p->v_s.head, p->v_s.batch, p->v_s.row};
@@ -1711,6 +1748,8 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
     const char *amx_env = getenv("FLASHATTN_EXT_CPU_AMX"); /* "step": pack per step (tests) */
     const int per_step = amx_env && strcmp(amx_env, "step") == 0;
     uint16_t *packed = amx && pack != PACK_NONE && !per_step ? FN(pack_tiles)(p, &shared, pack) : NULL;
+    if (!packed && p->cpu_kv_dtype != FLASH_FP32) /* fp16 / bf16 k, v are read only by pack_tiles */
+        return FLASH_CPU_ERR_NOMEM;
     T *pool = aligned_alloc(FLASH_CPU_ALIGN_BYTES, (size_t)(n_threads * per_thread) * sizeof(T));
     if (!pool) {
         free(packed);
@@ -1749,10 +1788,22 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
     return FLASH_CPU_OK;
 }
 
+/* 1 when the forward of p (T float, fp16 / bf16 inputs) runs on AMX with every key tile packed once per call
+ * (pack_tiles), so that k and v may be the fp16 / bf16 tensors themselves (cpu_kv_dtype). */
+static int FN(fwd_packs_kv)(const flash_params *p)
+{
+    const char *amx_env = getenv("FLASHATTN_EXT_CPU_AMX");
+    FN(workspace) w = {0};
+    w.parts = p->cpu_src_dtype == FLASH_BF16 ? 1 : 2;
+    return sizeof(T) == sizeof(float) && (p->cpu_src_dtype == FLASH_BF16 || p->cpu_src_dtype == FLASH_FP16) &&
+           !decode_shape(p) && flash_amx_usable() && !(amx_env && strcmp(amx_env, "step") == 0) &&
+           FN(pack_layout)(p, &w, PACK_FWD) <= FLASH_CPU_PACK_MAX_BYTES;
+}
+
 static flash_cpu_status FN(fwd)(const flash_params *p)
 {
-    if (p->cpu_kv_dtype != FLASH_FP32 && !(sizeof(T) == sizeof(float) && decode_shape(p)))
-        return FLASH_CPU_ERR_DTYPE; /* fp16 / bf16 k / v: the fp32 decode path only */
+    if (p->cpu_kv_dtype != FLASH_FP32 && !(sizeof(T) == sizeof(float) && (decode_shape(p) || FN(fwd_packs_kv)(p))))
+        return FLASH_CPU_ERR_DTYPE; /* fp16 / bf16 k / v: the fp32 decode path, or the packed AMX forward */
     if (decode_shape(p))
         return FN(decode_fwd)(p);
     return FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(fwd_task), NULL, PACK_FWD, 0);

@@ -41,6 +41,11 @@ flash_cpu_status flash_fwd_cpu(const flash_params *p);
  * says no): the only forward that reads fp16 / bf16 k / v (p->cpu_kv_dtype); the others refuse them. */
 int flash_cpu_decodes(const flash_params *p);
 
+/* 1 when flash_fwd_cpu's prefill path for p (not decode; fp32 copies of fp16 / bf16 inputs, p->cpu_src_dtype)
+ * packs every key tile once per call for the AMX products, the rows of k and v read only there: it then takes k and
+ * v as the fp16 / bf16 tensors themselves (p->cpu_kv_dtype), widening the rows as it packs them. */
+int flash_cpu_fwd_reads_half_kv(const flash_params *p);
+
 /* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv (every element of every sequence, zeros
  * included; in a varlen batch nothing outside the sequences' rows and seqused_k keys).
  * p->delta must point to a caller-allocated buffer of the lse type and layout (lse_batch, lse_head);
