@@ -499,16 +499,26 @@ static void FN(load_key_rows)(T *restrict dst, int64_t ld, int64_t rows_pad, int
 }
 
 /* load_key_rows of fp16 / bf16 (fp16 set) rows of head `head` (strides in its elements), widened; cols_pad = ld. */
-static void FN(load_key_rows_half)(T *restrict dst, int64_t ld, int64_t rows_pad, const uint16_t *head,
-                                   int64_t batch_stride, int64_t row_stride, const flash_params *p,
-                                   const flash_seq *seq, int64_t j0, int64_t rows, int64_t cols, int fp16)
+FLASH_CPU_SIMD static void FN(load_key_rows_half)(T *restrict dst, int64_t ld, int64_t rows_pad, const uint16_t *head,
+                                                 int64_t batch_stride, int64_t row_stride, const flash_params *p,
+                                                 const flash_seq *seq, int64_t j0, int64_t rows, int64_t cols,
+                                                 int fp16)
 {
     for (int64_t j = j0, run; j < j0 + rows; j += run) {
         run = key_run(p, seq, j, j0 + rows);
         const uint16_t *src = head + flash_key_offset(p, seq, batch_stride, row_stride, j);
-        for (int64_t x = 0; x < run; x++)
-            for (int64_t c = 0; c < ld; c++)
-                dst[(j - j0 + x) * ld + c] = c < cols ? (T)widen_half(src[x * row_stride + c], fp16) : 0;
+        for (int64_t x = 0; x < run; x++) {
+            T *restrict d = dst + (j - j0 + x) * ld;
+            const uint16_t *restrict s = src + x * row_stride;
+            if (fp16)
+                for (int64_t c = 0; c < cols; c++)
+                    d[c] = (T)widen_half(s[c], 1);
+            else
+                for (int64_t c = 0; c < cols; c++)
+                    d[c] = (T)widen_half(s[c], 0);
+            for (int64_t c = cols; c < ld; c++)
+                d[c] = 0;
+        }
     }
     for (int64_t j = rows; j < rows_pad; j++)
         for (int64_t c = 0; c < ld; c++)
