@@ -953,6 +953,27 @@ at::Tensor draw_rng_state_cpu(double dropout_p)
     return rng_state_from(at::check_generator<at::CPUGeneratorImpl>(gen)->random64(), 0);
 }
 
+// fp16 / bf16 forwards (k, v of dtype t) where flash_cpu_fwd_reads_half_kv says the kernel packs every key tile once
+// per call on AMX: runs make(rng_state) with k and v as they are (the params of fp32 copies of q, fp32 out and lse),
+// sets *rng_state (drawn only then) and returns true; else false, having drawn and run nothing (the caller copies).
+template <typename Make>
+bool run_half_kv_fwd(const Make &make, at::ScalarType t, double dropout_p, at::Tensor *rng_state)
+{
+    const auto params = [&](const at::Tensor &rng) {
+        flash_params p = make(rng);
+        p.cpu_src_dtype = cpu_src_dtype;
+        p.cpu_kv_dtype = to_flash_dtype(t);
+        return p;
+    };
+    const flash_params probe = params(rng_state_from(0, 0));
+    if (!flash_cpu_fwd_reads_half_kv(&probe))
+        return false;
+    *rng_state = draw_rng_state_cpu(dropout_p);
+    const flash_params p = params(*rng_state);
+    check_cpu_status(flash_fwd_cpu(&p), "forward");
+    return true;
+}
+
 // The T5 table's gradient of a CPU backward (bwd's drel_bias): partial sums per (batch, head, key tile of
 // the dK/dV pass; flash.h rel_bias_grad) that result() adds up to (nheads, num_buckets); empty when not asked.
 struct RelBiasGrad {
@@ -1007,19 +1028,11 @@ FwdOutputs dense_fwd_cpu(const at::Tensor &q, const at::Tensor &k, const at::Ten
             Variants var32 = var;
             var32.attn_mask = mask32;
             VariantTensors keep;
-            const auto params = [&](const at::Tensor &rng_state) {
-                flash_params p = make_params(q32, k, v, out, lse, softmax_scale, var32, rng_state, &keep);
-                p.cpu_src_dtype = cpu_src_dtype;
-                p.cpu_kv_dtype = to_flash_dtype(k.scalar_type());
-                return p;
-            };
-            const flash_params probe = params(rng_state_from(0, 0));
-            if (flash_cpu_fwd_reads_half_kv(&probe)) { // the dropout draw only then
-                const at::Tensor rng_state = draw_rng_state_cpu(dropout_p);
-                const flash_params p = params(rng_state);
-                check_cpu_status(flash_fwd_cpu(&p), "forward");
+            at::Tensor rng_state;
+            if (run_half_kv_fwd([&](const at::Tensor &rng) {
+                    return make_params(q32, k, v, out, lse, softmax_scale, var32, rng, &keep);
+                }, k.scalar_type(), dropout_p, &rng_state))
                 return {out.to(q.scalar_type()), lse, rng_state, out};
-            }
         }
         auto [out, lse, rng_state, _] = dense_fwd_cpu(q32, f32(k), f32(v), softmax_scale, causal, bottom_right,
                                                 window_left, window_right, softcap, alibi_slopes, sink, mask32,
@@ -1116,6 +1129,15 @@ FwdOutputs varlen_fwd_cpu(
                                                    &keep),
                                 q.scalar_type()))
                 return {out.to(q.scalar_type()), lse, rng_state_from(0, 0), out};
+        }
+        if (!varlen_fwd_no_work(q, vl, var)) { // AMX with every key tile packed: k and v read as they are
+            auto [out, lse] = varlen_fwd_outputs(q32, v);
+            VariantTensors keep;
+            at::Tensor rng_state;
+            if (run_half_kv_fwd([&](const at::Tensor &rng) {
+                    return make_varlen_params(q32, k, v, out, lse, vl, softmax_scale, var, rng, &keep);
+                }, k.scalar_type(), dropout_p, &rng_state))
+                return {out.to(q.scalar_type()), lse, rng_state, out};
         }
         auto [out, lse, rng_state, _] = varlen_fwd_cpu(q32, f32(k), f32(v), cu_seqlens_q, cu_seqlens_k,
                                                        seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
