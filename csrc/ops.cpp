@@ -1225,6 +1225,11 @@ std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cpu(
             if (run_half_decode(make_kvcache_params(q32, k_cache, v_cache, out, lse, kv, softmax_scale, var, &keep),
                                 q.scalar_type()))
                 return {out.to(q.scalar_type()), lse};
+            at::Tensor rng_state; // AMX with every key tile packed: the cache read as it is, not copied per call
+            if (run_half_kv_fwd([&](const at::Tensor &) {
+                    return make_kvcache_params(q32, k_cache, v_cache, out, lse, kv, softmax_scale, var, &keep);
+                }, k_cache.scalar_type(), 0.0, &rng_state))
+                return {out.to(q.scalar_type()), lse};
         }
         auto [out, lse] = kvcache_fwd_cpu(q32, f32(k_cache), f32(v_cache), cache_seqlens, cache_batch_idx,
                                           cache_leftpad, block_table, softmax_scale, causal, window_left,
