@@ -158,3 +158,54 @@ def test_amx_products_as_exact_as_the_fp32_kernels(dtype, variant, monkeypatch):
             assert err_amx <= err_f32 * 1.02 + 1e-6, f"{mode} {name}: AMX {err_amx:.3g}, fp32 kernels {err_f32:.3g}"
             step = torch.finfo(dtype).eps * want.abs().clamp_min(want.abs().max() * 1e-2)
             assert ((a.double() - f.double()).abs() <= 2 * step + 1e-6).all(), f"{mode} {name}"
+
+
+@pytest.mark.skipif(not AMX, reason="no AMX-BF16 on this CPU (or FLASHATTN_EXT_CPU_AMX=0)")
+@pytest.mark.parametrize("call", ["dense", "dense_dropout", "varlen", "kvcache", "kvcache_paged"])
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda dt: DTYPE_NAMES[dt])
+def test_amx_forward_reads_half_kv_as_the_fp32_copies(dtype, call, monkeypatch):
+    """With AMX the dense, varlen and KV-cache prefill forwards read fp16 / bf16 k and v as they are
+    (flash_cpu_fwd_reads_half_kv: the rows widened as every key tile is packed once per call); with
+    FLASHATTN_EXT_CPU_AMX=step (operands packed per step) they run on fp32 copies of k and v as before. The same
+    values meet the same tile products, so out and lse must be equal bit for bit."""
+    gen = torch.Generator().manual_seed(5)
+    b, sq, hq, hk, d = 2, 40, 4, 2, 72
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    q = rand(b, sq, hq, d)
+    if call.startswith("dense"):
+        k, v = rand(b, 300, hk, d), rand(b, 300, hk, 40)
+        p = 0.3 if call == "dense_dropout" else 0.0
+
+        def run():
+            torch.manual_seed(2)
+            return flashattn_ext.flash_attn_func(q, k, v, dropout_p=p, causal=True, return_lse=True)
+    elif call == "varlen":
+        k, v = rand(350, hk, d), rand(350, hk, d)
+        cu_q, cu_k = torch.tensor([0, 30, 80], dtype=torch.int32), torch.tensor([0, 100, 350], dtype=torch.int32)
+        qv = q.reshape(b * sq, hq, d)
+
+        def run():
+            return flashattn_ext.flash_attn_varlen_func(qv, k, v, cu_q, cu_k, 50, 250, causal=True, return_lse=True)
+    else:
+        cap, blk = 512, 64
+        kc, vc = rand(b, cap, hk, d), rand(b, cap, hk, d)
+        seqlens = torch.tensor([300, 170], dtype=torch.int32)
+        kw = dict(cache_seqlens=seqlens, causal=True, return_softmax_lse=True)
+        if call == "kvcache_paged":
+            kc, vc = kc.reshape(b * cap // blk, blk, hk, d), vc.reshape(b * cap // blk, blk, hk, d)
+            kw["block_table"] = torch.randperm(b * cap // blk, generator=gen).to(torch.int32).reshape(b, cap // blk)
+        else:
+            kw["cache_batch_idx"] = torch.tensor([1, 0], dtype=torch.int32)
+
+        def run():
+            return flashattn_ext.flash_attn_with_kvcache(q, kc, vc, **kw)
+
+    got = {}
+    for mode in ("1", "step"):
+        monkeypatch.setenv("FLASHATTN_EXT_CPU_AMX", mode)
+        got[mode] = run()
+    for name, a, f in zip(("out", "lse"), got["1"], got["step"]):
+        assert torch.equal(a, f), name
