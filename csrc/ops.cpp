@@ -826,9 +826,10 @@ Varlen varlen_of(const at::Tensor &cu_seqlens_q, const at::Tensor &cu_seqlens_k,
     return vl;
 }
 
-std::tuple<at::Tensor, at::Tensor> varlen_fwd_outputs(const at::Tensor &q, const at::Tensor &v)
+// out (in out_t: q's dtype, or float32 for the fp32 kernels on fp16 / bf16 inputs) and lse of a varlen forward.
+std::tuple<at::Tensor, at::Tensor> varlen_fwd_outputs(const at::Tensor &q, const at::Tensor &v, at::ScalarType out_t)
 {
-    at::Tensor out = at::zeros(out_sizes(q, v), q.options());  // v: packed or paged
+    at::Tensor out = at::zeros(out_sizes(q, v), q.options().dtype(out_t));  // v: packed or paged
     at::Tensor lse = at::full({q.size(1), q.size(0)}, -std::numeric_limits<double>::infinity(),
                               q.options().dtype(lse_dtype(q.scalar_type())));
     return {out, lse};
@@ -930,19 +931,6 @@ void check_cpu_status(flash_cpu_status status, const char *what)
     TORCH_CHECK(status == FLASH_CPU_OK, "flashattn_ext: CPU ", what, " failed with status ", num(status));
 }
 
-// fp16 / bf16 calls that take the CPU decode path (flash_cpu_decodes: few query rows, no dropout) with params p of
-// fp32 copies of q (out, lse fp32) and the k, v of dtype t themselves: the kernel widens k / v per key block as it
-// reads them (flash.h cpu_kv_dtype), where fp32 copies of the whole cache per call cost more than the attention.
-// Returns false, having run nothing, where the call takes another path.
-bool run_half_decode(flash_params p, at::ScalarType t)
-{
-    p.cpu_kv_dtype = to_flash_dtype(t);
-    if (!flash_cpu_decodes(&p))
-        return false;
-    check_cpu_status(run_fwd_cpu(p), "decode forward");
-    return true;
-}
-
 // (seed, offset) for a CPU call: a 64-bit seed from torch's default CPU generator, offset 0.
 at::Tensor draw_rng_state_cpu(double dropout_p)
 {
@@ -953,23 +941,35 @@ at::Tensor draw_rng_state_cpu(double dropout_p)
     return rng_state_from(at::check_generator<at::CPUGeneratorImpl>(gen)->random64(), 0);
 }
 
-// fp16 / bf16 forwards (k, v of dtype t) where flash_cpu_fwd_reads_half_kv says the kernel packs every key tile once
-// per call on AMX: runs make(rng_state) with k and v as they are (the params of fp32 copies of q, fp32 out and lse),
-// sets *rng_state (drawn only then) and returns true; else false, having drawn and run nothing (the caller copies).
+// fp16 / bf16 forwards without fp32 copies of their inputs. make(q, rng_state) gives the params of that q (the
+// input or its fp32 copy) and k, v as they are, with fp32 out and lse. Few query rows without dropout (flash_cpu_decodes): the decode path on an fp32 copy of q,
+// reading k / v as they are (flash.h cpu_kv_dtype; a copy of a whole cache per call would cost more than the
+// attention). Else, on AMX with every key tile packed once per call (flash_cpu_fwd_reads_half_kv): q, k and v as
+// they are (cpu_q_dtype, cpu_kv_dtype), the dropout draw only then. Either sets *rng_state and returns true; else
+// false, having drawn and run nothing: the caller runs the fp32 kernels on copies.
 template <typename Make>
-bool run_half_kv_fwd(const Make &make, at::ScalarType t, double dropout_p, at::Tensor *rng_state)
+bool run_half_fwd(const Make &make, const at::Tensor &q, at::ScalarType kv_t, double dropout_p, at::Tensor *rng_state)
 {
-    const auto params = [&](const at::Tensor &rng) {
-        flash_params p = make(rng);
+    const auto params = [&](const at::Tensor &qq) {
+        flash_params p = make(qq, rng_state_from(0, 0));
+        p.dtype = FLASH_FP32; // the kernels' type (out, lse); the inputs' is cpu_src_dtype
         p.cpu_src_dtype = cpu_src_dtype;
-        p.cpu_kv_dtype = to_flash_dtype(t);
+        p.cpu_kv_dtype = to_flash_dtype(kv_t);
         return p;
     };
-    const flash_params probe = params(rng_state_from(0, 0));
-    if (!flash_cpu_fwd_reads_half_kv(&probe))
+    flash_params p = params(q);
+    if (flash_cpu_decodes(&p)) { // shapes and dropout only
+        const at::Tensor q32 = f32(q);
+        const flash_params p32 = params(q32);
+        check_cpu_status(flash_fwd_cpu(&p32), "decode forward");
+        *rng_state = rng_state_from(0, 0);
+        return true;
+    }
+    p.cpu_q_dtype = to_flash_dtype(q.scalar_type());
+    if (!flash_cpu_fwd_reads_half_kv(&p))
         return false;
     *rng_state = draw_rng_state_cpu(dropout_p);
-    const flash_params p = params(*rng_state);
+    set_dropout_params(&p, dropout_p, *rng_state);
     check_cpu_status(flash_fwd_cpu(&p), "forward");
     return true;
 }
@@ -1010,30 +1010,20 @@ FwdOutputs dense_fwd_cpu(const at::Tensor &q, const at::Tensor &k, const at::Ten
     check_variants(var, q, k);
     if (is_half(q)) {
         const SourceDtype src(q);  // the AMX products of the fp32 kernels (flash_cpu.c)
-        const at::Tensor q32 = f32(q);  // for the decode path and the fp32 kernels alike
         const c10::optional<at::Tensor> mask32 = mask_f32(attn_mask);
-        if (dropout_p == 0.0 && !no_work(q) && k.size(1) > 0) {
-            at::Tensor out = at::empty(out_sizes(q32, v), q32.options());
-            at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q32.options());
-            Variants var32 = var;
-            var32.attn_mask = mask32;
-            VariantTensors keep;
-            if (run_half_decode(make_params(q32, k, v, out, lse, softmax_scale, var32, rng_state_from(0, 0), &keep),
-                                q.scalar_type()))
-                return {out.to(q.scalar_type()), lse, rng_state_from(0, 0), out};
-        }
-        if (!no_work(q) && k.size(1) > 0) { // AMX with every key tile packed: k and v read as they are
-            at::Tensor out = at::empty(out_sizes(q32, v), q32.options());
-            at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q32.options());
+        if (!no_work(q) && k.size(1) > 0) {
+            at::Tensor out = at::empty(out_sizes(q, v), q.options().dtype(at::kFloat));
+            at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
             Variants var32 = var;
             var32.attn_mask = mask32;
             VariantTensors keep;
             at::Tensor rng_state;
-            if (run_half_kv_fwd([&](const at::Tensor &rng) {
-                    return make_params(q32, k, v, out, lse, softmax_scale, var32, rng, &keep);
-                }, k.scalar_type(), dropout_p, &rng_state))
+            if (run_half_fwd([&](const at::Tensor &qq, const at::Tensor &rng) {
+                    return make_params(qq, k, v, out, lse, softmax_scale, var32, rng, &keep);
+                }, q, k.scalar_type(), dropout_p, &rng_state))
                 return {out.to(q.scalar_type()), lse, rng_state, out};
         }
+        const at::Tensor q32 = f32(q);
         auto [out, lse, rng_state, _] = dense_fwd_cpu(q32, f32(k), f32(v), softmax_scale, causal, bottom_right,
                                                 window_left, window_right, softcap, alibi_slopes, sink, mask32,
                                                 dropout_p, deterministic, rel_bias, rel_buckets);
@@ -1121,24 +1111,16 @@ FwdOutputs varlen_fwd_cpu(
     check_variants(var, q, vl.batch(), max_seqlen_q, q.size(1), max_seqlen_k);
     if (is_half(q)) {
         const SourceDtype src(q);  // the AMX products of the fp32 kernels (flash_cpu.c)
-        const at::Tensor q32 = f32(q);  // for the decode path and the fp32 kernels alike
-        if (dropout_p == 0.0 && !varlen_fwd_no_work(q, vl, var)) {
-            auto [out, lse] = varlen_fwd_outputs(q32, v);
-            VariantTensors keep;
-            if (run_half_decode(make_varlen_params(q32, k, v, out, lse, vl, softmax_scale, var, rng_state_from(0, 0),
-                                                   &keep),
-                                q.scalar_type()))
-                return {out.to(q.scalar_type()), lse, rng_state_from(0, 0), out};
-        }
-        if (!varlen_fwd_no_work(q, vl, var)) { // AMX with every key tile packed: k and v read as they are
-            auto [out, lse] = varlen_fwd_outputs(q32, v);
+        if (!varlen_fwd_no_work(q, vl, var)) {
+            auto [out, lse] = varlen_fwd_outputs(q, v, at::kFloat);
             VariantTensors keep;
             at::Tensor rng_state;
-            if (run_half_kv_fwd([&](const at::Tensor &rng) {
-                    return make_varlen_params(q32, k, v, out, lse, vl, softmax_scale, var, rng, &keep);
-                }, k.scalar_type(), dropout_p, &rng_state))
+            if (run_half_fwd([&](const at::Tensor &qq, const at::Tensor &rng) {
+                    return make_varlen_params(qq, k, v, out, lse, vl, softmax_scale, var, rng, &keep);
+                }, q, k.scalar_type(), dropout_p, &rng_state))
                 return {out.to(q.scalar_type()), lse, rng_state, out};
         }
+        const at::Tensor q32 = f32(q);
         auto [out, lse, rng_state, _] = varlen_fwd_cpu(q32, f32(k), f32(v), cu_seqlens_q, cu_seqlens_k,
                                                        seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                                                        window_left, window_right, softcap, alibi_slopes, sink,
@@ -1146,7 +1128,7 @@ FwdOutputs varlen_fwd_cpu(
         return {out.to(q.scalar_type()), lse, rng_state, out};
     }
     at::Tensor rng_state = draw_rng_state_cpu(dropout_p);
-    auto [out, lse] = varlen_fwd_outputs(q, v);
+    auto [out, lse] = varlen_fwd_outputs(q, v, q.scalar_type());
     if (varlen_fwd_no_work(q, vl, var))
         return {out, lse, rng_state, no_out32(q)};
     VariantTensors keep;
@@ -1217,20 +1199,17 @@ std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cpu(
     check_variants(var, q, q.size(0), q.size(1), q.size(2), kv.seqlen_k(k_cache));
     if (is_half(q)) {
         const SourceDtype src(q);  // the AMX products of the fp32 kernels (flash_cpu.c)
-        const at::Tensor q32 = f32(q);  // for the decode path and the fp32 kernels alike
         if (!no_work(q) && kv.seqlen_k(k_cache) > 0) {
-            at::Tensor out = at::empty(out_sizes(q32, v_cache), q32.options());
-            at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q32.options());
+            at::Tensor out = at::empty(out_sizes(q, v_cache), q.options().dtype(at::kFloat));
+            at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
             VariantTensors keep;
-            if (run_half_decode(make_kvcache_params(q32, k_cache, v_cache, out, lse, kv, softmax_scale, var, &keep),
-                                q.scalar_type()))
-                return {out.to(q.scalar_type()), lse};
-            at::Tensor rng_state; // AMX with every key tile packed: the cache read as it is, not copied per call
-            if (run_half_kv_fwd([&](const at::Tensor &) {
-                    return make_kvcache_params(q32, k_cache, v_cache, out, lse, kv, softmax_scale, var, &keep);
-                }, k_cache.scalar_type(), 0.0, &rng_state))
+            at::Tensor rng_state;
+            if (run_half_fwd([&](const at::Tensor &qq, const at::Tensor &) {
+                    return make_kvcache_params(qq, k_cache, v_cache, out, lse, kv, softmax_scale, var, &keep);
+                }, q, k_cache.scalar_type(), 0.0, &rng_state))
                 return {out.to(q.scalar_type()), lse};
         }
+        const at::Tensor q32 = f32(q);
         auto [out, lse] = kvcache_fwd_cpu(q32, f32(k_cache), f32(v_cache), cache_seqlens, cache_batch_idx,
                                           cache_leftpad, block_table, softmax_scale, causal, window_left,
                                           window_right, softcap, alibi_slopes, sink, num_splits);

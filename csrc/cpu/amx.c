@@ -65,7 +65,7 @@ int flash_amx_usable(void)
     return s > 0;
 }
 
-#define AMX_PACK_TARGET __attribute__((target("avx512f,avx512bw")))
+#define AMX_PACK_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define HI16 0xFFFF0000u
 
 /* The next term of 16 values: their top 16 bits (as 32-bit words, low half zero); x -= the term. */
@@ -276,9 +276,22 @@ AMX_PACK_TARGET static inline void transpose16(__m512i r[16])
         r[i] = t[i];
 }
 
-AMX_PACK_TARGET void flash_amx_pack_b_rows(uint16_t *dst, int parts, int64_t k, int64_t n, const float *rows,
+/* 16 values of row src (kind: FLASH_AMX_SRC_*) from element c0, lanes past `valid` zero, as fp32 (exact). */
+AMX_PACK_TARGET static inline __m512 load16(const void *src, int kind, int64_t c0, int64_t valid)
+{
+    const __mmask16 m = lanes(valid);
+    if (kind == FLASH_AMX_SRC_FP32)
+        return _mm512_maskz_loadu_ps(m, (const float *)src + c0);
+    const __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)src + c0);
+    if (kind == FLASH_AMX_SRC_FP16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+AMX_PACK_TARGET void flash_amx_pack_b_rows(uint16_t *dst, int parts, int64_t k, int64_t n, const void *rows, int kind,
                                            int64_t rs, int64_t n_valid)
 {
+    const int64_t es = kind == FLASH_AMX_SRC_FP32 ? 4 : 2;
     const int64_t kp = ROUND32(k), np = ROUND32(n), nt_n = np / 16, plane = kp * np;
     /* 16-bit element m of the result: the high half of 32-bit element m of the pair (x0, x1) */
     const __m512i hi_halves = _mm512_add_epi16(_mm512_slli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23,
@@ -287,10 +300,10 @@ AMX_PACK_TARGET void flash_amx_pack_b_rows(uint16_t *dst, int parts, int64_t k, 
         for (int64_t k0 = 0; k0 < kp; k0 += 32) {
             __m512 x[16][2];
             for (int r = 0; r < 16; r++) {
+                const char *row = (const char *)rows + (j0 + r) * rs * es;
                 const int valid = j0 + r < n_valid;
-                x[r][0] = valid ? _mm512_maskz_loadu_ps(lanes(k - k0), rows + (j0 + r) * rs + k0) : _mm512_setzero_ps();
-                x[r][1] = valid ? _mm512_maskz_loadu_ps(lanes(k - k0 - 16), rows + (j0 + r) * rs + k0 + 16)
-                                : _mm512_setzero_ps();
+                x[r][0] = valid ? load16(row, kind, k0, k - k0) : _mm512_setzero_ps();
+                x[r][1] = valid ? load16(row, kind, k0 + 16, k - k0 - 16) : _mm512_setzero_ps();
             }
             for (int p = 0; p < parts; p++) {
                 __m512i w[16];
@@ -441,10 +454,10 @@ int flash_amx_softmax_pack(const float *s, int64_t kn, int64_t cols, int64_t ld,
     abort();
 }
 
-void flash_amx_pack_b_rows(uint16_t *dst, int parts, int64_t k, int64_t n, const float *rows, int64_t rs,
+void flash_amx_pack_b_rows(uint16_t *dst, int parts, int64_t k, int64_t n, const void *rows, int kind, int64_t rs,
                            int64_t n_valid)
 {
-    (void)dst, (void)parts, (void)k, (void)n, (void)rows, (void)rs, (void)n_valid;
+    (void)dst, (void)parts, (void)k, (void)n, (void)rows, (void)kind, (void)rs, (void)n_valid;
     abort();
 }
 

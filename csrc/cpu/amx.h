@@ -47,8 +47,10 @@ int flash_amx_softmax_pack(const float *s, int64_t kn, int64_t cols, int64_t ld,
                            float *alpha, uint16_t *dst, int parts);
 
 /* pack_b of B = rows^T (k, n): B[kk][j] = rows[j * rs + kk] for j < n_valid (zero for n_valid <= j < n), i.e. the
- * transposed operand packed straight from its rows (16 x 16 transposes of bf16 pairs). */
-void flash_amx_pack_b_rows(uint16_t *dst, int parts, int64_t k, int64_t n, const float *rows, int64_t rs,
+ * transposed operand packed straight from its rows (16 x 16 transposes of bf16 pairs); rows of float values, or of
+ * fp16 / bf16 ones (kind; rs in elements of that type). */
+enum { FLASH_AMX_SRC_FP32 = 0, FLASH_AMX_SRC_BF16 = 1, FLASH_AMX_SRC_FP16 = 2 };
+void flash_amx_pack_b_rows(uint16_t *dst, int parts, int64_t k, int64_t n, const void *rows, int kind, int64_t rs,
                            int64_t n_valid);
 
 /* o[u * o_rs + c] = acc[c * ld + u] * factor[u] for c < rows, u < cols (16 x 16 transposes). */

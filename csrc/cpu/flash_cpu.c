@@ -929,7 +929,8 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
     const int64_t hk = hq / p->h_per_kv;
     tile t = {q0, flash_min64(FLASH_CPU_TILE_Q, seq.sq - q0), 0, 0};
     const int64_t qp = ROUND_UP(t.qn, FLASH_CPU_NR);
-    const T *q = (const T *)p->q + bi * p->q_s.batch + (seq.q_row0 + q0) * p->q_s.row + hq * p->q_s.head;
+    const int64_t q_off = bi * p->q_s.batch + (seq.q_row0 + q0) * p->q_s.row + hq * p->q_s.head;
+    const T *q = (const T *)p->q + q_off;
     const FN(key_rows) k = {(const T *)p->k + hk * p->k_s.head, p->k_s.batch, p->k_s.row};
     const FN(key_rows) v = {(const T *)p->v + hk * p->v_s.head, p->v_s.batch, p->v_s.row};
     T *o = (T *)p->o + bi * p->o_s.batch + (seq.q_row0 + q0) * p->o_s.row + hq * p->o_s.head;
@@ -942,7 +943,12 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
 
     const uint16_t *q_packed = NULL; /* AMX: Q^T packed from q's rows, unscaled (exact) */
     if (w->amx) { /* T is float */
-        flash_amx_pack_b_rows(w->amx_b[0], w->parts, d, qp, (const float *)q, p->q_s.row, t.qn);
+        if (p->cpu_q_dtype != FLASH_FP32) /* q as it is: fp16 / bf16 */
+            flash_amx_pack_b_rows(w->amx_b[0], w->parts, d, qp, (const uint16_t *)p->q + q_off,
+                                  p->cpu_q_dtype == FLASH_FP16 ? FLASH_AMX_SRC_FP16 : FLASH_AMX_SRC_BF16, p->q_s.row,
+                                  t.qn);
+        else
+            flash_amx_pack_b_rows(w->amx_b[0], w->parts, d, qp, q, FLASH_AMX_SRC_FP32, p->q_s.row, t.qn);
         q_packed = w->amx_b[0];
     } else {
         FN(load_transposed)(w->q, TILE_Q_NR, qp, q, p->q_s.row, t.qn, d, (T)p->scale);
@@ -1814,6 +1820,8 @@ static flash_cpu_status FN(fwd)(const flash_params *p)
 {
     if (p->cpu_kv_dtype != FLASH_FP32 && !(sizeof(T) == sizeof(float) && (decode_shape(p) || FN(fwd_packs_kv)(p))))
         return FLASH_CPU_ERR_DTYPE; /* fp16 / bf16 k / v: the fp32 decode path, or the packed AMX forward */
+    if (p->cpu_q_dtype != FLASH_FP32 && !FN(fwd_packs_kv)(p))
+        return FLASH_CPU_ERR_DTYPE; /* fp16 / bf16 q: the packed AMX forward only */
     if (decode_shape(p))
         return FN(decode_fwd)(p);
     return FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(fwd_task), NULL, PACK_FWD, 0);
@@ -1900,6 +1908,8 @@ static T *FN(renorm_rows)(const flash_params *p, flash_cpu_status *st)
 
 static flash_cpu_status FN(bwd)(const flash_params *p)
 {
+    if (p->cpu_q_dtype != FLASH_FP32 || p->cpu_kv_dtype != FLASH_FP32)
+        return FLASH_CPU_ERR_DTYPE; /* fp16 / bf16 inputs themselves: forwards only */
     flash_cpu_status st = FLASH_CPU_OK;
     T *renorm = FN(delta_rows)(p) ? FN(renorm_rows)(p, &st) : NULL;
     /* One pass (bwd_task: dQ with dK / dV, per (batch, kv head)) where its tasks fill the threads twice over and

@@ -41,9 +41,9 @@ flash_cpu_status flash_fwd_cpu(const flash_params *p);
  * says no): the only forward that reads fp16 / bf16 k / v (p->cpu_kv_dtype); the others refuse them. */
 int flash_cpu_decodes(const flash_params *p);
 
-/* 1 when flash_fwd_cpu's prefill path for p (not decode; fp32 copies of fp16 / bf16 inputs, p->cpu_src_dtype)
- * packs every key tile once per call for the AMX products, the rows of k and v read only there: it then takes k and
- * v as the fp16 / bf16 tensors themselves (p->cpu_kv_dtype), widening the rows as it packs them. */
+/* 1 when flash_fwd_cpu's prefill path for p (not decode; fp16 / bf16 inputs, p->cpu_src_dtype) packs every key
+ * tile once per call for the AMX products, the rows of q, k and v read only as they are packed: it then takes them
+ * as the fp16 / bf16 tensors themselves (p->cpu_q_dtype, p->cpu_kv_dtype), widening the rows as it packs them. */
 int flash_cpu_fwd_reads_half_kv(const flash_params *p);
 
 /* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv (every element of every sequence, zeros
