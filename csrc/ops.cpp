@@ -826,7 +826,6 @@ Varlen varlen_of(const at::Tensor &cu_seqlens_q, const at::Tensor &cu_seqlens_k,
     return vl;
 }
 
-// out (in out_t: q's dtype, or float32 for the fp32 kernels on fp16 / bf16 inputs) and lse of a varlen forward.
 std::tuple<at::Tensor, at::Tensor> varlen_fwd_outputs(const at::Tensor &q, const at::Tensor &v, at::ScalarType out_t)
 {
     at::Tensor out = at::zeros(out_sizes(q, v), q.options().dtype(out_t));  // v: packed or paged
@@ -1128,7 +1127,7 @@ FwdOutputs varlen_fwd_cpu(
         return {out.to(q.scalar_type()), lse, rng_state, out};
     }
     at::Tensor rng_state = draw_rng_state_cpu(dropout_p);
-    auto [out, lse] = varlen_fwd_outputs(q, v, q.scalar_type());
+    auto [out, lse] = varlen_fwd_outputs(q, v);
     if (varlen_fwd_no_work(q, vl, var))
         return {out, lse, rng_state, no_out32(q)};
     VariantTensors keep;

@@ -162,8 +162,13 @@ void set_varlen_bwd_params(flash_params *p, const at::Tensor &dout, const at::Te
                            const at::Tensor &dv, const at::Tensor &delta);
 
 // Outputs of a varlen forward before the kernels run: out (total_q, nheads, headdim_v) zero (rows of no
-// sequence keep it), lse (nheads, total_q) -inf.
-std::tuple<at::Tensor, at::Tensor> varlen_fwd_outputs(const at::Tensor &q, const at::Tensor &v);
+// sequence keep it) in out_t (q's dtype, or float32 where the CPU runs fp16 / bf16 inputs), lse (nheads, total_q)
+// -inf.
+std::tuple<at::Tensor, at::Tensor> varlen_fwd_outputs(const at::Tensor &q, const at::Tensor &v, at::ScalarType out_t);
+inline std::tuple<at::Tensor, at::Tensor> varlen_fwd_outputs(const at::Tensor &q, const at::Tensor &v)
+{
+    return varlen_fwd_outputs(q, v, q.scalar_type());
+}
 
 // True when a varlen forward has nothing to compute beyond varlen_fwd_outputs: no query rows, heads or
 // head dim, no sequence rows (max_seqlen_q 0), or no keys anywhere and no sink.
