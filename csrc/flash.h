@@ -209,7 +209,7 @@ typedef struct flash_params {
      * themselves (strides in their elements) beside fp32 copies of q: their rows are widened per key block as they
      * are read, instead of the whole cache per call. Else FLASH_FP32 (zero): k and v hold the kernel's type. */
     flash_dtype cpu_kv_dtype;
-    /* The C CPU forward on AMX that packs every key tile once per call (flash_cpu_fwd_reads_half_kv): FLASH_BF16 /
+    /* The C CPU forward on AMX that packs every key tile once per call (flash_cpu_fwd_reads_half): FLASH_BF16 /
      * FLASH_FP16 where q is that tensor itself (strides in its elements), read only as it is packed. Else
      * FLASH_FP32 (zero): q holds the kernel's type. */
     flash_dtype cpu_q_dtype;

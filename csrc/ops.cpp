@@ -941,11 +941,12 @@ at::Tensor draw_rng_state_cpu(double dropout_p)
 }
 
 // fp16 / bf16 forwards without fp32 copies of their inputs. make(q, rng_state) gives the params of that q (the
-// input or its fp32 copy) and k, v as they are, with fp32 out and lse. Few query rows without dropout (flash_cpu_decodes): the decode path on an fp32 copy of q,
-// reading k / v as they are (flash.h cpu_kv_dtype; a copy of a whole cache per call would cost more than the
-// attention). Else, on AMX with every key tile packed once per call (flash_cpu_fwd_reads_half_kv): q, k and v as
-// they are (cpu_q_dtype, cpu_kv_dtype), the dropout draw only then. Either sets *rng_state and returns true; else
-// false, having drawn and run nothing: the caller runs the fp32 kernels on copies.
+// input or its fp32 copy) and k, v as they are, with fp32 out and lse. Few query rows without dropout
+// (flash_cpu_decodes): the decode path on an fp32 copy of q, reading k / v as they are (flash.h cpu_kv_dtype; a copy
+// of a whole cache per call would cost more than the attention). Else, on AMX with every key tile packed once per
+// call (flash_cpu_fwd_reads_half): q, k and v as they are (cpu_q_dtype, cpu_kv_dtype), the dropout draw only
+// then. Either sets *rng_state and returns true; else false, having drawn and run nothing: the caller runs the
+// fp32 kernels on copies.
 template <typename Make>
 bool run_half_fwd(const Make &make, const at::Tensor &q, at::ScalarType kv_t, double dropout_p, at::Tensor *rng_state)
 {
@@ -965,7 +966,7 @@ bool run_half_fwd(const Make &make, const at::Tensor &q, at::ScalarType kv_t, do
         return true;
     }
     p.cpu_q_dtype = to_flash_dtype(q.scalar_type());
-    if (!flash_cpu_fwd_reads_half_kv(&p))
+    if (!flash_cpu_fwd_reads_half(&p))
         return false;
     *rng_state = draw_rng_state_cpu(dropout_p);
     set_dropout_params(&p, dropout_p, *rng_state);

@@ -163,9 +163,9 @@ def test_amx_products_as_exact_as_the_fp32_kernels(dtype, variant, monkeypatch):
 @pytest.mark.skipif(not AMX, reason="no AMX-BF16 on this CPU (or FLASHATTN_EXT_CPU_AMX=0)")
 @pytest.mark.parametrize("call", ["dense", "dense_dropout", "varlen", "kvcache", "kvcache_paged"])
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda dt: DTYPE_NAMES[dt])
-def test_amx_forward_reads_half_kv_as_the_fp32_copies(dtype, call, monkeypatch):
+def test_amx_forward_reads_half_inputs_as_the_fp32_copies(dtype, call, monkeypatch):
     """With AMX the dense, varlen and KV-cache prefill forwards read fp16 / bf16 q, k and v as they are
-    (flash_cpu_fwd_reads_half_kv: the rows widened as they are packed, every key tile once per call); with
+    (flash_cpu_fwd_reads_half: the rows widened as they are packed, every key tile once per call); with
     FLASHATTN_EXT_CPU_AMX=step (operands packed per step) they run on fp32 copies of q, k and v as before. The same
     values meet the same tile products, so out and lse must be equal bit for bit (a perturbed widening of k / v
     fails all ten cases, of bf16 q the five bf16 ones)."""

@@ -182,7 +182,8 @@ AMX_PACK_TARGET static inline __m512 exp2_16(__m512 x)
  * padding rows, cannot overflow); returns 1 where the max moved. */
 AMX_PACK_TARGET static inline int column_stats(__m512 mx, float scale, float *m, float *alpha, __m512 *shift)
 {
-    const __m512 ninf = _mm512_set1_ps(-INFINITY), old = _mm512_loadu_ps(m), cand = _mm512_mul_ps(mx, _mm512_set1_ps(scale));
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), old = _mm512_loadu_ps(m);
+    const __m512 cand = _mm512_mul_ps(mx, _mm512_set1_ps(scale));
     /* a new max only past the stale one by STALE_MAX_NAT (any finite one while the column has seen none) */
     const __mmask16 up = _mm512_cmp_ps_mask(cand, _mm512_add_ps(old, _mm512_set1_ps(STALE_MAX_NAT)), _CMP_GT_OQ);
     const __m512 mnew = _mm512_mask_blend_ps(up, old, cand);
@@ -264,7 +265,8 @@ AMX_PACK_TARGET static inline void transpose16(__m512i r[16])
         r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
     }
     for (int e = 0; e < 4; e++) {
-        const __m512i ab_lo = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x44), ab_hi = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xEE);
+        const __m512i ab_lo = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x44),
+                      ab_hi = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xEE);
         const __m512i cd_lo = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x44),
                       cd_hi = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xEE);
         t[e] = _mm512_shuffle_i32x4(ab_lo, cd_lo, 0x88);

@@ -37,11 +37,11 @@ void flash_amx_pack_a(uint16_t *dst, int parts, int64_t m, int64_t k, const floa
 void flash_amx_pack_b(uint16_t *dst, int parts, int64_t k, int64_t n, const float *b, int64_t ldb);
 
 /* The forward's online-softmax step on an S^T tile fused with the packing of P^T as the B operand of O^T += V^T P^T:
- * s (kn key rows x cols query columns, leading dim ld; masked entries -inf) times scale
- * (> 0) are the scores; per query column u the running max m[u] (natural units; -inf before any key) moves only
- * when the tile's max passes it by 8 ln 2 (so P <= 2^8: no overflow, the same result after the final division by
- * l), l[u] = alpha[u] l[u] + sum of the column's exp(score - m[u]), and P^T is packed as flash_amx_pack_b would pack
- * it (k = kn, n = cols, a multiple of 32; parts terms: 3 keep P exact). Returns 1 when some alpha[u] != 1 (the caller rescales its
+ * s (kn key rows x cols query columns, leading dim ld; masked entries -inf) times scale (> 0) are the scores; per
+ * query column u the running max m[u] (natural units; -inf before any key) moves only when the tile's max passes it
+ * by 8 ln 2 (so P <= 2^8: no overflow, the same result after the final division by l), l[u] = alpha[u] l[u] + sum
+ * of the column's exp(score - m[u]), and P^T is packed as flash_amx_pack_b would pack it (k = kn, n = cols, a
+ * multiple of 32; parts terms: 3 keep P exact). Returns 1 when some alpha[u] != 1 (the caller rescales its
  * accumulator's columns by alpha), else 0. */
 int flash_amx_softmax_pack(const float *s, int64_t kn, int64_t cols, int64_t ld, float scale, float *m, float *l,
                            float *alpha, uint16_t *dst, int parts);

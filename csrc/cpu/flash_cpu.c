@@ -37,10 +37,11 @@
  * go through one register-blocked kernel (gemm below, FLASH_CPU_MR x FLASH_CPU_NR = 4 x 32 accumulators)
  * that broadcasts A from any strided layout and streams contiguous rows of B and C; for fp16 / bf16 inputs on a
  * CPU with AMX, through amx.h's tile products instead (mm: exact bf16 terms; the operands that stay the same
- * packed once per call or task; the forward's softmax fused with P's packing, flash_amx_softmax_pack). Every pass keeps its per-task operand transposed once per task
- * so no inner loop transposes: forward and dQ work on S^T (keys x queries, the softmax then reduces
- * down the columns, vectorized across queries), the dK/dV pass works on S (queries x keys). The
- * streamed tiles are copied into compact buffers (cheaper than gemm reads at large row strides).
+ * packed once per call or task; the forward's softmax fused with P's packing, flash_amx_softmax_pack). Every pass
+ * keeps its per-task operand transposed once per task so no inner loop transposes: forward and dQ work on S^T
+ * (keys x queries, the softmax then reduces down the columns, vectorized across queries), the dK/dV pass works on
+ * S (queries x keys). The streamed tiles are copied into compact buffers (cheaper than gemm reads at large row
+ * strides).
  *
  * Decode (decode_fwd; forwards with at most FLASH_CPU_DECODE_MAX_SQ = 8 query rows and no dropout, where a
  * query tile would be mostly padding): one task per (batch, kv head, key split) holds the rows of every query
@@ -288,6 +289,19 @@ static int decode_shape(const flash_params *p)
            env_count("FLASHATTN_EXT_DISABLE_DECODE") != 1;
 }
 
+/* bf16 terms of an input value on AMX (1 for bf16, 2 for fp16: cpu_src_dtype), 0 for fp32 / fp64 inputs. */
+static int amx_parts(const flash_params *p)
+{
+    return p->cpu_src_dtype == FLASH_BF16 ? 1 : p->cpu_src_dtype == FLASH_FP16 ? 2 : 0;
+}
+
+/* FLASHATTN_EXT_CPU_AMX=step (tests): the AMX operands packed per step, none once per call. */
+static int amx_per_step(void)
+{
+    const char *env = getenv("FLASHATTN_EXT_CPU_AMX");
+    return env && strcmp(env, "step") == 0;
+}
+
 /* Key splits per (batch, kv head) of the decode path (Flash-Decoding): none while the groups alone give every
  * thread one; else enough for about two tasks per thread, splits of at least DECODE_MIN_SPLIT_KEYS keys.
  * FLASHATTN_EXT_CPU_DECODE_SPLITS=n forces n, at most one per key (tests: splits that cut a window, a mask block
@@ -349,9 +363,9 @@ int flash_cpu_decodes(const flash_params *p)
     return decode_shape(p);
 }
 
-int flash_cpu_fwd_reads_half_kv(const flash_params *p)
+int flash_cpu_fwd_reads_half(const flash_params *p)
 {
-    return p->dtype == FLASH_FP32 && fwd_packs_kv_f32(p);
+    return p->dtype == FLASH_FP32 && fwd_reads_half_f32(p);
 }
 
 flash_cpu_status flash_fwd_cpu(const flash_params *p)
@@ -941,14 +955,14 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
      * result, 100x below out's rounding to bf16, as torch's CPU SDPA rounds P to bf16), fp16 3 (P exact) */
     const int fused = w->amx && !p->dropout_threshold && p->scale > 0, p_terms = w->parts == 1 ? 2 : 3;
 
-    const uint16_t *q_packed = NULL; /* AMX: Q^T packed from q's rows, unscaled (exact) */
+    const uint16_t *q_packed = NULL; /* AMX: Q^T packed from q's rows (fp16 / bf16 ones as they are), unscaled */
     if (w->amx) { /* T is float */
-        if (p->cpu_q_dtype != FLASH_FP32) /* q as it is: fp16 / bf16 */
-            flash_amx_pack_b_rows(w->amx_b[0], w->parts, d, qp, (const uint16_t *)p->q + q_off,
-                                  p->cpu_q_dtype == FLASH_FP16 ? FLASH_AMX_SRC_FP16 : FLASH_AMX_SRC_BF16, p->q_s.row,
-                                  t.qn);
-        else
-            flash_amx_pack_b_rows(w->amx_b[0], w->parts, d, qp, q, FLASH_AMX_SRC_FP32, p->q_s.row, t.qn);
+        const int kind = p->cpu_q_dtype == FLASH_FP16   ? FLASH_AMX_SRC_FP16
+                         : p->cpu_q_dtype == FLASH_BF16 ? FLASH_AMX_SRC_BF16
+                                                        : FLASH_AMX_SRC_FP32;
+        const void *rows = kind == FLASH_AMX_SRC_FP32 ? (const void *)q
+                                                      : (const void *)((const uint16_t *)p->q + q_off);
+        flash_amx_pack_b_rows(w->amx_b[0], w->parts, d, qp, rows, kind, p->q_s.row, t.qn);
         q_packed = w->amx_b[0];
     } else {
         FN(load_transposed)(w->q, TILE_Q_NR, qp, q, p->q_s.row, t.qn, d, (T)p->scale);
@@ -1749,8 +1763,8 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
         return FLASH_CPU_OK;
     const int64_t buf = tile_buffer_elems(p->d, p->d_v, sizeof(T));
     const int n_threads = omp_get_max_threads();
-    /* AMX: fp32 copies of fp16 / bf16 inputs; each thread's scratch after its tile buffers (64-byte multiples) */
-    const int parts = p->cpu_src_dtype == FLASH_BF16 ? 1 : p->cpu_src_dtype == FLASH_FP16 ? 2 : 0;
+    /* AMX: fp16 / bf16 inputs; each thread's scratch after its tile buffers (64-byte multiples) */
+    const int parts = amx_parts(p);
     const int amx = sizeof(T) == sizeof(float) && parts && flash_amx_usable();
     const int64_t big = flash_max64(flash_max64(ROUND_UP(p->d, FLASH_CPU_MR), ROUND_UP(p->d_v, FLASH_CPU_MR)),
                                     FLASH_CPU_TILE_Q > FLASH_CPU_TILE_K ? FLASH_CPU_TILE_Q : FLASH_CPU_TILE_K);
@@ -1761,9 +1775,7 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
     const int64_t per_thread = FLASH_CPU_TILE_BUFFERS * buf + dq_elems + amx_elems * 2 / (int64_t)sizeof(T);
     FN(workspace) shared = {0};
     shared.parts = parts;
-    const char *amx_env = getenv("FLASHATTN_EXT_CPU_AMX"); /* "step": pack per step (tests) */
-    const int per_step = amx_env && strcmp(amx_env, "step") == 0;
-    uint16_t *packed = amx && pack != PACK_NONE && !per_step ? FN(pack_tiles)(p, &shared, pack) : NULL;
+    uint16_t *packed = amx && pack != PACK_NONE && !amx_per_step() ? FN(pack_tiles)(p, &shared, pack) : NULL;
     if (!packed && p->cpu_kv_dtype != FLASH_FP32) /* fp16 / bf16 k, v are read only by pack_tiles */
         return FLASH_CPU_ERR_NOMEM;
     T *pool = aligned_alloc(FLASH_CPU_ALIGN_BYTES, (size_t)(n_threads * per_thread) * sizeof(T));
@@ -1805,22 +1817,21 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
 }
 
 /* 1 when the forward of p (T float, fp16 / bf16 inputs) runs on AMX with every key tile packed once per call
- * (pack_tiles), so that k and v may be the fp16 / bf16 tensors themselves (cpu_kv_dtype). */
-static int FN(fwd_packs_kv)(const flash_params *p)
+ * (run_tasks' conditions for pack_tiles), so that q, k and v may be the fp16 / bf16 tensors themselves
+ * (cpu_q_dtype, cpu_kv_dtype): then they are read only as they are packed. */
+static int FN(fwd_reads_half)(const flash_params *p)
 {
-    const char *amx_env = getenv("FLASHATTN_EXT_CPU_AMX");
     FN(workspace) w = {0};
-    w.parts = p->cpu_src_dtype == FLASH_BF16 ? 1 : 2;
-    return sizeof(T) == sizeof(float) && (p->cpu_src_dtype == FLASH_BF16 || p->cpu_src_dtype == FLASH_FP16) &&
-           !decode_shape(p) && flash_amx_usable() && !(amx_env && strcmp(amx_env, "step") == 0) &&
+    w.parts = amx_parts(p);
+    return sizeof(T) == sizeof(float) && w.parts && !decode_shape(p) && flash_amx_usable() && !amx_per_step() &&
            FN(pack_layout)(p, &w, PACK_FWD) <= FLASH_CPU_PACK_MAX_BYTES;
 }
 
 static flash_cpu_status FN(fwd)(const flash_params *p)
 {
-    if (p->cpu_kv_dtype != FLASH_FP32 && !(sizeof(T) == sizeof(float) && (decode_shape(p) || FN(fwd_packs_kv)(p))))
+    if (p->cpu_kv_dtype != FLASH_FP32 && !(sizeof(T) == sizeof(float) && (decode_shape(p) || FN(fwd_reads_half)(p))))
         return FLASH_CPU_ERR_DTYPE; /* fp16 / bf16 k / v: the fp32 decode path, or the packed AMX forward */
-    if (p->cpu_q_dtype != FLASH_FP32 && !FN(fwd_packs_kv)(p))
+    if (p->cpu_q_dtype != FLASH_FP32 && !FN(fwd_reads_half)(p))
         return FLASH_CPU_ERR_DTYPE; /* fp16 / bf16 q: the packed AMX forward only */
     if (decode_shape(p))
         return FN(decode_fwd)(p);

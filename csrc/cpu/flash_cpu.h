@@ -44,7 +44,7 @@ int flash_cpu_decodes(const flash_params *p);
 /* 1 when flash_fwd_cpu's prefill path for p (not decode; fp16 / bf16 inputs, p->cpu_src_dtype) packs every key
  * tile once per call for the AMX products, the rows of q, k and v read only as they are packed: it then takes them
  * as the fp16 / bf16 tensors themselves (p->cpu_q_dtype, p->cpu_kv_dtype), widening the rows as it packs them. */
-int flash_cpu_fwd_reads_half_kv(const flash_params *p);
+int flash_cpu_fwd_reads_half(const flash_params *p);
 
 /* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv (every element of every sequence, zeros
  * included; in a varlen batch nothing outside the sequences' rows and seqused_k keys).
