@@ -5,7 +5,7 @@
  * Algorithm (scalar type T = float or double; lse, delta, an additive attn_mask and dbias are T too;
  * everything, the score hook included, is computed in T):
  *   1. bwd_simple_delta_kernel: one warp per (b, h, query row): delta_i = dO_i . O_i. With an additive
- *      attn_mask (p->dout_fix set, bwd_simple_delta_fix_kernel): dO' = dO into dout_fix, except in a row with
+ *      attn_mask (p->dout_fix set, the kernel's FIX branch): dO' = dO into dout_fix, except in a row with
  *      |lse| >= FLASH_LSE_RENORM_MIN: dO / mass, mass = sum_j exp(s_j - lse) (+ the sink's), the sum of the P that
  *      the kernels below compute at that lse (simple_row_mass; flash_cpu.c renorm_rows). Such an lse is rounded
  *      at the scale of the row maximum (a row at finfo.min or -1e9, score.h "Huge additive entries": lse = m,
@@ -229,21 +229,21 @@ __device__ __forceinline__ void simple_delta_rows(const flash_params &p)
         ((T *)p.delta)[flash_lse_offset(&p, &seq, b, hq) + i] = sum;
 }
 
-__global__ void __launch_bounds__(SIMPLE_WARPS *FLASH_WARP_SIZE) bwd_simple_delta_kernel(const flash_params p)
-{
-    if (p.dtype == FLASH_FP64)
-        simple_delta_rows<double>(p);
-    else
-        simple_delta_rows<float>(p);
-}
-
+/* One kernel for both cases: an additive attn_mask (p.dout_fix set, FIX) is a branch uniform over the grid. */
 __global__ void __launch_bounds__(SIMPLE_WARPS *FLASH_WARP_SIZE, SIMPLE_MIN_BLOCKS)
-bwd_simple_delta_fix_kernel(const flash_params p)
+bwd_simple_delta_kernel(const flash_params p)
 {
-    if (p.dtype == FLASH_FP64)
-        simple_delta_rows<double, true>(p);
-    else
-        simple_delta_rows<float, true>(p);
+    if (p.dout_fix != NULL) {
+        if (p.dtype == FLASH_FP64)
+            simple_delta_rows<double, true>(p);
+        else
+            simple_delta_rows<float, true>(p);
+    } else {
+        if (p.dtype == FLASH_FP64)
+            simple_delta_rows<double>(p);
+        else
+            simple_delta_rows<float>(p);
+    }
 }
 
 /* dk, dv (rows of k): one warp per key row j < sk of sequence b, summing over the group's query heads;
@@ -404,12 +404,10 @@ static cudaError_t run_bwd_simple(const flash_params *p, cudaStream_t stream)
     cudaError_t err;
     flash_params pv = *p;
     const dim3 block(SIMPLE_WARPS * FLASH_WARP_SIZE);
-    if (p->dout_fix != NULL) {
-        bwd_simple_delta_fix_kernel<<<simple_blocks(p->b * p->h * p->sq), block, 0, stream>>>(pv);
+    bwd_simple_delta_kernel<<<simple_blocks(p->b * p->h * p->sq), block, 0, stream>>>(pv);
+    if (p->dout_fix != NULL) { /* the kernels below read dO' */
         pv.dout = pv.dout_fix;
         pv.do_s = flash_dout_fix_strides(&pv);
-    } else {
-        bwd_simple_delta_kernel<<<simple_blocks(p->b * p->h * p->sq), block, 0, stream>>>(pv);
     }
     if ((err = cudaGetLastError()) != cudaSuccess)
         return err;

@@ -42,6 +42,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "../constants.h"
 #include "../mask.h"
 #include "../score.h"
@@ -772,8 +774,9 @@ __device__ __forceinline__ void hook_p_ds_dq(const flash_params &p, const hook_c
 
 /* One CTA per (query tile of BRQ rows, query head, batch), BRQ/16 warps; walks the key tiles of BCQ
  * keys that flash_key_tiles gives, in order (HOOK: attn_mask-empty tiles skipped), K/V
- * double-buffered. */
-template <typename T, int D, int BRQ, int BCQ, bool HOOK>
+ * double-buffered. HOOK = p.has_hook, read once: the kernel holds the walk twice (with and without the
+ * variants) and runs one; one instantiation per tile config and dtype. */
+template <typename T, int D, int BRQ, int BCQ>
 __global__ void __launch_bounds__(BRQ / 16 * FLASH_WARP_SIZE, 1)
     bwd_dq_kernel(const __grid_constant__ flash_params p, const hook_consts hc)
 {
@@ -812,19 +815,6 @@ __global__ void __launch_bounds__(BRQ / 16 * FLASH_WARP_SIZE, 1)
     const int qn = sq - m0 < BRQ ? sq - m0 : BRQ; /* rows of the tile that exist */
     const flash_tile_range kt = flash_key_tiles(&seq, m0, qn, BCQ);
     const int n_end = (int)kt.end, full_first = (int)kt.full_first, full_end = (int)kt.full_end;
-    int n = (int)kt.first;
-    if constexpr (HOOK)
-        n = next_visible_tile(p, b, hq, n, n_end, BCQ, sk, m0, qn, false);
-
-    load_tile_async<T, BRQ, D, NT>(Qs, qg, p.q_s.row, sq - m0, d, tid);
-    load_tile_async<T, BRQ, D, NT>(dOs, dog, p.do_s.row, sq - m0, d, tid);
-    if (n < n_end) {
-        const int n0 = n * BCQ;
-        load_tile_async<T, BCQ, D, NT>(Ks, kg + n0 * p.k_s.row, p.k_s.row, sk - n0, d, tid);
-        load_tile_async<T, BCQ, D, NT>(Vs, vg + n0 * p.v_s.row, p.v_s.row, sk - n0, d, tid);
-    }
-    cp_async_commit();
-
     float acc[D / 8][4];
 #pragma unroll
     for (int t = 0; t < D / 8; ++t)
@@ -832,101 +822,121 @@ __global__ void __launch_bounds__(BRQ / 16 * FLASH_WARP_SIZE, 1)
         for (int e = 0; e < 4; ++e)
             acc[t][e] = 0.f;
 
-    for (int st = 0; n < n_end; st ^= 1) {
-        const int n0 = n * BCQ;
-        int n_next = n + 1;
+    auto walk = [&](auto hook_c) {
+        constexpr bool HOOK = decltype(hook_c)::value;
+        int n = (int)kt.first;
         if constexpr (HOOK)
-            n_next = next_visible_tile(p, batch_now(), head_now(), n_next, n_end, BCQ, sk, m0, qn, false);
-        if (n_next < n_end) {
-            const int n1 = n_next * BCQ, so = st ^ 1;
-            load_tile_async<T, BCQ, D, NT>(Ks + so * BCQ * SD, kg + n1 * p.k_s.row, p.k_s.row, sk - n1, d, tid);
-            load_tile_async<T, BCQ, D, NT>(Vs + so * BCQ * SD, vg + n1 * p.v_s.row, p.v_s.row, sk - n1, d, tid);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        const T *Kt = Ks + st * BCQ * SD, *Vt = Vs + st * BCQ * SD; /* [BCQ][SD] */
-        uint32_t drop = 0; /* HOOK, dropout: drawn before the mma's take the registers */
-        if constexpr (HOOK)
-            if (p.dropout_threshold != 0)
-                drop = dq_dropout_draw<BCQ>(p, batch_now(), head_now(), m0, n0, warp, lr, lc);
+            n = next_visible_tile(p, b, hq, n, n_end, BCQ, sk, m0, qn, false);
 
-        /* S = Q_w K^T, dP = dO_w V^T: 16 queries x BCQ keys per warp */
-        float s[BCQ / 8][4], dp[BCQ / 8][4];
-#pragma unroll
-        for (int t = 0; t < BCQ / 8; ++t)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[t][e] = 0.f;
-                dp[t][e] = 0.f;
-            }
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            if (kk * 16 < d) {
-                uint32_t a[4];
-                ldmatrix_x4(a, addr_pat_a(Qs, SD, warp * 16, kk * 16, lane));
-#pragma unroll
-                for (int np = 0; np < BCQ / 16; ++np) {
-                    uint32_t bk[4];
-                    ldmatrix_x4(bk, addr_pat_b(Kt, SD, np * 16, kk * 16, lane));
-                    mma_m16n8k16<T>(s[2 * np], a, bk);
-                    mma_m16n8k16<T>(s[2 * np + 1], a, bk + 2);
-                }
-                ldmatrix_x4(a, addr_pat_a(dOs, SD, warp * 16, kk * 16, lane));
-#pragma unroll
-                for (int np = 0; np < BCQ / 16; ++np) {
-                    uint32_t bv[4];
-                    ldmatrix_x4(bv, addr_pat_b(Vt, SD, np * 16, kk * 16, lane));
-                    mma_m16n8k16<T>(dp[2 * np], a, bv);
-                    mma_m16n8k16<T>(dp[2 * np + 1], a, bv + 2);
-                }
-            }
+        load_tile_async<T, BRQ, D, NT>(Qs, qg, p.q_s.row, sq - m0, d, tid);
+        load_tile_async<T, BRQ, D, NT>(dOs, dog, p.do_s.row, sq - m0, d, tid);
+        if (n < n_end) {
+            const int n0 = n * BCQ;
+            load_tile_async<T, BCQ, D, NT>(Ks, kg + n0 * p.k_s.row, p.k_s.row, sk - n0, d, tid);
+            load_tile_async<T, BCQ, D, NT>(Vs, vg + n0 * p.v_s.row, p.v_s.row, sk - n0, d, tid);
         }
+        cp_async_commit();
 
-        /* dS = P o (dP - delta); query il (local) sees key jl (local) iff lo <= jl - il <= lo + band */
-        const int lo = flash_tile_diag(seq.diag_lo, m0, n0), band = flash_tile_diag(seq.diag_hi, m0, n0) - lo;
-        const int kvalid = sk - n0;
-        const bool need_mask = n < full_first || n >= full_end;
-        if constexpr (HOOK) {
-            const int bn = batch_now(), hn = head_now();
-            const unsigned flags = warp_mask_tile_flags(p, bn, hn, m0, qn, n0, min(BCQ, kvalid));
-            hook_p_ds_dq<T, BCQ>(p, hc, s, dp, drop, l2, dl, bn, hn, m0, n0, warp, lr, lc, need_mask, lo, band, flags, sq,
-                                 sk, (int)seq.alibi_offset);
-        } else {
+        for (int st = 0; n < n_end; st ^= 1) {
+            const int n0 = n * BCQ;
+            int n_next = n + 1;
+            if constexpr (HOOK)
+                n_next = next_visible_tile(p, batch_now(), head_now(), n_next, n_end, BCQ, sk, m0, qn, false);
+            if (n_next < n_end) {
+                const int n1 = n_next * BCQ, so = st ^ 1;
+                load_tile_async<T, BCQ, D, NT>(Ks + so * BCQ * SD, kg + n1 * p.k_s.row, p.k_s.row, sk - n1, d, tid);
+                load_tile_async<T, BCQ, D, NT>(Vs + so * BCQ * SD, vg + n1 * p.v_s.row, p.v_s.row, sk - n1, d, tid);
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            const T *Kt = Ks + st * BCQ * SD, *Vt = Vs + st * BCQ * SD; /* [BCQ][SD] */
+            uint32_t drop = 0; /* HOOK, dropout: drawn before the mma's take the registers */
+            if constexpr (HOOK)
+                if (p.dropout_threshold != 0)
+                    drop = dq_dropout_draw<BCQ>(p, batch_now(), head_now(), m0, n0, warp, lr, lc);
+
+            /* S = Q_w K^T, dP = dO_w V^T: 16 queries x BCQ keys per warp */
+            float s[BCQ / 8][4], dp[BCQ / 8][4];
 #pragma unroll
             for (int t = 0; t < BCQ / 8; ++t)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    float pv = exp2_approx(fmaf(s[t][e], sl2, -l2[e >> 1]));
-                    if (need_mask) {
-                        const int jl = t * 8 + 2 * lc + mma_c_col(e), il = warp * 16 + lr + mma_c_row(e);
-                        if (jl >= kvalid || !flash_tile_band_in(jl - il, lo, band))
-                            pv = 0.f;
-                    }
-                    dp[t][e] = pv * (dp[t][e] - dl[e >> 1]);
+                    s[t][e] = 0.f;
+                    dp[t][e] = 0.f;
                 }
-        }
-
-        /* dQ += dS K */
 #pragma unroll
-        for (int kk = 0; kk < BCQ / 16; ++kk) {
-            uint32_t a[4];
-            acc_to_a<T>(a, dp[2 * kk], dp[2 * kk + 1]);
+            for (int kk = 0; kk < D / 16; ++kk) {
+                if (kk * 16 < d) {
+                    uint32_t a[4];
+                    ldmatrix_x4(a, addr_pat_a(Qs, SD, warp * 16, kk * 16, lane));
 #pragma unroll
-            for (int np = 0; np < D / 16; ++np) {
-                if (np * 16 < d) {
-                    uint32_t bk[4];
-                    ldmatrix_x4_trans(bk, addr_pat_a(Kt, SD, kk * 16, np * 16, lane));
-                    mma_m16n8k16<T>(acc[2 * np], a, bk);
-                    mma_m16n8k16<T>(acc[2 * np + 1], a, bk + 2);
+                    for (int np = 0; np < BCQ / 16; ++np) {
+                        uint32_t bk[4];
+                        ldmatrix_x4(bk, addr_pat_b(Kt, SD, np * 16, kk * 16, lane));
+                        mma_m16n8k16<T>(s[2 * np], a, bk);
+                        mma_m16n8k16<T>(s[2 * np + 1], a, bk + 2);
+                    }
+                    ldmatrix_x4(a, addr_pat_a(dOs, SD, warp * 16, kk * 16, lane));
+#pragma unroll
+                    for (int np = 0; np < BCQ / 16; ++np) {
+                        uint32_t bv[4];
+                        ldmatrix_x4(bv, addr_pat_b(Vt, SD, np * 16, kk * 16, lane));
+                        mma_m16n8k16<T>(dp[2 * np], a, bv);
+                        mma_m16n8k16<T>(dp[2 * np + 1], a, bv + 2);
+                    }
                 }
             }
+
+            /* dS = P o (dP - delta); query il (local) sees key jl (local) iff lo <= jl - il <= lo + band */
+            const int lo = flash_tile_diag(seq.diag_lo, m0, n0), band = flash_tile_diag(seq.diag_hi, m0, n0) - lo;
+            const int kvalid = sk - n0;
+            const bool need_mask = n < full_first || n >= full_end;
+            if constexpr (HOOK) {
+                const int bn = batch_now(), hn = head_now();
+                const unsigned flags = warp_mask_tile_flags(p, bn, hn, m0, qn, n0, min(BCQ, kvalid));
+                hook_p_ds_dq<T, BCQ>(p, hc, s, dp, drop, l2, dl, bn, hn, m0, n0, warp, lr, lc, need_mask, lo, band, flags, sq,
+                                     sk, (int)seq.alibi_offset);
+            } else {
+#pragma unroll
+                for (int t = 0; t < BCQ / 8; ++t)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        float pv = exp2_approx(fmaf(s[t][e], sl2, -l2[e >> 1]));
+                        if (need_mask) {
+                            const int jl = t * 8 + 2 * lc + mma_c_col(e), il = warp * 16 + lr + mma_c_row(e);
+                            if (jl >= kvalid || !flash_tile_band_in(jl - il, lo, band))
+                                pv = 0.f;
+                        }
+                        dp[t][e] = pv * (dp[t][e] - dl[e >> 1]);
+                    }
+            }
+
+            /* dQ += dS K */
+#pragma unroll
+            for (int kk = 0; kk < BCQ / 16; ++kk) {
+                uint32_t a[4];
+                acc_to_a<T>(a, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+                for (int np = 0; np < D / 16; ++np) {
+                    if (np * 16 < d) {
+                        uint32_t bk[4];
+                        ldmatrix_x4_trans(bk, addr_pat_a(Kt, SD, kk * 16, np * 16, lane));
+                        mma_m16n8k16<T>(acc[2 * np], a, bk);
+                        mma_m16n8k16<T>(acc[2 * np + 1], a, bk + 2);
+                    }
+                }
+            }
+            __syncthreads(); /* this K/V stage is free for the prefetch after next */
+            n = n_next;
         }
-        __syncthreads(); /* this K/V stage is free for the prefetch after next */
-        n = n_next;
-    }
+    };
+    if (p.has_hook)
+        walk(std::true_type{});
+    else
+        walk(std::false_type{});
     cp_async_wait<0>();
 
     const float scale = (float)p.scale;
@@ -996,7 +1006,7 @@ template <typename T, typename C>
 static cudaError_t launch_dq(const flash_params *p, cudaStream_t stream)
 {
     const size_t smem = dq_smem_bytes(C::D, C::BRQ, C::BCQ);
-    auto kernel = p->has_hook ? bwd_dq_kernel<T, C::D, C::BRQ, C::BCQ, true> : bwd_dq_kernel<T, C::D, C::BRQ, C::BCQ, false>;
+    auto kernel = bwd_dq_kernel<T, C::D, C::BRQ, C::BCQ>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;

@@ -20,8 +20,10 @@
  * lse)) and applies the sink; on sm90 it is a programmatic dependent launch, started while the decode grid
  * drains. Split count: flash_fwd_decode_splits, FA2's wave-efficiency rule over the SMs' CTA slots, each
  * split kMinRounds rounds of nwarps tiles at least.
- * Paged KV caches (kPaged): each lane looks up the page of one key of the tile (mask.h flash_key_offset)
- * and the lanes exchange the rows' offsets by shuffle: one table read per key and tile.
+ * Paged KV caches (p.block_table, read once per CTA: the kernel holds the main loop twice, contiguous and paged,
+ * and runs one; a branch inside the loop cost the contiguous one-split path 15-26% on the H200): each lane looks
+ * up the page of one key of the tile (mask.h flash_key_offset) and the lanes exchange the rows' offsets by
+ * shuffle: one table read per key and tile.
  *
  * Tiles (DecodeCfg from tiles.h decode_tiles): kRows 16, kWarpKeys 16, kStages 4 / 3 / 2 at d 64 / 128 / 256;
  * 4 warps (shared memory 66 / 100 / 136 KB: 3 / 2 / 1 CTAs per SM), or 8 at d <= 128 when the unsplit grid is
@@ -36,6 +38,8 @@
 #include <float.h>
 #include <limits.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 #include "../constants.h"
 #include "../mask.h"
@@ -144,7 +148,7 @@ __device__ __forceinline__ int64_t accum_row(const flash_params &p, int split, i
 }
 
 /* Issue warp tile t's K and V rows into ring stage `stage` (zero-fill past sk and past d). Contiguous: row
- * j at base + j row_stride; kPaged: each lane finds the offset of key t kWarpKeys + lane % kWarpKeys
+ * j at base + j row_stride; paged: each lane finds the offset of key t kWarpKeys + lane % kWarpKeys
  * (flash_key_offset) and the rows' offsets come by shuffle. */
 template <typename T, typename Cfg, bool kPaged>
 __device__ __forceinline__ void load_kv(const flash_params &p, const flash_seq &seq, uint32_t sk_tile, uint32_t sv_tile,
@@ -206,9 +210,10 @@ __device__ __forceinline__ void grid_dependency_wait(void)
 }
 
 /* grid (num_splits, row_blocks * h_kv, b); 32 threads per warp, up to Cfg::kMaxWarps warps */
-template <typename T, typename Cfg, bool kPaged>
+template <typename T, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kMaxWarps *FLASH_WARP_SIZE) flash_fwd_decode_kernel(const __grid_constant__ flash_params p)
 {
+    const bool paged = p.block_table != NULL; /* grid-uniform: chooses the main loop's instance below */
     constexpr int kHeadDim = Cfg::kHeadDim;
     const int nwarps = (int)blockDim.x / FLASH_WARP_SIZE, nthreads = (int)blockDim.x;
     constexpr int kStages = Cfg::kStages;
@@ -273,7 +278,7 @@ __global__ void __launch_bounds__(Cfg::kMaxWarps *FLASH_WARP_SIZE) flash_fwd_dec
 
     const T *kbase = (const T *)p.k + kv_head * p.k_s.head;
     const T *vbase = (const T *)p.v + kv_head * p.v_s.head;
-    if constexpr (!kPaged) {
+    if (!paged) {
         kbase += seq.k_batch * p.k_s.batch + seq.k_row0 * p.k_s.row;
         vbase += seq.k_batch * p.v_s.batch + seq.k_row0 * p.v_s.row;
     }
@@ -282,9 +287,12 @@ __global__ void __launch_bounds__(Cfg::kMaxWarps *FLASH_WARP_SIZE) flash_fwd_dec
 #pragma unroll
     for (int s = 0; s < kStages - 1; s++) {
         const int t = t_begin + warp + s * nwarps;
-        if (t < t_end)
-            load_kv<T, Cfg, kPaged>(p, seq, ring + s * 2 * kTileBytes, ring + (s * 2 + 1) * kTileBytes, kbase, vbase, t,
-                                    sk, d, lane);
+        if (t < t_end && paged)
+            load_kv<T, Cfg, true>(p, seq, ring + s * 2 * kTileBytes, ring + (s * 2 + 1) * kTileBytes, kbase, vbase, t, sk,
+                                  d, lane);
+        else if (t < t_end)
+            load_kv<T, Cfg, false>(p, seq, ring + s * 2 * kTileBytes, ring + (s * 2 + 1) * kTileBytes, kbase, vbase, t, sk,
+                                   d, lane);
         cp_async_commit();
     }
     cp_async_wait<kStages - 1>(); /* Q landed (the oldest group) */
@@ -320,106 +328,115 @@ __global__ void __launch_bounds__(Cfg::kMaxWarps *FLASH_WARP_SIZE) flash_fwd_dec
     float m_run[2] = {-INFINITY, -INFINITY}; /* natural-log units */
     float l_run[2] = {0.f, 0.f};             /* this lane's part of the row sums */
 
-    int stage = 0;
-    for (int t = t_begin + warp; t < t_end; t += nwarps) {
-        {
-            const int tn = t + (kStages - 1) * nwarps;
-            const int sn = (stage + kStages - 1) % kStages;
-            if (tn < t_end)
-                load_kv<T, Cfg, kPaged>(p, seq, ring + sn * 2 * kTileBytes, ring + (sn * 2 + 1) * kTileBytes, kbase,
-                                        vbase, tn, sk, d, lane);
-            cp_async_commit();
-        }
-        cp_async_wait<kStages - 1>();
-        __syncwarp();
-        const uint32_t sKt = ring + stage * 2 * kTileBytes;
-        const uint32_t sVt = sKt + kTileBytes;
-
-        /* S = Q K^T: matrix mi of the x4 is n8 tile mi / 2, chunk mi % 2 of the k16 step */
-        float s[2][4];
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                s[nt][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < kQK; kk++) {
-            uint32_t a[4], b[4];
-            if constexpr (Cfg::kQInRegs) {
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    a[e] = qf[kk][e];
-            } else {
-                ldmatrix_x4(a, sQ + swz<kRowBytes>((mi & 1) * 8 + lr, 2 * kk + (mi >> 1)));
+    /* the main loop, compiled once per layout of the cache (kP: paged) and chosen once: a branch on p.block_table
+     * inside the loop costs the contiguous path a third of its instructions */
+    auto main_loop = [&](auto paged_c) {
+        constexpr bool kP = decltype(paged_c)::value;
+        int stage = 0;
+        for (int t = t_begin + warp; t < t_end; t += nwarps) {
+            {
+                const int tn = t + (kStages - 1) * nwarps;
+                const int sn = (stage + kStages - 1) % kStages;
+                if (tn < t_end)
+                    load_kv<T, Cfg, kP>(p, seq, ring + sn * 2 * kTileBytes, ring + (sn * 2 + 1) * kTileBytes, kbase, vbase,
+                                        tn, sk, d, lane);
+                cp_async_commit();
             }
-            ldmatrix_x4(b, sKt + swz<kRowBytes>((mi >> 1) * 8 + lr, 2 * kk + (mi & 1)));
-            mma_m16n8k16<T>(s[0], a, b);
-            mma_m16n8k16<T>(s[1], a, b + 2);
-        }
+            cp_async_wait<kStages - 1>();
+            __syncwarp();
+            const uint32_t sKt = ring + stage * 2 * kTileBytes;
+            const uint32_t sVt = sKt + kTileBytes;
 
-        /* score hook and mask, natural-log units: value (nt, 2 h + e) is row lane / 4 + 8 h, key
-         * t kWarpKeys + 8 nt + 2 (lane % 4) + e */
-        const bool masked = t < full_first || t >= full_end;
-        const int key0 = t * kWarpKeys + 2 * (lane % kQuadLanes);
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float x = s[nt][2 * h + e] * scale;
-                    const int j = key0 + nt * kMmaN + e;
-                    if (flash_score_capped(&p))
-                        x = flash_score_cap_out(&hook[h], tanh_approx(flash_score_cap_in(&hook[h], x)));
-                    if (flash_score_biased(&p))
-                        x = flash_score_bias(&hook[h], x, j - qi[h] - alibi_offset, 0);
-                    if (masked && (j >= sk || j - qi[h] < diag_lo || j - qi[h] > diag_hi))
-                        x = -INFINITY;
-                    s[nt][2 * h + e] = x;
-                }
-
-        /* online softmax */
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float mx = fmaxf(m_run[h], fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1])));
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-            const float ms = mx == -INFINITY ? 0.f : mx * kLog2e;
-            const float alpha = exp2_approx(m_run[h] * kLog2e - ms); /* 0 while m_old = -inf */
-            m_run[h] = mx;
-            float sum = 0.f;
-#pragma unroll
+            /* S = Q K^T: matrix mi of the x4 is n8 tile mi / 2, chunk mi % 2 of the k16 step */
+            float s[2][4];
+    #pragma unroll
             for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const float pe = exp2_approx(fmaf(s[nt][2 * h + e], kLog2e, -ms));
-                    s[nt][2 * h + e] = pe;
-                    sum += pe;
+    #pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[nt][e] = 0.f;
+    #pragma unroll
+            for (int kk = 0; kk < kQK; kk++) {
+                uint32_t a[4], b[4];
+                if constexpr (Cfg::kQInRegs) {
+    #pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        a[e] = qf[kk][e];
+                } else {
+                    ldmatrix_x4(a, sQ + swz<kRowBytes>((mi & 1) * 8 + lr, 2 * kk + (mi >> 1)));
                 }
-            l_run[h] = l_run[h] * alpha + sum;
-#pragma unroll
-            for (int dt = 0; dt < kDT; dt++) {
-                acc[dt][2 * h] *= alpha;
-                acc[dt][2 * h + 1] *= alpha;
+                ldmatrix_x4(b, sKt + swz<kRowBytes>((mi >> 1) * 8 + lr, 2 * kk + (mi & 1)));
+                mma_m16n8k16<T>(s[0], a, b);
+                mma_m16n8k16<T>(s[1], a, b + 2);
             }
-        }
 
-        /* O += P V: matrix mi of the x4.trans is key half mi % 2, chunk mi / 2 of the pair */
-        uint32_t a[4];
-        a[0] = pack2<T>(s[0][0], s[0][1]);
-        a[1] = pack2<T>(s[0][2], s[0][3]);
-        a[2] = pack2<T>(s[1][0], s[1][1]);
-        a[3] = pack2<T>(s[1][2], s[1][3]);
-#pragma unroll
-        for (int dp = 0; dp < kDT / 2; dp++) {
-            uint32_t b[4];
-            ldmatrix_x4_trans(b, sVt + swz<kRowBytes>((mi & 1) * 8 + lr, 2 * dp + (mi >> 1)));
-            mma_m16n8k16<T>(acc[2 * dp], a, b);
-            mma_m16n8k16<T>(acc[2 * dp + 1], a, b + 2);
+            /* score hook and mask, natural-log units: value (nt, 2 h + e) is row lane / 4 + 8 h, key
+             * t kWarpKeys + 8 nt + 2 (lane % 4) + e */
+            const bool masked = t < full_first || t >= full_end;
+            const int key0 = t * kWarpKeys + 2 * (lane % kQuadLanes);
+    #pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+    #pragma unroll
+                for (int h = 0; h < 2; h++)
+    #pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        float x = s[nt][2 * h + e] * scale;
+                        const int j = key0 + nt * kMmaN + e;
+                        if (flash_score_capped(&p))
+                            x = flash_score_cap_out(&hook[h], tanh_approx(flash_score_cap_in(&hook[h], x)));
+                        if (flash_score_biased(&p))
+                            x = flash_score_bias(&hook[h], x, j - qi[h] - alibi_offset, 0);
+                        if (masked && (j >= sk || j - qi[h] < diag_lo || j - qi[h] > diag_hi))
+                            x = -INFINITY;
+                        s[nt][2 * h + e] = x;
+                    }
+
+            /* online softmax */
+    #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float mx = fmaxf(m_run[h], fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1])));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+                const float ms = mx == -INFINITY ? 0.f : mx * kLog2e;
+                const float alpha = exp2_approx(m_run[h] * kLog2e - ms); /* 0 while m_old = -inf */
+                m_run[h] = mx;
+                float sum = 0.f;
+    #pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+    #pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float pe = exp2_approx(fmaf(s[nt][2 * h + e], kLog2e, -ms));
+                        s[nt][2 * h + e] = pe;
+                        sum += pe;
+                    }
+                l_run[h] = l_run[h] * alpha + sum;
+    #pragma unroll
+                for (int dt = 0; dt < kDT; dt++) {
+                    acc[dt][2 * h] *= alpha;
+                    acc[dt][2 * h + 1] *= alpha;
+                }
+            }
+
+            /* O += P V: matrix mi of the x4.trans is key half mi % 2, chunk mi / 2 of the pair */
+            uint32_t a[4];
+            a[0] = pack2<T>(s[0][0], s[0][1]);
+            a[1] = pack2<T>(s[0][2], s[0][3]);
+            a[2] = pack2<T>(s[1][0], s[1][1]);
+            a[3] = pack2<T>(s[1][2], s[1][3]);
+    #pragma unroll
+            for (int dp = 0; dp < kDT / 2; dp++) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, sVt + swz<kRowBytes>((mi & 1) * 8 + lr, 2 * dp + (mi >> 1)));
+                mma_m16n8k16<T>(acc[2 * dp], a, b);
+                mma_m16n8k16<T>(acc[2 * dp + 1], a, b + 2);
+            }
+            __syncwarp(); /* every lane is done with this stage before the next load refills it */
+            stage = (stage + 1) % kStages;
         }
-        __syncwarp(); /* every lane is done with this stage before the next load refills it */
-        stage = (stage + 1) % kStages;
-    }
+    };
+    if (paged)
+        main_loop(std::true_type{});
+    else
+        main_loop(std::false_type{});
 
     /* merge the warps: each writes its m, l (quad-reduced) and O to the merge area */
     cp_async_wait<0>();
@@ -561,11 +578,11 @@ bool has_pdl(void)
            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
 }
 
-template <typename T, typename Cfg, bool kPaged>
+template <typename T, typename Cfg>
 cudaError_t launch_decode(const flash_params *p, int warps, cudaStream_t stream)
 {
     const size_t smem = decode_smem_bytes<Cfg>(warps);
-    void (*kernel)(const flash_params) = flash_fwd_decode_kernel<T, Cfg, kPaged>;
+    void (*kernel)(const flash_params) = flash_fwd_decode_kernel<T, Cfg>;
     if (smem > kDefaultSmemBytes) {
         const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (err != cudaSuccess)
@@ -593,12 +610,9 @@ cudaError_t launch_decode(const flash_params *p, int warps, cudaStream_t stream)
 template <typename Cfg>
 cudaError_t dispatch_type(const flash_params *p, int warps, cudaStream_t stream)
 {
-    const bool paged = p->block_table != NULL;
     if (p->dtype == FLASH_FP16)
-        return paged ? launch_decode<__half, Cfg, true>(p, warps, stream)
-                     : launch_decode<__half, Cfg, false>(p, warps, stream);
-    return paged ? launch_decode<__nv_bfloat16, Cfg, true>(p, warps, stream)
-                 : launch_decode<__nv_bfloat16, Cfg, false>(p, warps, stream);
+        return launch_decode<__half, Cfg>(p, warps, stream);
+    return launch_decode<__nv_bfloat16, Cfg>(p, warps, stream);
 }
 
 /* f(the config for head dim d) */
@@ -631,8 +645,8 @@ int decode_ctas_per_sm(int64_t d, int warps, flash_dtype dtype)
     return by_config(d, [warps, dtype](auto cfg) {
         using Cfg = decltype(cfg);
         int n = 0;
-        void (*kernel)(const flash_params) = dtype == FLASH_FP16 ? flash_fwd_decode_kernel<__half, Cfg, false>
-                                                                 : flash_fwd_decode_kernel<__nv_bfloat16, Cfg, false>;
+        void (*kernel)(const flash_params) = dtype == FLASH_FP16 ? flash_fwd_decode_kernel<__half, Cfg>
+                                                                 : flash_fwd_decode_kernel<__nv_bfloat16, Cfg>;
         const size_t smem = decode_smem_bytes<Cfg>(warps);
         if (smem > kDefaultSmemBytes &&
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)

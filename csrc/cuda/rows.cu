@@ -7,13 +7,14 @@
  *   flash_bwd_pre (bwd_preprocess_kernel), grid (row blocks, h, b), a power of two of lanes per query row
  *   (row_lanes_log2: one per CHUNK columns): delta_i = rowsum(dO_i * O_i) in fp32; zeroes the row's dq_accum
  *   and, with p->dq_semaphore, its semaphore entry.
- *   With an additive attn_mask (p->dout_fix set; FIX kernels bwd_preprocess_fix_kernel and its tiled twin, the
- *   others keep their code): dO' = dO (dO / l in a row whose maximum score is a huge entry, huge_row_fix) into
- *   dout_fix, lse_fix, and delta_i = rowsum(dO'_i * O_i) of the rounded dO'.
+ *   With an additive attn_mask (p->dout_fix set; the kernel's FIX branch, the others keep their code): dO' = dO
+ *   (dO / l in a row whose maximum score is a huge entry, huge_row_fix) into dout_fix, lse_fix, and delta_i =
+ *   rowsum(dO'_i * O_i) of the rounded dO'.
  *   flash_bwd_dq_post (bwd_dq_post_kernel), the same grid: dq = scale * dq_accum in the dtype.
  *   Where Hopper's d > 128 kernel runs (launch.cu bwd_dq_tiled; dq_accum in its tile order, mask.h
- *   flash_dq_tiled_row0): flash_bwd_pre_tiled (bwd_preprocess_tiled_kernel) zeroes whole tiles, and
- *   flash_bwd_dq_post_tiled (bwd_dq_post_tiled_kernel), one CTA per tile, un-permutes through shared memory.
+ *   flash_dq_tiled_row0): flash_bwd_pre_tiled (bwd_preprocess_kernel, tiled = 1) zeroes whole tiles, and
+ *   flash_bwd_dq_post_tiled (bwd_dq_post_kernel, tiled = 1), one CTA per tile, un-permutes through shared memory.
+ *   One kernel per pass: its cases (tiled, FIX) are run-time branches uniform over the grid, not instantiations.
  *   flash_bwd_dkv_post (bwd_dkv_post_kernel), GQA only, one thread per CHUNK elements of a key row: dk, dv =
  *   the sums of dk_accum, dv_accum over the group's query heads, in head order.
  *   POST_THREADS threads per CTA. Varlen: each thread takes its sequence from flash_seq_of (mask.h); the grids
@@ -82,7 +83,9 @@ __device__ __forceinline__ unsigned group_mask(int lanes)
  * they take part in the row's shuffles with a zero sum); thread l of the row reads CHUNK consecutive elements
  * of O and dO at column CHUNK l and zeroes float4 columns l, l + 2^lg, ... of the row's dq_accum (where the
  * main kernel adds dQ into it) and, at every FLASH_DQ_SEM_ROWS-th row, the row's dq_semaphore entry. TILED
- * (bwd_preprocess_tiled_kernel): the zeroing is that of the tiled dq_accum instead. */
+ * (d > 128, mask.h flash_dq_tiled_row0): the zeroing is that of the tiled dq_accum instead, by the threads of rows
+ * [sq, sq rounded up to FLASH_DQ_TILE_ROWS) too, each row's threads the 256 contiguous floats of the row's index
+ * in the tiles (which hold values of other rows); the grid spans p->sq rounded up likewise. */
 template <typename T, bool TILED = false, bool FIX = false>
 __device__ __forceinline__ void preprocess_rows(const flash_params &p)
 {
@@ -148,12 +151,40 @@ __device__ __forceinline__ void preprocess_rows(const flash_params &p)
     }
 }
 
-__global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_kernel(const flash_params p)
+/* The tiled dq_accum exists only where bwd_sm90.cu's d > 128 kernel runs (launch.cu bwd_dq_tiled: Hopper, which
+ * runs the sm_90a code): an arch pass below sm_90 compiles the tiled branches out, so that they do not set the
+ * registers (occupancy) of its row branches (sm_80: the dQ postprocess 22 registers instead of 78). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define ROWS_TILED 0
+#else
+#define ROWS_TILED 1
+#endif
+
+/* The preprocess of dtype T for the case of the launch: the tiled dq_accum (the kernel argument `tiled`, set by
+ * flash_bwd_pre_tiled) and an additive attn_mask (p.dout_fix set: dO', lse_fix, huge_row_fix), each a uniform
+ * branch over the grid. */
+template <typename T>
+__device__ __forceinline__ void preprocess_case(const flash_params &p, int tiled)
+{
+    if (p.dout_fix != NULL) {
+        if (ROWS_TILED && tiled)
+            preprocess_rows<T, true, true>(p);
+        else
+            preprocess_rows<T, false, true>(p);
+    } else {
+        if (ROWS_TILED && tiled)
+            preprocess_rows<T, true>(p);
+        else
+            preprocess_rows<T>(p);
+    }
+}
+
+__global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_kernel(const flash_params p, const int tiled)
 {
     if (p.dtype == FLASH_BF16)
-        preprocess_rows<__nv_bfloat16>(p);
+        preprocess_case<__nv_bfloat16>(p, tiled);
     else
-        preprocess_rows<__half>(p);
+        preprocess_case<__half>(p, tiled);
 }
 
 /* dq = dq_accum * scale, one row of a (b, hq) per 2^lg threads as the preprocess (varlen: rows past the
@@ -176,42 +207,6 @@ __device__ __forceinline__ void dq_post_rows(const flash_params &p)
     out.z = pack2<T>(y.x * scale, y.y * scale);
     out.w = pack2<T>(y.z * scale, y.w * scale);
     *(uint4 *)((T *)p.dq + b * p.dq_s.batch + (s.q_row0 + i) * p.dq_s.row + hq * p.dq_s.head + c) = out;
-}
-
-__global__ void __launch_bounds__(POST_THREADS) bwd_dq_post_kernel(const flash_params p)
-{
-    if (p.dtype == FLASH_BF16)
-        dq_post_rows<__nv_bfloat16>(p);
-    else
-        dq_post_rows<__half>(p);
-}
-
-/* The tiled dq_accum (d > 128, mask.h flash_dq_tiled_row0): the preprocess's threads of rows [sq, sq rounded up
- * to FLASH_DQ_TILE_ROWS) zero too, each row's threads the 256 contiguous floats of the row's index in the tiles
- * (which hold values of other rows); the grid spans p->sq rounded up likewise. */
-__global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_tiled_kernel(const flash_params p)
-{
-    if (p.dtype == FLASH_BF16)
-        preprocess_rows<__nv_bfloat16, true>(p);
-    else
-        preprocess_rows<__half, true>(p);
-}
-
-/* The two preprocesses with an additive attn_mask (p.dout_fix set: dO', lse_fix, huge_row_fix). */
-__global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_fix_kernel(const flash_params p)
-{
-    if (p.dtype == FLASH_BF16)
-        preprocess_rows<__nv_bfloat16, false, true>(p);
-    else
-        preprocess_rows<__half, false, true>(p);
-}
-
-__global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_tiled_fix_kernel(const flash_params p)
-{
-    if (p.dtype == FLASH_BF16)
-        preprocess_rows<__nv_bfloat16, true, true>(p);
-    else
-        preprocess_rows<__half, true, true>(p);
 }
 
 #define DQ_STAGE_LD (FLASH_CUDA_MAX_HEAD_DIM / 2 + 4) /* 32-bit words per row of dq_post_tile's staging tile: the
@@ -257,13 +252,26 @@ __device__ __forceinline__ void dq_post_tile(const flash_params &p, uint32_t (*s
     }
 }
 
-__global__ void __launch_bounds__(POST_THREADS) bwd_dq_post_tiled_kernel(const flash_params p)
+#define DQ_STAGE_BYTES (FLASH_DQ_TILE_ROWS * DQ_STAGE_LD * 4) /* dq_post_tile's staging tile: dynamic shared memory
+                                                              * of the tiled launches only (33 KB, under 48 KB) */
+
+/* The dQ postprocess: the tiled dq_accum (the kernel argument `tiled`, set by flash_bwd_dq_post_tiled, a uniform
+ * branch over the grid; its launch gives the DQ_STAGE_BYTES of the staging tile) or the row layout. */
+__global__ void __launch_bounds__(POST_THREADS) bwd_dq_post_kernel(const flash_params p, const int tiled)
 {
-    __shared__ __align__(16) uint32_t stage[FLASH_DQ_TILE_ROWS][DQ_STAGE_LD];
-    if (p.dtype == FLASH_BF16)
-        dq_post_tile<__nv_bfloat16>(p, stage);
-    else
-        dq_post_tile<__half>(p, stage);
+    extern __shared__ __align__(16) uint32_t dq_stage[];
+    uint32_t(*stage)[DQ_STAGE_LD] = (uint32_t(*)[DQ_STAGE_LD])dq_stage;
+    if (ROWS_TILED && tiled) {
+        if (p.dtype == FLASH_BF16)
+            dq_post_tile<__nv_bfloat16>(p, stage);
+        else
+            dq_post_tile<__half>(p, stage);
+    } else {
+        if (p.dtype == FLASH_BF16)
+            dq_post_rows<__nv_bfloat16>(p);
+        else
+            dq_post_rows<__half>(p);
+    }
 }
 
 /* GQA: one thread per 8 consecutive elements of dk and dv (b, key j < sk, h_kv; varlen: keys past
@@ -327,10 +335,7 @@ extern "C" cudaError_t flash_bwd_pre(const flash_params *p, cudaStream_t stream)
         return cudaSuccess;
     if (p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16)
         return cudaErrorInvalidValue;
-    if (p->dout_fix != NULL)
-        bwd_preprocess_fix_kernel<<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
-    else
-        bwd_preprocess_kernel<<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
+    bwd_preprocess_kernel<<<row_grid(p), POST_THREADS, 0, stream>>>(*p, 0);
     return cudaGetLastError();
 }
 
@@ -340,7 +345,7 @@ extern "C" cudaError_t flash_bwd_dq_post(const flash_params *p, cudaStream_t str
         return cudaSuccess;
     if (p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16)
         return cudaErrorInvalidValue;
-    bwd_dq_post_kernel<<<row_grid(p), POST_THREADS, 0, stream>>>(*p);
+    bwd_dq_post_kernel<<<row_grid(p), POST_THREADS, 0, stream>>>(*p, 0);
     return cudaGetLastError();
 }
 
@@ -353,10 +358,7 @@ extern "C" cudaError_t flash_bwd_pre_tiled(const flash_params *p, cudaStream_t s
     const int64_t rows = flash_cdiv64(p->sq, FLASH_DQ_TILE_ROWS) * FLASH_DQ_TILE_ROWS;
     const unsigned int row_blocks = blocks_for(rows, POST_THREADS >> row_lanes_log2((int)p->d));
     const dim3 grid(row_blocks, (unsigned int)p->h, (unsigned int)p->b);
-    if (p->dout_fix != NULL)
-        bwd_preprocess_tiled_fix_kernel<<<grid, POST_THREADS, 0, stream>>>(*p);
-    else
-        bwd_preprocess_tiled_kernel<<<grid, POST_THREADS, 0, stream>>>(*p);
+    bwd_preprocess_kernel<<<grid, POST_THREADS, 0, stream>>>(*p, 1);
     return cudaGetLastError();
 }
 
@@ -367,7 +369,7 @@ extern "C" cudaError_t flash_bwd_dq_post_tiled(const flash_params *p, cudaStream
     if ((p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16) || p->d <= 128 || p->d > FLASH_CUDA_MAX_HEAD_DIM)
         return cudaErrorInvalidValue;
     const dim3 grid(blocks_for(p->sq, FLASH_DQ_TILE_ROWS), (unsigned int)p->h, (unsigned int)p->b);
-    bwd_dq_post_tiled_kernel<<<grid, POST_THREADS, 0, stream>>>(*p);
+    bwd_dq_post_kernel<<<grid, POST_THREADS, DQ_STAGE_BYTES, stream>>>(*p, 1);
     return cudaGetLastError();
 }
 
