@@ -1,7 +1,10 @@
 /* bwd_sm90.cu: the main backward kernels on Hopper tensor cores (wgmma, sm_90a), fp16/bf16, head dims up to 256
  * (flash_bwd_main_sm90, called by launch.cu between rows.cu's preprocess and postprocess). Each kernel has a dense
  * variant (HOOK = false: mask.h's band only) and a general one (HOOK = p->has_hook: softcap, ALiBi, attn_mask,
- * dropout, dbias as runtime branches).
+ * dropout, dbias as runtime branches). Every kernel here is a programmatic dependent launch (launch.h), started
+ * while the preprocess drains: a CTA lets the dQ postprocess start first thing, sets up and issues its K, V loads,
+ * then waits (grid_dependency_wait, every thread of both roles) before any access to dO, lse, delta, dq_accum or
+ * dq_semaphore.
  *
  * bwd_main_sm90_kernel (d <= 128), CTA = (key tile of BN = 128 keys, query head, batch); nothing of size sq x sk
  * stored. K, V of the tile are loaded once (cp.async); the CTA walks the query tiles of BM rows that the band lets
@@ -849,12 +852,15 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
     uint8_t *keep_s = (uint8_t *)(mbar + 4);  /* HOOK: [SM90_MMA_WARPS][keep_warp_bytes(BM)] dropout keep bits */
 
     const int tid = threadIdx.x;
+    grid_dependency_trigger(); /* the dQ postprocess may start (it waits for this grid's end) */
     const bwd90_cta cta = ORDERED ? bwd90_cta_descending<!HOOK>(p, 2 * D * (int)sizeof(T))
                                   : bwd90_cta_of<!HOOK>(p, 2 * D * (int)sizeof(T));
     const int n0 = cta.tile * BN, hq = cta.hq, b = cta.b;
     const flash_seq seq = flash_seq_uniform(p, b); /* the CTA's sequence: every row and key below is its own */
-    if (n0 >= seq.sk)
-        return; /* varlen: the grid spans the longest sequence */
+    if (n0 >= seq.sk) { /* varlen: the grid spans the longest sequence */
+        grid_dependency_wait(); /* every thread waits, so that this grid's end implies the preprocess's */
+        return;
+    }
     const int64_t hk = hq / p.h_per_kv;
     const int sq = (int)seq.sq, d = (int)p.d;
     const bool do_dq = ORDERED || !p.deterministic;
@@ -877,6 +883,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
     __syncthreads(); /* the mbarriers initialized */
     if (tid >= SM90_THREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REDUCER_REGS));
+        grid_dependency_wait(); /* dq_accum and the dQ semaphores zeroed by the preprocess */
         if (do_dq) {
             dq_order ord = {};
             if (ORDERED)
@@ -890,6 +897,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
     load_tile_sw128<T, BN, D>(Vs, vg, p.v_s.row, kvalid, d, tid);
     unsigned flags; /* attn_mask flags of the current tile (HOOK) */
     int m = next_query_tile<HOOK, BM, BN, ORDERED>(p, m_first, m_end, flags);
+    grid_dependency_wait(); /* the preprocess's delta (and its other writes) before the first query tile's loads */
     if (m < m_end)
         load_query_tile<T, BM, D>(Qs, dOs, lse_s, delta_s, p, qg, dog, lseg, deltag, sq, d, m * BM, tid);
     cp_async_commit();
@@ -1229,12 +1237,15 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     uint8_t *keep_s = (uint8_t *)(delta_s + 2 * BM); /* HOOK: [SM90_MMA_WARPS][keep_warp_bytes(D256_QW)] */
 
     const int tid = threadIdx.x;
+    grid_dependency_trigger(); /* as bwd_main_sm90_kernel */
     const bwd90_cta cta = ORDERED ? bwd90_cta_descending<true>(p, 2 * D256_D * (int)sizeof(T))
                                   : bwd90_cta_of<!HOOK>(p, 2 * D256_D * (int)sizeof(T));
     const int n0 = cta.tile * BN, hq = cta.hq, b = cta.b;
     const flash_seq seq = flash_seq_uniform(p, b); /* the CTA's sequence: every row and key below is its own */
-    if (n0 >= seq.sk)
-        return; /* varlen: the grid spans the longest sequence */
+    if (n0 >= seq.sk) { /* varlen: the grid spans the longest sequence */
+        grid_dependency_wait();
+        return;
+    }
     const int64_t hk = hq / p.h_per_kv;
     const int sq = (int)seq.sq, d = (int)p.d;
     static_assert(!ORDERED || !HOOK, "ordered dQ additions: the dense kernel");
@@ -1260,6 +1271,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
     load_tile_sw128<T, BN, D>(Vs, vg, p.v_s.row, kvalid, d, tid);
     unsigned flags; /* attn_mask flags of the current tile (HOOK) */
     int m = next_query_tile<HOOK, BM, BN>(p, m_first, m_end, flags);
+    grid_dependency_wait(); /* delta, the tiled dq_accum, the dQ semaphores: the preprocess's */
     if (m < m_end)
         load_query_tile<T, BM, D>(Qs, dOs, lse_s, delta_s, p, qg, dog, lseg, deltag, sq, d, m * BM, tid);
     cp_async_commit();
@@ -1462,6 +1474,21 @@ static size_t smem_main_sm90_d256(bool hook)
            4 * D256_BM * sizeof(float) + (hook ? (size_t)SM90_MMA_WARPS * keep_warp_bytes(D256_QW) : 0);
 }
 
+/* A main kernel's launch: grid (key tiles of bn keys, h, b), a programmatic dependent launch (launch.h) after
+ * the preprocess. */
+static cudaError_t launch_main(const flash_params *p, void (*kernel)(const flash_params), int bn, int threads,
+                               size_t smem, cudaStream_t stream)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned int)((p->sk + bn - 1) / bn), (unsigned int)p->h, (unsigned int)p->b);
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr;
+    flash_launch_pdl(&cfg, &attr, 1);
+    return cudaLaunchKernelEx(&cfg, kernel, *p);
+}
+
 template <typename T, bool HOOK, bool ORDERED = false>
 static cudaError_t launch_main_sm90_d256(const flash_params *p, cudaStream_t stream)
 {
@@ -1470,9 +1497,7 @@ static cudaError_t launch_main_sm90_d256(const flash_params *p, cudaStream_t str
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
-    const dim3 grid((unsigned int)((p->sk + D256_BN - 1) / D256_BN), (unsigned int)p->h, (unsigned int)p->b);
-    kernel<<<grid, SM90_THREADS, smem, stream>>>(*p);
-    return cudaGetLastError();
+    return launch_main(p, kernel, D256_BN, SM90_THREADS, smem, stream);
 }
 
 template <typename T, int D, int BM, bool HOOK, bool ORDERED = false>
@@ -1483,9 +1508,7 @@ static cudaError_t launch_main_sm90(const flash_params *p, cudaStream_t stream)
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
-    const dim3 grid((unsigned int)((p->sk + SM90_BN - 1) / SM90_BN), (unsigned int)p->h, (unsigned int)p->b);
-    kernel<<<grid, SM90_THREADS_ALL, smem, stream>>>(*p);
-    return cudaGetLastError();
+    return launch_main(p, kernel, SM90_BN, SM90_THREADS_ALL, smem, stream);
 }
 
 /* The kernel of head dim D (64 or 128) with its tiles.h query tile: HOOK from p->has_hook, ORDERED from ordered. */

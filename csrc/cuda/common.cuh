@@ -4,6 +4,7 @@
  *
  * sm80+ (also run on Hopper): mma.sync m16n8k16 with fp32 accumulators, ldmatrix (plain and .trans),
  * cp.async 16-byte copies with zero fill, exp2, an acquire spin / release store on a global int32 (sm70+);
+ * programmatic dependent launch's trigger and wait (sm90+, no-ops below);
  * fp16 / bf16 packing (pack2, unpack2, half_to_float), accumulator repacking into an A fragment (acc_to_a),
  * flash_seq_uniform (a CTA's sequence as warp-uniform values), load_vec_async (an fp32 vector into shared memory).
  * Everything is __device__ __forceinline__; no state.
@@ -192,6 +193,25 @@ __device__ __forceinline__ void spin_until_equal_gpu(const int32_t *gmem, int32_
 __device__ __forceinline__ void st_release_gpu(int32_t *gmem, int32_t value)
 {
     asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(gmem), "r"(value) : "memory");
+}
+
+/* Programmatic dependent launch (sm90+; launch.h flash_launch_pdl). grid_dependency_trigger: this CTA lets the
+ * next kernel in the stream, if launched with the attribute, start once every CTA of this grid has triggered or
+ * exited. grid_dependency_wait: the thread waits until the previous kernel in the stream has completed and its
+ * writes are visible; every read of what that kernel writes (and every write it must not race) comes after it.
+ * Without the attribute (and below sm90) both are no-ops and the stream orders the kernels. */
+__device__ __forceinline__ void grid_dependency_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_dependency_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 }
 
 /* One b32 register of two 16-bit values -> two floats (lo first): the inverse of pack2. */

@@ -192,23 +192,6 @@ __device__ __forceinline__ void load_kv(const flash_params &p, const flash_seq &
     }
 }
 
-/* Programmatic dependent launch (sm90+): each decode CTA, once started, lets the combine kernel launch
- * (trigger); the combine kernel waits until the decode grid has finished and its writes are visible (wait).
- * On older archs both are no-ops and the stream orders the two kernels. */
-__device__ __forceinline__ void grid_dependency_trigger(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void grid_dependency_wait(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
 /* grid (num_splits, row_blocks * h_kv, b); 32 threads per warp, up to Cfg::kMaxWarps warps */
 template <typename T, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kMaxWarps *FLASH_WARP_SIZE) flash_fwd_decode_kernel(const __grid_constant__ flash_params p)
@@ -570,14 +553,6 @@ __global__ void __launch_bounds__(kCombineWarps *FLASH_WARP_SIZE) flash_fwd_comb
         combine_rows<__nv_bfloat16>(p);
 }
 
-/* Whether the current device takes programmatic dependent launches (sm90+). */
-bool has_pdl(void)
-{
-    int dev = 0, major = 0;
-    return cudaGetDevice(&dev) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
-}
-
 template <typename T, typename Cfg>
 cudaError_t launch_decode(const flash_params *p, int warps, cudaStream_t stream)
 {
@@ -599,11 +574,8 @@ cudaError_t launch_decode(const flash_params *p, int warps, cudaStream_t stream)
     cfg.gridDim = dim3((unsigned)flash_cdiv64(rows, kCombineWarps));
     cfg.blockDim = dim3(kCombineWarps * FLASH_WARP_SIZE);
     cfg.stream = stream;
-    cudaLaunchAttribute attr = {};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = has_pdl() ? 1 : 0;
+    cudaLaunchAttribute attr;
+    flash_launch_pdl(&cfg, &attr, 1);
     return cudaLaunchKernelEx(&cfg, flash_fwd_combine_kernel, *p);
 }
 

@@ -6,6 +6,7 @@
  * next to the measurements that justify them. Variable-length batches and KV caches go the same way:
  * their grids cover the max lengths p->sq / p->sk, so the early-outs below hold for them too. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "launch.h"
 #include "../mask.h"
@@ -45,6 +46,23 @@ static int use_sm90(void)
 #else
     return 0;
 #endif
+}
+
+/* Whether the current device takes programmatic dependent launches (sm90+). */
+static int has_pdl(void)
+{
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+}
+
+extern "C" void flash_launch_pdl(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *attr, int pdl)
+{
+    memset(attr, 0, sizeof(*attr));
+    attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr->val.programmaticStreamSerializationAllowed = 1;
+    cfg->attrs = attr;
+    cfg->numAttrs = pdl && has_pdl() ? 1 : 0;
 }
 
 static int is_simple(const flash_params *p)
@@ -151,11 +169,11 @@ static cudaError_t bwd_pre(const flash_params *p, cudaStream_t stream)
     return flash_bwd_pre(p, stream);
 }
 
-static cudaError_t bwd_dq_post(const flash_params *p, cudaStream_t stream)
+static cudaError_t bwd_dq_post(const flash_params *p, int pdl, cudaStream_t stream)
 {
     if (bwd_dq_tiled(p))
-        return flash_bwd_dq_post_tiled(p, stream);
-    return flash_bwd_dq_post(p, stream);
+        return flash_bwd_dq_post_tiled(p, pdl, stream);
+    return flash_bwd_dq_post(p, pdl, stream);
 }
 
 extern "C" int64_t flash_bwd_rel_grad_tile(const flash_params *p)
@@ -193,7 +211,8 @@ extern "C" cudaError_t flash_bwd_cuda(const flash_params *p_in, cudaStream_t str
         return err;
     /* deterministic mode: dQ in the main kernel's fixed order where it has the semaphores, else the dQ kernel */
     const int dq_added = !p->deterministic || (p->dq_semaphore != NULL && flash_bwd_wants_dq_semaphore(p));
-    err = dq_added ? bwd_dq_post(p, stream) : flash_bwd_sm80_dq(p, tiles, stream);
+    /* after flash_bwd_main_sm90: a programmatic dependent launch (launch.h) */
+    err = dq_added ? bwd_dq_post(p, use_sm90(), stream) : flash_bwd_sm80_dq(p, tiles, stream);
     if (err != cudaSuccess)
         return err;
     if (p->h != p->h_kv)

@@ -68,6 +68,12 @@ size_t flash_smem_available(void);
 
 /* ---- family entry points, called by launch.cu only ---- */
 
+/* Programmatic dependent launch (common.cuh grid_dependency_trigger / grid_dependency_wait), for the family
+ * launchers: sets cfg's attributes (attr: their storage) to cudaLaunchAttributeProgrammaticStreamSerialization
+ * where pdl and the current device takes it (sm90+), else to none. The kernel launched by
+ * cudaLaunchKernelEx(cfg, ...) may then start before the previous kernel in the stream has finished. Host only. */
+void flash_launch_pdl(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *attr, int pdl);
+
 /* Tile configurations of a family at one head dim: the large ones need sm90's 227 KB of shared
  * memory, the small ones fit an A100 (and sm86/sm89 up to d = 128). */
 typedef enum flash_tiles {
@@ -113,6 +119,10 @@ size_t flash_fwd_sm80_smem(const flash_params *p);
  *   or flash_bwd_dq_post         dq = scale * dq_accum                                (rows.cu)
  *                                (flash_bwd_dq_post_tiled where dq_accum is tiled)
  *   flash_bwd_dkv_post           GQA only: dk, dv = sums of dk_accum, dv_accum over each group (rows.cu)
+ * Where flash_bwd_main_sm90 runs, it and flash_bwd_dq_post(_tiled) are programmatic dependent launches
+ * (flash_launch_pdl): each may start once every CTA of the kernel before it has started (grid_dependency_trigger)
+ * and touches what that kernel writes only after grid_dependency_wait (common.cuh), in every thread, so that its
+ * end implies the earlier kernels' (those launched after it, normally, rely on that).
  * flash_bwd_sm80_check validates what these kernels require of p (alignment, strides, head dim):
  * cudaErrorInvalidValue when unmet. flash_bwd_sm80_smem: shared memory of the sm80 main and dQ kernels
  * with tiles t at head dim p->d. */
@@ -124,13 +134,14 @@ cudaError_t flash_bwd_main_sm90(const flash_params *p, cudaStream_t stream);
 /* 1 where flash_bwd_main_sm90 serves deterministic mode with ordered dQ additions (p->dq_semaphore). */
 int flash_bwd_sm90_orders_dq(const flash_params *p);
 cudaError_t flash_bwd_sm80_dq(const flash_params *p, flash_tiles t, cudaStream_t stream);
-cudaError_t flash_bwd_dq_post(const flash_params *p, cudaStream_t stream);
+/* pdl: a programmatic dependent launch (flash_launch_pdl; flash_bwd_main_sm90 before it) */
+cudaError_t flash_bwd_dq_post(const flash_params *p, int pdl, cudaStream_t stream);
 /* flash_bwd_pre and flash_bwd_dq_post for the tiled dq_accum, wherever bwd_sm90.cu's d > 128 kernel runs (launch.cu
  * bwd_dq_tiled): that kernel adds dQ into dq_accum in its tile order (mask.h flash_dq_tiled_row0), one float4
  * red.add per accumulator quad at a per-thread base plus constant offsets, with no shuffles and no bounds (the
  * tiles are padded). */
 cudaError_t flash_bwd_pre_tiled(const flash_params *p, cudaStream_t stream);
-cudaError_t flash_bwd_dq_post_tiled(const flash_params *p, cudaStream_t stream);
+cudaError_t flash_bwd_dq_post_tiled(const flash_params *p, int pdl, cudaStream_t stream);
 cudaError_t flash_bwd_dkv_post(const flash_params *p, cudaStream_t stream);
 
 #ifdef __cplusplus

@@ -17,6 +17,8 @@
  *   One kernel per pass: its cases (tiled, FIX) are run-time branches uniform over the grid, not instantiations.
  *   flash_bwd_dkv_post (bwd_dkv_post_kernel), GQA only, one thread per CHUNK elements of a key row: dk, dv =
  *   the sums of dk_accum, dv_accum over the group's query heads, in head order.
+ *   Around bwd_sm90.cu's main kernel (programmatic dependent launches, launch.h): each preprocess CTA lets it start
+ *   at once (grid_dependency_trigger), and the dQ postprocess waits for its end (grid_dependency_wait) first thing.
  *   POST_THREADS threads per CTA. Varlen: each thread takes its sequence from flash_seq_of (mask.h); the grids
  *   span the longest sequence, rows past their sequence's end do nothing.
  *
@@ -181,6 +183,7 @@ __device__ __forceinline__ void preprocess_case(const flash_params &p, int tiled
 
 __global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_kernel(const flash_params p, const int tiled)
 {
+    grid_dependency_trigger(); /* the sm90 main kernel may start (it waits before reading what this writes) */
     if (p.dtype == FLASH_BF16)
         preprocess_case<__nv_bfloat16>(p, tiled);
     else
@@ -261,6 +264,7 @@ __global__ void __launch_bounds__(POST_THREADS) bwd_dq_post_kernel(const flash_p
 {
     extern __shared__ __align__(16) uint32_t dq_stage[];
     uint32_t(*stage)[DQ_STAGE_LD] = (uint32_t(*)[DQ_STAGE_LD])dq_stage;
+    grid_dependency_wait(); /* pdl: the main kernel's dq_accum (every thread: this grid ends after that one) */
     if (ROWS_TILED && tiled) {
         if (p.dtype == FLASH_BF16)
             dq_post_tile<__nv_bfloat16>(p, stage);
@@ -339,14 +343,28 @@ extern "C" cudaError_t flash_bwd_pre(const flash_params *p, cudaStream_t stream)
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t flash_bwd_dq_post(const flash_params *p, cudaStream_t stream)
+/* The dQ postprocess's launch (grid x POST_THREADS, smem bytes of dynamic shared memory, the layout `tiled`) on
+ * stream, programmatic where pdl (flash_launch_pdl). */
+static cudaError_t launch_dq_post(const flash_params *p, dim3 grid, size_t smem, int tiled, int pdl,
+                                  cudaStream_t stream)
+{
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(POST_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    flash_launch_pdl(&cfg, &attr, pdl);
+    return cudaLaunchKernelEx(&cfg, bwd_dq_post_kernel, *p, tiled);
+}
+
+extern "C" cudaError_t flash_bwd_dq_post(const flash_params *p, int pdl, cudaStream_t stream)
 {
     if (p->b == 0 || p->h == 0 || p->sq == 0)
         return cudaSuccess;
     if (p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16)
         return cudaErrorInvalidValue;
-    bwd_dq_post_kernel<<<row_grid(p), POST_THREADS, 0, stream>>>(*p, 0);
-    return cudaGetLastError();
+    return launch_dq_post(p, row_grid(p), 0, 0, pdl, stream);
 }
 
 extern "C" cudaError_t flash_bwd_pre_tiled(const flash_params *p, cudaStream_t stream)
@@ -362,15 +380,14 @@ extern "C" cudaError_t flash_bwd_pre_tiled(const flash_params *p, cudaStream_t s
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t flash_bwd_dq_post_tiled(const flash_params *p, cudaStream_t stream)
+extern "C" cudaError_t flash_bwd_dq_post_tiled(const flash_params *p, int pdl, cudaStream_t stream)
 {
     if (p->b == 0 || p->h == 0 || p->sq == 0)
         return cudaSuccess;
     if ((p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16) || p->d <= 128 || p->d > FLASH_CUDA_MAX_HEAD_DIM)
         return cudaErrorInvalidValue;
     const dim3 grid(blocks_for(p->sq, FLASH_DQ_TILE_ROWS), (unsigned int)p->h, (unsigned int)p->b);
-    bwd_dq_post_kernel<<<grid, POST_THREADS, DQ_STAGE_BYTES, stream>>>(*p, 1);
-    return cudaGetLastError();
+    return launch_dq_post(p, grid, DQ_STAGE_BYTES, 1, pdl, stream);
 }
 
 extern "C" cudaError_t flash_bwd_dkv_post(const flash_params *p, cudaStream_t stream)
