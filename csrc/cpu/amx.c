@@ -93,23 +93,72 @@ static inline __mmask16 lanes(int64_t valid)
     return valid >= 16 ? (__mmask16)0xFFFF : valid <= 0 ? (__mmask16)0 : (__mmask16)((1u << valid) - 1);
 }
 
+AMX_PACK_TARGET void flash_amx_scale_columns(float *acc, int64_t ld, int64_t rows, uint32_t groups, const float *alpha)
+{
+    if (!groups)
+        return;
+    const int n = 32 - __builtin_clz(groups); /* groups 0 .. n - 1, row by row (alpha is 1 in the others) */
+    __m512 a[32];
+    for (int g = 0; g < n; g++)
+        a[g] = _mm512_loadu_ps(alpha + 16 * g);
+    for (int64_t r = 0; r < rows; r++)
+        for (int g = 0; g < n; g++)
+            _mm512_storeu_ps(acc + r * ld + 16 * g, _mm512_mul_ps(_mm512_loadu_ps(acc + r * ld + 16 * g), a[g]));
+}
+
+/* r[i] (16 rows of 16 32-bit elements) -> r[c] = column c. Unpacks pair rows, then quads, within 128-bit lanes;
+ * two lane shuffles gather each column's four quads. */
+AMX_PACK_TARGET static inline void transpose16(__m512i r[16])
+{
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) { /* r[i + e], lane L: rows i .. i + 3 of column 4 L + e */
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int e = 0; e < 4; e++) {
+        const __m512i ab_lo = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x44),
+                      ab_hi = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xEE);
+        const __m512i cd_lo = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x44),
+                      cd_hi = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xEE);
+        t[e] = _mm512_shuffle_i32x4(ab_lo, cd_lo, 0x88);
+        t[4 + e] = _mm512_shuffle_i32x4(ab_lo, cd_lo, 0xDD);
+        t[8 + e] = _mm512_shuffle_i32x4(ab_hi, cd_hi, 0x88);
+        t[12 + e] = _mm512_shuffle_i32x4(ab_hi, cd_hi, 0xDD);
+    }
+    for (int i = 0; i < 16; i++)
+        r[i] = t[i];
+}
+
 AMX_PACK_TARGET void flash_amx_pack_a(uint16_t *dst, int parts, int64_t m, int64_t k, const float *a, int64_t a_rs,
                                       int64_t a_ks)
 {
     const int64_t mp = ROUND32(m), kp = ROUND32(k), kt_n = kp / 32, plane = mp * kp;
-    if (a_rs == 1 && a_ks != 1) { /* a^T rows: pairs of them give the 32-bit words of A's tile rows */
-        const __m512i rows16 = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
-                                                                    14, 15), _mm512_set1_epi32(16));
-        for (int64_t kk = 0; kk < kp; kk += 2)
+    if (a_rs == 1 && a_ks != 1) { /* a^T rows: pairs of them give the 32-bit words of 16 A rows, transposed */
+        for (int64_t kt = 0; kt < kt_n; kt++)
             for (int64_t i0 = 0; i0 < mp; i0 += 16) {
                 const __mmask16 ml = lanes(m - i0);
-                __m512 x0 = kk < k ? _mm512_maskz_loadu_ps(ml, a + i0 + kk * a_ks) : _mm512_setzero_ps();
-                __m512 x1 = kk + 1 < k ? _mm512_maskz_loadu_ps(ml, a + i0 + (kk + 1) * a_ks) : _mm512_setzero_ps();
-                uint32_t *base = (uint32_t *)(dst + ((i0 / 16) * kt_n + kk / 32) * 512) + (kk % 32) / 2;
+                __m512 x[16][2];
+                for (int w = 0; w < 16; w++) /* x[w][h]: a^T row kk = 32 kt + 2 w + h, elements i0 .. i0 + 15 */
+                    for (int h = 0; h < 2; h++) {
+                        const int64_t kk = kt * 32 + 2 * w + h;
+                        x[w][h] = kk < k ? _mm512_maskz_loadu_ps(ml, a + i0 + kk * a_ks) : _mm512_setzero_ps();
+                    }
                 for (int p = 0; p < parts; p++) {
-                    const __m512i u0 = term(&x0), u1 = term(&x1);
-                    const __m512i words = _mm512_or_si512(u1, _mm512_srli_epi32(u0, 16));
-                    _mm512_i32scatter_epi32(base + p * plane / 2, rows16, words, 4);
+                    __m512i words[16]; /* lane c of words[w]: A row i0 + c's word w (its elements 2 w, 2 w + 1) */
+                    for (int w = 0; w < 16; w++) {
+                        const __m512i u0 = term(&x[w][0]), u1 = term(&x[w][1]);
+                        words[w] = _mm512_or_si512(u1, _mm512_srli_epi32(u0, 16));
+                    }
+                    transpose16(words);
+                    uint16_t *blk = dst + p * plane + ((i0 / 16) * kt_n + kt) * 512;
+                    for (int c = 0; c < 16; c++)
+                        _mm512_storeu_si512(blk + c * 32, words[c]);
                 }
             }
         return;
@@ -196,12 +245,12 @@ AMX_PACK_TARGET static inline int column_stats(__m512 mx, float scale, float *m,
     return up != 0;
 }
 
-AMX_PACK_TARGET int flash_amx_softmax_pack(const float *s, int64_t kn, int64_t cols, int64_t ld, float scale,
-                                           float *m, float *l, float *alpha, uint16_t *dst, int parts)
+AMX_PACK_TARGET uint32_t flash_amx_softmax_pack(const float *s, int64_t kn, int64_t cols, int64_t ld, float scale,
+                                                float *m, float *l, float *alpha, uint16_t *dst, int parts)
 {
     const int64_t kp = ROUND32(kn), nt_n = cols / 16, plane = kp * cols;
     const __m512 sv = _mm512_set1_ps(scale), log2e = _mm512_set1_ps(LOG2E), ninf = _mm512_set1_ps(-INFINITY);
-    int rescale = 0;
+    uint32_t rescale = 0;
     for (int64_t c0 = 0; c0 < cols; c0 += 32) { /* two vectors of 16 columns, rows in pairs: 4 independent chains */
         const float *sc = s + c0;
         __m512 mx[4] = {ninf, ninf, ninf, ninf};
@@ -217,8 +266,9 @@ AMX_PACK_TARGET int flash_amx_softmax_pack(const float *s, int64_t kn, int64_t c
             mx[1] = _mm512_max_ps(mx[1], _mm512_loadu_ps(sc + j * ld + 16));
         }
         __m512 shift0, shift1;
-        rescale |= column_stats(_mm512_max_ps(mx[0], mx[2]), scale, m + c0, alpha + c0, &shift0);
-        rescale |= column_stats(_mm512_max_ps(mx[1], mx[3]), scale, m + c0 + 16, alpha + c0 + 16, &shift1);
+        rescale |= column_stats(_mm512_max_ps(mx[0], mx[2]), scale, m + c0, alpha + c0, &shift0) << (c0 / 16);
+        rescale |= column_stats(_mm512_max_ps(mx[1], mx[3]), scale, m + c0 + 16, alpha + c0 + 16, &shift1)
+                   << (c0 / 16 + 1);
         __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
         for (j = 0; j < kp; j += 2) {
             __m512 e[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
@@ -242,40 +292,11 @@ AMX_PACK_TARGET int flash_amx_softmax_pack(const float *s, int64_t kn, int64_t c
                 _mm512_storeu_si512(row + p * plane + 512, _mm512_or_si512(u3, _mm512_srli_epi32(u1, 16)));
             }
         }
-        _mm512_storeu_ps(l + c0, _mm512_fmadd_ps(_mm512_loadu_ps(alpha + c0), _mm512_loadu_ps(l + c0), sum0));
-        _mm512_storeu_ps(l + c0 + 16,
-                         _mm512_fmadd_ps(_mm512_loadu_ps(alpha + c0 + 16), _mm512_loadu_ps(l + c0 + 16), sum1));
+        const __m512 a0 = _mm512_loadu_ps(alpha + c0), a1 = _mm512_loadu_ps(alpha + c0 + 16);
+        _mm512_storeu_ps(l + c0, _mm512_fmadd_ps(a0, _mm512_loadu_ps(l + c0), sum0));
+        _mm512_storeu_ps(l + c0 + 16, _mm512_fmadd_ps(a1, _mm512_loadu_ps(l + c0 + 16), sum1));
     }
     return rescale;
-}
-
-/* r[i] (16 rows of 16 32-bit elements) -> r[c] = column c. Unpacks pair rows, then quads, within 128-bit lanes;
- * two lane shuffles gather each column's four quads. */
-AMX_PACK_TARGET static inline void transpose16(__m512i r[16])
-{
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) { /* r[i + e], lane L: rows i .. i + 3 of column 4 L + e */
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    for (int e = 0; e < 4; e++) {
-        const __m512i ab_lo = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x44),
-                      ab_hi = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xEE);
-        const __m512i cd_lo = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x44),
-                      cd_hi = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xEE);
-        t[e] = _mm512_shuffle_i32x4(ab_lo, cd_lo, 0x88);
-        t[4 + e] = _mm512_shuffle_i32x4(ab_lo, cd_lo, 0xDD);
-        t[8 + e] = _mm512_shuffle_i32x4(ab_hi, cd_hi, 0x88);
-        t[12 + e] = _mm512_shuffle_i32x4(ab_hi, cd_hi, 0xDD);
-    }
-    for (int i = 0; i < 16; i++)
-        r[i] = t[i];
 }
 
 /* 16 values of row src (kind: FLASH_AMX_SRC_*) from element c0, lanes past `valid` zero, as fp32 (exact). */
@@ -449,8 +470,14 @@ void flash_amx_gemm_packed(int64_t m, int64_t n, int64_t k, const uint16_t *ap, 
     abort();
 }
 
-int flash_amx_softmax_pack(const float *s, int64_t kn, int64_t cols, int64_t ld, float scale, float *m, float *l,
-                           float *alpha, uint16_t *dst, int parts)
+void flash_amx_scale_columns(float *acc, int64_t ld, int64_t rows, uint32_t groups, const float *alpha)
+{
+    (void)acc, (void)ld, (void)rows, (void)groups, (void)alpha;
+    abort();
+}
+
+uint32_t flash_amx_softmax_pack(const float *s, int64_t kn, int64_t cols, int64_t ld, float scale, float *m, float *l,
+                                float *alpha, uint16_t *dst, int parts)
 {
     (void)s, (void)kn, (void)cols, (void)ld, (void)scale, (void)m, (void)l, (void)alpha, (void)dst, (void)parts;
     abort();

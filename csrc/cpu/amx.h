@@ -41,10 +41,15 @@ void flash_amx_pack_b(uint16_t *dst, int parts, int64_t k, int64_t n, const floa
  * query column u the running max m[u] (natural units; -inf before any key) moves only when the tile's max passes it
  * by 8 ln 2 (so P <= 2^8: no overflow, the same result after the final division by l), l[u] = alpha[u] l[u] + sum
  * of the column's exp(score - m[u]), and P^T is packed as flash_amx_pack_b would pack it (k = kn, n = cols, a
- * multiple of 32; parts terms: 3 keep P exact). Returns 1 when some alpha[u] != 1 (the caller rescales its
- * accumulator's columns by alpha), else 0. */
-int flash_amx_softmax_pack(const float *s, int64_t kn, int64_t cols, int64_t ld, float scale, float *m, float *l,
-                           float *alpha, uint16_t *dst, int parts);
+ * multiple of 32; parts terms: 3 keep P exact). Returns the groups of 16 columns (bit g: columns 16 g .. 16 g + 15)
+ * where some alpha[u] != 1 (the caller rescales those columns of its accumulator by alpha, flash_amx_scale_columns;
+ * alpha[u] = 1 elsewhere), 0 when none. */
+uint32_t flash_amx_softmax_pack(const float *s, int64_t kn, int64_t cols, int64_t ld, float scale, float *m, float *l,
+                                float *alpha, uint16_t *dst, int parts);
+
+/* acc (rows x 16-column groups, leading dim ld): the columns of every group g set in groups (bit g: columns
+ * 16 g .. 16 g + 15) times alpha, row by row (the online softmax's rescale of its accumulator). */
+void flash_amx_scale_columns(float *acc, int64_t ld, int64_t rows, uint32_t groups, const float *alpha);
 
 /* pack_b of B = rows^T (k, n): B[kk][j] = rows[j * rs + kk] for j < n_valid (zero for n_valid <= j < n), i.e. the
  * transposed operand packed straight from its rows (16 x 16 transposes of bf16 pairs); rows of float values, or of

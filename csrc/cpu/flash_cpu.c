@@ -910,13 +910,6 @@ static void FN(mm)(const FN(workspace) *w, const uint16_t *a_packed, int a_input
 }
 
 /* Column c of acc (rows x TILE_Q_NR columns, cols used) *= alpha[c]. */
-FLASH_CPU_SIMD static void FN(scale_columns)(T *restrict acc, int64_t rows, int64_t cols, const T *restrict alpha)
-{
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++)
-            acc[r * TILE_Q_NR + c] *= alpha[c];
-}
-
 /* s (rows x cols, leading dim ld) *= scale. */
 FLASH_CPU_SIMD static void FN(scale_tile)(T *restrict s, int64_t rows, int64_t cols, int64_t ld, T scale)
 {
@@ -999,9 +992,10 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
             FN(mask_band_t)(w->s, km, qp, &seq, &t, -INFINITY);
         if (fused) { /* T is float: the scale (unless the hook applied it), softmax and P^T's packing in one pass */
             uint16_t *pt = w->amx_b[1]; /* and amx_b[2]: 3 ROUND32(TILE_K) TILE_Q_NR <= 2 amx_b elements */
-            if (flash_amx_softmax_pack((const float *)w->s, t.kn, qp, TILE_Q_NR, hooked ? 1.0f : (float)p->scale,
-                                       (float *)m, (float *)l, (float *)alpha, pt, p_terms))
-                FN(scale_columns)(w->acc, dvm, qp, alpha);
+            const uint32_t moved = flash_amx_softmax_pack((const float *)w->s, t.kn, qp, TILE_Q_NR,
+                                                          hooked ? 1.0f : (float)p->scale, (float *)m, (float *)l,
+                                                          (float *)alpha, pt, p_terms);
+            flash_amx_scale_columns((float *)w->acc, TILE_Q_NR, dvm, moved, (const float *)alpha);
             if (!kv)
                 flash_amx_pack_a(w->amx, w->parts, dvm, t.kn, (const float *)w->v, 1, dvm);
             flash_amx_gemm_packed(dvm, qp, t.kn, kv ? kv + w->part[1] : w->amx, w->parts, pt, p_terms,
