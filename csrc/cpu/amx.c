@@ -135,6 +135,41 @@ AMX_PACK_TARGET static inline void transpose16(__m512i r[16])
         r[i] = t[i];
 }
 
+AMX_PACK_TARGET void flash_amx_pack_a_rows16(uint16_t *dst, int64_t m, int64_t k, const uint16_t *const *rows)
+{
+    const int64_t mp = ROUND32(m), kt_n = ROUND32(k) / 32;
+    for (int64_t i = 0; i < mp; i++)
+        for (int64_t kt = 0; kt < kt_n; kt++) {
+            const int64_t left = k - kt * 32; /* elements of this 32-wide block inside the row */
+            const __mmask32 mk = left >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << left) - 1);
+            const __m512i x = i < m && rows[i] ? _mm512_maskz_loadu_epi16(mk, rows[i] + kt * 32) : _mm512_setzero_si512();
+            _mm512_storeu_si512(dst + ((i / 16) * kt_n + kt) * 512 + (i % 16) * 32, x);
+        }
+}
+
+AMX_PACK_TARGET void flash_amx_pack_at_rows16(uint16_t *dst, int64_t m, int64_t m_valid, int64_t k,
+                                              const uint16_t *const *rows)
+{
+    const int64_t mp = ROUND32(m), kt_n = ROUND32(k) / 32;
+    for (int64_t kt = 0; kt < kt_n; kt++)
+        for (int64_t i0 = 0; i0 < mp; i0 += 16) {
+            const __mmask16 ml = lanes(m_valid - i0);
+            __m512i words[16]; /* lane c of words[w]: A row i0 + c's word w, i.e. rows 2 w, 2 w + 1 of the block */
+            for (int w = 0; w < 16; w++) {
+                const int64_t kk = kt * 32 + 2 * w;
+                const __m256i lo = kk < k && rows[kk] ? _mm256_maskz_loadu_epi16(ml, rows[kk] + i0)
+                                                      : _mm256_setzero_si256();
+                const __m256i hi = kk + 1 < k && rows[kk + 1] ? _mm256_maskz_loadu_epi16(ml, rows[kk + 1] + i0)
+                                                              : _mm256_setzero_si256();
+                words[w] = _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
+            }
+            transpose16(words);
+            uint16_t *blk = dst + ((i0 / 16) * kt_n + kt) * 512;
+            for (int c = 0; c < 16; c++)
+                _mm512_storeu_si512(blk + c * 32, words[c]);
+        }
+}
+
 AMX_PACK_TARGET void flash_amx_pack_a(uint16_t *dst, int parts, int64_t m, int64_t k, const float *a, int64_t a_rs,
                                       int64_t a_ks)
 {
@@ -448,6 +483,18 @@ void flash_amx_begin(void)
 
 void flash_amx_end(void)
 {
+    abort();
+}
+
+void flash_amx_pack_a_rows16(uint16_t *dst, int64_t m, int64_t k, const uint16_t *const *rows)
+{
+    (void)dst, (void)m, (void)k, (void)rows;
+    abort();
+}
+
+void flash_amx_pack_at_rows16(uint16_t *dst, int64_t m, int64_t m_valid, int64_t k, const uint16_t *const *rows)
+{
+    (void)dst, (void)m, (void)m_valid, (void)k, (void)rows;
     abort();
 }
 

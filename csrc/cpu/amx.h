@@ -35,6 +35,12 @@ static inline int64_t flash_amx_packed_elems(int64_t rows, int64_t cols)
  * value). */
 void flash_amx_pack_a(uint16_t *dst, int parts, int64_t m, int64_t k, const float *a, int64_t a_rs, int64_t a_ks);
 void flash_amx_pack_b(uint16_t *dst, int parts, int64_t k, int64_t n, const float *b, int64_t ldb);
+/* pack_a of 16-bit values as they are (one term: bf16 values, or any 16-bit pattern), from row pointers (NULL: a
+ * zero row), without widening: A (m, k) with A[i][kk] = rows[i][kk] (flash_amx_pack_a_rows16), or A = rows^T with
+ * A[i][kk] = rows[kk][i] for i < m_valid, zero for m_valid <= i < m (flash_amx_pack_at_rows16; 16 x 16 transposes
+ * of the pairs). rows has ROUND32(m) (resp. ROUND32(k)) entries. */
+void flash_amx_pack_a_rows16(uint16_t *dst, int64_t m, int64_t k, const uint16_t *const *rows);
+void flash_amx_pack_at_rows16(uint16_t *dst, int64_t m, int64_t m_valid, int64_t k, const uint16_t *const *rows);
 
 /* The forward's online-softmax step on an S^T tile fused with the packing of P^T as the B operand of O^T += V^T P^T:
  * s (kn key rows x cols query columns, leading dim ld; masked entries -inf) times scale (> 0) are the scores; per

@@ -1709,6 +1709,25 @@ static uint16_t *FN(pack_tiles)(const flash_params *p, FN(workspace) *w, int wha
                               hh * p->q_s.head, p->q_s.row, n, d);
                 FN(load_rows)(y, dvm, nm, dvm, (const T *)p->dout + bi * p->do_s.batch + row * p->do_s.row +
                               hh * p->do_s.head, p->do_s.row, n, d_v);
+            } else if (what == PACK_FWD && p->cpu_kv_dtype == FLASH_BF16 && ws->parts == 1) { /* bf16 k, v as they are */
+                const uint16_t *kr[ROUND_UP(FLASH_CPU_TILE_K, 32)], *vr[ROUND_UP(FLASH_CPU_TILE_K, 32)];
+                for (int64_t j = r0, run; j < r0 + n; j += run) {
+                    run = key_run(p, &seq, j, r0 + n);
+                    const uint16_t *ks = (const uint16_t *)p->k + hh * p->k_s.head +
+                                         flash_key_offset(p, &seq, p->k_s.batch, p->k_s.row, j);
+                    const uint16_t *vs = (const uint16_t *)p->v + hh * p->v_s.head +
+                                         flash_key_offset(p, &seq, p->v_s.batch, p->v_s.row, j);
+                    for (int64_t x = 0; x < run; x++) {
+                        kr[j - r0 + x] = ks + x * p->k_s.row;
+                        vr[j - r0 + x] = vs + x * p->v_s.row;
+                    }
+                }
+                for (int64_t j = n; j < ROUND_UP(FLASH_CPU_TILE_K, 32); j++)
+                    kr[j] = vr[j] = NULL;
+                uint16_t *dst = packed + slot * ws->slot;
+                flash_amx_pack_a_rows16(dst, nm, d, kr);                  /* K rows */
+                flash_amx_pack_at_rows16(dst + ws->part[1], dvm, d_v, n, vr); /* V^T */
+                continue;
             } else if (p->cpu_kv_dtype != FLASH_FP32) { /* T is float: the fp16 / bf16 k, v widened here */
                 const int fp16 = p->cpu_kv_dtype == FLASH_FP16;
                 FN(load_key_rows_half)(x, dm, nm, (const uint16_t *)p->k + hh * p->k_s.head, p->k_s.batch, p->k_s.row,
