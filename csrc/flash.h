@@ -213,6 +213,9 @@ typedef struct flash_params {
      * FLASH_FP16 where q is that tensor itself (strides in its elements), read only as it is packed. Else
      * FLASH_FP32 (zero): q holds the kernel's type. */
     flash_dtype cpu_q_dtype;
+    /* The same forward: where not NULL, out rounded to cpu_src_dtype (fp16 / bf16, as torch rounds), written beside
+     * the fp32 out o with o's strides, so that the binding need not convert o afterwards. */
+    void *cpu_o_half;
 } flash_params;
 
 #ifdef __cplusplus

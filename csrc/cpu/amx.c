@@ -237,24 +237,23 @@ AMX_PACK_TARGET void flash_amx_pack_b(uint16_t *dst, int parts, int64_t k, int64
         }
 }
 
-/* 2^x for 16 lanes: 2^n * 2^f with n = round(x), |f| <= 1/2, 2^f = e^(f ln 2) by its Taylor series to degree 7
- * (relative error < 1e-8 before the final rounding); x below -125 (-inf included: masked scores) gives exactly 0
- * without computing a denormal (whose microcode assists made causal tiles 2.5x slower), NaN stays NaN (max keeps
- * its second operand when one is NaN; NLT_UQ keeps NaN lanes). */
+/* 2^x for 16 lanes: 2^n * 2^f with n = round(x), |f| <= 1/2, 2^f by a degree-5 polynomial fitted for the least
+ * maximum relative error on [-1/2, 1/2] (7.5e-8 in exact arithmetic, 2.2e-7 evaluated in fp32: within 2 ulp);
+ * x below -125 (-inf included: masked scores) gives exactly 0 without computing a denormal (whose microcode assists
+ * made causal tiles 2.5x slower), NaN stays NaN (max keeps its second operand when one is NaN; NLT_UQ keeps NaN
+ * lanes). */
 AMX_PACK_TARGET static inline __m512 exp2_16(__m512 x)
 {
     const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
     x = _mm512_max_ps(_mm512_set1_ps(-125.0f), x);
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(x, n);
-    __m512 e = _mm512_set1_ps(1.5252733804059841e-05f); /* (ln 2)^7 / 7! */
-    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.5403530393381606e-04f));
-    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.3333558146428443e-03f));
-    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(9.6181291076284772e-03f));
-    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(5.5504108664821580e-02f));
-    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(2.4022650695910071e-01f));
-    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(6.9314718055994531e-01f));
-    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.0f));
+    __m512 e = _mm512_set1_ps(1.3276735553517938e-03f);
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(9.6756387501955032e-03f));
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(5.5507130920886993e-02f));
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(2.4022117257118225e-01f));
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(6.9314694404602051e-01f));
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.0000001192092896e+00f));
     return _mm512_maskz_scalef_ps(keep, e, n);
 }
 
@@ -377,8 +376,20 @@ AMX_PACK_TARGET void flash_amx_pack_b_rows(uint16_t *dst, int parts, int64_t k, 
         }
 }
 
+/* 16 floats rounded to nearest even in bf16 (NaN as 0x7FC0, c10::BFloat16's) or fp16 (kind). */
+AMX_PACK_TARGET static inline __m256i round16(__m512 x, int kind)
+{
+    if (kind == FLASH_AMX_SRC_FP16)
+        return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512i b = _mm512_castps_si512(x);
+    const __m512i even = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), even)), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+    return _mm512_cvtepi32_epi16(r);
+}
+
 AMX_PACK_TARGET void flash_amx_store_rows(float *o, int64_t o_rs, const float *acc, int64_t ld, int64_t rows,
-                                          int64_t cols, const float *factor)
+                                          int64_t cols, const float *factor, uint16_t *oh, int oh_kind)
 {
     for (int64_t u0 = 0; u0 < cols; u0 += 16)
         for (int64_t c0 = 0; c0 < rows; c0 += 16) {
@@ -387,9 +398,13 @@ AMX_PACK_TARGET void flash_amx_store_rows(float *o, int64_t o_rs, const float *a
                 r[i] = c0 + i < rows ? _mm512_maskz_loadu_epi32(lanes(cols - u0), acc + (c0 + i) * ld + u0)
                                      : _mm512_setzero_si512();
             transpose16(r);
-            for (int64_t u = u0; u < cols && u < u0 + 16; u++)
-                _mm512_mask_storeu_ps(o + u * o_rs + c0, lanes(rows - c0),
-                                      _mm512_mul_ps(_mm512_castsi512_ps(r[u - u0]), _mm512_set1_ps(factor[u])));
+            for (int64_t u = u0; u < cols && u < u0 + 16; u++) {
+                const __mmask16 m = lanes(rows - c0);
+                const __m512 x = _mm512_mul_ps(_mm512_castsi512_ps(r[u - u0]), _mm512_set1_ps(factor[u]));
+                _mm512_mask_storeu_ps(o + u * o_rs + c0, m, x);
+                if (oh)
+                    _mm256_mask_storeu_epi16(oh + u * o_rs + c0, m, round16(x, oh_kind));
+            }
         }
 }
 
@@ -538,9 +553,9 @@ void flash_amx_pack_b_rows(uint16_t *dst, int parts, int64_t k, int64_t n, const
 }
 
 void flash_amx_store_rows(float *o, int64_t o_rs, const float *acc, int64_t ld, int64_t rows, int64_t cols,
-                          const float *factor)
+                          const float *factor, uint16_t *oh, int oh_kind)
 {
-    (void)o, (void)o_rs, (void)acc, (void)ld, (void)rows, (void)cols, (void)factor;
+    (void)o, (void)o_rs, (void)acc, (void)ld, (void)rows, (void)cols, (void)factor, (void)oh, (void)oh_kind;
     abort();
 }
 

@@ -64,9 +64,11 @@ enum { FLASH_AMX_SRC_FP32 = 0, FLASH_AMX_SRC_BF16 = 1, FLASH_AMX_SRC_FP16 = 2 };
 void flash_amx_pack_b_rows(uint16_t *dst, int parts, int64_t k, int64_t n, const void *rows, int kind, int64_t rs,
                            int64_t n_valid);
 
-/* o[u * o_rs + c] = acc[c * ld + u] * factor[u] for c < rows, u < cols (16 x 16 transposes). */
+/* o[u * o_rs + c] = acc[c * ld + u] * factor[u] for c < rows, u < cols (16 x 16 transposes); where oh is not
+ * NULL, also oh[u * o_rs + c] = that value rounded to nearest even in oh_kind (FLASH_AMX_SRC_BF16: NaN as 0x7FC0;
+ * FLASH_AMX_SRC_FP16), as torch's conversion rounds it. */
 void flash_amx_store_rows(float *o, int64_t o_rs, const float *acc, int64_t ld, int64_t rows, int64_t cols,
-                          const float *factor);
+                          const float *factor, uint16_t *oh, int oh_kind);
 
 /* c (m, n) = [c +] A B of operands packed as above (a_parts * b_parts tile products per step), c row-major with
  * leading dimension ldc; any m, n, k >= 1. Runs under the tile configuration that flash_amx_begin loads in the

@@ -1015,8 +1015,10 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
             for (int64_t c = 0; c < d_v; c++)
                 o[u * p->o_s.row + c] = w->acc[c * TILE_Q_NR + u] * alpha[u];
     }
-    if (w->amx)
-        flash_amx_store_rows((float *)o, p->o_s.row, (const float *)w->acc, TILE_Q_NR, d_v, t.qn, (const float *)alpha);
+    if (w->amx) /* T is float; out rounded to fp16 / bf16 beside it where the binding asks (flash.h cpu_o_half) */
+        flash_amx_store_rows((float *)o, p->o_s.row, (const float *)w->acc, TILE_Q_NR, d_v, t.qn, (const float *)alpha,
+                             p->cpu_o_half ? (uint16_t *)p->cpu_o_half + (o - (T *)p->o) : NULL,
+                             p->cpu_src_dtype == FLASH_FP16 ? FLASH_AMX_SRC_FP16 : FLASH_AMX_SRC_BF16);
 }
 
 /* dK/dV task: one (batch, kv head, key tile), working on S = Q K^T (queries x keys):
@@ -1844,8 +1846,8 @@ static flash_cpu_status FN(fwd)(const flash_params *p)
 {
     if (p->cpu_kv_dtype != FLASH_FP32 && !(sizeof(T) == sizeof(float) && (decode_shape(p) || FN(fwd_reads_half)(p))))
         return FLASH_CPU_ERR_DTYPE; /* fp16 / bf16 k / v: the fp32 decode path, or the packed AMX forward */
-    if (p->cpu_q_dtype != FLASH_FP32 && !FN(fwd_reads_half)(p))
-        return FLASH_CPU_ERR_DTYPE; /* fp16 / bf16 q: the packed AMX forward only */
+    if ((p->cpu_q_dtype != FLASH_FP32 || p->cpu_o_half) && !FN(fwd_reads_half)(p))
+        return FLASH_CPU_ERR_DTYPE; /* fp16 / bf16 q, or out rounded to them here: the packed AMX forward only */
     if (decode_shape(p))
         return FN(decode_fwd)(p);
     return FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(fwd_task), NULL, PACK_FWD, 0);
