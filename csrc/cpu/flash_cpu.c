@@ -474,9 +474,13 @@ static void FN(load_transposed)(T *restrict dst, int64_t ld, int64_t rows_pad, c
             dst[c * ld + r] = 0;
 }
 
-/* dst (rows, ld) = 0 in columns [0, cols). */
+/* dst (rows, ld) = 0 in columns [0, cols) (in all ld where cols is at least half of it). */
 static void FN(zero_tile)(T *restrict dst, int64_t ld, int64_t rows, int64_t cols)
 {
+    if (2 * cols >= ld) { /* the padding columns too, in one pass (a string store per row costs its start-up) */
+        memset(dst, 0, (size_t)(rows * ld) * sizeof(T));
+        return;
+    }
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++)
             dst[r * ld + c] = 0;
