@@ -941,15 +941,16 @@ at::Tensor draw_rng_state_cpu(double dropout_p)
 }
 
 // fp16 / bf16 forwards without fp32 copies of their inputs. make(q, rng_state) gives the params of that q (the
-// input or its fp32 copy) and k, v as they are, with fp32 out and lse. Few query rows without dropout
-// (flash_cpu_decodes): the decode path on an fp32 copy of q, reading k / v as they are (flash.h cpu_kv_dtype; a copy
-// of a whole cache per call would cost more than the attention). Else, on AMX with every key tile packed once per
-// call (flash_cpu_fwd_reads_half): q, k and v as they are (cpu_q_dtype, cpu_kv_dtype), the dropout draw only
-// then, which also writes out rounded to q's dtype into out_half (out's shape and strides: flash.h cpu_o_half). Returns 1 (decode) or 2 (out_half written) having set *rng_state; else 0, having drawn and run
-// nothing: the caller runs the fp32 kernels on copies.
+// input or its fp32 copy) and k, v as they are, with fp32 out and lse (out's rows in no sequence zero where
+// zero_rows: varlen). Few query rows without dropout (flash_cpu_decodes): the decode path on an fp32 copy of q,
+// reading k / v as they are (flash.h cpu_kv_dtype; a copy of a whole cache per call would cost more than the
+// attention). Else, on AMX with every key tile packed once per call (flash_cpu_fwd_reads_half): q, k and v as they
+// are (cpu_q_dtype, cpu_kv_dtype), the dropout draw only then, and out rounded to q's dtype by the kernel beside the
+// fp32 out (cpu_o_half). Either returns out in q's dtype, having set *rng_state; else an undefined tensor, having
+// drawn and run nothing: the caller runs the fp32 kernels on copies.
 template <typename Make>
-int run_half_fwd(const Make &make, const at::Tensor &q, at::ScalarType kv_t, double dropout_p, at::Tensor *rng_state,
-                 const at::Tensor &out_half)
+at::Tensor run_half_fwd(const Make &make, const at::Tensor &q, at::ScalarType kv_t, double dropout_p,
+                        const at::Tensor &out, bool zero_rows, at::Tensor *rng_state)
 {
     const auto params = [&](const at::Tensor &qq) {
         flash_params p = make(qq, rng_state_from(0, 0));
@@ -964,30 +965,20 @@ int run_half_fwd(const Make &make, const at::Tensor &q, at::ScalarType kv_t, dou
         const flash_params p32 = params(q32);
         check_cpu_status(flash_fwd_cpu(&p32), "decode forward");
         *rng_state = rng_state_from(0, 0);
-        return 1;
+        return out.to(q.scalar_type());
     }
     p.cpu_q_dtype = to_flash_dtype(q.scalar_type());
     if (!flash_cpu_fwd_reads_half(&p))
-        return 0;
+        return at::Tensor();
     *rng_state = draw_rng_state_cpu(dropout_p);
     set_dropout_params(&p, dropout_p, *rng_state);
+    // out's strides: the kernel writes both at one element offset
+    at::Tensor out_half = at::empty_strided(out.sizes(), out.strides(), out.options().dtype(q.scalar_type()));
+    if (zero_rows)
+        out_half.zero_();
     p.cpu_o_half = out_half.data_ptr();
     check_cpu_status(flash_fwd_cpu(&p), "forward");
-    return 2;
-}
-
-// run_half_fwd's out_half for the fp32 out: q's dtype, out's shape and strides (the kernel writes both at one
-// element offset); zeros where the kernel leaves rows as they are (varlen: rows in no sequence), else empty.
-at::Tensor half_out_for(const at::Tensor &out, const at::Tensor &q, bool zero)
-{
-    at::Tensor t = at::empty_strided(out.sizes(), out.strides(), out.options().dtype(q.scalar_type()));
-    return zero ? t.zero_() : t;
-}
-
-// The forward's out in q's dtype after run_half_fwd returned ran (1 or 2): out_half, or out rounded.
-at::Tensor half_out(int ran, const at::Tensor &out_half, const at::Tensor &out, const at::Tensor &q)
-{
-    return ran == 2 ? out_half : out.to(q.scalar_type());
+    return out_half;
 }
 
 // The T5 table's gradient of a CPU backward (bwd's drel_bias): partial sums per (batch, head, key tile of
@@ -1034,11 +1025,11 @@ FwdOutputs dense_fwd_cpu(const at::Tensor &q, const at::Tensor &k, const at::Ten
             var32.attn_mask = mask32;
             VariantTensors keep;
             at::Tensor rng_state;
-            const at::Tensor out_half = half_out_for(out, q, false);
-            if (const int ran = run_half_fwd([&](const at::Tensor &qq, const at::Tensor &rng) {
-                    return make_params(qq, k, v, out, lse, softmax_scale, var32, rng, &keep);
-                }, q, k.scalar_type(), dropout_p, &rng_state, out_half))
-                return {half_out(ran, out_half, out, q), lse, rng_state, out};
+            const at::Tensor out_q = run_half_fwd([&](const at::Tensor &qq, const at::Tensor &rng) {
+                return make_params(qq, k, v, out, lse, softmax_scale, var32, rng, &keep);
+            }, q, k.scalar_type(), dropout_p, out, false, &rng_state);
+            if (out_q.defined())
+                return {out_q, lse, rng_state, out};
         }
         const at::Tensor q32 = f32(q);
         auto [out, lse, rng_state, _] = dense_fwd_cpu(q32, f32(k), f32(v), softmax_scale, causal, bottom_right,
@@ -1132,11 +1123,11 @@ FwdOutputs varlen_fwd_cpu(
             auto [out, lse] = varlen_fwd_outputs(q, v, at::kFloat);
             VariantTensors keep;
             at::Tensor rng_state;
-            const at::Tensor out_half = half_out_for(out, q, true);
-            if (const int ran = run_half_fwd([&](const at::Tensor &qq, const at::Tensor &rng) {
-                    return make_varlen_params(qq, k, v, out, lse, vl, softmax_scale, var, rng, &keep);
-                }, q, k.scalar_type(), dropout_p, &rng_state, out_half))
-                return {half_out(ran, out_half, out, q), lse, rng_state, out};
+            const at::Tensor out_q = run_half_fwd([&](const at::Tensor &qq, const at::Tensor &rng) {
+                return make_varlen_params(qq, k, v, out, lse, vl, softmax_scale, var, rng, &keep);
+            }, q, k.scalar_type(), dropout_p, out, true, &rng_state);
+            if (out_q.defined())
+                return {out_q, lse, rng_state, out};
         }
         const at::Tensor q32 = f32(q);
         auto [out, lse, rng_state, _] = varlen_fwd_cpu(q32, f32(k), f32(v), cu_seqlens_q, cu_seqlens_k,
@@ -1222,11 +1213,11 @@ std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cpu(
             at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
             VariantTensors keep;
             at::Tensor rng_state;
-            const at::Tensor out_half = half_out_for(out, q, false);
-            if (const int ran = run_half_fwd([&](const at::Tensor &qq, const at::Tensor &) {
-                    return make_kvcache_params(qq, k_cache, v_cache, out, lse, kv, softmax_scale, var, &keep);
-                }, q, k_cache.scalar_type(), 0.0, &rng_state, out_half))
-                return {half_out(ran, out_half, out, q), lse};
+            const at::Tensor out_q = run_half_fwd([&](const at::Tensor &qq, const at::Tensor &) {
+                return make_kvcache_params(qq, k_cache, v_cache, out, lse, kv, softmax_scale, var, &keep);
+            }, q, k_cache.scalar_type(), 0.0, out, false, &rng_state);
+            if (out_q.defined())
+                return {out_q, lse};
         }
         const at::Tensor q32 = f32(q);
         auto [out, lse] = kvcache_fwd_cpu(q32, f32(k_cache), f32(v_cache), cache_seqlens, cache_batch_idx,

@@ -81,16 +81,21 @@ AMX_PACK_TARGET static inline __m512i term(__m512 *x)
     return hi;
 }
 
+/* x rounded to the nearest bf16, ties to even, in the top 16 bits of each 32-bit word (low half zero; NaN not
+ * special-cased). */
+AMX_PACK_TARGET static inline __m512i bf16_rne(__m512 x)
+{
+    const __m512i b = _mm512_castps_si512(x);
+    const __m512i even = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    return _mm512_and_si512(_mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), even)),
+                            _mm512_set1_epi32((int)HI16));
+}
+
 /* term, or for the last term (last set) x rounded to the nearest bf16 (ties to even): exact where the terms
  * before left at most 8 significant bits (the third of three), and without truncation's bias where they did not. */
 AMX_PACK_TARGET static inline __m512i term_last(__m512 *x, int last)
 {
-    if (!last)
-        return term(x);
-    const __m512i b = _mm512_castps_si512(*x);
-    const __m512i even = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-    return _mm512_and_si512(_mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), even)),
-                            _mm512_set1_epi32((int)HI16));
+    return last ? bf16_rne(*x) : term(x);
 }
 
 static inline __mmask16 lanes(int64_t valid)
@@ -140,6 +145,14 @@ AMX_PACK_TARGET static inline void transpose16(__m512i r[16])
         r[i] = t[i];
 }
 
+/* The 16 x 16 block of 32-bit words r (r[i]: row i) stored transposed as one packed tile of 16 rows x 32 bf16. */
+AMX_PACK_TARGET static inline void store_transposed16(uint16_t *blk, __m512i r[16])
+{
+    transpose16(r);
+    for (int c = 0; c < 16; c++)
+        _mm512_storeu_si512(blk + c * 32, r[c]);
+}
+
 AMX_PACK_TARGET void flash_amx_pack_a_rows16(uint16_t *dst, int64_t m, int64_t k, const uint16_t *const *rows)
 {
     const int64_t mp = ROUND32(m), kt_n = ROUND32(k) / 32;
@@ -147,7 +160,8 @@ AMX_PACK_TARGET void flash_amx_pack_a_rows16(uint16_t *dst, int64_t m, int64_t k
         for (int64_t kt = 0; kt < kt_n; kt++) {
             const int64_t left = k - kt * 32; /* elements of this 32-wide block inside the row */
             const __mmask32 mk = left >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << left) - 1);
-            const __m512i x = i < m && rows[i] ? _mm512_maskz_loadu_epi16(mk, rows[i] + kt * 32) : _mm512_setzero_si512();
+            const __m512i x = i < m && rows[i] ? _mm512_maskz_loadu_epi16(mk, rows[i] + kt * 32)
+                                               : _mm512_setzero_si512();
             _mm512_storeu_si512(dst + ((i / 16) * kt_n + kt) * 512 + (i % 16) * 32, x);
         }
 }
@@ -168,10 +182,7 @@ AMX_PACK_TARGET void flash_amx_pack_at_rows16(uint16_t *dst, int64_t m, int64_t 
                                                               : _mm256_setzero_si256();
                 words[w] = _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
             }
-            transpose16(words);
-            uint16_t *blk = dst + ((i0 / 16) * kt_n + kt) * 512;
-            for (int c = 0; c < 16; c++)
-                _mm512_storeu_si512(blk + c * 32, words[c]);
+            store_transposed16(dst + ((i0 / 16) * kt_n + kt) * 512, words);
         }
 }
 
@@ -195,10 +206,7 @@ AMX_PACK_TARGET void flash_amx_pack_a(uint16_t *dst, int parts, int64_t m, int64
                         const __m512i u0 = term(&x[w][0]), u1 = term(&x[w][1]);
                         words[w] = _mm512_or_si512(u1, _mm512_srli_epi32(u0, 16));
                     }
-                    transpose16(words);
-                    uint16_t *blk = dst + p * plane + ((i0 / 16) * kt_n + kt) * 512;
-                    for (int c = 0; c < 16; c++)
-                        _mm512_storeu_si512(blk + c * 32, words[c]);
+                    store_transposed16(dst + p * plane + ((i0 / 16) * kt_n + kt) * 512, words);
                 }
             }
         return;
@@ -373,10 +381,7 @@ AMX_PACK_TARGET void flash_amx_pack_b_rows(uint16_t *dst, int parts, int64_t k, 
                     const __m512i u0 = term(&x[r][0]), u1 = term(&x[r][1]);
                     w[r] = _mm512_permutex2var_epi16(u0, hi_halves, u1);
                 }
-                transpose16(w);
-                uint16_t *blk = dst + p * plane + ((k0 / 32) * nt_n + j0 / 16) * 512;
-                for (int i = 0; i < 16; i++)
-                    _mm512_storeu_si512(blk + i * 32, w[i]);
+                store_transposed16(dst + p * plane + ((k0 / 32) * nt_n + j0 / 16) * 512, w);
             }
         }
 }
@@ -386,9 +391,7 @@ AMX_PACK_TARGET static inline __m256i round16(__m512 x, int kind)
 {
     if (kind == FLASH_AMX_SRC_FP16)
         return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512i b = _mm512_castps_si512(x);
-    const __m512i even = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), even)), 16);
+    __m512i r = _mm512_srli_epi32(bf16_rne(x), 16);
     r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
     return _mm512_cvtepi32_epi16(r);
 }

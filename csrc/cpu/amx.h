@@ -54,7 +54,8 @@ uint32_t flash_amx_softmax_pack(const float *s, int64_t kn, int64_t cols, int64_
                                 float *alpha, uint16_t *dst, int parts);
 
 /* acc (rows x 16-column groups, leading dim ld): the columns of every group g set in groups (bit g: columns
- * 16 g .. 16 g + 15) times alpha, row by row (the online softmax's rescale of its accumulator). */
+ * 16 g .. 16 g + 15) times alpha, row by row (the online softmax's rescale of its accumulator). alpha must be 1 in
+ * the groups below the highest one set that are not set (flash_amx_softmax_pack's): those pass through it too. */
 void flash_amx_scale_columns(float *acc, int64_t ld, int64_t rows, uint32_t groups, const float *alpha);
 
 /* pack_b of B = rows^T (k, n): B[kk][j] = rows[j * rs + kk] for j < n_valid (zero for n_valid <= j < n), i.e. the

@@ -295,6 +295,12 @@ static int amx_parts(const flash_params *p)
     return p->cpu_src_dtype == FLASH_BF16 ? 1 : p->cpu_src_dtype == FLASH_FP16 ? 2 : 0;
 }
 
+/* amx.h's source kind of rows of dtype t (FLASH_FP16 / FLASH_BF16; anything else: the kernel's fp32). */
+static int amx_kind(flash_dtype t)
+{
+    return t == FLASH_FP16 ? FLASH_AMX_SRC_FP16 : t == FLASH_BF16 ? FLASH_AMX_SRC_BF16 : FLASH_AMX_SRC_FP32;
+}
+
 /* FLASHATTN_EXT_CPU_AMX=step (tests): the AMX operands packed per step, none once per call. */
 static int amx_per_step(void)
 {
@@ -913,7 +919,6 @@ static void FN(mm)(const FN(workspace) *w, const uint16_t *a_packed, int a_input
     FN(gemm)(m, n, k, a, a_rs, a_ks, b, ldb, c, ldc, accumulate);
 }
 
-/* Column c of acc (rows x TILE_Q_NR columns, cols used) *= alpha[c]. */
 /* s (rows x cols, leading dim ld) *= scale. */
 FLASH_CPU_SIMD static void FN(scale_tile)(T *restrict s, int64_t rows, int64_t cols, int64_t ld, T scale)
 {
@@ -954,9 +959,7 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
 
     const uint16_t *q_packed = NULL; /* AMX: Q^T packed from q's rows (fp16 / bf16 ones as they are), unscaled */
     if (w->amx) { /* T is float */
-        const int kind = p->cpu_q_dtype == FLASH_FP16   ? FLASH_AMX_SRC_FP16
-                         : p->cpu_q_dtype == FLASH_BF16 ? FLASH_AMX_SRC_BF16
-                                                        : FLASH_AMX_SRC_FP32;
+        const int kind = amx_kind(p->cpu_q_dtype);
         const void *rows = kind == FLASH_AMX_SRC_FP32 ? (const void *)q
                                                       : (const void *)((const uint16_t *)p->q + q_off);
         flash_amx_pack_b_rows(w->amx_b[0], w->parts, d, qp, rows, kind, p->q_s.row, t.qn);
@@ -1022,7 +1025,7 @@ static void FN(fwd_task)(const flash_params *p, const FN(workspace) *w, int64_t 
     if (w->amx) /* T is float; out rounded to fp16 / bf16 beside it where the binding asks (flash.h cpu_o_half) */
         flash_amx_store_rows((float *)o, p->o_s.row, (const float *)w->acc, TILE_Q_NR, d_v, t.qn, (const float *)alpha,
                              p->cpu_o_half ? (uint16_t *)p->cpu_o_half + (o - (T *)p->o) : NULL,
-                             p->cpu_src_dtype == FLASH_FP16 ? FLASH_AMX_SRC_FP16 : FLASH_AMX_SRC_BF16);
+                             amx_kind(p->cpu_src_dtype));
 }
 
 /* dK/dV task: one (batch, kv head, key tile), working on S = Q K^T (queries x keys):
@@ -1715,7 +1718,7 @@ static uint16_t *FN(pack_tiles)(const flash_params *p, FN(workspace) *w, int wha
                               hh * p->q_s.head, p->q_s.row, n, d);
                 FN(load_rows)(y, dvm, nm, dvm, (const T *)p->dout + bi * p->do_s.batch + row * p->do_s.row +
                               hh * p->do_s.head, p->do_s.row, n, d_v);
-            } else if (what == PACK_FWD && p->cpu_kv_dtype == FLASH_BF16 && ws->parts == 1) { /* bf16 k, v as they are */
+            } else if (what == PACK_FWD && p->cpu_kv_dtype == FLASH_BF16 && ws->parts == 1) { /* bf16 k, v as is */
                 const uint16_t *kr[ROUND_UP(FLASH_CPU_TILE_K, 32)], *vr[ROUND_UP(FLASH_CPU_TILE_K, 32)];
                 for (int64_t j = r0, run; j < r0 + n; j += run) {
                     run = key_run(p, &seq, j, r0 + n);
@@ -1848,10 +1851,14 @@ static int FN(fwd_reads_half)(const flash_params *p)
 
 static flash_cpu_status FN(fwd)(const flash_params *p)
 {
-    if (p->cpu_kv_dtype != FLASH_FP32 && !(sizeof(T) == sizeof(float) && (decode_shape(p) || FN(fwd_reads_half)(p))))
-        return FLASH_CPU_ERR_DTYPE; /* fp16 / bf16 k / v: the fp32 decode path, or the packed AMX forward */
-    if ((p->cpu_q_dtype != FLASH_FP32 || p->cpu_o_half) && !FN(fwd_reads_half)(p))
-        return FLASH_CPU_ERR_DTYPE; /* fp16 / bf16 q, or out rounded to them here: the packed AMX forward only */
+    if (p->cpu_kv_dtype != FLASH_FP32 || p->cpu_q_dtype != FLASH_FP32 || p->cpu_o_half) {
+        /* fp16 / bf16 tensors themselves: k / v alone in the fp32 decode path; q, k, v and out in the packed AMX
+         * forward */
+        const int decode_kv = sizeof(T) == sizeof(float) && decode_shape(p) && p->cpu_q_dtype == FLASH_FP32 &&
+                              !p->cpu_o_half;
+        if (!decode_kv && !FN(fwd_reads_half)(p))
+            return FLASH_CPU_ERR_DTYPE;
+    }
     if (decode_shape(p))
         return FN(decode_fwd)(p);
     return FN(run_tasks)(p, p->b * p->h * flash_cdiv64(p->sq, FLASH_CPU_TILE_Q), FN(fwd_task), NULL, PACK_FWD, 0);
