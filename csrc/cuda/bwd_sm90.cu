@@ -43,6 +43,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "../constants.h"
 #include "../mask.h"
@@ -99,6 +100,21 @@ __host__ __device__ constexpr bool d64_rs(int D, int BM)
 }
 
 #define DQ_BUFS 2 /* dQ buffers between the MMA warpgroups and the reducer */
+
+/* TMA loads (issue 35, rank 2): the dense (HOOK = false) non-ORDERED D = 64 kernel, where the tensor maps can be
+ * built (alignment; else the cp.async kernel), takes Q, dO, lse and delta from warp 0 of the third warpgroup (the
+ * producer: TMA boxes of Q and dO, lse in its log2 form and delta by plain loads, FULL / EMPTY mbarriers per
+ * stage); the other 3 warps reduce dQ (H100, 5 rounds: d64 0.99-1.04x the cp.async kernel, s2k-s8k 1.01-1.04x;
+ * at D = 128 the same loads lost 3-13%: benchmarks/results/h100/tma_d64_2026-12-06). */
+#define PRODUCER_THREADS FLASH_WARP_SIZE                               /* TMA: warp 0 of the third warpgroup */
+#define RED_THREADS_TMA (WARPGROUP_THREADS - PRODUCER_THREADS)          /* TMA: the dQ reducer's threads */
+
+/* The TMA tensor maps of q and dout, 4-D (d, rows, heads, batches) as fwd_sm90.cu's (varlen: rows = total_q, one
+ * batch), boxes of 64 columns x BM rows, 128-byte swizzle; built per call by the launcher, passed beside the
+ * params as a __grid_constant__ parameter (zeros for the cp.async kernels). */
+typedef struct bwd90_maps {
+    CUtensorMap q, dout;
+} bwd90_maps;
 
 /* ORDERED, dense (D = 128; D = 64, not measured on its own): the reducer's halves take the tiles of one buffer
  * each, so that one half's wait, additions and release overlap the other's (det / default time d128 s2k / s8k
@@ -728,11 +744,16 @@ __device__ __forceinline__ void dq_add_tile(const float *dQb, float *dqa, uint32
     constexpr int DQ_LD = D + DQ_PAD, V4_PER_ROW = D / 4, NPART = dq_parts(D, BM), NBUF = DQ_BUFS;
     mbar_wait(full + buf * sizeof(uint64_t), (i / NBUF) & 1);
     const uint32_t src = smem_u32(dQb + buf * NPART * BM * DQ_LD); /* [NPART][BM][DQ_LD] */
-    constexpr int UNROLL = THREADS == WARPGROUP_THREADS ? 4 : 1; /* a half: 2 or 4 spilled (24 registers) */
+    constexpr int UNROLL = THREADS == WARPGROUP_THREADS ? 4 : THREADS > DQ_HALF_THREADS ? 2 : 1; /* a half: 2 or 4
+                                                                      * spilled (24 registers); 96 (TMA): 4 did */
+    /* a thread count that does not divide the tile (96, TMA): the same trip count in every thread, the last pass
+     * bounded (no per-thread remainder count held in the 24 registers) */
+    constexpr int TOTAL = BM * V4_PER_ROW, ITERS = (TOTAL + THREADS - 1) / THREADS;
+    constexpr bool EVEN = TOTAL % THREADS == 0;
 #pragma unroll UNROLL
-    for (int idx = rtid; idx < BM * V4_PER_ROW; idx += THREADS) {
+    for (int it = 0, idx = rtid; EVEN ? idx < TOTAL : it < ITERS; ++it, idx += THREADS) {
         const int r = idx / V4_PER_ROW, c = (idx % V4_PER_ROW) * 4;
-        if (c < d && m0 + r < sq) {
+        if ((EVEN || idx < TOTAL) && c < d && m0 + r < sq) {
             float4 v = ld_shared_v4_f32(src + (r * DQ_LD + c) * sizeof(float));
             if (NPART == 2) {
                 const float4 u = ld_shared_v4_f32(src + ((BM + r) * DQ_LD + c) * sizeof(float));
@@ -774,7 +795,7 @@ __device__ __forceinline__ void dq_chain_release(const dq_order &ord, int m0, in
  * in dq_order (thread 0 spins, the warpgroup meets on BAR_REDUCER), and once every thread's reductions
  * are performed (fence) thread 0 releases the next; HOOK and ORDERED: every tile of the band takes its
  * turn in that chain, the walked ones also add. */
-template <bool HOOK, int BM, int D, bool ORDERED>
+template <bool HOOK, int BM, int D, bool ORDERED, int RTHREADS = WARPGROUP_THREADS>
 __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *dQb, float *dqa, uint32_t full,
                                            uint32_t empty, int m_first, int m_end, int sq, int rtid,
                                            const dq_order &ord)
@@ -795,7 +816,7 @@ __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *d
             }
             dq_chain_release(ord, mt * BM, rtid);
         }
-    } else if constexpr (dq_split(D, BM, HOOK, ORDERED)) {
+    } else if constexpr (dq_split(D, BM, HOOK, ORDERED) && RTHREADS == WARPGROUP_THREADS) {
         /* half h takes the tiles of buffer h (walk steps i = h, h + 2, ...), a chain link of its own each */
         const int half = rtid / DQ_HALF_THREADS, hr = rtid % DQ_HALF_THREADS;
         for (int i = half; i < m_end - m_first; i += NBUF) {
@@ -808,21 +829,96 @@ __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *d
         for (int i = 0; HOOK ? m < m_end : i < m_end - m_first; ++i) {
             const int buf = i & 1, mt = HOOK ? m : m_first + i, m0 = mt * BM;
             if (ORDERED)
-                dq_chain_wait(ord, mt, m0, rtid);
-            dq_add_tile<BM, D>(dQb, dqa, full, empty, i, buf, m0, sq, d, rtid);
+                dq_chain_wait<RTHREADS>(ord, mt, m0, rtid);
+            dq_add_tile<BM, D, RTHREADS>(dQb, dqa, full, empty, i, buf, m0, sq, d, rtid);
             if (ORDERED)
-                dq_chain_release(ord, m0, rtid);
+                dq_chain_release<RTHREADS>(ord, m0, rtid);
             if (HOOK)
                 m = next_query_tile<HOOK, BM, SM90_BN>(p, m + 1, m_end, flags);
         }
     }
 }
 
+/* The producer warp (the TMA kernel, which walk every query tile m_first .. m_end - 1):
+ * walk step t into stage t % 2 once the MMA warpgroups have released it (EMPTY, 256 arrivals): lane 0 issues
+ * the TMA boxes of Q and dO (columns past d and, in dense batches, rows past sq are the tensor's end: zeros).
+ * In varlen batches the rows after a sequence are the next one's or of none (the harness fills those with NaN):
+ * its last tile, if it runs past the sequence, lands on the producer's own TAIL barrier instead, and the warp
+ * zeroes the rows past sq (whole 128-byte rows of each panel: the swizzle permutes chunks within a row) before
+ * FULL's first arrival, so that the MMA warps see the cp.async kernel's zero rows. Then the warp stores lse
+ * (in its log2 form, lse_to_log2) and delta of the tile's rows, 0 past sq (the cp.async kernel's zero fill,
+ * converted), and lane 0 makes FULL's second arrival (release, after the warp's stores). */
+template <typename T, int BM, int D, int LSE_OFF, int QFULL_OFF>
+__device__ __forceinline__ void bwd90_producer(const flash_params &p, const bwd90_maps &maps, uint32_t Qs, int m_first,
+                                               int m_end, int hq, int b)
+{
+    constexpr int Q_BYTES = BM * D * 2, PANEL = SW128_ROW_BYTES / 2;
+    const int lane = threadIdx.x % FLASH_WARP_SIZE;
+    if (lane == 0) {
+        tma_prefetch_map(&maps.q);
+        tma_prefetch_map(&maps.dout);
+    }
+    const bool varlen = p.cu_seqlens_q != NULL;
+    for (int t = 0; t < m_end - m_first; ++t) {
+        /* the sequence again in each step (computed_here: nothing derived from it hoisted and held across the
+         * loop in the 24 registers; varlen: two cu_seqlens loads per step) */
+        const int bc = computed_here(b);
+        const flash_seq seq = flash_seq_of(&p, bc);
+        const int64_t lse0 = flash_lse_offset(&p, &seq, bc, hq);
+        const int sq = (int)seq.sq, rowb = varlen ? (int)seq.q_row0 : bc; /* the boxes' first row (varlen) or batch */
+        const int s = t & 1, m0 = (m_first + t) * BM;
+        /* the stage's Q, dO and FULL, EMPTY barriers; lse_s, delta_s: LSE_OFF, QFULL_OFF from Qs */
+        const uint32_t f = Qs + QFULL_OFF + s * sizeof(uint64_t), qd = Qs + s * Q_BYTES, dd = qd + 2 * Q_BYTES;
+        const uint32_t qempty = Qs + QFULL_OFF + 2 * sizeof(uint64_t), lse_s = Qs + LSE_OFF;
+        mbar_wait(qempty + s * sizeof(uint64_t), ((t >> 1) & 1) ^ 1);
+        const bool tail = varlen && m0 + BM > sq; /* at most once: the CTA's last tile */
+        const uint32_t land = tail ? Qs + QFULL_OFF + 4 * sizeof(uint64_t) : f; /* TAIL or FULL */
+        if (lane == 0) {
+            const int row = varlen ? rowb + m0 : m0, qb = varlen ? 0 : rowb;
+            mbar_arrive_expect_tx(land, 2 * Q_BYTES);
+#pragma unroll
+            for (int pn = 0; pn < D / PANEL; pn++) {
+                tma_load_4d(qd + pn * BM * SW128_ROW_BYTES, &maps.q, land, pn * PANEL, row, hq, qb);
+                tma_load_4d(dd + pn * BM * SW128_ROW_BYTES, &maps.dout, land, pn * PANEL, row, hq, qb);
+            }
+        }
+        const float *lseg = (const float *)p.lse + lse0 + m0, *deltag = (const float *)p.delta + lse0 + m0;
+#pragma unroll
+        for (int r = lane; r < BM; r += FLASH_WARP_SIZE) {
+            const bool ok = m0 + r < sq;
+            const uint32_t a = lse_s + (s * BM + r) * sizeof(float);
+            st_shared_u32(a, __float_as_uint(lse_to_log2(ok ? lseg[r] : 0.f)));
+            st_shared_u32(a + 2 * BM * sizeof(float), __float_as_uint(ok ? deltag[r] : 0.f)); /* delta_s */
+        }
+        if (tail) {
+            mbar_wait(land, 0); /* the boxes landed (TAIL's only phase) */
+            /* rows [sq - m0, BM) of the 2 D / PANEL panels (Q's, then dO's 2 Q_BYTES on), 16 bytes per store */
+            constexpr int ROW_V4 = SW128_ROW_BYTES / 16, PANEL_BYTES = BM * SW128_ROW_BYTES;
+            const int z0 = (sq - m0) * ROW_V4, zn = BM * ROW_V4; /* the panel's 16-byte words from z0 */
+#pragma unroll 1
+            for (int pn = 0; pn < 2 * D / PANEL; pn++) {
+                const uint32_t pb = qd + (pn < D / PANEL ? pn * PANEL_BYTES : 2 * Q_BYTES + (pn - D / PANEL) * PANEL_BYTES);
+#pragma unroll 1
+                for (int z = z0 + lane; z < zn; z += FLASH_WARP_SIZE)
+                    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(pb + z * 16), "r"(0) : "memory");
+            }
+            fence_proxy_async(); /* the zeros are read by wgmma */
+        }
+        __syncwarp(); /* the warp's stores before lane 0's release */
+        if (lane == 0) {
+            if (tail)
+                mbar_arrive(f); /* in place of the boxes' arrival */
+            mbar_arrive(f);
+        }
+    }
+}
+
 #endif
 
-template <typename T, int D, int BM, bool HOOK, bool ORDERED>
+/* TMA: Q, dO, lse, delta from the producer warp (bwd90_producer), else by cp.async from the MMA warps. */
+template <typename T, int D, int BM, bool HOOK, bool ORDERED, bool TMA>
 __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
-    bwd_main_sm90_kernel(const flash_params p)
+    bwd_main_sm90_kernel(const flash_params p, const __grid_constant__ bwd90_maps maps)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BN = SM90_BN;
@@ -836,6 +932,8 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
      * D = 128 kernel, where it won 1-3% on the H200 (HOOK not measured), and d64_rs (FlashAttention-3's order) */
     constexpr bool DQ_FIRST = (D == 128 && !HOOK) || RS;
     static_assert((BM == 64 && (D == 64 || D == 128)) || (BM == 128 && D == 64 && !HOOK), "tile configuration");
+    static_assert(!TMA || (!HOOK && DQ_FIRST), "TMA loads: the dense kernels (every query tile walked)");
+    constexpr int RED_THREADS = TMA ? RED_THREADS_TMA : WARPGROUP_THREADS; /* the dQ reducer's */
 
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + SW128_ATOM_BYTES - 1) & ~(uintptr_t)(SW128_ATOM_BYTES - 1));
@@ -847,9 +945,16 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
     constexpr int DQ_LD = D + DQ_PAD;
     float *lse_s = (float *)(dSs + DS_BYTES); /* [2][BM] */
     float *delta_s = lse_s + 2 * BM;          /* [2][BM] */
-    float *dQb = delta_s + 2 * BM;            /* [NBUF][NPART][BM][D + DQ_PAD] fp32: dQ_partial, MMA -> reducer */
-    uint64_t *mbar = (uint64_t *)(dQb + NBUF * NPART * BM * DQ_LD); /* [2] FULL, [2] EMPTY of the dQ buffers */
-    uint8_t *keep_s = (uint8_t *)(mbar + 4);  /* HOOK: [SM90_MMA_WARPS][keep_warp_bytes(BM)] dropout keep bits */
+    float *dQb = delta_s + 2 * BM;            /* [NBUF][NPART][BM][DQ_LD] fp32: dQ_partial, MMA -> reducer */
+    uint64_t *mbar = (uint64_t *)(dQb + NBUF * NPART * BM * DQ_LD); /* [2] FULL, [2] EMPTY of the dQ buffers;
+                                                                     * TMA: + [2] FULL, [2] EMPTY of the stages,
+                                                                     * TAIL (bwd90_producer) */
+    uint8_t *keep_s = (uint8_t *)(mbar + (TMA ? 9 : 4)); /* HOOK: [SM90_MMA_WARPS][keep_warp_bytes(BM)] keep bits */
+    /* TMA: lse_s and the stages' FULL barriers (mbar + 4; EMPTY, TAIL after them) from Qs, by the layout above
+     * (bwd90_producer) */
+    constexpr int LSE_OFF = 4 * Q_BYTES + DS_BYTES;
+    constexpr int QFULL_OFF = LSE_OFF + 4 * BM * (int)sizeof(float) + NBUF * NPART * BM * DQ_LD * (int)sizeof(float) +
+                              4 * (int)sizeof(uint64_t);
 
     const int tid = threadIdx.x;
     grid_dependency_trigger(); /* the dQ postprocess may start (it waits for this grid's end) */
@@ -876,20 +981,31 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
     const int hb = band_cta_hi(seq, n0), lb = band_cta_lo(seq, n0);
 
     const uint32_t full = smem_u32(mbar), empty = full + 2 * sizeof(uint64_t);
+    const uint32_t qfull = full + 4 * sizeof(uint64_t), qempty = full + 6 * sizeof(uint64_t); /* TMA */
     if (tid < 2) {
         mbar_init(full + tid * sizeof(uint64_t), SM90_THREADS);
-        mbar_init(empty + tid * sizeof(uint64_t), dq_empty_arrivals(D, BM, HOOK, ORDERED));
+        mbar_init(empty + tid * sizeof(uint64_t), TMA ? RED_THREADS : dq_empty_arrivals(D, BM, HOOK, ORDERED));
+        if (TMA) {
+            mbar_init(qfull + tid * sizeof(uint64_t), 2); /* the producer's two arrivals (bwd90_producer) */
+            mbar_init(qempty + tid * sizeof(uint64_t), SM90_THREADS);
+            if (tid == 0)
+                mbar_init(qempty + 2 * sizeof(uint64_t), 1); /* TAIL (bwd90_producer) */
+            mbar_fence_init();
+        }
     }
     __syncthreads(); /* the mbarriers initialized */
     if (tid >= SM90_THREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REDUCER_REGS));
-        grid_dependency_wait(); /* dq_accum and the dQ semaphores zeroed by the preprocess */
-        if (do_dq) {
+        grid_dependency_wait(); /* the preprocess's writes: dq_accum and the dQ semaphores zeroed, delta (TMA) */
+        if (TMA && tid < SM90_THREADS + PRODUCER_THREADS) {
+            if constexpr (TMA)
+                bwd90_producer<T, BM, D, LSE_OFF, QFULL_OFF>(p, maps, smem_u32(Qs), m_first, m_end, hq, b);
+        } else if (do_dq) {
             dq_order ord = {};
             if (ORDERED)
                 ord = dq_order_of<BM, BN>(p, seq, b, hq, cta.tile);
-            dq_reducer<HOOK, BM, D, ORDERED>(p, dQb, sl.dqa, full, empty, m_first, m_end, sq, tid - SM90_THREADS,
-                                             ord);
+            dq_reducer<HOOK, BM, D, ORDERED, RED_THREADS>(
+                p, dQb, sl.dqa, full, empty, m_first, m_end, sq, tid - (SM90_THREADS_ALL - RED_THREADS), ord);
         }
     } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(MMA_REGS));
@@ -898,9 +1014,14 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
     unsigned flags; /* attn_mask flags of the current tile (HOOK) */
     int m = next_query_tile<HOOK, BM, BN, ORDERED>(p, m_first, m_end, flags);
     grid_dependency_wait(); /* the preprocess's delta (and its other writes) before the first query tile's loads */
-    if (m < m_end)
+    if (!TMA && m < m_end)
         load_query_tile<T, BM, D>(Qs, dOs, lse_s, delta_s, p, qg, dog, lseg, deltag, sq, d, m * BM, tid);
     cp_async_commit();
+    if (TMA) { /* K, V landed and seen by both warpgroups (the loop has no barrier ahead of the first S^T) */
+        cp_async_wait<0>();
+        fence_proxy_async();
+        named_sync(BAR_MMA, SM90_THREADS);
+    }
 
     float acc_dv[NDKV], acc_dk[NDKV];
 #pragma unroll
@@ -917,11 +1038,18 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
         const int st = step & 1, m0 = m * BM;
         if (DQ_FIRST)
             wgmma_wait<0>(); /* step-1's dK, which reads stage st^1's Q */
+        if constexpr (TMA) {
+            if (step > 0) /* stage st^1 no longer read by this thread (step-1's wgmma's done, lse / delta read) */
+                mbar_arrive(smem_addr_now(mbar) + (6 + (st ^ 1)) * sizeof(uint64_t));
+            mbar_wait(smem_addr_now(mbar) + (4 + st) * sizeof(uint64_t), (step >> 1) & 1); /* stage st landed */
+            named_sync(BAR_MMA, SM90_THREADS); /* dS^T no longer read by step-1's dQ of the other warpgroup */
+        } else {
         cp_async_wait<0>();
         fence_proxy_async(); /* the landed tiles are read by wgmma */
         if (tid < BM)        /* lse -> its log2-domain form, by the thread that loaded it */
             lse_s[st * BM + tid] = HOOK ? lse_to_log2_hook(lse_s[st * BM + tid], hkt.mul) : lse_to_log2(lse_s[st * BM + tid]);
         named_sync(BAR_MMA, SM90_THREADS); /* stage st landed; stage st^1 and dS^T no longer read by step-1 */
+        }
         const int tid = tid_now(), lane = tid % FLASH_WARP_SIZE, lc = lane % 4;
         const int wg = warp_uniform(tid / WARPGROUP_THREADS), w = (tid % WARPGROUP_THREADS) / FLASH_WARP_SIZE;
         const int key0 = wg * WG_KEYS;                    /* the warpgroup's first key in the tile */
@@ -930,7 +1058,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
         const int dq_key0 = NPART == 2 ? key0 : 0;                 /* first key (K) */
         int m_next = m + 1; /* the next tile the CTA walks, its flags; HOOK: found under the wgmma's below */
         unsigned flags_next = FLASH_MASK_ANY_VISIBLE;
-        if (!HOOK && m_next < m_end) {
+        if (!HOOK && !TMA && m_next < m_end) {
             load_query_tile<T, BM, D>(Qs + (st ^ 1) * Q_BYTES, dOs + (st ^ 1) * Q_BYTES, lse_s + (st ^ 1) * BM,
                                       delta_s + (st ^ 1) * BM, p, qg, dog, lseg, deltag, sq, d, m_next * BM, tid);
             cp_async_commit();
@@ -1461,11 +1589,11 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) bwd_main_sm90_d256_kernel(con
 }
 
 /* Dynamic shared memory of the kernels (their layouts above, plus the 1024-byte alignment slack). */
-static size_t smem_main_sm90(int D, int BM, bool hook)
+static size_t smem_main_sm90(int D, int BM, bool hook, bool tma = false)
 {
     return SW128_ATOM_BYTES + (size_t)(2 * SM90_BN * D + 4 * BM * D + SM90_BN * BM) * 2 +
-           (size_t)(4 * BM + DQ_BUFS * dq_parts(D, BM) * BM * (D + DQ_PAD)) * sizeof(float) + 4 * sizeof(uint64_t) +
-           (hook ? (size_t)SM90_MMA_WARPS * keep_warp_bytes(BM) : 0);
+           (size_t)(4 * BM + DQ_BUFS * dq_parts(D, BM) * BM * (D + DQ_PAD)) * sizeof(float) +
+           (tma ? 9 : 4) * sizeof(uint64_t) + (hook ? (size_t)SM90_MMA_WARPS * keep_warp_bytes(BM) : 0);
 }
 
 static size_t smem_main_sm90_d256(bool hook)
@@ -1500,15 +1628,59 @@ static cudaError_t launch_main_sm90_d256(const flash_params *p, cudaStream_t str
     return launch_main(p, kernel, D256_BN, SM90_THREADS, smem, stream);
 }
 
-template <typename T, int D, int BM, bool HOOK, bool ORDERED = false>
-static cudaError_t launch_main_sm90(const flash_params *p, cudaStream_t stream)
+/* Stride of a dimension of size 1 is never used: any legal value (a multiple of 16 bytes). */
+static cuuint64_t bwd90_stride(int64_t elems, int64_t size, cuuint64_t fallback)
 {
-    const size_t smem = smem_main_sm90(D, BM, HOOK);
-    auto kernel = bwd_main_sm90_kernel<T, D, BM, HOOK, ORDERED>;
+    return size > 1 ? (cuuint64_t)elems * 2 : fallback;
+}
+
+/* fwd_sm90.cu's fwd90_make_map: the 4-D map (d, rows, heads, batches) of q or dout, boxes of 64 x box_rows;
+ * 0 where TMA cannot read the tensor (alignment) or no encoder. */
+static int bwd90_make_map(CUtensorMap *map, const flash_params *p, const void *ptr, const flash_strides *s, int box_rows)
+{
+    const int varlen = p->cu_seqlens_q != NULL;
+    const int64_t rows = varlen ? p->total_q : p->sq, heads = p->h, batches = varlen ? 1 : p->b;
+    if (tma_encoder() == NULL || (uintptr_t)ptr % 16 != 0 || s->row % CHUNK != 0 || s->head % CHUNK != 0 ||
+        s->batch % CHUNK != 0 || rows < 1 || rows >= INT_MAX || p->d % CHUNK != 0)
+        return 0;
+    const cuuint64_t dims[4] = {(cuuint64_t)p->d, (cuuint64_t)rows, (cuuint64_t)heads, (cuuint64_t)batches};
+    const cuuint64_t row = (cuuint64_t)s->row * 2;
+    const cuuint64_t head = bwd90_stride(s->head, heads, row * (cuuint64_t)rows);
+    const cuuint64_t batch = bwd90_stride(s->batch, batches, head * (cuuint64_t)heads);
+    const cuuint64_t strides[3] = {row, head, batch};
+    const cuuint32_t box[4] = {SW128_ROW_BYTES / 2, (cuuint32_t)box_rows, 1, 1};
+    const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+    const CUtensorMapDataType type =
+        p->dtype == FLASH_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    return tma_encoder()(map, type, 4, (void *)ptr, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename T, int D, int BM, bool HOOK, bool ORDERED, bool TMA>
+static cudaError_t launch_main_sm90_kernel(const flash_params *p, const bwd90_maps &maps, cudaStream_t stream)
+{
+    const size_t smem = smem_main_sm90(D, BM, HOOK, TMA);
+    auto kernel = bwd_main_sm90_kernel<T, D, BM, HOOK, ORDERED, TMA>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
-    return launch_main(p, kernel, SM90_BN, SM90_THREADS_ALL, smem, stream);
+    const dim3 grid((unsigned int)((p->sk + SM90_BN - 1) / SM90_BN), (unsigned int)p->h, (unsigned int)p->b);
+    kernel<<<grid, SM90_THREADS_ALL, smem, stream>>>(*p, maps);
+    return cudaGetLastError();
+}
+
+/* The TMA kernel (dense, non-ORDERED, D = 64) where the maps can be built, else the cp.async one. */
+template <typename T, int D, int BM, bool HOOK, bool ORDERED = false>
+static cudaError_t launch_main_sm90(const flash_params *p, cudaStream_t stream)
+{
+    bwd90_maps maps;
+    memset(&maps, 0, sizeof(maps));
+    if constexpr (!HOOK && !ORDERED && D == 64) {
+        if (bwd90_make_map(&maps.q, p, p->q, &p->q_s, BM) && bwd90_make_map(&maps.dout, p, p->dout, &p->do_s, BM))
+            return launch_main_sm90_kernel<T, D, BM, HOOK, ORDERED, true>(p, maps, stream);
+    }
+    return launch_main_sm90_kernel<T, D, BM, HOOK, ORDERED, false>(p, maps, stream);
 }
 
 /* The kernel of head dim D (64 or 128) with its tiles.h query tile: HOOK from p->has_hook, ORDERED from ordered. */

@@ -3,16 +3,17 @@
 # the run_*.sh scripts use. Then, on the GPU: `bash dev/pending/scripts/run_split2.sh` etc., one per call.
 # Trees by `patch -p1` inside a `git archive HEAD` copy, each checked to differ from main (a `git apply --include`
 # with --directory once applied nothing and an A/B measured main against itself).
-# ab/tma2 = main + i35_bwd_tma_loads (run_tma.sh), ab/hilo2 = main + i33_dropout_hi_lo (run_hilo.sh).
+# ab/tma2 = main 5233855 (before the D = 64 TMA landing) + i35_bwd_tma_loads (run_tma.sh, run_tma_wg4.sh), ab/hilo2 = main + i33_dropout_hi_lo (run_hilo.sh).
 set -e
 rm -rf ab && mkdir ab
-tree() { # name patch...
-    local n=$1
-    shift
-    mkdir -p ab/$n && git archive HEAD | tar -x -C ab/$n
+tree() { # name base patch...
+    local n=$1 base=$2
+    shift 2
+    mkdir -p ab/$n && git archive $base | tar -x -C ab/$n
     for p in "$@"; do (cd ab/$n && patch -p1 -s <../../dev/pending/$p.patch); done
     if diff -rq csrc ab/$n/csrc >/dev/null; then echo "ab/$n equals main" >&2 && exit 1; fi
+    if [ $base != HEAD ]; then echo "ab/$n is $base + its patch (the base of its A/B, not main)" >&2; fi
 }
-tree tma2 i35_bwd_tma_loads
-tree hilo2 i33_dropout_hi_lo
+tree tma2 5233855 i35_bwd_tma_loads # the patch predates the D = 64 TMA landing
+tree hilo2 HEAD i33_dropout_hi_lo
 du -sh ab
