@@ -1300,8 +1300,9 @@ namespace {
 // integrations/torch_registry.py) instead of restated there. page_multiple: FLASH_PAGE_MULTIPLE;
 // max_grid_yz: the most batch entries, heads (and varlen sequences) a CUDA call takes; cuda_max_head_dim;
 // dtypes: per device type, torch's names; cuda_min_capability: (major, minor) of the oldest GPU (mma.sync);
-// cpu_amx: whether fp16 / bf16 CPU calls run their products on AMX tiles (cpu/amx.h; FLASHATTN_EXT_CPU_AMX=0 at
-// import says no); cuda_smem: the shared memory per block the fp16/bf16 forward (any variant, not paged) and
+// cpu_amx: the backend of the fp16 / bf16 CPU calls' packed bf16 products (cpu/amx.h): "tiles" (AMX: fp16 / bf16,
+// every pass), "dp" (AVX512-BF16 dot products: the bf16 forward) or None (FLASHATTN_EXT_CPU_AMX at import: "0"
+// None, "dp" the dot products where the CPU has them); cpu_amx_dp: whether the CPU has the dot products; cuda_smem: the shared memory per block the fp16/bf16 forward (any variant, not paged) and
 // backward need, as ascending steps ((largest head dim, bytes), ...) over head dims 1 .. cuda_max_head_dim, empty
 // in a build without CUDA kernels.
 PyObject *limits(PyObject *, PyObject *)
@@ -1331,11 +1332,13 @@ PyObject *limits(PyObject *, PyObject *)
         }
         PyTuple_SetItem(smem, (Py_ssize_t)i, step);
     }
-    return Py_BuildValue("{s:i,s:i,s:i,s:{s:(ssss),s:(ssss)},s:(ii),s:N,s:O}", "page_multiple", FLASH_PAGE_MULTIPLE,
+    const int amx = flash_amx_usable();
+    const char *backend = amx == FLASH_AMX_TILES ? "tiles" : amx == FLASH_AMX_DP ? "dp" : nullptr;
+    return Py_BuildValue("{s:i,s:i,s:i,s:{s:(ssss),s:(ssss)},s:(ii),s:N,s:z,s:O}", "page_multiple", FLASH_PAGE_MULTIPLE,
                          "max_grid_yz", FLASH_MAX_GRID_YZ, "cuda_max_head_dim", FLASH_CUDA_MAX_HEAD_DIM, "dtypes",
                          "cpu", "float16", "bfloat16", "float32", "float64", "cuda", "float16", "bfloat16", "float32",
-                         "float64", "cuda_min_capability", 8, 0, "cuda_smem", smem, "cpu_amx",
-                         flash_amx_usable() ? Py_True : Py_False);
+                         "float64", "cuda_min_capability", 8, 0, "cuda_smem", smem, "cpu_amx", backend, "cpu_amx_dp",
+                         (flash_amx_backends() & FLASH_AMX_DP) ? Py_True : Py_False);
 }
 
 PyMethodDef module_methods[] = {

@@ -75,7 +75,8 @@ def arch_name(arch):
 
 def report_cpu():
     threads = os.environ.get("OMP_NUM_THREADS") or f"{os.cpu_count()} (all cores; OMP_NUM_THREADS sets it)"
-    amx = ("; float16/bfloat16 products on AMX-BF16 tiles (csrc/cpu/amx.c)" if LIMITS["cpu_amx"] else "")
+    amx = {"tiles": "; float16/bfloat16 products on AMX-BF16 tiles (csrc/cpu/amx.c)",
+           "dp": "; the bfloat16 forward's products by AVX512-BF16 dot products (csrc/cpu/amx.c)"}.get(LIMITS["cpu_amx"], "")
     print("CPU: float32/float64 (float16/bfloat16 computed in float32) forward and backward: the C11 kernels of "
           f"csrc/cpu, OpenMP threads: {threads}; hot loops: {cpu_isa()}{amx}")
 

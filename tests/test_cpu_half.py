@@ -10,7 +10,17 @@ import torch.nn.functional as F
 import flashattn_ext
 from fa_testing import DTYPE_NAMES, HALF_DTYPES, OUT_TOL, rel_l2, varlen_fwd_op
 
-AMX = flashattn_ext._core.LIMITS["cpu_amx"]
+AMX = flashattn_ext._core.LIMITS["cpu_amx"]  # the packed products' backend: "tiles", "dp" or None
+# (FLASHATTN_EXT_CPU_AMX value, backend) of each backend this CPU has: the default, and the dot products where
+# they are not it (csrc/cpu/amx.c)
+AMX_MODES = ([("1", AMX)] if AMX else []) + ([("dp", "dp")] if AMX == "tiles" and
+                                            flashattn_ext._core.LIMITS["cpu_amx_dp"] else [])
+
+
+def packed(dtype, backend):
+    """Whether backend runs the products of dtype's calls: AMX tiles fp16 and bf16 in every pass, the dot products the
+    bf16 forward (csrc/cpu/flash_cpu.c amx_on)."""
+    return backend == "tiles" or dtype == torch.bfloat16
 
 # (batch, nheads, nheads_kv, seqlen_q, seqlen_k, headdim), SDPA's arguments
 CASES = {
@@ -122,13 +132,18 @@ AMX_VARIANTS = {  # flash_attn_func arguments; every product of the fwd, dK/dV a
 }
 
 
-@pytest.mark.skipif(not AMX, reason="no AMX-BF16 on this CPU (or FLASHATTN_EXT_CPU_AMX=0)")
+@pytest.mark.skipif(not AMX, reason="no AMX-BF16 or AVX512-BF16 on this CPU (or FLASHATTN_EXT_CPU_AMX=0)")
+@pytest.mark.parametrize("mode", AMX_MODES, ids=lambda m: m[1])
 @pytest.mark.parametrize("variant", list(AMX_VARIANTS))
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda dt: DTYPE_NAMES[dt])
-def test_amx_products_as_exact_as_the_fp32_kernels(dtype, variant, monkeypatch):
-    """fp16 / bf16 on a CPU with AMX: the products run on bf16 tiles with each fp32 operand split exactly into
-    bf16 terms (csrc/cpu/amx.c), so out and the gradients are as close to the float64 result as with the fp32
-    kernels (FLASHATTN_EXT_CPU_AMX=0), element by element within a rounding step of the dtype."""
+def test_amx_products_as_exact_as_the_fp32_kernels(dtype, variant, mode, monkeypatch):
+    """fp16 / bf16 on a CPU with AMX (or AVX512-BF16: the bf16 forward): the products run on bf16 tiles (dot
+    products) with each fp32 operand split exactly into bf16 terms (csrc/cpu/amx.c), so out and the gradients are
+    as close to the float64 result as with the fp32 kernels (FLASHATTN_EXT_CPU_AMX=0), element by element within a
+    rounding step of the dtype."""
+    env, backend = mode
+    if not packed(dtype, backend):
+        pytest.skip("the dot products take the bf16 forward only")
     kw = dict(AMX_VARIANTS[variant])
     d, d_v = kw.pop("d", 64), kw.pop("d_v", 64)
     b, sq, sk, h, hkv = 2, 150, 190, 4, (2 if variant == "causal_gqa" else 4)
@@ -150,7 +165,8 @@ def test_amx_products_as_exact_as_the_fp32_kernels(dtype, variant, monkeypatch):
 
     ref = run(torch.float64, "0")
     fp32_kernels = run(dtype, "0")
-    for mode in ("1", "step"):  # operands packed once per call; per task step (above FLASH_CPU_PACK_MAX_BYTES)
+    # operands packed once per call; per task step (above FLASH_CPU_PACK_MAX_BYTES; the default backend's)
+    for mode in ((env, "step") if backend == AMX else (env,)):
         amx = run(dtype, mode)
         for name, a, f, want in zip(("out", "dq", "dk", "dv"), amx, fp32_kernels, ref):
             assert a.dtype == dtype, name
@@ -160,7 +176,7 @@ def test_amx_products_as_exact_as_the_fp32_kernels(dtype, variant, monkeypatch):
             assert ((a.double() - f.double()).abs() <= 2 * step + 1e-6).all(), f"{mode} {name}"
 
 
-@pytest.mark.skipif(not AMX, reason="no AMX-BF16 on this CPU (or FLASHATTN_EXT_CPU_AMX=0)")
+@pytest.mark.skipif(not AMX, reason="no AMX-BF16 or AVX512-BF16 on this CPU (or FLASHATTN_EXT_CPU_AMX=0)")
 @pytest.mark.parametrize("call", ["dense", "dense_dropout", "varlen", "kvcache", "kvcache_paged"])
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda dt: DTYPE_NAMES[dt])
 def test_amx_forward_reads_half_inputs_as_the_fp32_copies(dtype, call, monkeypatch):
@@ -169,6 +185,8 @@ def test_amx_forward_reads_half_inputs_as_the_fp32_copies(dtype, call, monkeypat
     FLASHATTN_EXT_CPU_AMX=step (operands packed per step) they run on fp32 copies of q, k and v as before. The same
     values meet the same tile products, so out and lse must be equal bit for bit (a perturbed widening of k / v
     fails all ten cases, of bf16 q the five bf16 ones)."""
+    if not packed(dtype, AMX):
+        pytest.skip("the dot products take the bf16 forward only")
     gen = torch.Generator().manual_seed(5)
     b, sq, hq, hk, d = 2, 40, 4, 2, 72
 

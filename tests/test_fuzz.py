@@ -243,20 +243,29 @@ def test_fuzz_cpu(case):
     check_case(case)
 
 
-@pytest.mark.skipif(not flashattn_ext._core.LIMITS["cpu_amx"], reason="no AMX-BF16 on this CPU")
+AMX = flashattn_ext._core.LIMITS["cpu_amx"]
+AMX_MODES = (["1"] if AMX else []) + (["dp"] if AMX == "tiles" and flashattn_ext._core.LIMITS["cpu_amx_dp"] else [])
+
+
+@pytest.mark.skipif(not AMX, reason="no AMX-BF16 or AVX512-BF16 on this CPU")
+@pytest.mark.parametrize("mode", AMX_MODES)
 @pytest.mark.parametrize("case", CPU_HALF_CASES, ids=lambda c: c.id)
-def test_fuzz_cpu_amx_as_the_fp32_kernels(case, monkeypatch):
-    """The fp16 / bf16 cases with their products on AMX tiles (csrc/cpu/amx.c: exact bf16 terms, the forward's
-    softmax fused with P's packing, bf16's P in 16 bits) against the fp32 kernels on the same inputs
-    (FLASHATTN_EXT_CPU_AMX=0): every element of out and of the gradients within two rounding steps of the inputs'
-    dtype (of the larger of the value and 1% of the tensor's maximum), lse within 1e-5."""
+def test_fuzz_cpu_amx_as_the_fp32_kernels(case, mode, monkeypatch):
+    """The fp16 / bf16 cases with their products on AMX tiles or (mode dp, or without tiles: bf16 forwards) on
+    AVX512-BF16 dot products (csrc/cpu/amx.c: exact bf16 terms, the forward's softmax fused with P's packing,
+    bf16's P in 16 bits) against the fp32 kernels on the same inputs (FLASHATTN_EXT_CPU_AMX=0): every element of
+    out and of the gradients within two rounding steps of the inputs' dtype (of the larger of the value and 1% of
+    the tensor's maximum), lse within 1e-5."""
+    backend = "dp" if mode == "dp" else AMX
+    if backend == "dp" and case.dtype != torch.bfloat16:
+        pytest.skip("the dot products take the bf16 forward only")
     results = {}
-    for mode in ("0", "1"):
-        monkeypatch.setenv("FLASHATTN_EXT_CPU_AMX", mode)
-        results[mode] = run_case(case)[0]
+    for m in ("0", mode):
+        monkeypatch.setenv("FLASHATTN_EXT_CPU_AMX", m)
+        results[m] = run_case(case)[0]
     eps = torch.finfo(case.dtype).eps
     for name, f in results["0"].items():
-        a = results["1"][name]
+        a = results[mode][name]
         if f is None:
             assert a is None, name
             continue

@@ -1,4 +1,5 @@
-/* amx.c: the products C = [C +] A B on AMX tiles (amx.h) for flash_cpu.c's fp32 kernels.
+/* amx.c: the products C = [C +] A B on AMX tiles (amx.h) for flash_cpu.c's fp32 kernels, or, on CPUs with
+ * AVX512-BF16 but no AMX (AMD Zen 4), the same products by VDPBF16PS (gemm_dp: the bf16 forward only, amx_on).
  *
  * Tiles: C blocks of 32 x 32 fp32 (tiles 0-3, 2 x 2 of 16 x 16), A in 16 rows x 32 bf16 (tiles 4, 5), B in the
  * VNNI layout, 16 pairs of k rows x 16 columns (tiles 6, 7); one TDPBF16PS per (A tile, B tile, term pair) and
@@ -44,30 +45,58 @@ int64_t flash_amx_scratch_elems(int64_t max_m, int64_t max_n, int64_t max_k)
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
-static int amx_state; /* 0: not probed yet; 1: usable; -1: not */
+static int amx_state; /* 0: not probed yet; else 1 + the backends found (AMX_TILES, AMX_DP bits) */
+#define AMX_TILES FLASH_AMX_TILES
+#define AMX_DP FLASH_AMX_DP
 
 static int amx_probe(void)
 {
     unsigned a, b, c, d;
+    int found = 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
-        return -1;
+        return 1;
     const unsigned amx_bf16 = 1u << 22, amx_tile = 1u << 24;
-    if ((d & (amx_bf16 | amx_tile)) != (amx_bf16 | amx_tile))
-        return -1;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
+    if ((d & (amx_bf16 | amx_tile)) == (amx_bf16 | amx_tile) &&
+        syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0)
+        found |= AMX_TILES;
+    const unsigned f = 1u << 16, bw = 1u << 30, vl = 1u << 31, osxsave = 1u << 27;
+    unsigned a1, b1, c1, d1, c0 = 0;
+    if ((b & (f | bw | vl)) == (f | bw | vl) && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) && (a1 & (1u << 5)) &&
+        __get_cpuid(1, &a1, &b1, &c0, &d1) && (c0 & osxsave)) {
+        unsigned lo, hi;
+        __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+        if ((lo & 0xE6) == 0xE6) /* SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM state enabled */
+            found |= AMX_DP;
+    }
+    return 1 + found;
 }
 
-int flash_amx_usable(void)
+int flash_amx_backends(void)
 {
-    const char *env = getenv("FLASHATTN_EXT_CPU_AMX");
-    if (env && strcmp(env, "0") == 0)
-        return 0;
     int s = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
     if (!s) {
         s = amx_probe();
         __atomic_store_n(&amx_state, s, __ATOMIC_RELEASE);
     }
-    return s > 0;
+    return s - 1;
+}
+
+/* The backend of this call: AMX_TILES, AMX_DP or 0 (FLASHATTN_EXT_CPU_AMX: "0" none, "dp" the dot products even
+ * where tiles exist; read per call). */
+static int amx_backend(void)
+{
+    const char *env = getenv("FLASHATTN_EXT_CPU_AMX");
+    if (env && strcmp(env, "0") == 0)
+        return 0;
+    const int found = flash_amx_backends();
+    if (env && strcmp(env, "dp") == 0)
+        return found & AMX_DP;
+    return found & AMX_TILES ? AMX_TILES : found & AMX_DP;
+}
+
+int flash_amx_usable(void)
+{
+    return amx_backend();
 }
 
 #define AMX_PACK_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
@@ -422,10 +451,10 @@ typedef struct {
     uint8_t rows[16];
 } amx_config;
 
-__attribute__((target("amx-tile,amx-bf16"))) void flash_amx_gemm_packed(int64_t m, int64_t n, int64_t k,
-                                                                         const uint16_t *ap, int a_parts,
-                                                                         const uint16_t *bp, int b_parts, float *c,
-                                                                         int64_t ldc, int accumulate)
+__attribute__((target("amx-tile,amx-bf16"))) static void gemm_tiles(int64_t m, int64_t n, int64_t k,
+                                                                    const uint16_t *ap, int a_parts,
+                                                                    const uint16_t *bp, int b_parts, float *c,
+                                                                    int64_t ldc, int accumulate)
 {
     const int64_t mp = ROUND32(m), np = ROUND32(n), kp = ROUND32(k), kt_n = kp / 32, nt_n = np / 16;
     _Alignas(64) float edge[32 * 32];
@@ -477,23 +506,102 @@ __attribute__((target("amx-tile,amx-bf16"))) void flash_amx_gemm_packed(int64_t 
         }
 }
 
+#define DP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+/* gemm_tiles on VDPBF16PS (AMX_DP): the same packed operands, the same products (each term pair of a k pair
+ * multiplied exactly and added in fp32). Per 32 x 32 C block, groups of 8 rows x 32 columns in 16 zmm
+ * accumulators: per k pair one load of B for each 16 columns, one 32-bit broadcast of A per row. Row groups
+ * wholly past m and the column half past n are skipped (the packing's zero padding). */
+DP_TARGET static void gemm_dp(int64_t m, int64_t n, int64_t k, const uint16_t *ap, int a_parts, const uint16_t *bp,
+                              int b_parts, float *c, int64_t ldc, int accumulate)
+{
+    const int64_t mp = ROUND32(m), np = ROUND32(n), kp = ROUND32(k), kt_n = kp / 32, nt_n = np / 16;
+    _Alignas(64) float edge[32 * 32];
+    for (int64_t i0 = 0; i0 < mp; i0 += 32)
+        for (int64_t j0 = 0; j0 < np; j0 += 32) {
+            const int inside = i0 + 32 <= m && j0 + 32 <= n, two = j0 + 16 < n;
+            float *cb = inside ? c + i0 * ldc + j0 : edge;
+            const int64_t cs = inside ? ldc : 32;
+            if (!inside) {
+                memset(edge, 0, sizeof edge);
+                if (accumulate)
+                    for (int64_t i = i0; i < m && i < i0 + 32; i++)
+                        for (int64_t j = j0; j < n && j < j0 + 32; j++)
+                            edge[(i - i0) * 32 + (j - j0)] = c[i * ldc + j];
+            }
+            for (int g = 0; g < 4 && i0 + 8 * g < m; g++) {
+                __m512 acc[8][2];
+                for (int r = 0; r < 8; r++)
+                    for (int h = 0; h < 2; h++)
+                        acc[r][h] = accumulate ? _mm512_loadu_ps(cb + (8 * g + r) * cs + 16 * h) : _mm512_setzero_ps();
+                for (int pa = 0; pa < a_parts; pa++)
+                    for (int pb = 0; pb < b_parts; pb++)
+                        for (int64_t kt = 0; kt < kt_n; kt++) {
+                            /* A tile (i0 + 8 g) / 16 at k tile kt: rows 8 (g % 2) .. + 7, 32 bf16 each */
+                            const uint16_t *a0 = ap + pa * mp * kp + (((i0 + 8 * g) / 16) * kt_n + kt) * 512 +
+                                                 (g % 2) * 8 * 32;
+                            const uint16_t *b0 = bp + pb * kp * np + (kt * nt_n + j0 / 16) * 512;
+                            for (int q = 0; q < 16; q++) { /* k pair q of the k tile */
+                                const __m512bh b_lo = (__m512bh)_mm512_loadu_si512(b0 + q * 32);
+                                const __m512bh b_hi = two ? (__m512bh)_mm512_loadu_si512(b0 + 512 + q * 32)
+                                                          : (__m512bh)_mm512_setzero_si512();
+                                for (int r = 0; r < 8; r++) {
+                                    int32_t pair;
+                                    memcpy(&pair, a0 + r * 32 + 2 * q, sizeof pair);
+                                    const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
+                                    acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b_lo);
+                                    if (two)
+                                        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b_hi);
+                                }
+                            }
+                        }
+                for (int r = 0; r < 8; r++)
+                    for (int h = 0; h < 2; h++)
+                        _mm512_storeu_ps(cb + (8 * g + r) * cs + 16 * h, acc[r][h]);
+            }
+            if (!inside)
+                for (int64_t i = i0; i < m && i < i0 + 32; i++)
+                    for (int64_t j = j0; j < n && j < j0 + 32; j++)
+                        c[i * ldc + j] = edge[(i - i0) * 32 + (j - j0)];
+        }
+}
+
+static _Thread_local int thread_backend; /* the calling thread's, from flash_amx_begin */
+
+void flash_amx_gemm_packed(int64_t m, int64_t n, int64_t k, const uint16_t *ap, int a_parts, const uint16_t *bp,
+                           int b_parts, float *c, int64_t ldc, int accumulate)
+{
+    if (thread_backend == AMX_TILES)
+        gemm_tiles(m, n, k, ap, a_parts, bp, b_parts, c, ldc, accumulate);
+    else
+        gemm_dp(m, n, k, ap, a_parts, bp, b_parts, c, ldc, accumulate);
+}
+
 /* Palette 1, tiles 0-7 of 16 rows x 64 bytes. Static: the compiler cannot drop the stores of a local that only
  * ldtilecfg reads. */
 static const amx_config amx_tiles = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
 
 __attribute__((target("amx-tile"))) void flash_amx_begin(void)
 {
-    _tile_loadconfig(&amx_tiles);
+    thread_backend = amx_backend();
+    if (thread_backend == AMX_TILES)
+        _tile_loadconfig(&amx_tiles);
 }
 
 __attribute__((target("amx-tile"))) void flash_amx_end(void)
 {
-    _tile_release();
+    if (thread_backend == AMX_TILES)
+        _tile_release();
 }
 
 #else /* no AMX build */
 
 int flash_amx_usable(void)
+{
+    return 0;
+}
+
+int flash_amx_backends(void)
 {
     return 0;
 }

@@ -1,5 +1,6 @@
-/* amx.h: the fp32 CPU kernels' matrix products (flash_cpu.c gemm) on Intel AMX tiles when the call's inputs
- * are fp16 / bf16 tensors (the binding's fp32 copies hold their values exactly). A tile product multiplies bf16
+/* amx.h: the fp32 CPU kernels' matrix products (flash_cpu.c gemm) on Intel AMX tiles (or AVX512-BF16 dot
+ * products, the same arithmetic: FLASH_AMX_DP) when the call's inputs are fp16 / bf16 tensors (the binding's fp32
+ * copies hold their values exactly). A tile product multiplies bf16
  * numbers exactly and adds in fp32, so an fp32 operand split into bf16 terms that sum to it exactly (by
  * truncation: 1 term for a bf16 value, 2 for an fp16 value, 3 for any fp32 value) gives the fp32 product up to
  * the order of the additions: the results stay those of the fp32 kernels (tests/test_cpu_half.py), only faster.
@@ -15,9 +16,15 @@
 extern "C" {
 #endif
 
-/* 1 when the products may run on AMX: the CPU has AMX-BF16, the kernel lets this process use the tile state
- * (arch_prctl ARCH_REQ_XCOMP_PERM, asked once), and FLASHATTN_EXT_CPU_AMX (read per call) is not "0". */
+/* The backend of the products, 0 where none (FLASHATTN_EXT_CPU_AMX, read per call: "0" none, "dp" FLASH_AMX_DP
+ * even where tiles exist): FLASH_AMX_TILES where the CPU has AMX-BF16 and the kernel lets this process use the
+ * tile state (arch_prctl ARCH_REQ_XCOMP_PERM, asked once), else FLASH_AMX_DP where it has AVX512-BF16 (VDPBF16PS,
+ * e.g. AMD Zen 4: the same packed operands and products, 16 columns per instruction). */
+#define FLASH_AMX_TILES 1
+#define FLASH_AMX_DP 2
 int flash_amx_usable(void);
+/* The backends this CPU and kernel allow (FLASH_AMX_TILES | FLASH_AMX_DP bits), whatever FLASHATTN_EXT_CPU_AMX says. */
+int flash_amx_backends(void);
 
 /* uint16 elements of the scratch for packing one product's A and B (three terms each at most) with m, n, k up to
  * max_m, max_n, max_k. */

@@ -295,6 +295,19 @@ static int amx_parts(const flash_params *p)
     return p->cpu_src_dtype == FLASH_BF16 ? 1 : p->cpu_src_dtype == FLASH_FP16 ? 2 : 0;
 }
 
+/* The packed bf16 products (amx.h) in pass pack (PACK_FWD, PACK_DQ, PACK_DKDV): 1 = every product, 2 = those of
+ * two inputs only (q, k, v, dout: one term each; P and dS on the fp32 kernels), 0 = none. On AMX tiles fp16 / bf16
+ * inputs take 1 in every pass; on AVX512-BF16 dot products (FLASH_AMX_DP) bf16 takes 1 in the forward and 2 in the
+ * backward, fp16 0 (its two terms per input, and the backward's fp32 operands' three, made the dot products slower
+ * than the fp32 kernels on a Zen 4: benchmarks/results/cpu/dp_bf16_2026-12-06). */
+static int amx_on(const flash_params *p, int pack)
+{
+    const int backend = amx_parts(p) ? flash_amx_usable() : 0;
+    if (backend == FLASH_AMX_TILES)
+        return 1;
+    return backend == FLASH_AMX_DP && amx_parts(p) == 1 ? (pack == PACK_FWD ? 1 : 2) : 0;
+}
+
 /* amx.h's source kind of rows of dtype t (FLASH_FP16 / FLASH_BF16; anything else: the kernel's fp32). */
 static int amx_kind(flash_dtype t)
 {
@@ -881,6 +894,7 @@ typedef struct FN(workspace) {
     int64_t slot, part[4], tiles; /* elements per (batch, head, tile), each operand's offset in it; tiles per head */
     T *dq_acc; /* the one-pass backward (bwd_task): dQ / scale of the task's query heads, (h_per_kv, sq, dn) */
     T *k_rows; /* the one-pass backward: the key tile's K rows, (TILE_K, dn) */
+    int inputs_only; /* with amx: only the products of two inputs packed (amx_on 2), the others on the fp32 kernels */
 } FN(workspace);
 
 /* With AMX: B (k, n; row-major, leading dim ldb) of input values packed once into slot of the workspace, for the
@@ -901,7 +915,7 @@ static void FN(mm)(const FN(workspace) *w, const uint16_t *a_packed, int a_input
                    int b_inputs, int64_t m, int64_t n, int64_t k, const T *a, int64_t a_rs, int64_t a_ks, const T *b,
                    int64_t ldb, T *c, int64_t ldc, int accumulate)
 {
-    if (w->amx) { /* T is float */
+    if (w->amx && (!w->inputs_only || (a_inputs && b_inputs))) { /* T is float */
         const int a_parts = a_inputs ? w->parts : 3, b_parts = b_inputs ? w->parts : 3;
         uint16_t *ap = w->amx, *bp = w->amx;
         if (!a_packed) {
@@ -1787,7 +1801,7 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
     const int n_threads = omp_get_max_threads();
     /* AMX: fp16 / bf16 inputs; each thread's scratch after its tile buffers (64-byte multiples) */
     const int parts = amx_parts(p);
-    const int amx = sizeof(T) == sizeof(float) && parts && flash_amx_usable();
+    const int amx_mode = sizeof(T) == sizeof(float) ? amx_on(p, pack) : 0, amx = amx_mode != 0;
     const int64_t big = flash_max64(flash_max64(ROUND_UP(p->d, FLASH_CPU_MR), ROUND_UP(p->d_v, FLASH_CPU_MR)),
                                     FLASH_CPU_TILE_Q > FLASH_CPU_TILE_K ? FLASH_CPU_TILE_Q : FLASH_CPU_TILE_K);
     const int64_t amx_b = ROUND_UP(2 * flash_amx_packed_elems(big, TILE_MAX_NR), FLASH_CPU_ALIGN_BYTES / 2);
@@ -1797,7 +1811,7 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
     const int64_t per_thread = FLASH_CPU_TILE_BUFFERS * buf + dq_elems + amx_elems * 2 / (int64_t)sizeof(T);
     FN(workspace) shared = {0};
     shared.parts = parts;
-    uint16_t *packed = amx && pack != PACK_NONE && !amx_per_step() ? FN(pack_tiles)(p, &shared, pack) : NULL;
+    uint16_t *packed = amx_mode == 1 && pack != PACK_NONE && !amx_per_step() ? FN(pack_tiles)(p, &shared, pack) : NULL;
     if (!packed && p->cpu_kv_dtype != FLASH_FP32) /* fp16 / bf16 k, v are read only by pack_tiles */
         return FLASH_CPU_ERR_NOMEM;
     T *pool = aligned_alloc(FLASH_CPU_ALIGN_BYTES, (size_t)(n_threads * per_thread) * sizeof(T));
@@ -1820,6 +1834,7 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
             w.k_rows = w.dq_acc + dq_elems - FLASH_CPU_TILE_K * ROUND_UP(p->d, FLASH_CPU_NR);
         }
         if (amx) {
+            w.inputs_only = amx_mode == 2;
             w.amx = (uint16_t *)(base + FLASH_CPU_TILE_BUFFERS * buf + dq_elems);
             w.amx_b[0] = w.amx + amx_elems - 3 * amx_b;
             w.amx_b[1] = w.amx_b[0] + amx_b;
@@ -1845,7 +1860,7 @@ static int FN(fwd_reads_half)(const flash_params *p)
 {
     FN(workspace) w = {0};
     w.parts = amx_parts(p);
-    return sizeof(T) == sizeof(float) && w.parts && !decode_shape(p) && flash_amx_usable() && !amx_per_step() &&
+    return sizeof(T) == sizeof(float) && w.parts && !decode_shape(p) && amx_on(p, PACK_FWD) && !amx_per_step() &&
            FN(pack_layout)(p, &w, PACK_FWD) <= FLASH_CPU_PACK_MAX_BYTES;
 }
 
