@@ -18,7 +18,9 @@
  *   dense kernels (D = 128, and D = 64 by d64_rs) issue dQ before dK.
  * The partials go to one of two fp32 smem buffers; a third warpgroup, the dQ reducer (setmaxnreg 24, MMA 240),
  * sums them into dq_accum with vector red.add while the MMA warpgroups go on (FULL / EMPTY mbarriers per buffer;
- * the MMA warpgroups meet on named barrier 1, never __syncthreads). dK (times scale) and dV stay in registers to
+ * the MMA warpgroups meet on named barrier 1, never __syncthreads). In the dense non-ORDERED D = 64 kernel, where
+ * the tensor maps can be built, warp 0 of that warpgroup loads Q, dO, lse and delta by TMA instead (bwd90_producer;
+ * FULL / EMPTY mbarriers per stage) and its other 3 warps reduce. dK (times scale) and dV stay in registers to
  * the end: dtype when h == h_kv, else fp32 per query head for the GQA postprocess.
  * Deterministic mode (p->dq_semaphore): ORDERED instantiations walk key tiles in descending order and each
  * reducer adds a query tile's dQ after the next higher key tile's (dq_order: acquire spin, release store).
