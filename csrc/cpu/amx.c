@@ -451,6 +451,33 @@ typedef struct {
     uint8_t rows[16];
 } amx_config;
 
+/* The 32 x 32 C block at (i0, j0) of the products: c itself where the block lies inside (m, n), else the 32 x 32
+ * buffer edge, zeroed and holding c's part of the block where accumulate (block_end copies that part back). */
+static inline float *block_begin(float *c, int64_t ldc, int64_t m, int64_t n, int64_t i0, int64_t j0, int accumulate,
+                                 float *edge, int64_t *cs)
+{
+    if (i0 + 32 <= m && j0 + 32 <= n) {
+        *cs = ldc;
+        return c + i0 * ldc + j0;
+    }
+    *cs = 32;
+    memset(edge, 0, 32 * 32 * sizeof(float));
+    if (accumulate)
+        for (int64_t i = i0; i < m && i < i0 + 32; i++)
+            for (int64_t j = j0; j < n && j < j0 + 32; j++)
+                edge[(i - i0) * 32 + (j - j0)] = c[i * ldc + j];
+    return edge;
+}
+
+static inline void block_end(float *c, int64_t ldc, int64_t m, int64_t n, int64_t i0, int64_t j0, const float *edge,
+                             const float *cb)
+{
+    if (cb == edge)
+        for (int64_t i = i0; i < m && i < i0 + 32; i++)
+            for (int64_t j = j0; j < n && j < j0 + 32; j++)
+                c[i * ldc + j] = edge[(i - i0) * 32 + (j - j0)];
+}
+
 __attribute__((target("amx-tile,amx-bf16"))) static void gemm_tiles(int64_t m, int64_t n, int64_t k,
                                                                     const uint16_t *ap, int a_parts,
                                                                     const uint16_t *bp, int b_parts, float *c,
@@ -460,16 +487,8 @@ __attribute__((target("amx-tile,amx-bf16"))) static void gemm_tiles(int64_t m, i
     _Alignas(64) float edge[32 * 32];
     for (int64_t i0 = 0; i0 < mp; i0 += 32)
         for (int64_t j0 = 0; j0 < np; j0 += 32) {
-            const int inside = i0 + 32 <= m && j0 + 32 <= n;
-            float *cb = inside ? c + i0 * ldc + j0 : edge;
-            const int64_t cs = inside ? ldc : 32;
-            if (!inside) {
-                memset(edge, 0, sizeof edge);
-                if (accumulate)
-                    for (int64_t i = i0; i < m && i < i0 + 32; i++)
-                        for (int64_t j = j0; j < n && j < j0 + 32; j++)
-                            edge[(i - i0) * 32 + (j - j0)] = c[i * ldc + j];
-            }
+            int64_t cs;
+            float *cb = block_begin(c, ldc, m, n, i0, j0, accumulate, edge, &cs);
             if (accumulate) {
                 _tile_loadd(0, cb, cs * 4);
                 _tile_loadd(1, cb + 16, cs * 4);
@@ -499,10 +518,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static void gemm_tiles(int64_t m, i
             _tile_stored(1, cb + 16, cs * 4);
             _tile_stored(2, cb + 16 * cs, cs * 4);
             _tile_stored(3, cb + 16 * cs + 16, cs * 4);
-            if (!inside)
-                for (int64_t i = i0; i < m && i < i0 + 32; i++)
-                    for (int64_t j = j0; j < n && j < j0 + 32; j++)
-                        c[i * ldc + j] = edge[(i - i0) * 32 + (j - j0)];
+            block_end(c, ldc, m, n, i0, j0, edge, cb);
         }
 }
 
@@ -519,16 +535,9 @@ DP_TARGET static void gemm_dp(int64_t m, int64_t n, int64_t k, const uint16_t *a
     _Alignas(64) float edge[32 * 32];
     for (int64_t i0 = 0; i0 < mp; i0 += 32)
         for (int64_t j0 = 0; j0 < np; j0 += 32) {
-            const int inside = i0 + 32 <= m && j0 + 32 <= n, two = j0 + 16 < n;
-            float *cb = inside ? c + i0 * ldc + j0 : edge;
-            const int64_t cs = inside ? ldc : 32;
-            if (!inside) {
-                memset(edge, 0, sizeof edge);
-                if (accumulate)
-                    for (int64_t i = i0; i < m && i < i0 + 32; i++)
-                        for (int64_t j = j0; j < n && j < j0 + 32; j++)
-                            edge[(i - i0) * 32 + (j - j0)] = c[i * ldc + j];
-            }
+            const int two = j0 + 16 < n;
+            int64_t cs;
+            float *cb = block_begin(c, ldc, m, n, i0, j0, accumulate, edge, &cs);
             for (int g = 0; g < 4 && i0 + 8 * g < m; g++) {
                 __m512 acc[8][2];
                 for (int r = 0; r < 8; r++)
@@ -559,10 +568,7 @@ DP_TARGET static void gemm_dp(int64_t m, int64_t n, int64_t k, const uint16_t *a
                     for (int h = 0; h < 2; h++)
                         _mm512_storeu_ps(cb + (8 * g + r) * cs + 16 * h, acc[r][h]);
             }
-            if (!inside)
-                for (int64_t i = i0; i < m && i < i0 + 32; i++)
-                    for (int64_t j = j0; j < n && j < j0 + 32; j++)
-                        c[i * ldc + j] = edge[(i - i0) * 32 + (j - j0)];
+            block_end(c, ldc, m, n, i0, j0, edge, cb);
         }
 }
 

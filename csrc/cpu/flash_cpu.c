@@ -1828,13 +1828,13 @@ static flash_cpu_status FN(run_tasks)(const flash_params *p, int64_t n_tasks, FN
                            NULL,           {NULL, NULL, NULL}, parts,
                            packed,         shared.slot,        {shared.part[0], shared.part[1], shared.part[2],
                                                                 shared.part[3]},
-                           shared.tiles,   NULL,               NULL};
+                           shared.tiles,   NULL,               NULL,
+                           amx_mode == 2};
         if (dq_acc) {
             w.dq_acc = base + FLASH_CPU_TILE_BUFFERS * buf;
             w.k_rows = w.dq_acc + dq_elems - FLASH_CPU_TILE_K * ROUND_UP(p->d, FLASH_CPU_NR);
         }
         if (amx) {
-            w.inputs_only = amx_mode == 2;
             w.amx = (uint16_t *)(base + FLASH_CPU_TILE_BUFFERS * buf + dq_elems);
             w.amx_b[0] = w.amx + amx_elems - 3 * amx_b;
             w.amx_b[1] = w.amx_b[0] + amx_b;

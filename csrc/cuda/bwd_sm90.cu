@@ -1630,33 +1630,16 @@ static cudaError_t launch_main_sm90_d256(const flash_params *p, cudaStream_t str
     return launch_main(p, kernel, D256_BN, SM90_THREADS, smem, stream);
 }
 
-/* Stride of a dimension of size 1 is never used: any legal value (a multiple of 16 bytes). */
-static cuuint64_t bwd90_stride(int64_t elems, int64_t size, cuuint64_t fallback)
-{
-    return size > 1 ? (cuuint64_t)elems * 2 : fallback;
-}
-
-/* fwd_sm90.cu's fwd90_make_map: the 4-D map (d, rows, heads, batches) of q or dout, boxes of 64 x box_rows;
- * 0 where TMA cannot read the tensor (alignment) or no encoder. */
+/* The map of q or dout (wgmma.cuh tma_map_4d: (d, rows, heads, batches), varlen: rows = total_q, one batch),
+ * boxes of 64 x box_rows; 0 where TMA cannot read the tensor (alignment) or no encoder. */
 static int bwd90_make_map(CUtensorMap *map, const flash_params *p, const void *ptr, const flash_strides *s, int box_rows)
 {
     const int varlen = p->cu_seqlens_q != NULL;
-    const int64_t rows = varlen ? p->total_q : p->sq, heads = p->h, batches = varlen ? 1 : p->b;
-    if (tma_encoder() == NULL || (uintptr_t)ptr % 16 != 0 || s->row % CHUNK != 0 || s->head % CHUNK != 0 ||
-        s->batch % CHUNK != 0 || rows < 1 || rows >= INT_MAX || p->d % CHUNK != 0)
+    const int64_t rows = varlen ? p->total_q : p->sq, batches = varlen ? 1 : p->b;
+    if ((uintptr_t)ptr % 16 != 0 || s->row % CHUNK != 0 || s->head % CHUNK != 0 || s->batch % CHUNK != 0 || rows < 1 ||
+        rows >= INT_MAX || p->d % CHUNK != 0)
         return 0;
-    const cuuint64_t dims[4] = {(cuuint64_t)p->d, (cuuint64_t)rows, (cuuint64_t)heads, (cuuint64_t)batches};
-    const cuuint64_t row = (cuuint64_t)s->row * 2;
-    const cuuint64_t head = bwd90_stride(s->head, heads, row * (cuuint64_t)rows);
-    const cuuint64_t batch = bwd90_stride(s->batch, batches, head * (cuuint64_t)heads);
-    const cuuint64_t strides[3] = {row, head, batch};
-    const cuuint32_t box[4] = {SW128_ROW_BYTES / 2, (cuuint32_t)box_rows, 1, 1};
-    const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-    const CUtensorMapDataType type =
-        p->dtype == FLASH_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    return tma_encoder()(map, type, 4, (void *)ptr, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    return tma_map_4d(map, p->dtype == FLASH_BF16, ptr, p->d, rows, p->h, batches, s->row, s->head, s->batch, box_rows);
 }
 
 template <typename T, int D, int BM, bool HOOK, bool ORDERED, bool TMA>

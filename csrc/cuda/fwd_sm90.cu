@@ -912,28 +912,13 @@ __global__ void __launch_bounds__(FWD90_THREADS, 1)
 /* ------------------------------------------------------------------------------------------------ */
 /* Host side                                                                                        */
 
-/* Stride of a dimension of size 1 is never used: any legal value (a multiple of 16 bytes). */
-static cuuint64_t fwd90_stride(int64_t elems, int64_t size, cuuint64_t fallback)
-{
-    return size > 1 ? (cuuint64_t)elems * FWD90_ELEM_BYTES : fallback;
-}
-
-/* The 4-D map (d, rows, heads, batches) of one (b, s, h, d) tensor, boxes of 64 x box_rows. */
+/* The 4-D map of q, k or v (wgmma.cuh tma_map_4d), boxes of one panel x box_rows. */
 static int fwd90_make_map(CUtensorMap *map, const flash_params *p, const void *ptr, const flash_strides *s,
                           int64_t rows, int64_t heads, int64_t batches, int box_rows)
 {
-    const cuuint64_t dims[4] = {(cuuint64_t)p->d, (cuuint64_t)rows, (cuuint64_t)heads, (cuuint64_t)batches};
-    const cuuint64_t row = (cuuint64_t)s->row * FWD90_ELEM_BYTES;
-    const cuuint64_t head = fwd90_stride(s->head, heads, row * (cuuint64_t)rows);
-    const cuuint64_t batch = fwd90_stride(s->batch, batches, head * (cuuint64_t)heads);
-    const cuuint64_t strides[3] = {row, head, batch};
-    const cuuint32_t box[4] = {FWD90_PANEL, (cuuint32_t)box_rows, 1, 1};
-    const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-    const CUtensorMapDataType type =
-        p->dtype == FLASH_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    return tma_encoder()(map, type, 4, (void *)ptr, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                           CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    static_assert(FWD90_PANEL == SW128_ROW_BYTES / 2 && FWD90_ELEM_BYTES == 2, "tma_map_4d's box and elements");
+    return tma_map_4d(map, p->dtype == FLASH_BF16, ptr, p->d, rows, heads, batches, s->row, s->head, s->batch,
+                      box_rows);
 }
 
 static int fwd90_aligned(const void *ptr, const flash_strides *s)

@@ -271,4 +271,24 @@ static inline tma_encode_fn tma_encoder(void)
     return fn;
 }
 
+/* The 4-D map (d, rows, heads, batches) of a 16-bit tensor with element strides row / head / batch, boxes of one
+ * 64-column panel x box_rows, 128-byte swizzle (a dimension of size 1 takes any legal stride); 0 where there is no
+ * encoder or it refuses. */
+static inline int tma_map_4d(CUtensorMap *map, bool bf16, const void *ptr, int64_t d, int64_t rows, int64_t heads,
+                             int64_t batches, int64_t row_s, int64_t head_s, int64_t batch_s, int box_rows)
+{
+    if (tma_encoder() == NULL)
+        return 0;
+    const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)rows, (cuuint64_t)heads, (cuuint64_t)batches};
+    const cuuint64_t row = (cuuint64_t)row_s * 2;
+    const cuuint64_t head = heads > 1 ? (cuuint64_t)head_s * 2 : row * (cuuint64_t)rows;
+    const cuuint64_t batch = batches > 1 ? (cuuint64_t)batch_s * 2 : head * (cuuint64_t)heads;
+    const cuuint64_t strides[3] = {row, head, batch};
+    const cuuint32_t box[4] = {SW128_ROW_BYTES / 2, (cuuint32_t)box_rows, 1, 1};
+    const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+    return tma_encoder()(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, (void *)ptr,
+                         dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 #endif
