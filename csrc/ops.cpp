@@ -1341,8 +1341,21 @@ PyObject *limits(PyObject *, PyObject *)
                          (flash_amx_backends() & FLASH_AMX_DP) ? Py_True : Py_False);
 }
 
+// flashattn_ext._C.last_cuda_kernels(): (forward, backward), the kernel files that this thread's last CUDA forward
+// and backward launched (csrc/cuda/launch.h flash_last_kernels; None: none yet or a build without CUDA kernels).
+PyObject *last_cuda_kernels(PyObject *, PyObject *)
+{
+    const char *fwd = nullptr, *bwd = nullptr;
+#ifdef FLASHATTN_EXT_CUDA
+    flash_last_kernels(&fwd, &bwd);
+#endif
+    return Py_BuildValue("(zz)", fwd, bwd);
+}
+
 PyMethodDef module_methods[] = {
     {"limits", limits, METH_NOARGS, "What the kernels of this build take (csrc/ops.cpp)."},
+    {"last_cuda_kernels", last_cuda_kernels, METH_NOARGS,
+     "The kernel files of this thread's last CUDA forward and backward (csrc/ops.cpp)."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -81,6 +81,38 @@ def report_cpu():
           f"csrc/cpu, OpenMP threads: {threads}; hot loops: {cpu_isa()}{amx}")
 
 
+# Probes of the kernel report, per head dim: tiny bf16 calls whose kernels the extension records
+# (_C.last_cuda_kernels, csrc/cuda/launch.cu), so the report is what runs, not a restatement of the dispatch.
+PROBE_HEADDIMS = (64, 128, 256)
+PROBE_VARIANTS = (("dense causal", {"causal": True}), ("softcap", {"softcap": 30.0}),
+                  ("dropout", {"dropout_p": 0.1}))
+
+
+def probe_kernels(device, headdim, dtype=torch.bfloat16):
+    """{variant: "forward + backward kernel files" or why the call raised} for one head dim on one device."""
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, device=device, dtype=dtype)
+
+    found = {}
+    for name, kwargs in PROBE_VARIANTS:
+        q, k, v = (randn(1, 256, 2, headdim).requires_grad_() for _ in range(3))
+        try:
+            flashattn_ext.flash_attn_func(q, k, v, **kwargs).sum().backward()
+            fwd, bwd = flashattn_ext._C.last_cuda_kernels()
+            found[name] = f"{fwd} + {bwd}"
+        except Exception as error:  # a report says what raised, whatever it is
+            found[name] = f"raises {type(error).__name__}"
+    try:
+        q, cache = randn(1, 1, 2, headdim), randn(1, 1024, 2, headdim)
+        flashattn_ext.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=1000)
+        found["decode"] = flashattn_ext._C.last_cuda_kernels()[0]
+    except Exception as error:
+        found["decode"] = f"raises {type(error).__name__}"
+    return found
+
+
 def report_cuda():
     if not torch.cuda.is_available():
         print("CUDA: no device")
@@ -88,9 +120,8 @@ def report_cuda():
     if not torch_registry.cuda_kernels_built():
         print("CUDA: this build has no CUDA kernels (built without a toolkit or with FLASHATTN_EXT_FORCE_CPU=1)")
         return []
-    info = torch_registry.build_info()
-    archs = info.CUDA_ARCHS if info is not None else ()
-    sm90_off = os.environ.get("FLASHATTN_EXT_DISABLE_SM90", "0") not in ("", "0")
+    notes = [f"{name}={os.environ[name]}" for name in ("FLASHATTN_EXT_DISABLE_SM90", "FLASHATTN_EXT_DISABLE_DECODE",
+                                                       "FLASHATTN_EXT_SMEM_LIMIT") if os.environ.get(name)]
     usable = []
     for index in range(torch.cuda.device_count()):
         major, minor = torch.cuda.get_device_capability(index)
@@ -102,15 +133,14 @@ def report_cuda():
             print(f"  our kernels do not run here: {error}")
             continue
         usable.append(index)
-        if "90a" in archs and (major, minor) == (9, 0) and not sm90_off:
-            bwd = "bwd_sm90.cu main kernel (wgmma) with the bwd_sm80.cu preprocess / dQ / dK-dV kernels"
-        else:
-            reason = " (FLASHATTN_EXT_DISABLE_SM90=1)" if sm90_off and major == 9 else ""
-            bwd = f"bwd_sm80.cu (mma.sync){reason}"
-        print("  forward fp16/bf16: fwd_sm80.cu (mma.sync); float32/float64: fwd_simple.cu (CUDA cores)")
-        print(f"  backward fp16/bf16: {bwd}; float32/float64: bwd_simple.cu (CUDA cores)")
         top = torch_registry.cuda_max_head_dim(smem)
         print(f"  fp16/bf16 head dims: up to {top}" if top else "  fp16/bf16: none (too little shared memory)")
+        print("  kernels (csrc/cuda) of bf16 calls, forward + backward" + (f" ({', '.join(notes)})" if notes else "")
+              + "; float32/float64: fwd_simple.cu + bwd_simple.cu")
+        with torch.cuda.device(index):
+            for headdim in PROBE_HEADDIMS:
+                found = probe_kernels(f"cuda:{index}", headdim)
+                print(f"    d{headdim}: " + "; ".join(f"{name}: {kernels}" for name, kernels in found.items()))
     return usable
 
 

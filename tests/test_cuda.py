@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import flashattn_ext
+from flashattn_ext.integrations import torch_registry
 from fa_testing import (
     DTYPE_NAMES,
     HAS_CUDA,
@@ -256,3 +257,32 @@ def test_shared_memory_error():
     proc = run_python(["-c", code], {"FLASHATTN_EXT_DISABLE_SM90": "1", "FLASHATTN_EXT_SMEM_LIMIT": str(SM86_SMEM)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "ERROR" in proc.stdout and "forward at head dim 256 needs 160 KB" in proc.stdout, proc.stdout
+
+
+KERNEL_PROBE = (
+    "import torch, flashattn_ext\n"
+    "def probe(d, dtype=torch.bfloat16, **kw):\n"
+    "    q = torch.randn(1, 256, 2, d, device='cuda', dtype=dtype, requires_grad=True)\n"
+    "    flashattn_ext.flash_attn_func(q, q, q, **kw).sum().backward()\n"
+    "    return flashattn_ext._C.last_cuda_kernels()\n"
+    "print('KERNELS', probe(128, causal=True), probe(256, dropout_p=0.1), probe(64, dtype=torch.float32))\n"
+)
+
+
+@pytest.mark.parametrize("env_extra", [{}] + BACKWARD_PATHS)
+def test_last_cuda_kernels(env_extra):
+    """_C.last_cuda_kernels (python -m flashattn_ext's kernel report) names the kernels that the dispatch runs: on
+    Hopper the wgmma kernels (d256 with dropout: fwd_sm80.cu's forward), with FLASHATTN_EXT_DISABLE_SM90 the sm80
+    ones with the tiles the shared memory allows; fp32 the simple kernels."""
+    hopper = torch.cuda.get_device_capability() == (9, 0) and "90a" in torch_registry.build_info().CUDA_ARCHS
+    proc = run_python(["-c", KERNEL_PROBE], env_extra)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = proc.stdout.split("KERNELS", 1)[1].strip()
+    simple = "('fwd_simple.cu', 'bwd_simple.cu')"
+    if hopper and not env_extra:
+        want = f"('fwd_sm90.cu', 'bwd_sm90.cu') ('fwd_sm80.cu', 'bwd_sm90.cu') {simple}"
+    else:
+        smem = int(env_extra.get("FLASHATTN_EXT_SMEM_LIMIT", 0)) or torch_registry.smem_per_block(0)
+        tiles = "large" if smem >= 217 * 1024 else "small"  # bwd_sm80.cu's large tiles: up to 217 KB (d256)
+        want = f"('fwd_sm80.cu', 'bwd_sm80.cu ({tiles} tiles)') ('fwd_sm80.cu', 'bwd_sm80.cu ({tiles} tiles)') {simple}"
+    assert got == want

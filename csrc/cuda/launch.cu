@@ -124,20 +124,33 @@ extern "C" int flash_fwd_wants_tile_counter(const flash_params *p)
 #endif
 }
 
+/* The kernel files that this host thread's last forward and backward launched (flash_last_kernels). */
+static thread_local const char *last_fwd = NULL, *last_bwd = NULL;
+
+extern "C" void flash_last_kernels(const char **fwd, const char **bwd)
+{
+    *fwd = last_fwd;
+    *bwd = last_bwd;
+}
+
 extern "C" cudaError_t flash_fwd_cuda(const flash_params *p, cudaStream_t stream)
 {
     if (p->rel_bias != NULL && !is_simple(p))
         return cudaErrorInvalidValue; /* T5's table: the simple kernels only (score.h FLASH_SCORE_TABLE) */
     switch (fwd_family_of(p)) {
     case FWD_SIMPLE:
+        last_fwd = "fwd_simple.cu";
         return flash_fwd_simple(p, stream);
     case FWD_DECODE:
+        last_fwd = p->num_splits > 1 ? "fwd_decode.cu (split keys)" : "fwd_decode.cu";
         return flash_fwd_decode(p, stream);
 #ifdef FLASHATTN_EXT_SM90A
     case FWD_SM90:
+        last_fwd = "fwd_sm90.cu";
         return flash_fwd_sm90(p, stream);
 #endif
     default:
+        last_fwd = "fwd_sm80.cu";
         return flash_fwd_sm80(p, stream);
     }
 }
@@ -183,8 +196,10 @@ extern "C" int64_t flash_bwd_rel_grad_tile(const flash_params *p)
 
 extern "C" cudaError_t flash_bwd_cuda(const flash_params *p_in, cudaStream_t stream)
 {
-    if (is_simple(p_in))
+    if (is_simple(p_in)) {
+        last_bwd = "bwd_simple.cu";
         return flash_bwd_simple(p_in, stream);
+    }
     /* with an additive attn_mask (dout_fix set) the preprocess reads dout and lse and writes dout_fix and lse_fix,
      * which every later kernel reads instead (flash.h): the main kernel, the dQ kernel (deterministic mode where
      * the main kernel does not order dQ) and the postprocesses all run with `fixed` */
@@ -211,6 +226,9 @@ extern "C" cudaError_t flash_bwd_cuda(const flash_params *p_in, cudaStream_t str
         return err;
     /* deterministic mode: dQ in the main kernel's fixed order where it has the semaphores, else the dQ kernel */
     const int dq_added = !p->deterministic || (p->dq_semaphore != NULL && flash_bwd_wants_dq_semaphore(p));
+    last_bwd = use_sm90() ? (dq_added ? "bwd_sm90.cu" : "bwd_sm90.cu, dQ by bwd_sm80.cu's dQ kernel")
+               : tiles == FLASH_TILES_LARGE ? (dq_added ? "bwd_sm80.cu (large tiles)" : "bwd_sm80.cu (large tiles, dQ kernel)")
+                                            : (dq_added ? "bwd_sm80.cu (small tiles)" : "bwd_sm80.cu (small tiles, dQ kernel)");
     /* after flash_bwd_main_sm90: a programmatic dependent launch (launch.h) */
     err = dq_added ? bwd_dq_post(p, use_sm90(), stream) : flash_bwd_sm80_dq(p, tiles, stream);
     if (err != cudaSuccess)
