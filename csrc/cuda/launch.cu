@@ -226,9 +226,11 @@ extern "C" cudaError_t flash_bwd_cuda(const flash_params *p_in, cudaStream_t str
         return err;
     /* deterministic mode: dQ in the main kernel's fixed order where it has the semaphores, else the dQ kernel */
     const int dq_added = !p->deterministic || (p->dq_semaphore != NULL && flash_bwd_wants_dq_semaphore(p));
-    last_bwd = use_sm90() ? (dq_added ? "bwd_sm90.cu" : "bwd_sm90.cu, dQ by bwd_sm80.cu's dQ kernel")
-               : tiles == FLASH_TILES_LARGE ? (dq_added ? "bwd_sm80.cu (large tiles)" : "bwd_sm80.cu (large tiles, dQ kernel)")
-                                            : (dq_added ? "bwd_sm80.cu (small tiles)" : "bwd_sm80.cu (small tiles, dQ kernel)");
+    static const char *const bwd_names[3][2] = { /* [sm90 / sm80 large / sm80 small][dQ by the dQ kernel] */
+        {"bwd_sm90.cu", "bwd_sm90.cu, dQ by bwd_sm80.cu's dQ kernel"},
+        {"bwd_sm80.cu (large tiles)", "bwd_sm80.cu (large tiles, dQ kernel)"},
+        {"bwd_sm80.cu (small tiles)", "bwd_sm80.cu (small tiles, dQ kernel)"}};
+    last_bwd = bwd_names[use_sm90() ? 0 : tiles == FLASH_TILES_LARGE ? 1 : 2][!dq_added];
     /* after flash_bwd_main_sm90: a programmatic dependent launch (launch.h) */
     err = dq_added ? bwd_dq_post(p, use_sm90(), stream) : flash_bwd_sm80_dq(p, tiles, stream);
     if (err != cudaSuccess)
