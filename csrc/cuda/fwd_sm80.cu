@@ -62,6 +62,7 @@ static constexpr int kPermTiles = 4;          /* HOOK key order: n8 tiles per pe
 static constexpr int kPermKeys = kPermTiles * kMmaN; /* keys per permuted group */
 static constexpr size_t kDefaultSmemBytes = 48 * 1024;
 static constexpr size_t kSm80MaxSmemBytes = 163 * 1024; /* A100 opt-in limit per CTA */
+static constexpr size_t kSm90MaxSmemBytes = 227 * 1024; /* H100 / H200 opt-in limit per CTA */
 static constexpr uint32_t kSignBits2 = 0x80008000u; /* sign bits of two packed 16-bit floats */
 static constexpr uint32_t kLowHalf = 0xffffu;       /* low 16 bits */
 static constexpr int kHalfBits = 16;
@@ -232,26 +233,40 @@ __host__ __device__ constexpr size_t fwd_page_bytes(int block_n)
     return sizeof(fwd_page_head) + (size_t)2 * 2 * block_n * sizeof(int64_t);
 }
 
-/* V buffers: two (the next tile's V loads during the current one) unless that overflows the sm80
- * shared-memory limit; then one, V loading during S and the softmax. */
-__host__ __device__ constexpr int fwd_v_stages(int head_dim, int block_m, int block_n)
+/* V buffers: two (the next tile's V loads during the current one) unless that overflows max_bytes (the config's
+ * shared-memory limit: the A100's for every head dim up to 256); then one, V loading during S and the softmax.
+ * head_dim: of Q and K; head_dim_v: of V and O. */
+__host__ __device__ constexpr int fwd_v_stages(int head_dim, int head_dim_v, int block_m, int block_n, size_t max_bytes)
 {
-    return (size_t)(block_m + 4 * block_n) * head_dim * kElemBytes + sizeof(fwd_seq_consts) <= kSm80MaxSmemBytes
+    return (size_t)((block_m + 2 * block_n) * head_dim + 2 * block_n * head_dim_v) * kElemBytes +
+                       sizeof(fwd_seq_consts) <=
+                   max_bytes
                ? 2
                : 1;
 }
 
 /* Shared memory of the tiles: Q, two K buffers, V buffers. */
-__host__ __device__ constexpr size_t fwd_tile_bytes(int head_dim, int block_m, int block_n)
+__host__ __device__ constexpr size_t fwd_tile_bytes(int head_dim, int head_dim_v, int block_m, int block_n,
+                                                    size_t max_bytes)
 {
-    return (size_t)(block_m + (2 + fwd_v_stages(head_dim, block_m, block_n)) * block_n) * head_dim * kElemBytes;
+    return (size_t)((block_m + 2 * block_n) * head_dim +
+                    fwd_v_stages(head_dim, head_dim_v, block_m, block_n, max_bytes) * block_n * head_dim_v) *
+           kElemBytes;
 }
 
 /* Dynamic shared memory of one CTA: the tiles, then the sequence's constants (no static shared memory,
  * whose 1 KB alignment padding would cost occupancy). */
-__host__ __device__ constexpr size_t fwd_smem_bytes(int head_dim, int block_m, int block_n)
+__host__ __device__ constexpr size_t fwd_smem_bytes(int head_dim, int head_dim_v, int block_m, int block_n,
+                                                    size_t max_bytes)
 {
-    return fwd_tile_bytes(head_dim, block_m, block_n) + sizeof(fwd_seq_consts);
+    return fwd_tile_bytes(head_dim, head_dim_v, block_m, block_n, max_bytes) + sizeof(fwd_seq_consts);
+}
+
+/* The shared-memory limit a config is built for: the A100's up to head dim 256 (every config runs there), the
+ * Hopper's above. */
+__host__ __device__ constexpr size_t fwd_max_smem(int head_dim)
+{
+    return head_dim <= 256 ? kSm80MaxSmemBytes : kSm90MaxSmemBytes;
 }
 
 /* Paged KV: threads 0 .. kBlockN - 1 write the offsets of key tile j's keys (mask.h flash_key_offset, the one
@@ -580,7 +595,8 @@ __device__ __forceinline__ void apply_dropout(float (&s)[kMT][kNT][4], const fla
  * dense one (band geometry only). Both apply sinks in the epilogue. kPaged: K / V rows through the
  * block_table (page_rows, load_tile_paged), a kernel of its own so that the unpaged ones keep their code
  * and registers; else through the slice pointers (load_tile). */
-template <typename T, bool HOOK, int kHeadDim, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs, bool kPaged>
+template <typename T, bool HOOK, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kNWarps, bool kQInRegs,
+          bool kPaged>
 __global__ void __launch_bounds__(kNWarps *FLASH_WARP_SIZE, 1)
 flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
 {
@@ -588,29 +604,34 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
     constexpr int kWarpRows = kBlockM / kNWarps; /* query rows per warp */
     constexpr int kMT = kWarpRows / kMmaM;       /* m16 tiles per warp */
     constexpr int kNT = kBlockN / kMmaN;         /* n8 tiles of S */
-    constexpr int kDT = kHeadDim / kMmaN;        /* n8 tiles of O */
+    constexpr int kDT = kHeadDimV / kMmaN;       /* n8 tiles of O */
     constexpr int kQK = kHeadDim / kMmaK;        /* k16 steps of S = Q K^T */
     constexpr int kPV = kBlockN / kMmaK;         /* k16 steps of O += P V */
     constexpr int kChunks = kHeadDim / CHUNK;
-    constexpr uint32_t kRowBytes = kHeadDim * sizeof(T);
-    constexpr uint32_t kKVBytes = kBlockN * kRowBytes;
-    constexpr int kVStages = fwd_v_stages(kHeadDim, kBlockM, kBlockN);
+    constexpr int kChunksV = kHeadDimV / CHUNK;
+    constexpr uint32_t kRowBytes = kHeadDim * sizeof(T);   /* Q and K rows */
+    constexpr uint32_t kRowBytesV = kHeadDimV * sizeof(T); /* V and O rows */
+    constexpr uint32_t kKVBytes = kBlockN * kRowBytes;     /* one K buffer */
+    constexpr uint32_t kVBytes = kBlockN * kRowBytesV;     /* one V buffer */
+    constexpr size_t kMaxSmem = fwd_max_smem(kHeadDim);
+    constexpr size_t kSmemBytes = fwd_smem_bytes(kHeadDim, kHeadDimV, kBlockM, kBlockN, kMaxSmem);
+    constexpr int kVStages = fwd_v_stages(kHeadDim, kHeadDimV, kBlockM, kBlockN, kMaxSmem);
     static_assert(sizeof(T) == kElemBytes, "16-bit types only");
     static_assert(kWarpRows % kMmaM == 0 && kBlockN % kMmaK == 0, "tile shape");
     static_assert(!HOOK || kBlockN % kPermKeys == 0, "the HOOK key order permutes groups of kPermKeys keys");
-    static_assert(kChunks % (kSwizzleMask + 1) == 0, "swizzle needs rows of at least 128 bytes");
-    static_assert((kWarpRows * kChunks) % FLASH_WARP_SIZE == 0, "epilogue split");
-    static_assert(fwd_smem_bytes(kHeadDim, kBlockM, kBlockN) <= kSm80MaxSmemBytes, "tile exceeds sm80 shared memory");
+    static_assert(kChunks % (kSwizzleMask + 1) == 0 && kChunksV % (kSwizzleMask + 1) == 0,
+                  "swizzle needs rows of at least 128 bytes");
+    static_assert((kWarpRows * kChunksV) % FLASH_WARP_SIZE == 0 && kHeadDimV <= kHeadDim, "epilogue split (O in sQ)");
+    static_assert(kSmemBytes <= kMaxSmem, "tile exceeds the config's shared memory");
     static_assert(kKVBytes <= kLowHalf + 1, "K / V lane offsets packed in 16 bits");
-    static_assert(fwd_smem_bytes(kHeadDim, kBlockM, kBlockN) + fwd_page_bytes(kBlockN) <= kSm80MaxSmemBytes &&
-                      kBlockN <= kThreads,
-                  "paged launch: page rows exceed sm80 shared memory, or fewer threads than keys per tile");
+    static_assert(kSmemBytes + fwd_page_bytes(kBlockN) <= kMaxSmem && kBlockN <= kThreads,
+                  "paged launch: page rows exceed the config's shared memory, or fewer threads than keys per tile");
 
-    /* sQ (kBlockM, kHeadDim) | sK[2] (kBlockN, kHeadDim) | sV[kVStages] (kBlockN, kHeadDim), swizzled | sc */
+    /* sQ (kBlockM, kHeadDim) | sK[2] (kBlockN, kHeadDim) | sV[kVStages] (kBlockN, kHeadDimV), swizzled | sc */
     extern __shared__ __align__(1024) unsigned char smem[];
-    fwd_seq_consts &sc = *(fwd_seq_consts *)(smem + fwd_tile_bytes(kHeadDim, kBlockM, kBlockN));
+    fwd_seq_consts &sc = *(fwd_seq_consts *)(smem + kSmemBytes - sizeof(fwd_seq_consts));
     /* paged launches only: the key origin and the page rows of the two K / V buffers (page_rows) */
-    fwd_page_head &ph = *(fwd_page_head *)(smem + fwd_smem_bytes(kHeadDim, kBlockM, kBlockN));
+    fwd_page_head &ph = *(fwd_page_head *)(smem + kSmemBytes);
     int64_t *const page_row_buf = (int64_t *)(&ph + 1);
     constexpr int kPageStage = 2 * kBlockN; /* page rows per buffer: k's, then v's */
     const uint32_t sQ = smem_u32(smem);
@@ -633,6 +654,8 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
     const int sq = (int)seq.sq;
     const int sk = (int)seq.sk;
     const int d = (int)p.d;
+    /* v's head dim: the kernels with one head dim run at d_v == d (the binding pads the smaller operand) */
+    const int dv = kHeadDimV == kHeadDim ? d : (int)p.d_v;
 
     /* q, o: (sq, d) with row strides q_s.row, o_s.row; k, v: (sk, d) with k_s.row, v_s.row (paged: the
      * kv head of k / v, key rows at page_rows' offsets from it); lse: (sq) */
@@ -684,8 +707,8 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
         const int64_t *rows = page_row_buf + stage0 * kPageStage;
         load_kv_tile<T, kHeadDim, kBlockN, kThreads, HOOK, kPaged>(sK + buf, k, p.k_s.row, rows, j, sk, d, tid);
         if constexpr (kVStages == 2)
-            load_kv_tile<T, kHeadDim, kBlockN, kThreads, HOOK, kPaged>(sV + buf, v, p.v_s.row, rows + kBlockN, j, sk,
-                                                                       d, tid);
+            load_kv_tile<T, kHeadDimV, kBlockN, kThreads, HOOK, kPaged>(sV + stage0 * kVBytes, v, p.v_s.row,
+                                                                        rows + kBlockN, j, sk, dv, tid);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -701,7 +724,7 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
     /* K and V lane offsets: two registers through the loop in the dense kernels; the HOOK kernels, short
      * of registers, pack them into one (kv_lane, unpacked per tile) */
     const uint32_t k_lane = kv_lane_offset<HOOK, kRowBytes>(lane, false);
-    const uint32_t v_lane = kv_lane_offset<HOOK, kRowBytes>(lane, true);
+    const uint32_t v_lane = kv_lane_offset<HOOK, kRowBytesV>(lane, true);
     const uint32_t kv_lane = k_lane | (v_lane << kHalfBits);
 
     uint32_t qf[kQInRegs ? kMT : 1][kQInRegs ? kQK : 1][4];
@@ -752,8 +775,8 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
         cp_async_wait<0>();
         __syncthreads(); /* K_j (and V_j) landed; every warp is done with the previous tile's buffers */
         if constexpr (kVStages == 1) {
-            load_kv_tile<T, kHeadDim, kBlockN, kThreads, HOOK, kPaged>(
-                sV, (const T *)sc.v, p.v_s.row, page_row_buf + stage * kPageStage + kBlockN, j, sc.sk, d, tid);
+            load_kv_tile<T, kHeadDimV, kBlockN, kThreads, HOOK, kPaged>(
+                sV, (const T *)sc.v, p.v_s.row, page_row_buf + stage * kPageStage + kBlockN, j, sc.sk, dv, tid);
             cp_async_commit();
         }
         if (j_next < n_end) {
@@ -762,15 +785,16 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
             load_kv_tile<T, kHeadDim, kBlockN, kThreads, HOOK, kPaged>(sK + next, (const T *)sc.k, p.k_s.row, rows,
                                                                        j_next, sc.sk, d, tid);
             if constexpr (kVStages == 2)
-                load_kv_tile<T, kHeadDim, kBlockN, kThreads, HOOK, kPaged>(sV + next, (const T *)sc.v, p.v_s.row,
-                                                                           rows + kBlockN, j_next, sc.sk, d, tid);
+                load_kv_tile<T, kHeadDimV, kBlockN, kThreads, HOOK, kPaged>(sV + (stage ^ 1) * kVBytes,
+                                                                            (const T *)sc.v, p.v_s.row, rows + kBlockN,
+                                                                            j_next, sc.sk, dv, tid);
         }
         cp_async_commit();
         uint32_t kv_t = kv_lane;
         if constexpr (HOOK)
             asm volatile("" : "+r"(kv_t)); /* unpack here, not before the loop */
         const uint32_t kb = sK + stage * kKVBytes + (HOOK ? kv_t & kLowHalf : k_lane);
-        const uint32_t vb = sV + (kVStages == 2 ? stage * kKVBytes : 0) + (HOOK ? kv_t >> kHalfBits : v_lane);
+        const uint32_t vb = sV + (kVStages == 2 ? stage * kVBytes : 0) + (HOOK ? kv_t >> kHalfBits : v_lane);
 
         /* S = Q K^T */
         float s[kMT][kNT][4];
@@ -881,7 +905,7 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
 #pragma unroll
             for (int dp = 0; dp < kDT / 2; dp++) {
                 uint32_t b[4];
-                ldmatrix_x4_trans(b, tile_addr<kRowBytes, HOOK>(vb, key_row<HOOK>(2 * kk, 0), dp));
+                ldmatrix_x4_trans(b, tile_addr<kRowBytesV, HOOK>(vb, key_row<HOOK>(2 * kk, 0), dp));
 #pragma unroll
                 for (int t = 0; t < kMT; t++) {
                     mma_m16n8k16<T>(acc[t][2 * dp], a[t], b);
@@ -926,18 +950,18 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
                 sc.lse[row0 + r] = row_lse;
 #pragma unroll
             for (int dt = 0; dt < kDT; dt++)
-                *(uint32_t *)(smem + swz<kHeadDim>(r, dt) + (lane % kQuadLanes) * sizeof(uint32_t)) =
+                *(uint32_t *)(smem + swz<kHeadDimV>(r, dt) + (lane % kQuadLanes) * sizeof(uint32_t)) =
                     pack2<T>(acc[t][dt][2 * h] * factor, acc[t][dt][2 * h + 1] * factor);
         }
     __syncwarp();
 #pragma unroll
-    for (int i = 0; i < kWarpRows * kChunks / FLASH_WARP_SIZE; i++) {
+    for (int i = 0; i < kWarpRows * kChunksV / FLASH_WARP_SIZE; i++) {
         const int idx = i * FLASH_WARP_SIZE + lane;
-        const int r = warp * kWarpRows + idx / kChunks;
-        const int chunk = idx % kChunks;
-        if (row0 + r < sc.sq && chunk * CHUNK < d)
+        const int r = warp * kWarpRows + idx / kChunksV;
+        const int chunk = idx % kChunksV;
+        if (row0 + r < sc.sq && chunk * CHUNK < dv)
             *(uint4 *)((T *)sc.o + (int64_t)(row0 + r) * p.o_s.row + chunk * CHUNK) =
-                *(const uint4 *)(smem + swz<kHeadDim>(r, chunk));
+                *(const uint4 *)(smem + swz<kHeadDimV>(r, chunk));
     }
 }
 
@@ -945,7 +969,7 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
 template <typename C>
 static constexpr size_t config_smem_bytes(bool paged)
 {
-    return fwd_smem_bytes(C::D, C::BM, C::BN) + (paged ? fwd_page_bytes(C::BN) : 0);
+    return fwd_smem_bytes(C::D, C::DV, C::BM, C::BN, fwd_max_smem(C::D)) + (paged ? fwd_page_bytes(C::BN) : 0);
 }
 
 template <typename T, bool HOOK, bool kPaged, typename C>
@@ -953,7 +977,7 @@ static cudaError_t launch_fwd(const flash_params *p, cudaStream_t stream)
 {
     const size_t smem_bytes = config_smem_bytes<C>(kPaged);
     void (*kernel)(const flash_params) =
-        flash_fwd_sm80_kernel<T, HOOK, C::D, C::BM, C::BN, C::WARPS, C::Q_IN_REGS, kPaged>;
+        flash_fwd_sm80_kernel<T, HOOK, C::D, C::DV, C::BM, C::BN, C::WARPS, C::Q_IN_REGS, kPaged>;
     if (smem_bytes > kDefaultSmemBytes) {
         const cudaError_t err =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes);

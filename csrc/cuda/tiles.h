@@ -8,36 +8,37 @@
 #ifndef FLASHATTN_EXT_CUDA_TILES_H
 #define FLASHATTN_EXT_CUDA_TILES_H
 
-/* fwd_sm80.cu, flash_fwd_sm80_kernel: BM query rows x BN keys per tile, WARPS warps splitting the rows, Q_IN_REGS
+/* fwd_sm80.cu, flash_fwd_sm80_kernel: D the head dim of Q and K, DV that of V and O (DV <= D), BM query rows x BN
+ * keys per tile, WARPS warps splitting the rows, Q_IN_REGS
  * (the Q fragments kept in registers, else read from shared memory per k step). The dense kernels
  * (fwd80_dense_*), the dense d <= 128 kernel with a paged KV cache (the dense 128 x 48 spills with the page rows;
  * not tuned) and the HOOK kernels (BN % 32 == 0: the permuted key order; 128 x 64 spills at d128). */
 struct fwd80_dense_d64 {
-    static constexpr int D = 64, BM = 128, BN = 64, WARPS = 4;
+    static constexpr int D = 64, DV = 64, BM = 128, BN = 64, WARPS = 4;
     static constexpr bool Q_IN_REGS = true;
 };
 struct fwd80_dense_d128 {
-    static constexpr int D = 128, BM = 128, BN = 48, WARPS = 4;
+    static constexpr int D = 128, DV = 128, BM = 128, BN = 48, WARPS = 4;
     static constexpr bool Q_IN_REGS = false;
 };
 struct fwd80_dense_d256 {
-    static constexpr int D = 256, BM = 128, BN = 64, WARPS = 8;
+    static constexpr int D = 256, DV = 256, BM = 128, BN = 64, WARPS = 8;
     static constexpr bool Q_IN_REGS = false;
 };
 struct fwd80_paged_d128 {
-    static constexpr int D = 128, BM = 128, BN = 32, WARPS = 4;
+    static constexpr int D = 128, DV = 128, BM = 128, BN = 32, WARPS = 4;
     static constexpr bool Q_IN_REGS = false;
 };
 struct fwd80_hook_d64 {
-    static constexpr int D = 64, BM = 128, BN = 64, WARPS = 4;
+    static constexpr int D = 64, DV = 64, BM = 128, BN = 64, WARPS = 4;
     static constexpr bool Q_IN_REGS = true;
 };
 struct fwd80_hook_d128 {
-    static constexpr int D = 128, BM = 128, BN = 32, WARPS = 4;
+    static constexpr int D = 128, DV = 128, BM = 128, BN = 32, WARPS = 4;
     static constexpr bool Q_IN_REGS = false;
 };
 struct fwd80_hook_d256 {
-    static constexpr int D = 256, BM = 128, BN = 64, WARPS = 8;
+    static constexpr int D = 256, DV = 256, BM = 128, BN = 64, WARPS = 8;
     static constexpr bool Q_IN_REGS = false;
 };
 
