@@ -83,7 +83,7 @@ int flash_amx_backends(void)
 
 /* The backend of this call: AMX_TILES, AMX_DP or 0 (FLASHATTN_EXT_CPU_AMX: "0" none, "dp" the dot products even
  * where tiles exist; read per call). */
-static int amx_backend(void)
+int flash_amx_usable(void)
 {
     const char *env = getenv("FLASHATTN_EXT_CPU_AMX");
     if (env && strcmp(env, "0") == 0)
@@ -92,11 +92,6 @@ static int amx_backend(void)
     if (env && strcmp(env, "dp") == 0)
         return found & AMX_DP;
     return found & AMX_TILES ? AMX_TILES : found & AMX_DP;
-}
-
-int flash_amx_usable(void)
-{
-    return amx_backend();
 }
 
 #define AMX_PACK_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
@@ -589,7 +584,7 @@ static const amx_config amx_tiles = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}
 
 __attribute__((target("amx-tile"))) void flash_amx_begin(void)
 {
-    thread_backend = amx_backend();
+    thread_backend = flash_amx_usable();
     if (thread_backend == AMX_TILES)
         _tile_loadconfig(&amx_tiles);
 }
