@@ -1606,8 +1606,9 @@ static size_t smem_main_sm90_d256(bool hook)
 
 /* A main kernel's launch: grid (key tiles of bn keys, h, b), a programmatic dependent launch (launch.h) after
  * the preprocess. */
-static cudaError_t launch_main(const flash_params *p, void (*kernel)(const flash_params), int bn, int threads,
-                               size_t smem, cudaStream_t stream)
+template <typename... Extra>
+static cudaError_t launch_main(const flash_params *p, void (*kernel)(const flash_params, Extra...), int bn,
+                               int threads, size_t smem, cudaStream_t stream, Extra... extra)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned int)((p->sk + bn - 1) / bn), (unsigned int)p->h, (unsigned int)p->b);
@@ -1616,7 +1617,7 @@ static cudaError_t launch_main(const flash_params *p, void (*kernel)(const flash
     cfg.stream = stream;
     cudaLaunchAttribute attr;
     flash_launch_pdl(&cfg, &attr, 1);
-    return cudaLaunchKernelEx(&cfg, kernel, *p);
+    return cudaLaunchKernelEx(&cfg, kernel, *p, extra...);
 }
 
 template <typename T, bool HOOK, bool ORDERED = false>
@@ -1650,9 +1651,7 @@ static cudaError_t launch_main_sm90_kernel(const flash_params *p, const bwd90_ma
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
-    const dim3 grid((unsigned int)((p->sk + SM90_BN - 1) / SM90_BN), (unsigned int)p->h, (unsigned int)p->b);
-    kernel<<<grid, SM90_THREADS_ALL, smem, stream>>>(*p, maps);
-    return cudaGetLastError();
+    return launch_main(p, kernel, SM90_BN, SM90_THREADS_ALL, smem, stream, maps);
 }
 
 /* The TMA kernel (dense, non-ORDERED, D = 64) where the maps can be built, else the cp.async one. */
