@@ -10,7 +10,7 @@ tree() { # name base patch...
     local n=$1 base=$2
     shift 2
     mkdir -p ab/$n && git archive $base | tar -x -C ab/$n
-    for p in "$@"; do (cd ab/$n && patch -p1 -s <../../dev/pending/$p.patch); done
+    for p in "$@"; do (cd ab/$n && patch -p1 -s --no-backup-if-mismatch <../../dev/pending/$p.patch); done
     if diff -rq csrc ab/$n/csrc >/dev/null; then echo "ab/$n equals main" >&2 && exit 1; fi
     if [ $base != HEAD ]; then echo "ab/$n is $base + its patch (the base of its A/B, not main)" >&2; fi
 }
