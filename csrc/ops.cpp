@@ -1341,7 +1341,7 @@ PyObject *limits(PyObject *, PyObject *)
                          (flash_amx_backends() & FLASH_AMX_DP) ? Py_True : Py_False);
 }
 
-// flashattn_ext._C.last_cuda_kernels(): (forward, backward), the kernel files that this thread's last CUDA forward
+// flashattn_ext._C.last_cuda_kernels(): (forward, backward), the kernel files that the process's last CUDA forward
 // and backward launched (csrc/cuda/launch.h flash_last_kernels; None: none yet or a build without CUDA kernels).
 PyObject *last_cuda_kernels(PyObject *, PyObject *)
 {
@@ -1355,7 +1355,7 @@ PyObject *last_cuda_kernels(PyObject *, PyObject *)
 PyMethodDef module_methods[] = {
     {"limits", limits, METH_NOARGS, "What the kernels of this build take (csrc/ops.cpp)."},
     {"last_cuda_kernels", last_cuda_kernels, METH_NOARGS,
-     "The kernel files of this thread's last CUDA forward and backward (csrc/ops.cpp)."},
+     "The kernel files of the process's last CUDA forward and backward (csrc/ops.cpp)."},
     {nullptr, nullptr, 0, nullptr},
 };
 

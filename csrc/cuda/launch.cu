@@ -124,13 +124,19 @@ extern "C" int flash_fwd_wants_tile_counter(const flash_params *p)
 #endif
 }
 
-/* The kernel files that this host thread's last forward and backward launched (flash_last_kernels). */
-static thread_local const char *last_fwd = NULL, *last_bwd = NULL;
+/* The kernel files that the process's last forward and backward launched (flash_last_kernels): process-wide, as
+ * autograd runs a CUDA backward on its own device thread, not the caller's. Relaxed atomics: static strings. */
+static const char *last_fwd = NULL, *last_bwd = NULL;
+
+static void record_kernels(const char **slot, const char *name)
+{
+    __atomic_store_n(slot, name, __ATOMIC_RELAXED);
+}
 
 extern "C" void flash_last_kernels(const char **fwd, const char **bwd)
 {
-    *fwd = last_fwd;
-    *bwd = last_bwd;
+    *fwd = __atomic_load_n(&last_fwd, __ATOMIC_RELAXED);
+    *bwd = __atomic_load_n(&last_bwd, __ATOMIC_RELAXED);
 }
 
 extern "C" cudaError_t flash_fwd_cuda(const flash_params *p, cudaStream_t stream)
@@ -139,18 +145,18 @@ extern "C" cudaError_t flash_fwd_cuda(const flash_params *p, cudaStream_t stream
         return cudaErrorInvalidValue; /* T5's table: the simple kernels only (score.h FLASH_SCORE_TABLE) */
     switch (fwd_family_of(p)) {
     case FWD_SIMPLE:
-        last_fwd = "fwd_simple.cu";
+        record_kernels(&last_fwd, "fwd_simple.cu");
         return flash_fwd_simple(p, stream);
     case FWD_DECODE:
-        last_fwd = p->num_splits > 1 ? "fwd_decode.cu (split keys)" : "fwd_decode.cu";
+        record_kernels(&last_fwd, p->num_splits > 1 ? "fwd_decode.cu (split keys)" : "fwd_decode.cu");
         return flash_fwd_decode(p, stream);
 #ifdef FLASHATTN_EXT_SM90A
     case FWD_SM90:
-        last_fwd = "fwd_sm90.cu";
+        record_kernels(&last_fwd, "fwd_sm90.cu");
         return flash_fwd_sm90(p, stream);
 #endif
     default:
-        last_fwd = "fwd_sm80.cu";
+        record_kernels(&last_fwd, "fwd_sm80.cu");
         return flash_fwd_sm80(p, stream);
     }
 }
@@ -197,7 +203,7 @@ extern "C" int64_t flash_bwd_rel_grad_tile(const flash_params *p)
 extern "C" cudaError_t flash_bwd_cuda(const flash_params *p_in, cudaStream_t stream)
 {
     if (is_simple(p_in)) {
-        last_bwd = "bwd_simple.cu";
+        record_kernels(&last_bwd, "bwd_simple.cu");
         return flash_bwd_simple(p_in, stream);
     }
     /* with an additive attn_mask (dout_fix set) the preprocess reads dout and lse and writes dout_fix and lse_fix,
@@ -230,7 +236,7 @@ extern "C" cudaError_t flash_bwd_cuda(const flash_params *p_in, cudaStream_t str
         {"bwd_sm90.cu", "bwd_sm90.cu, dQ by bwd_sm80.cu's dQ kernel"},
         {"bwd_sm80.cu (large tiles)", "bwd_sm80.cu (large tiles, dQ kernel)"},
         {"bwd_sm80.cu (small tiles)", "bwd_sm80.cu (small tiles, dQ kernel)"}};
-    last_bwd = bwd_names[use_sm90() ? 0 : tiles == FLASH_TILES_LARGE ? 1 : 2][!dq_added];
+    record_kernels(&last_bwd, bwd_names[use_sm90() ? 0 : tiles == FLASH_TILES_LARGE ? 1 : 2][!dq_added]);
     /* after flash_bwd_main_sm90: a programmatic dependent launch (launch.h) */
     err = dq_added ? bwd_dq_post(p, use_sm90(), stream) : flash_bwd_sm80_dq(p, tiles, stream);
     if (err != cudaSuccess)

@@ -47,8 +47,8 @@ cudaError_t flash_bwd_cuda(const flash_params *p, cudaStream_t stream);
  * partial of p->rel_bias_grad (flash.h rel_grad_tile) that the backward of p takes, which sizes that zero-filled
  * workspace (b, h, cdiv(sk, tile), rel_nb); 0 where the backward of p takes no rel_bias. Host only, no sync. */
 int64_t flash_bwd_rel_grad_tile(const flash_params *p);
-/* The kernel files (static strings; NULL: none yet) that this host thread's last flash_fwd_cuda and flash_bwd_cuda
- * launched (python -m flashattn_ext reports them per device). */
+/* The kernel files (static strings; NULL: none yet) that the process's last flash_fwd_cuda and flash_bwd_cuda
+ * launched (any host thread: autograd's included) (python -m flashattn_ext reports them per device). */
 void flash_last_kernels(const char **fwd, const char **bwd);
 /* keep (b, h, sq, sk) contiguous uint8: 1 where dropout keeps P[b, h, i, j] (mask.h; rows.cu), for
  * return_attn_probs. */
