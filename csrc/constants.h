@@ -5,8 +5,13 @@
 #define FLASH_WARP_SIZE 32
 #define FLASH_LOG2E 1.4426950408889634
 #define FLASH_LOG2E_F 1.4426950408889634f
-/* largest head dim of the compiled CUDA kernels (the CPU path has no limit) */
+/* largest head dim of the fp16 / bf16 CUDA kernels (the CPU path has no limit) */
 #define FLASH_CUDA_MAX_HEAD_DIM 256
+/* largest head dim of the fp16 / bf16 CUDA forward (fwd_sm80.cu's d512 config, 227 KB of shared memory per block:
+ * Hopper; not paged, no backward yet) */
+#define FLASH_CUDA_FWD_MAX_HEAD_DIM 512
+/* largest head dim of the fp32 / fp64 CUDA kernels (fwd_simple.cu, bwd_simple.cu) */
+#define FLASH_CUDA_SIMPLE_MAX_HEAD_DIM 512
 /* rows and columns of one block of the attn_mask block flags (mask.h) */
 #define FLASH_MASK_BLOCK 16
 /* page sizes of a paged KV cache (flash_params.block_table) are multiples of this many rows */

@@ -1298,7 +1298,9 @@ namespace {
 
 // flashattn_ext._C.limits(): what the kernels of this build take, read by the Python side (_core.py,
 // integrations/torch_registry.py) instead of restated there. page_multiple: FLASH_PAGE_MULTIPLE;
-// max_grid_yz: the most batch entries, heads (and varlen sequences) a CUDA call takes; cuda_max_head_dim;
+// max_grid_yz: the most batch entries, heads (and varlen sequences) a CUDA call takes; cuda_max_head_dim (fp16 /
+// bf16), cuda_max_head_dim_fwd (the fp16 / bf16 forward without a paged KV cache), cuda_max_head_dim_simple (fp32 /
+// fp64);
 // dtypes: per device type, torch's names; cuda_min_capability: (major, minor) of the oldest GPU (mma.sync);
 // cpu_amx: the backend of the fp16 / bf16 CPU calls' packed bf16 products (cpu/amx.h): "tiles" (AMX: fp16 / bf16,
 // every pass), "dp" (AVX512-BF16 dot products: the bf16 forward) or None (FLASHATTN_EXT_CPU_AMX at import: "0"
@@ -1334,8 +1336,10 @@ PyObject *limits(PyObject *, PyObject *)
     }
     const int amx = flash_amx_usable();
     const char *backend = amx == FLASH_AMX_TILES ? "tiles" : amx == FLASH_AMX_DP ? "dp" : nullptr;
-    return Py_BuildValue("{s:i,s:i,s:i,s:{s:(ssss),s:(ssss)},s:(ii),s:N,s:z,s:O}", "page_multiple", FLASH_PAGE_MULTIPLE,
-                         "max_grid_yz", FLASH_MAX_GRID_YZ, "cuda_max_head_dim", FLASH_CUDA_MAX_HEAD_DIM, "dtypes",
+    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:{s:(ssss),s:(ssss)},s:(ii),s:N,s:z,s:O}", "page_multiple",
+                         FLASH_PAGE_MULTIPLE, "max_grid_yz", FLASH_MAX_GRID_YZ, "cuda_max_head_dim",
+                         FLASH_CUDA_MAX_HEAD_DIM, "cuda_max_head_dim_fwd", FLASH_CUDA_FWD_MAX_HEAD_DIM,
+                         "cuda_max_head_dim_simple", FLASH_CUDA_SIMPLE_MAX_HEAD_DIM, "dtypes",
                          "cpu", "float16", "bfloat16", "float32", "float64", "cuda", "float16", "bfloat16", "float32",
                          "float64", "cuda_min_capability", 8, 0, "cuda_smem", smem, "cpu_amx", backend, "cpu_amx_dp",
                          (flash_amx_backends() & FLASH_AMX_DP) ? Py_True : Py_False);

@@ -29,7 +29,9 @@ namespace flashattn_ext {
 
 namespace {
 
-constexpr int64_t kMaxHeadDim = FLASH_CUDA_MAX_HEAD_DIM;
+constexpr int64_t kMaxHeadDim = FLASH_CUDA_MAX_HEAD_DIM;              // fp16 / bf16
+constexpr int64_t kMaxHeadDimSimple = FLASH_CUDA_SIMPLE_MAX_HEAD_DIM; // fp32 / fp64
+constexpr int64_t kMaxHeadDimFwd = FLASH_CUDA_FWD_MAX_HEAD_DIM;       // fp16 / bf16 forward, not paged
 // Philox offset advance per call: every call's draws are keyed by distinct (offset, ...) counters.
 constexpr uint64_t kPhiloxOffsetStep = 4;
 constexpr int64_t kVecElems = 8;      // 16-byte vector of fp16/bf16 elements
@@ -40,17 +42,24 @@ bool is_half(const at::Tensor &t)
     return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
 }
 
-// batch: the number of sequences; seqlen_q / seqlen_k: the (max) lengths the grid covers; vn: v's name.
+// batch: the number of sequences; seqlen_q / seqlen_k: the (max) lengths the grid covers; vn: v's name; fwd: a
+// forward without a paged KV cache (fp16 / bf16 head dims up to kMaxHeadDimFwd, elsewhere kMaxHeadDim).
 void check_cuda_sizes(const at::Tensor &q, const at::Tensor &v, int64_t batch, int64_t nheads, int64_t seqlen_q,
-                      int64_t seqlen_k, const char *vn = "v")
+                      int64_t seqlen_k, const char *vn = "v", bool fwd = false)
 {
     const auto t = q.scalar_type();
     TORCH_CHECK(t == at::kHalf || t == at::kBFloat16 || t == at::kFloat || t == at::kDouble,
                 "flashattn_ext: on CUDA, q, k and v must be float16, bfloat16, float32 or float64, got ", t);
-    TORCH_CHECK(q.size(-1) <= kMaxHeadDim, "flashattn_ext: on CUDA, the head dim (last dimension) of q and k must be "
-                "at most ", num(kMaxHeadDim), ", got ", num(q.size(-1)), " (the CPU takes any head dim)");
-    TORCH_CHECK(v.size(-1) <= kMaxHeadDim, "flashattn_ext: on CUDA, the head dim (last dimension) of ", vn,
-                " must be at most ", num(kMaxHeadDim), ", got ", num(v.size(-1)), " (the CPU takes any head dim)");
+    // fp16 / bf16: the tensor-core kernels; fp32 / fp64: fwd_simple.cu / bwd_simple.cu
+    const int64_t top = is_half(q) ? (fwd ? kMaxHeadDimFwd : kMaxHeadDim) : kMaxHeadDimSimple;
+    const char *kind = !is_half(q) ? "float32 / float64"
+                       : fwd       ? "float16 / bfloat16"
+                                   : "float16 / bfloat16 in the backward and with a paged KV cache (the forward "
+                                     "takes up to 512)";
+    TORCH_CHECK(q.size(-1) <= top, "flashattn_ext: on CUDA, the head dim (last dimension) of q and k must be at most ",
+                num(top), " for ", kind, ", got ", num(q.size(-1)), " (the CPU takes any head dim)");
+    TORCH_CHECK(v.size(-1) <= top, "flashattn_ext: on CUDA, the head dim (last dimension) of ", vn, " must be at most ",
+                num(top), " for ", kind, ", got ", num(v.size(-1)), " (the CPU takes any head dim)");
     TORCH_CHECK(batch <= FLASH_MAX_GRID_YZ, "flashattn_ext: on CUDA, the batch size must be at most ",
                 num(FLASH_MAX_GRID_YZ), ", got ", num(batch));
     TORCH_CHECK(nheads <= FLASH_MAX_GRID_YZ, "flashattn_ext: on CUDA, nheads of q must be at most ",
@@ -59,9 +68,9 @@ void check_cuda_sizes(const at::Tensor &q, const at::Tensor &v, int64_t batch, i
                 "flashattn_ext: on CUDA, seqlen of q and k must be at most ", num(INT_MAX));
 }
 
-void check_cuda_inputs(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v)
+void check_cuda_inputs(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, bool fwd)
 {
-    check_cuda_sizes(q, v, q.size(0), q.size(2), q.size(1), k.size(1));
+    check_cuda_sizes(q, v, q.size(0), q.size(2), q.size(1), k.size(1), "v", fwd);
 }
 
 // All outer strides are checked, those of size-1 dimensions too (which the launchers ignore), so that a
@@ -240,7 +249,7 @@ FwdOutputs dense_fwd_cuda(const at::Tensor &q_in, const at::Tensor &k_in, const 
                           const Opt &rel_buckets)
 {
     check_qkv(q_in, k_in, v_in);
-    check_cuda_inputs(q_in, k_in, v_in);
+    check_cuda_inputs(q_in, k_in, v_in, true);
     check_cuda_rel_bias(q_in, rel_bias);
     const Variants var = with_rel_bias(variants_of(causal, bottom_right, window_left, window_right, softcap,
                                                    alibi_slopes, sink, attn_mask, dropout_p, deterministic),
@@ -292,7 +301,7 @@ BwdOutputs dense_bwd_cuda(
     bool rel_bias_grad)
 {
     check_qkv(q_in, k_in, v_in);
-    check_cuda_inputs(q_in, k_in, v_in);
+    check_cuda_inputs(q_in, k_in, v_in, false);
     check_cuda_rel_bias(q_in, rel_bias);
     TORCH_CHECK(!rel_bias_grad || rel_bias, "flashattn_ext: rel_bias_grad needs a rel_bias");
     check_bwd_inputs(dout_in, q_in, v_in, out_in, lse_in);
@@ -374,7 +383,7 @@ FwdOutputs varlen_fwd_cuda(
 {
     const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table);
     check_varlen_qkv(q_in, k_in, v_in, vl);
-    check_cuda_sizes(q_in, v_in, vl.batch(), q_in.size(1), max_seqlen_q, max_seqlen_k);
+    check_cuda_sizes(q_in, v_in, vl.batch(), q_in.size(1), max_seqlen_q, max_seqlen_k, "v", !block_table);
     check_cuda_rel_bias(q_in, rel_bias);
     const Variants var = with_rel_bias(variants_of(causal, true, window_left, window_right, softcap, alibi_slopes,
                                                    sink, c10::nullopt, dropout_p, deterministic),

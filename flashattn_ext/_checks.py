@@ -317,11 +317,13 @@ def _check_kv_cache(fn, q, k_cache, v_cache):
     if (q.shape[2] % k_cache.shape[2] != 0) if k_cache.shape[2] else q.shape[2] != 0:
         raise ValueError(f"{fn}: nheads of q ({q.shape[2]}) must be a multiple of nheads_kv of k_cache "
                          f"({k_cache.shape[2]})")
-    top = LIMITS["cuda_max_head_dim"]
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    top = LIMITS["cuda_max_head_dim" if half else "cuda_max_head_dim_simple"]
     if q.is_cuda and max(q.shape[3], v_cache.shape[3]) > top:
         name = "q and k_cache" if q.shape[3] > top else "v_cache"
-        raise ValueError(f"{fn}: on CUDA, the head dim (last dimension) of {name} must be at most {top}, got "
-                         f"{max(q.shape[3], v_cache.shape[3])} (the CPU takes any head dim)")
+        raise ValueError(f"{fn}: on CUDA, the head dim (last dimension) of {name} must be at most {top} for "
+                         f"{'float16 / bfloat16' if half else 'float32 / float64'}, "
+                         f"got {max(q.shape[3], v_cache.shape[3])} (the CPU takes any head dim)")
 
 
 def _check_cache_rows(fn, k_cache, batch, device, cache_batch_idx, cache_leftpad, block_table):

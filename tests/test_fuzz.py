@@ -1,5 +1,5 @@
 """Fuzz tests: random shapes (batch, seqlens, nheads / nheads_kv, head dims 1-256, v's head dim its own in
-some cases: 1-256 on CUDA, 1-512 on the CPU), memory layouts per
+some cases: 1-256 on CUDA in fp16 / bf16, 1-512 on the CPU and in CUDA's fp32 / fp64), memory layouts per
 tensor (contiguous, (B, H, S, D) transposed, sliced with padding, padded rows, broadcast k/v),
 variants and their combinations, through flash_attn_func (some of its cases with deterministic=True) and
 scaled_dot_product_attention, forward and backward against the float64 reference of fa_testing.py. The
@@ -51,7 +51,7 @@ CPU_SEEDS = range(40)
 CPU_HALF_SEEDS = range(500, 530)
 DETERMINISTIC_SEED_OFFSET = 7_000_003
 HEADDIM_V_SEED_OFFSET = 9_000_011
-MAX_HEADDIM_V = {"cpu": 512, "cuda": 256}
+MAX_HEADDIM_V = {"cpu": 512, "cuda": 256, "cuda fp32 / fp64": 512}
 CUDA_SEEDS = range(1000, 1200)
 DROPOUT_SEED = 4321
 
@@ -102,7 +102,9 @@ def draw_case(seed, device, half=False):
     rng_v = random.Random(seed + HEADDIM_V_SEED_OFFSET)
     dv = None
     if rng_v.random() < 0.3:
-        dv = rng_v.choice(SPECIAL_HEAD_DIMS) if rng_v.random() < 0.4 else rng_v.randint(1, MAX_HEADDIM_V[device])
+        top = MAX_HEADDIM_V["cuda fp32 / fp64" if device == "cuda" and dtype.is_floating_point and dtype.itemsize >= 4
+                            else device]
+        dv = rng_v.choice(SPECIAL_HEAD_DIMS) if rng_v.random() < 0.4 else rng_v.randint(1, top)
     b = rng.randint(1, 3)
     hkv = rng.choice((1, 1, 2, 3))
     h = hkv * rng.choice((1, 2, 4))

@@ -2,7 +2,8 @@
 q's) and head dims past 256. flash_attn_func with every variant, varlen (packed and paged), the KV cache, SDPA, the
 nn module's parameters, the packed forms' and the ops' errors, gradcheck and double backward in float64, against the
 independent float64 reference of fa_testing.py (torch's own SDPA math in float64 for SDPA). CPU in CI; the same tests
-on CUDA (skipped without one), where the binding zero-pads the smaller of the two head dims (each <= 256 there)."""
+on CUDA (skipped without one), where the binding zero-pads the smaller of the two head dims (each <= 512 there; in
+fp16 / bf16 the backward and the KV cache <= 256)."""
 import math
 
 import pytest
@@ -122,37 +123,94 @@ def test_sdpa_dv_matches_torch(device, dims):
 
 
 # ----------------------------------------------------------------------------------------------
-# Head dims past 256 (the CPU takes any; CUDA stops at 256)
+# Head dims past 256 (the CPU takes any; CUDA stops at 512, in fp16 / bf16 the backward and the KV cache at 256)
 # ----------------------------------------------------------------------------------------------
 
 LARGE = [Cfg(1, 130, 70, 2, 1, 257, causal=True), Cfg(1, 40, 130, 2, 2, 512, layout="bhsd"),
          Cfg(1, 33, 65, 2, 1, 320, dv=480), Cfg(1, 65, 33, 2, 2, 512, causal=True, dv=257),
          Cfg(1, 20, 40, 1, 1, 768, layout="slice", dv=640)]
+LARGE_VARIANTS = [Var(), Var(window=(20, 3), softcap=1.5, alibi="h", sink=True, dropout=0.2)]
 
 
 @pytest.mark.parametrize("cfg", LARGE, ids=lambda c: c.id)
-@pytest.mark.parametrize("var", [Var(), Var(window=(20, 3), softcap=1.5, alibi="h", sink=True, dropout=0.2)],
-                         ids=lambda v: v.id)
+@pytest.mark.parametrize("var", LARGE_VARIANTS, ids=lambda v: v.id)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=lambda d: DTYPE_NAMES[d])
 def test_large_head_dims_cpu(cfg, var, dtype):
     run_and_check(cfg, var, "cpu", dtype)
 
 
 @requires_cuda
-@pytest.mark.parametrize("dims", [(320, 64), (64, 320), (257, 257)], ids=lambda d: f"d{d[0]}-dv{d[1]}")
-def test_cuda_head_dim_limit(dims):
-    """CUDA raises above 256, naming the argument and the limit, for q/k and for v (and v_cache)."""
+@pytest.mark.parametrize("cfg", [c for c in LARGE if max(c.d, c.d_v) <= 512], ids=lambda c: c.id)
+@pytest.mark.parametrize("var", LARGE_VARIANTS + [Var(mask="add", mask_dims="1hqk")], ids=lambda v: v.id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=lambda d: DTYPE_NAMES[d])
+def test_large_head_dims_cuda(cfg, var, dtype):
+    """fp32 / fp64 on CUDA up to 512 (fwd_simple.cu / bwd_simple.cu: 16 columns per lane, the K / V tiles sized by
+    the head dim, above 48 KB by the opt-in at fp64 d > 384)."""
+    run_and_check(cfg, var, "cuda", dtype)
+
+
+HALF_LARGE = [Cfg(1, 130, 70, 2, 1, 264, causal=True), Cfg(2, 300, 330, 4, 2, 512), Cfg(1, 45, 190, 2, 1, 512,
+              causal=True, layout="bhsd"), Cfg(1, 33, 65, 2, 1, 320, dv=480), Cfg(1, 65, 33, 2, 2, 512, dv=264)]
+
+
+@requires_cuda
+@pytest.mark.parametrize("cfg", HALF_LARGE, ids=lambda c: c.id)
+@pytest.mark.parametrize("var", LARGE_VARIANTS + [Var(mask="add", mask_dims="1hqk"), Var(alibi="bh", window=(40, 7))],
+                         ids=lambda v: v.id)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: DTYPE_NAMES[d])
+def test_large_head_dims_cuda_half_forward(cfg, var, dtype):
+    """fp16 / bf16 forward on CUDA at head dims 257..512 (fwd_sm80.cu's d512 config: O in two launches of 256 columns
+    each, both over the whole S) against the float64 reference; its backward raises, naming the head dim."""
+    q, k, v, _ = make_inputs(cfg, dtype, "cuda")
+    t = make_variant_tensors(cfg, var, dtype, "cuda")
+    keep = replay_keep_mask(q, k, v, cfg, var, t, DROPOUT_SEED, bottom_right=True) if var.dropout else None
+    torch.manual_seed(DROPOUT_SEED)
+    with torch.no_grad():
+        out, lse = run_flash(q, k, v, cfg, var, t)
+    assert out.shape == (cfg.b, cfg.sq, cfg.h, cfg.d_v) and out.dtype == dtype
+    check_variant_results({"out": out, "lse": lse}, variant_reference(q, k, v, None, cfg, var, t, keep=keep), dtype)
+    out, _ = run_flash(q, k, v, cfg, var, t)
+    with pytest.raises(RuntimeError, match=r"at most 256 for float16 / bfloat16 in the backward"):
+        out.sum().backward()
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: DTYPE_NAMES[d])
+def test_cuda_half_head_dim_512_paged_raises(dtype):
+    """A paged KV cache stays at 256 in fp16 / bf16 (no paged d512 kernel): a clear error, the cache unchanged."""
+    q = torch.randn(1, 1, 2, 320, device="cuda", dtype=dtype)
+    k_cache, v_cache = (torch.randn(4, 16, 2, 320, device="cuda", dtype=dtype) for _ in range(2))
+    block_table = torch.arange(4, dtype=torch.int32, device="cuda").view(1, 4)
+    saved = k_cache.clone()
+    with pytest.raises(ValueError, match="at most 256 for float16 / bfloat16"):
+        flashattn_ext.flash_attn_with_kvcache(q, k_cache, v_cache, k=q, v=q, cache_seqlens=5,
+                                              block_table=block_table)
+    assert torch.equal(k_cache, saved)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype,dims", [(dt, dims) for dt in (torch.float16, torch.bfloat16)
+                                        for dims in ((544, 64), (64, 520), (513, 513))] +
+                         [(dt, dims) for dt in (torch.float32, torch.float64)
+                          for dims in ((544, 64), (64, 520), (513, 513))],
+                         ids=lambda x: DTYPE_NAMES[x] if isinstance(x, torch.dtype) else f"d{x[0]}-dv{x[1]}")
+def test_cuda_head_dim_limit(dtype, dims):
+    """CUDA raises above its limit (512; the KV cache 256 in fp16 / bf16), naming the argument and the limit, for
+    q/k and for v (and v_cache)."""
     d, dv = dims
-    q = torch.randn(1, 4, 2, d, device="cuda")
-    k, v = torch.randn(1, 6, 2, d, device="cuda"), torch.randn(1, 6, 2, dv, device="cuda")
-    name = "q and k" if d > 256 else "v"
-    with pytest.raises(RuntimeError, match=rf"head dim \(last dimension\) of {name} must be at most 256, got "
-                                           rf"{max(d, dv)}"):
+    half = dtype in (torch.float16, torch.bfloat16)
+    top, kind = 512, "float16 / bfloat16" if half else "float32 / float64"
+    q = torch.randn(1, 4, 2, d, device="cuda", dtype=dtype)
+    k, v = torch.randn(1, 6, 2, d, device="cuda", dtype=dtype), torch.randn(1, 6, 2, dv, device="cuda", dtype=dtype)
+    name = "q and k" if d > top else "v"
+    with pytest.raises(RuntimeError, match=rf"head dim \(last dimension\) of {name} must be at most {top} for "
+                                           rf"{kind}, got {max(d, dv)}"):
         flashattn_ext.flash_attn_func(q, k, v)
     # before anything is appended: the cache is unchanged
-    name = "q and k_cache" if d > 256 else "v_cache"
+    top_cache = 256 if half else 512  # the KV cache's fp16 / bf16 kernels (decode, paged) stop at 256
+    name = "q and k_cache" if d > top_cache else "v_cache"
     k_cache, v_cache = k.clone(), v.clone()
-    with pytest.raises(ValueError, match=rf"of {name} must be at most 256, got {max(d, dv)}"):
+    with pytest.raises(ValueError, match=rf"of {name} must be at most {top_cache} for {kind}, got {max(d, dv)}"):
         flashattn_ext.flash_attn_with_kvcache(q, k_cache, v_cache, k=k[:, :1], v=v[:, :1], cache_seqlens=2)
     assert torch.equal(k_cache, k) and torch.equal(v_cache, v)
 
@@ -192,10 +250,10 @@ def one_thread():
 
 
 def dims_devices(pairs):
-    """(dims, device) params: CUDA only where both head dims are <= 256 (its refusal above is
+    """(dims, device) params of the float64 tests: CUDA only where both head dims are <= 512 (its refusal above is
     test_cuda_head_dim_limit's)."""
     return [pytest.param(dims, dev.values[0], id=f"d{dims[0]}-dv{dims[1]}-{dev.id}", marks=dev.marks)
-            for dims in pairs for dev in DEVICES if dev.values[0] == "cpu" or max(dims) <= 256]
+            for dims in pairs for dev in DEVICES if dev.values[0] == "cpu" or max(dims) <= 512]
 
 
 def grad_inputs(cfg, var, device):

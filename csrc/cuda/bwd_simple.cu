@@ -29,7 +29,7 @@
  *   3. bwd_simple_dq_kernel, grid (query rows / SIMPLE_WARPS, h, b): one warp per query row i, the
  *      key tiles of SIMPLE_TILE keys from flash_key_tiles, likewise: dq_i += dS softcap'(s) k_j;
  *      finally dq_i *= scale.
- *   Any head dim 1..256 (8 columns per lane at most). Rows with lse = -inf see no key and get 0.
+ *   Any head dim 1..512 (FLASH_CUDA_SIMPLE_MAX_HEAD_DIM: 16 columns per lane at most). Rows with lse = -inf see no key and get 0.
  *   Sinks need nothing here (lse includes them). Dropout: one Philox call per element (mask.h).
  *   Varlen: every warp takes its sequence from flash_seq_of (mask.h); the grids span the longest
  *   sequence, and warps past their sequence's end return at once.
@@ -49,7 +49,7 @@
 
 #define FULL_MASK 0xffffffffu
 #define SIMPLE_WARPS 4                                    /* warps (rows) per block */
-#define SIMPLE_CPL (FLASH_CUDA_MAX_HEAD_DIM / FLASH_WARP_SIZE) /* columns per lane */
+#define SIMPLE_CPL (FLASH_CUDA_SIMPLE_MAX_HEAD_DIM / FLASH_WARP_SIZE) /* columns per lane */
 #define SIMPLE_TILE FLASH_MASK_BLOCK                      /* rows / keys per band tile: one mask block */
 /* launch-bounds occupancy hint: lets ptxas use more registers, which the main kernels need to avoid spills */
 #define SIMPLE_MIN_BLOCKS 1
@@ -430,7 +430,7 @@ extern "C" cudaError_t flash_bwd_simple(const flash_params *p, cudaStream_t stre
     /* attn_mask and dbias: dense batches only; KV caches (k_batch_idx, k_leftpad, block_table): the
      * forward only; T5's table gradient: partials of flash_bwd_simple_rel_grad_tile keys */
     const int varlen = p->cu_seqlens_q != NULL;
-    if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->h_kv < 1 || p->h % p->h_kv != 0 ||
+    if (p->d < 1 || p->d > FLASH_CUDA_SIMPLE_MAX_HEAD_DIM || p->h_kv < 1 || p->h % p->h_kv != 0 ||
         (varlen && (p->mask != NULL || p->dbias != NULL || p->cu_seqlens_k == NULL)) || p->k_batch_idx != NULL ||
         p->k_leftpad != NULL || p->block_table != NULL ||
         (p->rel_bias != NULL && (p->rel_buckets == NULL || p->rel_range < 0 || p->rel_nb < 1)) ||

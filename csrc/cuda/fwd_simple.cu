@@ -12,7 +12,7 @@
  * 4 keys per call); l sums the undropped values. End: (factor, lse) = flash_row_finish (with the head's
  * sink, if any), out = a * factor; a row with no visible key gets out = 0, lse = -inf (or the sink).
  * Everything, the hook included, is computed in the data type T (double hook functions for fp64).
- * O(seqlen) memory, any head dim 1..256, strides, GQA (kv head = h / h_per_kv), tails.
+ * O(seqlen) memory, any head dim 1..512 (FLASH_CUDA_SIMPLE_MAX_HEAD_DIM), strides, GQA (kv head = h / h_per_kv), tails.
  * Varlen batches (and seqused_k / k_leftpad / k_batch_idx): the CTA works on its sequence (flash_seq_of:
  * lengths, first rows, band), leaving at once when its rows start past its sq; no other row is touched.
  * K / V rows, paged (block_table) or not, are read at the offsets flash_key_offset gives for the tile's keys.
@@ -34,7 +34,7 @@
 static constexpr unsigned kSimpleFullMask = 0xffffffffu;
 static constexpr int kRows = 8;                                    /* query rows (= warps) per CTA */
 static constexpr int kBlockN = 2 * FLASH_DROPOUT_KEYS_PER_CALL; /* keys per shared-memory tile: two Philox calls */
-static constexpr int kPerLane = FLASH_CUDA_MAX_HEAD_DIM / FLASH_WARP_SIZE; /* head-dim elements per lane */
+static constexpr int kPerLane = FLASH_CUDA_SIMPLE_MAX_HEAD_DIM / FLASH_WARP_SIZE; /* head-dim elements per lane */
 /* launch-bounds occupancy hint: lets ptxas go past 128 registers, which fp64 needs to avoid spills */
 static constexpr int kMinCtasPerSm = 1;
 
@@ -51,11 +51,11 @@ __device__ __forceinline__ void row_finish_t(double m, double l, double sink, do
     flash_row_finish_d(m, l, sink, factor, lse);
 }
 
-/* The kernel's body in the data type T; sk_tile, sv_tile: (kBlockN, d) tiles of K and V in shared memory, k_off,
- * v_off: the tile's keys in k / v (flash_key_offset). */
+/* The kernel's body in the data type T; sk_tile, sv_tile: (kBlockN, d) tiles of K and V in shared memory (row r at
+ * r * d), k_off, v_off: the tile's keys in k / v (flash_key_offset). */
 template <typename T>
-__device__ __forceinline__ void fwd_simple_rows(const flash_params &p, T (*sk_tile)[FLASH_CUDA_MAX_HEAD_DIM],
-                                                T (*sv_tile)[FLASH_CUDA_MAX_HEAD_DIM], int64_t *k_off, int64_t *v_off)
+__device__ __forceinline__ void fwd_simple_rows(const flash_params &p, T *sk_tile, T *sv_tile, int64_t *k_off,
+                                                int64_t *v_off)
 {
     const int tid = threadIdx.x;
     const int warp = tid / FLASH_WARP_SIZE;
@@ -115,8 +115,8 @@ __device__ __forceinline__ void fwd_simple_rows(const flash_params &p, T (*sk_ti
             const int r = idx / d;
             const int c = idx % d;
             const bool ok = r < kn;
-            sk_tile[r][c] = ok ? k[k_off[r] + c] : (T)0;
-            sv_tile[r][c] = ok ? v[v_off[r] + c] : (T)0;
+            sk_tile[idx] = ok ? k[k_off[r] + c] : (T)0; /* idx = r * d + c */
+            sv_tile[idx] = ok ? v[v_off[r] + c] : (T)0;
         }
         __syncthreads();
 
@@ -129,7 +129,7 @@ __device__ __forceinline__ void fwd_simple_rows(const flash_params &p, T (*sk_ti
             for (int i = 0; i < kPerLane; i++) {
                 const int c = lane + i * FLASH_WARP_SIZE;
                 if (c < d)
-                    dot += qr[i] * sk_tile[jj][c];
+                    dot += qr[i] * sk_tile[jj * d + c];
             }
             for (int off = FLASH_WARP_SIZE / 2; off > 0; off /= 2)
                 dot += __shfl_xor_sync(kSimpleFullMask, dot, off);
@@ -167,7 +167,7 @@ __device__ __forceinline__ void fwd_simple_rows(const flash_params &p, T (*sk_ti
             for (int i = 0; i < kPerLane; i++) {
                 const int c = lane + i * FLASH_WARP_SIZE;
                 if (c < d)
-                    acc[i] += pd * sv_tile[jj][c];
+                    acc[i] += pd * sv_tile[jj * d + c];
             }
         }
         m = m_new;
@@ -187,33 +187,29 @@ __device__ __forceinline__ void fwd_simple_rows(const flash_params &p, T (*sk_ti
         lse[row] = row_lse;
 }
 
-/* Dynamic shared memory of the K and V tiles in the data type T. */
-template <typename T>
-static constexpr size_t tiles_bytes(void)
+/* Dynamic shared memory of the K and V tiles: kBlockN rows of d elements each. */
+static size_t tiles_bytes(const flash_params *p)
 {
-    return 2 * kBlockN * FLASH_CUDA_MAX_HEAD_DIM * sizeof(T);
+    return 2 * kBlockN * (size_t)p->d * (p->dtype == FLASH_FP64 ? sizeof(double) : sizeof(float));
 }
 
 /* One kernel for fp32 and fp64 (not a speed path): its threads take the body of p.dtype, a uniform branch. */
 __global__ void __launch_bounds__(kRows *FLASH_WARP_SIZE, kMinCtasPerSm)
 flash_fwd_simple_kernel(const flash_params p)
 {
-    extern __shared__ __align__(16) unsigned char tiles[]; /* tiles_bytes<T>() */
+    extern __shared__ __align__(16) unsigned char tiles[]; /* tiles_bytes(&p) */
     __shared__ int64_t k_off[kBlockN], v_off[kBlockN];
-    if (p.dtype == FLASH_FP64) {
-        double(*sk_tile)[FLASH_CUDA_MAX_HEAD_DIM] = (double(*)[FLASH_CUDA_MAX_HEAD_DIM])tiles;
-        fwd_simple_rows<double>(p, sk_tile, sk_tile + kBlockN, k_off, v_off);
-    } else {
-        float(*sk_tile)[FLASH_CUDA_MAX_HEAD_DIM] = (float(*)[FLASH_CUDA_MAX_HEAD_DIM])tiles;
-        fwd_simple_rows<float>(p, sk_tile, sk_tile + kBlockN, k_off, v_off);
-    }
+    if (p.dtype == FLASH_FP64)
+        fwd_simple_rows<double>(p, (double *)tiles, (double *)tiles + kBlockN * p.d, k_off, v_off);
+    else
+        fwd_simple_rows<float>(p, (float *)tiles, (float *)tiles + kBlockN * p.d, k_off, v_off);
 }
 
 extern "C" cudaError_t flash_fwd_simple(const flash_params *p, cudaStream_t stream)
 {
     /* the attn_mask is dense-only: key j of a sequence is its column j (no varlen, no k_leftpad, no
      * block_table); a paged KV cache serves dense and varlen batches (flash_block_table_ok) */
-    if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->sq > INT_MAX || p->sk > INT_MAX ||
+    if (p->d < 1 || p->d > FLASH_CUDA_SIMPLE_MAX_HEAD_DIM || p->sq > INT_MAX || p->sk > INT_MAX ||
         p->h > FLASH_MAX_GRID_YZ || p->b > FLASH_MAX_GRID_YZ || p->h_per_kv < 1 || !flash_block_table_ok(p) ||
         (p->mask != NULL && (p->cu_seqlens_q != NULL || p->k_leftpad != NULL || p->block_table != NULL)) ||
         (p->rel_bias != NULL && (p->rel_buckets == NULL || p->rel_range < 0 || p->rel_nb < 1)))
@@ -223,7 +219,13 @@ extern "C" cudaError_t flash_fwd_simple(const flash_params *p, cudaStream_t stre
     if (p->dtype != FLASH_FP32 && p->dtype != FLASH_FP64)
         return cudaErrorInvalidValue;
     const dim3 grid((unsigned)((p->sq + kRows - 1) / kRows), (unsigned)p->h, (unsigned)p->b);
-    const size_t smem = p->dtype == FLASH_FP64 ? tiles_bytes<double>() : tiles_bytes<float>();
+    const size_t smem = tiles_bytes(p); /* above 48 KB (fp64, d > 384) by the opt-in */
+    if (smem > 48 * 1024) {
+        const cudaError_t err =
+            cudaFuncSetAttribute(flash_fwd_simple_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (err != cudaSuccess)
+            return err;
+    }
     flash_fwd_simple_kernel<<<grid, kRows * FLASH_WARP_SIZE, smem, stream>>>(*p);
     return cudaGetLastError();
 }

@@ -28,10 +28,15 @@
  * rows past the end zero-filled. Every config fits the A100's 163 KB; 2 CTAs (8 warps) per SM at d <= 128, 1 at
  * d256; 2 warps per scheduler with no overlap inside a warp of its mma, softmax and loads.
  *
- * Tiles (tiles.h fwd80_dense_*, fwd80_hook_*, fwd80_paged_d128):
+ * Tiles (tiles.h fwd80_dense_*, fwd80_hook_*):
  *   d <= 64: 128 x 64, 4 warps, Q in registers, 2 x V; d <= 128: 128 x 48, 4 warps, Q from smem, 2 x V;
  *   d <= 256: 128 x 64, 8 warps, Q from smem, 1 x V. HOOK kernels: the same but d <= 128 128 x 32 (128 x 64
- *   spills); paged: the same but dense d <= 128 128 x 32 (128 x 48 spills with the page rows).
+ *   spills); paged: the same but dense d <= 128 runs the HOOK kernel's 128 x 32 (the dense 128 x 48 spills with
+ *   the page rows; a dense 128 x 32 paged kernel of its own gave its two instantiations to d512).
+ *   d <= 512 (fwd80_hook_d512, Hopper's shared memory, not paged): the HOOK kernel for every variant with V's head
+ *   dim DV = 256, 128 x 32, 8 warps, Q from smem, 2 x V; one launch per 256 columns of v and o (both compute S).
+ * V and O rows are DV wide (kHeadDimV; DV = D but at d512); O goes through sQ at Q's row stride, so each warp
+ * writes only its own rows.
  *
  * Speed (H200, dev/fwd_harness.cu bench, bf16 16k tokens): d128 s8k 380 TFLOP/s (causal 327), torch's FA2
  * 339-353. Every shape, the variants, paged and the history: benchmarks/results/h200/history_fwd_sm80.md.
@@ -950,7 +955,7 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
                 sc.lse[row0 + r] = row_lse;
 #pragma unroll
             for (int dt = 0; dt < kDT; dt++)
-                *(uint32_t *)(smem + swz<kHeadDimV>(r, dt) + (lane % kQuadLanes) * sizeof(uint32_t)) =
+                *(uint32_t *)(smem + swz<kHeadDim>(r, dt) + (lane % kQuadLanes) * sizeof(uint32_t)) =
                     pack2<T>(acc[t][dt][2 * h] * factor, acc[t][dt][2 * h + 1] * factor);
         }
     __syncwarp();
@@ -961,7 +966,7 @@ flash_fwd_sm80_kernel(const __grid_constant__ flash_params p)
         const int chunk = idx % kChunksV;
         if (row0 + r < sc.sq && chunk * CHUNK < dv)
             *(uint4 *)((T *)sc.o + (int64_t)(row0 + r) * p.o_s.row + chunk * CHUNK) =
-                *(const uint4 *)(smem + swz<kHeadDimV>(r, chunk));
+                *(const uint4 *)(smem + swz<kHeadDim>(r, chunk));
     }
 }
 
@@ -989,9 +994,33 @@ static cudaError_t launch_fwd(const flash_params *p, cudaStream_t stream)
     return cudaGetLastError();
 }
 
+/* Head dims above 256 (fwd80_hook_d512, DV < D): one launch per DV columns of v and o, each over the whole S (the
+ * same lse twice). */
+template <typename T>
+static cudaError_t launch_fwd_halves(const flash_params *p, cudaStream_t stream)
+{
+    typedef fwd80_hook_d512 C;
+    for (int64_t c0 = 0; c0 < p->d_v; c0 += C::DV) {
+        flash_params h = *p;
+        h.v = (const T *)p->v + c0;
+        h.o = (T *)p->o + c0;
+        h.d_v = p->d_v - c0 < C::DV ? p->d_v - c0 : C::DV;
+        const cudaError_t err = launch_fwd<T, true, false, C>(&h, stream);
+        if (err != cudaSuccess)
+            return err;
+    }
+    return cudaSuccess;
+}
+
 template <typename T, bool kPaged>
 static cudaError_t dispatch_head_dim(const flash_params *p, cudaStream_t stream)
 {
+    if (p->d > fwd80_hook_d256::D) {
+        if constexpr (kPaged)
+            return cudaErrorInvalidValue; /* no paged d512 kernel (flash_fwd_sm80 refuses it before) */
+        else
+            return launch_fwd_halves<T>(p, stream);
+    }
     if (p->has_hook) {
         if (p->d <= 64)
             return launch_fwd<T, true, kPaged, fwd80_hook_d64>(p, stream);
@@ -1003,7 +1032,7 @@ static cudaError_t dispatch_head_dim(const flash_params *p, cudaStream_t stream)
         return launch_fwd<T, false, kPaged, fwd80_dense_d64>(p, stream);
     if (p->d <= 128) {
         if constexpr (kPaged)
-            return launch_fwd<T, false, true, fwd80_paged_d128>(p, stream);
+            return launch_fwd<T, true, true, fwd80_hook_d128>(p, stream); /* its tiles; no dense kernel of them */
         else
             return launch_fwd<T, false, false, fwd80_dense_d128>(p, stream);
     }
@@ -1013,6 +1042,8 @@ static cudaError_t dispatch_head_dim(const flash_params *p, cudaStream_t stream)
 extern "C" size_t flash_fwd_sm80_smem(const flash_params *p)
 {
     const bool paged = p->block_table != NULL;
+    if (p->d > fwd80_hook_d256::D)
+        return config_smem_bytes<fwd80_hook_d512>(false);
     if (p->has_hook) {
         if (p->d <= 64)
             return config_smem_bytes<fwd80_hook_d64>(paged);
@@ -1023,7 +1054,7 @@ extern "C" size_t flash_fwd_sm80_smem(const flash_params *p)
     if (p->d <= 64)
         return config_smem_bytes<fwd80_dense_d64>(paged);
     if (p->d <= 128)
-        return paged ? config_smem_bytes<fwd80_paged_d128>(true) : config_smem_bytes<fwd80_dense_d128>(false);
+        return paged ? config_smem_bytes<fwd80_hook_d128>(true) : config_smem_bytes<fwd80_dense_d128>(false);
     return config_smem_bytes<fwd80_dense_d256>(paged);
 }
 
@@ -1037,7 +1068,10 @@ extern "C" cudaError_t flash_fwd_sm80(const flash_params *p, cudaStream_t stream
                                          : p->mask_blocks != NULL && p->cu_seqlens_q == NULL &&
                                                p->k_leftpad == NULL && p->block_table == NULL &&
                                                (p->mask_kind == FLASH_MASK_BOOL || p->mask_kind == FLASH_MASK_ADD);
-    if (p->d < 1 || p->d > FLASH_CUDA_MAX_HEAD_DIM || p->d % CHUNK != 0 || p->sq > INT_MAX ||
+    /* head dims above 256: fwd80_hook_d512, not paged, d_v == d (the binding pads the smaller) */
+    const int64_t max_d = p->block_table != NULL ? FLASH_CUDA_MAX_HEAD_DIM : FLASH_CUDA_FWD_MAX_HEAD_DIM;
+    if (p->d < 1 || p->d > max_d || (p->d > FLASH_CUDA_MAX_HEAD_DIM && p->d_v != p->d) || p->d % CHUNK != 0 ||
+        p->sq > INT_MAX ||
         p->sk > INT_MAX || p->h > FLASH_MAX_GRID_YZ || p->b > FLASH_MAX_GRID_YZ || p->h_per_kv < 1 ||
         (hook_fields && !p->has_hook) || !mask_ok || !flash_block_table_ok(p))
         return cudaErrorInvalidValue;

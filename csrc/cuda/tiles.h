@@ -11,8 +11,8 @@
 /* fwd_sm80.cu, flash_fwd_sm80_kernel: D the head dim of Q and K, DV that of V and O (DV <= D), BM query rows x BN
  * keys per tile, WARPS warps splitting the rows, Q_IN_REGS
  * (the Q fragments kept in registers, else read from shared memory per k step). The dense kernels
- * (fwd80_dense_*), the dense d <= 128 kernel with a paged KV cache (the dense 128 x 48 spills with the page rows;
- * not tuned) and the HOOK kernels (BN % 32 == 0: the permuted key order; 128 x 64 spills at d128). */
+ * (fwd80_dense_*) and the HOOK kernels (BN % 32 == 0: the permuted key order; 128 x 64 spills at d128), whose d128
+ * kernel also serves the dense d <= 128 calls with a paged KV cache (the dense 128 x 48 spills with the page rows). */
 struct fwd80_dense_d64 {
     static constexpr int D = 64, DV = 64, BM = 128, BN = 64, WARPS = 4;
     static constexpr bool Q_IN_REGS = true;
@@ -25,10 +25,6 @@ struct fwd80_dense_d256 {
     static constexpr int D = 256, DV = 256, BM = 128, BN = 64, WARPS = 8;
     static constexpr bool Q_IN_REGS = false;
 };
-struct fwd80_paged_d128 {
-    static constexpr int D = 128, DV = 128, BM = 128, BN = 32, WARPS = 4;
-    static constexpr bool Q_IN_REGS = false;
-};
 struct fwd80_hook_d64 {
     static constexpr int D = 64, DV = 64, BM = 128, BN = 64, WARPS = 4;
     static constexpr bool Q_IN_REGS = true;
@@ -39,6 +35,13 @@ struct fwd80_hook_d128 {
 };
 struct fwd80_hook_d256 {
     static constexpr int D = 256, DV = 256, BM = 128, BN = 64, WARPS = 8;
+    static constexpr bool Q_IN_REGS = false;
+};
+/* Head dims 257..512, every variant but a paged KV cache (224 KB: Hopper's shared memory): O in DV-column halves, one
+ * launch each (fwd_sm80.cu launch_fwd_halves; S computed in both), the O accumulators of d256's. H100: 166 TFLOP/s
+ * (bf16 s2k, ~0.26x our d256 forward; benchmarks/results/h100/session_2026-12-07). */
+struct fwd80_hook_d512 {
+    static constexpr int D = 512, DV = 256, BM = 128, BN = 32, WARPS = 8;
     static constexpr bool Q_IN_REGS = false;
 };
 
