@@ -3,7 +3,7 @@
 # the run_*.sh scripts use. Then, on the GPU: `bash dev/pending/scripts/run_split2.sh` etc., one per call.
 # Trees by `patch -p1` inside a `git archive HEAD` copy, each checked to differ from main (a `git apply --include`
 # with --directory once applied nothing and an A/B measured main against itself).
-# ab/tma2 = main 5233855 (before the D = 64 TMA landing) + i35_bwd_tma_loads (run_tma.sh, run_tma_wg4.sh), ab/hilo2 = main + i33_dropout_hi_lo (run_hilo.sh), ab/t5 = main + i34_t5_half (run_t5_ab.sh, run_t5.sh).
+# ab/tma2 = main 5233855 (before the D = 64 TMA landing) + i35_bwd_tma_loads (run_tma.sh, run_tma_wg4.sh), ab/hilo2 = main + i33_dropout_hi_lo (run_hilo.sh), ab/t5 = main + i34_t5_half (run_t5_v7.sh, run_t5.sh).
 set -e
 rm -rf ab && mkdir ab
 tree() { # name base patch...
