@@ -54,12 +54,13 @@ void check_cuda_sizes(const at::Tensor &q, const at::Tensor &v, int64_t batch, i
     const int64_t top = is_half(q) ? (fwd ? kMaxHeadDimFwd : kMaxHeadDim) : kMaxHeadDimSimple;
     const char *kind = !is_half(q) ? "float32 / float64"
                        : fwd       ? "float16 / bfloat16"
-                                   : "float16 / bfloat16 in the backward and with a paged KV cache (the forward "
-                                     "takes up to 512)";
+                                   : "float16 / bfloat16 in the backward and with a paged KV cache";
+    const std::string fwd_note =
+        is_half(q) && !fwd ? " (the forward without one takes up to " + num(kMaxHeadDimFwd) + ")" : std::string();
     TORCH_CHECK(q.size(-1) <= top, "flashattn_ext: on CUDA, the head dim (last dimension) of q and k must be at most ",
-                num(top), " for ", kind, ", got ", num(q.size(-1)), " (the CPU takes any head dim)");
+                num(top), " for ", kind, fwd_note, ", got ", num(q.size(-1)), " (the CPU takes any head dim)");
     TORCH_CHECK(v.size(-1) <= top, "flashattn_ext: on CUDA, the head dim (last dimension) of ", vn, " must be at most ",
-                num(top), " for ", kind, ", got ", num(v.size(-1)), " (the CPU takes any head dim)");
+                num(top), " for ", kind, fwd_note, ", got ", num(v.size(-1)), " (the CPU takes any head dim)");
     TORCH_CHECK(batch <= FLASH_MAX_GRID_YZ, "flashattn_ext: on CUDA, the batch size must be at most ",
                 num(FLASH_MAX_GRID_YZ), ", got ", num(batch));
     TORCH_CHECK(nheads <= FLASH_MAX_GRID_YZ, "flashattn_ext: on CUDA, nheads of q must be at most ",

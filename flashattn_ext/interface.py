@@ -65,9 +65,9 @@ def flash_attn_func(
     nheads_kv, headdim_v), headdim_v equal to headdim or not (DeepSeek's MLA: 192 / 128); nheads a multiple
     of nheads_kv (GQA/MQA). Any strides with the last one 1. float16/bfloat16 (CPU: computed in float32,
     results rounded to the input dtype) and float32/float64. Head dims: any on the CPU; on CUDA headdim
-    and headdim_v <= 512 (float16 / bfloat16 above 256: the forward alone, on a GPU with 224 KB of shared memory per
-    block such as Hopper; the backward and a paged KV cache raise there) (where they differ, the smaller operand is
-    zero-padded to the larger).
+    and headdim_v <= 512, the smaller operand zero-padded to the larger where they differ (float16 / bfloat16
+    above 256: the forward alone, on a GPU with 224 KB of shared memory per block such as Hopper; the backward and
+    a paged KV cache raise there).
     softmax_scale: default 1/sqrt(headdim) (q's head dim).
     causal: bottom-right aligned as flash-attn >= 2.1: query i sees keys j <= i + seqlen_k - seqlen_q.
     window_size (left, right): query i sees keys i + seqlen_k - seqlen_q - left <= j <= ... + right;
