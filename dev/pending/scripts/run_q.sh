@@ -1,0 +1,69 @@
+#!/bin/bash
+# On the GPU machine, from main's root, after prep.sh here (ab/pre512, ab/t5, ab/sm86). One call each, in order:
+#   run_q.sh build d512 t5ab   builds main + the three trees at once (4 x MAX_JOBS=4), the d512 landing's A/B
+#                              (paged_fp32_ab.py, main vs ab/pre512, 3 rounds), T5 v7's A/B on the sm90 path (t5_ab.py,
+#                              ab/t5 vs main, 3 rounds)
+#   run_q.sh t5ab80 sm86       T5 v7's A/B on the sm80 path; run_sm86.sh's checks and A/B (trees already built)
+#   run_q.sh t5suite           pytest -k cuda on ab/t5;  run_q.sh t5san: memcheck / racecheck on ab/t5
+# Each step stops taking rounds past 520 s of the call, so what it has comes back.
+set -u
+R=$PWD
+S=$R/dev/pending/scripts
+left() { [ $SECONDS -lt 520 ]; }
+rounds() { # name env script tree base
+    local name=$1 env=$2 script=$3 tree=$4 base=$5
+    for r in 1 2 3; do
+        for t in $tree $base; do
+            left || { echo "$name: stopped at round $r (time)"; break 2; }
+            d=$R; [ $t != main ] && d=$R/ab/$t
+            (cd $d && env $env PYTHONPATH=$d timeout 120 python3 $script > $OUT/${name}_${t}_$r.txt 2>&1) \
+                || echo "$name $t round $r failed: $(tail -2 $OUT/${name}_${t}_$r.txt)"
+        done
+    done
+    python3 $S/ab_cmp.py $OUT ${name}_$tree ${name}_$base | tee $OUT/${name}.md
+}
+for step in "$@"; do
+    echo "== $step at ${SECONDS}s"
+    case $step in
+    build)
+        for t in main pre512 t5 sm86; do
+            d=$R; [ $t != main ] && d=$R/ab/$t
+            [ -f $d/build/.done ] && continue
+            ( cd $d && start=$SECONDS && MAX_JOBS=4 python3 setup.py build_ext --inplace > $OUT/build_$t.log 2>&1 \
+                && touch build/.done; echo "build $t rc $? in $((SECONDS - start)) s" ) &
+        done
+        wait ;;
+    d512) rounds d512 "" $S/paged_fp32_ab.py main pre512 ;;
+    t5ab) rounds t5ab90 "" $S/t5_ab.py t5 main ;;
+    t5ab80) rounds t5ab80 FLASHATTN_EXT_DISABLE_SM90=1 $S/t5_ab.py t5 main ;;
+    sm86)
+        cd ab/sm86
+        export PYTHONPATH=$PWD
+        B=/tmp/sm86_dev bash dev/device.sh build harness > $OUT/sm86_harness_build.log 2>&1
+        for lim in 101376 ""; do
+            FLASHATTN_EXT_DISABLE_SM90=1 FLASHATTN_EXT_SMEM_LIMIT=$lim timeout 150 /tmp/sm86_dev/fh check > $OUT/fh_check_$lim.log 2>&1
+            echo "fh check (sm80 path, smem limit '${lim}') rc $?: $(tail -1 $OUT/fh_check_$lim.log)"
+            grep -E "FAIL" $OUT/fh_check_$lim.log | head -5
+        done
+        timeout 150 python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider -k shared_memory 2>&1 | tail -2
+        cat > /tmp/sm86_call.py <<'PY'
+import torch, flashattn_ext
+for kw in ({}, {"causal": True, "softcap": 20.0}, {"dropout_p": 0.2}):
+    q, k, v = (torch.randn(2, 200, 2, 256, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    flashattn_ext.flash_attn_func(q, k, v, **kw)
+torch.cuda.synchronize()
+print("ok")
+PY
+        FLASHATTN_EXT_DISABLE_SM90=1 FLASHATTN_EXT_SMEM_LIMIT=101376 timeout 120 compute-sanitizer --tool memcheck python3 /tmp/sm86_call.py > $OUT/sm86_memcheck.log 2>&1
+        echo "memcheck rc $?: $(tail -1 $OUT/sm86_memcheck.log)"
+        unset PYTHONPATH
+        cd $R
+        rounds sm86ab FLASHATTN_EXT_DISABLE_SM90=1 $S/sm86_fwd_ab.py sm86 main
+        (cd ab/sm86 && FLASHATTN_EXT_DISABLE_SM90=1 FLASHATTN_EXT_SMEM_LIMIT=101376 PYTHONPATH=$PWD timeout 100 \
+            python3 $S/sm86_fwd_ab.py > $OUT/sm86_small.txt 2>&1); cat $OUT/sm86_small.txt ;;
+    t5suite) bash $S/run_t5.sh suite ;;
+    t5san) bash $S/run_t5.sh sanitize ;;
+    *) echo "unknown step $step"; exit 2 ;;
+    esac
+done
+echo "== done at ${SECONDS}s"
