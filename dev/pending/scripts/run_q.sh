@@ -1,10 +1,11 @@
 #!/bin/bash
-# On the GPU machine, from main's root, after prep.sh here (ab/pre512, ab/t5, ab/sm86). One call each, in order:
-#   run_q.sh build d512 t5ab   builds main + the three trees at once (4 x MAX_JOBS=4), the d512 landing's A/B
+# On the GPU machine, from main's root, after prep.sh here (ab/pre512, ab/t5, ab/sm86, ab/half). One call each, in order:
+#   run_q.sh build d512 t5ab   builds main + the four trees at once (5 x MAX_JOBS=3), the d512 landing's A/B
 #                              (paged_fp32_ab.py, main vs ab/pre512, 3 rounds), T5 v7's A/B on the sm90 path (t5_ab.py,
 #                              ab/t5 vs main, 3 rounds)
 #   run_q.sh t5ab80 sm86       T5 v7's A/B on the sm80 path; run_sm86.sh's checks and A/B (trees already built)
 #   run_q.sh t5suite           pytest -k cuda on ab/t5;  run_q.sh t5san: memcheck / racecheck on ab/t5
+#   run_q.sh half              ab/half's fp32 fallback tests (i36_half_fp32.patch) and its bf16 d256 / d512 speed
 # Each step stops taking rounds past 520 s of the call, so what it has comes back.
 set -u
 R=$PWD
@@ -26,10 +27,10 @@ for step in "$@"; do
     echo "== $step at ${SECONDS}s"
     case $step in
     build)
-        for t in main pre512 t5 sm86; do
+        for t in main pre512 t5 sm86 half; do
             d=$R; [ $t != main ] && d=$R/ab/$t
             [ -f $d/build/.done ] && continue
-            ( cd $d && start=$SECONDS && MAX_JOBS=4 python3 setup.py build_ext --inplace > $OUT/build_$t.log 2>&1 \
+            ( cd $d && start=$SECONDS && MAX_JOBS=3 python3 setup.py build_ext --inplace > $OUT/build_$t.log 2>&1 \
                 && touch build/.done; echo "build $t rc $? in $((SECONDS - start)) s" ) &
         done
         wait ;;
@@ -61,6 +62,24 @@ PY
         rounds sm86ab FLASHATTN_EXT_DISABLE_SM90=1 $S/sm86_fwd_ab.py sm86 main
         (cd ab/sm86 && FLASHATTN_EXT_DISABLE_SM90=1 FLASHATTN_EXT_SMEM_LIMIT=101376 PYTHONPATH=$PWD timeout 100 \
             python3 $S/sm86_fwd_ab.py > $OUT/sm86_small.txt 2>&1); cat $OUT/sm86_small.txt ;;
+    half) # the fp32 fallback of fp16 / bf16 calls (ab/half = main + i36_half_fp32.patch, branch half-fp32)
+        cd ab/half
+        PYTHONPATH=$PWD timeout 300 python3 -m pytest tests/test_headdim_v.py tests/test_cuda.py -q -n 8 -p no:cacheprovider \
+            -k "cuda and (large_head_dims or varlen_dv or half_backward or shared_memory or last_cuda or head_dim_limit or paged_raises)" \
+            > $OUT/half.log 2>&1; echo "half tests rc $?: $(tail -1 $OUT/half.log)"; grep -h "^FAILED" $OUT/half.log | head -20
+        PYTHONPATH=$PWD timeout 100 python3 - <<'PY'
+import torch, flashattn_ext
+from triton.testing import do_bench
+for d in (256, 512):
+    q, k, v = (torch.randn(1, 4096, 8, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    out = flashattn_ext.flash_attn_func(q, k, v, causal=True)
+    g = torch.randn_like(out)
+    fwd = do_bench(lambda: flashattn_ext.flash_attn_func(q, k, v, causal=True))
+    step = do_bench(lambda: torch.autograd.grad(flashattn_ext.flash_attn_func(q, k, v, causal=True), (q, k, v), g))
+    fl = 4 * 4096 * 4096 * 8 * d / 2
+    print(f"bf16 causal d{d} s4k: fwd {fwd:.3f} ms ({fl / fwd / 1e9:.0f} TFLOP/s), bwd {step - fwd:.3f} ms ({2.5 * fl / (step - fwd) / 1e9:.0f} TFLOP/s)")
+PY
+        cd $R ;;
     t5suite) bash $S/run_t5.sh suite ;;
     t5san) bash $S/run_t5.sh sanitize ;;
     *) echo "unknown step $step"; exit 2 ;;
