@@ -1,12 +1,12 @@
-"""Fuzz tests: random shapes (batch, seqlens, nheads / nheads_kv, head dims 1-256, v's head dim its own in
-some cases: 1-256 on CUDA in fp16 / bf16, 1-512 on the CPU and in CUDA's fp32 / fp64), memory layouts per
-tensor (contiguous, (B, H, S, D) transposed, sliced with padding, padded rows, broadcast k/v),
-variants and their combinations, through flash_attn_func (some of its cases with deterministic=True) and
-scaled_dot_product_attention, forward and backward against the float64 reference of fa_testing.py. The
-cases come from fixed seeds (40 on the CPU in fp32/fp64 and 30 in fp16/bf16, 200 on CUDA in every dtype), so a
-failure is reproducible from its test id; the two shapes of issue 10's bug (fp16, head dim 1, transposed inputs) are
-tested by name. Beside them: torch's SDPA contract, gradient penalties (double backward) and random
-flash_attn_with_kvcache calls (append, decode path, paged / indexed caches) against their references."""
+"""Fuzz tests: random shapes (batch, seqlens, nheads / nheads_kv, head dims 1-256 and in some cases up to 512, v's head
+dim its own in some cases; 256 at most on CUDA in fp16 / bf16), memory layouts per tensor (contiguous, (B, H, S, D)
+transposed, sliced with padding, padded rows, broadcast k/v), variants and their combinations, through
+flash_attn_func (some of its cases with deterministic=True) and scaled_dot_product_attention, forward and backward
+against the float64 reference of fa_testing.py. The cases come from fixed seeds (40 on the CPU in fp32/fp64 and 30
+in fp16/bf16, 200 on CUDA in every dtype), so a failure is reproducible from its test id; the two shapes of issue
+10's bug (fp16, head dim 1, transposed inputs) are tested by name. Beside them: torch's SDPA contract, gradient
+penalties (double backward) and random flash_attn_with_kvcache calls (append, decode path, paged / indexed caches)
+against their references."""
 import dataclasses
 import math
 import random
@@ -51,7 +51,11 @@ CPU_SEEDS = range(40)
 CPU_HALF_SEEDS = range(500, 530)
 DETERMINISTIC_SEED_OFFSET = 7_000_003
 HEADDIM_V_SEED_OFFSET = 9_000_011
-MAX_HEADDIM_V = {"cpu": 512, "cuda": 256, "cuda fp32 / fp64": 512}
+LARGE_HEADDIM_SEED_OFFSET = 12_000_041
+# the largest head dims drawn (q / k: up to 256, and 257..top in LARGE_HEADDIM_SHARE of the cases where top > 256; v's
+# own up to top): fp16 / bf16 CUDA calls stop at 256 (their backward above it raises)
+MAX_HEADDIM = {"cpu": 512, "cuda": 256, "cuda fp32 / fp64": 512}
+LARGE_HEADDIM_SHARE = 0.1
 CUDA_SEEDS = range(1000, 1200)
 DROPOUT_SEED = 4321
 
@@ -98,12 +102,14 @@ def draw_case(seed, device, half=False):
     else:
         dtype = rng.choices((torch.float16, torch.bfloat16, torch.float32, torch.float64), (3, 3, 1, 1))[0]
     d = rng.choice(SPECIAL_HEAD_DIMS) if rng.random() < 0.4 else rng.randint(1, 256)
-    # v's own head dim (d_v != d_qk) from a generator of its own, as deterministic below
+    top = MAX_HEADDIM["cuda fp32 / fp64" if device == "cuda" and dtype.itemsize >= 4 else device]
+    # head dims above 256 and v's own head dim (d_v != d_qk) from generators of their own, as deterministic below
+    rng_d = random.Random(seed + LARGE_HEADDIM_SEED_OFFSET)
+    if top > 256 and rng_d.random() < LARGE_HEADDIM_SHARE:
+        d = rng_d.randint(257, top)
     rng_v = random.Random(seed + HEADDIM_V_SEED_OFFSET)
     dv = None
     if rng_v.random() < 0.3:
-        top = MAX_HEADDIM_V["cuda fp32 / fp64" if device == "cuda" and dtype.is_floating_point and dtype.itemsize >= 4
-                            else device]
         dv = rng_v.choice(SPECIAL_HEAD_DIMS) if rng_v.random() < 0.4 else rng_v.randint(1, top)
     b = rng.randint(1, 3)
     hkv = rng.choice((1, 1, 2, 3))
@@ -301,11 +307,13 @@ def test_fuzz_torch_func_cuda(case):
 
 
 def test_fuzz_cases_cover_the_axes():
-    """The drawn cases span what they are meant to: head dims from 1 to 256, every layout, both APIs,
-    every variant, lengths 1 and > 256, GQA."""
+    """The drawn cases span what they are meant to: head dims from 1 to 512 (256 in CUDA's fp16 / bf16), every
+    layout, both APIs, every variant, lengths 1 and > 256, GQA."""
     for cases in (CPU_CASES, CUDA_CASES):
         dims = {c.cfg.d for c in cases}
         assert min(dims) <= 3 and max(dims) >= 200
+        assert any(c.cfg.d > 256 for c in cases)
+        assert all(c.cfg.d <= 256 for c in cases if c.device == "cuda" and c.dtype.itemsize == 2)
         assert any(c.cfg.d_v > c.cfg.d for c in cases) and any(c.cfg.d_v < c.cfg.d for c in cases)
         assert {lay for c in cases for lay in c.layouts} == set(TENSOR_LAYOUTS)
         assert {c.api for c in cases} == {"flash", "sdpa"}
