@@ -3,7 +3,7 @@
 #   run_q.sh build d512 t5ab   builds main + the four trees at once (5 x MAX_JOBS=3), the d512 landing's A/B
 #                              (paged_fp32_ab.py, main vs ab/pre512, 3 rounds), T5 v7's A/B on the sm90 path (t5_ab.py,
 #                              ab/t5 vs main, 3 rounds)
-#   run_q.sh t5ab80 sm86       T5 v7's A/B on the sm80 path; run_sm86.sh's checks and A/B (trees already built)
+#   run_q.sh t5ab80 sm86       T5 v7's A/B on the sm80 path; ab/sm86's checks (fh check with and without the sm86 limit, the test, memcheck) and A/B
 #   run_q.sh t5suite           pytest -k cuda on ab/t5;  run_q.sh t5san: memcheck / racecheck on ab/t5
 #   run_q.sh half              ab/half's fp32 fallback tests (i36_half_fp32.patch) and its bf16 d256 / d512 speed
 # Each step stops taking rounds past 520 s of the call, so what it has comes back.

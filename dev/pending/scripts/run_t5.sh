@@ -1,5 +1,5 @@
 #!/bin/bash
-# On the GPU machine, from main's root, after run_t5_v7.sh built ab/t5 (same machine) or with `build` first:
+# On the GPU machine, from main's root, after run_q.sh build made ab/t5 (same machine) or with `build` first:
 #   bash dev/pending/scripts/run_t5.sh [build] suite   pytest tests -k cuda on ab/t5 (every HOOK kernel changed)
 #   bash dev/pending/scripts/run_t5.sh [build] sanitize compute-sanitizer memcheck / racecheck over test_sanitize.py
 cd ab/t5
