@@ -148,6 +148,24 @@ def _batch_split(tensors, nbatch):
     return [d for d in range(nbatch) if d not in flat], flat
 
 
+def _broadcast_shapes(*shapes):
+    """torch.broadcast_shapes, in plain Python for int sizes (torch's goes through torch._refs: ~30 us a call of
+    host time, the most of an eager SDPA call at small sizes); torch's own for symbolic sizes (a trace's guards).
+    Raises RuntimeError where they do not broadcast, as torch's."""
+    if not all(type(n) is int for shape in shapes for n in shape):
+        return torch.broadcast_shapes(*shapes)
+    if all(shape == shapes[0] for shape in shapes):
+        return torch.Size(shapes[0])
+    out = [1] * max(map(len, shapes), default=0)
+    for shape in shapes:
+        for i, n in enumerate(shape, len(out) - len(shape)):
+            if n != 1 and n != out[i]:
+                if out[i] != 1:
+                    raise RuntimeError(f"shapes {shapes} do not broadcast")
+                out[i] = n
+    return torch.Size(out)
+
+
 def _sdpa_heads(query, key, value, enable_gqa):
     """query, key, value (..., nheads*, seqlen, headdim) with the heads as the kernel takes them: query with
     nheads heads, key and value with one count that divides it. torch's rules: with enable_gqa, key and
@@ -164,12 +182,12 @@ def _sdpa_heads(query, key, value, enable_gqa):
             key, value = key.repeat_interleave(common // hk, -3), value.repeat_interleave(common // hv, -3)
         return query, key, value
     try:
-        hkv = torch.broadcast_shapes((hk,), (hv,))[0]
-        heads = torch.broadcast_shapes((hq,), (hkv,))[0]
+        hkv = _broadcast_shapes((hk,), (hv,))[0]
+        heads = _broadcast_shapes((hq,), (hkv,))[0]
     except RuntimeError:
         raise ValueError(f"{fn}: nheads of query ({hq}), key ({hk}) and value ({hv}) do not broadcast; pass "
                          "enable_gqa=True for grouped-query attention") from None
-    expand = lambda t, h: t.expand(*t.shape[:-3], h, *t.shape[-2:])  # noqa: E731
+    expand = lambda t, h: t if t.shape[-3] == h else t.expand(*t.shape[:-3], h, *t.shape[-2:])  # noqa: E731
     return expand(query, heads), expand(key, hkv), expand(value, hkv)
 
 
@@ -217,7 +235,7 @@ def scaled_dot_product_attention(
     query, key, value = [t if t.dim() >= 3 else t.unsqueeze(0) for t in (query, key, value)]
     query, key, value = _sdpa_heads(query, key, value, enable_gqa)
     try:
-        batch = torch.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
+        batch = _broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
     except RuntimeError:
         raise ValueError(f"{fn}: the batch dims of query {tuple(query.shape[:-3])}, key {tuple(key.shape[:-3])} and "
                          f"value {tuple(value.shape[:-3])} do not broadcast") from None
@@ -228,7 +246,8 @@ def scaled_dot_product_attention(
             raise ValueError(f"{fn}: attn_mask must have at most {rank} dimensions, as many as the attention "
                              f"weights (..., seqlen_q, seqlen_k), got shape {tuple(attn_mask.shape)}")
     mask = _check_mask(fn, attn_mask, query.dtype, query.device, (*batch, heads, seqlen_q, seqlen_k))
-    views = [t.expand(*batch, *t.shape[-3:]) for t in (query, key, value)] + ([] if mask is None else [mask])
+    views = [t if t.shape[:-3] == batch else t.expand(*batch, *t.shape[-3:]) for t in (query, key, value)]
+    views += [] if mask is None else [mask]
     if not batch:
         views = [t.unsqueeze(0) for t in views]
     loop, flat = _batch_split(views, max(len(batch), 1))
@@ -237,7 +256,7 @@ def scaled_dot_product_attention(
         at = [slice(None)] * len(views[0].shape)
         for d, i in zip(loop, index):
             at[d] = i
-        q, k, v, *m = [t[tuple(at)].flatten(0, len(flat) - 1) for t in views]
+        q, k, v, *m = [t[tuple(at)].flatten(0, len(flat) - 1) for t in views] if loop or len(flat) > 1 else views
         out, _, _ = _attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale, is_causal,
                                False, (-1, -1), 0.0, None, None, m[0] if m else None, dropout_p, False)
         outs.append(out)  # (flat batch, seqlen_q, nheads, headdim_v)
