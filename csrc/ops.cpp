@@ -462,47 +462,6 @@ at::Tensor rng_state_from(uint64_t seed, uint64_t offset)
 
 namespace {
 
-// Block flags of a CPU mask (mask.h): uint8 of flash_mask_flag_dims' sizes, contiguous (set_mask_blocks
-// expands them). Broadcast dimensions (stride 0) are reduced once, not per copy.
-at::Tensor mask_block_flags(const at::Tensor &mask)
-{
-    at::Tensor m = mask;
-    for (int64_t d = 0; d < kRank; ++d)
-        if (m.size(d) > 1 && m.stride(d) == 0)
-            m = m.narrow(d, 0, 1);
-    at::Tensor visible, masked;
-    if (m.scalar_type() == at::kBool) {
-        visible = m;
-        masked = m.logical_not();
-    } else {
-        visible = m > -std::numeric_limits<double>::infinity();
-        masked = m != 0;
-    }
-    // Any-reduction over blocks of FLASH_MASK_BLOCK along the two sequence dimensions (padding is
-    // neither visible nor masked: kernels never look at it).
-    auto blocks = [](at::Tensor t) {
-        t = t.to(at::kByte);
-        for (int64_t d = 2; d < kRank; ++d) {
-            const int64_t n = t.size(d);
-            if (n == 1)
-                continue;
-            const int64_t nb = (n + FLASH_MASK_BLOCK - 1) / FLASH_MASK_BLOCK;
-            if (nb * FLASH_MASK_BLOCK != n) {
-                std::vector<int64_t> pad(2 * (kRank - d), 0);  // (left, right) pairs, last dimension first
-                pad[2 * (kRank - 1 - d) + 1] = nb * FLASH_MASK_BLOCK - n;
-                t = at::constant_pad_nd(t, pad, 0);
-            }
-            std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
-            sizes[d] = nb;
-            sizes.insert(sizes.begin() + d + 1, FLASH_MASK_BLOCK);
-            t = t.reshape(sizes).amax(d + 1);
-        }
-        return t;
-    };
-    at::Tensor flags = blocks(visible).mul_(FLASH_MASK_ANY_VISIBLE) + blocks(masked).mul_(FLASH_MASK_ANY_MASKED);
-    return flags.contiguous();
-}
-
 flash_strides4 strides4_of(const at::Tensor &t)
 {
     flash_strides4 s;
@@ -533,6 +492,34 @@ void set_mask_blocks(flash_params *p, const at::Tensor &mask, const at::Tensor &
     p->mask_blocks = keep->mask_blocks.data_ptr<uint8_t>();
     p->mask_blocks_s = strides4_of(keep->mask_blocks);
 }
+
+namespace {
+
+// The block flags of a CPU mask (flash_mask_flags_cpu: one pass in C) set in p, whose mask fields and sizes are
+// set. An fp16 / bf16 additive mask's flags are read from an fp32 copy of it (its broadcast dims not expanded).
+void set_cpu_mask_blocks(flash_params *p, const at::Tensor &mask, VariantTensors *keep)
+{
+    int64_t dims[4];
+    flash_mask_flag_dims(p, dims);
+    at::Tensor flags = at::empty({dims[0], dims[1], dims[2], dims[3]}, mask.options().dtype(at::kByte));
+    flash_params read = *p;
+    at::Tensor entries = mask;
+    if (mask.scalar_type() == at::kHalf || mask.scalar_type() == at::kBFloat16) {
+        for (int64_t d = 0; d < kRank; ++d)
+            if (entries.size(d) > 1 && entries.stride(d) == 0)
+                entries = entries.narrow(d, 0, 1);
+        entries = entries.to(at::kFloat);
+        read.mask = entries.data_ptr();
+        read.mask_s = strides4_of(entries);
+    }
+    // an additive mask's entry type (a bool mask's is not read)
+    const int type = entries.scalar_type() == at::kBool ? FLASH_FP32 : to_flash_dtype(entries.scalar_type());
+    TORCH_CHECK(flash_mask_flags_cpu(&read, type, flags.data_ptr<uint8_t>()) == FLASH_CPU_OK,
+                "flashattn_ext: internal error: the block flags of an attn_mask of dtype ", mask.scalar_type());
+    set_mask_blocks(p, mask, flags, keep);
+}
+
+}  // namespace
 
 flash_params make_params(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
                          const at::Tensor &lse, double softmax_scale, const Variants &var,
@@ -581,8 +568,6 @@ flash_params make_params(const at::Tensor &q, const at::Tensor &k, const at::Ten
         p.mask = m.data_ptr();
         p.mask_kind = m.scalar_type() == at::kBool ? FLASH_MASK_BOOL : FLASH_MASK_ADD;
         p.mask_s = strides4_of(m);
-        if (!m.is_cuda())
-            set_mask_blocks(&p, m, mask_block_flags(m), keep);
     }
     if (var.sink)
         p.sink = var.sink->data_ptr();
@@ -598,6 +583,8 @@ flash_params make_params(const at::Tensor &q, const at::Tensor &k, const at::Ten
     p.has_hook = (p.softcap > 0.0 || p.alibi_slopes || p.rel_bias || p.mask || p.dropout_threshold) ? 1 : 0;
     p.deterministic = var.deterministic ? 1 : 0;
     p.dtype = to_flash_dtype(q.scalar_type());
+    if (var.attn_mask && !var.attn_mask->is_cuda())  // a CUDA mask's: the binding's, on the device
+        set_cpu_mask_blocks(&p, *var.attn_mask, keep);
     return p;
 }
 

@@ -434,6 +434,45 @@ flash_cpu_status flash_dropout_mask_cpu(const flash_params *p, uint8_t *keep)
     return FLASH_CPU_OK;
 }
 
+/* One mask entry's flags (mask.h FLASH_MASK_ANY_*): a bool True / an additive entry above -inf is visible, a bool
+ * False / an additive entry other than 0 is masked. */
+static unsigned mask_entry_flags(const flash_params *p, int mask_dtype, const void *row, int64_t c)
+{
+    if (p->mask_kind == FLASH_MASK_BOOL)
+        return ((const uint8_t *)row)[c] ? FLASH_MASK_ANY_VISIBLE : FLASH_MASK_ANY_MASKED;
+    const double x = mask_dtype == FLASH_FP32 ? (double)((const float *)row)[c] : ((const double *)row)[c];
+    return (x > -INFINITY ? FLASH_MASK_ANY_VISIBLE : 0u) | (x != 0.0 ? FLASH_MASK_ANY_MASKED : 0u);
+}
+
+flash_cpu_status flash_mask_flags_cpu(const flash_params *p, int mask_dtype, uint8_t *blocks)
+{
+    if (p->mask_kind != FLASH_MASK_BOOL && mask_dtype != FLASH_FP32 && mask_dtype != FLASH_FP64)
+        return FLASH_CPU_ERR_DTYPE;
+    const unsigned both = FLASH_MASK_ANY_VISIBLE | FLASH_MASK_ANY_MASKED;
+    const size_t size = p->mask_kind == FLASH_MASK_BOOL ? 1 : mask_dtype == FLASH_FP32 ? sizeof(float) : sizeof(double);
+    int64_t dims[4];
+    flash_mask_flag_dims(p, dims);
+    const int64_t rows = p->mask_s.row ? p->sq : 1, cols = p->mask_s.col ? p->sk : 1;
+    const int64_t n = dims[0] * dims[1] * dims[2] * dims[3];
+    /* threads only where the pass is long enough to pay for them (entries read, at most n blocks of 16 x 16) */
+#pragma omp parallel for schedule(static) if (n * FLASH_MASK_BLOCK * FLASH_MASK_BLOCK > (1 << 16))
+    for (int64_t f = 0; f < n; f++) {
+        const int64_t cb = f % dims[3], rb = f / dims[3] % dims[2], hb = f / (dims[3] * dims[2]) % dims[1];
+        const int64_t bb = f / (dims[3] * dims[2] * dims[1]);
+        const int64_t r0 = rb * FLASH_MASK_BLOCK, c0 = cb * FLASH_MASK_BLOCK;
+        const int64_t r1 = flash_min64(r0 + FLASH_MASK_BLOCK, rows), c1 = flash_min64(c0 + FLASH_MASK_BLOCK, cols);
+        const char *base = (const char *)p->mask + (bb * p->mask_s.batch + hb * p->mask_s.head) * (int64_t)size;
+        unsigned flags = 0;
+        for (int64_t r = r0; r < r1 && flags != both; r++) {
+            const char *row = base + (r * p->mask_s.row + c0 * p->mask_s.col) * (int64_t)size;
+            for (int64_t c = 0; c < c1 - c0 && flags != both; c++)
+                flags |= mask_entry_flags(p, mask_dtype, row, c * p->mask_s.col);
+        }
+        blocks[f] = (uint8_t)flags;
+    }
+    return FLASH_CPU_OK;
+}
+
 #else /* FLASH_CPU_GENERIC_PASS: the type-generic part */
 
 /* c (m, n) = [c +] a (m, k) * b (k, n). a(i, kk) = a[i * a_rs + kk * a_ks] is read as broadcast

@@ -59,6 +59,12 @@ flash_cpu_status flash_bwd_cpu(const flash_params *p);
  * The same bits as every kernel's dropout, whatever the band or attn_mask. */
 flash_cpu_status flash_dropout_mask_cpu(const flash_params *p, uint8_t *keep);
 
+/* The block flags of p's attn_mask (flash.h mask_blocks; mask_kind, mask, mask_s, b, h, sq, sk set; an additive
+ * mask's entries of mask_dtype FLASH_FP32 / FLASH_FP64, else FLASH_CPU_ERR_DTYPE): blocks (mask.h
+ * flash_mask_flag_dims' sizes, contiguous), one pass over the mask, each block's read stopping once both flags are
+ * set; as rows.cu's flash_mask_flags_cuda on the GPU. */
+flash_cpu_status flash_mask_flags_cpu(const flash_params *p, int mask_dtype, uint8_t *blocks);
+
 #ifdef __cplusplus
 }
 #endif
