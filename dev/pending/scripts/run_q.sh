@@ -6,6 +6,7 @@
 #   run_q.sh t5ab80 sm86       T5 v7's A/B on the sm80 path; ab/sm86's checks (fh check with and without the sm86 limit, the test, memcheck) and A/B
 #   run_q.sh t5suite           pytest -k cuda on ab/t5;  run_q.sh t5san: memcheck / racecheck on ab/t5
 #   run_q.sh half              ab/half's fp32 fallback tests (i36_half_fp32.patch) and its bf16 d256 / d512 speed
+#   run_q.sh host              benchmarks/bench_host.py --device cuda on main (host time per call)
 # Each step stops taking rounds past 520 s of the call, so what it has comes back.
 set -u
 R=$PWD
@@ -80,6 +81,8 @@ for d in (256, 512):
     print(f"bf16 causal d{d} s4k: fwd {fwd:.3f} ms ({fl / fwd / 1e9:.0f} TFLOP/s), bwd {step - fwd:.3f} ms ({2.5 * fl / (step - fwd) / 1e9:.0f} TFLOP/s)")
 PY
         cd $R ;;
+    host) # host time per call beside torch's SDPA (main), bf16 short training shapes
+        PYTHONPATH=$R timeout 200 python3 benchmarks/bench_host.py --device cuda --out $OUT/host ;;
     t5suite) bash $S/run_t5.sh suite ;;
     t5san) bash $S/run_t5.sh sanitize ;;
     *) echo "unknown step $step"; exit 2 ;;
