@@ -187,7 +187,9 @@ def _sdpa_heads(query, key, value, enable_gqa):
     except RuntimeError:
         raise ValueError(f"{fn}: nheads of query ({hq}), key ({hk}) and value ({hv}) do not broadcast; pass "
                          "enable_gqa=True for grouped-query attention") from None
-    expand = lambda t, h: t if t.shape[-3] == h else t.expand(*t.shape[:-3], h, *t.shape[-2:])  # noqa: E731
+    # no view where it would change nothing (int sizes only: a trace's symbolic ones get no new guard)
+    expand = lambda t, h: (t if type(h) is int and t.shape[-3] == h  # noqa: E731
+                           else t.expand(*t.shape[:-3], h, *t.shape[-2:]))
     return expand(query, heads), expand(key, hkv), expand(value, hkv)
 
 
@@ -246,7 +248,8 @@ def scaled_dot_product_attention(
             raise ValueError(f"{fn}: attn_mask must have at most {rank} dimensions, as many as the attention "
                              f"weights (..., seqlen_q, seqlen_k), got shape {tuple(attn_mask.shape)}")
     mask = _check_mask(fn, attn_mask, query.dtype, query.device, (*batch, heads, seqlen_q, seqlen_k))
-    views = [t if t.shape[:-3] == batch else t.expand(*batch, *t.shape[-3:]) for t in (query, key, value)]
+    static = all(type(n) is int for n in batch)  # a trace's symbolic sizes: always the view, no new guard
+    views = [t if static and t.shape[:-3] == batch else t.expand(*batch, *t.shape[-3:]) for t in (query, key, value)]
     views += [] if mask is None else [mask]
     if not batch:
         views = [t.unsqueeze(0) for t in views]
