@@ -259,6 +259,38 @@ def test_shared_memory_error():
     assert "ERROR" in proc.stdout and "forward at head dim 256 needs 160 KB" in proc.stdout, proc.stdout
 
 
+SM86_DECODE = (
+    "import sys, torch, flashattn_ext\n"
+    "torch.manual_seed(0)\n"
+    "d = int(sys.argv[1])\n"
+    "q = torch.randn(2, 1, 4, d, device='cuda', dtype=torch.bfloat16)\n"
+    "k, v = (torch.randn(2, 3000, 2, d, device='cuda', dtype=torch.bfloat16) for _ in range(2))\n"
+    "lens = torch.tensor([3000, 1234], device='cuda', dtype=torch.int32)\n"
+    "out = flashattn_ext.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, softcap=20.0)\n"
+    "print('KERNEL', flashattn_ext._C.last_cuda_kernels()[0])\n"
+    "err = 0.0\n"
+    "for b in range(2):\n"
+    "    n = int(lens[b])\n"
+    "    kk, vv = (t[b, :n].double().repeat_interleave(2, 1).transpose(0, 1) for t in (k, v))\n"
+    "    s = 20.0 * torch.tanh(q[b].double().transpose(0, 1) @ kk.transpose(-1, -2) / d ** 0.5 / 20.0)\n"
+    "    ref = (s.softmax(-1) @ vv).transpose(0, 1)\n"
+    "    err = max(err, (out[b].double() - ref).abs().max().item())\n"
+    "print('ERROR', err)\n"
+)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_decode_on_sm86_shared_memory(d):
+    """With sm86 / sm89's 99 KB of shared memory per block a KV-cache decode runs the split-KV decode kernel with the
+    warps whose rings fit (fwd_decode.cu decode_warps: 4 at d64, 3 at d128, 2 at d256), where d128 used to go to
+    fwd_sm80 and d256 to raise: out against float64, softcap and GQA on."""
+    proc = run_python(["-c", SM86_DECODE, str(d)],
+                      {"FLASHATTN_EXT_DISABLE_SM90": "1", "FLASHATTN_EXT_SMEM_LIMIT": str(SM86_SMEM)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "KERNEL fwd_decode.cu" in proc.stdout, proc.stdout
+    assert float(proc.stdout.split("ERROR", 1)[1]) < 2e-2, proc.stdout
+
+
 KERNEL_PROBE = (
     "import torch, flashattn_ext\n"
     "def probe(d, dtype=torch.bfloat16, **kw):\n"

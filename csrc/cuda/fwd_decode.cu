@@ -60,6 +60,7 @@ constexpr int kQuadLanes = 4;   /* lanes sharing one accumulator row */
 constexpr int kHalfRows = 8;    /* accumulator rows lane / 4 and lane / 4 + 8 */
 constexpr int kWarpsMany = decode_warps_per_cta::WARPS; /* when the grid fills the SMs without splitting much */
 constexpr int kWarpsFew = decode_warps_per_cta::WARPS_FEW; /* when it does not (decode_warps), head dims <= 128 */
+constexpr int kWarpsLeast = 2; /* the fewest decode_warps gives where kWarpsMany's rings do not fit the device */
 constexpr int kFewCtasPerSm = 4; /* "few": fewer than one unsplit CTA per kFewCtasPerSm SMs */
 constexpr int kRows = kMmaM;     /* rows of a CTA */
 constexpr int kWarpKeys = 16;    /* keys of one warp tile: 2 n8 tiles of S, one k16 step of P V */
@@ -600,15 +601,21 @@ auto by_config(int64_t d, F f)
 
 /* Warps per CTA: kWarpsFew when the unsplit grid holds fewer than one CTA per kFewCtasPerSm SMs (so the split
  * count, not the CTA count, makes the parallelism) and its config fits the device's shared memory; else
- * kWarpsMany. Measured on the H200 (decode_2026-12-01c): 8 warps are 3-6% faster at B1 GQA, 4 warps ~1.5%
- * faster at B8. */
+ * kWarpsMany, or fewer where kWarpsMany's rings do not fit (down to kWarpsLeast: sm86 / sm89's 99 KB take 3 warps
+ * at d128, 2 at d256; the kernel takes any warp count up to its kMaxWarps). Measured on the H200
+ * (decode_2026-12-01c): 8 warps are 3-6% faster at B1 GQA, 4 warps ~1.5% faster at B8. */
 int decode_warps(const flash_params *p, int num_sms)
 {
     const int64_t ctas = p->b * p->h_kv * decode_row_blocks(p);
-    if (p->d > 128 || ctas * kFewCtasPerSm >= num_sms)
-        return kWarpsMany;
-    const size_t smem = by_config(p->d, [](auto cfg) { return decode_smem_bytes<decltype(cfg)>(kWarpsFew); });
-    return flash_smem_available() >= smem ? kWarpsFew : kWarpsMany;
+    const size_t have = flash_smem_available();
+    if (p->d <= 128 && ctas * kFewCtasPerSm < num_sms &&
+        have >= by_config(p->d, [](auto cfg) { return decode_smem_bytes<decltype(cfg)>(kWarpsFew); }))
+        return kWarpsFew;
+    int warps = kWarpsMany;
+    while (warps > kWarpsLeast &&
+           have < by_config(p->d, [warps](auto cfg) { return decode_smem_bytes<decltype(cfg)>(warps); }))
+        warps--;
+    return warps;
 }
 
 /* CTAs of the decode kernel at head dim d with `warps` warps that fit one SM at once (0 if the query fails). */
@@ -642,7 +649,7 @@ int num_sms_of_device(void)
 
 extern "C" size_t flash_fwd_decode_smem(const flash_params *p)
 {
-    return by_config(p->d, [](auto cfg) { return decode_smem_bytes<decltype(cfg)>(kWarpsMany); });
+    return by_config(p->d, [](auto cfg) { return decode_smem_bytes<decltype(cfg)>(kWarpsLeast); });
 }
 
 extern "C" int flash_fwd_decode_ok(const flash_params *p)
@@ -664,11 +671,10 @@ extern "C" int flash_fwd_decode_splits(const flash_params *p, int requested, int
     const int64_t max_splits = flash_max64(1, flash_min64(kMaxSplits, tiles / (kMinRounds * warps)));
     if (requested > 0)
         return (int)flash_min64(requested, flash_min64(kMaxSplits, flash_max64(1, flash_cdiv64(tiles, warps))));
-    /* per (head dim config, dtype, warps) */
-    static int ctas_per_sm[3][2][2] = {{{-1, -1}, {-1, -1}}, {{-1, -1}, {-1, -1}}, {{-1, -1}, {-1, -1}}};
-    int &cached = ctas_per_sm[p->d <= 64 ? 0 : (p->d <= 128 ? 1 : 2)][p->dtype == FLASH_FP16 ? 0 : 1]
-                             [warps == kWarpsFew ? 1 : 0];
-    if (cached < 0)
+    /* per (head dim config, dtype, warps); 0: not yet asked (a device of this process, as the warp count) */
+    static int ctas_per_sm[3][2][kWarpsFew + 1];
+    int &cached = ctas_per_sm[p->d <= 64 ? 0 : (p->d <= 128 ? 1 : 2)][p->dtype == FLASH_FP16 ? 0 : 1][warps];
+    if (cached <= 0)
         cached = decode_ctas_per_sm(p->d, warps, p->dtype);
     const int64_t slots = (int64_t)num_sms * flash_max64(1, cached);
     const int64_t ctas = p->b * p->h_kv * decode_row_blocks(p);

@@ -70,9 +70,24 @@ static int is_simple(const flash_params *p)
     return p->dtype == FLASH_FP32 || p->dtype == FLASH_FP64;
 }
 
+/* FLASHATTN_EXT_DISABLE_DECODE=1 turns the decode kernel off (read per call, so a benchmark can compare both in one
+ * process). */
+static int decode_disabled(void)
+{
+    const char *env = getenv("FLASHATTN_EXT_DISABLE_DECODE");
+    return env != NULL && env[0] != '\0' && env[0] != '0';
+}
+
+/* The shared memory per block that the forward of p needs: the least of the families that take p, decode where it
+ * serves p (on sm86 / sm89 at head dims 129-256 the only one that fits their 99 KB) and fwd_sm80, which takes every
+ * fp16 / bf16 call (Hopper's fwd_sm90 never needs more than Hopper has). */
 extern "C" size_t flash_fwd_smem_needed(const flash_params *p)
 {
-    return flash_fwd_sm80_smem(p);
+    const size_t sm80 = flash_fwd_sm80_smem(p);
+    if (is_simple(p) || decode_disabled() || !flash_fwd_decode_ok(p))
+        return sm80;
+    const size_t decode = flash_fwd_decode_smem(p);
+    return decode < sm80 ? decode : sm80;
 }
 
 extern "C" size_t flash_bwd_smem_needed(const flash_params *p)
@@ -81,11 +96,10 @@ extern "C" size_t flash_bwd_smem_needed(const flash_params *p)
 }
 
 /* The decode kernel (fwd_decode.cu) for what it serves, where the device has its shared memory, unless
- * FLASHATTN_EXT_DISABLE_DECODE=1 (read per call, so a benchmark can compare both in one process). */
+ * decode_disabled(). */
 static int use_decode(const flash_params *p)
 {
-    const char *env = getenv("FLASHATTN_EXT_DISABLE_DECODE");
-    if ((env != NULL && env[0] != '\0' && env[0] != '0') || is_simple(p) || !flash_fwd_decode_ok(p))
+    if (decode_disabled() || is_simple(p) || !flash_fwd_decode_ok(p))
         return 0;
     return flash_smem_available() >= flash_fwd_decode_smem(p);
 }

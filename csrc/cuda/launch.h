@@ -92,7 +92,8 @@ int64_t flash_bwd_simple_rel_grad_tile(void);
 
 /* fp16 / bf16 forward of a few rows per KV head (decode) with split-KV, sm80+ (fwd_decode.cu).
  * flash_fwd_decode_ok: p is one it serves (no attn_mask, no dropout, no varlen, seqlen_q * h / h_kv <=
- * FLASH_DECODE_MAX_ROWS); flash_fwd_decode_smem: its shared memory per CTA; flash_fwd_decode_splits: the
+ * FLASH_DECODE_MAX_ROWS); flash_fwd_decode_smem: the least shared memory per CTA it runs with (its fewest warps;
+ * it takes as many as the device's shared memory holds); flash_fwd_decode_splits: the
  * split count for `requested` (0: fill the num_sms SMs' CTA slots, FA2's wave-efficiency rule). */
 int flash_fwd_decode_ok(const flash_params *p);
 size_t flash_fwd_decode_smem(const flash_params *p);

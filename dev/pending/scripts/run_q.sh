@@ -7,6 +7,7 @@
 #   run_q.sh t5suite           pytest -k cuda on ab/t5;  run_q.sh t5san: memcheck / racecheck on ab/t5
 #   run_q.sh half              ab/half's fp32 fallback tests (i36_half_fp32.patch) and its bf16 d256 / d512 speed
 #   run_q.sh host              benchmarks/bench_host.py --device cuda on main (host time per call)
+#   run_q.sh sm86dec           main's decode kernel at sm86 / sm89's 99 KB (the test, test_kvcache -k cuda there)
 # Each step stops taking rounds past 520 s of the call, so what it has comes back.
 set -u
 R=$PWD
@@ -81,6 +82,11 @@ for d in (256, 512):
     print(f"bf16 causal d{d} s4k: fwd {fwd:.3f} ms ({fl / fwd / 1e9:.0f} TFLOP/s), bwd {step - fwd:.3f} ms ({2.5 * fl / (step - fwd) / 1e9:.0f} TFLOP/s)")
 PY
         cd $R ;;
+    sm86dec) # main's decode on sm86 / sm89's shared memory (fwd_decode.cu decode_warps: 3 warps at d128, 2 at d256)
+        PYTHONPATH=$R timeout 300 python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider -k "sm86 or shared_memory" \
+            2>&1 | tail -3
+        FLASHATTN_EXT_DISABLE_SM90=1 FLASHATTN_EXT_SMEM_LIMIT=101376 PYTHONPATH=$R timeout 300 python3 -m pytest \
+            tests/test_kvcache.py -q -n 8 -p no:cacheprovider -k cuda 2>&1 | tail -3 ;;
     host) # host time per call beside torch's SDPA (main), bf16 short training shapes
         PYTHONPATH=$R timeout 200 python3 benchmarks/bench_host.py --device cuda --out $OUT/host ;;
     t5suite) bash $S/run_t5.sh suite ;;
