@@ -30,6 +30,7 @@ for k in a:
     if k in b:
         print(f"| {k} | {a[k][0]:.4f} | {b[k][0]:.4f} | {b[k][0] / a[k][0]:.3f} | {a[k][1]}/{b[k][1]} |")
     else:
-        print(f"| {k} | {a[k][0]:.4f} | {eb.get(k, '-')} | - | {a[k][1]} |")
+        refused = next((e for name, e in eb.items() if k.startswith(name + " ")), "-")  # the base's error, if any
+        print(f"| {k} | {a[k][0]:.4f} | {refused} | - | {a[k][1]} |")
 for k, e in ea.items():
     print(f"| {k} | refused: {e} | | | |")
