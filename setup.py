@@ -127,7 +127,6 @@ class BuildWithC(BuildExtension):
         for stale in glob.glob(os.path.join(ROOT, "flashattn_ext", "_C.cpython-*")):
             os.remove(stale)
 
-
     def build_extension(self, ext):
         """The longest compiles first (LONGEST_FIRST): distutils sorts the sources by name and ninja starts them in
         that order, which put fwd_sm90.cu (~2 of the build's 3 minutes on 2 cores) last and left the other job idle."""

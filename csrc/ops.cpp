@@ -495,8 +495,25 @@ void set_mask_blocks(flash_params *p, const at::Tensor &mask, const at::Tensor &
 
 namespace {
 
+at::Tensor f32(const at::Tensor &t)
+{
+    return t.to(at::kFloat);
+}
+
+// A float attn_mask in fp32 without materialising its broadcast (stride 0) dimensions.
+c10::optional<at::Tensor> mask_f32(const c10::optional<at::Tensor> &mask)
+{
+    if (!mask || mask->scalar_type() == at::kBool)
+        return mask;
+    at::Tensor m = *mask;
+    for (int64_t d = 0; d < m.dim(); ++d)
+        if (m.size(d) > 1 && m.stride(d) == 0)
+            m = m.narrow(d, 0, 1);
+    return f32(m).expand(mask->sizes());
+}
+
 // The block flags of a CPU mask (flash_mask_flags_cpu: one pass in C) set in p, whose mask fields and sizes are
-// set. An fp16 / bf16 additive mask's flags are read from an fp32 copy of it (its broadcast dims not expanded).
+// set. An fp16 / bf16 additive mask's flags are read from its fp32 copy (mask_f32).
 void set_cpu_mask_blocks(flash_params *p, const at::Tensor &mask, VariantTensors *keep)
 {
     int64_t dims[4];
@@ -505,10 +522,7 @@ void set_cpu_mask_blocks(flash_params *p, const at::Tensor &mask, VariantTensors
     flash_params read = *p;
     at::Tensor entries = mask;
     if (mask.scalar_type() == at::kHalf || mask.scalar_type() == at::kBFloat16) {
-        for (int64_t d = 0; d < kRank; ++d)
-            if (entries.size(d) > 1 && entries.stride(d) == 0)
-                entries = entries.narrow(d, 0, 1);
-        entries = entries.to(at::kFloat);
+        entries = *mask_f32(mask);
         read.mask = entries.data_ptr();
         read.mask_s = strides4_of(entries);
     }
@@ -870,23 +884,6 @@ void check_cpu_dtype(const at::Tensor &q)
 bool is_half(const at::Tensor &q)
 {
     return q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
-}
-
-at::Tensor f32(const at::Tensor &t)
-{
-    return t.to(at::kFloat);
-}
-
-// A float attn_mask in fp32 without materialising its broadcast (stride 0) dimensions.
-c10::optional<at::Tensor> mask_f32(const c10::optional<at::Tensor> &mask)
-{
-    if (!mask || mask->scalar_type() == at::kBool)
-        return mask;
-    at::Tensor m = *mask;
-    for (int64_t d = 0; d < m.dim(); ++d)
-        if (m.size(d) > 1 && m.stride(d) == 0)
-            m = m.narrow(d, 0, 1);
-    return f32(m).expand(mask->sizes());
 }
 
 // The dtype whose fp32 copies this thread's CPU call runs on (flash.h cpu_src_dtype, for the AMX products of
