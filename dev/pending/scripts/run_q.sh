@@ -8,6 +8,7 @@
 #   run_q.sh half              ab/half's fp32 fallback tests (i36_half_fp32.patch) and its bf16 d256 / d512 speed
 #   run_q.sh host              benchmarks/bench_host.py --device cuda on main (host time per call)
 #   run_q.sh sm86dec           main's decode kernel at sm86 / sm89's 99 KB (the test, test_kvcache -k cuda there)
+#   run_q.sh dqb               issue 35's bulk dQ (ab/dqb): its bwd_harness test, then bh time1 rounds beside main
 # Each step stops taking rounds past 520 s of the call, so what it has comes back.
 set -u
 R=$PWD
@@ -89,6 +90,27 @@ PY
             tests/test_kvcache.py -q -n 8 -p no:cacheprovider -k cuda 2>&1 | tail -3 ;;
     host) # host time per call beside torch's SDPA (main), bf16 short training shapes
         PYTHONPATH=$R timeout 200 python3 benchmarks/bench_host.py --device cuda --out $OUT/host ;;
+    dqb) # issue 35 rank 1, FlashAttention-3's bulk dQ at d128 (ab/dqb = main + i35_dq_bulk.patch, branch dq-bulk):
+        # both trees' harnesses (dev/ab_sed.sh, 0 rounds: builds only), ab/dqb's bh test (every config; the d 65..128
+        # dense ones run the changed kernel), then rounds of bh time1 beside main in turn until 560 s of the call
+        W=/tmp/dqb/ab_sed
+        TMPDIR=/tmp/dqb timeout 240 bash dev/ab_sed.sh 0 "" dqb=@ab/dqb > $OUT/dqb_build.log 2>&1
+        echo "harness builds rc $? at ${SECONDS}s"; grep FAIL $OUT/dqb_build.log | head -5
+        timeout 150 $W/dqb/bh test all > $OUT/dqb_test.log 2>&1
+        echo "dqb bh test rc $?: $(grep -c ^PASS $OUT/dqb_test.log) PASS, $(grep -c ^FAIL $OUT/dqb_test.log) FAIL"
+        grep ^FAIL $OUT/dqb_test.log | head -8
+        C=("128 2048 0 0" "128 8192 0 0" "128 8192 1 0" "128 512 0 0" "96 8192 0 0" "128 2048 1 0" "64 8192 0 0")
+        for r in 0 1 2 3 4 5; do
+            for c in "${C[@]}"; do
+                for n in $([ $((r % 2)) = 0 ] && echo "base dqb" || echo "dqb base"); do
+                    [ $SECONDS -lt 560 ] || break 3
+                    echo "== round $r $n: bh time1 $c"
+                    timeout 30 $W/$n/bh time1 $c || echo "FAILED rc $?"
+                done
+            done
+        done > $OUT/dqb_ab.log 2>&1
+        tail -1 $OUT/dqb_ab.log
+        python3 dev/ab_table.py $OUT/dqb_ab.log | tee $OUT/dqb_table.txt ;;
     t5suite) bash $S/run_t5.sh suite ;;
     t5san) bash $S/run_t5.sh sanitize ;;
     *) echo "unknown step $step"; exit 2 ;;
