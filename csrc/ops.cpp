@@ -594,7 +594,7 @@ flash_params make_params(const at::Tensor &q, const at::Tensor &k, const at::Ten
         p.rel_nb = keep->rel_bias.size(1);
     }
     set_dropout_params(&p, var.dropout_p, rng_state);
-    p.has_hook = (p.softcap > 0.0 || p.alibi_slopes || p.rel_bias || p.mask || p.dropout_threshold) ? 1 : 0;
+    p.has_hook = has_score_hook(var) ? 1 : 0;
     p.deterministic = var.deterministic ? 1 : 0;
     p.dtype = to_flash_dtype(q.scalar_type());
     if (var.attn_mask && !var.attn_mask->is_cuda())  // a CUDA mask's: the binding's, on the device
@@ -860,10 +860,32 @@ std::tuple<at::Tensor, at::Tensor> fwd_without_keys(const at::Tensor &q, const a
     return {out, lse};
 }
 
+bool has_score_hook(const Variants &var)
+{
+    return var.softcap > 0.0 || var.alibi_slopes || var.rel_bias || var.attn_mask || var.dropout_p > 0.0;
+}
+
 at::Tensor make_dmask(const at::Tensor &q, const at::Tensor &k, bool mask_grad)
 {
     const auto opts = q.options().dtype(lse_dtype(q.scalar_type()));
     return mask_grad ? at::zeros({q.size(0), q.size(2), q.size(1), k.size(1)}, opts) : at::empty({0}, opts);
+}
+
+at::Tensor f32(const at::Tensor &t)
+{
+    return t.to(at::kFloat);
+}
+
+// A float attn_mask in fp32 without materialising its broadcast (stride 0) dimensions.
+c10::optional<at::Tensor> mask_f32(const c10::optional<at::Tensor> &mask)
+{
+    if (!mask || mask->scalar_type() == at::kBool)
+        return mask;
+    at::Tensor m = *mask;
+    for (int64_t d = 0; d < m.dim(); ++d)
+        if (m.size(d) > 1 && m.stride(d) == 0)
+            m = m.narrow(d, 0, 1);
+    return f32(m).expand(mask->sizes());
 }
 
 namespace {

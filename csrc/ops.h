@@ -235,8 +235,17 @@ bool no_work(const at::Tensor &q);
 std::tuple<at::Tensor, at::Tensor> fwd_without_keys(const at::Tensor &q, const at::Tensor &v,
                                                     const c10::optional<at::Tensor> &sink);
 
+// Whether var has a score hook (softcap, ALiBi, T5's table, an attn_mask, dropout): flash.h has_hook, the kernels'
+// HOOK variants.
+bool has_score_hook(const Variants &var);
+
 // dmask output of bwd: (b, h, sq, sk) in the lse dtype when mask_grad, else an empty (0,) tensor.
 at::Tensor make_dmask(const at::Tensor &q, const at::Tensor &k, bool mask_grad);
+
+// t in float32; a float attn_mask in float32 without materialising its broadcast (stride 0) dimensions (a bool
+// mask as it is): the float32 calls that compute fp16 / bf16 inputs (the CPU; CUDA where no tensor-core tile fits).
+at::Tensor f32(const at::Tensor &t);
+c10::optional<at::Tensor> mask_f32(const c10::optional<at::Tensor> &mask);
 
 // ---- The two attention ops (schemas in ops.cpp): one forward, one backward, whose optional arguments select
 // the call: a dense batch; a variable-length batch (cu_seqlens_q and cu_seqlens_k; seqused_k, max_seqlen_*, and

@@ -42,25 +42,25 @@ bool is_half(const at::Tensor &t)
     return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
 }
 
-// batch: the number of sequences; seqlen_q / seqlen_k: the (max) lengths the grid covers; vn: v's name; fwd: a
-// forward without a paged KV cache (fp16 / bf16 head dims up to kMaxHeadDimFwd, elsewhere kMaxHeadDim).
+// batch: the number of sequences; seqlen_q / seqlen_k: the (max) lengths the grid covers; vn: v's name; cache: a KV
+// cache or a paged k / v (fp16 / bf16 head dims up to kMaxHeadDim there, elsewhere kMaxHeadDimFwd: the forward's
+// tensor-core kernels, the backward's where they fit, else the fp32 kernels, half_on_fp32).
 void check_cuda_sizes(const at::Tensor &q, const at::Tensor &v, int64_t batch, int64_t nheads, int64_t seqlen_q,
-                      int64_t seqlen_k, const char *vn = "v", bool fwd = false)
+                      int64_t seqlen_k, const char *vn = "v", bool cache = false)
 {
     const auto t = q.scalar_type();
     TORCH_CHECK(t == at::kHalf || t == at::kBFloat16 || t == at::kFloat || t == at::kDouble,
                 "flashattn_ext: on CUDA, q, k and v must be float16, bfloat16, float32 or float64, got ", t);
-    // fp16 / bf16: the tensor-core kernels; fp32 / fp64: fwd_simple.cu / bwd_simple.cu
-    const int64_t top = is_half(q) ? (fwd ? kMaxHeadDimFwd : kMaxHeadDim) : kMaxHeadDimSimple;
+    const int64_t top = is_half(q) ? (cache ? kMaxHeadDim : kMaxHeadDimFwd) : kMaxHeadDimSimple;
     const char *kind = !is_half(q) ? "float32 / float64"
-                       : fwd       ? "float16 / bfloat16"
-                                   : "float16 / bfloat16 in the backward and with a paged KV cache";
-    const std::string fwd_note =
-        is_half(q) && !fwd ? " (the forward without one takes up to " + num(kMaxHeadDimFwd) + ")" : std::string();
+                       : cache     ? "float16 / bfloat16 with a KV cache or a paged k / v"
+                                   : "float16 / bfloat16";
+    const std::string cache_note =
+        is_half(q) && cache ? " (without one up to " + num(kMaxHeadDimFwd) + ")" : std::string();
     TORCH_CHECK(q.size(-1) <= top, "flashattn_ext: on CUDA, the head dim (last dimension) of q and k must be at most ",
-                num(top), " for ", kind, fwd_note, ", got ", num(q.size(-1)), " (the CPU takes any head dim)");
+                num(top), " for ", kind, cache_note, ", got ", num(q.size(-1)), " (the CPU takes any head dim)");
     TORCH_CHECK(v.size(-1) <= top, "flashattn_ext: on CUDA, the head dim (last dimension) of ", vn, " must be at most ",
-                num(top), " for ", kind, fwd_note, ", got ", num(v.size(-1)), " (the CPU takes any head dim)");
+                num(top), " for ", kind, cache_note, ", got ", num(v.size(-1)), " (the CPU takes any head dim)");
     TORCH_CHECK(batch <= FLASH_MAX_GRID_YZ, "flashattn_ext: on CUDA, the batch size must be at most ",
                 num(FLASH_MAX_GRID_YZ), ", got ", num(batch));
     TORCH_CHECK(nheads <= FLASH_MAX_GRID_YZ, "flashattn_ext: on CUDA, nheads of q must be at most ",
@@ -69,9 +69,9 @@ void check_cuda_sizes(const at::Tensor &q, const at::Tensor &v, int64_t batch, i
                 "flashattn_ext: on CUDA, seqlen of q and k must be at most ", num(INT_MAX));
 }
 
-void check_cuda_inputs(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, bool fwd)
+void check_cuda_inputs(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v)
 {
-    check_cuda_sizes(q, v, q.size(0), q.size(2), q.size(1), k.size(1), "v", fwd);
+    check_cuda_sizes(q, v, q.size(0), q.size(2), q.size(1), k.size(1));
 }
 
 // All outer strides are checked, those of size-1 dimensions too (which the launchers ignore), so that a
@@ -167,6 +167,43 @@ void check_smem(size_t need, int64_t d, const char *what)
                 num((int64_t)(have / 1024)), " KB (A100: 163 KB, H100: 227 KB)");
 }
 
+// fp16 / bf16 calls that no tensor-core tile serves on this GPU run on the fp32 kernels (fwd_simple.cu /
+// bwd_simple.cu), their inputs converted to float32 and their results rounded back: the backward at head dims
+// above kMaxHeadDim, and any call whose tiles need more shared memory per block than the GPU offers (sm86 / sm89
+// above head dim 128, off Hopper above 256). Exact as the fp32 path, slower, with float32 copies of the inputs;
+// a warning once per process says so (the kernel report names the simple kernels). Never with a KV cache or a
+// paged k / v (a float32 copy of the whole cache per call): those keep their limits (check_cuda_sizes, check_smem).
+bool half_on_fp32(const at::Tensor &q, const at::Tensor &v, const Variants &var, bool fwd)
+{
+    if (!is_half(q))
+        return false;
+    const KernelHeadDims kd = kernel_head_dims(q, v);
+    flash_params p{};
+    p.d = kd.qk;
+    p.d_v = kd.v;
+    p.dtype = q.scalar_type() == at::kHalf ? FLASH_FP16 : FLASH_BF16;
+    p.has_hook = has_score_hook(var) ? 1 : 0;
+    const size_t need = fwd ? flash_fwd_smem_needed(&p) : flash_bwd_smem_needed(&p);
+    const size_t have = flash_smem_available();
+    if (kd.qk <= (fwd ? kMaxHeadDimFwd : kMaxHeadDim) && need <= have)
+        return false;
+    const std::string why = kd.qk > (fwd ? kMaxHeadDimFwd : kMaxHeadDim)
+                                ? "the backward's kernels stop at " + num(kMaxHeadDim)
+                                : "its tiles need " + num((int64_t)(need / 1024)) +
+                                      " KB of shared memory per block, the GPU offers " + num((int64_t)(have / 1024)) +
+                                      " KB";
+    const std::string msg = std::string("flashattn_ext: the float16 / bfloat16 ") + (fwd ? "forward" : "backward") +
+                            " at head dim " + num(std::max(q.size(-1), v.size(-1))) + " has no tensor-core kernel on this GPU (" + why +
+                            "): it runs on the float32 CUDA-core kernels, exact but slower, with float32 copies of "
+                            "its inputs";
+    if (fwd) {
+        TORCH_WARN_ONCE(msg);
+    } else {
+        TORCH_WARN_ONCE(msg);
+    }
+    return true;
+}
+
 void check_launch(cudaError_t err, const char *what)
 {
     TORCH_CHECK(err == cudaSuccess, "flashattn_ext: CUDA ", what, " kernel failed: ", cudaGetErrorString(err));
@@ -250,12 +287,18 @@ FwdOutputs dense_fwd_cuda(const at::Tensor &q_in, const at::Tensor &k_in, const 
                           const Opt &rel_buckets)
 {
     check_qkv(q_in, k_in, v_in);
-    check_cuda_inputs(q_in, k_in, v_in, true);
+    check_cuda_inputs(q_in, k_in, v_in);
     check_cuda_rel_bias(q_in, rel_bias);
     const Variants var = with_rel_bias(variants_of(causal, bottom_right, window_left, window_right, softcap,
                                                    alibi_slopes, sink, attn_mask, dropout_p, deterministic),
                                        rel_bias, rel_buckets);
     check_variants(var, q_in, k_in);
+    if (half_on_fp32(q_in, v_in, var, true)) {
+        auto [out, lse, rng_state, out32] = dense_fwd_cuda(
+            f32(q_in), f32(k_in), f32(v_in), softmax_scale, causal, bottom_right, window_left, window_right, softcap,
+            alibi_slopes, sink, mask_f32(attn_mask), dropout_p, deterministic, rel_bias, rel_buckets);
+        return {out.to(q_in.scalar_type()), lse, rng_state, no_out32(q_in)};
+    }
     const c10::cuda::CUDAGuard guard(q_in.device());
     at::Tensor rng_state = draw_rng_state_cuda(q_in, dropout_p);
     if (no_work(q_in) || k_in.size(1) == 0) {
@@ -302,7 +345,7 @@ BwdOutputs dense_bwd_cuda(
     bool rel_bias_grad)
 {
     check_qkv(q_in, k_in, v_in);
-    check_cuda_inputs(q_in, k_in, v_in, false);
+    check_cuda_inputs(q_in, k_in, v_in);
     check_cuda_rel_bias(q_in, rel_bias);
     TORCH_CHECK(!rel_bias_grad || rel_bias, "flashattn_ext: rel_bias_grad needs a rel_bias");
     check_bwd_inputs(dout_in, q_in, v_in, out_in, lse_in);
@@ -313,6 +356,13 @@ BwdOutputs dense_bwd_cuda(
     check_variants(var, q_in, k_in);
     TORCH_CHECK(!mask_grad || (attn_mask && attn_mask->scalar_type() != at::kBool),
                 "flashattn_ext: mask_grad needs a floating attn_mask");
+    if (half_on_fp32(q_in, v_in, var, false)) {
+        auto [dq, dk, dv, dmask, drel] = dense_bwd_cuda(
+            f32(dout_in), f32(q_in), f32(k_in), f32(v_in), f32(out_in), lse_in, rng_state, softmax_scale, causal,
+            bottom_right, window_left, window_right, softcap, alibi_slopes, sink, mask_f32(attn_mask), dropout_p,
+            deterministic, mask_grad, rel_bias, rel_buckets, rel_bias_grad);
+        return {dq.to(q_in.scalar_type()), dk.to(k_in.scalar_type()), dv.to(v_in.scalar_type()), dmask, drel};
+    }
     const c10::cuda::CUDAGuard guard(q_in.device());
     at::Tensor dmask = make_dmask(q_in, k_in, mask_grad);
     if (no_work(q_in) || k_in.size(1) == 0)
@@ -384,12 +434,19 @@ FwdOutputs varlen_fwd_cuda(
 {
     const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table);
     check_varlen_qkv(q_in, k_in, v_in, vl);
-    check_cuda_sizes(q_in, v_in, vl.batch(), q_in.size(1), max_seqlen_q, max_seqlen_k, "v", !block_table);
+    check_cuda_sizes(q_in, v_in, vl.batch(), q_in.size(1), max_seqlen_q, max_seqlen_k, "v", block_table.has_value());
     check_cuda_rel_bias(q_in, rel_bias);
     const Variants var = with_rel_bias(variants_of(causal, true, window_left, window_right, softcap, alibi_slopes,
                                                    sink, c10::nullopt, dropout_p, deterministic),
                                        rel_bias, rel_buckets);
     check_variants(var, q_in, vl.batch(), max_seqlen_q, q_in.size(1), max_seqlen_k);
+    if (!block_table && half_on_fp32(q_in, v_in, var, true)) {
+        auto [out, lse, rng_state, out32] = varlen_fwd_cuda(
+            f32(q_in), f32(k_in), f32(v_in), cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+            softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic,
+            block_table, rel_bias, rel_buckets);
+        return {out.to(q_in.scalar_type()), lse, rng_state, no_out32(q_in)};
+    }
     const c10::cuda::CUDAGuard guard(q_in.device());
     at::Tensor rng_state = draw_rng_state_cuda(q_in, dropout_p);
     if (varlen_fwd_no_work(q_in, vl, var)) {
@@ -433,6 +490,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
                                                    sink, c10::nullopt, dropout_p, deterministic),
                                        rel_bias, rel_buckets);
     check_variants(var, q_in, vl.batch(), max_seqlen_q, q_in.size(1), max_seqlen_k);
+    if (half_on_fp32(q_in, v_in, var, false)) {
+        auto [dq, dk, dv, drel] = varlen_bwd_cuda(
+            f32(dout_in), f32(q_in), f32(k_in), f32(v_in), f32(out_in), lse_in, rng_state, cu_seqlens_q, cu_seqlens_k,
+            seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+            alibi_slopes, sink, dropout_p, deterministic, rel_bias, rel_buckets, rel_bias_grad);
+        return {dq.to(q_in.scalar_type()), dk.to(k_in.scalar_type()), dv.to(v_in.scalar_type()), drel};
+    }
     const c10::cuda::CUDAGuard guard(q_in.device());
     if (varlen_bwd_no_work(q_in, k_in, vl))
         return {at::zeros(q_in.sizes(), q_in.options()), at::zeros(k_in.sizes(), k_in.options()),
@@ -491,7 +555,7 @@ std::tuple<at::Tensor, at::Tensor> kvcache_fwd_cuda(
     check_kvcache_inputs(q_in, k_in, v_in, kv);
     check_num_splits(num_splits);
     const int64_t seqlen_k = kv.seqlen_k(k_in);
-    check_cuda_sizes(q_in, v_in, q_in.size(0), q_in.size(2), q_in.size(1), seqlen_k, "v_cache");
+    check_cuda_sizes(q_in, v_in, q_in.size(0), q_in.size(2), q_in.size(1), seqlen_k, "v_cache", true);
     const Variants var = variants_of(causal, true, window_left, window_right, softcap, alibi_slopes, sink,
                                      c10::nullopt, 0.0, false);
     check_variants(var, q_in, q_in.size(0), q_in.size(1), q_in.size(2), seqlen_k);

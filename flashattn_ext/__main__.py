@@ -5,6 +5,7 @@ flashattn_ext.reference in float64). Exit status 0 when every check passes, 1 ot
 import os
 import sys
 import time
+import warnings
 
 import torch
 
@@ -83,7 +84,7 @@ def report_cpu():
 
 # Probes of the kernel report, per head dim: tiny bf16 calls whose kernels the extension records
 # (_C.last_cuda_kernels, csrc/cuda/launch.cu), so the report is what runs, not a restatement of the dispatch.
-PROBE_HEADDIMS = (64, 128, 256)
+PROBE_HEADDIMS = (64, 128, 256, 512)
 PROBE_VARIANTS = (("dense causal", {"causal": True}), ("softcap", {"softcap": 30.0}),
                   ("dropout", {"dropout_p": 0.1}))
 
@@ -99,7 +100,9 @@ def probe_kernels(device, headdim, dtype=torch.bfloat16):
     for name, kwargs in PROBE_VARIANTS:
         q, k, v = (randn(1, 256, 2, headdim).requires_grad_() for _ in range(3))
         try:
-            flashattn_ext.flash_attn_func(q, k, v, **kwargs).sum().backward()
+            with warnings.catch_warnings():  # the float32 kernels' warning (csrc/ops_cuda.cpp half_on_fp32): named below
+                warnings.simplefilter("ignore")
+                flashattn_ext.flash_attn_func(q, k, v, **kwargs).sum().backward()
             fwd, bwd = flashattn_ext._C.last_cuda_kernels()
             found[name] = f"{fwd} + {bwd}"
         except Exception as error:  # a report says what raised, whatever it is
@@ -134,7 +137,10 @@ def report_cuda():
             continue
         usable.append(index)
         top = torch_registry.cuda_max_head_dim(smem)
-        print(f"  fp16/bf16 head dims: up to {top}" if top else "  fp16/bf16: none (too little shared memory)")
+        print(f"  fp16/bf16 tensor-core kernels, forward and backward: head dims up to {top}" if top else
+              "  fp16/bf16 tensor-core kernels: none (too little shared memory)")
+        print(f"  fp16/bf16 calls no tensor-core tile serves, up to head dim {LIMITS['cuda_max_head_dim_fwd']}: "
+              "the float32 kernels (fwd_simple.cu / bwd_simple.cu below; slower, a warning says so)")
         print("  kernels (csrc/cuda) of bf16 calls, forward + backward" + (f" ({', '.join(notes)})" if notes else "")
               + "; float32/float64: fwd_simple.cu + bwd_simple.cu")
         with torch.cuda.device(index):

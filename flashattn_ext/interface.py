@@ -66,8 +66,8 @@ def flash_attn_func(
     of nheads_kv (GQA/MQA). Any strides with the last one 1. float16/bfloat16 (CPU: computed in float32,
     results rounded to the input dtype) and float32/float64. Head dims: any on the CPU; on CUDA headdim
     and headdim_v <= 512, the smaller operand zero-padded to the larger where they differ (float16 / bfloat16
-    above 256: the forward alone, on a GPU with 224 KB of shared memory per block such as Hopper; the backward and
-    a paged KV cache raise there).
+    calls that no tensor-core tile of the GPU serves, such as the backward above 256 or head dims above 128 on
+    sm86 / sm89, run on the float32 kernels, slower, with a warning).
     softmax_scale: default 1/sqrt(headdim) (q's head dim).
     causal: bottom-right aligned as flash-attn >= 2.1: query i sees keys j <= i + seqlen_k - seqlen_q.
     window_size (left, right): query i sees keys i + seqlen_k - seqlen_q - left <= j <= ... + right;
