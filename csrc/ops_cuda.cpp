@@ -173,7 +173,10 @@ void check_smem(size_t need, int64_t d, const char *what)
 // above head dim 128, off Hopper above 256). Exact as the fp32 path, slower, with float32 copies of the inputs;
 // a warning once per process says so (the kernel report names the simple kernels). Never with a KV cache or a
 // paged k / v (a float32 copy of the whole cache per call): those keep their limits (check_cuda_sizes, check_smem).
-bool half_on_fp32(const at::Tensor &q, const at::Tensor &v, const Variants &var, bool fwd)
+// The call's sizes (batch, seqlen_q and seqlen_k: the longest in a varlen batch; nheads and nheads_kv) let the
+// forward's need be that of the decode kernel where it serves the call (launch.cu flash_fwd_smem_needed).
+bool half_on_fp32(const at::Tensor &q, const at::Tensor &v, const Variants &var, bool fwd, int64_t batch,
+                  int64_t seqlen_q, int64_t seqlen_k, int64_t nheads, int64_t nheads_kv)
 {
     if (!is_half(q))
         return false;
@@ -183,6 +186,15 @@ bool half_on_fp32(const at::Tensor &q, const at::Tensor &v, const Variants &var,
     p.d_v = kd.v;
     p.dtype = q.scalar_type() == at::kHalf ? FLASH_FP16 : FLASH_BF16;
     p.has_hook = has_score_hook(var) ? 1 : 0;
+    p.b = batch;
+    p.sq = seqlen_q;
+    p.sk = seqlen_k;
+    p.h = nheads;
+    p.h_kv = nheads_kv;
+    p.h_per_kv = nheads_kv > 0 ? nheads / nheads_kv : 0;
+    static char marker;  // the decode kernel takes no attn_mask and no dropout: flags enough for flash_fwd_decode_ok
+    p.mask = var.attn_mask ? &marker : nullptr;
+    p.dropout_threshold = var.dropout_p > 0.0 ? 1 : 0;
     const size_t need = fwd ? flash_fwd_smem_needed(&p) : flash_bwd_smem_needed(&p);
     const size_t have = flash_smem_available();
     if (kd.qk <= (fwd ? kMaxHeadDimFwd : kMaxHeadDim) && need <= have)
@@ -293,7 +305,7 @@ FwdOutputs dense_fwd_cuda(const at::Tensor &q_in, const at::Tensor &k_in, const 
                                                    alibi_slopes, sink, attn_mask, dropout_p, deterministic),
                                        rel_bias, rel_buckets);
     check_variants(var, q_in, k_in);
-    if (half_on_fp32(q_in, v_in, var, true)) {
+    if (half_on_fp32(q_in, v_in, var, true, q_in.size(0), q_in.size(1), k_in.size(1), q_in.size(2), k_in.size(2))) {
         auto [out, lse, rng_state, out32] = dense_fwd_cuda(
             f32(q_in), f32(k_in), f32(v_in), softmax_scale, causal, bottom_right, window_left, window_right, softcap,
             alibi_slopes, sink, mask_f32(attn_mask), dropout_p, deterministic, rel_bias, rel_buckets);
@@ -356,7 +368,7 @@ BwdOutputs dense_bwd_cuda(
     check_variants(var, q_in, k_in);
     TORCH_CHECK(!mask_grad || (attn_mask && attn_mask->scalar_type() != at::kBool),
                 "flashattn_ext: mask_grad needs a floating attn_mask");
-    if (half_on_fp32(q_in, v_in, var, false)) {
+    if (half_on_fp32(q_in, v_in, var, false, q_in.size(0), q_in.size(1), k_in.size(1), q_in.size(2), k_in.size(2))) {
         auto [dq, dk, dv, dmask, drel] = dense_bwd_cuda(
             f32(dout_in), f32(q_in), f32(k_in), f32(v_in), f32(out_in), lse_in, rng_state, softmax_scale, causal,
             bottom_right, window_left, window_right, softcap, alibi_slopes, sink, mask_f32(attn_mask), dropout_p,
@@ -440,7 +452,8 @@ FwdOutputs varlen_fwd_cuda(
                                                    sink, c10::nullopt, dropout_p, deterministic),
                                        rel_bias, rel_buckets);
     check_variants(var, q_in, vl.batch(), max_seqlen_q, q_in.size(1), max_seqlen_k);
-    if (!block_table && half_on_fp32(q_in, v_in, var, true)) {
+    if (!block_table &&
+        half_on_fp32(q_in, v_in, var, true, vl.batch(), max_seqlen_q, max_seqlen_k, q_in.size(1), k_in.size(1))) {
         auto [out, lse, rng_state, out32] = varlen_fwd_cuda(
             f32(q_in), f32(k_in), f32(v_in), cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
             softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic,
@@ -490,7 +503,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
                                                    sink, c10::nullopt, dropout_p, deterministic),
                                        rel_bias, rel_buckets);
     check_variants(var, q_in, vl.batch(), max_seqlen_q, q_in.size(1), max_seqlen_k);
-    if (half_on_fp32(q_in, v_in, var, false)) {
+    if (half_on_fp32(q_in, v_in, var, false, vl.batch(), max_seqlen_q, max_seqlen_k, q_in.size(1), k_in.size(1))) {
         auto [dq, dk, dv, drel] = varlen_bwd_cuda(
             f32(dout_in), f32(q_in), f32(k_in), f32(v_in), f32(out_in), lse_in, rng_state, cu_seqlens_q, cu_seqlens_k,
             seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
