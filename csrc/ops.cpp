@@ -495,23 +495,6 @@ void set_mask_blocks(flash_params *p, const at::Tensor &mask, const at::Tensor &
 
 namespace {
 
-at::Tensor f32(const at::Tensor &t)
-{
-    return t.to(at::kFloat);
-}
-
-// A float attn_mask in fp32 without materialising its broadcast (stride 0) dimensions.
-c10::optional<at::Tensor> mask_f32(const c10::optional<at::Tensor> &mask)
-{
-    if (!mask || mask->scalar_type() == at::kBool)
-        return mask;
-    at::Tensor m = *mask;
-    for (int64_t d = 0; d < m.dim(); ++d)
-        if (m.size(d) > 1 && m.stride(d) == 0)
-            m = m.narrow(d, 0, 1);
-    return f32(m).expand(mask->sizes());
-}
-
 // The block flags of a CPU mask (flash_mask_flags_cpu: one pass in C) set in p, whose mask fields and sizes are
 // set. An fp16 / bf16 additive mask's flags are read from its fp32 copy (mask_f32).
 void set_cpu_mask_blocks(flash_params *p, const at::Tensor &mask, VariantTensors *keep)
