@@ -60,7 +60,7 @@ struct Variants {
     c10::optional<at::Tensor> attn_mask;     // (b, h, sq, sk), bool or the dtype of q, any strides
     double dropout_p = 0.0;
     bool deterministic = false;
-    c10::optional<at::Tensor> rel_bias;     // (h, num_buckets) in the lse dtype: T5's table (not fp16/bf16 CUDA)
+    c10::optional<at::Tensor> rel_bias;     // (h, num_buckets) in the lse dtype: T5's table (fp16/bf16 CUDA: fp32 kernels)
     c10::optional<at::Tensor> rel_buckets;  // int32 (2 R + 1,): the bucket of relative position -R .. R
 };
 

@@ -168,9 +168,10 @@ void check_smem(size_t need, int64_t d, const char *what)
 }
 
 // fp16 / bf16 calls that no tensor-core tile serves on this GPU run on the fp32 kernels (fwd_simple.cu /
-// bwd_simple.cu), their inputs converted to float32 and their results rounded back: the backward at head dims
-// above kMaxHeadDim, and any call whose tiles need more shared memory per block than the GPU offers (sm86 / sm89
-// above head dim 128, off Hopper above 256). Exact as the fp32 path, slower, with float32 copies of the inputs;
+// bwd_simple.cu), their inputs converted to float32 and their results rounded back: T5's rel_bias (score.h
+// FLASH_SCORE_TABLE: the simple kernels only), the backward at head dims above kMaxHeadDim, and any call whose
+// tiles need more shared memory per block than the GPU offers (sm86 / sm89 above head dim 128, off Hopper above
+// 256). Exact as the fp32 path, slower, with float32 copies of the inputs;
 // a warning once per process says so (the kernel report names the simple kernels). Never with a KV cache or a
 // paged k / v (a float32 copy of the whole cache per call): those keep their limits (check_cuda_sizes, check_smem).
 // The call's sizes (batch, seqlen_q and seqlen_k: the longest in a varlen batch; nheads and nheads_kv) let the
@@ -180,6 +181,17 @@ bool half_on_fp32(const at::Tensor &q, const at::Tensor &v, const Variants &var,
 {
     if (!is_half(q))
         return false;
+    if (var.rel_bias) { // its own warning (a call site of its own: once per process and direction)
+        const char *msg = "flashattn_ext: T5's rel_bias with float16 / bfloat16 inputs has no tensor-core kernel on "
+                          "CUDA: the call runs on the float32 CUDA-core kernels, exact but slower, with float32 copies "
+                          "of its inputs";
+        if (fwd) {
+            TORCH_WARN_ONCE(msg);
+        } else {
+            TORCH_WARN_ONCE(msg);
+        }
+        return true;
+    }
     const KernelHeadDims kd = kernel_head_dims(q, v);
     flash_params p{};
     p.d = kd.qk;
@@ -247,13 +259,14 @@ at::Tensor draw_rng_state_cuda(const at::Tensor &q, double dropout_p)
     return rng_state_from(inputs.first, inputs.second);
 }
 
-// T5's relative position bias (rel_bias) on CUDA: the fp32 / fp64 kernels (launch.h); fp16 / bf16 refuse it. The
+// T5's relative position bias (rel_bias) on CUDA: the fp32 / fp64 kernels (launch.h), fp16 / bf16 inputs through
+// half_on_fp32, but for a paged KV cache (no float32 copy of a cache: those calls keep the tensor-core kernels). The
 // contents of rel_buckets are not read on the host (no synchronization): the kernels clamp them (score.h).
-void check_cuda_rel_bias(const at::Tensor &q, const Opt &rel_bias)
+void check_cuda_rel_bias_paged(const at::Tensor &q, const Opt &rel_bias, const Opt &block_table)
 {
-    TORCH_CHECK(!rel_bias || !is_half(q), "flashattn_ext: rel_bias (T5's relative position bias) is not supported on "
-                "CUDA for float16 / bfloat16 inputs yet; on CUDA it takes float32 and float64 inputs (the CPU, every "
-                "dtype)");
+    TORCH_CHECK(!rel_bias || !block_table || !is_half(q), "flashattn_ext: rel_bias (T5's relative position bias) "
+                "with a paged KV cache (block_table) takes float32 and float64 inputs on CUDA, not float16 / "
+                "bfloat16");
 }
 
 // bwd's drel_bias output without a rel_bias: empty, in the lse dtype.
@@ -300,7 +313,6 @@ FwdOutputs dense_fwd_cuda(const at::Tensor &q_in, const at::Tensor &k_in, const 
 {
     check_qkv(q_in, k_in, v_in);
     check_cuda_inputs(q_in, k_in, v_in);
-    check_cuda_rel_bias(q_in, rel_bias);
     const Variants var = with_rel_bias(variants_of(causal, bottom_right, window_left, window_right, softcap,
                                                    alibi_slopes, sink, attn_mask, dropout_p, deterministic),
                                        rel_bias, rel_buckets);
@@ -358,7 +370,6 @@ BwdOutputs dense_bwd_cuda(
 {
     check_qkv(q_in, k_in, v_in);
     check_cuda_inputs(q_in, k_in, v_in);
-    check_cuda_rel_bias(q_in, rel_bias);
     TORCH_CHECK(!rel_bias_grad || rel_bias, "flashattn_ext: rel_bias_grad needs a rel_bias");
     check_bwd_inputs(dout_in, q_in, v_in, out_in, lse_in);
     check_rng_state(rng_state);
@@ -447,7 +458,7 @@ FwdOutputs varlen_fwd_cuda(
     const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table);
     check_varlen_qkv(q_in, k_in, v_in, vl);
     check_cuda_sizes(q_in, v_in, vl.batch(), q_in.size(1), max_seqlen_q, max_seqlen_k, "v", block_table.has_value());
-    check_cuda_rel_bias(q_in, rel_bias);
+    check_cuda_rel_bias_paged(q_in, rel_bias, block_table);
     const Variants var = with_rel_bias(variants_of(causal, true, window_left, window_right, softcap, alibi_slopes,
                                                    sink, c10::nullopt, dropout_p, deterministic),
                                        rel_bias, rel_buckets);
@@ -495,7 +506,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
     const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
     check_varlen_qkv(q_in, k_in, v_in, vl);
     check_cuda_sizes(q_in, v_in, vl.batch(), q_in.size(1), max_seqlen_q, max_seqlen_k);
-    check_cuda_rel_bias(q_in, rel_bias);
     TORCH_CHECK(!rel_bias_grad || rel_bias, "flashattn_ext: rel_bias_grad needs a rel_bias");
     check_varlen_bwd_inputs(dout_in, q_in, v_in, out_in, lse_in);
     check_rng_state(rng_state);

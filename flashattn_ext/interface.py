@@ -83,8 +83,9 @@ def flash_attn_func(
     rel_bias: T5's relative position bias, a (nheads, num_buckets) table (float32; float64 for float64
         inputs; learnable: its gradient is returned): adds rel_bias[h, bucket(j - i')] with i' = i + seqlen_k -
         seqlen_q and T5's bucketing (transformers' T5Attention._relative_position_bucket with
-        rel_bias_max_distance and rel_bias_bidirectional). Not with alibi_slopes. The CPU in every dtype, CUDA in
-        float32 / float64 (float16 / bfloat16 on CUDA raise); first-order gradients only (the gradient of lse and
+        rel_bias_max_distance and rel_bias_bidirectional). Not with alibi_slopes. Every dtype; on CUDA the float32
+        kernels (float16 / bfloat16 inputs converted, with a warning: no tensor-core kernel takes the table yet);
+        first-order gradients only (the gradient of lse and
         double backward through it raise).
     A query that sees no key gets out = 0 and lse = -inf (the sink with a sink), zero gradients.
     deterministic: bitwise reproducible backward on CUDA (the CPU backward always is).

@@ -296,8 +296,8 @@ class Attention(nn.Module):
     0..S-1 or the `positions` passed to forward. dropout: on the attention weights in training mode.
     softcap > 0: scores become softcap * tanh(scores / softcap). rel_bias_buckets > 0: T5's relative position
     bias, a learnable float32 parameter `rel_bias` (num_heads, rel_bias_buckets), zero at init, with
-    rel_bias_max_distance and rel_bias_bidirectional (default: not causal) as flash_attn_func's rel_bias (the CPU,
-    and CUDA in float32 / float64).
+    rel_bias_max_distance and rel_bias_bidirectional (default: not causal) as flash_attn_func's rel_bias (every
+    dtype; on CUDA the float32 kernels).
     """
 
     def __init__(self, dim, num_heads, num_kv_heads=None, head_dim=None, bias=True, causal=True,

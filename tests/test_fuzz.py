@@ -541,7 +541,7 @@ def test_fuzz_kvcache(seed, device, dtype):
 
 
 # ----------------------------------------------------------------------------------------------
-# T5's relative position bias (rel_bias; fp32 / fp64, on CUDA the simple kernels): random shapes, strides, buckets
+# T5's relative position bias (rel_bias; every dtype, on CUDA the simple kernels): random shapes, strides, buckets
 # and variants against the float64 reference with the bias as an additive mask
 # ----------------------------------------------------------------------------------------------
 
@@ -552,7 +552,8 @@ REL_BIAS_PARAMS = [pytest.param(seed, "cpu", id=f"{seed}-cpu") for seed in range
 @pytest.mark.parametrize("seed, device", REL_BIAS_PARAMS)
 def test_fuzz_rel_bias(seed, device):
     r = random.Random(9000 + seed)
-    dtype = r.choice((torch.float32, torch.float64))
+    dtype = r.choice((torch.float32, torch.float64, torch.float32, torch.float64, torch.bfloat16, torch.float16))
+    table_dtype = torch.float64 if dtype == torch.float64 else torch.float32  # the lse dtype
     b, hkv = r.randint(1, 2), r.choice((1, 2))
     h = hkv * r.choice((1, 2, 3))
     sq, sk = log_uniform_int(r, 1, 300), log_uniform_int(r, 1, 300)
@@ -575,8 +576,8 @@ def test_fuzz_rel_bias(seed, device):
     table64 = torch.randn(h, nb, generator=gen, dtype=torch.float64)
     sink64 = torch.randn(h, generator=gen, dtype=torch.float64) if r.random() < 0.3 else None
     q, k, v = (x.to(device, dtype).requires_grad_() for x in (q64, k64, v64))
-    table = table64.to(device, dtype).requires_grad_()
-    sink = sink64.to(device, dtype).requires_grad_() if sink64 is not None else None
+    table = table64.to(device, table_dtype).requires_grad_()
+    sink = sink64.to(device, table_dtype).requires_grad_() if sink64 is not None else None
     out = flashattn_ext.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap, sink=sink,
                                         rel_bias=table, rel_bias_max_distance=md, rel_bias_bidirectional=bidir)
     out.backward(dout.to(device, dtype))
@@ -585,8 +586,8 @@ def test_fuzz_rel_bias(seed, device):
     sr = sink.detach().cpu().double().requires_grad_() if sink is not None else None
     ref, _ = attention_ref(qr, kr, vr, causal=causal, window_size=window, softcap=softcap, sink=sr,
                            attn_mask=bias_matrix(tr, sq, sk, md, bidir).unsqueeze(0))
-    ref.backward(dout)
-    tol = 1e-9 if dtype == torch.float64 else 5e-4
+    ref.backward(dout.to(dtype).double())  # the dout the call got (rounded to dtype)
+    tol = {torch.float64: 1e-9, torch.float32: 5e-4, torch.bfloat16: 1.5e-2, torch.float16: 2e-3}[dtype]
     pairs = [("out", out, ref), ("dq", q.grad, qr.grad), ("dk", k.grad, kr.grad), ("dv", v.grad, vr.grad),
              ("drel_bias", table.grad, tr.grad)] + ([("dsink", sink.grad, sr.grad)] if sink is not None else [])
     for name, got, want in pairs:

@@ -1,8 +1,9 @@
 """T5's relative position bias (flash_attn_func's rel_bias): the buckets against transformers' own function, out,
 lse and the gradients of q, k, v, sink and the table against the float64 reference with the bias as an additive
 mask (the table gathered by bucket, so autograd gives the table's exact gradient), gradcheck in float64, and the
-refusals (with ALiBi, double backward, bad arguments). On the CPU every dtype; on CUDA float32 and float64 (the
-simple kernels, bitwise deterministic: gradcheck, repeated calls), while float16 / bfloat16 raise, naming rel_bias."""
+refusals (with ALiBi, double backward, bad arguments). Every dtype on the CPU and on CUDA, where the simple kernels
+take the table (bitwise deterministic: gradcheck, repeated calls) and float16 / bfloat16 inputs run on them in
+float32, with a warning."""
 import itertools
 import math
 
@@ -14,7 +15,7 @@ import flashattn_ext
 from flashattn_ext._checks import t5_buckets
 from flashattn_ext.reference import attention_ref
 
-from fa_testing import DTYPE_NAMES, requires_cuda
+from fa_testing import DTYPE_NAMES, requires_cuda, run_python
 
 
 def bias_matrix(table, sq, sk, max_distance, bidirectional):
@@ -51,13 +52,13 @@ CASES = [
     (2, 1, 300, 4, 2, 16, 16, False, (-1, -1), 0.0, True, False, 128, True),
     (1, 5, 77, 2, 1, 8, 8, True, (-1, -1), 3.0, False, True, 20, False),
 ]
-TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 3e-2}
-# (device, dtype) of the comparisons: every dtype on the CPU; on CUDA the float32 / float64 kernels (fp16 / bf16
-# raise: test_cuda_half_raises)
+TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 5e-3}
+# (device, dtype) of the comparisons: the CPU in three dtypes; CUDA in four (fp16 / bf16 on the float32 kernels:
+# test_cuda_half_runs_float32_kernels)
 DEVICE_DTYPES = [pytest.param("cpu", dt, id=f"cpu-{DTYPE_NAMES[dt]}")
                  for dt in (torch.float64, torch.float32, torch.bfloat16)] + [
                 pytest.param("cuda", dt, id=f"cuda-{DTYPE_NAMES[dt]}", marks=requires_cuda)
-                for dt in (torch.float64, torch.float32)]
+                for dt in (torch.float64, torch.float32, torch.bfloat16, torch.float16)]
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 
 
@@ -175,21 +176,41 @@ def test_double_backward_and_lse_gradient_raise():
         torch.autograd.grad(lse.sum(), q)
 
 
+HALF_ON_FP32 = """
+import warnings, torch, flashattn_ext
+dtype = getattr(torch, "{dtype}")
+q = torch.randn(1, 40, 2, 64, device="cuda", dtype=dtype, requires_grad=True)
+table = torch.randn(2, 32, device="cuda", requires_grad=True)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    out = flashattn_ext.flash_attn_func(q, q, q, rel_bias=table, causal=True)
+    out.sum().backward()
+print("KERNELS", flashattn_ext._C.last_cuda_kernels(), out.dtype, q.grad.dtype, table.grad.dtype)
+print("WARNINGS", [str(w.message).split(" (Triggered")[0] for w in caught])
+"""
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_cuda_half_raises(dtype):
-    """fp16 / bf16 on CUDA refuse rel_bias with an error naming it (flash_attn_func, the varlen function and the
-    module), never a result without the bias."""
+def test_cuda_half_runs_float32_kernels(dtype):
+    """fp16 / bf16 on CUDA run rel_bias on the float32 kernels (ops_cuda.cpp half_on_fp32): the kernel report names
+    the simple kernels, out and the gradients come back in the inputs' dtype (the table's in float32), one warning per
+    direction naming rel_bias; the varlen function and the module take it too (values: test_against_reference,
+    test_varlen_against_reference)."""
+    proc = run_python(["-c", HALF_ON_FP32.format(dtype=str(dtype).split(".")[1])])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    name = str(dtype)
+    assert f"KERNELS ('fwd_simple.cu', 'bwd_simple.cu') {name} {name} torch.float32" in proc.stdout, proc.stdout
+    warned = proc.stdout.split("WARNINGS", 1)[1]
+    assert warned.count("T5's rel_bias with float16 / bfloat16 inputs has no tensor-core kernel") == 2, warned
     q = torch.randn(1, 4, 2, 64, device="cuda", dtype=dtype)
-    table = torch.randn(2, 32, device="cuda")
-    with pytest.raises(RuntimeError, match="rel_bias"):
-        flashattn_ext.flash_attn_func(q, q, q, rel_bias=table)
     cu = torch.tensor([0, 1, 4], dtype=torch.int32, device="cuda")
-    with pytest.raises(RuntimeError, match="rel_bias"):
-        flashattn_ext.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 3, 3, rel_bias=table)
+    table = torch.randn(2, 32, device="cuda")
+    out = flashattn_ext.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 3, 3, rel_bias=table)
+    assert out.dtype == dtype and torch.isfinite(out).all()
     attn = flashattn_ext.nn.Attention(128, 2, rel_bias_buckets=8, device="cuda", dtype=dtype)
-    with pytest.raises(RuntimeError, match="rel_bias"):
-        attn(torch.randn(1, 4, 128, device="cuda", dtype=dtype))
+    y = attn(torch.randn(1, 4, 128, device="cuda", dtype=dtype))
+    assert y.dtype == dtype and torch.isfinite(y).all()
 
 
 @requires_cuda
