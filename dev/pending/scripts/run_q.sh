@@ -7,6 +7,7 @@
 #   run_q.sh t5suite           pytest -k cuda on ab/t5;  run_q.sh t5san: memcheck / racecheck on ab/t5
 #   run_q.sh host              benchmarks/bench_host.py --device cuda on main (host time per call)
 #   run_q.sh sm86dec           main's decode kernel at sm86 / sm89's 99 KB (the test, test_kvcache -k cuda there)
+#   run_q.sh dqb               issue 35's bulk dQ, two buffers per warpgroup (ab/dqb): bh test, bh time1 rounds beside main
 # Each step stops taking rounds past 520 s of the call, so what it has comes back.
 set -u
 R=$PWD
@@ -70,6 +71,26 @@ PY
             tests/test_kvcache.py -q -n 8 -p no:cacheprovider -k cuda 2>&1 | tail -3 ;;
     host) # host time per call beside torch's SDPA (main), bf16 short training shapes
         PYTHONPATH=$R timeout 200 python3 benchmarks/bench_host.py --device cuda --out $OUT/host ;;
+    dqb) # issue 35 rank 1's last variant: the bulk dQ with two buffers per warpgroup (ab/dqb = main +
+        # i35_dq_bulk2.patch, branch dq-bulk-2buf; the one-buffer form lost 3.4-6.3%: h100/dq_bulk_2026-12-07): both
+        # trees' harnesses (dev/ab_sed.sh, 0 rounds: builds only), ab/dqb's bh test, then rounds of bh time1 beside main
+        W=/tmp/dqb/ab_sed
+        TMPDIR=/tmp/dqb timeout 240 bash dev/ab_sed.sh 0 "" dqb=@ab/dqb > $OUT/dqb_build.log 2>&1
+        echo "harness builds rc $? at ${SECONDS}s"; grep FAIL $OUT/dqb_build.log | head -5
+        timeout 150 $W/dqb/bh test all > $OUT/dqb_test.log 2>&1
+        echo "dqb bh test rc $?: $(grep -c ^PASS $OUT/dqb_test.log) PASS, $(grep -c ^FAIL $OUT/dqb_test.log) FAIL"
+        grep ^FAIL $OUT/dqb_test.log | head -8
+        C=("128 2048 0 0" "128 8192 0 0" "128 8192 1 0" "128 512 0 0" "96 8192 0 0" "128 2048 1 0" "64 8192 0 0")
+        for r in 0 1 2 3 4 5; do
+            for c in "${C[@]}"; do
+                for n in $([ $((r % 2)) = 0 ] && echo "base dqb" || echo "dqb base"); do
+                    [ $SECONDS -lt 560 ] || break 3
+                    echo "== round $r $n: bh time1 $c"
+                    timeout 30 $W/$n/bh time1 $c || echo "FAILED rc $?"
+                done
+            done
+        done > $OUT/dqb_ab.log 2>&1
+        python3 dev/ab_table.py $OUT/dqb_ab.log | tee $OUT/dqb_table.txt ;;
     t5suite) bash $S/run_t5.sh suite ;;
     t5san) bash $S/run_t5.sh sanitize ;;
     *) echo "unknown step $step"; exit 2 ;;
