@@ -33,6 +33,10 @@
 #   bash dev/device.sh ncu bwd [CAND.cu] ["D SEQLEN" ...]
 #                                             Nsight Compute of the backward main kernel (bf16; default "64 8192";
 #                                             CAND.cu replaces csrc/cuda/bwd_sm90.cu): tensor pipe, stalls, memory
+#   bash dev/device.sh ncu pair ["D SEQLEN CAUSAL" ...]
+#                                             cuDNN's backward main kernel beside ours (dev/tools/bwd_pair.py: one
+#                                             process, the same bf16 inputs; default "128 8192 0"): the same sections
+#                                             and metrics as ncu bwd, for issue 35's "why (ncu)"
 #   bash dev/device.sh ncu fwd                the causal s2048 d128 forward: full set and its hot SASS lines
 #   bash dev/device.sh ab KERNEL "MODES" [NAME=[PATCH] ...]
 #                                             the forward harness built once per variant of one forward kernel file
@@ -225,6 +229,23 @@ ncu_bwd() {
     done
 }
 
+ncu_pair() { # cuDNN's backward main kernel (SDPA, cudnn backend) beside ours, one process and shape each, bf16
+    local cfg n
+    [ -f flashattn_ext/_C*.so ] || build ext
+    for cfg in "${@:-128 8192 0}"; do
+        set -- $cfg
+        n=d$1_s$2_c$3
+        timeout 240 ncu -k regex:"flash_bprop|bwd_main_sm90" -c 2 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+            --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy \
+            --section LaunchStats --section InstructionStats \
+            --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_sectors_op_red.sum,smsp__inst_executed.sum \
+            python3 dev/tools/bwd_pair.py "$1" "$2" "$3" >"$O/ncu_pair_$n.txt" 2>&1
+        echo "== $n (cuDNN first, then ours)"
+        grep -E "^  [a-z_]+.*\(|Duration|gmma|inst_executed.sum|Executed Instructions  |Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Eligible Warps|op_red|L2 Cache Throughput|Registers Per|Grid Size|Shared Memory Config" \
+            "$O/ncu_pair_$n.txt" | head -60
+    done
+}
+
 ncu_fwd() {
     [ -x "$B/fh" ] || build harness
     # the causal s2048 d128 forward: bench's non-causal s2048 runs first (3 warm-up + 20 timed launches)
@@ -330,8 +351,9 @@ bench) bench "$@" ;;
 ncu)
     case ${1:-} in
     bwd) shift; ncu_bwd "$@" ;;
+    pair) shift; ncu_pair "$@" ;;
     fwd) ncu_fwd ;;
-    *) echo "ncu: bwd or fwd"; exit 2 ;;
+    *) echo "ncu: bwd, pair or fwd"; exit 2 ;;
     esac ;;
 ptx)
     FLASHATTN_EXT_CUDA_ARCHS=compute_80 MAX_JOBS=16 python3 setup.py build_ext --inplace >"$O/ptx_build.log" 2>&1 ||
