@@ -194,6 +194,18 @@ def _sdpa_heads(query, key, value, enable_gqa):
     return expand(query, heads), expand(key, hkv), expand(value, hkv)
 
 
+def _sdpa_plain(query, key, value, enable_gqa):
+    """Whether an SDPA call is the plain one that needs no broadcasting, head repeat or copy: 4-D query, key,
+    value of one batch size (int sizes: not while torch.compile traces, whose symbolic sizes would get new guards),
+    key and value of one head count that is query's (or divides it, with enable_gqa), each last stride 1."""
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or _core._compiling():
+        return False
+    (b, hq, _, _), (bk, hk, _, _), (bv, hv, _, _) = query.shape, key.shape, value.shape
+    if not (b == bk == bv and hk == hv and (hq == hk or (enable_gqa and hk > 0 and hq % hk == 0))):
+        return False
+    return all(t.shape[-1] <= 1 or t.stride(-1) == 1 for t in (query, key, value))
+
+
 def scaled_dot_product_attention(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
@@ -231,6 +243,11 @@ def scaled_dot_product_attention(
     if key.shape[-2] != value.shape[-2]:
         raise ValueError(f"{fn}: seqlen of key ({key.shape[-2]}) and value ({value.shape[-2]}) must match")
     softmax_scale = _default_scale(query.shape[-1]) if scale is None else _check_scale(fn, "scale", scale)
+    if attn_mask is None and _sdpa_plain(query, key, value, enable_gqa):
+        # the common call (LLM layers, decode): one transposed view each way, none of the broadcast machinery below
+        out, _, _ = _attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale,
+                               is_causal, False, (-1, -1), 0.0, None, None, None, dropout_p, False)
+        return out.transpose(1, 2)
     rank = max(query.dim(), key.dim(), value.dim())
     # The kernel's layout: last stride 1 (copy otherwise); value keeps its own head dim.
     query, key, value = [t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.clone(memory_format=torch.contiguous_format)

@@ -366,6 +366,45 @@ def test_gradcheck_sdpa(device, shape):
             q, k, v, is_causal=cfg.causal, enable_gqa=cfg.h != cfg.hkv), (q, k, v))
 
 
+SDPA_PLAIN_CASES = [
+    # (batch, heads, heads_kv, sq, sk, d, dv, is_causal, enable_gqa, dropout_p, layout)
+    (2, 4, 4, 33, 47, 16, 16, False, False, 0.0, "bhsd"),
+    (1, 6, 2, 1, 90, 32, 24, True, True, 0.0, "bhsd"),     # decode-shaped, GQA, its own v head dim
+    (3, 2, 2, 70, 70, 8, 8, True, False, 0.2, "bshd"),     # transposed (B, S, H, D) storage, dropout
+    (0, 2, 1, 5, 5, 8, 8, False, True, 0.0, "bhsd"),       # empty batch
+]
+
+
+@pytest.mark.parametrize("case", SDPA_PLAIN_CASES, ids=str)
+@pytest.mark.parametrize("device", DEVICES)
+def test_sdpa_plain_path_equals_general(device, case, monkeypatch):
+    """scaled_dot_product_attention's shortcut for plain 4-D calls (interface._sdpa_plain) gives the general
+    path's out and gradients bit for bit (the general path forced by patching the test out), and is taken."""
+    from flashattn_ext import interface
+    b, h, hkv, sq, sk, d, dv, causal, gqa, p, layout = case
+    gen = torch.Generator().manual_seed(sq + sk)
+
+    def make(heads, s, dim):
+        if layout == "bshd":
+            return torch.randn(b, s, heads, dim, generator=gen).to(device).transpose(1, 2)
+        return torch.randn(b, heads, s, dim, generator=gen).to(device)
+    q, k, v = make(h, sq, d), make(hkv, sk, d), make(hkv, sk, dv)
+    dout = torch.randn(b, h, sq, dv, generator=gen).to(device)
+    assert interface._sdpa_plain(q, k, v, gqa)
+    results = []
+    for plain in (True, False):
+        if not plain:
+            monkeypatch.setattr(interface, "_sdpa_plain", lambda *a: False)
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        torch.manual_seed(7)
+        out = flashattn_ext.scaled_dot_product_attention(*leaves, dropout_p=p, is_causal=causal, enable_gqa=gqa)
+        grads = torch.autograd.grad(out, leaves, dout) if out.numel() else ()
+        results.append((out, *grads))
+    assert results[0][0].shape == (b, h, sq, dv) and results[0][0].stride() == results[1][0].stride()
+    for got, want in zip(*results):
+        assert torch.equal(got, want)
+
+
 # ----------------------------------------------------------------------------------------------
 # What autograd saves
 # ----------------------------------------------------------------------------------------------
