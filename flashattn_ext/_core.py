@@ -33,12 +33,7 @@ def fwd(*, q, k, v, softmax_scale, causal=False, bottom_right=True, window_left=
             attn_mask, dropout_p, deterministic, rel_bias, rel_buckets, cu_seqlens_q, cu_seqlens_k, seqused_k,
             max_seqlen_q, max_seqlen_k, block_table, cache_seqlens, cache_batch_idx, cache_leftpad, num_splits)
     grads = (q, k, v, alibi_slopes, sink, attn_mask, rel_bias)
-    _no_forward_ad(grads)
-    if not _compiling() and _transforms_active():
-        return _FwdTransformed.apply(*args)[:3]
-    if _FwdRecorder.records(*grads):
-        return _FwdRecorder.apply(*args)[:3]
-    return _run(torch.ops.flashattn_ext.fwd.default, args, grads)[:3]
+    return _dispatch(torch.ops.flashattn_ext.fwd.default, _FwdTransformed, _FwdRecorder, args, grads)[:3]
 
 
 class _FwdRecorder(torch.autograd.Function):
@@ -48,11 +43,6 @@ class _FwdRecorder(torch.autograd.Function):
     schema.arguments anew for each argument): ~150 us of Python for fwd's 26 arguments, more than the kernel up to
     s2k on an H200. torch.compile traces the op with its registered autograd instead."""
     setup_fn = backward_fn = None
-
-    @staticmethod
-    def records(*tensors):
-        return (_FwdRecorder.setup_fn is not None and torch.is_grad_enabled() and not _compiling() and
-                any(t is not None and t.requires_grad for t in tensors))
 
     @staticmethod
     def forward(ctx, *args):  # no setup_context staticmethod: torch would bind the defaults of such a forward per call
@@ -106,12 +96,29 @@ _BelowAutograd = torch._C._AutoDispatchBelowAutograd
 _transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: True)
 
 
-def _run(op, args, tensors):
-    """op(*args), straight below autograd where that records nothing (see _BelowAutograd): no graph is recorded
-    (grad mode off, or no tensor among tensors requires grad), no torch.compile trace, torch.func transform or
-    forward-mode AD level is active."""
-    if (not _compiling() and not _transforms_active() and torch.autograd.forward_ad._current_level < 0 and
-            (not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors))):
+_forward_ad = torch.autograd.forward_ad
+
+
+def _dispatch(op, transformed, recorder, args, tensors):
+    """op(*args) the way the call needs, each condition read once (host time: every call pays this):
+    - forward-mode AD with tangents among tensors raises (_no_forward_ad);
+    - a torch.func transform: the op under transformed (its vmap / grad form);
+    - eager, a graph recorded (grad mode on, some tensor requires grad): through recorder where given (the fwd op's
+      _FwdRecorder), else the op's registered autograd;
+    - eager, nothing recorded, no forward-mode AD level: straight below autograd (see _BelowAutograd);
+    - a torch.compile trace: the op with its registered autograd."""
+    if _compiling():
+        _no_forward_ad(tensors)
+        return op(*args)
+    level, transforms = _forward_ad._current_level, _transforms_active()
+    if level >= 0 or transforms:
+        _no_forward_ad(tensors)
+        if transforms:
+            return transformed.apply(*args)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        if recorder is not None and recorder.setup_fn is not None:
+            return recorder.apply(*args)
+    elif level < 0:
         with _BelowAutograd():
             return op(*args)
     return op(*args)
@@ -143,10 +150,7 @@ def bwd(*, dout, q, k, v, out, lse, rng_state, softmax_scale, causal=False, bott
             alibi_slopes, sink, attn_mask, dropout_p, deterministic, mask_grad, rel_bias, rel_buckets, rel_bias_grad,
             cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     grads = (dout, q, k, v, out, lse, alibi_slopes, sink, attn_mask, rel_bias)
-    _no_forward_ad(grads)
-    if not _compiling() and _transforms_active():
-        return _BwdTransformed.apply(*args)
-    return _run(torch.ops.flashattn_ext.bwd.default, args, grads)
+    return _dispatch(torch.ops.flashattn_ext.bwd.default, _BwdTransformed, None, args, grads)
 
 
 def dropout_mask(*, q, rng_state, seqlen_k, dropout_p):

@@ -18,16 +18,16 @@ OPS = ("fwd", "bwd", "dropout_mask", "kv_append")
 
 def _op_call(fn_name):
     """The op that _core.<fn_name> calls and the positional argument names it passes: either one call
-    torch.ops.flashattn_ext.<op>(a, b, ...), or the op's .default given to _run beside `args = (a, b, ...)`."""
+    torch.ops.flashattn_ext.<op>(a, b, ...), or the op's .default given to _dispatch beside `args = (a, b, ...)`."""
     tree = ast.parse((PACKAGE / "_core.py").read_text())
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == fn_name)
     calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func).startswith("torch.ops.")]
     if calls:
         assert len(calls) == 1 and not calls[0].keywords
         return ast.unparse(calls[0].func), [ast.unparse(a) for a in calls[0].args]
-    runs = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func) == "_run"]
+    runs = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func) == "_dispatch"]
     assigns = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "args"]
-    assert len(runs) == 1 and len(assigns) == 1 and ast.unparse(runs[0].args[1]) == "args"
+    assert len(runs) == 1 and len(assigns) == 1 and ast.unparse(runs[0].args[3]) == "args"
     op = ast.unparse(runs[0].args[0])
     assert op.endswith(".default")
     return op[:-len(".default")], [ast.unparse(a) for a in assigns[0].value.elts]
