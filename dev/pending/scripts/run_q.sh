@@ -7,6 +7,7 @@
 #   run_q.sh t5suite           pytest -k cuda on ab/t5;  run_q.sh t5san: memcheck / racecheck on ab/t5
 #   run_q.sh host              benchmarks/bench_host.py --device cuda on main (host time per call)
 #   run_q.sh sm86dec           main's decode kernel at sm86 / sm89's 99 KB (the test, test_kvcache -k cuda there)
+#   run_q.sh mainval           main's CPU-verified landings of 2026-12-07 on the GPU (after `build`)
 #   run_q.sh dqb               issue 35's bulk dQ, two buffers per warpgroup (ab/dqb): bh test, bh time1 rounds beside main
 # Each step stops taking rounds past 520 s of the call, so what it has comes back.
 set -u
@@ -91,6 +92,14 @@ PY
             done
         done > $OUT/dqb_ab.log 2>&1
         python3 dev/ab_table.py $OUT/dqb_ab.log | tee $OUT/dqb_table.txt ;;
+    mainval) # main's CPU-verified landings of 2026-12-07 (T5 fp16 / bf16 through the fp32 kernels, the registry
+        # test's rule, the SDPA shortcut, _core._dispatch), on main's own build (`build` first, or dev/device.sh build ext)
+        PYTHONPATH=$R timeout 400 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_rel_bias.py \
+            tests/test_registry.py tests/test_core.py tests/test_attention.py tests/test_cuda.py \
+            -k "cuda or registry or shared_memory or sdpa_plain or recorder" > $OUT/mainval.log 2>&1
+        echo "mainval rc $?: $(tail -1 $OUT/mainval.log)"; grep -h "^FAILED" $OUT/mainval.log | head -10
+        PYTHONPATH=$R timeout 120 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_fuzz.py -k "rel_bias and cuda" \
+            2>&1 | tail -1 ;;
     t5suite) bash $S/run_t5.sh suite ;;
     t5san) bash $S/run_t5.sh sanitize ;;
     *) echo "unknown step $step"; exit 2 ;;
