@@ -16,7 +16,7 @@ tree() { # name base patch...
 }
 tree tma2 5233855 i35_bwd_tma_loads # the patch predates the D = 64 TMA landing
 tree hilo2 HEAD i33_dropout_hi_lo
-tree t5 bd99f94 i34_t5_half # the patch predates the T5 fp32 fallback (c2ccde1): rebase before landing
+tree t5 HEAD i34_t5_half
 tree sm86 HEAD i36_sm86_fwd
 tree dqb HEAD i35_dq_bulk2
 mkdir -p ab/pre512 && git archive 1881d05 | tar -x -C ab/pre512 # run_q.sh d512: main before the d512 landing
