@@ -5,7 +5,8 @@ without a synchronization (the kernels queue behind them; N is kept below the la
 on the CPU, where a call computes, tiny shapes whose compute is small beside the call's overhead (one thread).
 Rows: flash_attn_func (inputs without grad, and requiring grad: the autograd record of training), our
 scaled_dot_product_attention (no mask, a bool mask), torch's F.scaled_dot_product_attention (its default backend on
-the device), forward only; the backward (torch.autograd.grad of a forward) on both.
+the device), forward only; the backward (torch.autograd.grad of a forward) on both; a decode step (one query
+against the s rows of a KV cache: flash_attn_with_kvcache, and our SDPA drop-in) beside torch's SDPA.
 
     python benchmarks/bench_host.py --out benchmarks/results/cpu/host_<date>            # CPU, one thread
     python benchmarks/bench_host.py --device cuda --out benchmarks/results/h200/host_<date>
@@ -57,6 +58,9 @@ def rows_for(shape, device, dtype):
     qt, kt, vt = bhsd((q, k, v))
     qtg, ktg, vtg = bhsd((qg, kg, vg))
     mask = torch.ones(s, s, dtype=torch.bool, device=device).tril()
+    q1 = torch.randn(b, 1, h, d, device=device, dtype=dtype, generator=gen)
+    q1t = q1.transpose(1, 2)
+    lens = torch.full((b,), s, device=device, dtype=torch.int32)
     dout = torch.randn(b, s, h, d, device=device, dtype=dtype, generator=gen)
     dout_t = dout.transpose(1, 2)
     ours_bwd = lambda: torch.autograd.grad(flashattn_ext.flash_attn_func(qg, kg, vg, causal=True), (qg, kg, vg),  # noqa
@@ -73,6 +77,12 @@ def rows_for(shape, device, dtype):
         ("SDPA drop-in, bool mask", lambda: flashattn_ext.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask),
          lambda: F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)),
         ("forward + backward", ours_bwd, torch_bwd),
+        # one query against a KV cache of s rows, all in use (no append): flash_attn_with_kvcache, and the SDPA
+        # drop-in on the same rows (a decode step of an LLM layer), beside torch's SDPA
+        ("decode, KV cache", lambda: flashattn_ext.flash_attn_with_kvcache(q1, k, v, cache_seqlens=lens),
+         lambda: F.scaled_dot_product_attention(q1t, kt, vt)),
+        ("decode, SDPA drop-in", lambda: flashattn_ext.scaled_dot_product_attention(q1t, kt, vt),
+         lambda: F.scaled_dot_product_attention(q1t, kt, vt)),
     ]
 
 
