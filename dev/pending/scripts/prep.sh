@@ -3,7 +3,7 @@
 # the run_*.sh scripts use. Then, on the GPU: `bash dev/pending/scripts/run_split2.sh` etc., one per call.
 # Trees by `patch -p1` inside a `git archive HEAD` copy, each checked to differ from main (a `git apply --include`
 # with --directory once applied nothing and an A/B measured main against itself).
-# ab/tma2 = main 5233855 (before the D = 64 TMA landing) + i35_bwd_tma_loads (run_tma.sh, run_tma_wg4.sh), ab/hilo2 = main + i33_dropout_hi_lo (run_hilo.sh), ab/t5 = main + i34_t5_half (run_q.sh t5ab / t5ab80, run_t5.sh), ab/pre512 = 1881d05 (run_q.sh d512), ab/sm86 = main + i36_sm86_fwd (run_q.sh sm86), ab/dqb = main + i35_dq_bulk2 (run_q.sh dqb).
+# ab/tma2 = main 5233855 (before the D = 64 TMA landing) + i35_bwd_tma_loads (run_tma.sh, run_tma_wg4.sh), ab/hilo2 = main + i33_dropout_hi_lo (run_hilo.sh), ab/t5 = main + i34_t5_half (run_q.sh t5ab / t5ab80, run_t5.sh), ab/pre512 = 1881d05 (run_q.sh d512), ab/sm86 = main + i36_sm86_fwd (run_q.sh sm86), ab/dqb = main + i35_dq_bulk2 (run_q.sh dqb), ab/dqb2 = main + i35_dq_bulk2_hook (run_q.sh dqb2).
 set -e
 rm -rf ab && mkdir ab
 tree() { # name base patch...
@@ -19,5 +19,6 @@ tree hilo2 HEAD i33_dropout_hi_lo
 tree t5 HEAD i34_t5_half
 tree sm86 HEAD i36_sm86_fwd
 tree dqb HEAD i35_dq_bulk2
+tree dqb2 HEAD i35_dq_bulk2_hook
 mkdir -p ab/pre512 && git archive 1881d05 | tar -x -C ab/pre512 # run_q.sh d512: main before the d512 landing
 du -sh ab

@@ -9,6 +9,7 @@
 #   run_q.sh sm86dec           main's decode kernel at sm86 / sm89's 99 KB (the test, test_kvcache -k cuda there)
 #   run_q.sh mainval           main's CPU-verified landings of 2026-12-07 on the GPU (after `build`)
 #   run_q.sh dqb               issue 35's bulk dQ, two buffers per warpgroup (ab/dqb): bh test, bh time1 rounds beside main
+#   run_q.sh dqb2              the same in the HOOK d128 kernel too (ab/dqb2): bh test, bh timev rounds beside main
 # Each step stops taking rounds past 520 s of the call, so what it has comes back.
 set -u
 R=$PWD
@@ -92,6 +93,22 @@ PY
             done
         done > $OUT/dqb_ab.log 2>&1
         python3 dev/ab_table.py $OUT/dqb_ab.log | tee $OUT/dqb_table.txt ;;
+    dqb2) # the two-buffer bulk dQ in the HOOK d128 kernel too (ab/dqb2 = main + i35_dq_bulk2_hook.patch, branch
+        # dq-bulk-2buf-hook): its bh test, then rounds of bh timev (softcap, ALiBi, masks, dropout at d128, s8k) beside main
+        W=/tmp/dqb2/ab_sed
+        TMPDIR=/tmp/dqb2 timeout 240 bash dev/ab_sed.sh 0 "" dqb2=@ab/dqb2 > $OUT/dqb2_build.log 2>&1
+        echo "harness builds rc $? at ${SECONDS}s"; grep FAIL $OUT/dqb2_build.log | head -5
+        timeout 150 $W/dqb2/bh test all > $OUT/dqb2_test.log 2>&1
+        echo "dqb2 bh test rc $?: $(grep -c ^PASS $OUT/dqb2_test.log) PASS, $(grep -c ^FAIL $OUT/dqb2_test.log) FAIL"
+        grep ^FAIL $OUT/dqb2_test.log | head -8
+        for r in 0 1 2 3 4 5; do
+            for n in $([ $((r % 2)) = 0 ] && echo "base dqb2" || echo "dqb2 base"); do
+                [ $SECONDS -lt 500 ] || break 2
+                echo "== round $r $n: bh timev"
+                timeout 60 $W/$n/bh timev || echo "FAILED rc $?"
+            done
+        done > $OUT/dqb2_ab.log 2>&1
+        python3 dev/ab_table.py $OUT/dqb2_ab.log | tee $OUT/dqb2_table.txt ;;
     mainval) # main's CPU-verified landings of 2026-12-07 (T5 fp16 / bf16 through the fp32 kernels, the registry
         # test's rule, the SDPA shortcut, _core._dispatch), on main's own build (`build` first, or dev/device.sh build ext)
         PYTHONPATH=$R timeout 400 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_rel_bias.py \
