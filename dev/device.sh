@@ -213,6 +213,11 @@ bench() {
     esac
 }
 
+# the backward main kernel's ncu sections and metrics (ncu bwd, ncu pair)
+NCU_BWD_SECTIONS=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats
+    --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy)
+NCU_BWD_METRICS=sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_sectors_op_red.sum
+
 ncu_bwd() {
     local cand=csrc/cuda/bwd_sm90.cu cfg n src=()
     if [[ ${1:-} == *.cu ]]; then cand=$1; shift; fi
@@ -221,9 +226,8 @@ ncu_bwd() {
     for cfg in "${@:-64 8192}"; do
         set -- $cfg
         n=d$1_s$2
-        timeout 240 ncu -k regex:bwd_main -c 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
-            --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy \
-            --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_xu.sum,lts__t_sectors_op_red.sum,smsp__cycles_active.avg \
+        timeout 240 ncu -k regex:bwd_main -c 1 "${NCU_BWD_SECTIONS[@]}" \
+            --metrics $NCU_BWD_METRICS,smsp__inst_executed_pipe_xu.sum,smsp__cycles_active.avg \
             "$B/h_ncu" time1 "$1" "$2" 0 0 >"$O/ncu_$n.txt" 2>&1
         echo "== $n"; grep -E "Duration|gmma|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|No Eligible|Stall|Warp Cycles Per Issued|Active Warps Per Scheduler|Eligible Warps|xu.sum|op_red|L2 Cache Throughput|Registers Per" "$O/ncu_$n.txt" | head -40
     done
@@ -235,10 +239,8 @@ ncu_pair() { # cuDNN's backward main kernel (SDPA, cudnn backend) beside ours, o
     for cfg in "${@:-128 8192 0}"; do
         set -- $cfg
         n=d$1_s$2_c$3
-        timeout 240 ncu -k regex:"flash_bprop|bwd_main_sm90" -c 2 --section SpeedOfLight --section ComputeWorkloadAnalysis \
-            --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy \
-            --section LaunchStats --section InstructionStats \
-            --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_sectors_op_red.sum,smsp__inst_executed.sum \
+        timeout 240 ncu -k regex:"flash_bprop|bwd_main_sm90" -c 2 "${NCU_BWD_SECTIONS[@]}" --section LaunchStats \
+            --section InstructionStats --metrics $NCU_BWD_METRICS,smsp__inst_executed.sum \
             python3 dev/tools/bwd_pair.py "$1" "$2" "$3" >"$O/ncu_pair_$n.txt" 2>&1
         echo "== $n (cuDNN first, then ours)"
         grep -E "^  [a-z_]+.*\(|Duration|gmma|inst_executed.sum|Executed Instructions  |Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Eligible Warps|op_red|L2 Cache Throughput|Registers Per|Grid Size|Shared Memory Config" \

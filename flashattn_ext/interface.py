@@ -85,8 +85,7 @@ def flash_attn_func(
         seqlen_q and T5's bucketing (transformers' T5Attention._relative_position_bucket with
         rel_bias_max_distance and rel_bias_bidirectional). Not with alibi_slopes. Every dtype; on CUDA the float32
         kernels (float16 / bfloat16 inputs converted, with a warning: no tensor-core kernel takes the table yet);
-        first-order gradients only (the gradient of lse and
-        double backward through it raise).
+        first-order gradients only (the gradient of lse and double backward through it raise).
     A query that sees no key gets out = 0 and lse = -inf (the sink with a sink), zero gradients.
     deterministic: bitwise reproducible backward on CUDA (the CPU backward always is).
     Returns out (batch, seqlen_q, nheads, headdim_v).
@@ -243,11 +242,13 @@ def scaled_dot_product_attention(
     if key.shape[-2] != value.shape[-2]:
         raise ValueError(f"{fn}: seqlen of key ({key.shape[-2]}) and value ({value.shape[-2]}) must match")
     softmax_scale = _default_scale(query.shape[-1]) if scale is None else _check_scale(fn, "scale", scale)
+
+    def run(q, k, v, mask):  # (flat batch, nheads, seqlen, headdim) each -> out (flat batch, seqlen_q, nheads, dv)
+        return _attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale, is_causal, False,
+                          (-1, -1), 0.0, None, None, mask, dropout_p, False)[0]
     if attn_mask is None and _sdpa_plain(query, key, value, enable_gqa):
         # the common call (LLM layers, decode): one transposed view each way, none of the broadcast machinery below
-        out, _, _ = _attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale,
-                               is_causal, False, (-1, -1), 0.0, None, None, None, dropout_p, False)
-        return out.transpose(1, 2)
+        return run(query, key, value, None).transpose(1, 2)
     rank = max(query.dim(), key.dim(), value.dim())
     # The kernel's layout: last stride 1 (copy otherwise); value keeps its own head dim.
     query, key, value = [t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.clone(memory_format=torch.contiguous_format)
@@ -278,9 +279,7 @@ def scaled_dot_product_attention(
         for d, i in zip(loop, index):
             at[d] = i
         q, k, v, *m = [t[tuple(at)].flatten(0, len(flat) - 1) for t in views] if loop or len(flat) > 1 else views
-        out, _, _ = _attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale, is_causal,
-                               False, (-1, -1), 0.0, None, None, m[0] if m else None, dropout_p, False)
-        outs.append(out)  # (flat batch, seqlen_q, nheads, headdim_v)
+        outs.append(run(q, k, v, m[0] if m else None))  # (flat batch, seqlen_q, nheads, headdim_v)
     order = [*loop, *flat]
     out = torch.stack(outs) if loop else outs[0]
     out = out.reshape(*[views[0].shape[d] for d in order], *out.shape[-3:])
