@@ -10,6 +10,7 @@
 #   run_q.sh mainval           main's CPU-verified landings of 2026-12-07 on the GPU (after `build`)
 #   run_q.sh dqb               issue 35's bulk dQ, two buffers per warpgroup (ab/dqb): bh test, bh time1 rounds beside main
 #   run_q.sh dqb2              the same in the HOOK d128 kernel too (ab/dqb2): bh test, bh timev rounds beside main
+#   run_q.sh t5ncu             ab/t5's backward main kernel with ALiBi, then with T5's table (ncu, same inputs)
 # Each step stops taking rounds past 520 s of the call, so what it has comes back.
 set -u
 R=$PWD
@@ -117,6 +118,25 @@ PY
         echo "mainval rc $?: $(tail -1 $OUT/mainval.log)"; grep -h "^FAILED" $OUT/mainval.log | head -10
         PYTHONPATH=$R timeout 120 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_fuzz.py -k "rel_bias and cuda" \
             2>&1 | tail -1 ;;
+    t5ncu) # where T5's backward loses to ALiBi's in ab/t5 (after `build`): both main kernels in one process per shape,
+        # the sections of dev/device.sh ncu pair, then the T5 kernel's hottest SASS lines (source page)
+        for cfg in "128 8192 0" "64 8192 1"; do
+            set -- $cfg
+            n=d$1_s$2_c$3
+            (cd ab/t5 && PYTHONPATH=$PWD timeout 200 ncu -k regex:bwd_main_sm90 -c 2 --section SpeedOfLight \
+                --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+                --section MemoryWorkloadAnalysis --section InstructionStats --section LaunchStats \
+                --metrics smsp__inst_executed.sum,smsp__sass_inst_executed_op_local_ld.sum,smsp__sass_inst_executed_op_local_st.sum \
+                python3 $S/t5_ncu.py $1 $2 $3 > $OUT/t5ncu_$n.txt 2>&1)
+            echo "== $n (ALiBi first, then T5)"
+            grep -E "^  [a-z_]+.*\(|Duration|inst_executed|local_|shared_|Executed Instructions  |Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Eligible Warps|Stall|Registers Per" $OUT/t5ncu_$n.txt | head -50
+            left || break
+        done
+        (cd ab/t5 && PYTHONPATH=$PWD timeout 150 ncu -k regex:bwd_main_sm90 --launch-skip 1 -c 1 --set full \
+            --import-source yes -o /tmp/t5rep python3 $S/t5_ncu.py 128 8192 0 > $OUT/t5ncu_full.log 2>&1 && \
+            ncu -i /tmp/t5rep.ncu-rep --page source --csv --print-source sass > /tmp/t5sass.csv 2>&1 && \
+            python3 dev/tools/ncu_sass_hot.py /tmp/t5sass.csv 60 > $OUT/t5ncu_hot.txt 2>&1)
+        echo "t5 hot lines: $(wc -l < $OUT/t5ncu_hot.txt 2>/dev/null)" ;;
     t5suite) bash $S/run_t5.sh suite ;;
     t5san) bash $S/run_t5.sh sanitize ;;
     *) echo "unknown step $step"; exit 2 ;;
