@@ -1,6 +1,6 @@
 #!/bin/bash
 # On the GPU machine, from main's root, after prep.sh here (ab/pre512, ab/t5, ab/sm86). One call each, in order:
-#   run_q.sh build d512 t5ab   builds main + the four trees at once (5 x MAX_JOBS=3), the d512 landing's A/B
+#   run_q.sh build d512 t5ab   (BUILD_TREES="main t5": only those) builds main + the four trees at once (5 x MAX_JOBS=3), the d512 landing's A/B
 #                              (paged_fp32_ab.py, main vs ab/pre512, 3 rounds), T5 v7's A/B on the sm90 path (t5_ab.py,
 #                              ab/t5 vs main, 3 rounds)
 #   run_q.sh t5ab80 sm86       T5 v7's A/B on the sm80 path; ab/sm86's checks (fh check with and without the sm86 limit, the test, memcheck) and A/B
@@ -32,7 +32,7 @@ for step in "$@"; do
     echo "== $step at ${SECONDS}s"
     case $step in
     build)
-        for t in main pre512 t5 sm86; do
+        for t in ${BUILD_TREES:-main pre512 t5 sm86}; do
             d=$R; [ $t != main ] && d=$R/ab/$t
             [ -f $d/build/.done ] && continue
             ( cd $d && start=$SECONDS && MAX_JOBS=3 python3 setup.py build_ext --inplace > $OUT/build_$t.log 2>&1 \
