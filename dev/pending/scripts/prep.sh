@@ -17,6 +17,7 @@ tree() { # name base patch...
 tree tma2 5233855 i35_bwd_tma_loads # the patch predates the D = 64 TMA landing
 tree hilo2 HEAD i33_dropout_hi_lo
 tree t5 HEAD i34_t5_half
+tree t5v9 HEAD i34_t5_half i34_t5_v9
 tree sm86 HEAD i36_sm86_fwd
 tree dqb HEAD i35_dq_bulk2
 tree dqb2 HEAD i35_dq_bulk2_hook

@@ -10,6 +10,7 @@
 #   run_q.sh mainval           main's CPU-verified landings of 2026-12-07 on the GPU (after `build`)
 #   run_q.sh dqb               issue 35's bulk dQ, two buffers per warpgroup (ab/dqb): bh test, bh time1 rounds beside main
 #   run_q.sh dqb2              the same in the HOOK d128 kernel too (ab/dqb2): bh test, bh timev rounds beside main
+#   run_q.sh t5v9ab            ab/t5v9 (i34_t5_v9: T5's table by one load, rel_lut) beside ab/t5 (v8), t5_ab.py rounds
 #   run_q.sh t5ncu             ab/t5's backward main kernel with ALiBi, then with T5's table (ncu, same inputs)
 # Each step stops taking rounds past 520 s of the call, so what it has comes back.
 set -u
@@ -41,6 +42,7 @@ for step in "$@"; do
         wait ;;
     d512) rounds d512 "" $S/paged_fp32_ab.py main pre512 ;;
     t5ab) rounds t5ab90 "" $S/t5_ab.py t5 main ;;
+    t5v9ab) rounds t5v9ab90 "" $S/t5_ab.py t5v9 t5 ;; # ab/t5v9 (the table by one load: rel_lut) against ab/t5 (v8)
     t5ab80) rounds t5ab80 FLASHATTN_EXT_DISABLE_SM90=1 $S/t5_ab.py t5 main ;;
     sm86)
         cd ab/sm86
