@@ -186,7 +186,7 @@ _SMEM_PROBE = """
 import os, sys
 import torch, flashattn_ext
 from flashattn_ext.integrations import torch_registry as reg
-q = torch.randn(1, 64, 1, {d}, device="cuda", dtype=torch.float16, requires_grad=True)
+q = torch.randn(1, 128, 1, {d}, device="cuda", dtype=torch.float16, requires_grad=True)
 try:
     flashattn_ext.flash_attn_func(q, q, q).sum().backward()
     torch.cuda.synchronize()
@@ -227,7 +227,9 @@ def test_cuda_registry_falls_back_exactly_where_the_tensor_cores_do_not_serve():
         q = torch.randn(batch, 1, 1, headdim, device="cuda", dtype=torch.float16, requires_grad=True)
         assert _tensor_cores_take(q) == (reg._unsupported(q, q, q, 0.0) is None), (batch, headdim)
     # Shared memory: the largest head dim of each step, with FLASHATTN_EXT_SMEM_LIMIT one byte short of its need
-    # (read once per process: a subprocess each).
+    # (read once per process: a subprocess each). A step is the most any call of its head dims needs; the probe's
+    # 128 query rows are past the decode kernel (FLASH_DECODE_MAX_ROWS 64), whose smaller tiles would still run
+    # a shorter call one byte short (seen on the H100: fwd_decode.cu and bwd_sm90.cu at d128, 80 KB - 1).
     for top, need in LIMITS["cuda_smem"]:
         for limit in (need - 1, need):
             env = dict(os.environ, FLASHATTN_EXT_SMEM_LIMIT=str(limit))

@@ -3,7 +3,8 @@
 # the run_*.sh scripts use. Then, on the GPU: `bash dev/pending/scripts/run_split2.sh` etc., one per call.
 # Trees by `patch -p1` inside a `git archive HEAD` copy, each checked to differ from main (a `git apply --include`
 # with --directory once applied nothing and an A/B measured main against itself).
-# ab/tma2 = main 5233855 (before the D = 64 TMA landing) + i35_bwd_tma_loads (run_tma.sh, run_tma_wg4.sh), ab/hilo2 = main + i33_dropout_hi_lo (run_hilo.sh), ab/t5 = main + i34_t5_half (run_q.sh t5ab / t5ab80, run_t5.sh), ab/pre512 = 1881d05 (run_q.sh d512), ab/sm86 = main + i36_sm86_fwd (run_q.sh sm86), ab/dqb = main + i35_dq_bulk2 (run_q.sh dqb), ab/dqb2 = main + i35_dq_bulk2_hook (run_q.sh dqb2).
+# ab/tma2 = main 5233855 (before the D = 64 TMA landing) + i35_bwd_tma_loads (run_tma.sh, run_tma_wg4.sh), ab/hilo2 = main + i33_dropout_hi_lo (run_hilo.sh), ab/t5 = main + i34_t5_half (run_q.sh t5ab / t5ab80, run_t5.sh), ab/pre512 = 1881d05 (run_q.sh d512), ab/sm86 = main + i36_sm86_fwd (run_q.sh sm86), ab/t5v9 = ab/t5 + i34_t5_v9.
+# `prep.sh TREE ...` makes only those trees (ab/ travels with every device call: keep it to the queue's).
 set -e
 rm -rf ab && mkdir ab
 tree() { # name base patch...
@@ -14,12 +15,12 @@ tree() { # name base patch...
     if diff -rq csrc ab/$n/csrc >/dev/null; then echo "ab/$n equals main" >&2 && exit 1; fi
     if [ $base != HEAD ]; then echo "ab/$n is $base + its patch (the base of its A/B, not main)" >&2; fi
 }
-tree tma2 5233855 i35_bwd_tma_loads # the patch predates the D = 64 TMA landing
-tree hilo2 HEAD i33_dropout_hi_lo
-tree t5 HEAD i34_t5_half
-tree t5v9 HEAD i34_t5_half i34_t5_v9
-tree sm86 HEAD i36_sm86_fwd
-tree dqb HEAD i35_dq_bulk2
-tree dqb2 HEAD i35_dq_bulk2_hook
-mkdir -p ab/pre512 && git archive 1881d05 | tar -x -C ab/pre512 # run_q.sh d512: main before the d512 landing
+want_tree() { local n=$1; shift; [ ${#ARGS[@]} -eq 0 ] || [[ " ${ARGS[*]} " == *" $n "* ]]; }
+ARGS=("$@")
+want_tree tma2 && tree tma2 5233855 i35_bwd_tma_loads # the patch predates the D = 64 TMA landing
+want_tree hilo2 && tree hilo2 HEAD i33_dropout_hi_lo
+want_tree t5 && tree t5 HEAD i34_t5_half
+want_tree t5v9 && tree t5v9 HEAD i34_t5_half i34_t5_v9
+want_tree sm86 && tree sm86 HEAD i36_sm86_fwd
+if want_tree pre512; then mkdir -p ab/pre512 && git archive 1881d05 | tar -x -C ab/pre512; fi # run_q.sh d512: main before the d512 landing
 du -sh ab

@@ -1,6 +1,6 @@
 #!/bin/bash
 # On the GPU machine, from main's root, after prep.sh here (ab/pre512, ab/t5, ab/sm86). One call each, in order:
-#   run_q.sh build d512 t5ab   (BUILD_TREES="main t5": only those) builds main + the four trees at once (5 x MAX_JOBS=3), the d512 landing's A/B
+#   run_q.sh build d512 t5ab   (BUILD_TREES="main t5": only those; BUILD_JOBS each, default 3) builds main + the four trees at once (5 x MAX_JOBS=3), the d512 landing's A/B
 #                              (paged_fp32_ab.py, main vs ab/pre512, 3 rounds), T5 v7's A/B on the sm90 path (t5_ab.py,
 #                              ab/t5 vs main, 3 rounds)
 #   run_q.sh t5ab80 sm86       T5 v7's A/B on the sm80 path; ab/sm86's checks (fh check with and without the sm86 limit, the test, memcheck) and A/B
@@ -8,8 +8,10 @@
 #   run_q.sh host              benchmarks/bench_host.py --device cuda on main (host time per call)
 #   run_q.sh sm86dec           main's decode kernel at sm86 / sm89's 99 KB (the test, test_kvcache -k cuda there)
 #   run_q.sh mainval           main's CPU-verified landings of 2026-12-07 on the GPU (after `build`)
-#   run_q.sh dqb               issue 35's bulk dQ, two buffers per warpgroup (ab/dqb): bh test, bh time1 rounds beside main
-#   run_q.sh dqb2              the same in the HOOK d128 kernel too (ab/dqb2): bh test, bh timev rounds beside main
+#   run_q.sh regtest           main's registry test (its shared-memory probe past the decode kernel's rows), after `build`
+#   run_q.sh mix               cuDNN's backward main kernel and ours, d128 s8k (causal and not): the executed
+#                              instruction mix by opcode and class (ncu source counters, dev/tools/ncu_sass_mix.py);
+#                              both SASS pages come back gzipped (mix_*.csv.gz) for reading here
 #   run_q.sh t5v9ab            ab/t5v9 (i34_t5_v9: T5's table by one load, rel_lut) beside ab/t5 (v8), t5_ab.py rounds
 #   run_q.sh t5ncu             ab/t5's backward main kernel with ALiBi, then with T5's table (ncu, same inputs)
 # Each step stops taking rounds past 520 s of the call, so what it has comes back.
@@ -36,7 +38,7 @@ for step in "$@"; do
         for t in ${BUILD_TREES:-main pre512 t5 sm86}; do
             d=$R; [ $t != main ] && d=$R/ab/$t
             [ -f $d/build/.done ] && continue
-            ( cd $d && start=$SECONDS && MAX_JOBS=3 python3 setup.py build_ext --inplace > $OUT/build_$t.log 2>&1 \
+            ( cd $d && start=$SECONDS && MAX_JOBS=${BUILD_JOBS:-3} python3 setup.py build_ext --inplace > $OUT/build_$t.log 2>&1 \
                 && touch build/.done; echo "build $t rc $? in $((SECONDS - start)) s" ) &
         done
         wait ;;
@@ -76,42 +78,22 @@ PY
             tests/test_kvcache.py -q -n 8 -p no:cacheprovider -k cuda 2>&1 | tail -3 ;;
     host) # host time per call beside torch's SDPA (main), bf16 short training shapes
         PYTHONPATH=$R timeout 200 python3 benchmarks/bench_host.py --device cuda --out $OUT/host ;;
-    dqb) # issue 35 rank 1's last variant: the bulk dQ with two buffers per warpgroup (ab/dqb = main +
-        # i35_dq_bulk2.patch, branch dq-bulk-2buf; the one-buffer form lost 3.4-6.3%: h100/dq_bulk_2026-12-07): both
-        # trees' harnesses (dev/ab_sed.sh, 0 rounds: builds only), ab/dqb's bh test, then rounds of bh time1 beside main
-        W=/tmp/dqb/ab_sed
-        TMPDIR=/tmp/dqb timeout 240 bash dev/ab_sed.sh 0 "" dqb=@ab/dqb > $OUT/dqb_build.log 2>&1
-        echo "harness builds rc $? at ${SECONDS}s"; grep FAIL $OUT/dqb_build.log | head -5
-        timeout 150 $W/dqb/bh test all > $OUT/dqb_test.log 2>&1
-        echo "dqb bh test rc $?: $(grep -c ^PASS $OUT/dqb_test.log) PASS, $(grep -c ^FAIL $OUT/dqb_test.log) FAIL"
-        grep ^FAIL $OUT/dqb_test.log | head -8
-        C=("128 2048 0 0" "128 8192 0 0" "128 8192 1 0" "128 512 0 0" "96 8192 0 0" "128 2048 1 0" "64 8192 0 0")
-        for r in 0 1 2 3 4 5; do
-            for c in "${C[@]}"; do
-                for n in $([ $((r % 2)) = 0 ] && echo "base dqb" || echo "dqb base"); do
-                    [ $SECONDS -lt 560 ] || break 3
-                    echo "== round $r $n: bh time1 $c"
-                    timeout 30 $W/$n/bh time1 $c || echo "FAILED rc $?"
-                done
+    regtest)
+        PYTHONPATH=$R timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_registry.py -k cuda 2>&1 | tail -3 ;;
+    mix)
+        for cfg in "128 8192 0" "128 8192 1"; do
+            set -- $cfg
+            n=d$1_s$2_c$3
+            for who in cudnn:flash_bprop ours:bwd_main_sm90; do
+                tag=${who%%:*}
+                PYTHONPATH=$R timeout 150 ncu -k regex:${who#*:} -c 1 --section SourceCounters --section WarpStateStats \
+                    -f -o /tmp/mix_${tag}_$n python3 dev/tools/bwd_pair.py $1 $2 $3 > $OUT/mix_${tag}_$n.log 2>&1
+                ncu -i /tmp/mix_${tag}_$n.ncu-rep --page source --csv --print-source sass > /tmp/mix_${tag}_$n.csv 2>&1
+                gzip -c /tmp/mix_${tag}_$n.csv > $OUT/mix_${tag}_$n.csv.gz
             done
-        done > $OUT/dqb_ab.log 2>&1
-        python3 dev/ab_table.py $OUT/dqb_ab.log | tee $OUT/dqb_table.txt ;;
-    dqb2) # the two-buffer bulk dQ in the HOOK d128 kernel too (ab/dqb2 = main + i35_dq_bulk2_hook.patch, branch
-        # dq-bulk-2buf-hook): its bh test, then rounds of bh timev (softcap, ALiBi, masks, dropout at d128, s8k) beside main
-        W=/tmp/dqb2/ab_sed
-        TMPDIR=/tmp/dqb2 timeout 240 bash dev/ab_sed.sh 0 "" dqb2=@ab/dqb2 > $OUT/dqb2_build.log 2>&1
-        echo "harness builds rc $? at ${SECONDS}s"; grep FAIL $OUT/dqb2_build.log | head -5
-        timeout 150 $W/dqb2/bh test all > $OUT/dqb2_test.log 2>&1
-        echo "dqb2 bh test rc $?: $(grep -c ^PASS $OUT/dqb2_test.log) PASS, $(grep -c ^FAIL $OUT/dqb2_test.log) FAIL"
-        grep ^FAIL $OUT/dqb2_test.log | head -8
-        for r in 0 1 2 3 4 5; do
-            for n in $([ $((r % 2)) = 0 ] && echo "base dqb2" || echo "dqb2 base"); do
-                [ $SECONDS -lt 500 ] || break 2
-                echo "== round $r $n: bh timev"
-                timeout 60 $W/$n/bh timev || echo "FAILED rc $?"
-            done
-        done > $OUT/dqb2_ab.log 2>&1
-        python3 dev/ab_table.py $OUT/dqb2_ab.log | tee $OUT/dqb2_table.txt ;;
+            python3 dev/tools/ncu_sass_mix.py cudnn=/tmp/mix_cudnn_$n.csv ours=/tmp/mix_ours_$n.csv --top 40 | tee $OUT/mix_$n.txt
+            left || break
+        done ;;
     mainval) # main's CPU-verified landings of 2026-12-07 (T5 fp16 / bf16 through the fp32 kernels, the registry
         # test's rule, the SDPA shortcut, _core._dispatch), on main's own build (`build` first, or dev/device.sh build ext)
         PYTHONPATH=$R timeout 400 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_rel_bias.py \
