@@ -13,6 +13,7 @@
 #                              instruction mix by opcode and class (ncu source counters, dev/tools/ncu_sass_mix.py);
 #                              both SASS pages come back gzipped (mix_*.csv.gz) for reading here
 #   run_q.sh t5v9ab            ab/t5v9 (i34_t5_v9: T5's table by one load, rel_lut) beside ab/t5 (v8), t5_ab.py rounds
+#   run_q.sh t5v10test         ab/t5v10's test_rel_bias -k cuda on both paths;  run_q.sh t5v10ab: ab/t5v10 beside ab/t5v9 (t5_ab.py rounds)
 #   run_q.sh t5ncu             ab/t5's backward main kernel with ALiBi, then with T5's table (ncu, same inputs)
 # Each step stops taking rounds past 520 s of the call, so what it has comes back.
 set -u
@@ -45,6 +46,14 @@ for step in "$@"; do
     d512) rounds d512 "" $S/paged_fp32_ab.py main pre512 ;;
     t5ab) rounds t5ab90 "" $S/t5_ab.py t5 main ;;
     t5v9ab) rounds t5v9ab90 "" $S/t5_ab.py t5v9 t5 ;; # ab/t5v9 (the table by one load: rel_lut) against ab/t5 (v8)
+    t5v10ab) rounds t5v10ab90 "" $S/t5_ab.py t5v10 t5v9 ;; # ab/t5v10 (no shared float atomics) against ab/t5v9
+    t5v10test) # ab/t5v10's T5 tests on CUDA, the sm90 path then the sm80 path
+        for dis in 0 1; do
+            (cd ab/t5v10 && FLASHATTN_EXT_DISABLE_SM90=$dis PYTHONPATH=$PWD timeout 200 python3 -m pytest -q -n 8 \
+                -p no:cacheprovider tests/test_rel_bias.py -k cuda > $OUT/t5v10test_$dis.log 2>&1)
+            echo "t5v10 test_rel_bias -k cuda (DISABLE_SM90=$dis) rc $?: $(tail -1 $OUT/t5v10test_$dis.log)"
+            grep -h "^FAILED" $OUT/t5v10test_$dis.log | head -5
+        done ;;
     t5ab80) rounds t5ab80 FLASHATTN_EXT_DISABLE_SM90=1 $S/t5_ab.py t5 main ;;
     sm86)
         cd ab/sm86
@@ -107,7 +116,7 @@ PY
         for cfg in "128 8192 0" "64 8192 1"; do
             set -- $cfg
             n=d$1_s$2_c$3
-            (cd ab/t5 && PYTHONPATH=$PWD timeout 200 ncu -k regex:bwd_main_sm90 -c 2 --section SpeedOfLight \
+            (cd ab/${T5NCU_TREE:-t5} && PYTHONPATH=$PWD timeout 200 ncu -k regex:bwd_main_sm90 -c 2 --section SpeedOfLight \
                 --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
                 --section MemoryWorkloadAnalysis --section InstructionStats --section LaunchStats \
                 --metrics smsp__inst_executed.sum,smsp__sass_inst_executed_op_local_ld.sum,smsp__sass_inst_executed_op_local_st.sum \
@@ -116,7 +125,7 @@ PY
             grep -E "^  [a-z_]+.*\(|Duration|inst_executed|local_|shared_|Executed Instructions  |Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Eligible Warps|Stall|Registers Per" $OUT/t5ncu_$n.txt | head -50
             left || break
         done
-        (cd ab/t5 && PYTHONPATH=$PWD timeout 150 ncu -k regex:bwd_main_sm90 --launch-skip 1 -c 1 --set full \
+        (cd ab/${T5NCU_TREE:-t5} && PYTHONPATH=$PWD timeout 150 ncu -k regex:bwd_main_sm90 --launch-skip 1 -c 1 --set full \
             --import-source yes -o /tmp/t5rep python3 $S/t5_ncu.py 128 8192 0 > $OUT/t5ncu_full.log 2>&1 && \
             ncu -i /tmp/t5rep.ncu-rep --page source --csv --print-source sass > /tmp/t5sass.csv 2>&1 && \
             python3 dev/tools/ncu_sass_hot.py /tmp/t5sass.csv 60 > $OUT/t5ncu_hot.txt 2>&1)
