@@ -8,7 +8,7 @@
 #   run_q.sh host              benchmarks/bench_host.py --device cuda on main (host time per call)
 #   run_q.sh sm86dec           main's decode kernel at sm86 / sm89's 99 KB (the test, test_kvcache -k cuda there)
 #   run_q.sh mainval           main's CPU-verified landings of 2026-12-07 on the GPU (after `build`)
-#   run_q.sh statpf            issue 35 rank 5 (ab/statpf): bh test all, bh time1 rounds, STAT_PREFETCH 1 / 2 and LSE_SHARED 1 beside 0
+#   run_q.sh statpf            issue 35 rank 5 (ab/statpf): bh test all, bh time1 rounds, STAT_PREFETCH 1 and LSE_SHARED 1 beside 0
 #   run_q.sh regtest           main's registry test (its shared-memory probe past the decode kernel's rows), after `build`
 #   run_q.sh mix               cuDNN's backward main kernel and ours, d128 s8k (causal and not): the executed
 #                              instruction mix by opcode and class (ncu source counters, dev/tools/ncu_sass_mix.py);
@@ -89,22 +89,22 @@ PY
     host) # host time per call beside torch's SDPA (main), bf16 short training shapes
         PYTHONPATH=$R timeout 200 python3 benchmarks/bench_host.py --device cuda --out $OUT/host ;;
     statpf) # issue 35 rank 5's register half (ab/statpf = main + i35_stat_prefetch.patch, knob default 0 = main's SASS):
-        # the dense D = 128 kernels' lse / delta by ShuffleLSE (pf1) or loaded under the wgmma's (pf2), the loop top's lse
+        # the dense D = 128 kernels' lse / delta by ShuffleLSE (pf1), the loop top's lse
         # conversion by shared addresses (ls, every kernel without TMA loads), each beside the knobs at 0
         W=/tmp/statpf/ab_sed
         K=csrc/cuda/bwd_sm90.cu:s/define FLASH_BWD90_STAT_PREFETCH 0/define FLASH_BWD90_STAT_PREFETCH
         L=csrc/cuda/bwd_sm90.cu:s/define FLASH_BWD90_LSE_SHARED 0/define FLASH_BWD90_LSE_SHARED 1/
-        (cd ab/statpf && TMPDIR=/tmp/statpf timeout 240 bash dev/ab_sed.sh 0 "" "pf1=$K 1/" "pf2=$K 2/" "ls=$L") \
+        (cd ab/statpf && TMPDIR=/tmp/statpf timeout 240 bash dev/ab_sed.sh 0 "" "pf1=$K 1/" "ls=$L") \
             > $OUT/statpf_build.log 2>&1
         echo "harness builds rc $? at ${SECONDS}s"; grep FAIL $OUT/statpf_build.log | head -5
-        for n in pf1 pf2 ls; do
+        for n in pf1 ls; do
             timeout 100 $W/$n/bh test all > $OUT/statpf_test_$n.log 2>&1
             echo "$n bh test rc $?: $(grep -c ^PASS $OUT/statpf_test_$n.log) PASS, $(grep -c ^FAIL $OUT/statpf_test_$n.log) FAIL"
         done
         C=("128 2048 0 0" "128 8192 0 0" "128 8192 1 0" "128 512 0 0" "128 2048 1 0" "128 8192 0 1" "256 8192 0 0")
         for r in 0 1 2 3 4 5; do
             for c in "${C[@]}"; do
-                for n in $([ $((r % 2)) = 0 ] && echo "base pf1 pf2 ls" || echo "ls pf2 pf1 base"); do
+                for n in $([ $((r % 2)) = 0 ] && echo "base pf1 ls" || echo "ls pf1 base"); do
                     [ $SECONDS -lt 560 ] || break 3
                     echo "== round $r $n: bh time1 $c"
                     timeout 30 $W/$n/bh time1 $c || echo "FAILED rc $?"
