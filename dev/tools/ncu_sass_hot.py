@@ -1,17 +1,13 @@
 """Hot SASS lines of an ncu source page (ncu -i REP --page source --csv --print-source sass > F.csv):
 the N instructions with the most warp-stall samples, their top stall reasons, and totals per reason.
 Usage: python3 dev/tools/ncu_sass_hot.py F.csv [N]"""
-import csv, sys, collections
-rows = list(csv.reader(open(sys.argv[1])))
-hdr = rows[1]; data = rows[2:]
-ix = {h: i for i, h in enumerate(hdr)}
+import sys
+from ncu_sass_mix import source_page
+data, ix, num = source_page(sys.argv[1])
+hdr = [h for h, _ in sorted(ix.items(), key=lambda kv: kv[1])]
 stalls = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
-tot = sum(int(r[ix["Warp Stall Sampling (All Samples)"]] or 0) for r in data)
-print("total samples", tot, "instructions", len(data))
-def num(r, k):
-    v = r[ix[k]].replace(",", "")
-    try: return float(v)
-    except: return 0.0
+tot = sum(num(r, "Warp Stall Sampling (All Samples)") for r in data)
+print("total samples", int(tot), "instructions", len(data))
 ex = sum(num(r, "L1 Wavefronts Shared Excessive") for r in data); wf = sum(num(r, "L1 Wavefronts Shared") for r in data)
 print("smem wavefronts", wf, "excessive", ex)
 top = sorted(range(len(data)), key=lambda i: -num(data[i], "Warp Stall Sampling (All Samples)"))

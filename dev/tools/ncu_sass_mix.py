@@ -26,11 +26,11 @@ def opclass(op):
     return next((c for c, prefixes in CLASSES if op.startswith(prefixes)), "other")
 
 
-def load(path):
+def source_page(path):
+    """The instruction rows of an ncu source page (CSV) and num(row, column): a column's number, 0 where absent."""
     rows = list(csv.reader(open(path)))
     start = next(i for i, r in enumerate(rows) if "Source" in r and "Instructions Executed" in r)
-    hdr, data = rows[start], rows[start + 1:]
-    ix = {h: i for i, h in enumerate(hdr)}
+    ix = {h: i for i, h in enumerate(rows[start])}
 
     def num(r, k):
         try:
@@ -38,10 +38,13 @@ def load(path):
         except (ValueError, IndexError):
             return 0.0
 
+    return [r for r in rows[start + 1:] if len(r) > ix["Source"]], ix, num
+
+
+def load(path):
+    data, ix, num = source_page(path)
     ops, samples = collections.Counter(), collections.Counter()
     for r in data:
-        if len(r) <= ix["Source"]:
-            continue
         words = r[ix["Source"]].split()
         if words and words[0].startswith("@"):
             words = words[1:]
@@ -54,10 +57,8 @@ def load(path):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
     top = int(sys.argv[sys.argv.index("--top") + 1]) if "--top" in sys.argv else 30
-    args = [a for a in args if "=" in a]
-    kernels = [(a.split("=", 1)[0], *load(a.split("=", 1)[1])) for a in args]
+    kernels = [(a.split("=", 1)[0], *load(a.split("=", 1)[1])) for a in sys.argv[1:] if "=" in a]
     names = [n for n, _, _ in kernels]
     total = {n: sum(o.values()) for n, o, _ in kernels}
     print("executed warp instructions (M): " + ", ".join(f"{n} {total[n] / 1e6:.1f}" for n in names))

@@ -15,7 +15,7 @@ tree() { # name base patch...
     if diff -rq csrc ab/$n/csrc >/dev/null; then echo "ab/$n equals main" >&2 && exit 1; fi
     if [ $base != HEAD ]; then echo "ab/$n is $base + its patch (the base of its A/B, not main)" >&2; fi
 }
-want_tree() { local n=$1; shift; [ ${#ARGS[@]} -eq 0 ] || [[ " ${ARGS[*]} " == *" $n "* ]]; }
+want_tree() { [ ${#ARGS[@]} -eq 0 ] || [[ " ${ARGS[*]} " == *" $1 "* ]]; }
 ARGS=("$@")
 want_tree tma2 && tree tma2 5233855 i35_bwd_tma_loads # the patch predates the D = 64 TMA landing
 want_tree hilo2 && tree hilo2 HEAD i33_dropout_hi_lo

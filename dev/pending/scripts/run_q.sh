@@ -1,6 +1,6 @@
 #!/bin/bash
-# On the GPU machine, from main's root, after prep.sh here (ab/pre512, ab/t5, ab/sm86). One call each, in order:
-#   run_q.sh build d512 t5ab   (BUILD_TREES="main t5": only those; BUILD_JOBS each, default 3) builds main + the four trees at once (5 x MAX_JOBS=3), the d512 landing's A/B
+# On the GPU machine, from main's root, after prep.sh here (the ab/ trees of the queue). One call each, in order:
+#   run_q.sh build d512 t5ab   (BUILD_TREES="main t5": only those; BUILD_JOBS each, default 3) builds main + the trees at once, the d512 landing's A/B
 #                              (paged_fp32_ab.py, main vs ab/pre512, 3 rounds), T5 v7's A/B on the sm90 path (t5_ab.py,
 #                              ab/t5 vs main, 3 rounds)
 #   run_q.sh t5ab80 sm86       T5 v7's A/B on the sm80 path; ab/sm86's checks (fh check with and without the sm86 limit, the test, memcheck) and A/B
@@ -88,7 +88,7 @@ PY
             tests/test_kvcache.py -q -n 8 -p no:cacheprovider -k cuda 2>&1 | tail -3 ;;
     host) # host time per call beside torch's SDPA (main), bf16 short training shapes
         PYTHONPATH=$R timeout 200 python3 benchmarks/bench_host.py --device cuda --out $OUT/host ;;
-    statpf) # issue 35 rank 5's register half (ab/statpf = main + i35_stat_prefetch.patch, knob default 0 = main's SASS):
+    statpf) # issue 35 rank 5 (ab/statpf = main + i35_stat_prefetch.patch, knob default 0 = main's SASS):
         # the dense D = 128 kernels' lse / delta by ShuffleLSE (pf1), the loop top's lse
         # conversion by shared addresses (ls, every kernel without TMA loads), each beside the knobs at 0
         W=/tmp/statpf/ab_sed

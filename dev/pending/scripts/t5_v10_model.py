@@ -1,7 +1,6 @@
 """T5 v10 (dev/pending/i34_t5_v10.patch) on the CPU: a model of one warp of t5_band_add (block_c layout, the two
 shuffles, the 14 owners) and t5_dh_flush (segmented scan per bucket run) against direct per-element sums.
     python3 dev/pending/scripts/t5_v10_model.py"""
-# Model of T5 v10's t5_band_add and t5_dh_flush over one warp, against direct sums.
 import random
 def block_c(kq, v): return 8*(2*kq + v//4) + (v & 1) - 8*((v & 3) >> 1)
 QN = 64; W = QN + 15
