@@ -1157,19 +1157,20 @@ static void vl_cases(std::vector<vl_case> *cases, flash_dtype t, bool half)
     cases->push_back(c);
 }
 
-/* Arguments the kernels must refuse with cudaErrorInvalidValue. */
+/* Arguments the kernels must refuse with cudaErrorInvalidValue (head dims past each dtype's limit, d_v = d). */
 static int check_rejects(void)
 {
     int ok = 1;
-    const struct { flash_dtype t; int d; } bad[] = {{FLASH_BF16, 36}, {FLASH_FP16, 264}, {FLASH_FP32, 257},
-                                                   {FLASH_FP64, 300}};
+    const struct { flash_dtype t; int d; } bad[] = {{FLASH_BF16, 36}, {FLASH_FP16, FLASH_CUDA_FWD_MAX_HEAD_DIM + 8},
+                                                   {FLASH_FP32, FLASH_CUDA_SIMPLE_MAX_HEAD_DIM + 1},
+                                                   {FLASH_FP64, FLASH_CUDA_SIMPLE_MAX_HEAD_DIM + 8}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         flash_params p;
         memset(&p, 0, sizeof(p));
         p.dtype = bad[i].t;
         p.b = p.h = p.h_kv = p.h_per_kv = 1;
         p.sq = p.sk = 1;
-        p.d = bad[i].d;
+        p.d = p.d_v = bad[i].d;
         const cudaError_t e = run_fwd(&p, 0);
         printf("reject %s d%d: %s\n", dtype_name(bad[i].t), bad[i].d, e == cudaErrorInvalidValue ? "ok" : "FAIL");
         ok &= e == cudaErrorInvalidValue;
