@@ -6,15 +6,15 @@
 #   run_q.sh t5ab80 sm86       T5 v7's A/B on the sm80 path; ab/sm86's checks (fh check with and without the sm86 limit, the test, memcheck) and A/B
 #   run_q.sh t5suite           pytest -k cuda on ab/t5;  run_q.sh t5san: memcheck / racecheck on ab/t5
 #   run_q.sh host              benchmarks/bench_host.py --device cuda on main (host time per call)
+#   run_q.sh sm86test          ab/sm86's shared-memory tests alone, with their assertion lines
 #   run_q.sh sm86dec           main's decode kernel at sm86 / sm89's 99 KB (the test, test_kvcache -k cuda there)
 #   run_q.sh mainval           main's CPU-verified landings of 2026-12-07 on the GPU (after `build`)
-#   run_q.sh statpf            issue 35 rank 5 (ab/statpf): bh test all, bh time1 rounds, STAT_PREFETCH 1 and LSE_SHARED 1 beside 0
 #   run_q.sh regtest           main's registry test (its shared-memory probe past the decode kernel's rows), after `build`
 #   run_q.sh mix               cuDNN's backward main kernel and ours, d128 s8k (causal and not): the executed
 #                              instruction mix by opcode and class (ncu source counters, dev/tools/ncu_sass_mix.py);
 #                              both SASS pages come back gzipped (mix_*.csv.gz) for reading here
 #   run_q.sh t5v9ab            ab/t5v9 (i34_t5_v9: T5's table by one load, rel_lut) beside ab/t5 (v8), t5_ab.py rounds
-#   run_q.sh t5v10test         ab/t5v10's test_rel_bias -k cuda on both paths;  run_q.sh t5v10ab: ab/t5v10 beside ab/t5v9 (t5_ab.py rounds)
+#   run_q.sh t5test            ab/$T5_TREE's (default t5v11) test_rel_bias -k cuda on both paths;  run_q.sh t5v11ab: ab/t5v11 beside ab/t5v10 (t5_ab.py rounds)
 #   run_q.sh t5ncu             ab/t5's backward main kernel with ALiBi, then with T5's table (ncu, same inputs)
 # Each step stops taking rounds past 520 s of the call, so what it has comes back.
 set -u
@@ -47,13 +47,14 @@ for step in "$@"; do
     d512) rounds d512 "" $S/paged_fp32_ab.py main pre512 ;;
     t5ab) rounds t5ab90 "" $S/t5_ab.py t5 main ;;
     t5v9ab) rounds t5v9ab90 "" $S/t5_ab.py t5v9 t5 ;; # ab/t5v9 (the table by one load: rel_lut) against ab/t5 (v8)
-    t5v10ab) rounds t5v10ab90 "" $S/t5_ab.py t5v10 t5v9 ;; # ab/t5v10 (no shared float atomics) against ab/t5v9
-    t5v10test) # ab/t5v10's T5 tests on CUDA, the sm90 path then the sm80 path
+    t5v11ab) rounds t5v11ab90 "" $S/t5_ab.py t5v11 t5v10 ;; # ab/t5v11 (tiles beyond the range skip DH and the LUT) against ab/t5v10
+    t5test) # ab/$T5_TREE's (default t5v11) T5 tests on CUDA, the sm90 path then the sm80 path
+        t=${T5_TREE:-t5v11}
         for dis in 0 1; do
-            (cd ab/t5v10 && FLASHATTN_EXT_DISABLE_SM90=$dis PYTHONPATH=$PWD timeout 200 python3 -m pytest -q -n 8 \
-                -p no:cacheprovider tests/test_rel_bias.py -k cuda > $OUT/t5v10test_$dis.log 2>&1)
-            echo "t5v10 test_rel_bias -k cuda (DISABLE_SM90=$dis) rc $?: $(tail -1 $OUT/t5v10test_$dis.log)"
-            grep -h "^FAILED" $OUT/t5v10test_$dis.log | head -5
+            (cd ab/$t && FLASHATTN_EXT_DISABLE_SM90=$dis PYTHONPATH=$PWD timeout 200 python3 -m pytest -q -n 8 \
+                -p no:cacheprovider tests/test_rel_bias.py -k cuda > $OUT/${t}test_$dis.log 2>&1)
+            echo "$t test_rel_bias -k cuda (DISABLE_SM90=$dis) rc $?: $(tail -1 $OUT/${t}test_$dis.log)"
+            grep -h "^FAILED" $OUT/${t}test_$dis.log | head -5
         done ;;
     t5ab80) rounds t5ab80 FLASHATTN_EXT_DISABLE_SM90=1 $S/t5_ab.py t5 main ;;
     sm86)
@@ -65,7 +66,8 @@ for step in "$@"; do
             echo "fh check (sm80 path, smem limit '${lim}') rc $?: $(tail -1 $OUT/fh_check_$lim.log)"
             grep -E "FAIL" $OUT/fh_check_$lim.log | head -5
         done
-        timeout 150 python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider -k shared_memory 2>&1 | tail -2
+        timeout 150 python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider -k shared_memory 2>&1 \
+            | grep -E "passed|failed|^E " | cut -c1-400 | head -12
         cat > /tmp/sm86_call.py <<'PY'
 import torch, flashattn_ext
 for kw in ({}, {"causal": True, "softcap": 20.0}, {"dropout_p": 0.2}):
@@ -81,6 +83,9 @@ PY
         rounds sm86ab FLASHATTN_EXT_DISABLE_SM90=1 $S/sm86_fwd_ab.py sm86 main
         (cd ab/sm86 && FLASHATTN_EXT_DISABLE_SM90=1 FLASHATTN_EXT_SMEM_LIMIT=101376 PYTHONPATH=$PWD timeout 100 \
             python3 $S/sm86_fwd_ab.py > $OUT/sm86_small.txt 2>&1); cat $OUT/sm86_small.txt ;;
+    sm86test) # ab/sm86's shared-memory tests alone (the assertion's lines)
+        (cd ab/sm86 && PYTHONPATH=$PWD timeout 150 python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider \
+            -k "shared_memory or sm86" 2>&1 | grep -E "passed|failed|^E " | cut -c1-400 | head -12) ;;
     sm86dec) # main's decode on sm86 / sm89's shared memory (fwd_decode.cu decode_warps: 3 warps at d128, 2 at d256)
         PYTHONPATH=$R timeout 300 python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider -k "sm86 or shared_memory" \
             2>&1 | tail -3
@@ -88,30 +93,6 @@ PY
             tests/test_kvcache.py -q -n 8 -p no:cacheprovider -k cuda 2>&1 | tail -3 ;;
     host) # host time per call beside torch's SDPA (main), bf16 short training shapes
         PYTHONPATH=$R timeout 200 python3 benchmarks/bench_host.py --device cuda --out $OUT/host ;;
-    statpf) # issue 35 rank 5 (ab/statpf = main + i35_stat_prefetch.patch, knob default 0 = main's SASS):
-        # the dense D = 128 kernels' lse / delta by ShuffleLSE (pf1), the loop top's lse
-        # conversion by shared addresses (ls, every kernel without TMA loads), each beside the knobs at 0
-        W=/tmp/statpf/ab_sed
-        K=csrc/cuda/bwd_sm90.cu:s/define FLASH_BWD90_STAT_PREFETCH 0/define FLASH_BWD90_STAT_PREFETCH
-        L=csrc/cuda/bwd_sm90.cu:s/define FLASH_BWD90_LSE_SHARED 0/define FLASH_BWD90_LSE_SHARED 1/
-        (cd ab/statpf && TMPDIR=/tmp/statpf timeout 240 bash dev/ab_sed.sh 0 "" "pf1=$K 1/" "ls=$L") \
-            > $OUT/statpf_build.log 2>&1
-        echo "harness builds rc $? at ${SECONDS}s"; grep FAIL $OUT/statpf_build.log | head -5
-        for n in pf1 ls; do
-            timeout 100 $W/$n/bh test all > $OUT/statpf_test_$n.log 2>&1
-            echo "$n bh test rc $?: $(grep -c ^PASS $OUT/statpf_test_$n.log) PASS, $(grep -c ^FAIL $OUT/statpf_test_$n.log) FAIL"
-        done
-        C=("128 2048 0 0" "128 8192 0 0" "128 8192 1 0" "128 512 0 0" "128 2048 1 0" "128 8192 0 1" "256 8192 0 0")
-        for r in 0 1 2 3 4 5; do
-            for c in "${C[@]}"; do
-                for n in $([ $((r % 2)) = 0 ] && echo "base pf1 ls" || echo "ls pf1 base"); do
-                    [ $SECONDS -lt 560 ] || break 3
-                    echo "== round $r $n: bh time1 $c"
-                    timeout 30 $W/$n/bh time1 $c || echo "FAILED rc $?"
-                done
-            done
-        done > $OUT/statpf_ab.log 2>&1
-        python3 dev/ab_table.py $OUT/statpf_ab.log | tee $OUT/statpf_table.txt ;;
     regtest)
         PYTHONPATH=$R timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_registry.py -k cuda 2>&1 | tail -3 ;;
     mix)
