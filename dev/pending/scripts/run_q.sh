@@ -4,7 +4,7 @@
 #                              (paged_fp32_ab.py, main vs ab/pre512, 3 rounds), T5 v7's A/B on the sm90 path (t5_ab.py,
 #                              ab/t5 vs main, 3 rounds)
 #   run_q.sh t5ab80 sm86       T5 v7's A/B on the sm80 path; ab/sm86's checks (fh check with and without the sm86 limit, the test, memcheck) and A/B
-#   run_q.sh t5suite           pytest -k cuda on ab/t5;  run_q.sh t5san: memcheck / racecheck on ab/t5
+#   run_q.sh t5suite           pytest -k cuda on ab/$T5_TREE (default t5v11);  run_q.sh t5san: memcheck / racecheck there
 #   run_q.sh host              benchmarks/bench_host.py --device cuda on main (host time per call)
 #   run_q.sh sm86test          ab/sm86's shared-memory tests alone, with their assertion lines
 #   run_q.sh sm86dec           main's decode kernel at sm86 / sm89's 99 KB (the test, test_kvcache -k cuda there)
