@@ -123,13 +123,33 @@ def test_threads_split():
 
 def test_disable_decode_takes_the_prefill_path(monkeypatch):
     """FLASHATTN_EXT_DISABLE_DECODE=1 (read per call) runs the blocked-Q forward: the same result within
-    rounding, other bits."""
+    rounding. Which path ran shows in test_threads_split's shape: the decode path splits the keys of one
+    (batch, kv head) group over two threads (other bits than one thread's), the prefill path does not (the same
+    bits). Comparing the two paths' bits instead depends on the CPU: on AVX2 they can agree bit for bit."""
     c = CASES[1]
     out_dec = call(c, make_inputs(c, torch.float32, "cpu"))
     monkeypatch.setenv("FLASHATTN_EXT_DISABLE_DECODE", "1")
     out_pre = call(c, make_inputs(c, torch.float32, "cpu"))
     torch.testing.assert_close(out_dec, out_pre, rtol=0, atol=1e-5)
-    assert not torch.equal(out_dec, out_pre), "FLASHATTN_EXT_DISABLE_DECODE changed nothing"
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 2, 4, 64, generator=gen)
+    k_cache, v_cache = (torch.randn(1, 2000, 1, 64, generator=gen) for _ in range(2))
+    saved = torch.get_num_threads()
+    outs = {}
+    try:
+        for disable in ("0", "1"):
+            monkeypatch.setenv("FLASHATTN_EXT_DISABLE_DECODE", disable)
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                outs[disable, threads] = flashattn_ext.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=1990,
+                                                                               causal=True)
+    finally:
+        torch.set_num_threads(saved)
+    ref, _ = attention64(q, k_cache[:, :1990], v_cache[:, :1990], None, True, True)
+    for out in outs.values():
+        assert_close("out", out, ref, OUT_TOL[torch.float32])
+    assert not torch.equal(outs["0", 1], outs["0", 2]), "the decode path did not split the keys over two threads"
+    assert torch.equal(outs["1", 1], outs["1", 2]), "FLASHATTN_EXT_DISABLE_DECODE=1 still split the keys (decode path)"
 
 
 def test_float16_cache_values_widened_exactly():
