@@ -6,6 +6,7 @@
 #   run_q.sh t5ab80 sm86       T5 v7's A/B on the sm80 path; ab/sm86's checks (fh check with and without the sm86 limit, the test, memcheck) and A/B
 #   run_q.sh t5suite           pytest -k cuda on ab/$T5_TREE (default t5v11);  run_q.sh t5san: memcheck / racecheck there
 #   run_q.sh host              benchmarks/bench_host.py --device cuda on main (host time per call)
+#   run_q.sh simplemerge       ab/simple's CUDA tests of the fp32 / fp64 kernels (after `BUILD_TREES=simple run_q.sh build`)
 #   run_q.sh sm86test          ab/sm86's shared-memory tests alone, with their assertion lines
 #   run_q.sh sm86dec           main's decode kernel at sm86 / sm89's 99 KB (the test, test_kvcache -k cuda there)
 #   run_q.sh mainval           main's CPU-verified landings of 2026-12-07 on the GPU (after `build`)
@@ -136,6 +137,11 @@ PY
             ncu -i /tmp/t5rep.ncu-rep --page source --csv --print-source sass > /tmp/t5sass.csv 2>&1 && \
             python3 dev/tools/ncu_sass_hot.py /tmp/t5sass.csv 60 > $OUT/t5ncu_hot.txt 2>&1)
         echo "t5 hot lines: $(wc -l < $OUT/t5ncu_hot.txt 2>/dev/null)" ;;
+    simplemerge) # ab/simple (main + i34_simple_merge.patch: fwd_simple.cu + bwd_simple.cu -> simple.cu) on CUDA
+        (cd ab/simple && PYTHONPATH=$PWD timeout 400 python3 -m pytest tests -q -n 12 -p no:cacheprovider \
+            -k "cuda and (float32 or float64 or fp32 or fp64 or rel_bias or headdim or registry or gradcheck)" \
+            > $OUT/simple_tests.log 2>&1)
+        echo "ab/simple tests rc $?: $(tail -1 $OUT/simple_tests.log)"; grep -h "^FAILED" $OUT/simple_tests.log | head -10 ;;
     t5suite) bash $S/run_t5.sh suite ;;
     t5san) bash $S/run_t5.sh sanitize ;;
     *) echo "unknown step $step"; exit 2 ;;
