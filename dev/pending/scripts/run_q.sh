@@ -13,7 +13,8 @@
 #   run_q.sh regtest           main's registry test (its shared-memory probe past the decode kernel's rows), after `build`
 #   run_q.sh mix               cuDNN's backward main kernel and ours, d128 s8k (causal and not): the executed
 #                              instruction mix by opcode and class (ncu source counters, dev/tools/ncu_sass_mix.py);
-#                              both SASS pages come back gzipped (mix_*.csv.gz) for reading here
+#                              both SASS pages come back gzipped (mix_*.csv.gz, 4 files + 2 tables: the device tool
+#                              returns 8 files at most, so the ncu logs stay in /tmp)
 #   run_q.sh t5v9ab            ab/t5v9 (i34_t5_v9: T5's table by one load, rel_lut) beside ab/t5 (v8), t5_ab.py rounds
 #   run_q.sh t5test            ab/$T5_TREE's (default t5v11) test_rel_bias -k cuda on both paths;  run_q.sh t5v11ab: ab/t5v11 beside ab/t5v10 (t5_ab.py rounds)
 #   run_q.sh t5ncu             ab/t5's backward main kernel with ALiBi, then with T5's table (ncu, same inputs)
@@ -103,7 +104,8 @@ PY
             for who in cudnn:flash_bprop ours:bwd_main_sm90; do
                 tag=${who%%:*}
                 PYTHONPATH=$R timeout 150 ncu -k regex:${who#*:} -c 1 --section SourceCounters --section WarpStateStats \
-                    -f -o /tmp/mix_${tag}_$n python3 dev/tools/bwd_pair.py $1 $2 $3 > $OUT/mix_${tag}_$n.log 2>&1
+                    -f -o /tmp/mix_${tag}_$n python3 dev/tools/bwd_pair.py $1 $2 $3 > /tmp/mix_${tag}_$n.log 2>&1 \
+                    || { echo "ncu $tag $n failed:"; tail -3 /tmp/mix_${tag}_$n.log; }
                 ncu -i /tmp/mix_${tag}_$n.ncu-rep --page source --csv --print-source sass > /tmp/mix_${tag}_$n.csv 2>&1
                 gzip -c /tmp/mix_${tag}_$n.csv > $OUT/mix_${tag}_$n.csv.gz
             done
