@@ -16,7 +16,7 @@
 #                              both SASS pages come back gzipped (mix_*.csv.gz, 4 files + 2 tables: the device tool
 #                              returns 8 files at most, so the ncu logs stay in /tmp)
 #   run_q.sh t5v9ab            ab/t5v9 (i34_t5_v9: T5's table by one load, rel_lut) beside ab/t5 (v8), t5_ab.py rounds
-#   run_q.sh t5test            ab/$T5_TREE's (default t5v11) test_rel_bias -k cuda on both paths;  run_q.sh t5v11ab: ab/t5v11 beside ab/t5v10 (t5_ab.py rounds)
+#   run_q.sh t5test            ab/$T5_TREE's (default t5v11) test_rel_bias -k cuda on both paths;  run_q.sh t5v11ab / t5v12ab: ab/t5v11 beside ab/t5v10, ab/t5v12 beside ab/t5v11 (t5_ab.py rounds)
 #   run_q.sh t5ncu             ab/t5's backward main kernel with ALiBi, then with T5's table (ncu, same inputs)
 # Each step stops taking rounds past 520 s of the call, so what it has comes back.
 set -u
@@ -50,6 +50,7 @@ for step in "$@"; do
     t5ab) rounds t5ab90 "" $S/t5_ab.py t5 main ;;
     t5v9ab) rounds t5v9ab90 "" $S/t5_ab.py t5v9 t5 ;; # ab/t5v9 (the table by one load: rel_lut) against ab/t5 (v8)
     t5v11ab) rounds t5v11ab90 "" $S/t5_ab.py t5v11 t5v10 ;; # ab/t5v11 (tiles beyond the range skip DH and the LUT) against ab/t5v10
+    t5v12ab) rounds t5v12ab90 "" $S/t5_ab.py t5v12 t5v11 ;; # ab/t5v12 (the padded LUT: band tiles read it without clamps) against ab/t5v11
     t5test) # ab/$T5_TREE's (default t5v11) T5 tests on CUDA, the sm90 path then the sm80 path
         t=${T5_TREE:-t5v11}
         for dis in 0 1; do
