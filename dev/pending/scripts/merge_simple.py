@@ -1,4 +1,4 @@
-"""Merge csrc/cuda/fwd_simple.cu and bwd_simple.cu of TREE into csrc/cuda/simple.cu (one preamble: includes, the
+"""Usage: python3 dev/pending/scripts/merge_simple.py TREE. Merge csrc/cuda/fwd_simple.cu and bwd_simple.cu of TREE into csrc/cuda/simple.cu (one preamble: includes, the
 full mask, columns per lane, the occupancy hint, exp / tanh), deleting the two. Kernel bodies unchanged."""
 import os, re, sys
 root = sys.argv[1]
