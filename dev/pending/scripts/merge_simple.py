@@ -1,5 +1,6 @@
-"""Usage: python3 dev/pending/scripts/merge_simple.py TREE. Merge csrc/cuda/fwd_simple.cu and bwd_simple.cu of TREE into csrc/cuda/simple.cu (one preamble: includes, the
-full mask, columns per lane, the occupancy hint, exp / tanh), deleting the two. Kernel bodies unchanged."""
+"""Usage: python3 dev/pending/scripts/merge_simple.py TREE. Merges csrc/cuda/fwd_simple.cu and bwd_simple.cu of
+TREE into csrc/cuda/simple.cu (one preamble: includes, the full mask, columns per lane, the occupancy hint, exp /
+tanh), deleting the two; kernel bodies unchanged. i34_simple_merge.patch is this plus the references by hand."""
 import os, re, sys
 root = sys.argv[1]
 d = os.path.join(root, "csrc/cuda")
