@@ -7,6 +7,7 @@
 #   run_q.sh t5suite           pytest -k cuda on ab/$T5_TREE (default t5v11);  run_q.sh t5san: memcheck / racecheck there
 #   run_q.sh host              benchmarks/bench_host.py --device cuda on main (host time per call)
 #   run_q.sh simplemerge       ab/simple's CUDA tests of the fp32 / fp64 kernels (after `BUILD_TREES=simple run_q.sh build`)
+#   run_q.sh memtrace          issue 35's peak memory: the >= 1 MiB allocations of one forward + backward, ours and cuDNN's
 #   run_q.sh sm86test          ab/sm86's shared-memory tests alone, with their assertion lines
 #   run_q.sh sm86dec           main's decode kernel at sm86 / sm89's 99 KB (the test, test_kvcache -k cuda there)
 #   run_q.sh mainval           main's CPU-verified landings of 2026-12-07 on the GPU (after `build`)
@@ -145,6 +146,10 @@ PY
             -k "cuda and (float32 or float64 or fp32 or fp64 or rel_bias or headdim or registry or gradcheck)" \
             > $OUT/simple_tests.log 2>&1)
         echo "ab/simple tests rc $?: $(tail -1 $OUT/simple_tests.log)"; grep -h "^FAILED" $OUT/simple_tests.log | head -10 ;;
+    memtrace) # issue 35's peak memory: every allocation of >= 1 MiB in one forward + backward, ours and cuDNN's, in the
+        # built tree $MEM_TREE (default ab/simple: main but the fp32 / fp64 kernels' file, not on this path)
+        (cd ${MEM_TREE:-ab/simple} && PYTHONPATH=$PWD timeout 200 python3 $S/mem_trace.py 2>&1 | tee $OUT/memtrace.txt \
+            | head -60) ;;
     t5suite) bash $S/run_t5.sh suite ;;
     t5san) bash $S/run_t5.sh sanitize ;;
     *) echo "unknown step $step"; exit 2 ;;
