@@ -142,7 +142,7 @@ PY
             python3 dev/tools/ncu_sass_hot.py /tmp/t5sass.csv 60 > $OUT/t5ncu_hot.txt 2>&1)
         echo "t5 hot lines: $(wc -l < $OUT/t5ncu_hot.txt 2>/dev/null)" ;;
     simplemerge) # ab/simple (main + i34_simple_merge.patch: fwd_simple.cu + bwd_simple.cu -> simple.cu) on CUDA
-        (cd ab/simple && PYTHONPATH=$PWD timeout 400 python3 -m pytest tests -q -n 12 -p no:cacheprovider \
+        (cd ab/simple && PYTHONPATH=$PWD timeout 250 python3 -m pytest tests -q -n 12 -p no:cacheprovider \
             -k "cuda and (float32 or float64 or fp32 or fp64 or rel_bias or headdim or registry or gradcheck)" \
             > $OUT/simple_tests.log 2>&1)
         echo "ab/simple tests rc $?: $(tail -1 $OUT/simple_tests.log)"; grep -h "^FAILED" $OUT/simple_tests.log | head -10 ;;
