@@ -101,9 +101,9 @@ def test_varlen_empty_sequences(splits, dtype, monkeypatch):
         assert_close(f"out of sequence {s}", out[None, rows], ref, OUT_TOL[dtype])
 
 
-def test_threads_split():
-    """Two threads and one (batch, kv head) group: the heuristic splits the keys (the result's bits differ from
-    the one-thread call's), and both agree with the reference."""
+def one_and_two_threads():
+    """One (batch, kv head) group of 1990 keys called with one thread, then two, each checked against the
+    reference: the outputs of the two calls."""
     gen = torch.Generator().manual_seed(2)
     q = torch.randn(1, 2, 4, 64, generator=gen)
     k_cache, v_cache = (torch.randn(1, 2000, 1, 64, generator=gen) for _ in range(2))
@@ -118,6 +118,13 @@ def test_threads_split():
     ref, _ = attention64(q, k_cache[:, :1990], v_cache[:, :1990], None, True, True)
     for out in outs:
         assert_close("out", out, ref, OUT_TOL[torch.float32])
+    return outs
+
+
+def test_threads_split():
+    """Two threads and one (batch, kv head) group: the heuristic splits the keys (the result's bits differ from
+    the one-thread call's), and both agree with the reference."""
+    outs = one_and_two_threads()
     assert not torch.equal(outs[0], outs[1]), "two threads did not split the keys"
 
 
@@ -131,25 +138,12 @@ def test_disable_decode_takes_the_prefill_path(monkeypatch):
     monkeypatch.setenv("FLASHATTN_EXT_DISABLE_DECODE", "1")
     out_pre = call(c, make_inputs(c, torch.float32, "cpu"))
     torch.testing.assert_close(out_dec, out_pre, rtol=0, atol=1e-5)
-    gen = torch.Generator().manual_seed(2)
-    q = torch.randn(1, 2, 4, 64, generator=gen)
-    k_cache, v_cache = (torch.randn(1, 2000, 1, 64, generator=gen) for _ in range(2))
-    saved = torch.get_num_threads()
-    outs = {}
-    try:
-        for disable in ("0", "1"):
-            monkeypatch.setenv("FLASHATTN_EXT_DISABLE_DECODE", disable)
-            for threads in (1, 2):
-                torch.set_num_threads(threads)
-                outs[disable, threads] = flashattn_ext.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=1990,
-                                                                               causal=True)
-    finally:
-        torch.set_num_threads(saved)
-    ref, _ = attention64(q, k_cache[:, :1990], v_cache[:, :1990], None, True, True)
-    for out in outs.values():
-        assert_close("out", out, ref, OUT_TOL[torch.float32])
-    assert not torch.equal(outs["0", 1], outs["0", 2]), "the decode path did not split the keys over two threads"
-    assert torch.equal(outs["1", 1], outs["1", 2]), "FLASHATTN_EXT_DISABLE_DECODE=1 still split the keys (decode path)"
+    monkeypatch.setenv("FLASHATTN_EXT_DISABLE_DECODE", "0")
+    dec = one_and_two_threads()
+    assert not torch.equal(dec[0], dec[1]), "the decode path did not split the keys over two threads"
+    monkeypatch.setenv("FLASHATTN_EXT_DISABLE_DECODE", "1")
+    pre = one_and_two_threads()
+    assert torch.equal(pre[0], pre[1]), "FLASHATTN_EXT_DISABLE_DECODE=1 still split the keys (decode path)"
 
 
 def test_float16_cache_values_widened_exactly():

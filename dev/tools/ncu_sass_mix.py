@@ -22,6 +22,14 @@ CLASSES = (  # first match wins: (class, opcode prefixes)
 )
 
 
+def opcode(source):
+    """The opcode of one SASS instruction's text ("@P0 IMAD.WIDE R2, ..." -> "IMAD"), None for an empty line."""
+    words = source.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else None
+
+
 def opclass(op):
     return next((c for c, prefixes in CLASSES if op.startswith(prefixes)), "other")
 
@@ -45,12 +53,9 @@ def load(path):
     data, ix, num = source_page(path)
     ops, samples = collections.Counter(), collections.Counter()
     for r in data:
-        words = r[ix["Source"]].split()
-        if words and words[0].startswith("@"):
-            words = words[1:]
-        if not words:
+        op = opcode(r[ix["Source"]])
+        if op is None:
             continue
-        op = words[0].split(".")[0]
         ops[op] += num(r, "Instructions Executed")
         samples[opclass(op)] += num(r, "Warp Stall Sampling (All Samples)")
     return ops, samples

@@ -17,13 +17,9 @@ import re
 import sys
 from collections import Counter, defaultdict
 
-from ncu_sass_mix import opclass  # noqa: E402 (this folder)
+from ncu_sass_mix import opclass, opcode  # noqa: E402 (this folder)
 
 SHOWN = ("uniform", "int", "branch", "sync", "move", "shared", "global")
-
-
-def opcode(text):
-    return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
 
 
 def parse(lines):

@@ -24,6 +24,10 @@ set -u
 R=$PWD
 S=$R/dev/pending/scripts
 left() { [ $SECONDS -lt 520 ]; }
+sm86_tests() { # in ab/sm86: its shared-memory tests, with the assertion's lines
+    timeout 150 python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider -k "shared_memory or sm86" 2>&1 \
+        | grep -E "passed|failed|^E " | cut -c1-400 | head -12
+}
 rounds() { # name env script tree base
     local name=$1 env=$2 script=$3 tree=$4 base=$5
     for r in 1 2 3; do
@@ -70,8 +74,7 @@ for step in "$@"; do
             echo "fh check (sm80 path, smem limit '${lim}') rc $?: $(tail -1 $OUT/fh_check_$lim.log)"
             grep -E "FAIL" $OUT/fh_check_$lim.log | head -5
         done
-        timeout 150 python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider -k shared_memory 2>&1 \
-            | grep -E "passed|failed|^E " | cut -c1-400 | head -12
+        sm86_tests
         cat > /tmp/sm86_call.py <<'PY'
 import torch, flashattn_ext
 for kw in ({}, {"causal": True, "softcap": 20.0}, {"dropout_p": 0.2}):
@@ -87,9 +90,7 @@ PY
         rounds sm86ab FLASHATTN_EXT_DISABLE_SM90=1 $S/sm86_fwd_ab.py sm86 main
         (cd ab/sm86 && FLASHATTN_EXT_DISABLE_SM90=1 FLASHATTN_EXT_SMEM_LIMIT=101376 PYTHONPATH=$PWD timeout 100 \
             python3 $S/sm86_fwd_ab.py > $OUT/sm86_small.txt 2>&1); cat $OUT/sm86_small.txt ;;
-    sm86test) # ab/sm86's shared-memory tests alone (the assertion's lines)
-        (cd ab/sm86 && PYTHONPATH=$PWD timeout 150 python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider \
-            -k "shared_memory or sm86" 2>&1 | grep -E "passed|failed|^E " | cut -c1-400 | head -12) ;;
+    sm86test) (cd ab/sm86 && PYTHONPATH=$PWD sm86_tests) ;;
     sm86dec) # main's decode on sm86 / sm89's shared memory (fwd_decode.cu decode_warps: 3 warps at d128, 2 at d256)
         PYTHONPATH=$R timeout 300 python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider -k "sm86 or shared_memory" \
             2>&1 | tail -3
