@@ -12,12 +12,17 @@ Usage, from the repo root (cuobjdump / nvdisasm: dev/tools/sass_count.sh install
   readelf -sW /tmp/k.cubin | grep 'FUNC.*<mangled name>'          # the symbol index, first column
   dev/bin/sass/nvidia/cu13/bin/nvdisasm -gi -c -fun INDEX /tmp/k.cubin > /tmp/k.sass
   python3 dev/tools/sass_lines.py /tmp/k.sass [LOOP] [TOP]      # LOOP: which loop (0 = largest), TOP lines shown
+Executed counts instead of static ones: `python3 dev/tools/sass_lines.py /tmp/k.sass --exec F.csv[.gz] [TOP]`, F the
+same kernel's ncu source page (run_q.sh mixours); its rows are matched to the cubin's instructions by offset from the
+function's first instruction, every opcode checked (the GPU machine's build must be the cubin's code), and the whole
+function's warp-level instructions executed are attributed to source lines.
 """
+import gzip
 import re
 import sys
 from collections import Counter, defaultdict
 
-from ncu_sass_mix import opclass, opcode  # noqa: E402 (this folder)
+from ncu_sass_mix import opclass, opcode, source_page  # noqa: E402 (this folder)
 
 SHOWN = ("uniform", "int", "branch", "sync", "move", "shared", "global")
 
@@ -48,10 +53,48 @@ def parse(lines):
     return ins, labels
 
 
+def executed(ins, path, top):
+    """Per source line and class, the warp-level instructions executed (ncu source page `path`)."""
+    if path.endswith(".gz"):
+        path = _gunzip(path)
+    data, ix, num = source_page(path)
+    base = int(data[0][ix["Address"]], 16)
+    by_addr = {int(r[ix["Address"]], 16) - base: r for r in data}
+    per, total = defaultdict(Counter), Counter()
+    for addr, text, where in ins:
+        r = by_addr.get(addr)
+        if r is None or opcode(r[ix["Source"]]) != opcode(text):
+            sys.exit(f"the ncu page does not match the cubin at {addr:#x}: {text!r} against "
+                     f"{None if r is None else r[ix['Source']].strip()!r} (another build?)")
+        n = num(r, "Instructions Executed")
+        per[where][opclass(opcode(text))] += n
+        total[opclass(opcode(text))] += n
+    if len(by_addr) != len(ins):
+        sys.exit(f"{len(by_addr)} ncu rows against {len(ins)} cubin instructions (another build?)")
+    m = 1e6
+    print(f"executed {sum(total.values()) / m:.1f} M warp instructions:",
+          " ".join(f"{k} {v / m:.1f}" for k, v in total.most_common()))
+    rows = sorted(per.items(), key=lambda kv: -sum(kv[1][k] for k in ("uniform", "int", "branch")))
+    print("  " + " " * 22 + "".join(f"{k:>8}" for k in SHOWN) + "   all  (M executed)")
+    for (name, line), n in rows[:top]:
+        print(f"  {name + ':' + str(line):22}" + "".join(f"{n[k] / m:8.2f}" for k in SHOWN) +
+              f"{sum(n.values()) / m:7.2f}")
+
+
+def _gunzip(path):
+    out = "/tmp/" + path.split("/")[-1][:-3]
+    with gzip.open(path, "rb") as f, open(out, "wb") as g:
+        g.write(f.read())
+    return out
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     ins, labels = parse(open(sys.argv[1]).read().splitlines())
+    if len(sys.argv) > 3 and sys.argv[2] == "--exec":
+        executed(ins, sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 40)
+        return
     which = int(sys.argv[2]) if len(sys.argv) > 2 else 0
     top = int(sys.argv[3]) if len(sys.argv) > 3 else 30
     loops = set()

@@ -16,6 +16,8 @@
 #                              instruction mix by opcode and class (ncu source counters, dev/tools/ncu_sass_mix.py);
 #                              both SASS pages come back gzipped (mix_*.csv.gz, 4 files + 2 tables: the device tool
 #                              returns 8 files at most, so the ncu logs stay in /tmp)
+#   run_q.sh mixours           ours alone (ab/simple's build, main's bwd_sm90.cu), bf16 d128 s8k causal and not: the
+#                              executed instructions per source line (sass_lines.py --exec); 5 files back
 #   run_q.sh t5v9ab            ab/t5v9 (i34_t5_v9: T5's table by one load, rel_lut) beside ab/t5 (v8), t5_ab.py rounds
 #   run_q.sh t5test            ab/$T5_TREE's (default t5v11) test_rel_bias -k cuda on both paths;  run_q.sh t5v11ab / t5v12ab: ab/t5v11 beside ab/t5v10, ab/t5v12 beside ab/t5v11 (t5_ab.py rounds)
 #   run_q.sh t5ncu             ab/t5's backward main kernel with ALiBi, then with T5's table (ncu, same inputs)
@@ -113,6 +115,26 @@ PY
                 gzip -c /tmp/mix_${tag}_$n.csv > $OUT/mix_${tag}_$n.csv.gz
             done
             python3 dev/tools/ncu_sass_mix.py cudnn=/tmp/mix_cudnn_$n.csv ours=/tmp/mix_ours_$n.csv --top 40 | tee $OUT/mix_$n.txt
+            left || break
+        done ;;
+    mixours) # our backward main kernel (bf16 d128 s8k, causal then not, in ab/$MIX_TREE: default ab/simple, whose
+        # bwd_sm90.cu is main's): the executed instructions per source line and class (ncu source page joined to the
+        # build's own cubin by dev/tools/sass_lines.py --exec); the pages and the SASS come back gzipped
+        t=${MIX_TREE:-simple}
+        K=_Z20bwd_main_sm90_kernelI13__nv_bfloat16Li128ELi64ELb0ELb0ELb0EEv12flash_params10bwd90_maps
+        PATH=$PATH:/usr/local/cuda/bin
+        rm -rf /tmp/cub && mkdir /tmp/cub && (cd /tmp/cub && cuobjdump -xelf all $R/ab/$t/flashattn_ext/_C.abi3.so > /dev/null)
+        f=$(for c in /tmp/cub/*sm_90a*.cubin; do readelf -sW $c | grep -q " $K$" && echo $c; done | head -1)
+        idx=$(readelf -sW $f | awk -v k=$K '$NF == k {sub(":", "", $1); print $1}')
+        nvdisasm -gi -c -fun $idx $f > /tmp/ours.sass && gzip -c /tmp/ours.sass > $OUT/ours_d128.sass.gz
+        echo "cubin $f function $idx: $(wc -l < /tmp/ours.sass) lines"
+        for c in 1 0; do
+            (cd ab/$t && PYTHONPATH=$PWD timeout 150 ncu -k regex:bwd_main_sm90 -c 1 --section SourceCounters \
+                -f -o /tmp/mo_$c python3 dev/tools/bwd_pair.py 128 8192 $c > /tmp/mo_$c.log 2>&1) \
+                || { echo "ncu causal=$c failed:"; tail -3 /tmp/mo_$c.log; }
+            ncu -i /tmp/mo_$c.ncu-rep --page source --csv --print-source sass > /tmp/mo_$c.csv 2>&1
+            gzip -c /tmp/mo_$c.csv > $OUT/mixours_c$c.csv.gz
+            python3 dev/tools/sass_lines.py /tmp/ours.sass --exec /tmp/mo_$c.csv 60 | tee $OUT/mixours_c$c.txt | head -30
             left || break
         done ;;
     mainval) # main's CPU-verified landings of 2026-12-07 (T5 fp16 / bf16 through the fp32 kernels, the registry
