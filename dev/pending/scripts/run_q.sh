@@ -49,8 +49,9 @@ for step in "$@"; do
         for t in ${BUILD_TREES:-main pre512 t5 sm86}; do
             d=$R; [ $t != main ] && d=$R/ab/$t
             [ -f $d/build/.done ] && continue
-            ( cd $d && start=$SECONDS && MAX_JOBS=${BUILD_JOBS:-3} python3 setup.py build_ext --inplace > $OUT/build_$t.log 2>&1 \
-                && touch build/.done; echo "build $t rc $? in $((SECONDS - start)) s" ) &
+            ( cd $d && start=$SECONDS && MAX_JOBS=${BUILD_JOBS:-3} python3 setup.py build_ext --inplace > /tmp/build_$t.log 2>&1 \
+                && touch build/.done; rc=$?; echo "build $t rc $rc in $((SECONDS - start)) s"
+                [ $rc = 0 ] || grep -E "error|Error" /tmp/build_$t.log | head -8 ) & # logs in /tmp: 8 files come back
         done
         wait ;;
     d512) rounds d512 "" $S/paged_fp32_ab.py main pre512 ;;
