@@ -18,7 +18,7 @@
 #                              returns 8 files at most, so the ncu logs stay in /tmp)
 #   run_q.sh mixours           ours alone (ab/simple's build, main's bwd_sm90.cu), bf16 d128 s8k causal and not: the
 #                              executed instructions per source line (sass_lines.py --exec); 5 files back
-#   run_q.sh kvst              ab/kvst (i35_kv_store_cols): bh test all, then bh time1 beside main at s512-s8k
+#   run_q.sh bwdab             ab/dqalt (i35_dq_alt) and ab/kvst (i35_kv_store_cols), or $BWD_AB: bh test all, bh time1 beside main
 #   run_q.sh t5v9ab            ab/t5v9 (i34_t5_v9: T5's table by one load, rel_lut) beside ab/t5 (v8), t5_ab.py rounds
 #   run_q.sh t5test            ab/$T5_TREE's (default t5v11) test_rel_bias -k cuda on both paths;  run_q.sh t5v11ab / t5v12ab: ab/t5v11 beside ab/t5v10, ab/t5v12 beside ab/t5v11 (t5_ab.py rounds)
 #   run_q.sh t5ncu             ab/t5's backward main kernel with ALiBi, then with T5's table (ncu, same inputs)
@@ -141,27 +141,33 @@ PY
             python3 dev/tools/sass_lines.py /tmp/ours.sass --exec /tmp/mo_$c.csv 60 | tee $OUT/mixours_c$c.txt | head -30
             left || break
         done ;;
-    kvst) # ab/kvst (main + i35_kv_store_cols.patch: dK / dV stores without per-8-column bounds where the block lies
-        # inside d): bh test all on it, then bh time1 beside main, 6 interleaved rounds (short sequences first: the
-        # epilogue's share of a CTA is largest there)
-        W=/tmp/kvst/ab_sed
-        TMPDIR=/tmp/kvst timeout 240 bash dev/ab_sed.sh 0 "" "kv=csrc/cuda/bwd_common.cuh<ab/kvst/csrc/cuda/bwd_common.cuh" \
-            > /tmp/kvst_build.log 2>&1
-        echo "harness builds rc $? at ${SECONDS}s"; grep FAIL /tmp/kvst_build.log | head -5
-        timeout 100 $W/kv/bh test all > /tmp/kvst_test.log 2>&1
-        echo "kv bh test rc $?: $(grep -c ^PASS /tmp/kvst_test.log) PASS, $(grep -c ^FAIL /tmp/kvst_test.log) FAIL"
-        grep ^FAIL /tmp/kvst_test.log | head -5
-        C=("128 512 0 0" "128 512 1 0" "64 512 1 0" "128 1024 1 0" "128 2048 1 0" "64 2048 0 0" "128 8192 1 0")
+    bwdab) # the backward patches of $BWD_AB (default "dqalt kvst": ab/dqalt = i35_dq_alt, dQ by one warpgroup per step,
+        # alternating, N = 128, the dense D = 128 kernel; ab/kvst = i35_kv_store_cols, dK / dV stores without per-8-column
+        # bounds where the block lies inside d) beside main in the torch-free harness, built at once: bh test all on
+        # each, then bh time1 in interleaved rounds (rotated order), s512-s8k
+        V=${BWD_AB:-dqalt kvst}
+        W=/tmp/bwdab/ab_sed
+        TMPDIR=/tmp/bwdab timeout 300 bash dev/ab_sed.sh 0 "" $(for v in $V; do echo "$v=@ab/$v"; done) > /tmp/bwdab_build.log 2>&1
+        echo "harness builds rc $? at ${SECONDS}s"; grep FAIL /tmp/bwdab_build.log | head -5
+        for v in $V; do
+            timeout 100 $W/$v/bh test all > /tmp/${v}_test.log 2>&1
+            echo "$v bh test rc $?: $(grep -c ^PASS /tmp/${v}_test.log) PASS, $(grep -c ^FAIL /tmp/${v}_test.log) FAIL at ${SECONDS}s"
+            grep ^FAIL /tmp/${v}_test.log | head -5
+        done
+        C=("128 2048 0 0" "128 2048 1 0" "128 8192 0 0" "128 8192 1 0" "128 512 0 0" "128 512 1 0" "128 1024 1 0"
+           "64 512 1 0" "64 2048 0 0")
+        order=(base $V)
         for r in 0 1 2 3 4 5; do
             for c in "${C[@]}"; do
-                for n in $([ $((r % 2)) = 0 ] && echo "base kv" || echo "kv base"); do
+                k=$((r % ${#order[@]}))
+                for n in "${order[@]:k}" "${order[@]:0:k}"; do
                     [ $SECONDS -lt 560 ] || break 3
                     echo "== round $r $n: bh time1 $c"
                     timeout 30 $W/$n/bh time1 $c || echo "FAILED rc $?"
                 done
             done
-        done > $OUT/kvst_ab.log 2>&1
-        python3 dev/ab_table.py $OUT/kvst_ab.log | tee $OUT/kvst_table.txt ;;
+        done > $OUT/bwdab.log 2>&1
+        python3 dev/ab_table.py $OUT/bwdab.log | tee $OUT/bwdab_table.txt ;;
     mainval) # main's CPU-verified landings of 2026-12-07 (T5 fp16 / bf16 through the fp32 kernels, the registry
         # test's rule, the SDPA shortcut, _core._dispatch), on main's own build (`build` first, or dev/device.sh build ext)
         PYTHONPATH=$R timeout 400 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_rel_bias.py \
