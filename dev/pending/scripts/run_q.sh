@@ -142,7 +142,7 @@ PY
             left || break
         done ;;
     bwdab) # the backward patches of $BWD_AB (default "dqalt kvst": ab/dqalt = i35_dq_alt, dQ by one warpgroup per step,
-        # alternating, N = 128, the dense D = 128 kernel; ab/kvst = i35_kv_store_cols, dK / dV stores without per-8-column
+        # alternating, N = 128, the dense D = 128 kernels (ORDERED too); ab/kvst = i35_kv_store_cols, dK / dV stores without per-8-column
         # bounds where the block lies inside d) beside main in the torch-free harness, built at once: bh test all on
         # each, then bh time1 in interleaved rounds (rotated order), s512-s8k
         V=${BWD_AB:-dqalt kvst}
@@ -155,7 +155,7 @@ PY
             grep ^FAIL /tmp/${v}_test.log | head -5
         done
         C=("128 2048 0 0" "128 2048 1 0" "128 8192 0 0" "128 8192 1 0" "128 512 0 0" "128 512 1 0" "128 1024 1 0"
-           "64 512 1 0" "64 2048 0 0")
+           "64 512 1 0" "64 2048 0 0" "128 2048 0 1" "128 8192 1 1")
         order=(base $V)
         for r in 0 1 2 3 4 5; do
             for c in "${C[@]}"; do
