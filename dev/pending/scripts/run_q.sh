@@ -18,6 +18,7 @@
 #                              returns 8 files at most, so the ncu logs stay in /tmp)
 #   run_q.sh mixours           ours alone (ab/simple's build, main's bwd_sm90.cu), bf16 d128 s8k causal and not: the
 #                              executed instructions per source line (sass_lines.py --exec); 5 files back
+#   run_q.sh bwdncu            after bwdab: ncu of the backward main kernel in main and in ab/dqalt, ab/dqalt1 (d128 s8k causal)
 #   run_q.sh bwdab             ab/dqalt (i35_dq_alt) and ab/kvst (i35_kv_store_cols), or $BWD_AB: bh test all, bh time1 beside main
 #   run_q.sh t5v9ab            ab/t5v9 (i34_t5_v9: T5's table by one load, rel_lut) beside ab/t5 (v8), t5_ab.py rounds
 #   run_q.sh t5test            ab/$T5_TREE's (default t5v11) test_rel_bias -k cuda on both paths;  run_q.sh t5v11ab / t5v12ab: ab/t5v11 beside ab/t5v10, ab/t5v12 beside ab/t5v11 (t5_ab.py rounds)
@@ -171,6 +172,23 @@ PY
             done
         done > $OUT/bwdab.log 2>&1
         python3 dev/ab_table.py $OUT/bwdab.log | tee $OUT/bwdab_table.txt ;;
+    bwdncu) # after bwdab on the same (warm) machine, else its build first: ncu of the backward main kernel, bf16 d128 s8k
+        # causal, in main and each of $BWD_AB (default dqalt dqalt1): shared-memory wavefronts, pipe use, issue stalls
+        V=${BWD_AB:-dqalt dqalt1}
+        W=/tmp/bwdab/ab_sed
+        built=1
+        for v in base $V; do [ -x $W/$v/bh ] || built=0; done
+        if [ $built = 0 ]; then
+            TMPDIR=/tmp/bwdab timeout 300 bash dev/ab_sed.sh 0 "" $(for v in $V; do echo "$v=@ab/$v"; done) > /tmp/bwdab_build.log 2>&1
+            echo "harness builds rc $? at ${SECONDS}s"
+        fi
+        for v in base $V; do
+            timeout 120 ncu -k regex:bwd_main_sm90 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables \
+                --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats \
+                $W/$v/bh time1 128 8192 1 0 > $OUT/bwdncu_$v.txt 2>&1 || echo "ncu $v rc $?"
+            echo "== $v"; grep -E "Duration|Executed Instructions  |Issue Slots Busy|Shared .*Wavefronts|Bank Conflicts|No Eligible|Stall (Long|Short|Barrier|Math|MIO|Wait)|Warp Cycles Per Issued" $OUT/bwdncu_$v.txt | head -16
+            left || break
+        done ;;
     mainval) # main's CPU-verified landings of 2026-12-07 (T5 fp16 / bf16 through the fp32 kernels, the registry
         # test's rule, the SDPA shortcut, _core._dispatch), on main's own build (`build` first, or dev/device.sh build ext)
         PYTHONPATH=$R timeout 400 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_rel_bias.py \
