@@ -127,7 +127,7 @@ PY
         # build's own cubin by dev/tools/sass_lines.py --exec); the pages and the SASS come back gzipped
         t=${MIX_TREE:-simple}
         K=_Z20bwd_main_sm90_kernelI13__nv_bfloat16Li128ELi64ELb0ELb0ELb0EEv12flash_params10bwd90_maps
-        PATH=$PATH:/usr/local/cuda/bin
+        PATH=$PATH:$(dirname "$(command -v nvcc)"):/usr/local/cuda/bin
         rm -rf /tmp/cub && mkdir /tmp/cub && (cd /tmp/cub && cuobjdump -xelf all $R/ab/$t/flashattn_ext/_C.abi3.so > /dev/null)
         f=$(for c in /tmp/cub/*sm_90a*.cubin; do readelf -sW $c | grep -q " $K$" && echo $c; done | head -1)
         idx=$(readelf -sW $f | awk -v k=$K '$NF == k {sub(":", "", $1); print $1}')
