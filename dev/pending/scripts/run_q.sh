@@ -61,8 +61,7 @@ for step in "$@"; do
     t5v9ab) rounds t5v9ab90 "" $S/t5_ab.py t5v9 t5 ;; # ab/t5v9 (the table by one load: rel_lut) against ab/t5 (v8)
     t5v11ab) rounds t5v11ab90 "" $S/t5_ab.py t5v11 t5v10 ;; # ab/t5v11 (tiles beyond the range skip DH and the LUT) against ab/t5v10
     t5v12ab) rounds t5v12ab90 "" $S/t5_ab.py t5v12 t5v11 ;; # ab/t5v12 (the padded LUT: band tiles read it without clamps) against ab/t5v11
-    t5v14ab) rounds t5v14ab90 T5_AB_SKIP_T5_IN=simple $S/t5_ab.py t5v14 simple ;; # as t5v13ab, with v14
-    t5v13ab) rounds t5v13ab90 T5_AB_SKIP_T5_IN=simple $S/t5_ab.py t5v13 simple ;; # the T5 stack as it would land beside main (ab/simple: main's sm80 / sm90 kernels, SASS-identical): the other HOOK variants' cost (issue 34: within 1%), T5 beside ALiBi in the tree
+    t5v14ab) rounds t5v14ab90 T5_AB_SKIP_T5_IN=simple $S/t5_ab.py t5v14 simple ;; # the T5 stack as it would land beside main (ab/simple: main's sm80 / sm90 kernels, SASS-identical): the other HOOK variants' cost (issue 34: within 1%), T5 beside ALiBi in the tree
     t5test) # ab/$T5_TREE's (default t5v11) T5 tests on CUDA, the sm90 path then the sm80 path
         t=${T5_TREE:-t5v11}
         for dis in 0 1; do
