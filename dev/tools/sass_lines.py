@@ -53,7 +53,17 @@ def parse(lines):
     return ins, labels
 
 
-def executed(ins, path, top):
+def find_loops(ins, labels):
+    """(start, end) address of every loop (a backward branch to a label), largest first."""
+    loops = set()
+    for addr, text, _ in ins:
+        m = re.search(r"BRA `?\(?\.L_x_(\d+)", text)
+        if m and m.group(1) in labels and labels[m.group(1)] < addr:
+            loops.add((labels[m.group(1)], addr))
+    return sorted(loops, key=lambda lh: lh[0] - lh[1])
+
+
+def executed(ins, labels, path, top):
     """Per source line and class, the warp-level instructions executed (ncu source page `path`)."""
     if path.endswith(".gz"):
         path = _gunzip(path)
@@ -74,6 +84,16 @@ def executed(ins, path, top):
     m = 1e6
     print(f"executed {sum(total.values()) / m:.1f} M warp instructions:",
           " ".join(f"{k} {v / m:.1f}" for k, v in total.most_common()))
+    count = {addr: num(by_addr[addr], "Instructions Executed") for addr, _, _ in ins}
+    hot = max(find_loops(ins, labels), key=lambda lh: sum(n for a, n in count.items() if lh[0] <= a <= lh[1]),
+              default=None)
+    if hot and count[hot[0]] > 0:  # per pass of the hottest loop and warp (its first instruction's count)
+        mix = Counter()
+        for addr, text, _ in ins:
+            if hot[0] <= addr <= hot[1]:
+                mix[opclass(opcode(text))] += count[addr] / count[hot[0]]
+        print(f"hottest loop {hot[0]:#x}-{hot[1]:#x}, {count[hot[0]]:.0f} passes (warp x iteration): "
+              f"{sum(mix.values()):.0f} instructions per pass:", " ".join(f"{k} {v:.0f}" for k, v in mix.most_common()))
     rows = sorted(per.items(), key=lambda kv: -sum(kv[1][k] for k in ("uniform", "int", "branch")))
     print("  " + " " * 22 + "".join(f"{k:>8}" for k in SHOWN) + "   all  (M executed)")
     for (name, line), n in rows[:top]:
@@ -93,16 +113,11 @@ def main():
         sys.exit(__doc__)
     ins, labels = parse(open(sys.argv[1]).read().splitlines())
     if len(sys.argv) > 3 and sys.argv[2] == "--exec":
-        executed(ins, sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 40)
+        executed(ins, labels, sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 40)
         return
     which = int(sys.argv[2]) if len(sys.argv) > 2 else 0
     top = int(sys.argv[3]) if len(sys.argv) > 3 else 30
-    loops = set()
-    for addr, text, _ in ins:
-        m = re.search(r"BRA `?\(?\.L_x_(\d+)", text)
-        if m and m.group(1) in labels and labels[m.group(1)] < addr:
-            loops.add((labels[m.group(1)], addr))
-    loops = sorted(loops, key=lambda lh: lh[0] - lh[1])
+    loops = find_loops(ins, labels)
     print(f"{len(ins)} instructions; loops (start, end, instructions):",
           ", ".join(f"{lo:#x}-{hi:#x} {(hi - lo) // 16 + 1}" for lo, hi in loops[:8]))
     if not loops:
