@@ -3,6 +3,7 @@ F.csv), side by side: warp-level instructions executed per opcode and per class,
 Usage: python3 dev/tools/ncu_sass_mix.py NAME=F.csv [NAME=F.csv ...] [--top N]"""
 import collections
 import csv
+import gzip
 import sys
 
 CLASSES = (  # first match wins: (class, opcode prefixes)
@@ -35,8 +36,9 @@ def opclass(op):
 
 
 def source_page(path):
-    """The instruction rows of an ncu source page (CSV) and num(row, column): a column's number, 0 where absent."""
-    rows = list(csv.reader(open(path)))
+    """The instruction rows of an ncu source page (CSV, or gzipped: .gz) and num(row, column): a column's number, 0
+    where absent."""
+    rows = list(csv.reader((gzip.open if path.endswith(".gz") else open)(path, "rt")))
     start = next(i for i, r in enumerate(rows) if "Source" in r and "Instructions Executed" in r)
     ix = {h: i for i, h in enumerate(rows[start])}
 

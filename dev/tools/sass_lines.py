@@ -17,7 +17,6 @@ same kernel's ncu source page (run_q.sh mixours); its rows are matched to the cu
 function's first instruction, every opcode checked (the GPU machine's build must be the cubin's code), and the whole
 function's warp-level instructions executed are attributed to source lines.
 """
-import gzip
 import re
 import sys
 from collections import Counter, defaultdict
@@ -65,18 +64,16 @@ def find_loops(ins, labels):
 
 def executed(ins, labels, path, top):
     """Per source line and class, the warp-level instructions executed (ncu source page `path`)."""
-    if path.endswith(".gz"):
-        path = _gunzip(path)
     data, ix, num = source_page(path)
     base = int(data[0][ix["Address"]], 16)
     by_addr = {int(r[ix["Address"]], 16) - base: r for r in data}
-    per, total = defaultdict(Counter), Counter()
+    per, total, count = defaultdict(Counter), Counter(), {}
     for addr, text, where in ins:
         r = by_addr.get(addr)
         if r is None or opcode(r[ix["Source"]]) != opcode(text):
             sys.exit(f"the ncu page does not match the cubin at {addr:#x}: {text!r} against "
                      f"{None if r is None else r[ix['Source']].strip()!r} (another build?)")
-        n = num(r, "Instructions Executed")
+        n = count[addr] = num(r, "Instructions Executed")
         per[where][opclass(opcode(text))] += n
         total[opclass(opcode(text))] += n
     if len(by_addr) != len(ins):
@@ -84,7 +81,6 @@ def executed(ins, labels, path, top):
     m = 1e6
     print(f"executed {sum(total.values()) / m:.1f} M warp instructions:",
           " ".join(f"{k} {v / m:.1f}" for k, v in total.most_common()))
-    count = {addr: num(by_addr[addr], "Instructions Executed") for addr, _, _ in ins}
     hot = max(find_loops(ins, labels), key=lambda lh: sum(n for a, n in count.items() if lh[0] <= a <= lh[1]),
               default=None)
     if hot and count[hot[0]] > 0:  # per pass of the hottest loop and warp (its first instruction's count)
@@ -99,13 +95,6 @@ def executed(ins, labels, path, top):
     for (name, line), n in rows[:top]:
         print(f"  {name + ':' + str(line):22}" + "".join(f"{n[k] / m:8.2f}" for k in SHOWN) +
               f"{sum(n.values()) / m:7.2f}")
-
-
-def _gunzip(path):
-    out = "/tmp/" + path.split("/")[-1][:-3]
-    with gzip.open(path, "rb") as f, open(out, "wb") as g:
-        g.write(f.read())
-    return out
 
 
 def main():
