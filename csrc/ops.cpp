@@ -218,25 +218,25 @@ void check_varlen_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor
         check_varlen_paged_kv(q, k, v, *vl.block_table, vl.batch());
 }
 
-// dout in q's dtype; out in q's dtype, or float32 for float16 / bfloat16 q on the CPU (fwd's out32: the
+// dout in q's dtype; out in q's dtype, or float32 for float16 / bfloat16 q where out32_ok (fwd's out32: the
 // forward's out before its rounding, which gives the backward's delta = rowsum(dout * out) without that
-// rounding's error).
-static void check_bwd_dtypes(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &out)
+// rounding's error; the CPU, and T5's rel_bias on CUDA: calls whose backward runs on float32 copies).
+static void check_bwd_dtypes(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &out, bool out32_ok)
 {
     const bool half = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
-    const bool out32 = half && q.device().is_cpu() && out.scalar_type() == at::kFloat;
+    const bool out32 = half && out32_ok && out.scalar_type() == at::kFloat;
     TORCH_CHECK(dout.scalar_type() == q.scalar_type() && (out.scalar_type() == q.scalar_type() || out32),
                 "flashattn_ext: dout and out must have the dtype of q (", q.scalar_type(),
-                "; out may be float32 for float16 / bfloat16 on the CPU), got dout ", dout.scalar_type(), ", out ",
-                out.scalar_type());
+                "; out may be float32 for float16 / bfloat16 on the CPU or with rel_bias), got dout ",
+                dout.scalar_type(), ", out ", out.scalar_type());
 }
 
 void check_varlen_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &v, const at::Tensor &out,
-                             const at::Tensor &lse)
+                             const at::Tensor &lse, bool out32_ok)
 {
     check_out_shapes(dout, q, v, out);
     check_rank_and_last_stride(out, "out", kVarlenRank);
-    check_bwd_dtypes(dout, q, out);
+    check_bwd_dtypes(dout, q, out, out32_ok);
     TORCH_CHECK(lse.defined(), "flashattn_ext: lse is undefined");
     TORCH_CHECK(dout.device() == q.device() && out.device() == q.device() && lse.device() == q.device(),
                 "flashattn_ext: dout, out and lse must be on the device of q (", q.device().str(), ")");
@@ -248,10 +248,10 @@ void check_varlen_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const 
 }
 
 void check_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &v, const at::Tensor &out,
-                      const at::Tensor &lse)
+                      const at::Tensor &lse, bool out32_ok)
 {
     check_out_shapes(dout, q, v, out);
-    check_bwd_dtypes(dout, q, out);
+    check_bwd_dtypes(dout, q, out, out32_ok);
     TORCH_CHECK(dout.device() == q.device() && out.device() == q.device() && lse.device() == q.device(),
                 "flashattn_ext: dout, out and lse must be on the device of q (", q.device().str(), ")");
     TORCH_CHECK(lse.dim() == 3 && lse.size(0) == q.size(0) && lse.size(1) == q.size(2) && lse.size(2) == q.size(1),
@@ -1049,7 +1049,7 @@ BwdOutputs dense_bwd_cpu(
 {
     check_qkv(q, k, v);
     check_cpu_dtype(q);
-    check_bwd_inputs(dout_in, q, v, out, lse_in);
+    check_bwd_inputs(dout_in, q, v, out, lse_in, true);
     check_rank_and_last_stride(out, "out");
     check_rng_state(rng_state);
     const Variants var = with_rel_bias(variants_of(causal, bottom_right, window_left, window_right, softcap,
@@ -1147,7 +1147,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     const Varlen vl = varlen_of(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
     check_varlen_qkv(q, k, v, vl);
     check_cpu_dtype(q);
-    check_varlen_bwd_inputs(dout_in, q, v, out, lse_in);
+    check_varlen_bwd_inputs(dout_in, q, v, out, lse_in, true);
     check_rng_state(rng_state);
     const Variants var = with_rel_bias(variants_of(causal, true, window_left, window_right, softcap, alibi_slopes,
                                                    sink, c10::nullopt, dropout_p, deterministic),

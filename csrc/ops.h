@@ -37,12 +37,14 @@ std::vector<int64_t> out_sizes(const at::Tensor &q, const at::Tensor &v);
 // is its own.
 void check_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v);
 
-// Checks the extra backward inputs (dout, out of shape out_sizes(q, v); lse) against q and v.
+// Checks the extra backward inputs (dout, out of shape out_sizes(q, v); lse) against q and v; out32_ok: out may
+// be the forward's out32 (float32) for fp16 / bf16 q (calls whose forward returns one).
 void check_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &v, const at::Tensor &out,
-                      const at::Tensor &lse);
+                      const at::Tensor &lse, bool out32_ok);
 
 // The out32 output of a forward (fwd, varlen_fwd) whose out is not rounded from fp32: an empty fp32 tensor
-// (every dtype but fp16 / bf16 on the CPU, whose forward returns its fp32 out there for the backward).
+// (every call but fp16 / bf16 ones on the CPU, or with T5's rel_bias on CUDA, whose forwards run on float32 copies
+// and return their fp32 out for the backward's delta).
 at::Tensor no_out32(const at::Tensor &q);
 
 // dtype of lse / delta for inputs of dtype t: fp64 for fp64 inputs, fp32 otherwise.
@@ -146,7 +148,7 @@ void check_varlen_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor
 // Checks the extra varlen backward inputs (dout, out of shape out_sizes(q, v); lse (nheads, total_q)) against
 // q and v.
 void check_varlen_bwd_inputs(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &v, const at::Tensor &out,
-                             const at::Tensor &lse);
+                             const at::Tensor &lse, bool out32_ok);
 
 // Params of a varlen call, made by make_params on views with a leading batch of 1 and then turned into
 // the packed batch of flash.h: b = number of sequences, batch strides 0, sq / sk the max lengths, the

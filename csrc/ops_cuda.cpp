@@ -321,7 +321,7 @@ FwdOutputs dense_fwd_cuda(const at::Tensor &q_in, const at::Tensor &k_in, const 
         auto [out, lse, rng_state, out32] = dense_fwd_cuda(
             f32(q_in), f32(k_in), f32(v_in), softmax_scale, causal, bottom_right, window_left, window_right, softcap,
             alibi_slopes, sink, mask_f32(attn_mask), dropout_p, deterministic, rel_bias, rel_buckets);
-        return {out.to(q_in.scalar_type()), lse, rng_state, no_out32(q_in)};
+        return {out.to(q_in.scalar_type()), lse, rng_state, rel_bias ? out : no_out32(q_in)}; // ops.py _rounds_fp32
     }
     const c10::cuda::CUDAGuard guard(q_in.device());
     at::Tensor rng_state = draw_rng_state_cuda(q_in, dropout_p);
@@ -371,7 +371,7 @@ BwdOutputs dense_bwd_cuda(
     check_qkv(q_in, k_in, v_in);
     check_cuda_inputs(q_in, k_in, v_in);
     TORCH_CHECK(!rel_bias_grad || rel_bias, "flashattn_ext: rel_bias_grad needs a rel_bias");
-    check_bwd_inputs(dout_in, q_in, v_in, out_in, lse_in);
+    check_bwd_inputs(dout_in, q_in, v_in, out_in, lse_in, rel_bias.has_value());
     check_rng_state(rng_state);
     const Variants var = with_rel_bias(variants_of(causal, bottom_right, window_left, window_right, softcap,
                                                    alibi_slopes, sink, attn_mask, dropout_p, deterministic),
@@ -469,7 +469,7 @@ FwdOutputs varlen_fwd_cuda(
             f32(q_in), f32(k_in), f32(v_in), cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
             softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, sink, dropout_p, deterministic,
             block_table, rel_bias, rel_buckets);
-        return {out.to(q_in.scalar_type()), lse, rng_state, no_out32(q_in)};
+        return {out.to(q_in.scalar_type()), lse, rng_state, rel_bias ? out : no_out32(q_in)}; // ops.py _rounds_fp32
     }
     const c10::cuda::CUDAGuard guard(q_in.device());
     at::Tensor rng_state = draw_rng_state_cuda(q_in, dropout_p);
@@ -507,7 +507,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
     check_varlen_qkv(q_in, k_in, v_in, vl);
     check_cuda_sizes(q_in, v_in, vl.batch(), q_in.size(1), max_seqlen_q, max_seqlen_k);
     TORCH_CHECK(!rel_bias_grad || rel_bias, "flashattn_ext: rel_bias_grad needs a rel_bias");
-    check_varlen_bwd_inputs(dout_in, q_in, v_in, out_in, lse_in);
+    check_varlen_bwd_inputs(dout_in, q_in, v_in, out_in, lse_in, rel_bias.has_value());
     check_rng_state(rng_state);
     const Variants var = with_rel_bias(variants_of(causal, true, window_left, window_right, softcap, alibi_slopes,
                                                    sink, c10::nullopt, dropout_p, deterministic),

@@ -124,6 +124,42 @@ def test_gradcheck(bidirectional, device):
     assert torch.autograd.gradcheck(fn, (q, k, v, table))
 
 
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("device", DEVICES)
+def test_half_table_grad_from_unrounded_out(device, dtype, varlen):
+    """fp16 / bf16 run rel_bias on float32 copies (CPU and CUDA): the forward's float32 out (out32), not the rounded
+    one, gives the backward's delta = rowsum(dout * out). The table's gradient sums dS over whole rows, whose exact
+    sums cancel; here (3 keys, 89 queries: nearly every entry in bucket 0 or 1, softcap) the rounded out's delta
+    leaves the bf16 table gradient 3.0% of its largest entry from the float64 one (test_fuzz rel_bias seed 61 on
+    CUDA before out32 there), a float64 emulation of that rounding 3.05%; with out32 it is the float32 kernel's."""
+    g = torch.Generator().manual_seed(61)
+    sq, sk, h, d, dv, md = 89, 3, 2, 26, 32, 174
+    q64 = torch.randn(1, sq, h, d, generator=g, dtype=torch.float64)
+    k64 = torch.randn(1, sk, h, d, generator=g, dtype=torch.float64)
+    v64 = torch.randn(1, sk, h, dv, generator=g, dtype=torch.float64)
+    dout = torch.randn(1, sq, h, dv, generator=g, dtype=torch.float64).to(dtype)
+    table64 = torch.randn(h, 8, generator=g, dtype=torch.float64)
+    q, k, v = (x.to(device, dtype).requires_grad_() for x in (q64, k64, v64))
+    table = table64.to(device, torch.float32).requires_grad_()
+    kw = dict(softcap=8.84, rel_bias=table, rel_bias_max_distance=md, rel_bias_bidirectional=False)
+    if varlen:
+        cq = torch.tensor([0, sq], dtype=torch.int32, device=device)
+        ck = torch.tensor([0, sk], dtype=torch.int32, device=device)
+        out = flashattn_ext.flash_attn_varlen_func(q[0], k[0], v[0], cq, ck, sq, sk, **kw).unsqueeze(0)
+    else:
+        out = flashattn_ext.flash_attn_func(q, k, v, **kw)
+    out.backward(dout.to(device))
+    qr, kr, vr = (x.detach().cpu().double().requires_grad_() for x in (q, k, v))
+    tr = table.detach().cpu().double().requires_grad_()
+    ref, _ = attention_ref(qr, kr, vr, softcap=8.84, attn_mask=bias_matrix(tr, sq, sk, md, False).unsqueeze(0))
+    ref.backward(dout.double())
+    want = tr.grad
+    assert want.abs().max() > 1.0  # the case's cancellation: entries of size 3 from sums of 89 rows
+    err = (table.grad.cpu().double() - want).abs().max().item() / want.abs().max().item()
+    assert err < 1e-4, err
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_float32_table_with_float64_inputs(device):
     """A float32 table with float64 inputs is cast (differentiably): its gradient comes back in float32."""
