@@ -177,10 +177,10 @@ __device__ __forceinline__ void red_add_tile(float *base, int64_t ld, int row, b
  * c0 + [0, DW)) held as accumulator fragments, times `mul`: in the dtype into out (rows k_row0 + j of
  * batch k_batch of a (b, sk, h_kv, d) tensor) when h == h_kv, else in fp32 into accum (rows
  * flash_kaccum_row, (rows, h, d)) for this query head. Keys past s.sk are not written. */
-template <typename T, int MT, int DW>
-__device__ __forceinline__ void store_kv_grad(const flash_params &p, const flash_seq &s, const float acc[MT][DW / 8][4],
-                                              float mul, void *out, const flash_strides &os, float *accum, int b,
-                                              int hq, int j0, int c0)
+template <typename T, int MT, int DW, bool ALL_COLS>
+__device__ __forceinline__ void store_kv_grad_cols(const flash_params &p, const flash_seq &s,
+                                                   const float acc[MT][DW / 8][4], float mul, void *out,
+                                                   const flash_strides &os, float *accum, int b, int hq, int j0, int c0)
 {
     const int lane = threadIdx.x % FLASH_WARP_SIZE;
     const int lr = lane / 4, lc = lane % 4;
@@ -199,17 +199,30 @@ __device__ __forceinline__ void store_kv_grad(const flash_params &p, const flash
                 float *dst = accum + (flash_kaccum_row(&p, &s, b, j) * p.h + hq) * d + c0 + 2 * lc; /* (DW) */
 #pragma unroll
                 for (int t = 0; t < DW / 8; ++t)
-                    if (c0 + t * 8 < d)
+                    if (ALL_COLS || c0 + t * 8 < d)
                         *(float2 *)(dst + t * 8) = make_float2(acc[mt][t][2 * h8] * mul, acc[mt][t][2 * h8 + 1] * mul);
             } else {
                 T *dst = (T *)out + s.k_batch * os.batch + (s.k_row0 + j) * os.row + hk * os.head + c0 +
                          2 * lc; /* (DW) */
 #pragma unroll
                 for (int t = 0; t < DW / 8; ++t)
-                    if (c0 + t * 8 < d)
+                    if (ALL_COLS || c0 + t * 8 < d)
                         *(uint32_t *)(dst + t * 8) = pack2<T>(acc[mt][t][2 * h8] * mul, acc[mt][t][2 * h8 + 1] * mul);
             }
         }
+}
+
+/* ... with the column bounds tested once (a uniform branch) where the block lies inside d, the common case, rather
+ * than per 8 columns and row. */
+template <typename T, int MT, int DW>
+__device__ __forceinline__ void store_kv_grad(const flash_params &p, const flash_seq &s, const float acc[MT][DW / 8][4],
+                                              float mul, void *out, const flash_strides &os, float *accum, int b,
+                                              int hq, int j0, int c0)
+{
+    if (c0 + DW <= (int)p.d)
+        store_kv_grad_cols<T, MT, DW, true>(p, s, acc, mul, out, os, accum, b, hq, j0, c0);
+    else
+        store_kv_grad_cols<T, MT, DW, false>(p, s, acc, mul, out, os, accum, b, hq, j0, c0);
 }
 
 #endif

@@ -18,8 +18,8 @@
 #                              returns 8 files at most, so the ncu logs stay in /tmp)
 #   run_q.sh mixours           ours alone (ab/simple's build, main's bwd_sm90.cu), bf16 d128 s8k causal and not: the
 #                              executed instructions per source line (sass_lines.py --exec); 5 files back
-#   run_q.sh bwdncu            after bwdab: ncu of the backward main kernel in main and in ab/dqalt, ab/dqalt1 (d128 s8k causal)
-#   run_q.sh bwdab             ab/dqalt (i35_dq_alt) and ab/kvst (i35_kv_store_cols), or $BWD_AB: bh test all, bh time1 beside main
+#   run_q.sh bwdncu            after bwdab: ncu of the backward main kernel in main and in each ab/ tree of $BWD_AB (d128 s8k causal)
+#   run_q.sh bwdab             the ab/ trees of $BWD_AB (backward patches): bh test all, bh time1 beside main
 #   run_q.sh t5v9ab            ab/t5v9 (i34_t5_v9: T5's table by one load, rel_lut) beside ab/t5 (v8), t5_ab.py rounds
 #   run_q.sh t5test            ab/$T5_TREE's (default t5v11) test_rel_bias -k cuda on both paths;  run_q.sh t5v11ab / t5v12ab: ab/t5v11 beside ab/t5v10, ab/t5v12 beside ab/t5v11 (t5_ab.py rounds)
 #   run_q.sh t5ncu             ab/t5's backward main kernel with ALiBi, then with T5's table (ncu, same inputs)
@@ -138,15 +138,13 @@ PY
                 || { echo "ncu causal=$c failed:"; tail -3 /tmp/mo_$c.log; }
             ncu -i /tmp/mo_$c.ncu-rep --page source --csv --print-source sass > /tmp/mo_$c.csv 2>&1
             gzip -c /tmp/mo_$c.csv > $OUT/mixours_c$c.csv.gz
-            python3 dev/tools/sass_lines.py /tmp/ours.sass --exec /tmp/mo_$c.csv 60 | tee $OUT/mixours_c$c.txt | head -30
+            python3 dev/tools/sass_lines.py /tmp/ours.sass --exec /tmp/mo_$c.csv 60 > $OUT/mixours_c$c.txt; head -30 $OUT/mixours_c$c.txt
             left || break
         done ;;
-    bwdab) # the backward patches of $BWD_AB (default "dqalt dqalt1 kvst": ab/dqalt = i35_dq_alt at knob 2, dQ by one
-        # warpgroup per step, alternating, N = 128, in the dense D = 128 kernels (ORDERED too), and (not ORDERED) added
-        # to dq_accum by TMA reduce-adds without the reducer; ab/dqalt1 the same at knob 1, the reducer kept; ab/kvst = i35_kv_store_cols, dK / dV stores without per-8-column
-        # bounds where the block lies inside d) beside main in the torch-free harness, built at once: bh test all on
-        # each, then bh time1 in interleaved rounds (rotated order), s512-s8k
-        V=${BWD_AB:-dqalt dqalt1 kvst}
+    bwdab) # the backward patches of $BWD_AB (ab/ tree names, required; e.g. 2026-12-07g: dqalt dqalt1 kvst) beside main
+        # in the torch-free harness, built at once: bh test all on each, then bh time1 in interleaved rounds (rotated
+        # order), s512-s8k
+        V=${BWD_AB:?BWD_AB: the ab/ trees to time}
         W=/tmp/bwdab/ab_sed
         TMPDIR=/tmp/bwdab timeout 300 bash dev/ab_sed.sh 0 "" $(for v in $V; do echo "$v=@ab/$v"; done) > /tmp/bwdab_build.log 2>&1
         echo "harness builds rc $? at ${SECONDS}s"; grep FAIL /tmp/bwdab_build.log | head -5
@@ -172,8 +170,8 @@ PY
         done > $OUT/bwdab.log 2>&1
         python3 dev/ab_table.py $OUT/bwdab.log | tee $OUT/bwdab_table.txt ;;
     bwdncu) # after bwdab on the same (warm) machine, else its build first: ncu of the backward main kernel, bf16 d128 s8k
-        # causal, in main and each of $BWD_AB (default dqalt dqalt1): shared-memory wavefronts, pipe use, issue stalls
-        V=${BWD_AB:-dqalt dqalt1}
+        # causal, in main and each of $BWD_AB (required): shared-memory wavefronts, pipe use, issue stalls
+        V=${BWD_AB:?BWD_AB: the ab/ trees to profile}
         W=/tmp/bwdab/ab_sed
         built=1
         for v in base $V; do [ -x $W/$v/bh ] || built=0; done
