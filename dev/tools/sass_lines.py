@@ -16,6 +16,9 @@ Executed counts instead of static ones: `python3 dev/tools/sass_lines.py /tmp/k.
 same kernel's ncu source page (run_q.sh mixours); its rows are matched to the cubin's instructions by offset from the
 function's first instruction, every opcode checked (the GPU machine's build must be the cubin's code), and the whole
 function's warp-level instructions executed are attributed to source lines.
+Where the warps wait: `python3 dev/tools/sass_lines.py /tmp/k.sass --stalls F.csv[.gz] [TOP]`: ncu's warp-stall
+samples of the same page (SourceCounters), by reason over the function and the TOP instructions by samples, each
+with its source line and its two largest reasons.
 """
 import re
 import sys
@@ -64,20 +67,12 @@ def find_loops(ins, labels):
 
 def executed(ins, labels, path, top):
     """Per source line and class, the warp-level instructions executed (ncu source page `path`)."""
-    data, ix, num = source_page(path)
-    base = int(data[0][ix["Address"]], 16)
-    by_addr = {int(r[ix["Address"]], 16) - base: r for r in data}
+    by_addr, ix, num = matched(ins, path)
     per, total, count = defaultdict(Counter), Counter(), {}
     for addr, text, where in ins:
-        r = by_addr.get(addr)
-        if r is None or opcode(r[ix["Source"]]) != opcode(text):
-            sys.exit(f"the ncu page does not match the cubin at {addr:#x}: {text!r} against "
-                     f"{None if r is None else r[ix['Source']].strip()!r} (another build?)")
-        n = count[addr] = num(r, "Instructions Executed")
+        n = count[addr] = num(by_addr[addr], "Instructions Executed")
         per[where][opclass(opcode(text))] += n
         total[opclass(opcode(text))] += n
-    if len(by_addr) != len(ins):
-        sys.exit(f"{len(by_addr)} ncu rows against {len(ins)} cubin instructions (another build?)")
     m = 1e6
     print(f"executed {sum(total.values()) / m:.1f} M warp instructions:",
           " ".join(f"{k} {v / m:.1f}" for k, v in total.most_common()))
@@ -97,12 +92,46 @@ def executed(ins, labels, path, top):
               f"{sum(n.values()) / m:7.2f}")
 
 
+def matched(ins, path):
+    """The ncu source page's rows by the cubin's instructions (offset from the first; opcodes checked)."""
+    data, ix, num = source_page(path)
+    base = int(data[0][ix["Address"]], 16)
+    by_addr = {int(r[ix["Address"]], 16) - base: r for r in data}
+    if len(by_addr) != len(ins):
+        sys.exit(f"{len(by_addr)} ncu rows against {len(ins)} cubin instructions (another build?)")
+    for addr, text, _ in ins:
+        r = by_addr.get(addr)
+        if r is None or opcode(r[ix["Source"]]) != opcode(text):
+            sys.exit(f"the ncu page does not match the cubin at {addr:#x}: {text!r} (another build?)")
+    return by_addr, ix, num
+
+
+def stalls(ins, path, top):
+    """ncu's warp-stall samples (all samples) by reason, and the instructions that hold the most."""
+    by_addr, ix, num = matched(ins, path)
+    reasons = [k for k in ix if k.startswith("stall_") and "Not Issued" not in k]
+    total, per = Counter(), []
+    for addr, text, where in ins:
+        r = by_addr[addr]
+        n = Counter({k[6:]: num(r, k) for k in reasons})
+        total.update(n)
+        per.append((num(r, "Warp Stall Sampling (All Samples)"), addr, text, where, n))
+    t = sum(x[0] for x in per) or 1.0
+    print(f"{t:.0f} samples:", " ".join(f"{k} {100 * v / t:.1f}%" for k, v in total.most_common(10)))
+    for n, addr, text, (name, line), why in sorted(per, key=lambda x: -x[0])[:top]:
+        print(f"  {addr:#7x} {100 * n / t:5.1f}%  {name + ':' + str(line):22} {' '.join(text.split())[:56]:56} " +
+              " ".join(f"{k} {v:.0f}" for k, v in why.most_common(2)))
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     ins, labels = parse(open(sys.argv[1]).read().splitlines())
     if len(sys.argv) > 3 and sys.argv[2] == "--exec":
         executed(ins, labels, sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 40)
+        return
+    if len(sys.argv) > 3 and sys.argv[2] == "--stalls":
+        stalls(ins, sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 30)
         return
     which = int(sys.argv[2]) if len(sys.argv) > 2 else 0
     top = int(sys.argv[3]) if len(sys.argv) > 3 else 30

@@ -139,6 +139,7 @@ PY
             ncu -i /tmp/mo_$c.ncu-rep --page source --csv --print-source sass > /tmp/mo_$c.csv 2>&1
             gzip -c /tmp/mo_$c.csv > $OUT/mixours_c$c.csv.gz
             python3 dev/tools/sass_lines.py /tmp/ours.sass --exec /tmp/mo_$c.csv 60 > $OUT/mixours_c$c.txt; head -30 $OUT/mixours_c$c.txt
+            python3 dev/tools/sass_lines.py /tmp/ours.sass --stalls /tmp/mo_$c.csv 30 | head -12
             left || break
         done ;;
     bwdab) # the backward patches of $BWD_AB (ab/ tree names, required; e.g. 2026-12-07g: dqalt dqalt1 kvst) beside main
