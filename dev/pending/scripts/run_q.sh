@@ -20,6 +20,7 @@
 #                              executed instructions per source line (sass_lines.py --exec); 5 files back
 #   run_q.sh bwdncu            after bwdab: ncu of the backward main kernel in main and in each ab/ tree of $BWD_AB (d128 s8k causal)
 #   run_q.sh bwdab             the ab/ trees of $BWD_AB (backward patches): bh test all, bh time1 beside main
+#   run_q.sh bwdabv            after bwdab on the same machine: bh timev (the variants' rows) of the same trees
 #   run_q.sh t5v9ab            ab/t5v9 (i34_t5_v9: T5's table by one load, rel_lut) beside ab/t5 (v8), t5_ab.py rounds
 #   run_q.sh t5test            ab/$T5_TREE's (default t5v11) test_rel_bias -k cuda on both paths;  run_q.sh t5v11ab / t5v12ab: ab/t5v11 beside ab/t5v10, ab/t5v12 beside ab/t5v11 (t5_ab.py rounds)
 #   run_q.sh t5ncu             ab/t5's backward main kernel with ALiBi, then with T5's table (ncu, same inputs)
@@ -170,6 +171,21 @@ PY
             done
         done > $OUT/bwdab.log 2>&1
         python3 dev/ab_table.py $OUT/bwdab.log | tee $OUT/bwdab_table.txt ;;
+    bwdabv) # after bwdab on the same (warm) machine, its harnesses: bh timev (14 variant rows: the HOOK kernels, d64 and
+        # d256 softcap / ALiBi, dropout, deterministic) of base and each of $BWD_AB in rotated rounds
+        V=${BWD_AB:?BWD_AB: the ab/ trees to time}
+        W=/tmp/bwdab/ab_sed
+        for v in base $V; do [ -x $W/$v/bh ] || { echo "bwdabv: $W/$v/bh missing (run bwdab first, same machine)"; continue 2; }; done
+        order=(base $V)
+        for r in 0 1 2 3 4 5; do
+            k=$((r % ${#order[@]}))
+            for n in "${order[@]:k}" "${order[@]:0:k}"; do
+                [ $SECONDS -lt 540 ] || break 2
+                echo "== round $r $n: bh timev"
+                timeout 120 $W/$n/bh timev || echo "FAILED rc $?"
+            done
+        done > $OUT/bwdabv.log 2>&1
+        python3 dev/ab_table.py $OUT/bwdabv.log | tee $OUT/bwdabv_table.txt ;;
     bwdncu) # after bwdab on the same (warm) machine, else its build first: ncu of the backward main kernel, bf16 d128 s8k
         # causal, in main and each of $BWD_AB (required): shared-memory wavefronts, pipe use, issue stalls
         V=${BWD_AB:?BWD_AB: the ab/ trees to profile}
