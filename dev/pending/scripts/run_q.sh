@@ -158,7 +158,7 @@ PY
             echo "$v bh test $(tail -1 /tmp/${v}_test.log): $(grep -c ^PASS /tmp/${v}_test.log) PASS, $(grep -c ^FAIL /tmp/${v}_test.log) FAIL at ${SECONDS}s"
             grep ^FAIL /tmp/${v}_test.log | head -5
         done
-        C=("128 2048 0 0" "128 8192 1 0" "128 512 1 0" "128 8192 0 0" "128 2048 1 0" "128 1024 1 0" "128 8192 1 1")
+        C=("128 2048 0 0" "128 8192 1 0" "128 512 1 0" "128 8192 0 0" "128 2048 1 0" "128 1024 1 0" "128 8192 1 1" "256 8192 0 0")
         order=(base $V)
         for r in 0 1 2 3 4 5; do
             for c in "${C[@]}"; do
