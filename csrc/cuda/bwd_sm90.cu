@@ -23,7 +23,8 @@
  * FULL / EMPTY mbarriers per stage) and its other 3 warps reduce. dK (times scale) and dV stay in registers to
  * the end: dtype when h == h_kv, else fp32 per query head for the GQA postprocess.
  * Deterministic mode (p->dq_semaphore): ORDERED instantiations walk key tiles in descending order and each
- * reducer adds a query tile's dQ after the next higher key tile's (dq_order: acquire spin, release store).
+ * reducer adds a query tile's dQ after the next higher key tile's (dq_order: acquire spin, release store); at
+ * D = 128 (dense) one warpgroup per step makes the whole dQ_partial, alternating (dq_alt).
  * Masking: full tiles take an unmasked P step; the others one compare per value against the upper bound and the
  * key tail, and the lower bound only in tiles it cuts. HOOK, per element of S^T in the P step: softcap (tanh.approx),
  * ALiBi, the attn_mask (partial tiles only); dropout keep bits (Philox per 4 keys, made into smem under the S^T
@@ -102,6 +103,17 @@ __host__ __device__ constexpr bool d64_rs(int D, int BM)
 }
 
 #define DQ_BUFS 2 /* dQ buffers between the MMA warpgroups and the reducer */
+
+/* Deterministic mode's dQ by one warpgroup per step, alternating (issue 35; cuDNN's order, read from its executed
+ * counts, benchmarks/results/h100/session_2026-12-07e): in the dense ORDERED D = 128 kernel the warpgroup of parity
+ * step % 2 computes the whole 64 x 128 dQ_partial (8 wgmma's of N = 128, K = the BN keys) and hands it to the
+ * reducer (each buffer one warpgroup's, as the reducer's halves take them); the other issues its dK alone. H100
+ * (h100/session_2026-12-07g): deterministic d128 s8k causal 1.016x; the same order in the default kernel 0.977-0.986x
+ * from s2k (it stays on both warpgroups' 64-column halves there). */
+__host__ __device__ constexpr bool dq_alt(int D, bool hook, bool ordered, bool tma)
+{
+    return D == 128 && ordered && !hook && !tma;
+}
 
 /* TMA loads (issue 35, rank 2): the dense (HOOK = false) non-ORDERED D = 64 kernel, where the tensor maps can be
  * built (alignment; else the cp.async kernel), takes Q, dO, lse and delta from warp 0 of the third warpgroup (the
@@ -925,7 +937,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BN = SM90_BN;
     constexpr int K_BYTES = BN * D * 2, Q_BYTES = BM * D * 2, DS_BYTES = BN * BM * 2;
-    constexpr int NQ = BM / 2, NDKV = D / 2, NDQ = DQ_N / 2; /* accumulator registers per thread */
+    constexpr int NQ = BM / 2, NDKV = D / 2; /* accumulator registers per thread (dQ: NDQW below) */
     constexpr int NPART = dq_parts(D, BM), DQ_K = NPART == 2 ? WG_KEYS : BN; /* dQ partials, their K */
     constexpr bool DQ_ROWS = BM == 2 * DQ_N;  /* the warpgroups split dQ's rows (D = 64, BM = 128) */
     constexpr int NBUF = DQ_BUFS;
@@ -933,6 +945,8 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
     /* dQ_partial issued before dK += dS^T Q (its store to the reducer's buffer runs under dK): the dense
      * D = 128 kernel, where it won 1-3% on the H200 (HOOK not measured), and d64_rs (FlashAttention-3's order) */
     constexpr bool DQ_FIRST = (D == 128 && !HOOK) || RS;
+    constexpr bool DQ_ALT = dq_alt(D, HOOK, ORDERED, TMA);
+    constexpr int DQ_NW = DQ_ALT ? D : DQ_N, NDQW = DQ_NW / 2; /* dQ columns of the warpgroup that makes it, regs */
     static_assert((BM == 64 && (D == 64 || D == 128)) || (BM == 128 && D == 64 && !HOOK), "tile configuration");
     static_assert(!TMA || (!HOOK && DQ_FIRST), "TMA loads: the dense kernels (every query tile walked)");
     constexpr int RED_THREADS = TMA ? RED_THREADS_TMA : WARPGROUP_THREADS; /* the dQ reducer's */
@@ -985,7 +999,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
     const uint32_t full = smem_u32(mbar), empty = full + 2 * sizeof(uint64_t);
     const uint32_t qfull = full + 4 * sizeof(uint64_t), qempty = full + 6 * sizeof(uint64_t); /* TMA */
     if (tid < 2) {
-        mbar_init(full + tid * sizeof(uint64_t), SM90_THREADS);
+        mbar_init(full + tid * sizeof(uint64_t), DQ_ALT ? WARPGROUP_THREADS : SM90_THREADS);
         mbar_init(empty + tid * sizeof(uint64_t), TMA ? RED_THREADS : dq_empty_arrivals(D, BM, HOOK, ORDERED));
         if (TMA) {
             mbar_init(qfull + tid * sizeof(uint64_t), 2); /* the producer's two arrivals (bwd90_producer) */
@@ -1225,39 +1239,49 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
         }
 
         if (do_dq) {
-            /* dQ_partial = dS K: this warpgroup's 64 x DQ_N block, K = the BN keys; dS^T and K read
-             * MN-major; handed to the reducer warpgroup through dQ buffer (step % 2); DQ_FIRST: issued
-             * before dK's wgmma's, which run under the store */
+            /* dQ_partial = dS K: this warpgroup's 64 x DQ_N block (DQ_ALT: all of it, by one warpgroup), K = the BN
+             * keys; dS^T and K read MN-major; handed to the reducer warpgroup through dQ buffer (step % 2);
+             * DQ_FIRST: issued before dK's wgmma's, which run under the store */
             fence_proxy_async();
             named_sync(BAR_MMA, SM90_THREADS); /* dS^T of both warpgroups in smem */
-            float acc_dq[NDQ]; /* overwritten by the first step (accumulate = 0) */
-            wgmma_fence();
+            if (!DQ_ALT || wg == (step & 1)) {
+                float acc_dq[NDQW]; /* overwritten by the first step (accumulate = 0) */
+                wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < DQ_K / WGMMA_K; ++kk)
-                wgmma_op<T, DQ_N>::template ss<1, 1>(acc_dq, desc_mn_major<BN>(dSa, dq_key0 + kk * WGMMA_K, dq_row0),
-                                                     desc_mn_major<BN>(Ka, dq_key0 + kk * WGMMA_K, dq_col0), kk);
-            wgmma_commit();
-            if (DQ_FIRST) {
+                for (int kk = 0; kk < DQ_K / WGMMA_K; ++kk)
+                    wgmma_op<T, DQ_NW>::template ss<1, 1>(acc_dq, desc_mn_major<BN>(dSa, dq_key0 + kk * WGMMA_K, dq_row0),
+                                                          desc_mn_major<BN>(Ka, dq_key0 + kk * WGMMA_K,
+                                                                            DQ_ALT ? 0 : dq_col0), kk);
+                wgmma_commit();
+                if (DQ_FIRST) {
+#pragma unroll
+                    for (int kq = 0; kq < BM / WGMMA_K; ++kq)
+                        wgmma_op<T, D>::template rs<1>(acc_dk, dsa[kq], desc_mn_major<BM>(Qt, kq * WGMMA_K, 0), 1);
+                    wgmma_commit();
+                    wgmma_wait<1>(); /* dQ (dK may still run) */
+                } else {
+                    wgmma_wait<0>();
+                }
+                const int buf = step & 1;
+                if (step >= NBUF) /* the reducer has added tile step - NBUF from this buffer */
+                    mbar_wait(smem_addr_now(mbar) + (2 + buf) * sizeof(uint64_t), (step / NBUF - 1) & 1);
+                const int dq_part = NPART == 2 ? wg : 0; /* partial */
+                const int row = (buf * NPART + dq_part) * BM + dq_row0 + w * 16 + lane / 4;
+                const uint32_t dst = smem_addr_now(dQb) +
+                                     (uint32_t)((row * DQ_LD + (DQ_ALT ? 0 : dq_col0) + 2 * lc) * sizeof(float)); /* (DQ_NW) */
+#pragma unroll
+                for (int i = 0; i < DQ_NW / 8; ++i) {
+                    st_shared_v2_f32(dst + i * 8 * sizeof(float), acc_dq[4 * i], acc_dq[4 * i + 1]);
+                    st_shared_v2_f32(dst + (8 * DQ_LD + i * 8) * sizeof(float), acc_dq[4 * i + 2], acc_dq[4 * i + 3]);
+                }
+                mbar_arrive(smem_addr_now(mbar) + buf * sizeof(uint64_t));
+            } else { /* DQ_ALT, the other warpgroup's turn: dK alone */
+                wgmma_fence();
 #pragma unroll
                 for (int kq = 0; kq < BM / WGMMA_K; ++kq)
                     wgmma_op<T, D>::template rs<1>(acc_dk, dsa[kq], desc_mn_major<BM>(Qt, kq * WGMMA_K, 0), 1);
                 wgmma_commit();
-                wgmma_wait<1>(); /* dQ (dK may still run) */
-            } else {
-                wgmma_wait<0>();
             }
-            const int buf = step & 1;
-            if (step >= NBUF) /* the reducer has added tile step - NBUF from this buffer */
-                mbar_wait(smem_addr_now(mbar) + (2 + buf) * sizeof(uint64_t), (step / NBUF - 1) & 1);
-            const int dq_part = NPART == 2 ? wg : 0; /* partial */
-            const uint32_t dst = smem_addr_now(dQb) + (uint32_t)((((buf * NPART + dq_part) * BM + dq_row0 + w * 16 + lane / 4) * DQ_LD +
-                                                                  dq_col0 + 2 * lc) * sizeof(float)); /* (DQ_N) */
-#pragma unroll
-            for (int i = 0; i < DQ_N / 8; ++i) {
-                st_shared_v2_f32(dst + i * 8 * sizeof(float), acc_dq[4 * i], acc_dq[4 * i + 1]);
-                st_shared_v2_f32(dst + (8 * DQ_LD + i * 8) * sizeof(float), acc_dq[4 * i + 2], acc_dq[4 * i + 3]);
-            }
-            mbar_arrive(smem_addr_now(mbar) + buf * sizeof(uint64_t));
         } else if (DQ_FIRST) {
             wgmma_fence();
 #pragma unroll
