@@ -150,11 +150,11 @@ PY
         W=/tmp/bwdab/ab_sed
         TMPDIR=/tmp/bwdab timeout 300 bash dev/ab_sed.sh 0 "" $(for v in $V; do echo "$v=@ab/$v"; done) > /tmp/bwdab_build.log 2>&1
         echo "harness builds rc $? at ${SECONDS}s"; grep FAIL /tmp/bwdab_build.log | head -5
-        for v in $V; do # in parallel (correctness only)
+        for v in base $V; do # in parallel (correctness only; base = main)
             (timeout 150 $W/$v/bh test all > /tmp/${v}_test.log 2>&1; echo "rc $?" >> /tmp/${v}_test.log) &
         done
         wait
-        for v in $V; do
+        for v in base $V; do
             echo "$v bh test $(tail -1 /tmp/${v}_test.log): $(grep -c ^PASS /tmp/${v}_test.log) PASS, $(grep -c ^FAIL /tmp/${v}_test.log) FAIL at ${SECONDS}s"
             grep ^FAIL /tmp/${v}_test.log | head -5
         done
