@@ -35,7 +35,7 @@ sm86_tests() { # in ab/sm86: its shared-memory tests, with the assertion's lines
 }
 rounds() { # name env script tree base
     local name=$1 env=$2 script=$3 tree=$4 base=$5
-    for r in 1 2 3; do
+    for r in $(seq 1 ${ROUNDS:-3}); do
         for t in $tree $base; do
             left || { echo "$name: stopped at round $r (time)"; break 2; }
             d=$R; [ $t != main ] && d=$R/ab/$t
@@ -63,6 +63,7 @@ for step in "$@"; do
     t5v11ab) rounds t5v11ab90 "" $S/t5_ab.py t5v11 t5v10 ;; # ab/t5v11 (tiles beyond the range skip DH and the LUT) against ab/t5v10
     t5v12ab) rounds t5v12ab90 "" $S/t5_ab.py t5v12 t5v11 ;; # ab/t5v12 (the padded LUT: band tiles read it without clamps) against ab/t5v11
     t5v14ab) rounds t5v14ab90 T5_AB_SKIP_T5_IN=simple $S/t5_ab.py t5v14 simple ;; # the T5 stack as it would land beside main (ab/simple: main's sm80 / sm90 kernels, SASS-identical): the other HOOK variants' cost (issue 34: within 1%), T5 beside ALiBi in the tree
+    t5v14abh) ROUNDS=${ROUNDS:-6} rounds t5v14abh90 "T5_AB_SKIP_T5_IN=main T5_AB_ONLY_HOOK=1" $S/t5_ab.py t5v14 main ;; # the HOOK rows only, 6 rounds, beside main (2026-12-07g: the others are the same machine code)
     t5test) # ab/$T5_TREE's (default t5v11) T5 tests on CUDA, the sm90 path then the sm80 path
         t=${T5_TREE:-t5v11}
         for dis in 0 1; do
