@@ -1069,7 +1069,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
         const int tid = tid_now(), lane = tid % FLASH_WARP_SIZE, lc = lane % 4;
         const int wg = warp_uniform(tid / WARPGROUP_THREADS), w = (tid % WARPGROUP_THREADS) / FLASH_WARP_SIZE;
         const int key0 = wg * WG_KEYS;                    /* the warpgroup's first key in the tile */
-        const int dq_col0 = NPART == 2 || DQ_ROWS ? 0 : wg * DQ_N; /* the warpgroup's dQ block: columns, */
+        const int dq_col0 = NPART == 2 || DQ_ROWS || DQ_ALT ? 0 : wg * DQ_N; /* the warpgroup's dQ block: columns, */
         const int dq_row0 = DQ_ROWS ? wg * DQ_N : 0;               /* rows (queries), */
         const int dq_key0 = NPART == 2 ? key0 : 0;                 /* first key (K) */
         int m_next = m + 1; /* the next tile the CTA walks, its flags; HOOK: found under the wgmma's below */
@@ -1250,8 +1250,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
 #pragma unroll
                 for (int kk = 0; kk < DQ_K / WGMMA_K; ++kk)
                     wgmma_op<T, DQ_NW>::template ss<1, 1>(acc_dq, desc_mn_major<BN>(dSa, dq_key0 + kk * WGMMA_K, dq_row0),
-                                                          desc_mn_major<BN>(Ka, dq_key0 + kk * WGMMA_K,
-                                                                            DQ_ALT ? 0 : dq_col0), kk);
+                                                          desc_mn_major<BN>(Ka, dq_key0 + kk * WGMMA_K, dq_col0), kk);
                 wgmma_commit();
                 if (DQ_FIRST) {
 #pragma unroll
@@ -1266,9 +1265,8 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
                 if (step >= NBUF) /* the reducer has added tile step - NBUF from this buffer */
                     mbar_wait(smem_addr_now(mbar) + (2 + buf) * sizeof(uint64_t), (step / NBUF - 1) & 1);
                 const int dq_part = NPART == 2 ? wg : 0; /* partial */
-                const int row = (buf * NPART + dq_part) * BM + dq_row0 + w * 16 + lane / 4;
-                const uint32_t dst = smem_addr_now(dQb) +
-                                     (uint32_t)((row * DQ_LD + (DQ_ALT ? 0 : dq_col0) + 2 * lc) * sizeof(float)); /* (DQ_NW) */
+                const uint32_t dst = smem_addr_now(dQb) + (uint32_t)((((buf * NPART + dq_part) * BM + dq_row0 + w * 16 + lane / 4) * DQ_LD +
+                                                                      dq_col0 + 2 * lc) * sizeof(float)); /* (DQ_NW) */
 #pragma unroll
                 for (int i = 0; i < DQ_NW / 8; ++i) {
                     st_shared_v2_f32(dst + i * 8 * sizeof(float), acc_dq[4 * i], acc_dq[4 * i + 1]);

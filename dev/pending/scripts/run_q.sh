@@ -33,6 +33,11 @@ sm86_tests() { # in ab/sm86: its shared-memory tests, with the assertion's lines
     timeout 150 python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider -k "shared_memory or sm86" 2>&1 \
         | grep -E "passed|failed|^E " | cut -c1-400 | head -12
 }
+rotated() { # round r's order of base and the trees of $V (bwdab, bwdabv): each round starts one later
+    local t=(base $V) k
+    k=$(($1 % ${#t[@]}))
+    echo "${t[@]:k}" "${t[@]:0:k}"
+}
 rounds() { # name env script tree base
     local name=$1 env=$2 script=$3 tree=$4 base=$5
     for r in $(seq 1 ${ROUNDS:-3}); do
@@ -160,11 +165,9 @@ PY
             grep ^FAIL /tmp/${v}_test.log | head -5
         done
         C=("128 2048 0 0" "128 8192 1 0" "128 512 1 0" "128 8192 0 0" "128 2048 1 0" "128 1024 1 0" "128 8192 1 1" "256 8192 0 0")
-        order=(base $V)
         for r in 0 1 2 3 4 5; do
             for c in "${C[@]}"; do
-                k=$((r % ${#order[@]}))
-                for n in "${order[@]:k}" "${order[@]:0:k}"; do
+                for n in $(rotated $r); do
                     [ $SECONDS -lt 560 ] || break 3
                     echo "== round $r $n: bh time1 $c"
                     timeout 30 $W/$n/bh time1 $c || echo "FAILED rc $?"
@@ -177,10 +180,8 @@ PY
         V=${BWD_AB:?BWD_AB: the ab/ trees to time}
         W=/tmp/bwdab/ab_sed
         for v in base $V; do [ -x $W/$v/bh ] || { echo "bwdabv: $W/$v/bh missing (run bwdab first, same machine)"; continue 2; }; done
-        order=(base $V)
         for r in 0 1 2 3 4 5; do
-            k=$((r % ${#order[@]}))
-            for n in "${order[@]:k}" "${order[@]:0:k}"; do
+            for n in $(rotated $r); do
                 [ $SECONDS -lt 540 ] || break 2
                 echo "== round $r $n: bh timev"
                 timeout 120 $W/$n/bh timev || echo "FAILED rc $?"
