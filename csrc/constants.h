@@ -10,7 +10,7 @@
 /* largest head dim of the fp16 / bf16 CUDA forward (fwd_sm80.cu's d512 config, 227 KB of shared memory per block:
  * Hopper; not paged, no backward yet) */
 #define FLASH_CUDA_FWD_MAX_HEAD_DIM 512
-/* largest head dim of the fp32 / fp64 CUDA kernels (fwd_simple.cu, bwd_simple.cu) */
+/* largest head dim of the fp32 / fp64 CUDA kernels (simple.cu) */
 #define FLASH_CUDA_SIMPLE_MAX_HEAD_DIM 512
 /* rows and columns of one block of the attn_mask block flags (mask.h) */
 #define FLASH_MASK_BLOCK 16
@@ -28,7 +28,7 @@
 /* largest grid dimension y or z of a CUDA launch (batch and nheads index them), and the CTA cap of the kernels
  * whose loops stride over the rest */
 #define FLASH_MAX_GRID_YZ 65535
-/* the fp32 / fp64 backward (flash_cpu.c renorm_rows, bwd_simple.cu's delta kernel) renormalizes the
+/* the fp32 / fp64 backward (flash_cpu.c renorm_rows, simple.cu's delta kernel) renormalizes the
  * probabilities of rows whose finite |lse| is at least this: lse holds log l only to an ulp of the row maximum,
  * 2^-13 of fp32's, beyond fp32's tolerance from here on */
 #define FLASH_LSE_RENORM_MIN 1024

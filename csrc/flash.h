@@ -180,7 +180,7 @@ typedef struct flash_params {
      * and delta = rowsum(dout_fix * o). fp16 / bf16 (rows.cu, huge_rows.cuh huge_row_fix): dout and lse, except in
      * a row whose maximum score is a huge entry, l of its keys at it: dout / l and sign * HUGE (score.h
      * flash_score_huge, a natural-unit lse: bwd_sm80.cu's P of a key at +-HUGE is then exactly 1, and bwd_sm90.cu
-     * maps it to its units of mul, bwd_common.cuh lse_to_log2_hook). fp32 / fp64 (bwd_simple.cu): dout / mass in
+     * maps it to its units of mul, bwd_common.cuh lse_to_log2_hook). fp32 / fp64 (simple.cu): dout / mass in
      * a row with |lse| >= FLASH_LSE_RENORM_MIN (mass = sum_j exp(s_j - lse) + exp(sink - lse), as flash_cpu.c's
      * renorm_rows), dout elsewhere; lse_fix unused (the kernels keep lse). The main kernels then run with dout =
      * dout_fix, do_s = flash_dout_fix_strides (and, fp16 / bf16, lse = lse_fix). */

@@ -22,7 +22,7 @@
  *
  * FLASH_SCORE_TABLE: the T5 table of step 2, compiled where it is defined: always in the C / C++ host build,
  * under nvcc only in the files that define it before including this header (the fp32 / fp64 kernels,
- * fwd_simple.cu and bwd_simple.cu). Every other kernel compiles the ALiBi-only form, so its machine code is
+ * simple.cu). Every other kernel compiles the ALiBi-only form, so its machine code is
  * as without the table (the CUDA binding refuses rel_bias for fp16 / bf16, launch.cu for any kernel but the
  * simple ones). Under nvcc the bucket read from rel_buckets is clamped to [0, rel_nb): the CUDA binding does
  * not read rel_buckets on the host (that would synchronize), so out-of-range entries stay memory-safe; the
@@ -48,7 +48,7 @@
  * kernels cannot recover 1 / l from such an lse: fp16 / bf16, rows.cu's preprocess (huge_row_fix) finds the
  * rows whose maximum is a huge entry, scales their dO by 1 / l and gives the main kernels the lse +-HUGE, at
  * which their P of the huge keys is exactly 1 (flash.h dout_fix, lse_fix); fp32 / fp64 (natural units, as the
- * CPU), bwd_simple.cu's preprocess scales dO of every row with |lse| >= 1024 by 1 / its P's sum (flash.h).
+ * CPU), simple.cu's preprocess scales dO of every row with |lse| >= 1024 by 1 / its P's sum (flash.h).
  * fp64's HUGE_MIN is 2^60: a double row at -1e9 is an ordinary one (exact through that renormalization).
  *
  * The float and double forms are one text: this file includes itself with FLASH_SCORE_T defined. Their

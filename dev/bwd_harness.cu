@@ -1,11 +1,11 @@
 /* bwd_harness.cu: torch-free test and benchmark of the CUDA backward (flash_bwd_cuda of launch.cu:
- * bwd_sm80.cu, bwd_sm90.cu, bwd_simple.cu, rows.cu), every variant of csrc/mask.h included.
+ * bwd_sm80.cu, bwd_sm90.cu, simple.cu, rows.cu), every variant of csrc/mask.h included.
  *
  * Build (here or on the device; `dev/device.sh harness` builds it and runs everything below on the device):
  *   F="-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFLASHATTN_EXT_SM90A -Icsrc -Icsrc/cuda"
  *   nvcc $F dev/bwd_harness.cu csrc/cuda/launch.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu \
- *        csrc/cuda/bwd_simple.cu csrc/cuda/rows.cu csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_sm90.cu csrc/cuda/fwd_decode.cu \
- *        csrc/cuda/fwd_simple.cu -o dev/bin/bwd_harness
+ *        csrc/cuda/simple.cu csrc/cuda/rows.cu csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_sm90.cu csrc/cuda/fwd_decode.cu \
+ *        -o dev/bin/bwd_harness
  *   (launch.cu also dispatches the forward, hence the four forward files; rows.cu: the row-wise passes.) On a Hopper GPU the main
  *   kernel is bwd_sm90.cu's (every head dim); FLASHATTN_EXT_DISABLE_SM90=1 selects bwd_sm80.cu's,
  *   FLASHATTN_EXT_SMEM_LIMIT=$((163 * 1024)) its A100 tiles.

@@ -2,7 +2,7 @@
  *
  * Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFLASHATTN_EXT_SM90A -Icsrc -Icsrc/cuda \
  *            dev/fwd_harness.cu csrc/cuda/launch.cu csrc/cuda/fwd_sm80.cu csrc/cuda/fwd_sm90.cu csrc/cuda/fwd_decode.cu \
- *            csrc/cuda/fwd_simple.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu csrc/cuda/bwd_simple.cu \
+ *            csrc/cuda/simple.cu csrc/cuda/bwd_sm80.cu csrc/cuda/bwd_sm90.cu \
  *            csrc/cuda/rows.cu -o /tmp/fwd_harness
  *        (the checks call launch.cu's flash_fwd_cuda, which links the backward too; dev/device.sh build / ab)
  * Run:   /tmp/fwd_harness check [t]     every correctness case (or those of dtype t), relative L2 error of

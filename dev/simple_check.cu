@@ -1,8 +1,8 @@
-/* simple_check.cu: torch-free check of the fp32 / fp64 CUDA-core kernels (fwd_simple.cu, bwd_simple.cu,
+/* simple_check.cu: torch-free check of the fp32 / fp64 CUDA-core kernels (simple.cu,
  * rows.cu's dropout mask) with every variant of issue 10, against the double reference dev/attn_ref.h.
  *
  * Build: nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Icsrc dev/simple_check.cu \
- *            csrc/cuda/fwd_simple.cu csrc/cuda/bwd_simple.cu csrc/cuda/rows.cu -o /tmp/simple_check
+ *            csrc/cuda/simple.cu csrc/cuda/rows.cu -o /tmp/simple_check
  * Run:   /tmp/simple_check        every case in fp64 and fp32; exit 1 on any failure
  *        /tmp/simple_check fd     only the host self-check: attn_ref.h's gradients against central
  *                                 finite differences of its forward (no GPU needed)

@@ -140,9 +140,9 @@ def report_cuda():
         print(f"  fp16/bf16 tensor-core kernels, forward and backward: head dims up to {top}" if top else
               "  fp16/bf16 tensor-core kernels: none (too little shared memory)")
         print(f"  fp16/bf16 calls no tensor-core tile serves, up to head dim {LIMITS['cuda_max_head_dim_fwd']}: "
-              "the float32 kernels (fwd_simple.cu / bwd_simple.cu below; slower, a warning says so)")
+              "the float32 kernels (simple.cu below; slower, a warning says so)")
         print("  kernels (csrc/cuda) of bf16 calls, forward + backward" + (f" ({', '.join(notes)})" if notes else "")
-              + "; float32/float64: fwd_simple.cu + bwd_simple.cu")
+              + "; float32/float64: simple.cu")
         with torch.cuda.device(index):
             for headdim in PROBE_HEADDIMS:
                 found = probe_kernels(f"cuda:{index}", headdim)

@@ -145,7 +145,7 @@ def test_large_head_dims_cpu(cfg, var, dtype):
 @pytest.mark.parametrize("var", LARGE_VARIANTS + [Var(mask="add", mask_dims="1hqk")], ids=lambda v: v.id)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=lambda d: DTYPE_NAMES[d])
 def test_large_head_dims_cuda(cfg, var, dtype):
-    """fp32 / fp64 on CUDA up to 512 (fwd_simple.cu / bwd_simple.cu: 16 columns per lane, the K / V tiles sized by
+    """fp32 / fp64 on CUDA up to 512 (simple.cu: 16 columns per lane, the K / V tiles sized by
     the head dim, above 48 KB by the opt-in at fp64 d > 384)."""
     run_and_check(cfg, var, "cuda", dtype)
 
@@ -180,11 +180,11 @@ HALF_ON_FP32 = (
 
 @requires_cuda
 def test_cuda_half_backward_on_fp32_warns_once():
-    """The fp16 / bf16 backward above 256 runs on the fp32 kernels (the kernel report names bwd_simple.cu) and says so
+    """The fp16 / bf16 backward above 256 runs on the fp32 kernels (the kernel report names simple.cu) and says so
     in one warning per process, naming the head dim."""
     proc = run_python(["-c", HALF_ON_FP32.format(d=320)], {})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "KERNELS bwd_simple.cu" in proc.stdout, proc.stdout
+    assert "KERNELS simple.cu" in proc.stdout, proc.stdout
     warned = proc.stdout.split("WARNINGS", 1)[1]
     assert warned.count("has no tensor-core kernel") == 1 and "backward at head dim 320" in warned, warned
 

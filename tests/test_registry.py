@@ -199,7 +199,7 @@ sys.stdout.flush()
 os._exit(0)
 """
 
-_SIMPLE = ("fwd_simple.cu", "bwd_simple.cu")
+_SIMPLE = ("simple.cu",)
 
 
 def _tensor_cores_take(q):

@@ -236,7 +236,7 @@ def test_cuda_half_runs_float32_kernels(dtype):
     proc = run_python(["-c", HALF_ON_FP32.format(dtype=str(dtype).split(".")[1])])
     assert proc.returncode == 0, proc.stderr[-2000:]
     name = str(dtype)
-    assert f"KERNELS ('fwd_simple.cu', 'bwd_simple.cu') {name} {name} torch.float32" in proc.stdout, proc.stdout
+    assert f"KERNELS ('simple.cu', 'simple.cu') {name} {name} torch.float32" in proc.stdout, proc.stdout
     warned = proc.stdout.split("WARNINGS", 1)[1]
     assert warned.count("T5's rel_bias with float16 / bfloat16 inputs has no tensor-core kernel") == 2, warned
     q = torch.randn(1, 4, 2, 64, device="cuda", dtype=dtype)

@@ -306,7 +306,7 @@ def test_float_mask_rows_at_finfo_min(device, dtype, gqa):
     ordinary entries. gqa: 4 query heads on 2 KV heads (enable_gqa). CUDA (issue 33): such entries are score.h's
     "huge" ones (exactly +-2^100 in the kernels' units, so that min x (1 / scale) cannot overflow); fp16 / bf16:
     the backward's preprocess scales dO of the rows whose maximum is one of them by 1 / l (rows.cu
-    huge_row_fix); fp32 / fp64: that of every row with |lse| >= 1024 by 1 / its P's sum (bwd_simple.cu, as the
+    huge_row_fix); fp32 / fp64: that of every row with |lse| >= 1024 by 1 / its P's sum (simple.cu, as the
     CPU's renorm_rows), which the fp64 row at -1e9 (an ordinary entry there, its lse rounded at 2^-23) needs.
     Varlen batches take no attn_mask, so no varlen case here."""
     b, h, sq, sk, d = 2, 3, 40, 70, 16

@@ -1,6 +1,6 @@
 /* huge_rows.cuh: the fp16 / bf16 backward preprocess's fix of the rows whose maximum score is a huge additive
  * attn_mask entry (score.h "Huge additive entries"; rows.cu). The fp32 / fp64 backward renormalizes such rows, and
- * every other row with a large |lse|, by their mass instead (bwd_simple.cu simple_row_mass). */
+ * every other row with a large |lse|, by their mass instead (simple.cu simple_row_mass). */
 #ifndef FLASHATTN_EXT_HUGE_ROWS_CUH
 #define FLASHATTN_EXT_HUGE_ROWS_CUH
 

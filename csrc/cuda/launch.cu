@@ -159,7 +159,7 @@ extern "C" cudaError_t flash_fwd_cuda(const flash_params *p, cudaStream_t stream
         return cudaErrorInvalidValue; /* T5's table: the simple kernels only (score.h FLASH_SCORE_TABLE) */
     switch (fwd_family_of(p)) {
     case FWD_SIMPLE:
-        record_kernels(&last_fwd, "fwd_simple.cu");
+        record_kernels(&last_fwd, "simple.cu");
         return flash_fwd_simple(p, stream);
     case FWD_DECODE:
         record_kernels(&last_fwd, p->num_splits > 1 ? "fwd_decode.cu (split keys)" : "fwd_decode.cu");
@@ -217,7 +217,7 @@ extern "C" int64_t flash_bwd_rel_grad_tile(const flash_params *p)
 extern "C" cudaError_t flash_bwd_cuda(const flash_params *p_in, cudaStream_t stream)
 {
     if (is_simple(p_in)) {
-        record_kernels(&last_bwd, "bwd_simple.cu");
+        record_kernels(&last_bwd, "simple.cu");
         return flash_bwd_simple(p_in, stream);
     }
     /* with an additive attn_mask (dout_fix set) the preprocess reads dout and lse and writes dout_fix and lse_fix,

@@ -84,7 +84,7 @@ typedef enum flash_tiles {
     FLASH_TILES_SMALL = 1,
 } flash_tiles;
 
-/* fp32 / fp64 on CUDA cores (fwd_simple.cu, bwd_simple.cu), T5's rel_bias included; flash_bwd_simple_rel_grad_tile:
+/* fp32 / fp64 on CUDA cores (simple.cu), T5's rel_bias included; flash_bwd_simple_rel_grad_tile:
  * the rel_grad_tile that flash_bwd_simple takes. */
 cudaError_t flash_fwd_simple(const flash_params *p, cudaStream_t stream);
 cudaError_t flash_bwd_simple(const flash_params *p, cudaStream_t stream);

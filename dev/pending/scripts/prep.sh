@@ -30,6 +30,6 @@ want_tree sm86 && tree sm86 HEAD i36_sm86_fwd
 want_tree redfast && tree redfast HEAD i35_reducer_fast
 want_tree statpipe && tree statpipe HEAD i35_stat_pipe
 want_tree redstat && tree redstat HEAD i35_reducer_fast i35_stat_pipe
-want_tree simple && tree simple HEAD i34_simple_merge
+
 if want_tree pre512; then mkdir -p ab/pre512 && git archive 1881d05 | tar -x -C ab/pre512; fi # run_q.sh d512: main before the d512 landing
 du -sh ab

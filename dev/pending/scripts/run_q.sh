@@ -6,7 +6,7 @@
 #   run_q.sh t5ab80 sm86       T5 v7's A/B on the sm80 path; ab/sm86's checks (fh check with and without the sm86 limit, the test, memcheck) and A/B
 #   run_q.sh t5suite           pytest -k cuda on ab/$T5_TREE (default t5v11);  run_q.sh t5san: memcheck / racecheck there
 #   run_q.sh host              benchmarks/bench_host.py --device cuda on main (host time per call)
-#   run_q.sh simplemerge       ab/simple's CUDA tests of the fp32 / fp64 kernels (after `BUILD_TREES=simple run_q.sh build`)
+#   run_q.sh simpletests       main's CUDA tests of the fp32 / fp64 kernels, simple.cu (after `BUILD_TREES=main run_q.sh build`)
 #   run_q.sh memtrace          issue 35's peak memory: the >= 1 MiB allocations of one forward + backward, ours and cuDNN's
 #   run_q.sh sm86test          ab/sm86's shared-memory tests alone, with their assertion lines
 #   run_q.sh sm86dec           main's decode kernel at sm86 / sm89's 99 KB (the test, test_kvcache -k cuda there)
@@ -16,7 +16,7 @@
 #                              instruction mix by opcode and class (ncu source counters, dev/tools/ncu_sass_mix.py);
 #                              both SASS pages come back gzipped (mix_*.csv.gz, 4 files + 2 tables: the device tool
 #                              returns 8 files at most, so the ncu logs stay in /tmp)
-#   run_q.sh mixours           ours alone (ab/simple's build, main's bwd_sm90.cu), bf16 d128 s8k causal and not: the
+#   run_q.sh mixours           ours alone (main's build, or ab/$MIX_TREE's), bf16 d128 s8k causal and not: the
 #                              executed instructions per source line (sass_lines.py --exec); 5 files back
 #   run_q.sh bwdncu            after bwdab: ncu of the backward main kernel in main and in each ab/ tree of $BWD_AB (d128 s8k causal)
 #   run_q.sh bwdab             the ab/ trees of $BWD_AB (backward patches): bh test all, bh time1 beside main
@@ -67,7 +67,7 @@ for step in "$@"; do
     t5v9ab) rounds t5v9ab90 "" $S/t5_ab.py t5v9 t5 ;; # ab/t5v9 (the table by one load: rel_lut) against ab/t5 (v8)
     t5v11ab) rounds t5v11ab90 "" $S/t5_ab.py t5v11 t5v10 ;; # ab/t5v11 (tiles beyond the range skip DH and the LUT) against ab/t5v10
     t5v12ab) rounds t5v12ab90 "" $S/t5_ab.py t5v12 t5v11 ;; # ab/t5v12 (the padded LUT: band tiles read it without clamps) against ab/t5v11
-    t5v14ab) rounds t5v14ab90 T5_AB_SKIP_T5_IN=simple $S/t5_ab.py t5v14 simple ;; # the T5 stack as it would land beside main (ab/simple: main's sm80 / sm90 kernels, SASS-identical): the other HOOK variants' cost (issue 34: within 1%), T5 beside ALiBi in the tree
+    t5v14ab) rounds t5v14ab90 T5_AB_SKIP_T5_IN=main $S/t5_ab.py t5v14 main ;; # the T5 stack as it would land beside main: the other HOOK variants' cost (issue 34: within 1%), T5 beside ALiBi in the tree
     t5v14abh) ROUNDS=${ROUNDS:-6} rounds t5v14abh90 "T5_AB_SKIP_T5_IN=main T5_AB_ONLY_HOOK=1" $S/t5_ab.py t5v14 main ;; # the HOOK rows only, 6 rounds, beside main (2026-12-07g: the others are the same machine code)
     t5test) # ab/$T5_TREE's (default t5v11) T5 tests on CUDA, the sm90 path then the sm80 path
         t=${T5_TREE:-t5v11}
@@ -128,13 +128,12 @@ PY
             python3 dev/tools/ncu_sass_mix.py cudnn=/tmp/mix_cudnn_$n.csv ours=/tmp/mix_ours_$n.csv --top 40 | tee $OUT/mix_$n.txt
             left || break
         done ;;
-    mixours) # our backward main kernel (bf16 d128 s8k, causal then not, in ab/$MIX_TREE: default ab/simple, whose
-        # bwd_sm90.cu is main's): the executed instructions per source line and class (ncu source page joined to the
+    mixours) # our backward main kernel (bf16 d128 s8k, causal then not, in ab/$MIX_TREE, default main's tree): the executed instructions per source line and class (ncu source page joined to the
         # build's own cubin by dev/tools/sass_lines.py --exec); the pages and the SASS come back gzipped
-        t=${MIX_TREE:-simple}
+        t=${MIX_TREE:+ab/$MIX_TREE}; t=${t:-.}
         K=_Z20bwd_main_sm90_kernelI13__nv_bfloat16Li128ELi64ELb0ELb0ELb0EEv12flash_params10bwd90_maps
         PATH=$PATH:$(dirname "$(command -v nvcc)"):/usr/local/cuda/bin
-        rm -rf /tmp/cub && mkdir /tmp/cub && (cd /tmp/cub && cuobjdump -xelf all $R/ab/$t/flashattn_ext/_C.abi3.so > /dev/null)
+        rm -rf /tmp/cub && mkdir /tmp/cub && (cd /tmp/cub && cuobjdump -xelf all $R/$t/flashattn_ext/_C.abi3.so > /dev/null)
         f=$(for c in /tmp/cub/*sm_90a*.cubin; do readelf -sW $c | grep -q " $K$" && echo $c; done | head -1)
         idx=$(readelf -sW $f | awk -v k=$K '$NF == k {sub(":", "", $1); print $1}')
         nvdisasm -gi -c -fun $idx $f > /tmp/ours.sass && gzip -c /tmp/ours.sass > $OUT/ours_d128.sass.gz
@@ -232,14 +231,14 @@ PY
             ncu -i /tmp/t5rep.ncu-rep --page source --csv --print-source sass > /tmp/t5sass.csv 2>&1 && \
             python3 dev/tools/ncu_sass_hot.py /tmp/t5sass.csv 60 > $OUT/t5ncu_hot.txt 2>&1)
         echo "t5 hot lines: $(wc -l < $OUT/t5ncu_hot.txt 2>/dev/null)" ;;
-    simplemerge) # ab/simple (main + i34_simple_merge.patch: fwd_simple.cu + bwd_simple.cu -> simple.cu) on CUDA
-        (cd ab/simple && PYTHONPATH=$PWD timeout 250 python3 -m pytest tests -q -n 12 -p no:cacheprovider \
+    simpletests) # main's fp32 / fp64 kernels (simple.cu, merged 2026-12-07h) on CUDA (after `BUILD_TREES=main run_q.sh build`)
+        (PYTHONPATH=$PWD timeout 250 python3 -m pytest tests -q -n 12 -p no:cacheprovider \
             -k "cuda and (float32 or float64 or fp32 or fp64 or rel_bias or headdim or registry or gradcheck)" \
             > $OUT/simple_tests.log 2>&1)
-        echo "ab/simple tests rc $?: $(tail -1 $OUT/simple_tests.log)"; grep -h "^FAILED" $OUT/simple_tests.log | head -10 ;;
+        echo "simple.cu tests rc $?: $(tail -1 $OUT/simple_tests.log)"; grep -h "^FAILED" $OUT/simple_tests.log | head -10 ;;
     memtrace) # issue 35's peak memory: every allocation of >= 1 MiB in one forward + backward, ours and cuDNN's, in the
-        # built tree $MEM_TREE (default ab/simple: main but the fp32 / fp64 kernels' file, not on this path)
-        (cd ${MEM_TREE:-ab/simple} && PYTHONPATH=$PWD timeout 200 python3 $S/mem_trace.py 2>&1 | tee $OUT/memtrace.txt \
+        # built tree $MEM_TREE (default main's)
+        (cd ${MEM_TREE:-.} && PYTHONPATH=$PWD timeout 200 python3 $S/mem_trace.py 2>&1 | tee $OUT/memtrace.txt \
             | head -60) ;;
     t5suite) bash $S/run_t5.sh suite ;;
     t5san) bash $S/run_t5.sh sanitize ;;
