@@ -1,10 +1,9 @@
 #!/bin/bash
 # On the GPU machine, from main's root, after prep.sh here (the ab/ trees of the queue). One call each, in order:
-#   run_q.sh build d512 t5ab   (BUILD_TREES="main t5": only those; BUILD_JOBS each, default 3) builds main + the trees at once, the d512 landing's A/B
-#                              (paged_fp32_ab.py, main vs ab/pre512, 3 rounds), T5 v7's A/B on the sm90 path (t5_ab.py,
-#                              ab/t5 vs main, 3 rounds)
-#   run_q.sh t5ab80 sm86       T5 v7's A/B on the sm80 path; ab/sm86's checks (fh check with and without the sm86 limit, the test, memcheck) and A/B
-#   run_q.sh t5suite           pytest -k cuda on ab/$T5_TREE (default t5v11);  run_q.sh t5san: memcheck / racecheck there
+#   run_q.sh build d512        (BUILD_TREES="main t5v14": only those; BUILD_JOBS each, default 3) builds main + the trees at once;
+#                              d512: the d512 landing's A/B (paged_fp32_ab.py, main vs ab/pre512, 3 rounds)
+#   run_q.sh sm86              ab/sm86's checks (fh check with and without the sm86 limit, the test, memcheck) and A/B
+#   run_q.sh t5suite           pytest -k cuda on ab/$T5_TREE (default t5v14);  run_q.sh t5san: memcheck / racecheck there
 #   run_q.sh host              benchmarks/bench_host.py --device cuda on main (host time per call)
 #   run_q.sh simpletests       main's CUDA tests of the fp32 / fp64 kernels, simple.cu (after `BUILD_TREES=main run_q.sh build`)
 #   run_q.sh memtrace          issue 35's peak memory: the >= 1 MiB allocations of one forward + backward, ours and cuDNN's
@@ -21,9 +20,9 @@
 #   run_q.sh bwdncu            after bwdab: ncu of the backward main kernel in main and in each ab/ tree of $BWD_AB (d128 s8k causal)
 #   run_q.sh bwdab             the ab/ trees of $BWD_AB (backward patches): bh test all, bh time1 beside main
 #   run_q.sh bwdabv            after bwdab on the same machine: bh timev (the variants' rows) of the same trees
-#   run_q.sh t5v9ab            ab/t5v9 (i34_t5_v9: T5's table by one load, rel_lut) beside ab/t5 (v8), t5_ab.py rounds
-#   run_q.sh t5test            ab/$T5_TREE's (default t5v11) test_rel_bias -k cuda on both paths;  run_q.sh t5v11ab / t5v12ab: ab/t5v11 beside ab/t5v10, ab/t5v12 beside ab/t5v11 (t5_ab.py rounds)
-#   run_q.sh t5ncu             ab/t5's backward main kernel with ALiBi, then with T5's table (ncu, same inputs)
+#   run_q.sh t5test            ab/$T5_TREE's (default t5v14) test_rel_bias -k cuda on both paths
+#   run_q.sh t5v14ab / t5v14abh  ab/t5v14 (main + i34_t5_stack) beside main, t5_ab.py rounds (abh: the HOOK rows only, 6 rounds)
+#   run_q.sh t5ncu             ab/$T5NCU_TREE's (default t5v14) backward main kernel with ALiBi, then with T5's table (ncu, same inputs)
 # Each step stops taking rounds past 520 s of the call, so what it has comes back.
 set -u
 R=$PWD
@@ -63,21 +62,16 @@ for step in "$@"; do
         done
         wait ;;
     d512) rounds d512 "" $S/paged_fp32_ab.py main pre512 ;;
-    t5ab) rounds t5ab90 "" $S/t5_ab.py t5 main ;;
-    t5v9ab) rounds t5v9ab90 "" $S/t5_ab.py t5v9 t5 ;; # ab/t5v9 (the table by one load: rel_lut) against ab/t5 (v8)
-    t5v11ab) rounds t5v11ab90 "" $S/t5_ab.py t5v11 t5v10 ;; # ab/t5v11 (tiles beyond the range skip DH and the LUT) against ab/t5v10
-    t5v12ab) rounds t5v12ab90 "" $S/t5_ab.py t5v12 t5v11 ;; # ab/t5v12 (the padded LUT: band tiles read it without clamps) against ab/t5v11
     t5v14ab) rounds t5v14ab90 T5_AB_SKIP_T5_IN=main $S/t5_ab.py t5v14 main ;; # the T5 stack as it would land beside main: the other HOOK variants' cost (issue 34: within 1%), T5 beside ALiBi in the tree
     t5v14abh) ROUNDS=${ROUNDS:-6} rounds t5v14abh90 "T5_AB_SKIP_T5_IN=main T5_AB_ONLY_HOOK=1" $S/t5_ab.py t5v14 main ;; # the HOOK rows only, 6 rounds, beside main (2026-12-07g: the others are the same machine code)
-    t5test) # ab/$T5_TREE's (default t5v11) T5 tests on CUDA, the sm90 path then the sm80 path
-        t=${T5_TREE:-t5v11}
+    t5test) # ab/$T5_TREE's (default t5v14) T5 tests on CUDA, the sm90 path then the sm80 path
+        t=${T5_TREE:-t5v14}
         for dis in 0 1; do
             (cd ab/$t && FLASHATTN_EXT_DISABLE_SM90=$dis PYTHONPATH=$PWD timeout 200 python3 -m pytest -q -n 8 \
                 -p no:cacheprovider tests/test_rel_bias.py -k cuda > $OUT/${t}test_$dis.log 2>&1)
             echo "$t test_rel_bias -k cuda (DISABLE_SM90=$dis) rc $?: $(tail -1 $OUT/${t}test_$dis.log)"
             grep -h "^FAILED" $OUT/${t}test_$dis.log | head -5
         done ;;
-    t5ab80) rounds t5ab80 FLASHATTN_EXT_DISABLE_SM90=1 $S/t5_ab.py t5 main ;;
     sm86)
         cd ab/sm86
         export PYTHONPATH=$PWD
@@ -212,12 +206,12 @@ PY
         echo "mainval rc $?: $(tail -1 $OUT/mainval.log)"; grep -h "^FAILED" $OUT/mainval.log | head -10
         PYTHONPATH=$R timeout 120 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_fuzz.py -k "rel_bias and cuda" \
             2>&1 | tail -1 ;;
-    t5ncu) # where T5's backward loses to ALiBi's in ab/t5 (after `build`): both main kernels in one process per shape,
+    t5ncu) # where T5's backward loses to ALiBi's in ab/$T5NCU_TREE (default t5v14; after `build`): both main kernels in one process per shape,
         # the sections of dev/device.sh ncu pair, then the T5 kernel's hottest SASS lines (source page)
         for cfg in "128 8192 0" "64 8192 1"; do
             set -- $cfg
             n=d$1_s$2_c$3
-            (cd ab/${T5NCU_TREE:-t5} && PYTHONPATH=$PWD timeout 200 ncu -k regex:bwd_main_sm90 -c 2 --section SpeedOfLight \
+            (cd ab/${T5NCU_TREE:-t5v14} && PYTHONPATH=$PWD timeout 200 ncu -k regex:bwd_main_sm90 -c 2 --section SpeedOfLight \
                 --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
                 --section MemoryWorkloadAnalysis --section InstructionStats --section LaunchStats \
                 --metrics smsp__inst_executed.sum,smsp__sass_inst_executed_op_local_ld.sum,smsp__sass_inst_executed_op_local_st.sum \
@@ -226,7 +220,7 @@ PY
             grep -E "^  [a-z_]+.*\(|Duration|inst_executed|local_|shared_|Executed Instructions  |Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Eligible Warps|Stall|Registers Per" $OUT/t5ncu_$n.txt | head -50
             left || break
         done
-        (cd ab/${T5NCU_TREE:-t5} && PYTHONPATH=$PWD timeout 150 ncu -k regex:bwd_main_sm90 --launch-skip 1 -c 1 --set full \
+        (cd ab/${T5NCU_TREE:-t5v14} && PYTHONPATH=$PWD timeout 150 ncu -k regex:bwd_main_sm90 --launch-skip 1 -c 1 --set full \
             --import-source yes -o /tmp/t5rep python3 $S/t5_ncu.py 128 8192 0 > $OUT/t5ncu_full.log 2>&1 && \
             ncu -i /tmp/t5rep.ncu-rep --page source --csv --print-source sass > /tmp/t5sass.csv 2>&1 && \
             python3 dev/tools/ncu_sass_hot.py /tmp/t5sass.csv 60 > $OUT/t5ncu_hot.txt 2>&1)

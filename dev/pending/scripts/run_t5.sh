@@ -1,8 +1,8 @@
 #!/bin/bash
-# On the GPU machine, from main's root, after run_q.sh build made ab/$T5_TREE (default t5v11; same machine) or with `build` first:
+# On the GPU machine, from main's root, after run_q.sh build made ab/$T5_TREE (default t5v14; same machine) or with `build` first:
 #   bash dev/pending/scripts/run_t5.sh [build] suite   pytest tests -k cuda on that tree (every HOOK kernel changed)
 #   bash dev/pending/scripts/run_t5.sh [build] sanitize compute-sanitizer memcheck / racecheck over test_sanitize.py
-cd ab/${T5_TREE:-t5v11}
+cd ab/${T5_TREE:-t5v14}
 export PYTHONPATH=$PWD
 if [ "${1:-}" = build ]; then
     shift
