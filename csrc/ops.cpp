@@ -1252,8 +1252,8 @@ TORCH_LIBRARY(flashattn_ext, m)
     // cache_seqlens, cache_batch_idx, cache_leftpad, num_splits or a block_table alone make a KV-cache call
     // (k and v the caches; no backward). max_seqlen_* are SymInts: under torch.compile they stay symbolic (one
     // graph for all values; the kernels take them as int64_t, the fake kernels never read them). out32: the
-    // float32 out that out was rounded from (fp16 / bf16 on the CPU; empty elsewhere), saved by fwd's autograd
-    // for the backward.
+    // float32 out that out was rounded from (fp16 / bf16 on the CPU, and with rel_bias on CUDA; empty elsewhere),
+    // saved by fwd's autograd for the backward's delta (ops.py _rounds_fp32).
     m.def("fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal=False, bool bottom_right=True, "
           "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
           "Tensor? sink=None, Tensor? attn_mask=None, float dropout_p=0.0, bool deterministic=False, "
