@@ -25,5 +25,6 @@ want_tree redfast && tree redfast HEAD i35_reducer_fast
 want_tree statpipe && tree statpipe HEAD i35_stat_pipe
 want_tree redstat && tree redstat HEAD i35_reducer_fast i35_stat_pipe
 
+if want_tree presimple; then mkdir -p ab/presimple && git archive 7a04002 | tar -x -C ab/presimple; fi # run_q.sh simpleab: main before the simple.cu merge
 if want_tree pre512; then mkdir -p ab/pre512 && git archive 1881d05 | tar -x -C ab/pre512; fi # run_q.sh d512: main before the d512 landing
 du -sh ab

@@ -6,6 +6,7 @@
 #   run_q.sh t5suite           pytest -k cuda on ab/$T5_TREE (default t5v14);  run_q.sh t5san: memcheck / racecheck there
 #   run_q.sh host              benchmarks/bench_host.py --device cuda on main (host time per call)
 #   run_q.sh simpletests       main's CUDA tests of the fp32 / fp64 kernels, simple.cu (after `BUILD_TREES=main run_q.sh build`)
+#   run_q.sh simpleab          paged_fp32_ab.py in main and ab/presimple (7a04002, before the simple.cu merge), 3 rounds
 #   run_q.sh memtrace          issue 35's peak memory: the >= 1 MiB allocations of one forward + backward, ours and cuDNN's
 #   run_q.sh sm86test          ab/sm86's shared-memory tests alone, with their assertion lines
 #   run_q.sh sm86dec           main's decode kernel at sm86 / sm89's 99 KB (the test, test_kvcache -k cuda there)
@@ -62,6 +63,7 @@ for step in "$@"; do
         done
         wait ;;
     d512) rounds d512 "" $S/paged_fp32_ab.py main pre512 ;;
+    simpleab) rounds simpleab "" $S/paged_fp32_ab.py main presimple ;; # the simple.cu merge (c65d077): its fp32 rows beside 7a04002 (BUILD_TREES="main presimple" build first)
     t5v14ab) rounds t5v14ab90 T5_AB_SKIP_T5_IN=main $S/t5_ab.py t5v14 main ;; # the T5 stack as it would land beside main: the other HOOK variants' cost (issue 34: within 1%), T5 beside ALiBi in the tree
     t5v14abh) ROUNDS=${ROUNDS:-6} rounds t5v14abh90 "T5_AB_SKIP_T5_IN=main T5_AB_ONLY_HOOK=1" $S/t5_ab.py t5v14 main ;; # the HOOK rows only, 6 rounds, beside main (2026-12-07g: the others are the same machine code)
     t5test) # ab/$T5_TREE's (default t5v14) T5 tests on CUDA, the sm90 path then the sm80 path
