@@ -140,7 +140,8 @@ def _fwd_fake(q, k, v, softmax_scale, causal=False, bottom_right=True, window_le
     batch, seqlen_q, nheads, _ = q.shape
     out = q.new_empty((batch, seqlen_q, nheads, v.shape[-1]))
     lse = q.new_empty((batch, nheads, seqlen_q), dtype=_lse_dtype(q.dtype))
-    return out, lse, rng_state, (_out32_fake(q, out, rel_bias) if kind == DENSE else out.new_empty((0,), dtype=torch.float32))
+    out32 = _out32_fake(q, out, rel_bias) if kind == DENSE else out.new_empty((0,), dtype=torch.float32)
+    return out, lse, rng_state, out32
 
 
 @torch.library.register_fake("flashattn_ext::bwd")

@@ -51,7 +51,8 @@
  *   3. bwd_simple_dq_kernel, grid (query rows / SIMPLE_WARPS, h, b): one warp per query row i, the
  *      key tiles of SIMPLE_TILE keys from flash_key_tiles, likewise: dq_i += dS softcap'(s) k_j;
  *      finally dq_i *= scale.
- *   Any head dim 1..512 (FLASH_CUDA_SIMPLE_MAX_HEAD_DIM: 16 columns per lane at most). Rows with lse = -inf see no key and get 0.
+ *   Any head dim 1..512 (FLASH_CUDA_SIMPLE_MAX_HEAD_DIM: 16 columns per lane at most). Rows with lse = -inf see
+ *   no key and get 0.
  *   Sinks need nothing here (lse includes them). Dropout: one Philox call per element (mask.h).
  *   Varlen: every warp takes its sequence from flash_seq_of (mask.h); the grids span the longest
  *   sequence, and warps past their sequence's end return at once.
