@@ -23,6 +23,7 @@
 #   run_q.sh bwdabv            after bwdab on the same machine: bh timev (the variants' rows) of the same trees
 #   run_q.sh d512test          ab/d512bwd's CUDA tests (test_headdim_v, test_sanitize, test_fuzz); d512san: memcheck,
 #                              racecheck (d > 256 configs); d512bench: its bench_headdims.py (BENCH_S, default 300 s)
+#   run_q.sh dsmem             dev/dsmem_probe.cu: ns per step of a partial-score exchange between the 2 CTAs of a cluster
 #   run_q.sh t5test            ab/$T5_TREE's (default t5v14) test_rel_bias -k cuda on both paths
 #   run_q.sh t5v14ab / t5v14abh  ab/t5v14 (main + i34_t5_stack) beside main, t5_ab.py rounds (abh: the HOOK rows only, 6 rounds)
 #   run_q.sh t5ncu             ab/$T5NCU_TREE's (default t5v14) backward main kernel with ALiBi, then with T5's table (ncu, same inputs)
@@ -86,6 +87,8 @@ for step in "$@"; do
     d512bench) # ab/d512bwd: issue 36's benchmark (bench_headdims.py: 512 beside 256, (192, 128) beside (160, 160))
         (cd ab/d512bwd && PYTHONPATH=$PWD timeout 400 python3 benchmarks/bench_headdims.py --time-budget ${BENCH_S:-300} \
             --out $OUT/headdims) ;;
+    dsmem) # issue 36's d512 design: the cost of one partial-score exchange between the 2 CTAs of a cluster (dev/dsmem_probe.cu)
+        nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a dev/dsmem_probe.cu -o /tmp/dsmem_probe && timeout 120 /tmp/dsmem_probe ;;
     t5test) # ab/$T5_TREE's (default t5v14) T5 tests on CUDA, the sm90 path then the sm80 path
         t=${T5_TREE:-t5v14}
         for dis in 0 1; do
