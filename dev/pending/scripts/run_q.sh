@@ -21,8 +21,9 @@
 #   run_q.sh bwdncu            after bwdab: ncu of the backward main kernel in main and in each ab/ tree of $BWD_AB (d128 s8k causal)
 #   run_q.sh bwdab             the ab/ trees of $BWD_AB (backward patches): bh test all, bh time1 beside main
 #   run_q.sh bwdabv            after bwdab on the same machine: bh timev (the variants' rows) of the same trees
-#   run_q.sh d512test          ab/d512bwd's CUDA tests (test_headdim_v, test_sanitize, test_fuzz); d512san: memcheck,
-#                              racecheck (d > 256 configs); d512bench: its bench_headdims.py (BENCH_S, default 300 s)
+#   run_q.sh d512test          ab/$D512_TREE's (default d512bwd) CUDA tests (test_headdim_v, test_sanitize, test_fuzz);
+#                              d512san: memcheck, racecheck (d > 256 configs); d512bench: bench_headdims.py (BENCH_S s)
+#   run_q.sh d512ab            ab/d512cl (the cluster d512 backward) beside ab/d512bwd: d512_ab.py rounds (build both first)
 #   run_q.sh dsmem             dev/dsmem_probe.cu: ns per step of a partial-score exchange between the 2 CTAs of a cluster
 #   run_q.sh t5test            ab/$T5_TREE's (default t5v14) test_rel_bias -k cuda on both paths
 #   run_q.sh t5v14ab / t5v14abh  ab/t5v14 (main + i34_t5_stack) beside main, t5_ab.py rounds (abh: the HOOK rows only, 6 rounds)
@@ -70,14 +71,14 @@ for step in "$@"; do
     t5v14ab) rounds t5v14ab90 T5_AB_SKIP_T5_IN=main $S/t5_ab.py t5v14 main ;; # the T5 stack as it would land beside main: the other HOOK variants' cost (issue 34: within 1%), T5 beside ALiBi in the tree
     t5v14abh) ROUNDS=${ROUNDS:-6} rounds t5v14abh90 "T5_AB_SKIP_T5_IN=main T5_AB_ONLY_HOOK=1" $S/t5_ab.py t5v14 main ;; # the HOOK rows only, 6 rounds, beside main (2026-12-07g: the others are the same machine code)
     d512test) # ab/d512bwd (main + i36_d512_bwd: the fp16 / bf16 backward at d 257..512 on bwd_sm80.cu): its CUDA tests
-        cd ab/d512bwd
+        cd ab/${D512_TREE:-d512bwd}
         PYTHONPATH=$PWD timeout 240 python3 -m pytest -q -n 12 -p no:cacheprovider tests/test_headdim_v.py tests/test_sanitize.py \
             -k "cuda or sanitizer" > $OUT/d512test.log 2>&1
         echo "test_headdim_v -k cuda + test_sanitize rc $?: $(tail -1 $OUT/d512test.log)"; grep -h "^FAILED" $OUT/d512test.log | head -8
         PYTHONPATH=$PWD timeout 150 python3 -m pytest -q -n 12 -p no:cacheprovider tests/test_fuzz.py -k cuda > /tmp/d512fuzz.log 2>&1
         echo "test_fuzz -k cuda rc $?: $(tail -1 /tmp/d512fuzz.log)"; grep -h "^FAILED" /tmp/d512fuzz.log | head -5 ;;
     d512san) # ab/d512bwd: memcheck over test_sanitize.py's configs, racecheck over its d > 256 ones (--large)
-        cd ab/d512bwd
+        cd ab/${D512_TREE:-d512bwd}
         for run in "memcheck" "racecheck --large"; do
             set -- $run
             PYTHONPATH=$PWD PYTHONUNBUFFERED=1 timeout 200 compute-sanitizer --tool $1 --print-limit 20 python3 \
@@ -85,8 +86,9 @@ for step in "$@"; do
             echo "$run rc $?: $(tail -1 /tmp/d512_$1.log)"; grep -m3 -E "Invalid|Race|hazard|ERROR" /tmp/d512_$1.log
         done ;;
     d512bench) # ab/d512bwd: issue 36's benchmark (bench_headdims.py: 512 beside 256, (192, 128) beside (160, 160))
-        (cd ab/d512bwd && PYTHONPATH=$PWD timeout 400 python3 benchmarks/bench_headdims.py --time-budget ${BENCH_S:-300} \
+        (cd ab/${D512_TREE:-d512bwd} && PYTHONPATH=$PWD timeout 400 python3 benchmarks/bench_headdims.py --time-budget ${BENCH_S:-300} \
             --out $OUT/headdims) ;;
+    d512ab) rounds d512ab "" $S/d512_ab.py d512cl d512bwd ;; # the cluster d512 backward (ab/d512cl) beside the recompute one (ab/d512bwd)
     dsmem) # issue 36's d512 design: the cost of one partial-score exchange between the 2 CTAs of a cluster (dev/dsmem_probe.cu)
         nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a dev/dsmem_probe.cu -o /tmp/dsmem_probe && timeout 120 /tmp/dsmem_probe ;;
     t5test) # ab/$T5_TREE's (default t5v14) T5 tests on CUDA, the sm90 path then the sm80 path
