@@ -55,6 +55,7 @@ rounds() { # name env script tree base
     python3 $S/ab_cmp.py $OUT ${name}_$tree ${name}_$base | tee $OUT/${name}.md
 }
 for step in "$@"; do
+    cd $R # a step may cd into its tree
     echo "== $step at ${SECONDS}s"
     case $step in
     build)
