@@ -24,7 +24,7 @@
 #   run_q.sh d512test          ab/$D512_TREE's (default d512bwd) CUDA tests (test_headdim_v, test_sanitize, test_fuzz);
 #                              d512san: memcheck, racecheck (d > 256 configs); d512bench: bench_headdims.py (BENCH_S s)
 #   run_q.sh d512ab            ab/d512cl (the cluster d512 backward) beside ab/d512bwd: d512_ab.py rounds (build both first)
-#   run_q.sh dsmem             dev/dsmem_probe.cu: ns per step of a partial-score exchange between the 2 CTAs of a cluster
+#   run_q.sh dsmem             ab/d512cl's dev/dsmem_probe.cu: ns per step of a partial-score exchange between the 2 CTAs of a cluster
 #   run_q.sh t5test            ab/$T5_TREE's (default t5v14) test_rel_bias -k cuda on both paths
 #   run_q.sh t5v14ab / t5v14abh  ab/t5v14 (main + i34_t5_stack) beside main, t5_ab.py rounds (abh: the HOOK rows only, 6 rounds)
 #   run_q.sh t5ncu             ab/$T5NCU_TREE's (default t5v14) backward main kernel with ALiBi, then with T5's table (ncu, same inputs)
@@ -90,8 +90,9 @@ for step in "$@"; do
         (cd ab/${D512_TREE:-d512bwd} && PYTHONPATH=$PWD timeout 400 python3 benchmarks/bench_headdims.py --time-budget ${BENCH_S:-300} \
             --out $OUT/headdims) ;;
     d512ab) rounds d512ab "" $S/d512_ab.py d512cl d512bwd ;; # the cluster d512 backward (ab/d512cl) beside the recompute one (ab/d512bwd)
-    dsmem) # issue 36's d512 design: the cost of one partial-score exchange between the 2 CTAs of a cluster (dev/dsmem_probe.cu)
-        nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a dev/dsmem_probe.cu -o /tmp/dsmem_probe && timeout 120 /tmp/dsmem_probe ;;
+    dsmem) # issue 36's d512 design: the cost of one partial-score exchange between the 2 CTAs of a cluster (ab/d512cl's dev/dsmem_probe.cu)
+        (cd ab/d512cl && nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda dev/dsmem_probe.cu -o /tmp/dsmem_probe) \
+            && timeout 120 /tmp/dsmem_probe ;;
     t5test) # ab/$T5_TREE's (default t5v14) T5 tests on CUDA, the sm90 path then the sm80 path
         t=${T5_TREE:-t5v14}
         for dis in 0 1; do
