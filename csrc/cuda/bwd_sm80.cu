@@ -24,14 +24,19 @@
  * No branches between the smem loads and the mma's: columns past d are zero in smem and computed like the others
  * (d 96 pays 25% for it), only the global writes are guarded.
  *
- * Tiles (tiles.h bwd80_tiles_*; D = d rounded up to 64 / 128 / 256; smem rows padded by 16 bytes):
+ * Tiles (tiles.h bwd80_tiles_*; D = d rounded up to 64 / 128 / 256 / 512; smem rows padded by 16 bytes):
  *   large (sm90's 227 KB): D64 BC 128 x BR 128, WK 4 (178 KB); D128 128 x 64, WK 4 (173 KB); D256 64 x 64, WK 2
  *     (217 KB); dQ kernel D64 / D128 BRQ 128 x BCQ 64, D256 64 x 32.
  *   small (A100's 163 KB; sm86 / sm89's 99 KB take d <= 128): D64 64 x 64, WK 2 (75 KB); D128 64 x 32, WK 4
  *     (80 KB); D256 64 x 32, WK 4 (142 KB).
+ *   D512 (Hopper's 227 KB; the HOOK kernel alone, no dQ kernel): 64 x 32, WK 4, one Q / dO stage (the next tile's
+ *     loads run under the dQ step; 205 KB); two CTAs per key tile (grid x), CTA c the dK, dV and dQ columns
+ *     [256 c, +256), both computing the whole S^T and dP^T (1.4x the GEMM work; a cluster exchanging the partial S^T
+ *     and dP^T would not recompute them: dev/pending/README.md); the dbias sink in CTA 0.
  * The dense kernels do not spill (ptxas -v: sm_90a, and sm_80 with the small tiles); the HOOK kernels with the
  * large tiles spill 8-300 bytes, in the per-element path. One CTA of 8 warps per SM.
- * Requirements (flash_bwd_sm80_check): d % 8 == 0, d <= 256, 16-byte aligned pointers, strides multiples of 8.
+ * Requirements (flash_bwd_sm80_check): d % 8 == 0, d <= 512 (<= 256 deterministic), 16-byte aligned pointers, strides
+ * multiples of 8.
  *
  * Speed (H200, FLASHATTN_EXT_DISABLE_SM90=1, bwd_harness time, bf16 16k tokens): d128 s8192 261 TFLOP/s
  * (causal 244), torch's FA2 296. Every shape, the variants and the history: benchmarks/results/h200/
@@ -377,7 +382,7 @@ __device__ __forceinline__ void hook_p_ds_main_pass(const flash_params &p, const
                                                     const uint32_t (&mine)[main_dropout<MT, QW>::NWD],
                                                     const float *lse_t, const float *delta_t, int b, int hq, int m0,
                                                     int n0, int key0, int qry0, int lr, int lc, bool need_mask, int lo,
-                                                    int band, int qvalid, int kvalid)
+                                                    int band, int qvalid, int kvalid, bool sinks)
 {
     typedef main_dropout<MT, QW> DR;
     const bool dropout = p.dropout_threshold != 0;
@@ -407,7 +412,7 @@ __device__ __forceinline__ void hook_p_ds_main_pass(const flash_params &p, const
                 const bool vis = !need_mask || (jl < kvalid && ie < qvalid && flash_tile_band_in(jl - ie, lo, band));
                 const int P = (2 * t + (e & 1)) * DR::NB + 2 * mt + (e >> 1), u = P % DR::NPL;
                 const bool kept = (keep[P / DR::NPL - t * DR::NSRC][u / 4] >> (8 * (u % 4) + lr)) & 1u;
-                const bool sink = SLOW && flash_score_has_grad(&p) && jl < kvalid && ie < qvalid;
+                const bool sink = SLOW && sinks && flash_score_has_grad(&p) && jl < kvalid && ie < qvalid;
                 hook_element<T, SLOW>(p, hc, ht, s[mt][t][e], dp[mt][t][e], vis, kept, l2[e & 1], dl[e & 1], b, hq, ie,
                                       jl, m0, n0, sink);
             }
@@ -420,16 +425,17 @@ __device__ __forceinline__ void hook_p_ds_main(const flash_params &p, const hook
                                                const uint32_t (&mine)[main_dropout<MT, QW>::NWD], const float *lse_t,
                                                const float *delta_t, int b, int hq, int m0, int n0, int key0, int qry0,
                                                int lr, int lc, bool need_mask, int lo, int band, unsigned flags,
-                                               int qvalid, int kvalid, int alibi_offset)
+                                               int qvalid, int kvalid, int alibi_offset, bool sinks)
 {
-    const hook_tile ht = make_hook_tile(p, b, hq, m0, n0, alibi_offset, flags, flash_score_has_grad(&p));
+    /* sinks: this CTA passes dS to the gradient sink (of the NH column parts of a key tile, the first) */
+    const hook_tile ht = make_hook_tile(p, b, hq, m0, n0, alibi_offset, flags, sinks && flash_score_has_grad(&p));
     hook_prepass(p, hc, &s[0][0][0], &dp[0][0][0], MT * QW / 2);
     if (ht.slow)
         hook_p_ds_main_pass<T, true, MT, QW>(p, hc, ht, s, dp, mine, lse_t, delta_t, b, hq, m0, n0, key0, qry0, lr, lc,
-                                             need_mask, lo, band, qvalid, kvalid);
+                                             need_mask, lo, band, qvalid, kvalid, sinks);
     else
         hook_p_ds_main_pass<T, false, MT, QW>(p, hc, ht, s, dp, mine, lse_t, delta_t, b, hq, m0, n0, key0, qry0, lr, lc,
-                                              need_mask, lo, band, qvalid, kvalid);
+                                              need_mask, lo, band, qvalid, kvalid, sinks);
 }
 
 /* One CTA per (key tile of BC keys, query head, batch); walks the query tiles of BR rows that the band
@@ -440,32 +446,36 @@ __device__ __forceinline__ void hook_p_ds_main(const flash_params &p, const hook
  * [DQN*., +DQN) of the tile, in chunks of DQC columns. Columns past d are zero in smem and computed
  * like the others (no branches between the loads and the mma's); only the global writes are guarded.
  * HOOK: the score / probability hook of mask.h (hook_p_ds_main), attn_mask-empty tiles skipped. */
-template <typename T, int D, int BC, int BR, int WK, int DQ_WM, int DQC, bool HOOK>
+template <typename T, int D, int DO, int BC, int BR, int WK, int DQ_WM, int DQC, int QST, bool HOOK>
 __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
     bwd_main_kernel(const __grid_constant__ flash_params p, const hook_consts hc)
 {
     constexpr int NT = MAIN_WARPS * FLASH_WARP_SIZE, SD = D + SMEM_PAD, SS = BR + SMEM_PAD;
-    constexpr int WQ = MAIN_WARPS / WK;                    /* warps along the queries of S^T */
-    constexpr int KW = BC / WK, QW = BR / WQ, DW = D / WQ; /* warp tile edges */
-    constexpr int MT = KW / 16, QK = QW / 16;              /* m16 key tiles, k16 query steps */
-    constexpr int DQ_WN = MAIN_WARPS / DQ_WM, DQM = BR / DQ_WM, DQN = D / DQ_WN;
+    constexpr int NH = D / DO;                              /* column parts of dK, dV, dQ: CTAs per key tile */
+    constexpr int WQ = MAIN_WARPS / WK;                     /* warps along the queries of S^T */
+    constexpr int KW = BC / WK, QW = BR / WQ, DW = DO / WQ; /* warp tile edges */
+    constexpr int MT = KW / 16, QK = QW / 16;               /* m16 key tiles, k16 query steps */
+    constexpr int DQ_WN = MAIN_WARPS / DQ_WM, DQM = BR / DQ_WM, DQN = DO / DQ_WN;
+    static_assert(D % DO == 0 && (QST == 1 || QST == 2), "column parts, Q / dO stages");
     static_assert(MAIN_WARPS % WK == 0 && KW % 16 == 0 && QW % 16 == 0 && DW % 16 == 0, "S^T / dK, dV warp tiles");
     static_assert(MAIN_WARPS % DQ_WM == 0 && DQM % 16 == 0 && DQN % DQC == 0 && DQC % 16 == 0, "dQ warp tiles");
 
     extern __shared__ __align__(16) uint8_t smem[];
     T *Ks = (T *)smem;                       /* [BC][SD]     */
     T *Vs = Ks + BC * SD;                    /* [BC][SD]     */
-    T *Qs = Vs + BC * SD;                    /* [2][BR][SD]  */
-    T *dOs = Qs + 2 * BR * SD;               /* [2][BR][SD]  */
-    T *Ps = dOs + 2 * BR * SD;               /* [BC][SS]     P^T of the current query tile  */
-    T *dSs = Ps + BC * SS;                   /* [BC][SS]     dS^T of the current query tile */
-    float *lse_s = (float *)(dSs + BC * SS); /* [2][BR]      */
-    float *delta_s = lse_s + 2 * BR;         /* [2][BR]      */
-    bwd_seq_consts *sc = (bwd_seq_consts *)(delta_s + 2 * BR); /* the sequence's, for the loop */
+    T *Qs = Vs + BC * SD;                    /* [QST][BR][SD] */
+    T *dOs = Qs + QST * BR * SD;             /* [QST][BR][SD] */
+    T *Ps = dOs + QST * BR * SD;             /* [BC][SS]      P^T of the current query tile  */
+    T *dSs = Ps + BC * SS;                   /* [BC][SS]      dS^T of the current query tile */
+    float *lse_s = (float *)(dSs + BC * SS); /* [QST][BR]     */
+    float *delta_s = lse_s + QST * BR;       /* [QST][BR]     */
+    bwd_seq_consts *sc = (bwd_seq_consts *)(delta_s + QST * BR); /* the sequence's, for the loop */
     const uint32_t sca = smem_u32(sc);
 
     const int tid = threadIdx.x;
-    const int n0 = blockIdx.x * BC, hq = blockIdx.y, b = blockIdx.z;
+    /* NH > 1: the NH CTAs of a key tile are neighbours in the grid; CTA part c0 / DO computes all of S^T and dP^T
+     * (over the D columns of K, Q, V, dO) and the DO columns [c0, c0 + DO) of dV, dK and dQ */
+    const int n0 = (int)(blockIdx.x / NH) * BC, c0 = (int)(blockIdx.x % NH) * DO, hq = blockIdx.y, b = blockIdx.z;
     const flash_seq seq = flash_seq_uniform(p, b); /* the CTA's sequence: every row and key below is its own */
     if (n0 >= seq.sk)
         return; /* varlen: the grid spans the longest sequence */
@@ -509,7 +519,7 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
                 acc_dk[mt][t][e] = 0.f;
             }
 
-    for (int st = 0; m < m_end; st ^= 1) {
+    for (int st = 0; m < m_end; st = QST == 2 ? st ^ 1 : 0) {
         const int m0 = m * BR;
         int m_next = m + 1;
         if constexpr (HOOK)
@@ -517,11 +527,11 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
         const int lane = lane_now(), warp = warp_now();
         const int lr = lane / 4, lc = lane % 4; /* accumulator fragment: row lr (+8), columns 2*lc, +1 */
         const int wk = warp % WK, wq = warp / WK;
-        const int key0 = wk * KW, qry0 = wq * QW, col0 = wq * DW; /* the warp's first key, query, dK/dV column */
+        const int key0 = wk * KW, qry0 = wq * QW, col0 = c0 + wq * DW; /* the warp's first key, query, dK/dV column */
 
         cp_async_wait<0>();
         __syncthreads(); /* stage st landed; stage st^1, P^T and dS^T no longer read by the previous step */
-        if (m_next < m_end) {
+        if (QST == 2 && m_next < m_end) {
             const int m1 = m_next * BR, so = st ^ 1, qv = bwd_seq_sq(sca) - m1;
             load_tile_async<T, BR, D, NT>(Qs + so * BR * SD, qg + m1 * p.q_s.row, p.q_s.row, qv, d, tid);
             load_tile_async<T, BR, D, NT>(dOs + so * BR * SD, dog + m1 * p.do_s.row, p.do_s.row, qv, d, tid);
@@ -595,7 +605,7 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
             const int qvalid = bwd_seq_sq(sca) - m0;
             const unsigned flags = warp_mask_tile_flags(p, bn, hn, m0, min(BR, qvalid), n0, kn);
             hook_p_ds_main<T, MT, QW>(p, hc, s, dp, drop, lse_t, delta_t, bn, hn, m0, n0, key0, qry0, lr, lc, need_mask, lo,
-                                      band, flags, qvalid, kvalid, bwd_seq_alibi(sca));
+                                      band, flags, qvalid, kvalid, bwd_seq_alibi(sca), NH == 1 || c0 == 0);
         } else {
 #pragma unroll
             for (int t = 0; t < QW / 8; ++t) {
@@ -641,13 +651,22 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
                 mma_kv_step<T, MT, QK, DW, SS, SD>(acc_dk, a, dsa, j == 0, dSs, Qt, kq, key0, q0, col0, lane);
             }
         }
+        if (QST == 1 && m_next < m_end) { /* one Q / dO stage: the next tile's loads run under the dQ step */
+            __syncthreads(); /* Q, dO, lse and delta of this tile read */
+            const int m1 = m_next * BR, qv = bwd_seq_sq(sca) - m1;
+            load_tile_async<T, BR, D, NT>(Qs, qg + m1 * p.q_s.row, p.q_s.row, qv, d, tid);
+            load_tile_async<T, BR, D, NT>(dOs, dog + m1 * p.do_s.row, p.do_s.row, qv, d, tid);
+            load_vec_async<BR, NT>(lse_s, lseg + m1, qv, tid);
+            load_vec_async<BR, NT>(delta_s, deltag + m1, qv, tid);
+            cp_async_commit();
+        }
 
         if (do_dq) {
             /* dQ_partial (BR x D) = dS K, added to dq_accum */
             const int wm = warp % DQ_WM, wn = warp / DQ_WM, nq = bwd_seq_sq(sca); /* rows of the sequence */
 #pragma unroll
             for (int ch = 0; ch < DQN / DQC; ++ch) {
-                const int cb = wn * DQN + ch * DQC; /* first column of the chunk */
+                const int cb = c0 + wn * DQN + ch * DQC; /* first column of the chunk */
                 float acc[DQM / 16][DQC / 8][4];
 #pragma unroll
                 for (int mt = 0; mt < DQM / 16; ++mt)
@@ -689,7 +708,7 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
     cp_async_wait<0>(); /* K/V still in flight when no query tile sees the key tile */
 
     const int warp = warp_now();
-    const int key0 = (warp % WK) * KW, col0 = (warp / WK) * DW;
+    const int key0 = (warp % WK) * KW, col0 = c0 + (warp / WK) * DW;
     const float dv_mul = HOOK ? hc.dropout_scale : 1.f;
     const flash_seq se = flash_seq_of(&p, b); /* seq again (loaded after the loop's barriers): none held across it */
     store_kv_grad<T, MT, DW>(p, se, acc_dv, dv_mul, p.dv, p.dv_s, p.dv_accum, b, hq, n0 + key0, col0);
@@ -966,13 +985,13 @@ static unsigned int blocks_for(int64_t items, int per_block)
     return (unsigned int)((items + per_block - 1) / per_block);
 }
 
-/* Dynamic shared memory (bytes, 16-bit elements) of the main kernel (K, V, two Q and dO stages, P^T,
- * dS^T, two lse and delta stages, the sequence's constants) and of the deterministic dQ kernel (Q, dO,
+/* Dynamic shared memory (bytes, 16-bit elements) of the main kernel (K, V, QST Q and dO stages, P^T,
+ * dS^T, QST lse and delta stages, the sequence's constants) and of the deterministic dQ kernel (Q, dO,
  * two K and V stages). */
-static constexpr size_t main_smem_bytes(int D, int BC, int BR)
+static constexpr size_t main_smem_bytes(int D, int BC, int BR, int QST)
 {
-    return (size_t)(2 * BC * (D + SMEM_PAD) + 4 * BR * (D + SMEM_PAD) + 2 * BC * (BR + SMEM_PAD)) * 2 +
-           4 * BR * sizeof(float) + sizeof(bwd_seq_consts);
+    return (size_t)(2 * BC * (D + SMEM_PAD) + 2 * QST * BR * (D + SMEM_PAD) + 2 * BC * (BR + SMEM_PAD)) * 2 +
+           2 * QST * BR * sizeof(float) + sizeof(bwd_seq_consts);
 }
 
 static constexpr size_t dq_smem_bytes(int D, int BRQ, int BCQ)
@@ -983,21 +1002,24 @@ static constexpr size_t dq_smem_bytes(int D, int BRQ, int BCQ)
 template <typename C>
 static constexpr size_t tiles_smem_bytes(void)
 {
-    return main_smem_bytes(C::D, C::BC, C::BR) > dq_smem_bytes(C::D, C::BRQ, C::BCQ)
-               ? main_smem_bytes(C::D, C::BC, C::BR)
+    return main_smem_bytes(C::D, C::BC, C::BR, C::QST) > dq_smem_bytes(C::D, C::BRQ, C::BCQ)
+               ? main_smem_bytes(C::D, C::BC, C::BR, C::QST)
                : dq_smem_bytes(C::D, C::BRQ, C::BCQ);
 }
 
 template <typename T, typename C>
 static cudaError_t launch_main(const flash_params *p, cudaStream_t stream)
 {
-    const size_t smem = main_smem_bytes(C::D, C::BC, C::BR);
-    auto kernel = p->has_hook ? bwd_main_kernel<T, C::D, C::BC, C::BR, C::WK, C::DQ_WM, C::DQC, true>
-                              : bwd_main_kernel<T, C::D, C::BC, C::BR, C::WK, C::DQ_WM, C::DQC, false>;
+    const size_t smem = main_smem_bytes(C::D, C::BC, C::BR, C::QST);
+    void (*kernel)(flash_params, hook_consts) =
+        bwd_main_kernel<T, C::D, C::DO, C::BC, C::BR, C::WK, C::DQ_WM, C::DQC, C::QST, true>;
+    if constexpr (C::D <= FLASH_CUDA_MAX_HEAD_DIM) /* above: the HOOK kernel alone serves every call, as forward's */
+        if (!p->has_hook)
+            kernel = bwd_main_kernel<T, C::D, C::DO, C::BC, C::BR, C::WK, C::DQ_WM, C::DQC, C::QST, false>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
-    const dim3 grid(blocks_for(p->sk, C::BC), (unsigned int)p->h, (unsigned int)p->b);
+    const dim3 grid(blocks_for(p->sk, C::BC) * (C::D / C::DO), (unsigned int)p->h, (unsigned int)p->b);
     kernel<<<grid, MAIN_WARPS * FLASH_WARP_SIZE, smem, stream>>>(*p, make_hook_consts(p));
     return cudaGetLastError();
 }
@@ -1021,7 +1043,10 @@ typedef enum bwd_part { BWD_PART_MAIN, BWD_PART_DQ } bwd_part;
 template <typename T, typename C>
 static cudaError_t launch_part(const flash_params *p, bwd_part part, cudaStream_t stream)
 {
-    return part == BWD_PART_MAIN ? launch_main<T, C>(p, stream) : launch_dq<T, C>(p, stream);
+    if constexpr (C::D > FLASH_CUDA_MAX_HEAD_DIM) /* no dQ kernel: deterministic mode stops at 256 (check) */
+        return part == BWD_PART_MAIN ? launch_main<T, C>(p, stream) : cudaErrorInvalidValue;
+    else
+        return part == BWD_PART_MAIN ? launch_main<T, C>(p, stream) : launch_dq<T, C>(p, stream);
 }
 
 /* Tile configuration for head dim p->d and tiles t. */
@@ -1035,6 +1060,8 @@ static cudaError_t launch_tiles(const flash_params *p, flash_tiles t, bwd_part p
     if (p->d <= 128)
         return large ? launch_part<T, bwd80_tiles_d128_large>(p, part, stream)
                      : launch_part<T, bwd80_tiles_d128_small>(p, part, stream);
+    if (p->d > FLASH_CUDA_MAX_HEAD_DIM)
+        return launch_part<T, bwd80_tiles_d512>(p, part, stream);
     return large ? launch_part<T, bwd80_tiles_d256_large>(p, part, stream)
                  : launch_part<T, bwd80_tiles_d256_small>(p, part, stream);
 }
@@ -1055,6 +1082,8 @@ extern "C" size_t flash_bwd_sm80_smem(const flash_params *p, flash_tiles t)
         return large ? tiles_smem_bytes<bwd80_tiles_d64_large>() : tiles_smem_bytes<bwd80_tiles_d64_small>();
     if (p->d <= 128)
         return large ? tiles_smem_bytes<bwd80_tiles_d128_large>() : tiles_smem_bytes<bwd80_tiles_d128_small>();
+    if (p->d > FLASH_CUDA_MAX_HEAD_DIM)
+        return tiles_smem_bytes<bwd80_tiles_d512>();
     return large ? tiles_smem_bytes<bwd80_tiles_d256_large>() : tiles_smem_bytes<bwd80_tiles_d256_small>();
 }
 
@@ -1073,8 +1102,8 @@ static int strides_ok(const flash_strides *s, int64_t b, int64_t rows, int64_t h
 extern "C" cudaError_t flash_bwd_sm80_check(const flash_params *p)
 {
     if ((p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16) || p->d < 1 || p->d % CHUNK != 0 ||
-        p->d > FLASH_CUDA_MAX_HEAD_DIM || p->h_kv < 1 || p->h % p->h_kv != 0 || p->h_per_kv != p->h / p->h_kv ||
-        p->sq > INT_MAX || p->sk > INT_MAX || p->h > FLASH_MAX_GRID_YZ || p->b > FLASH_MAX_GRID_YZ)
+        p->d > FLASH_CUDA_BWD_MAX_HEAD_DIM || (p->d > FLASH_CUDA_MAX_HEAD_DIM && p->deterministic) || p->h_kv < 1 ||
+        p->h % p->h_kv != 0 || p->h_per_kv != p->h / p->h_kv || p->sq > INT_MAX || p->sk > INT_MAX || p->h > FLASH_MAX_GRID_YZ || p->b > FLASH_MAX_GRID_YZ)
         return cudaErrorInvalidValue;
     /* the dense kernels know nothing of the variants; the HOOK kernels read the mask through its flags;
      * attn_mask and dbias exist for dense batches only; KV caches (k_batch_idx, k_leftpad, block_table)
