@@ -170,11 +170,11 @@ void check_smem(size_t need, int64_t d, const char *what)
 
 // fp16 / bf16 calls that no tensor-core tile serves on this GPU run on the fp32 kernels (simple.cu), their inputs
 // converted to float32 and their results rounded back: T5's rel_bias (score.h FLASH_SCORE_TABLE: the simple kernels
-// only), the deterministic backward at head dims above kMaxHeadDim, and any call whose tiles need more shared memory per block than
-// the GPU offers (sm86 / sm89 above head dim 128, off Hopper above 256). Exact as the fp32 path, slower, with float32
-// copies of the inputs; a warning once per process says so (the kernel report names the simple kernels). Never with a
-// KV cache or a paged k / v (a float32 copy of the whole cache per call): those keep their limits (check_cuda_sizes,
-// check_smem).
+// only), the deterministic backward at head dims above kMaxHeadDim, and any call whose tiles need more shared memory
+// per block than the GPU offers (sm86 / sm89 above head dim 128, off Hopper above 256). Exact as the fp32 path,
+// slower, with float32 copies of the inputs; a warning once per process says so (the kernel report names the simple
+// kernels). Never with a KV cache or a paged k / v (a float32 copy of the whole cache per call): those keep their
+// limits (check_cuda_sizes, check_smem).
 // The call's sizes (batch, seqlen_q and seqlen_k: the longest in a varlen batch; nheads and nheads_kv) let the
 // forward's need be that of the decode kernel where it serves the call (launch.cu flash_fwd_smem_needed).
 bool half_on_fp32(const at::Tensor &q, const at::Tensor &v, const Variants &var, bool fwd, int64_t batch,

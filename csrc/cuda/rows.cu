@@ -86,10 +86,9 @@ __device__ __forceinline__ unsigned group_mask(int lanes)
  * they take part in the row's shuffles with a zero sum); thread l of the row reads CHUNK consecutive elements
  * of O and dO at columns CHUNK l, + CHUNK 2^lg, ... and zeroes float4 columns l, l + 2^lg, ... of the row's
  * dq_accum (where the main kernel adds dQ into it) and, at every FLASH_DQ_SEM_ROWS-th row, the row's dq_semaphore
- * entry. TILED
- * (d > 128, mask.h flash_dq_tiled_row0): the zeroing is that of the tiled dq_accum instead, by the threads of rows
- * [sq, sq rounded up to FLASH_DQ_TILE_ROWS) too, each row's threads the 256 contiguous floats of the row's index
- * in the tiles (which hold values of other rows); the grid spans p->sq rounded up likewise. */
+ * entry. TILED (d > 128, mask.h flash_dq_tiled_row0): the zeroing is that of the tiled dq_accum instead, by the
+ * threads of rows [sq, sq rounded up to FLASH_DQ_TILE_ROWS) too, each row's threads the 256 contiguous floats of the
+ * row's index in the tiles (which hold values of other rows); the grid spans p->sq rounded up likewise. */
 template <typename T, bool TILED = false, bool FIX = false>
 __device__ __forceinline__ void preprocess_rows(const flash_params &p)
 {
@@ -192,7 +191,8 @@ __global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_kernel(const flas
 }
 
 /* dq = dq_accum * scale, one row of a (b, hq) per 2^lg threads as the preprocess (varlen: rows past the
- * sequence's end do nothing); thread l of the row converts CHUNK consecutive elements at columns CHUNK l, + CHUNK 2^lg, ... */
+ * sequence's end do nothing); thread l of the row converts CHUNK consecutive elements at columns CHUNK l,
+ * + CHUNK 2^lg, ... */
 template <typename T>
 __device__ __forceinline__ void dq_post_rows(const flash_params &p)
 {
