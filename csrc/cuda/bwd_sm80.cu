@@ -114,6 +114,19 @@ __device__ __forceinline__ void load_tile_async(T *s, const T *g, int64_t stride
     }
 }
 
+/* One query tile's stage of the main kernel: Q and dO ([BR][D + SMEM_PAD], columns [0, d) of qg, dog), lse and
+ * delta of rows [m0, m0 + BR), of which qv exist. */
+template <typename T, int BR, int D, int NT>
+__device__ __forceinline__ void load_q_stage(T *Qs, T *dOs, float *lse_s, float *delta_s, const flash_params &p,
+                                             const T *qg, const T *dog, const float *lseg, const float *deltag, int m0,
+                                             int qv, int d, int tid)
+{
+    load_tile_async<T, BR, D, NT>(Qs, qg + m0 * p.q_s.row, p.q_s.row, qv, d, tid);
+    load_tile_async<T, BR, D, NT>(dOs, dog + m0 * p.do_s.row, p.do_s.row, qv, d, tid);
+    load_vec_async<BR, NT>(lse_s, lseg + m0, qv, tid);
+    load_vec_async<BR, NT>(delta_s, deltag + m0, qv, tid);
+}
+
 /* ------------------------------------------------------------------------------------------------ */
 /* variant helpers (HOOK kernels only)                                                              */
 
@@ -501,10 +514,7 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
     load_tile_async<T, BC, D, NT>(Vs, vg, p.v_s.row, kvalid, d, tid);
     if (m < m_end) {
         const int m0 = m * BR;
-        load_tile_async<T, BR, D, NT>(Qs, qg + m0 * p.q_s.row, p.q_s.row, sq - m0, d, tid);
-        load_tile_async<T, BR, D, NT>(dOs, dog + m0 * p.do_s.row, p.do_s.row, sq - m0, d, tid);
-        load_vec_async<BR, NT>(lse_s, lseg + m0, sq - m0, tid);
-        load_vec_async<BR, NT>(delta_s, deltag + m0, sq - m0, tid);
+        load_q_stage<T, BR, D, NT>(Qs, dOs, lse_s, delta_s, p, qg, dog, lseg, deltag, m0, sq - m0, d, tid);
     }
     cp_async_commit();
 
@@ -533,10 +543,8 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
         __syncthreads(); /* stage st landed; stage st^1, P^T and dS^T no longer read by the previous step */
         if (QST == 2 && m_next < m_end) {
             const int m1 = m_next * BR, so = st ^ 1, qv = bwd_seq_sq(sca) - m1;
-            load_tile_async<T, BR, D, NT>(Qs + so * BR * SD, qg + m1 * p.q_s.row, p.q_s.row, qv, d, tid);
-            load_tile_async<T, BR, D, NT>(dOs + so * BR * SD, dog + m1 * p.do_s.row, p.do_s.row, qv, d, tid);
-            load_vec_async<BR, NT>(lse_s + so * BR, lseg + m1, qv, tid);
-            load_vec_async<BR, NT>(delta_s + so * BR, deltag + m1, qv, tid);
+            load_q_stage<T, BR, D, NT>(Qs + so * BR * SD, dOs + so * BR * SD, lse_s + so * BR, delta_s + so * BR, p, qg,
+                                       dog, lseg, deltag, m1, qv, d, tid);
             cp_async_commit();
         }
         const T *Qt = Qs + st * BR * SD, *dOt = dOs + st * BR * SD; /* [BR][SD] */
@@ -654,10 +662,7 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
         if (QST == 1 && m_next < m_end) { /* one Q / dO stage: the next tile's loads run under the dQ step */
             __syncthreads(); /* Q, dO, lse and delta of this tile read */
             const int m1 = m_next * BR, qv = bwd_seq_sq(sca) - m1;
-            load_tile_async<T, BR, D, NT>(Qs, qg + m1 * p.q_s.row, p.q_s.row, qv, d, tid);
-            load_tile_async<T, BR, D, NT>(dOs, dog + m1 * p.do_s.row, p.do_s.row, qv, d, tid);
-            load_vec_async<BR, NT>(lse_s, lseg + m1, qv, tid);
-            load_vec_async<BR, NT>(delta_s, deltag + m1, qv, tid);
+            load_q_stage<T, BR, D, NT>(Qs, dOs, lse_s, delta_s, p, qg, dog, lseg, deltag, m1, qv, d, tid);
             cp_async_commit();
         }
 

@@ -495,19 +495,18 @@ __device__ __forceinline__ void mask_flags_of(const flash_params &p, uint8_t *bl
 __global__ void __launch_bounds__(kFlagThreads, kFlagMinCtas)
 flash_mask_pass_kernel(const flash_params p, uint8_t *out, const int what)
 {
-    uint8_t *blocks = out;
     if (what == FLASH_PASS_DROPOUT)
         dropout_mask_of(p, out);
     else if (p.mask_kind == FLASH_MASK_BOOL)
-        mask_flags_of<uint8_t>(p, blocks);
+        mask_flags_of<uint8_t>(p, out);
     else if (p.dtype == FLASH_FP16)
-        mask_flags_of<__half>(p, blocks);
+        mask_flags_of<__half>(p, out);
     else if (p.dtype == FLASH_BF16)
-        mask_flags_of<__nv_bfloat16>(p, blocks);
+        mask_flags_of<__nv_bfloat16>(p, out);
     else if (p.dtype == FLASH_FP32)
-        mask_flags_of<float>(p, blocks);
+        mask_flags_of<float>(p, out);
     else
-        mask_flags_of<double>(p, blocks);
+        mask_flags_of<double>(p, out);
 }
 
 extern "C" cudaError_t flash_mask_flags_cuda(const flash_params *p, uint8_t *blocks, cudaStream_t stream)
