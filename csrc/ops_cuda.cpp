@@ -171,10 +171,10 @@ void check_smem(size_t need, int64_t d, const char *what)
 // fp16 / bf16 calls that no tensor-core tile serves on this GPU run on the fp32 kernels (simple.cu), their inputs
 // converted to float32 and their results rounded back: T5's rel_bias (score.h FLASH_SCORE_TABLE: the simple kernels
 // only), the deterministic backward at head dims above kMaxHeadDim, and any call whose tiles need more shared memory
-// per block than the GPU offers (sm86 / sm89 above head dim 128, off Hopper above 256). Exact as the fp32 path,
-// slower, with float32 copies of the inputs; a warning once per process says so (the kernel report names the simple
-// kernels). Never with a KV cache or a paged k / v (a float32 copy of the whole cache per call): those keep their
-// limits (check_cuda_sizes, check_smem).
+// per block than the GPU offers (sm86 / sm89 above head dim 128, off Hopper above 256) or that no kernel runs on it
+// (flash_bwd_smem_needed SIZE_MAX). Exact as the fp32 path, slower, with float32 copies of the inputs; a warning once
+// per process says so (the kernel report names the simple kernels). Never with a KV cache or a paged k / v (a float32
+// copy of the whole cache per call): those keep their limits (check_cuda_sizes, check_smem).
 // The call's sizes (batch, seqlen_q and seqlen_k: the longest in a varlen batch; nheads and nheads_kv) let the
 // forward's need be that of the decode kernel where it serves the call (launch.cu flash_fwd_smem_needed).
 bool half_on_fp32(const at::Tensor &q, const at::Tensor &v, const Variants &var, bool fwd, int64_t batch,
@@ -213,10 +213,11 @@ bool half_on_fp32(const at::Tensor &q, const at::Tensor &v, const Variants &var,
     const int64_t top = fwd ? kMaxHeadDimFwd : var.deterministic ? kMaxHeadDim : kMaxHeadDimBwd;
     if (kd.qk <= top && need <= have)
         return false;
-    const std::string why = kd.qk > top ? "the deterministic backward's kernels stop at " + num(kMaxHeadDim)
-                                        : "its tiles need " + num((int64_t)(need / 1024)) +
-                                      " KB of shared memory per block, the GPU offers " + num((int64_t)(have / 1024)) +
-                                      " KB";
+    const std::string why = kd.qk > top           ? "the deterministic backward's kernels stop at " + num(kMaxHeadDim)
+                            : need == SIZE_MAX ? std::string("its kernel runs on Hopper's thread-block clusters")
+                                               : "its tiles need " + num((int64_t)(need / 1024)) +
+                                                     " KB of shared memory per block, the GPU offers " +
+                                                     num((int64_t)(have / 1024)) + " KB";
     const std::string msg = std::string("flashattn_ext: the float16 / bfloat16 ") + (fwd ? "forward" : "backward") +
                             " at head dim " + num(std::max(q.size(-1), v.size(-1))) + " has no tensor-core kernel on this GPU (" + why +
                             "): it runs on the float32 CUDA-core kernels, exact but slower, with float32 copies of "

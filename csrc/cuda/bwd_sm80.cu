@@ -29,10 +29,11 @@
  *     (217 KB); dQ kernel D64 / D128 BRQ 128 x BCQ 64, D256 64 x 32.
  *   small (A100's 163 KB; sm86 / sm89's 99 KB take d <= 128): D64 64 x 64, WK 2 (75 KB); D128 64 x 32, WK 4
  *     (80 KB); D256 64 x 32, WK 4 (142 KB).
- *   D512 (Hopper's 227 KB; the HOOK kernel alone, no dQ kernel): 64 x 32, WK 4, one Q / dO stage (the next tile's
- *     loads run under the dQ step; 205 KB); two CTAs per key tile (grid x), CTA c the dK, dV and dQ columns
- *     [256 c, +256), both computing the whole S^T and dP^T (1.4x the GEMM work; a cluster exchanging the partial S^T
- *     and dP^T would not recompute them: dev/pending/README.md); the dbias sink in CTA 0.
+ *   D512 (Hopper only; the HOOK kernel alone, no dQ kernel): 64 x 32, WK 4 (178 KB); the two CTAs of a key tile a
+ *     thread-block cluster (CL), CTA c holding columns [256 c, +256) of K, V, Q, dO: each computes its partial S^T
+ *     and dP^T, sends them to the other (st.async into its shared memory, completing its mbarrier: 16 KB each way
+ *     per step, double-buffered), adds the other's (both get the same sums: fp32 addition commutes, so the same P^T
+ *     and dS^T), then dK, dV and dQ of its columns; nothing is computed twice. The dbias sink in CTA 0.
  * The dense kernels do not spill (ptxas -v: sm_90a, and sm_80 with the small tiles); the HOOK kernels with the
  * large tiles spill 8-300 bytes, in the per-element path. One CTA of 8 warps per SM.
  * Requirements (flash_bwd_sm80_check): d % 8 == 0, d <= 512 (<= 256 deterministic), 16-byte aligned pointers, strides
@@ -451,6 +452,72 @@ __device__ __forceinline__ void hook_p_ds_main(const flash_params &p, const hook
                                               need_mask, lo, band, qvalid, kvalid, sinks);
 }
 
+/* The partial S^T / dP^T exchange of the cluster kernels (CL: the 2 CTAs of a key tile a thread-block cluster, sm_90):
+ * st.async of 16 bytes into the peer's shared memory, completing the peer's mbarrier by those bytes; the receiver
+ * arms its own mbarrier with the step's bytes and waits (acquire at cluster scope). Below sm_90 these compile to
+ * nothing and the CL kernels trap (launch_main runs them on sm_90 only). */
+__device__ __forceinline__ uint32_t cl_rank(void)
+{
+    uint32_t r = 0;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+#endif
+    return r;
+}
+
+__device__ __forceinline__ uint32_t cl_peer_addr(uint32_t local, uint32_t rank)
+{
+    uint32_t r = local;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(local), "r"(rank));
+#endif
+    return r;
+}
+
+__device__ __forceinline__ void cl_sync(void)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cl_bar_init(uint32_t bar)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cl_send(uint32_t remote, const float v[4], uint32_t remote_bar)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(
+                     remote),
+                 "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]), "r"(remote_bar)
+                 : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cl_expect(uint32_t bar, uint32_t bytes)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cl_wait(uint32_t bar, int parity)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("{\n.reg .pred done;\nwait_%=:\n"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra wait_%=;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+#endif
+}
+
 /* One CTA per (key tile of BC keys, query head, batch); walks the query tiles of BR rows that the band
  * lets see the key tile. Warp (wk, wq) = (warp % WK, warp / WK) owns keys [KW*wk, +KW) x queries
  * [QW*wq, +QW) of S^T and dP^T, and keys [KW*wk, +KW) x columns [DW*wq, +DW) of dV and dK: the P^T
@@ -459,17 +526,21 @@ __device__ __forceinline__ void hook_p_ds_main(const flash_params &p, const hook
  * [DQN*., +DQN) of the tile, in chunks of DQC columns. Columns past d are zero in smem and computed
  * like the others (no branches between the loads and the mma's); only the global writes are guarded.
  * HOOK: the score / probability hook of mask.h (hook_p_ds_main), attn_mask-empty tiles skipped. */
-template <typename T, int D, int DO, int BC, int BR, int WK, int DQ_WM, int DQC, int QST, bool HOOK>
+template <typename T, int D, int DO, int BC, int BR, int WK, int DQ_WM, int DQC, int QST, bool CL, bool HOOK>
 __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
     bwd_main_kernel(const __grid_constant__ flash_params p, const hook_consts hc)
 {
-    constexpr int NT = MAIN_WARPS * FLASH_WARP_SIZE, SD = D + SMEM_PAD, SS = BR + SMEM_PAD;
+    constexpr int DL = CL ? DO : D; /* the columns of K, V, Q, dO in shared memory, contracted in S^T and dP^T */
+    constexpr int NT = MAIN_WARPS * FLASH_WARP_SIZE, SD = DL + SMEM_PAD, SS = BR + SMEM_PAD;
     constexpr int NH = D / DO;                              /* column parts of dK, dV, dQ: CTAs per key tile */
     constexpr int WQ = MAIN_WARPS / WK;                     /* warps along the queries of S^T */
     constexpr int KW = BC / WK, QW = BR / WQ, DW = DO / WQ; /* warp tile edges */
     constexpr int MT = KW / 16, QK = QW / 16;               /* m16 key tiles, k16 query steps */
     constexpr int DQ_WN = MAIN_WARPS / DQ_WM, DQM = BR / DQ_WM, DQN = DO / DQ_WN;
     static_assert(D % DO == 0 && (QST == 1 || QST == 2), "column parts, Q / dO stages");
+    static_assert(!CL || (NH == 2 && HOOK), "clusters: two parts, the HOOK kernel (dP^T accumulated onto 0)");
+    constexpr int XV = MT * (QW / 8);         /* CL: float4 of S^T (and as many of dP^T) per thread and step */
+    constexpr int XBYTES = 2 * XV * 16 * NT; /* CL: bytes a CTA receives per step */
     static_assert(MAIN_WARPS % WK == 0 && KW % 16 == 0 && QW % 16 == 0 && DW % 16 == 0, "S^T / dK, dV warp tiles");
     static_assert(MAIN_WARPS % DQ_WM == 0 && DQM % 16 == 0 && DQN % DQC == 0 && DQC % 16 == 0, "dQ warp tiles");
 
@@ -484,16 +555,34 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
     float *delta_s = lse_s + QST * BR;       /* [QST][BR]     */
     bwd_seq_consts *sc = (bwd_seq_consts *)(delta_s + QST * BR); /* the sequence's, for the loop */
     const uint32_t sca = smem_u32(sc);
+    /* CL: the peer's partial S^T, dP^T ([2 steps][2 XV][NT] float4) and an mbarrier per buffer */
+    const uint32_t xrecv = (sca + (uint32_t)sizeof(bwd_seq_consts) + 15u) & ~15u, xbar = xrecv + 2 * XBYTES;
 
     const int tid = threadIdx.x;
     /* NH > 1: the NH CTAs of a key tile are neighbours in the grid; CTA part c0 / DO computes all of S^T and dP^T
      * (over the D columns of K, Q, V, dO) and the DO columns [c0, c0 + DO) of dV, dK and dQ */
-    const int n0 = (int)(blockIdx.x / NH) * BC, c0 = (int)(blockIdx.x % NH) * DO, hq = blockIdx.y, b = blockIdx.z;
+    /* CL: the part is the CTA's rank in its cluster (blockIdx.x % 2 in a cluster of (2, 1, 1)); each holds and
+     * contracts its own DO columns and adds the peer's partial S^T and dP^T: both then have the same sums (fp32
+     * addition commutes), hence the same P^T and dS^T */
+    const int n0 = (int)(blockIdx.x / NH) * BC, c0 = (CL ? (int)cl_rank() : (int)(blockIdx.x % NH)) * DO;
+    const int hq = blockIdx.y, b = blockIdx.z;
     const flash_seq seq = flash_seq_uniform(p, b); /* the CTA's sequence: every row and key below is its own */
     if (n0 >= seq.sk)
-        return; /* varlen: the grid spans the longest sequence */
+        return; /* varlen: the grid spans the longest sequence (both CTAs of a cluster alike) */
+#if __CUDA_ARCH__ < 900
+    if constexpr (CL)
+        __trap(); /* no clusters below sm_90 */
+#endif
+    const int cg = CL ? c0 : 0; /* the first global column in shared memory */
+    if constexpr (CL) {
+        if (tid == 0) {
+            cl_bar_init(xbar);
+            cl_bar_init(xbar + 8);
+        }
+        cl_sync(); /* both CTAs' mbarriers initialized before the first st.async */
+    }
     const int64_t hk = hq / p.h_per_kv;
-    const int sq = (int)seq.sq, d = (int)p.d;
+    const int sq = (int)seq.sq, d = (int)p.d, dl = d - cg; /* dl: columns from cg on */
     const float sl2 = p.scale_log2;
     const bool do_dq = !p.deterministic;
 
@@ -510,11 +599,12 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
     if constexpr (HOOK)
         m = next_visible_tile(p, b, hq, m, m_end, BR, sq, n0, kn, true);
 
-    load_tile_async<T, BC, D, NT>(Ks, kg, p.k_s.row, kvalid, d, tid);
-    load_tile_async<T, BC, D, NT>(Vs, vg, p.v_s.row, kvalid, d, tid);
+    load_tile_async<T, BC, DL, NT>(Ks, kg + cg, p.k_s.row, kvalid, dl, tid);
+    load_tile_async<T, BC, DL, NT>(Vs, vg + cg, p.v_s.row, kvalid, dl, tid);
     if (m < m_end) {
         const int m0 = m * BR;
-        load_q_stage<T, BR, D, NT>(Qs, dOs, lse_s, delta_s, p, qg, dog, lseg, deltag, m0, sq - m0, d, tid);
+        load_q_stage<T, BR, DL, NT>(Qs, dOs, lse_s, delta_s, p, qg + cg, dog + cg, lseg, deltag, m0, sq - m0, dl,
+                                    tid);
     }
     cp_async_commit();
 
@@ -529,7 +619,7 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
                 acc_dk[mt][t][e] = 0.f;
             }
 
-    for (int st = 0; m < m_end; st = QST == 2 ? st ^ 1 : 0) {
+    for (int st = 0, it = 0; m < m_end; st = QST == 2 ? st ^ 1 : 0, ++it) {
         const int m0 = m * BR;
         int m_next = m + 1;
         if constexpr (HOOK)
@@ -537,14 +627,15 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
         const int lane = lane_now(), warp = warp_now();
         const int lr = lane / 4, lc = lane % 4; /* accumulator fragment: row lr (+8), columns 2*lc, +1 */
         const int wk = warp % WK, wq = warp / WK;
-        const int key0 = wk * KW, qry0 = wq * QW, col0 = c0 + wq * DW; /* the warp's first key, query, dK/dV column */
+        const int key0 = wk * KW, qry0 = wq * QW, col0 = c0 - cg + wq * DW; /* the warp's first key, query, dK/dV
+                                                                                column in shared memory */
 
         cp_async_wait<0>();
         __syncthreads(); /* stage st landed; stage st^1, P^T and dS^T no longer read by the previous step */
         if (QST == 2 && m_next < m_end) {
             const int m1 = m_next * BR, so = st ^ 1, qv = bwd_seq_sq(sca) - m1;
-            load_q_stage<T, BR, D, NT>(Qs + so * BR * SD, dOs + so * BR * SD, lse_s + so * BR, delta_s + so * BR, p, qg,
-                                       dog, lseg, deltag, m1, qv, d, tid);
+            load_q_stage<T, BR, DL, NT>(Qs + so * BR * SD, dOs + so * BR * SD, lse_s + so * BR, delta_s + so * BR, p,
+                                        qg + cg, dog + cg, lseg, deltag, m1, qv, dl, tid);
             cp_async_commit();
         }
         const T *Qt = Qs + st * BR * SD, *dOt = dOs + st * BR * SD; /* [BR][SD] */
@@ -569,7 +660,7 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
                 }
         }
 #pragma unroll 2 /* more unrolling runs out of registers at D=64 */
-        for (int kk = 0; kk < D / 16; ++kk) {
+        for (int kk = 0; kk < DL / 16; ++kk) {
             uint32_t a[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -596,6 +687,30 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
                     mma_m16n8k16<T>(dp[mt][2 * np], a[mt], bo);
                     mma_m16n8k16<T>(dp[mt][2 * np + 1], a[mt], bo + 2);
                 }
+            }
+        }
+
+        if constexpr (CL) { /* the partial sums to the peer; the peer's added (buffer it % 2, phase it / 2 % 2) */
+            const int xb = it & 1;
+            const uint32_t peer = (uint32_t)(c0 / DO) ^ 1u;
+            const uint32_t to = cl_peer_addr(xrecv + (uint32_t)(xb * XBYTES + tid * 16), peer);
+            const uint32_t to_bar = cl_peer_addr(xbar + 8u * xb, peer);
+#pragma unroll
+            for (int v = 0; v < XV; ++v) {
+                cl_send(to + (uint32_t)(v * NT * 16), &s[v / (QW / 8)][v % (QW / 8)][0], to_bar);
+                cl_send(to + (uint32_t)((XV + v) * NT * 16), &dp[v / (QW / 8)][v % (QW / 8)][0], to_bar);
+            }
+            if (tid == 0)
+                cl_expect(xbar + 8u * xb, XBYTES);
+            cl_wait(xbar + 8u * xb, (it >> 1) & 1);
+            const uint32_t from = xrecv + (uint32_t)(xb * XBYTES + tid * 16);
+#pragma unroll
+            for (int v = 0; v < XV; ++v) {
+                const float4 xs = ld_shared_v4_f32(from + (uint32_t)(v * NT * 16));
+                const float4 xd = ld_shared_v4_f32(from + (uint32_t)((XV + v) * NT * 16));
+                float *ps = &s[v / (QW / 8)][v % (QW / 8)][0], *pd = &dp[v / (QW / 8)][v % (QW / 8)][0];
+                ps[0] += xs.x, ps[1] += xs.y, ps[2] += xs.z, ps[3] += xs.w;
+                pd[0] += xd.x, pd[1] += xd.y, pd[2] += xd.z, pd[3] += xd.w;
             }
         }
 
@@ -662,7 +777,7 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
         if (QST == 1 && m_next < m_end) { /* one Q / dO stage: the next tile's loads run under the dQ step */
             __syncthreads(); /* Q, dO, lse and delta of this tile read */
             const int m1 = m_next * BR, qv = bwd_seq_sq(sca) - m1;
-            load_q_stage<T, BR, D, NT>(Qs, dOs, lse_s, delta_s, p, qg, dog, lseg, deltag, m1, qv, d, tid);
+            load_q_stage<T, BR, DL, NT>(Qs, dOs, lse_s, delta_s, p, qg + cg, dog + cg, lseg, deltag, m1, qv, dl, tid);
             cp_async_commit();
         }
 
@@ -689,7 +804,7 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
 #pragma unroll
                     for (int np = 0; np < DQC / 16; ++np) {
                         uint32_t bk[4];
-                        ldmatrix_x4_trans(bk, addr_pat_a(Ks, SD, kk * 16, cb + np * 16, lane));
+                        ldmatrix_x4_trans(bk, addr_pat_a(Ks, SD, kk * 16, cb - cg + np * 16, lane));
 #pragma unroll
                         for (int mt = 0; mt < DQM / 16; ++mt) {
                             mma_m16n8k16<T>(acc[mt][2 * np], a[mt], bk);
@@ -711,6 +826,8 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
         m = m_next;
     }
     cp_async_wait<0>(); /* K/V still in flight when no query tile sees the key tile */
+    if constexpr (CL)
+        cl_sync(); /* neither CTA of the cluster leaves while the other may still write into its shared memory */
 
     const int warp = warp_now();
     const int key0 = (warp % WK) * KW, col0 = c0 + (warp / WK) * DW;
@@ -999,6 +1116,15 @@ static constexpr size_t main_smem_bytes(int D, int BC, int BR, int QST)
            2 * QST * BR * sizeof(float) + sizeof(bwd_seq_consts);
 }
 
+/* ... of config C: with CL, K, V, Q, dO of DO columns, then (16-byte aligned) two steps of the peer's partial S^T
+ * and dP^T (BC x BR fp32 each) and two mbarriers. */
+template <typename C>
+static constexpr size_t main_smem_of(void)
+{
+    return C::CL ? (main_smem_bytes(C::DO, C::BC, C::BR, C::QST) + 15) / 16 * 16 + 2 * 2 * C::BC * C::BR * 4 + 16
+                 : main_smem_bytes(C::D, C::BC, C::BR, C::QST);
+}
+
 static constexpr size_t dq_smem_bytes(int D, int BRQ, int BCQ)
 {
     return (size_t)(2 * BRQ * (D + SMEM_PAD) + 4 * BCQ * (D + SMEM_PAD)) * 2;
@@ -1007,26 +1133,48 @@ static constexpr size_t dq_smem_bytes(int D, int BRQ, int BCQ)
 template <typename C>
 static constexpr size_t tiles_smem_bytes(void)
 {
-    return main_smem_bytes(C::D, C::BC, C::BR, C::QST) > dq_smem_bytes(C::D, C::BRQ, C::BCQ)
-               ? main_smem_bytes(C::D, C::BC, C::BR, C::QST)
-               : dq_smem_bytes(C::D, C::BRQ, C::BCQ);
+    return main_smem_of<C>() > dq_smem_bytes(C::D, C::BRQ, C::BCQ) ? main_smem_of<C>()
+                                                                   : dq_smem_bytes(C::D, C::BRQ, C::BCQ);
+}
+
+/* The cluster kernels (CL) run from this build's sm_90a code only: on Hopper (other GPUs would JIT the compute_80
+ * PTX, whose CL kernels trap). */
+static int device_runs_clusters(void)
+{
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major == 9;
 }
 
 template <typename T, typename C>
 static cudaError_t launch_main(const flash_params *p, cudaStream_t stream)
 {
-    const size_t smem = main_smem_bytes(C::D, C::BC, C::BR, C::QST);
+    if (C::CL && !device_runs_clusters())
+        return cudaErrorNotSupported;
+    const size_t smem = main_smem_of<C>();
     void (*kernel)(flash_params, hook_consts) =
-        bwd_main_kernel<T, C::D, C::DO, C::BC, C::BR, C::WK, C::DQ_WM, C::DQC, C::QST, true>;
+        bwd_main_kernel<T, C::D, C::DO, C::BC, C::BR, C::WK, C::DQ_WM, C::DQC, C::QST, C::CL, true>;
     if constexpr (C::D <= FLASH_CUDA_MAX_HEAD_DIM) /* above: the HOOK kernel alone serves every call, as forward's */
         if (!p->has_hook)
-            kernel = bwd_main_kernel<T, C::D, C::DO, C::BC, C::BR, C::WK, C::DQ_WM, C::DQC, C::QST, false>;
+            kernel = bwd_main_kernel<T, C::D, C::DO, C::BC, C::BR, C::WK, C::DQ_WM, C::DQC, C::QST, C::CL, false>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
-    const dim3 grid(blocks_for(p->sk, C::BC) * (C::D / C::DO), (unsigned int)p->h, (unsigned int)p->b);
-    kernel<<<grid, MAIN_WARPS * FLASH_WARP_SIZE, smem, stream>>>(*p, make_hook_consts(p));
-    return cudaGetLastError();
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks_for(p->sk, C::BC) * (C::D / C::DO), (unsigned int)p->h, (unsigned int)p->b);
+    cfg.blockDim = dim3(MAIN_WARPS * FLASH_WARP_SIZE);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr;
+    if (C::CL) { /* the D / DO CTAs of a key tile one cluster */
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = C::D / C::DO;
+        attr.val.clusterDim.y = 1;
+        attr.val.clusterDim.z = 1;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, kernel, *p, make_hook_consts(p));
 }
 
 template <typename T, typename C>
@@ -1087,8 +1235,8 @@ extern "C" size_t flash_bwd_sm80_smem(const flash_params *p, flash_tiles t)
         return large ? tiles_smem_bytes<bwd80_tiles_d64_large>() : tiles_smem_bytes<bwd80_tiles_d64_small>();
     if (p->d <= 128)
         return large ? tiles_smem_bytes<bwd80_tiles_d128_large>() : tiles_smem_bytes<bwd80_tiles_d128_small>();
-    if (p->d > FLASH_CUDA_MAX_HEAD_DIM)
-        return tiles_smem_bytes<bwd80_tiles_d512>();
+    if (p->d > FLASH_CUDA_MAX_HEAD_DIM) /* SIZE_MAX: no d512 kernel on this GPU (launch.h) */
+        return bwd80_tiles_d512::CL && !device_runs_clusters() ? SIZE_MAX : tiles_smem_bytes<bwd80_tiles_d512>();
     return large ? tiles_smem_bytes<bwd80_tiles_d256_large>() : tiles_smem_bytes<bwd80_tiles_d256_small>();
 }
 
