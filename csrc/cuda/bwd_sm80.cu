@@ -32,8 +32,9 @@
  *   D512 (Hopper only; the HOOK kernel alone, no dQ kernel): 64 x 32, WK 4 (178 KB); the two CTAs of a key tile a
  *     thread-block cluster (CL), CTA c holding columns [256 c, +256) of K, V, Q, dO: each computes its partial S^T
  *     and dP^T, sends them to the other (st.async into its shared memory, completing its mbarrier: 16 KB each way
- *     per step, double-buffered), adds the other's (both get the same sums: fp32 addition commutes, so the same P^T
- *     and dS^T), then dK, dV and dQ of its columns; nothing is computed twice. The dbias sink in CTA 0.
+ *     per step, double-buffered; S^T's sent before dP^T is computed, dP^T's waited for), adds the other's (both get
+ *     the same sums: fp32 addition commutes, so the same P^T and dS^T), then dK, dV and dQ of its columns; nothing
+ *     is computed twice. The dbias sink in CTA 0.
  * The dense kernels do not spill (ptxas -v: sm_90a, and sm_80 with the small tiles); the HOOK kernels with the
  * large tiles spill 8-300 bytes, in the per-element path. One CTA of 8 warps per SM.
  * Requirements (flash_bwd_sm80_check): d % 8 == 0, d <= 512 (<= 256 deterministic), 16-byte aligned pointers, strides
@@ -452,6 +453,28 @@ __device__ __forceinline__ void hook_p_ds_main(const flash_params &p, const hook
                                               need_mask, lo, band, qvalid, kvalid, sinks);
 }
 
+/* One k16 step of S^T (or dP^T) on the warp's KW keys x QW queries: acc += A B^T over columns [16 kk, +16), A the
+ * keys' rows of As (K or V), B the queries' rows of Bs (Q or dO), both [rows][SD] in shared memory. */
+template <typename T, int MT, int QW, int SD>
+__device__ __forceinline__ void mma_st_step(float (&acc)[MT][QW / 8][4], const T *As, const T *Bs, int kk, int key0,
+                                            int qry0, int lane)
+{
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+        ldmatrix_x4(a[mt], addr_pat_a(As, SD, key0 + mt * 16, kk * 16, lane));
+#pragma unroll
+    for (int np = 0; np < QW / 16; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4(b, addr_pat_b(Bs, SD, qry0 + np * 16, kk * 16, lane));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            mma_m16n8k16<T>(acc[mt][2 * np], a[mt], b);
+            mma_m16n8k16<T>(acc[mt][2 * np + 1], a[mt], b + 2);
+        }
+    }
+}
+
 /* The partial S^T / dP^T exchange of the cluster kernels (CL: the 2 CTAs of a key tile a thread-block cluster, sm_90):
  * st.async of 16 bytes into the peer's shared memory, completing the peer's mbarrier by those bytes; the receiver
  * arms its own mbarrier with the step's bytes and waits (acquire at cluster scope). Below sm_90 these compile to
@@ -659,47 +682,58 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
                     dp[mt][t][e] = (e & 1) ? -dl.y : -dl.x;
                 }
         }
-#pragma unroll 2 /* more unrolling runs out of registers at D=64 */
-        for (int kk = 0; kk < DL / 16; ++kk) {
-            uint32_t a[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-                ldmatrix_x4(a[mt], addr_pat_a(Ks, SD, key0 + mt * 16, kk * 16, lane));
-#pragma unroll
-            for (int np = 0; np < QW / 16; ++np) {
-                uint32_t bq[4];
-                ldmatrix_x4(bq, addr_pat_b(Qt, SD, qry0 + np * 16, kk * 16, lane));
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma_m16n8k16<T>(s[mt][2 * np], a[mt], bq);
-                    mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], bq + 2);
-                }
-            }
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-                ldmatrix_x4(a[mt], addr_pat_a(Vs, SD, key0 + mt * 16, kk * 16, lane));
-#pragma unroll
-            for (int np = 0; np < QW / 16; ++np) {
-                uint32_t bo[4];
-                ldmatrix_x4(bo, addr_pat_b(dOt, SD, qry0 + np * 16, kk * 16, lane));
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma_m16n8k16<T>(dp[mt][2 * np], a[mt], bo);
-                    mma_m16n8k16<T>(dp[mt][2 * np + 1], a[mt], bo + 2);
-                }
-            }
-        }
-
-        if constexpr (CL) { /* the partial sums to the peer; the peer's added (buffer it % 2, phase it / 2 % 2) */
+        if constexpr (CL) { /* S^T first: its partial travels to the peer while dP^T's is computed */
             const int xb = it & 1;
             const uint32_t peer = (uint32_t)(c0 / DO) ^ 1u;
             const uint32_t to = cl_peer_addr(xrecv + (uint32_t)(xb * XBYTES + tid * 16), peer);
             const uint32_t to_bar = cl_peer_addr(xbar + 8u * xb, peer);
+#pragma unroll 2
+            for (int kk = 0; kk < DL / 16; ++kk)
+                mma_st_step<T, MT, QW, SD>(s, Ks, Qt, kk, key0, qry0, lane);
 #pragma unroll
-            for (int v = 0; v < XV; ++v) {
+            for (int v = 0; v < XV; ++v)
                 cl_send(to + (uint32_t)(v * NT * 16), &s[v / (QW / 8)][v % (QW / 8)][0], to_bar);
+#pragma unroll 2
+            for (int kk = 0; kk < DL / 16; ++kk)
+                mma_st_step<T, MT, QW, SD>(dp, Vs, dOt, kk, key0, qry0, lane);
+#pragma unroll
+            for (int v = 0; v < XV; ++v)
                 cl_send(to + (uint32_t)((XV + v) * NT * 16), &dp[v / (QW / 8)][v % (QW / 8)][0], to_bar);
+        } else {
+#pragma unroll 2 /* more unrolling runs out of registers at D=64 */
+            for (int kk = 0; kk < DL / 16; ++kk) {
+                uint32_t a[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+                    ldmatrix_x4(a[mt], addr_pat_a(Ks, SD, key0 + mt * 16, kk * 16, lane));
+#pragma unroll
+                for (int np = 0; np < QW / 16; ++np) {
+                    uint32_t bq[4];
+                    ldmatrix_x4(bq, addr_pat_b(Qt, SD, qry0 + np * 16, kk * 16, lane));
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        mma_m16n8k16<T>(s[mt][2 * np], a[mt], bq);
+                        mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], bq + 2);
+                    }
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+                    ldmatrix_x4(a[mt], addr_pat_a(Vs, SD, key0 + mt * 16, kk * 16, lane));
+#pragma unroll
+                for (int np = 0; np < QW / 16; ++np) {
+                    uint32_t bo[4];
+                    ldmatrix_x4(bo, addr_pat_b(dOt, SD, qry0 + np * 16, kk * 16, lane));
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        mma_m16n8k16<T>(dp[mt][2 * np], a[mt], bo);
+                        mma_m16n8k16<T>(dp[mt][2 * np + 1], a[mt], bo + 2);
+                    }
+                }
             }
+        }
+
+        if constexpr (CL) { /* the peer's partial sums added (buffer it % 2, phase it / 2 % 2) */
+            const int xb = it & 1;
             if (tid == 0)
                 cl_expect(xbar + 8u * xb, XBYTES);
             cl_wait(xbar + 8u * xb, (it >> 1) & 1);
