@@ -55,6 +55,7 @@
 #include "../mask.h"
 #include "../score.h"
 #include "bwd_common.cuh"
+#include "cluster.cuh"
 #include "common.cuh"
 #include "frag.cuh"
 #include "launch.h"
@@ -473,72 +474,6 @@ __device__ __forceinline__ void mma_st_step(float (&acc)[MT][QW / 8][4], const T
             mma_m16n8k16<T>(acc[mt][2 * np + 1], a[mt], b + 2);
         }
     }
-}
-
-/* The partial S^T / dP^T exchange of the cluster kernels (CL: the 2 CTAs of a key tile a thread-block cluster, sm_90):
- * st.async of 16 bytes into the peer's shared memory, completing the peer's mbarrier by those bytes; the receiver
- * arms its own mbarrier with the step's bytes and waits (acquire at cluster scope). Below sm_90 these compile to
- * nothing and the CL kernels trap (launch_main runs them on sm_90 only). */
-__device__ __forceinline__ uint32_t cl_rank(void)
-{
-    uint32_t r = 0;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-#endif
-    return r;
-}
-
-__device__ __forceinline__ uint32_t cl_peer_addr(uint32_t local, uint32_t rank)
-{
-    uint32_t r = local;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(local), "r"(rank));
-#endif
-    return r;
-}
-
-__device__ __forceinline__ void cl_sync(void)
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void cl_bar_init(uint32_t bar)
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void cl_send(uint32_t remote, const float v[4], uint32_t remote_bar)
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(
-                     remote),
-                 "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]), "r"(remote_bar)
-                 : "memory");
-#endif
-}
-
-__device__ __forceinline__ void cl_expect(uint32_t bar, uint32_t bytes)
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-                 : "memory");
-#endif
-}
-
-__device__ __forceinline__ void cl_wait(uint32_t bar, int parity)
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("{\n.reg .pred done;\nwait_%=:\n"
-                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-                 "@!done bra wait_%=;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-#endif
 }
 
 /* One CTA per (key tile of BC keys, query head, batch); walks the query tiles of BR rows that the band
