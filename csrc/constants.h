@@ -8,8 +8,9 @@
 /* largest head dim of the fp16 / bf16 CUDA kernels (the CPU path has no limit) */
 #define FLASH_CUDA_MAX_HEAD_DIM 256
 /* largest head dim of the fp16 / bf16 CUDA forward (fwd_sm80.cu's d512 config, 227 KB of shared memory per block:
- * Hopper; not paged, no backward yet) */
+ * Hopper; not paged) and backward (bwd_sm80.cu's, Hopper; not deterministic mode) */
 #define FLASH_CUDA_FWD_MAX_HEAD_DIM 512
+#define FLASH_CUDA_BWD_MAX_HEAD_DIM 512
 /* largest head dim of the fp32 / fp64 CUDA kernels (simple.cu) */
 #define FLASH_CUDA_SIMPLE_MAX_HEAD_DIM 512
 /* rows and columns of one block of the attn_mask block flags (mask.h) */

@@ -32,6 +32,7 @@ namespace {
 constexpr int64_t kMaxHeadDim = FLASH_CUDA_MAX_HEAD_DIM;              // fp16 / bf16
 constexpr int64_t kMaxHeadDimSimple = FLASH_CUDA_SIMPLE_MAX_HEAD_DIM; // fp32 / fp64
 constexpr int64_t kMaxHeadDimFwd = FLASH_CUDA_FWD_MAX_HEAD_DIM;       // fp16 / bf16 forward, not paged
+constexpr int64_t kMaxHeadDimBwd = FLASH_CUDA_BWD_MAX_HEAD_DIM;       // fp16 / bf16 backward, not deterministic
 // Philox offset advance per call: every call's draws are keyed by distinct (offset, ...) counters.
 constexpr uint64_t kPhiloxOffsetStep = 4;
 constexpr int64_t kVecElems = 8;      // 16-byte vector of fp16/bf16 elements
@@ -169,11 +170,11 @@ void check_smem(size_t need, int64_t d, const char *what)
 
 // fp16 / bf16 calls that no tensor-core tile serves on this GPU run on the fp32 kernels (simple.cu), their inputs
 // converted to float32 and their results rounded back: T5's rel_bias (score.h FLASH_SCORE_TABLE: the simple kernels
-// only), the backward at head dims above kMaxHeadDim, and any call whose tiles need more shared memory per block than
-// the GPU offers (sm86 / sm89 above head dim 128, off Hopper above 256). Exact as the fp32 path, slower, with float32
-// copies of the inputs; a warning once per process says so (the kernel report names the simple kernels). Never with a
-// KV cache or a paged k / v (a float32 copy of the whole cache per call): those keep their limits (check_cuda_sizes,
-// check_smem).
+// only), the deterministic backward at head dims above kMaxHeadDim, and any call whose tiles need more shared memory
+// per block than the GPU offers (sm86 / sm89 above head dim 128, off Hopper above 256) or that no kernel runs on it
+// (flash_bwd_smem_needed SIZE_MAX). Exact as the fp32 path, slower, with float32 copies of the inputs; a warning once
+// per process says so (the kernel report names the simple kernels). Never with a KV cache or a paged k / v (a float32
+// copy of the whole cache per call): those keep their limits (check_cuda_sizes, check_smem).
 // The call's sizes (batch, seqlen_q and seqlen_k: the longest in a varlen batch; nheads and nheads_kv) let the
 // forward's need be that of the decode kernel where it serves the call (launch.cu flash_fwd_smem_needed).
 bool half_on_fp32(const at::Tensor &q, const at::Tensor &v, const Variants &var, bool fwd, int64_t batch,
@@ -209,13 +210,14 @@ bool half_on_fp32(const at::Tensor &q, const at::Tensor &v, const Variants &var,
     p.dropout_threshold = var.dropout_p > 0.0 ? 1 : 0;
     const size_t need = fwd ? flash_fwd_smem_needed(&p) : flash_bwd_smem_needed(&p);
     const size_t have = flash_smem_available();
-    if (kd.qk <= (fwd ? kMaxHeadDimFwd : kMaxHeadDim) && need <= have)
+    const int64_t top = fwd ? kMaxHeadDimFwd : var.deterministic ? kMaxHeadDim : kMaxHeadDimBwd;
+    if (kd.qk <= top && need <= have)
         return false;
-    const std::string why = kd.qk > (fwd ? kMaxHeadDimFwd : kMaxHeadDim)
-                                ? "the backward's kernels stop at " + num(kMaxHeadDim)
-                                : "its tiles need " + num((int64_t)(need / 1024)) +
-                                      " KB of shared memory per block, the GPU offers " + num((int64_t)(have / 1024)) +
-                                      " KB";
+    const std::string why = kd.qk > top           ? "the deterministic backward's kernels stop at " + num(kMaxHeadDim)
+                            : need == SIZE_MAX ? std::string("its kernel runs on Hopper's thread-block clusters")
+                                               : "its tiles need " + num((int64_t)(need / 1024)) +
+                                                     " KB of shared memory per block, the GPU offers " +
+                                                     num((int64_t)(have / 1024)) + " KB";
     const std::string msg = std::string("flashattn_ext: the float16 / bfloat16 ") + (fwd ? "forward" : "backward") +
                             " at head dim " + num(std::max(q.size(-1), v.size(-1))) + " has no tensor-core kernel on this GPU (" + why +
                             "): it runs on the float32 CUDA-core kernels, exact but slower, with float32 copies of "

@@ -139,6 +139,9 @@ def report_cuda():
         top = torch_registry.cuda_max_head_dim(smem)
         print(f"  fp16/bf16 tensor-core kernels, forward and backward: head dims up to {top}" if top else
               "  fp16/bf16 tensor-core kernels: none (too little shared memory)")
+        large = f"{LIMITS['cuda_max_head_dim'] + 1}..{LIMITS['cuda_max_head_dim_fwd']}"
+        print(f"  fp16/bf16 head dims {large}: the d512 tiles where they fit (not paged; the backward not "
+              "deterministic), see d512 below")
         print(f"  fp16/bf16 calls no tensor-core tile serves, up to head dim {LIMITS['cuda_max_head_dim_fwd']}: "
               "the float32 kernels (simple.cu below; slower, a warning says so)")
         print("  kernels (csrc/cuda) of bf16 calls, forward + backward" + (f" ({', '.join(notes)})" if notes else "")

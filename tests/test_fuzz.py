@@ -52,7 +52,7 @@ DETERMINISTIC_SEED_OFFSET = 7_000_003
 HEADDIM_V_SEED_OFFSET = 9_000_011
 LARGE_HEADDIM_SEED_OFFSET = 12_000_041
 # the largest head dims drawn (q / k: up to 256, and 257..top in LARGE_HEADDIM_SHARE of the cases where top > 256; v's
-# own up to top): fp16 / bf16 CUDA calls above 256 run the forward's d512 tiles and the backward's fp32 kernels
+# own up to top): fp16 / bf16 CUDA calls above 256 run the d512 tiles (the deterministic backward the fp32 kernels)
 MAX_HEADDIM = {"cpu": 512, "cuda": 512, "cuda fp32 / fp64": 512}
 LARGE_HEADDIM_SHARE = 0.1
 CUDA_SEEDS = range(1000, 1200)

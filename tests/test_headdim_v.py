@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import flashattn_ext
+from flashattn_ext.integrations.torch_registry import smem_per_block
 from fa_testing import (KVCACHE_FWD_ARGS, VARLEN_BWD_ARGS, VARLEN_FWD_ARGS, kvcache_fwd_op, opcheck_call, varlen_bwd_op,
                         varlen_fwd_op)
 from fa_testing import (
@@ -161,8 +162,9 @@ HALF_LARGE = [Cfg(1, 130, 70, 2, 1, 264, causal=True), Cfg(2, 300, 330, 4, 2, 51
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: DTYPE_NAMES[d])
 def test_large_head_dims_cuda_half(cfg, var, dtype):
     """fp16 / bf16 on CUDA at head dims 257..512 against the float64 reference: the forward on fwd_sm80.cu's d512
-    config (O in two launches of 256 columns each, both over the whole S; on a GPU without its shared memory the fp32
-    kernels), the backward on the fp32 kernels (ops_cuda.cpp half_on_fp32: inputs converted, gradients rounded)."""
+    config (O in two launches of 256 columns each, both over the whole S), the backward on bwd_sm80.cu's (two CTAs per
+    key tile, each dK, dV and dQ of 256 columns, both over the whole S^T and dP^T; dbias from one of them); on a GPU
+    without their shared memory the fp32 kernels (ops_cuda.cpp half_on_fp32: inputs converted, results rounded)."""
     run_and_check(cfg, var, "cuda", dtype)
 
 
@@ -172,7 +174,7 @@ HALF_ON_FP32 = (
     "with warnings.catch_warnings(record=True) as caught:\n"
     "    warnings.simplefilter('always')\n"
     "    for _ in range(2):\n"
-    "        flashattn_ext.flash_attn_func(q, q, q, causal=True).sum().backward()\n"
+    "        flashattn_ext.flash_attn_func(q, q, q, causal=True, deterministic={det}).sum().backward()\n"
     "print('KERNELS', flashattn_ext._C.last_cuda_kernels()[1])\n"
     "print('WARNINGS', [str(w.message) for w in caught])\n"
 )
@@ -180,13 +182,27 @@ HALF_ON_FP32 = (
 
 @requires_cuda
 def test_cuda_half_backward_on_fp32_warns_once():
-    """The fp16 / bf16 backward above 256 runs on the fp32 kernels (the kernel report names simple.cu) and says so
-    in one warning per process, naming the head dim."""
-    proc = run_python(["-c", HALF_ON_FP32.format(d=320)], {})
+    """The deterministic fp16 / bf16 backward above 256 runs on the fp32 kernels (bwd_sm80.cu's dQ kernel stops at
+    256; the kernel report names simple.cu) and says so in one warning per process, naming the head dim."""
+    proc = run_python(["-c", HALF_ON_FP32.format(d=320, det=True)], {})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "KERNELS simple.cu" in proc.stdout, proc.stdout
     warned = proc.stdout.split("WARNINGS", 1)[1]
     assert warned.count("has no tensor-core kernel") == 1 and "backward at head dim 320" in warned, warned
+
+
+@requires_cuda
+def test_cuda_half_backward_above_256_on_tensor_cores():
+    """The fp16 / bf16 backward above 256 runs on bwd_sm80.cu's d512 config where the GPU has its shared memory
+    (Hopper), without a warning; elsewhere on the fp32 kernels with one (the test above)."""
+    proc = run_python(["-c", HALF_ON_FP32.format(d=320, det=False)], {})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    warned = proc.stdout.split("WARNINGS", 1)[1]
+    tensor_cores = "KERNELS bwd_sm80.cu" in proc.stdout
+    hopper = torch.cuda.get_device_capability()[0] == 9 and smem_per_block(torch.cuda.current_device()) >= 227 * 1024
+    assert tensor_cores or not hopper, proc.stdout  # 227 KB per block (not capped by FLASHATTN_EXT_SMEM_LIMIT)
+    assert tensor_cores == ("backward at head dim 320" not in warned), proc.stdout
+    assert tensor_cores or "KERNELS simple.cu" in proc.stdout, proc.stdout
 
 
 @requires_cuda

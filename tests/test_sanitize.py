@@ -1,12 +1,13 @@
 """Small forward + backward calls through the extension on CUDA, for compute-sanitizer
 (memcheck, racecheck): every dtype path, tails, causal both alignments, GQA, rows with no key,
-a padded head dim, deterministic mode, and every attention variant (window, softcap, ALiBi, sink,
+a padded head dim, head dims up to 512, deterministic mode, and every attention variant (window, softcap, ALiBi, sink,
 bool and additive masks with broadcast dimensions and a mask gradient, dropout, T5's rel_bias in fp32 / fp64
 with its gradient, rel_buckets contents out of range included); variable-length
 batches (lengths 0 and 1, sq != sk, GQA, variants) against a float64 reference per sequence, and
 deliberately bad cu_seqlens / seqused_k contents (past the tensors, negative, decreasing), which must
 never reach outside q/k/v (memcheck) however wrong the result. Exits non-zero on NaN or a mismatch with
-the float64 reference. `--det`: the deterministic configs alone (racecheck over all of them is slow).
+the float64 reference. `--det`: the deterministic configs alone (racecheck over all of them is slow); `--large`: those
+with head dims above 256.
 Run as a script under compute-sanitizer (dev/device.sh validate / sanitize: PYTHONPATH=. python3
 tests/test_sanitize.py [--det]); as a test, the same calls against the reference without the sanitizer."""
 import sys
@@ -48,6 +49,11 @@ CONFIGS = [
     (torch.bfloat16, 1, 70, 90, 2, 1, 256, False, True, {"mask": "add_finfo", "softcap": 5.0}),
     (torch.float32, 1, 31, 45, 2, 1, 24, False, False, {"mask": "add_finfo", "alibi": True}),
     (torch.float64, 2, 23, 19, 2, 2, 8, False, False, {"mask": "add_finfo"}),
+    # head dims 257..512 (issue 36): bwd_sm80.cu's d512 config, two CTAs per key tile (GQA, tails, one Q / dO stage
+    # over 3 query tiles; the mask gradient from one of the two), and the deterministic backward on the fp32 kernels
+    (torch.bfloat16, 1, 70, 130, 4, 2, 512, True, False, {}),
+    (torch.float16, 1, 100, 90, 2, 2, 320, False, False, {"mask": "add_grad", "softcap": 5.0, "dropout_p": 0.1}),
+    (torch.bfloat16, 1, 50, 60, 2, 1, 384, False, True, {}),
 ]
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-5, torch.float64: 1e-12}
 
@@ -82,6 +88,7 @@ VARLEN_CONFIGS = [
     (torch.bfloat16, [(77, 130), (0, 5), (1, 1), (130, 61)], 4, 2, 64, True, {}),
     (torch.float16, [(65, 65), (3, 0), (129, 200)], 2, 2, 128, False, {"window_size": (20, 9), "softcap": 8.0}),
     (torch.bfloat16, [(40, 90), (90, 40)], 2, 1, 256, True, {"alibi": True, "sink": True}),
+    (torch.bfloat16, [(40, 90), (90, 40)], 2, 1, 512, True, {"alibi": True}),
     (torch.float32, [(19, 23), (0, 0), (7, 30)], 2, 1, 24, True, {"window_size": (5, 0)}),
     (torch.float64, [(23, 19), (5, 1)], 2, 2, 8, False, {"dropout_p": 0.0, "softcap": 3.0}),
 ]
@@ -249,18 +256,21 @@ def check_rel_bias():
     return failures
 
 
-def run(only_det=False):
-    """Every call above; returns the number of mismatches (each printed)."""
+def run(only_det=False, only_large=False):
+    """Every call above (only_det: the deterministic configs; only_large: those with head dims above 256); returns the
+    number of mismatches (each printed)."""
     torch.manual_seed(0)
     failures = 0
-    if not only_det:
+    if only_large:
+        failures += sum(not check_varlen(*config) for config in VARLEN_CONFIGS if config[4] > 256)
+    elif not only_det:
         failures += check_decode()
         for config in VARLEN_CONFIGS:
             failures += not check_varlen(*config)
         bad_varlen_indices()
         failures += check_rel_bias()
     for dtype, b, sq, sk, h, hkv, d, causal, det, var in CONFIGS:
-        if only_det and not det:
+        if (only_det and not det) or (only_large and d <= 256):
             continue
         q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
         k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, requires_grad=True)
@@ -298,4 +308,4 @@ def test_sanitizer_calls_match_the_reference():
 
 
 if __name__ == "__main__":
-    raise SystemExit(1 if run("--det" in sys.argv[1:]) else 0)
+    raise SystemExit(1 if run("--det" in sys.argv[1:], "--large" in sys.argv[1:]) else 0)

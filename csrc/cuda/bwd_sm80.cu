@@ -24,18 +24,26 @@
  * No branches between the smem loads and the mma's: columns past d are zero in smem and computed like the others
  * (d 96 pays 25% for it), only the global writes are guarded.
  *
- * Tiles (tiles.h bwd80_tiles_*; D = d rounded up to 64 / 128 / 256; smem rows padded by 16 bytes):
+ * Tiles (tiles.h bwd80_tiles_*; D = d rounded up to 64 / 128 / 256 / 512; smem rows padded by 16 bytes):
  *   large (sm90's 227 KB): D64 BC 128 x BR 128, WK 4 (178 KB); D128 128 x 64, WK 4 (173 KB); D256 64 x 64, WK 2
  *     (217 KB); dQ kernel D64 / D128 BRQ 128 x BCQ 64, D256 64 x 32.
  *   small (A100's 163 KB; sm86 / sm89's 99 KB take d <= 128): D64 64 x 64, WK 2 (75 KB); D128 64 x 32, WK 4
  *     (80 KB); D256 64 x 32, WK 4 (142 KB).
+ *   D512 (Hopper only; the HOOK kernel alone, no dQ kernel): 64 x 32, WK 4 (178 KB); the two CTAs of a key tile a
+ *     thread-block cluster (CL), CTA c holding columns [256 c, +256) of K, V, Q, dO: each computes its partial S^T
+ *     and dP^T, sends them to the other (st.async into its shared memory, completing its mbarrier: 16 KB each way
+ *     per step, double-buffered; S^T's sent before dP^T is computed, dP^T's waited for), adds the other's (both get
+ *     the same sums: fp32 addition commutes, so the same P^T and dS^T), then dK, dV and dQ of its columns; nothing
+ *     is computed twice. The dbias sink in CTA 0.
  * The dense kernels do not spill (ptxas -v: sm_90a, and sm_80 with the small tiles); the HOOK kernels with the
  * large tiles spill 8-300 bytes, in the per-element path. One CTA of 8 warps per SM.
- * Requirements (flash_bwd_sm80_check): d % 8 == 0, d <= 256, 16-byte aligned pointers, strides multiples of 8.
+ * Requirements (flash_bwd_sm80_check): d % 8 == 0, d <= 512 (<= 256 deterministic), 16-byte aligned pointers, strides
+ * multiples of 8.
  *
  * Speed (H200, FLASHATTN_EXT_DISABLE_SM90=1, bwd_harness time, bf16 16k tokens): d128 s8192 261 TFLOP/s
- * (causal 244), torch's FA2 296. Every shape, the variants and the history: benchmarks/results/h200/
- * history_bwd_sm80.md.
+ * (causal 244), torch's FA2 296. D512 (H100, bench_headdims.py, bf16 16k tokens, s8192): 141 TFLOP/s (causal
+ * 139), 0.38x our bwd_sm90 d256. Every shape, the variants and the history: benchmarks/results/h200/
+ * history_bwd_sm80.md, benchmarks/results/h100/session_2026-12-07j.
  */
 #include <cuda_runtime.h>
 #include <limits.h>
@@ -48,6 +56,7 @@
 #include "../mask.h"
 #include "../score.h"
 #include "bwd_common.cuh"
+#include "cluster.cuh"
 #include "common.cuh"
 #include "frag.cuh"
 #include "launch.h"
@@ -107,6 +116,19 @@ __device__ __forceinline__ void load_tile_async(T *s, const T *g, int64_t stride
             cp_async_16(smem_u32(dst + c), valid ? src + c : g, valid);
         }
     }
+}
+
+/* One query tile's stage of the main kernel: Q and dO ([BR][D + SMEM_PAD], columns [0, d) of qg, dog), lse and
+ * delta of rows [m0, m0 + BR), of which qv exist. */
+template <typename T, int BR, int D, int NT>
+__device__ __forceinline__ void load_q_stage(T *Qs, T *dOs, float *lse_s, float *delta_s, const flash_params &p,
+                                             const T *qg, const T *dog, const float *lseg, const float *deltag, int m0,
+                                             int qv, int d, int tid)
+{
+    load_tile_async<T, BR, D, NT>(Qs, qg + m0 * p.q_s.row, p.q_s.row, qv, d, tid);
+    load_tile_async<T, BR, D, NT>(dOs, dog + m0 * p.do_s.row, p.do_s.row, qv, d, tid);
+    load_vec_async<BR, NT>(lse_s, lseg + m0, qv, tid);
+    load_vec_async<BR, NT>(delta_s, deltag + m0, qv, tid);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -377,7 +399,7 @@ __device__ __forceinline__ void hook_p_ds_main_pass(const flash_params &p, const
                                                     const uint32_t (&mine)[main_dropout<MT, QW>::NWD],
                                                     const float *lse_t, const float *delta_t, int b, int hq, int m0,
                                                     int n0, int key0, int qry0, int lr, int lc, bool need_mask, int lo,
-                                                    int band, int qvalid, int kvalid)
+                                                    int band, int qvalid, int kvalid, bool sinks)
 {
     typedef main_dropout<MT, QW> DR;
     const bool dropout = p.dropout_threshold != 0;
@@ -407,7 +429,7 @@ __device__ __forceinline__ void hook_p_ds_main_pass(const flash_params &p, const
                 const bool vis = !need_mask || (jl < kvalid && ie < qvalid && flash_tile_band_in(jl - ie, lo, band));
                 const int P = (2 * t + (e & 1)) * DR::NB + 2 * mt + (e >> 1), u = P % DR::NPL;
                 const bool kept = (keep[P / DR::NPL - t * DR::NSRC][u / 4] >> (8 * (u % 4) + lr)) & 1u;
-                const bool sink = SLOW && flash_score_has_grad(&p) && jl < kvalid && ie < qvalid;
+                const bool sink = SLOW && sinks && flash_score_has_grad(&p) && jl < kvalid && ie < qvalid;
                 hook_element<T, SLOW>(p, hc, ht, s[mt][t][e], dp[mt][t][e], vis, kept, l2[e & 1], dl[e & 1], b, hq, ie,
                                       jl, m0, n0, sink);
             }
@@ -420,16 +442,39 @@ __device__ __forceinline__ void hook_p_ds_main(const flash_params &p, const hook
                                                const uint32_t (&mine)[main_dropout<MT, QW>::NWD], const float *lse_t,
                                                const float *delta_t, int b, int hq, int m0, int n0, int key0, int qry0,
                                                int lr, int lc, bool need_mask, int lo, int band, unsigned flags,
-                                               int qvalid, int kvalid, int alibi_offset)
+                                               int qvalid, int kvalid, int alibi_offset, bool sinks)
 {
-    const hook_tile ht = make_hook_tile(p, b, hq, m0, n0, alibi_offset, flags, flash_score_has_grad(&p));
+    /* sinks: this CTA passes dS to the gradient sink (of the NH column parts of a key tile, the first) */
+    const hook_tile ht = make_hook_tile(p, b, hq, m0, n0, alibi_offset, flags, sinks && flash_score_has_grad(&p));
     hook_prepass(p, hc, &s[0][0][0], &dp[0][0][0], MT * QW / 2);
     if (ht.slow)
         hook_p_ds_main_pass<T, true, MT, QW>(p, hc, ht, s, dp, mine, lse_t, delta_t, b, hq, m0, n0, key0, qry0, lr, lc,
-                                             need_mask, lo, band, qvalid, kvalid);
+                                             need_mask, lo, band, qvalid, kvalid, sinks);
     else
         hook_p_ds_main_pass<T, false, MT, QW>(p, hc, ht, s, dp, mine, lse_t, delta_t, b, hq, m0, n0, key0, qry0, lr, lc,
-                                              need_mask, lo, band, qvalid, kvalid);
+                                              need_mask, lo, band, qvalid, kvalid, sinks);
+}
+
+/* One k16 step of S^T (or dP^T) on the warp's KW keys x QW queries: acc += A B^T over columns [16 kk, +16), A the
+ * keys' rows of As (K or V), B the queries' rows of Bs (Q or dO), both [rows][SD] in shared memory. */
+template <typename T, int MT, int QW, int SD>
+__device__ __forceinline__ void mma_st_step(float (&acc)[MT][QW / 8][4], const T *As, const T *Bs, int kk, int key0,
+                                            int qry0, int lane)
+{
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+        ldmatrix_x4(a[mt], addr_pat_a(As, SD, key0 + mt * 16, kk * 16, lane));
+#pragma unroll
+    for (int np = 0; np < QW / 16; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4(b, addr_pat_b(Bs, SD, qry0 + np * 16, kk * 16, lane));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            mma_m16n8k16<T>(acc[mt][2 * np], a[mt], b);
+            mma_m16n8k16<T>(acc[mt][2 * np + 1], a[mt], b + 2);
+        }
+    }
 }
 
 /* One CTA per (key tile of BC keys, query head, batch); walks the query tiles of BR rows that the band
@@ -440,37 +485,63 @@ __device__ __forceinline__ void hook_p_ds_main(const flash_params &p, const hook
  * [DQN*., +DQN) of the tile, in chunks of DQC columns. Columns past d are zero in smem and computed
  * like the others (no branches between the loads and the mma's); only the global writes are guarded.
  * HOOK: the score / probability hook of mask.h (hook_p_ds_main), attn_mask-empty tiles skipped. */
-template <typename T, int D, int BC, int BR, int WK, int DQ_WM, int DQC, bool HOOK>
+template <typename T, int D, int DO, int BC, int BR, int WK, int DQ_WM, int DQC, int QST, bool CL, bool HOOK>
 __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
     bwd_main_kernel(const __grid_constant__ flash_params p, const hook_consts hc)
 {
-    constexpr int NT = MAIN_WARPS * FLASH_WARP_SIZE, SD = D + SMEM_PAD, SS = BR + SMEM_PAD;
-    constexpr int WQ = MAIN_WARPS / WK;                    /* warps along the queries of S^T */
-    constexpr int KW = BC / WK, QW = BR / WQ, DW = D / WQ; /* warp tile edges */
-    constexpr int MT = KW / 16, QK = QW / 16;              /* m16 key tiles, k16 query steps */
-    constexpr int DQ_WN = MAIN_WARPS / DQ_WM, DQM = BR / DQ_WM, DQN = D / DQ_WN;
+    constexpr int DL = CL ? DO : D; /* the columns of K, V, Q, dO in shared memory, contracted in S^T and dP^T */
+    constexpr int NT = MAIN_WARPS * FLASH_WARP_SIZE, SD = DL + SMEM_PAD, SS = BR + SMEM_PAD;
+    constexpr int NH = D / DO;                              /* column parts of dK, dV, dQ: CTAs per key tile */
+    constexpr int WQ = MAIN_WARPS / WK;                     /* warps along the queries of S^T */
+    constexpr int KW = BC / WK, QW = BR / WQ, DW = DO / WQ; /* warp tile edges */
+    constexpr int MT = KW / 16, QK = QW / 16;               /* m16 key tiles, k16 query steps */
+    constexpr int DQ_WN = MAIN_WARPS / DQ_WM, DQM = BR / DQ_WM, DQN = DO / DQ_WN;
+    static_assert(D % DO == 0 && (QST == 1 || QST == 2), "column parts, Q / dO stages");
+    static_assert(!CL || (NH == 2 && HOOK), "clusters: two parts, the HOOK kernel (dP^T accumulated onto 0)");
+    constexpr int XV = MT * (QW / 8);         /* CL: float4 of S^T (and as many of dP^T) per thread and step */
+    constexpr int XBYTES = 2 * XV * 16 * NT; /* CL: bytes a CTA receives per step */
     static_assert(MAIN_WARPS % WK == 0 && KW % 16 == 0 && QW % 16 == 0 && DW % 16 == 0, "S^T / dK, dV warp tiles");
     static_assert(MAIN_WARPS % DQ_WM == 0 && DQM % 16 == 0 && DQN % DQC == 0 && DQC % 16 == 0, "dQ warp tiles");
 
     extern __shared__ __align__(16) uint8_t smem[];
     T *Ks = (T *)smem;                       /* [BC][SD]     */
     T *Vs = Ks + BC * SD;                    /* [BC][SD]     */
-    T *Qs = Vs + BC * SD;                    /* [2][BR][SD]  */
-    T *dOs = Qs + 2 * BR * SD;               /* [2][BR][SD]  */
-    T *Ps = dOs + 2 * BR * SD;               /* [BC][SS]     P^T of the current query tile  */
-    T *dSs = Ps + BC * SS;                   /* [BC][SS]     dS^T of the current query tile */
-    float *lse_s = (float *)(dSs + BC * SS); /* [2][BR]      */
-    float *delta_s = lse_s + 2 * BR;         /* [2][BR]      */
-    bwd_seq_consts *sc = (bwd_seq_consts *)(delta_s + 2 * BR); /* the sequence's, for the loop */
+    T *Qs = Vs + BC * SD;                    /* [QST][BR][SD] */
+    T *dOs = Qs + QST * BR * SD;             /* [QST][BR][SD] */
+    T *Ps = dOs + QST * BR * SD;             /* [BC][SS]      P^T of the current query tile  */
+    T *dSs = Ps + BC * SS;                   /* [BC][SS]      dS^T of the current query tile */
+    float *lse_s = (float *)(dSs + BC * SS); /* [QST][BR]     */
+    float *delta_s = lse_s + QST * BR;       /* [QST][BR]     */
+    bwd_seq_consts *sc = (bwd_seq_consts *)(delta_s + QST * BR); /* the sequence's, for the loop */
     const uint32_t sca = smem_u32(sc);
+    /* CL: the peer's partial S^T, dP^T ([2 steps][2 XV][NT] float4) and an mbarrier per buffer */
+    const uint32_t xrecv = (sca + (uint32_t)sizeof(bwd_seq_consts) + 15u) & ~15u, xbar = xrecv + 2 * XBYTES;
 
     const int tid = threadIdx.x;
-    const int n0 = blockIdx.x * BC, hq = blockIdx.y, b = blockIdx.z;
+    /* NH > 1: the NH CTAs of a key tile are neighbours in the grid; CTA part c0 / DO computes all of S^T and dP^T
+     * (over the D columns of K, Q, V, dO) and the DO columns [c0, c0 + DO) of dV, dK and dQ */
+    /* CL: the part is the CTA's rank in its cluster (blockIdx.x % 2 in a cluster of (2, 1, 1)); each holds and
+     * contracts its own DO columns and adds the peer's partial S^T and dP^T: both then have the same sums (fp32
+     * addition commutes), hence the same P^T and dS^T */
+    const int n0 = (int)(blockIdx.x / NH) * BC, c0 = (CL ? (int)cl_rank() : (int)(blockIdx.x % NH)) * DO;
+    const int hq = blockIdx.y, b = blockIdx.z;
     const flash_seq seq = flash_seq_uniform(p, b); /* the CTA's sequence: every row and key below is its own */
     if (n0 >= seq.sk)
-        return; /* varlen: the grid spans the longest sequence */
+        return; /* varlen: the grid spans the longest sequence (both CTAs of a cluster alike) */
+#if __CUDA_ARCH__ < 900
+    if constexpr (CL)
+        __trap(); /* no clusters below sm_90 */
+#endif
+    const int cg = CL ? c0 : 0; /* the first global column in shared memory */
+    if constexpr (CL) {
+        if (tid == 0) {
+            cl_bar_init(xbar);
+            cl_bar_init(xbar + 8);
+        }
+        cl_sync(); /* both CTAs' mbarriers initialized before the first st.async */
+    }
     const int64_t hk = hq / p.h_per_kv;
-    const int sq = (int)seq.sq, d = (int)p.d;
+    const int sq = (int)seq.sq, d = (int)p.d, dl = d - cg; /* dl: columns from cg on */
     const float sl2 = p.scale_log2;
     const bool do_dq = !p.deterministic;
 
@@ -487,14 +558,12 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
     if constexpr (HOOK)
         m = next_visible_tile(p, b, hq, m, m_end, BR, sq, n0, kn, true);
 
-    load_tile_async<T, BC, D, NT>(Ks, kg, p.k_s.row, kvalid, d, tid);
-    load_tile_async<T, BC, D, NT>(Vs, vg, p.v_s.row, kvalid, d, tid);
+    load_tile_async<T, BC, DL, NT>(Ks, kg + cg, p.k_s.row, kvalid, dl, tid);
+    load_tile_async<T, BC, DL, NT>(Vs, vg + cg, p.v_s.row, kvalid, dl, tid);
     if (m < m_end) {
         const int m0 = m * BR;
-        load_tile_async<T, BR, D, NT>(Qs, qg + m0 * p.q_s.row, p.q_s.row, sq - m0, d, tid);
-        load_tile_async<T, BR, D, NT>(dOs, dog + m0 * p.do_s.row, p.do_s.row, sq - m0, d, tid);
-        load_vec_async<BR, NT>(lse_s, lseg + m0, sq - m0, tid);
-        load_vec_async<BR, NT>(delta_s, deltag + m0, sq - m0, tid);
+        load_q_stage<T, BR, DL, NT>(Qs, dOs, lse_s, delta_s, p, qg + cg, dog + cg, lseg, deltag, m0, sq - m0, dl,
+                                    tid);
     }
     cp_async_commit();
 
@@ -509,7 +578,7 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
                 acc_dk[mt][t][e] = 0.f;
             }
 
-    for (int st = 0; m < m_end; st ^= 1) {
+    for (int st = 0, it = 0; m < m_end; st = QST == 2 ? st ^ 1 : 0, ++it) {
         const int m0 = m * BR;
         int m_next = m + 1;
         if constexpr (HOOK)
@@ -517,16 +586,15 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
         const int lane = lane_now(), warp = warp_now();
         const int lr = lane / 4, lc = lane % 4; /* accumulator fragment: row lr (+8), columns 2*lc, +1 */
         const int wk = warp % WK, wq = warp / WK;
-        const int key0 = wk * KW, qry0 = wq * QW, col0 = wq * DW; /* the warp's first key, query, dK/dV column */
+        const int key0 = wk * KW, qry0 = wq * QW, col0 = c0 - cg + wq * DW; /* the warp's first key, query, dK/dV
+                                                                                column in shared memory */
 
         cp_async_wait<0>();
         __syncthreads(); /* stage st landed; stage st^1, P^T and dS^T no longer read by the previous step */
-        if (m_next < m_end) {
+        if (QST == 2 && m_next < m_end) {
             const int m1 = m_next * BR, so = st ^ 1, qv = bwd_seq_sq(sca) - m1;
-            load_tile_async<T, BR, D, NT>(Qs + so * BR * SD, qg + m1 * p.q_s.row, p.q_s.row, qv, d, tid);
-            load_tile_async<T, BR, D, NT>(dOs + so * BR * SD, dog + m1 * p.do_s.row, p.do_s.row, qv, d, tid);
-            load_vec_async<BR, NT>(lse_s + so * BR, lseg + m1, qv, tid);
-            load_vec_async<BR, NT>(delta_s + so * BR, deltag + m1, qv, tid);
+            load_q_stage<T, BR, DL, NT>(Qs + so * BR * SD, dOs + so * BR * SD, lse_s + so * BR, delta_s + so * BR, p,
+                                        qg + cg, dog + cg, lseg, deltag, m1, qv, dl, tid);
             cp_async_commit();
         }
         const T *Qt = Qs + st * BR * SD, *dOt = dOs + st * BR * SD; /* [BR][SD] */
@@ -550,34 +618,69 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
                     dp[mt][t][e] = (e & 1) ? -dl.y : -dl.x;
                 }
         }
+        if constexpr (CL) { /* S^T first: its partial travels to the peer while dP^T's is computed */
+            const int xb = it & 1;
+            const uint32_t peer = (uint32_t)(c0 / DO) ^ 1u;
+            const uint32_t to = cl_peer_addr(xrecv + (uint32_t)(xb * XBYTES + tid * 16), peer);
+            const uint32_t to_bar = cl_peer_addr(xbar + 8u * xb, peer);
+#pragma unroll 2
+            for (int kk = 0; kk < DL / 16; ++kk)
+                mma_st_step<T, MT, QW, SD>(s, Ks, Qt, kk, key0, qry0, lane);
+#pragma unroll
+            for (int v = 0; v < XV; ++v)
+                cl_send(to + (uint32_t)(v * NT * 16), &s[v / (QW / 8)][v % (QW / 8)][0], to_bar);
+#pragma unroll 2
+            for (int kk = 0; kk < DL / 16; ++kk)
+                mma_st_step<T, MT, QW, SD>(dp, Vs, dOt, kk, key0, qry0, lane);
+#pragma unroll
+            for (int v = 0; v < XV; ++v)
+                cl_send(to + (uint32_t)((XV + v) * NT * 16), &dp[v / (QW / 8)][v % (QW / 8)][0], to_bar);
+        } else {
 #pragma unroll 2 /* more unrolling runs out of registers at D=64 */
-        for (int kk = 0; kk < D / 16; ++kk) {
-            uint32_t a[MT][4];
+            for (int kk = 0; kk < DL / 16; ++kk) {
+                uint32_t a[MT][4];
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-                ldmatrix_x4(a[mt], addr_pat_a(Ks, SD, key0 + mt * 16, kk * 16, lane));
+                for (int mt = 0; mt < MT; ++mt)
+                    ldmatrix_x4(a[mt], addr_pat_a(Ks, SD, key0 + mt * 16, kk * 16, lane));
 #pragma unroll
-            for (int np = 0; np < QW / 16; ++np) {
-                uint32_t bq[4];
-                ldmatrix_x4(bq, addr_pat_b(Qt, SD, qry0 + np * 16, kk * 16, lane));
+                for (int np = 0; np < QW / 16; ++np) {
+                    uint32_t bq[4];
+                    ldmatrix_x4(bq, addr_pat_b(Qt, SD, qry0 + np * 16, kk * 16, lane));
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma_m16n8k16<T>(s[mt][2 * np], a[mt], bq);
-                    mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], bq + 2);
+                    for (int mt = 0; mt < MT; ++mt) {
+                        mma_m16n8k16<T>(s[mt][2 * np], a[mt], bq);
+                        mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], bq + 2);
+                    }
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+                    ldmatrix_x4(a[mt], addr_pat_a(Vs, SD, key0 + mt * 16, kk * 16, lane));
+#pragma unroll
+                for (int np = 0; np < QW / 16; ++np) {
+                    uint32_t bo[4];
+                    ldmatrix_x4(bo, addr_pat_b(dOt, SD, qry0 + np * 16, kk * 16, lane));
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        mma_m16n8k16<T>(dp[mt][2 * np], a[mt], bo);
+                        mma_m16n8k16<T>(dp[mt][2 * np + 1], a[mt], bo + 2);
+                    }
                 }
             }
+        }
+
+        if constexpr (CL) { /* the peer's partial sums added (buffer it % 2, phase it / 2 % 2) */
+            const int xb = it & 1;
+            if (tid == 0)
+                cl_expect(xbar + 8u * xb, XBYTES);
+            cl_wait(xbar + 8u * xb, (it >> 1) & 1);
+            const uint32_t from = xrecv + (uint32_t)(xb * XBYTES + tid * 16);
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-                ldmatrix_x4(a[mt], addr_pat_a(Vs, SD, key0 + mt * 16, kk * 16, lane));
-#pragma unroll
-            for (int np = 0; np < QW / 16; ++np) {
-                uint32_t bo[4];
-                ldmatrix_x4(bo, addr_pat_b(dOt, SD, qry0 + np * 16, kk * 16, lane));
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma_m16n8k16<T>(dp[mt][2 * np], a[mt], bo);
-                    mma_m16n8k16<T>(dp[mt][2 * np + 1], a[mt], bo + 2);
-                }
+            for (int v = 0; v < XV; ++v) {
+                const float4 xs = ld_shared_v4_f32(from + (uint32_t)(v * NT * 16));
+                const float4 xd = ld_shared_v4_f32(from + (uint32_t)((XV + v) * NT * 16));
+                float *ps = &s[v / (QW / 8)][v % (QW / 8)][0], *pd = &dp[v / (QW / 8)][v % (QW / 8)][0];
+                ps[0] += xs.x, ps[1] += xs.y, ps[2] += xs.z, ps[3] += xs.w;
+                pd[0] += xd.x, pd[1] += xd.y, pd[2] += xd.z, pd[3] += xd.w;
             }
         }
 
@@ -595,7 +698,7 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
             const int qvalid = bwd_seq_sq(sca) - m0;
             const unsigned flags = warp_mask_tile_flags(p, bn, hn, m0, min(BR, qvalid), n0, kn);
             hook_p_ds_main<T, MT, QW>(p, hc, s, dp, drop, lse_t, delta_t, bn, hn, m0, n0, key0, qry0, lr, lc, need_mask, lo,
-                                      band, flags, qvalid, kvalid, bwd_seq_alibi(sca));
+                                      band, flags, qvalid, kvalid, bwd_seq_alibi(sca), NH == 1 || c0 == 0);
         } else {
 #pragma unroll
             for (int t = 0; t < QW / 8; ++t) {
@@ -641,13 +744,19 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
                 mma_kv_step<T, MT, QK, DW, SS, SD>(acc_dk, a, dsa, j == 0, dSs, Qt, kq, key0, q0, col0, lane);
             }
         }
+        if (QST == 1 && m_next < m_end) { /* one Q / dO stage: the next tile's loads run under the dQ step */
+            __syncthreads(); /* Q, dO, lse and delta of this tile read */
+            const int m1 = m_next * BR, qv = bwd_seq_sq(sca) - m1;
+            load_q_stage<T, BR, DL, NT>(Qs, dOs, lse_s, delta_s, p, qg + cg, dog + cg, lseg, deltag, m1, qv, dl, tid);
+            cp_async_commit();
+        }
 
         if (do_dq) {
             /* dQ_partial (BR x D) = dS K, added to dq_accum */
             const int wm = warp % DQ_WM, wn = warp / DQ_WM, nq = bwd_seq_sq(sca); /* rows of the sequence */
 #pragma unroll
             for (int ch = 0; ch < DQN / DQC; ++ch) {
-                const int cb = wn * DQN + ch * DQC; /* first column of the chunk */
+                const int cb = c0 + wn * DQN + ch * DQC; /* first column of the chunk */
                 float acc[DQM / 16][DQC / 8][4];
 #pragma unroll
                 for (int mt = 0; mt < DQM / 16; ++mt)
@@ -665,7 +774,7 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
 #pragma unroll
                     for (int np = 0; np < DQC / 16; ++np) {
                         uint32_t bk[4];
-                        ldmatrix_x4_trans(bk, addr_pat_a(Ks, SD, kk * 16, cb + np * 16, lane));
+                        ldmatrix_x4_trans(bk, addr_pat_a(Ks, SD, kk * 16, cb - cg + np * 16, lane));
 #pragma unroll
                         for (int mt = 0; mt < DQM / 16; ++mt) {
                             mma_m16n8k16<T>(acc[mt][2 * np], a[mt], bk);
@@ -687,9 +796,11 @@ __global__ void __launch_bounds__(MAIN_WARPS *FLASH_WARP_SIZE, 1)
         m = m_next;
     }
     cp_async_wait<0>(); /* K/V still in flight when no query tile sees the key tile */
+    if constexpr (CL)
+        cl_sync(); /* neither CTA of the cluster leaves while the other may still write into its shared memory */
 
     const int warp = warp_now();
-    const int key0 = (warp % WK) * KW, col0 = (warp / WK) * DW;
+    const int key0 = (warp % WK) * KW, col0 = c0 + (warp / WK) * DW;
     const float dv_mul = HOOK ? hc.dropout_scale : 1.f;
     const flash_seq se = flash_seq_of(&p, b); /* seq again (loaded after the loop's barriers): none held across it */
     store_kv_grad<T, MT, DW>(p, se, acc_dv, dv_mul, p.dv, p.dv_s, p.dv_accum, b, hq, n0 + key0, col0);
@@ -966,13 +1077,22 @@ static unsigned int blocks_for(int64_t items, int per_block)
     return (unsigned int)((items + per_block - 1) / per_block);
 }
 
-/* Dynamic shared memory (bytes, 16-bit elements) of the main kernel (K, V, two Q and dO stages, P^T,
- * dS^T, two lse and delta stages, the sequence's constants) and of the deterministic dQ kernel (Q, dO,
+/* Dynamic shared memory (bytes, 16-bit elements) of the main kernel (K, V, QST Q and dO stages, P^T,
+ * dS^T, QST lse and delta stages, the sequence's constants) and of the deterministic dQ kernel (Q, dO,
  * two K and V stages). */
-static constexpr size_t main_smem_bytes(int D, int BC, int BR)
+static constexpr size_t main_smem_bytes(int D, int BC, int BR, int QST)
 {
-    return (size_t)(2 * BC * (D + SMEM_PAD) + 4 * BR * (D + SMEM_PAD) + 2 * BC * (BR + SMEM_PAD)) * 2 +
-           4 * BR * sizeof(float) + sizeof(bwd_seq_consts);
+    return (size_t)(2 * BC * (D + SMEM_PAD) + 2 * QST * BR * (D + SMEM_PAD) + 2 * BC * (BR + SMEM_PAD)) * 2 +
+           2 * QST * BR * sizeof(float) + sizeof(bwd_seq_consts);
+}
+
+/* ... of config C: with CL, K, V, Q, dO of DO columns, then (16-byte aligned) two steps of the peer's partial S^T
+ * and dP^T (BC x BR fp32 each) and two mbarriers. */
+template <typename C>
+static constexpr size_t main_smem_of(void)
+{
+    return C::CL ? (main_smem_bytes(C::DO, C::BC, C::BR, C::QST) + 15) / 16 * 16 + 2 * 2 * C::BC * C::BR * 4 + 16
+                 : main_smem_bytes(C::D, C::BC, C::BR, C::QST);
 }
 
 static constexpr size_t dq_smem_bytes(int D, int BRQ, int BCQ)
@@ -983,23 +1103,48 @@ static constexpr size_t dq_smem_bytes(int D, int BRQ, int BCQ)
 template <typename C>
 static constexpr size_t tiles_smem_bytes(void)
 {
-    return main_smem_bytes(C::D, C::BC, C::BR) > dq_smem_bytes(C::D, C::BRQ, C::BCQ)
-               ? main_smem_bytes(C::D, C::BC, C::BR)
-               : dq_smem_bytes(C::D, C::BRQ, C::BCQ);
+    return main_smem_of<C>() > dq_smem_bytes(C::D, C::BRQ, C::BCQ) ? main_smem_of<C>()
+                                                                   : dq_smem_bytes(C::D, C::BRQ, C::BCQ);
+}
+
+/* The cluster kernels (CL) run from this build's sm_90a code only: on Hopper (other GPUs would JIT the compute_80
+ * PTX, whose CL kernels trap). */
+static int device_runs_clusters(void)
+{
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major == 9;
 }
 
 template <typename T, typename C>
 static cudaError_t launch_main(const flash_params *p, cudaStream_t stream)
 {
-    const size_t smem = main_smem_bytes(C::D, C::BC, C::BR);
-    auto kernel = p->has_hook ? bwd_main_kernel<T, C::D, C::BC, C::BR, C::WK, C::DQ_WM, C::DQC, true>
-                              : bwd_main_kernel<T, C::D, C::BC, C::BR, C::WK, C::DQ_WM, C::DQC, false>;
+    if (C::CL && !device_runs_clusters())
+        return cudaErrorNotSupported;
+    const size_t smem = main_smem_of<C>();
+    void (*kernel)(flash_params, hook_consts) =
+        bwd_main_kernel<T, C::D, C::DO, C::BC, C::BR, C::WK, C::DQ_WM, C::DQC, C::QST, C::CL, true>;
+    if constexpr (C::D <= FLASH_CUDA_MAX_HEAD_DIM) /* above: the HOOK kernel alone serves every call, as forward's */
+        if (!p->has_hook)
+            kernel = bwd_main_kernel<T, C::D, C::DO, C::BC, C::BR, C::WK, C::DQ_WM, C::DQC, C::QST, C::CL, false>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
-    const dim3 grid(blocks_for(p->sk, C::BC), (unsigned int)p->h, (unsigned int)p->b);
-    kernel<<<grid, MAIN_WARPS * FLASH_WARP_SIZE, smem, stream>>>(*p, make_hook_consts(p));
-    return cudaGetLastError();
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks_for(p->sk, C::BC) * (C::D / C::DO), (unsigned int)p->h, (unsigned int)p->b);
+    cfg.blockDim = dim3(MAIN_WARPS * FLASH_WARP_SIZE);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr;
+    if (C::CL) { /* the D / DO CTAs of a key tile one cluster */
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = C::D / C::DO;
+        attr.val.clusterDim.y = 1;
+        attr.val.clusterDim.z = 1;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, kernel, *p, make_hook_consts(p));
 }
 
 template <typename T, typename C>
@@ -1021,7 +1166,10 @@ typedef enum bwd_part { BWD_PART_MAIN, BWD_PART_DQ } bwd_part;
 template <typename T, typename C>
 static cudaError_t launch_part(const flash_params *p, bwd_part part, cudaStream_t stream)
 {
-    return part == BWD_PART_MAIN ? launch_main<T, C>(p, stream) : launch_dq<T, C>(p, stream);
+    if constexpr (C::D > FLASH_CUDA_MAX_HEAD_DIM) /* no dQ kernel: deterministic mode stops at 256 (check) */
+        return part == BWD_PART_MAIN ? launch_main<T, C>(p, stream) : cudaErrorInvalidValue;
+    else
+        return part == BWD_PART_MAIN ? launch_main<T, C>(p, stream) : launch_dq<T, C>(p, stream);
 }
 
 /* Tile configuration for head dim p->d and tiles t. */
@@ -1035,6 +1183,8 @@ static cudaError_t launch_tiles(const flash_params *p, flash_tiles t, bwd_part p
     if (p->d <= 128)
         return large ? launch_part<T, bwd80_tiles_d128_large>(p, part, stream)
                      : launch_part<T, bwd80_tiles_d128_small>(p, part, stream);
+    if (p->d > FLASH_CUDA_MAX_HEAD_DIM)
+        return launch_part<T, bwd80_tiles_d512>(p, part, stream);
     return large ? launch_part<T, bwd80_tiles_d256_large>(p, part, stream)
                  : launch_part<T, bwd80_tiles_d256_small>(p, part, stream);
 }
@@ -1055,6 +1205,8 @@ extern "C" size_t flash_bwd_sm80_smem(const flash_params *p, flash_tiles t)
         return large ? tiles_smem_bytes<bwd80_tiles_d64_large>() : tiles_smem_bytes<bwd80_tiles_d64_small>();
     if (p->d <= 128)
         return large ? tiles_smem_bytes<bwd80_tiles_d128_large>() : tiles_smem_bytes<bwd80_tiles_d128_small>();
+    if (p->d > FLASH_CUDA_MAX_HEAD_DIM) /* SIZE_MAX: no d512 kernel on this GPU (launch.h) */
+        return bwd80_tiles_d512::CL && !device_runs_clusters() ? SIZE_MAX : tiles_smem_bytes<bwd80_tiles_d512>();
     return large ? tiles_smem_bytes<bwd80_tiles_d256_large>() : tiles_smem_bytes<bwd80_tiles_d256_small>();
 }
 
@@ -1073,8 +1225,8 @@ static int strides_ok(const flash_strides *s, int64_t b, int64_t rows, int64_t h
 extern "C" cudaError_t flash_bwd_sm80_check(const flash_params *p)
 {
     if ((p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16) || p->d < 1 || p->d % CHUNK != 0 ||
-        p->d > FLASH_CUDA_MAX_HEAD_DIM || p->h_kv < 1 || p->h % p->h_kv != 0 || p->h_per_kv != p->h / p->h_kv ||
-        p->sq > INT_MAX || p->sk > INT_MAX || p->h > FLASH_MAX_GRID_YZ || p->b > FLASH_MAX_GRID_YZ)
+        p->d > FLASH_CUDA_BWD_MAX_HEAD_DIM || (p->d > FLASH_CUDA_MAX_HEAD_DIM && p->deterministic) || p->h_kv < 1 ||
+        p->h % p->h_kv != 0 || p->h_per_kv != p->h / p->h_kv || p->sq > INT_MAX || p->sk > INT_MAX || p->h > FLASH_MAX_GRID_YZ || p->b > FLASH_MAX_GRID_YZ)
         return cudaErrorInvalidValue;
     /* the dense kernels know nothing of the variants; the HOOK kernels read the mask through its flags;
      * attn_mask and dbias exist for dense batches only; KV caches (k_batch_idx, k_leftpad, block_table)

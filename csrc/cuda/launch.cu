@@ -175,16 +175,22 @@ extern "C" cudaError_t flash_fwd_cuda(const flash_params *p, cudaStream_t stream
     }
 }
 
+/* The backward's main kernel on Hopper: bwd_sm90.cu's up to head dim 256, above it bwd_sm80.cu's d512 config. */
+static int bwd_sm90(const flash_params *p)
+{
+    return use_sm90() && p->d <= FLASH_CUDA_MAX_HEAD_DIM;
+}
+
 extern "C" int flash_bwd_wants_dq_semaphore(const flash_params *p)
 {
-    return !is_simple(p) && p->deterministic && use_sm90() && flash_bwd_sm90_orders_dq(p);
+    return !is_simple(p) && p->deterministic && bwd_sm90(p) && flash_bwd_sm90_orders_dq(p);
 }
 
 /* 1 where dq_accum is in the tiled layout (launch.h flash_bwd_pre_tiled): where bwd_sm90.cu's d > 128 kernel
  * runs p. */
 static int bwd_dq_tiled(const flash_params *p)
 {
-    return !is_simple(p) && p->d > 128 && use_sm90();
+    return !is_simple(p) && p->d > 128 && bwd_sm90(p);
 }
 
 extern "C" int64_t flash_bwd_dq_accum_floats(const flash_params *p)
@@ -241,7 +247,8 @@ extern "C" cudaError_t flash_bwd_cuda(const flash_params *p_in, cudaStream_t str
         fixed.do_s = flash_dout_fix_strides(&fixed);
         fixed.lse = fixed.lse_fix;
     }
-    err = use_sm90() ? flash_bwd_main_sm90(p, stream) : flash_bwd_main_sm80(p, tiles, stream);
+    const int sm90 = bwd_sm90(p);
+    err = sm90 ? flash_bwd_main_sm90(p, stream) : flash_bwd_main_sm80(p, tiles, stream);
     if (err != cudaSuccess)
         return err;
     /* deterministic mode: dQ in the main kernel's fixed order where it has the semaphores, else the dQ kernel */
@@ -250,9 +257,9 @@ extern "C" cudaError_t flash_bwd_cuda(const flash_params *p_in, cudaStream_t str
         {"bwd_sm90.cu", "bwd_sm90.cu, dQ by bwd_sm80.cu's dQ kernel"},
         {"bwd_sm80.cu (large tiles)", "bwd_sm80.cu (large tiles, dQ kernel)"},
         {"bwd_sm80.cu (small tiles)", "bwd_sm80.cu (small tiles, dQ kernel)"}};
-    record_kernels(&last_bwd, bwd_names[use_sm90() ? 0 : tiles == FLASH_TILES_LARGE ? 1 : 2][!dq_added]);
+    record_kernels(&last_bwd, bwd_names[sm90 ? 0 : tiles == FLASH_TILES_LARGE ? 1 : 2][!dq_added]);
     /* after flash_bwd_main_sm90: a programmatic dependent launch (launch.h) */
-    err = dq_added ? bwd_dq_post(p, use_sm90(), stream) : flash_bwd_sm80_dq(p, tiles, stream);
+    err = dq_added ? bwd_dq_post(p, sm90, stream) : flash_bwd_sm80_dq(p, tiles, stream);
     if (err != cudaSuccess)
         return err;
     if (p->h != p->h_kv)

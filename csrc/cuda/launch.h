@@ -63,7 +63,8 @@ cudaError_t flash_kv_append_cuda(const flash_kv_append_params *p, cudaStream_t s
 cudaError_t flash_mask_flags_cuda(const flash_params *p, uint8_t *blocks, cudaStream_t stream);
 
 /* Shared memory per CTA that the fp16/bf16 forward and backward need at head dim p->d (the smallest
- * tiles that launch.cu would pick), and what the current device offers (opt-in limit, capped by
+ * tiles that launch.cu would pick; SIZE_MAX where no kernel of this build runs it on the current device: the
+ * d512 backward's clusters off Hopper), and what the current device offers (opt-in limit, capped by
  * FLASHATTN_EXT_SMEM_LIMIT); the binding reports a clear error when short. */
 size_t flash_fwd_smem_needed(const flash_params *p);
 size_t flash_bwd_smem_needed(const flash_params *p);
@@ -129,7 +130,7 @@ size_t flash_fwd_sm80_smem(const flash_params *p);
  * end implies the earlier kernels' (those launched after it, normally, rely on that).
  * flash_bwd_sm80_check validates what these kernels require of p (alignment, strides, head dim):
  * cudaErrorInvalidValue when unmet. flash_bwd_sm80_smem: shared memory of the sm80 main and dQ kernels
- * with tiles t at head dim p->d. */
+ * with tiles t at head dim p->d (SIZE_MAX: none runs on the current device). */
 cudaError_t flash_bwd_sm80_check(const flash_params *p);
 size_t flash_bwd_sm80_smem(const flash_params *p, flash_tiles t);
 cudaError_t flash_bwd_pre(const flash_params *p, cudaStream_t stream);

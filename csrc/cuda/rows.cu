@@ -23,15 +23,15 @@
  *   span the longest sequence, rows past their sequence's end do nothing.
  *
  * The dropout keep mask of one call, materialized for return_attn_probs (a test aid on small shapes: it is
- * sq x sk per head): flash_dropout_mask_cuda (flash_dropout_mask_kernel), keep (b, h, sq, sk) contiguous
+ * sq x sk per head): flash_dropout_mask_cuda (flash_mask_pass_kernel), keep (b, h, sq, sk) contiguous
  * uint8, keep[b, hq, i, j] = flash_dropout_keep(p, b * h + hq, i, j) (mask.h), for every (i, j) whatever the
  * band or attn_mask (the caller combines them). One thread per FLASH_DROPOUT_KEYS_PER_CALL keys of one row:
  * one flash_dropout_bits call gives all their draws. Grid-stride loop over the b * h * sq * ceil(sk / 4)
- * groups, kMaskThreads per CTA. Dense batches only: a varlen p (cu_seqlens_q set) is refused with
+ * groups, kFlagThreads per CTA. Dense batches only: a varlen p (cu_seqlens_q set) is refused with
  * cudaErrorInvalidValue. Not measured.
  *
  * The attn_mask's block flags of one call (flash.h mask_blocks, mask.h), in one pass over the mask:
- * flash_mask_flags_cuda (flash_mask_flags_kernel). Flag (b', h', rb, cb) of the mask's own dimensions (mask.h
+ * flash_mask_flags_cuda (flash_mask_pass_kernel). Flag (b', h', rb, cb) of the mask's own dimensions (mask.h
  * flash_mask_flag_dims: a broadcast dimension counts once) covers rows [16 rb, 16 rb + 16) and keys
  * [16 cb, 16 cb + 16) (FLASH_MASK_BLOCK; only the entries inside the mask): FLASH_MASK_ANY_VISIBLE if some
  * entry is visible (bool: true; additive: above -inf), FLASH_MASK_ANY_MASKED if some entry is masked (bool:
@@ -59,13 +59,14 @@
 #define POST_THREADS 256 /* threads per block of the preprocess and postprocess kernels */
 
 /* The row-wise kernels (preprocess, dQ postprocess) give each query row 2^row_lanes_log2(d) threads, one per
- * CHUNK columns rounded up to a power of two (a row's threads are an aligned group of lanes of one warp), and
- * block x of the grid (row blocks, h, b) rows [x R, x R + R), R = POST_THREADS >> row_lanes_log2(d), of query
- * head y of batch z: index arithmetic in shifts, every lane busy at d = 64, 128, 256. */
+ * CHUNK columns rounded up to a power of two, at most a warp (a row's threads are an aligned group of lanes of one
+ * warp; above d = 256 each takes every 32nd CHUNK of the row), and block x of the grid (row blocks, h, b) rows
+ * [x R, x R + R), R = POST_THREADS >> row_lanes_log2(d), of query head y of batch z: index arithmetic in shifts,
+ * every lane busy at d = 64, 128, 256, 512. */
 __host__ __device__ inline int row_lanes_log2(int d)
 {
     int lg = 0;
-    while ((CHUNK << lg) < d)
+    while ((CHUNK << lg) < d && (1 << lg) < FLASH_WARP_SIZE)
         ++lg;
     return lg;
 }
@@ -83,11 +84,11 @@ __device__ __forceinline__ unsigned group_mask(int lanes)
 
 /* One row of a (b, hq) per 2^lg threads (varlen: sq = max_seqlen_q, rows past the sequence's end do nothing;
  * they take part in the row's shuffles with a zero sum); thread l of the row reads CHUNK consecutive elements
- * of O and dO at column CHUNK l and zeroes float4 columns l, l + 2^lg, ... of the row's dq_accum (where the
- * main kernel adds dQ into it) and, at every FLASH_DQ_SEM_ROWS-th row, the row's dq_semaphore entry. TILED
- * (d > 128, mask.h flash_dq_tiled_row0): the zeroing is that of the tiled dq_accum instead, by the threads of rows
- * [sq, sq rounded up to FLASH_DQ_TILE_ROWS) too, each row's threads the 256 contiguous floats of the row's index
- * in the tiles (which hold values of other rows); the grid spans p->sq rounded up likewise. */
+ * of O and dO at columns CHUNK l, + CHUNK 2^lg, ... and zeroes float4 columns l, l + 2^lg, ... of the row's
+ * dq_accum (where the main kernel adds dQ into it) and, at every FLASH_DQ_SEM_ROWS-th row, the row's dq_semaphore
+ * entry. TILED (d > 128, mask.h flash_dq_tiled_row0): the zeroing is that of the tiled dq_accum instead, by the
+ * threads of rows [sq, sq rounded up to FLASH_DQ_TILE_ROWS) too, each row's threads the 256 contiguous floats of the
+ * row's index in the tiles (which hold values of other rows); the grid spans p->sq rounded up likewise. */
 template <typename T, bool TILED = false, bool FIX = false>
 __device__ __forceinline__ void preprocess_rows(const flash_params &p)
 {
@@ -95,7 +96,6 @@ __device__ __forceinline__ void preprocess_rows(const flash_params &p)
     const int64_t i = (int64_t)blockIdx.x * (POST_THREADS >> lg) + (threadIdx.x >> lg), hq = blockIdx.y, b = blockIdx.z;
     const flash_seq s = flash_seq_of(&p, b);
     const bool live = i < s.sq;
-    const int c = lr * CHUNK;
     float sum = 0.f, inv_l = 1.f;
     if (FIX && live) { /* uniform over the row's lanes */
         const int64_t row = flash_lse_offset(&p, &s, b, hq) + i;
@@ -105,7 +105,7 @@ __device__ __forceinline__ void preprocess_rows(const flash_params &p)
         if (lr == 0)
             ((float *)p.lse_fix)[row] = lse_fix;
     }
-    if (live && c < d) {
+    for (int c = lr * CHUNK; live && c < d; c += lanes * CHUNK) {
         const T *o = (const T *)p.o + b * p.o_s.batch + (s.q_row0 + i) * p.o_s.row + hq * p.o_s.head;       /* (d) */
         const T *dout = (const T *)p.dout + b * p.do_s.batch + (s.q_row0 + i) * p.do_s.row + hq * p.do_s.head; /* (d) */
         const uint4 ov = *(const uint4 *)(o + c);
@@ -191,25 +191,28 @@ __global__ void __launch_bounds__(POST_THREADS) bwd_preprocess_kernel(const flas
 }
 
 /* dq = dq_accum * scale, one row of a (b, hq) per 2^lg threads as the preprocess (varlen: rows past the
- * sequence's end do nothing); thread l of the row converts CHUNK consecutive elements at column CHUNK l. */
+ * sequence's end do nothing); thread l of the row converts CHUNK consecutive elements at columns CHUNK l,
+ * + CHUNK 2^lg, ... */
 template <typename T>
 __device__ __forceinline__ void dq_post_rows(const flash_params &p)
 {
-    const int d = (int)p.d, lg = row_lanes_log2(d), c = (int)(threadIdx.x & ((1u << lg) - 1)) * CHUNK;
+    const int d = (int)p.d, lg = row_lanes_log2(d), lanes = 1 << lg;
     const int64_t i = (int64_t)blockIdx.x * (POST_THREADS >> lg) + (threadIdx.x >> lg), hq = blockIdx.y, b = blockIdx.z;
     const flash_seq s = flash_seq_of(&p, b);
-    if (i >= s.sq || c >= d)
+    if (i >= s.sq)
         return;
     const int64_t row = flash_lse_offset(&p, &s, b, hq) + i;
     const float scale = (float)p.scale;
-    const float4 *src = (const float4 *)(p.dq_accum + row * d + c); /* (8) of dq_accum (lse layout, d) */
-    const float4 x = src[0], y = src[1];
-    uint4 out;
-    out.x = pack2<T>(x.x * scale, x.y * scale);
-    out.y = pack2<T>(x.z * scale, x.w * scale);
-    out.z = pack2<T>(y.x * scale, y.y * scale);
-    out.w = pack2<T>(y.z * scale, y.w * scale);
-    *(uint4 *)((T *)p.dq + b * p.dq_s.batch + (s.q_row0 + i) * p.dq_s.row + hq * p.dq_s.head + c) = out;
+    for (int c = (int)(threadIdx.x & (lanes - 1)) * CHUNK; c < d; c += lanes * CHUNK) {
+        const float4 *src = (const float4 *)(p.dq_accum + row * d + c); /* (8) of dq_accum (lse layout, d) */
+        const float4 x = src[0], y = src[1];
+        uint4 out;
+        out.x = pack2<T>(x.x * scale, x.y * scale);
+        out.y = pack2<T>(x.z * scale, x.w * scale);
+        out.z = pack2<T>(y.x * scale, y.y * scale);
+        out.w = pack2<T>(y.z * scale, y.w * scale);
+        *(uint4 *)((T *)p.dq + b * p.dq_s.batch + (s.q_row0 + i) * p.dq_s.row + hq * p.dq_s.head + c) = out;
+    }
 }
 
 #define DQ_STAGE_LD (FLASH_CUDA_MAX_HEAD_DIM / 2 + 4) /* 32-bit words per row of dq_post_tile's staging tile: the
@@ -404,10 +407,8 @@ extern "C" cudaError_t flash_bwd_dkv_post(const flash_params *p, cudaStream_t st
 /* ------------------------------------------------------------------------------------------------ */
 /* the dropout keep mask (return_attn_probs)                                                        */
 
-static constexpr int kMaskThreads = 256;       /* threads per CTA */
-
-__global__ void __launch_bounds__(kMaskThreads)
-flash_dropout_mask_kernel(const flash_params p, uint8_t *keep /* (b, h, sq, sk) */)
+/* The keep mask's pass (flash_mask_pass_kernel's body where it is launched with FLASH_PASS_DROPOUT). */
+__device__ __forceinline__ void dropout_mask_of(const flash_params &p, uint8_t *keep /* (b, h, sq, sk) */)
 {
     const int64_t groups_per_row = flash_cdiv64(p.sk, FLASH_DROPOUT_KEYS_PER_CALL);
     const uint32_t cut = flash_dropout_cut(&p); /* kept iff draw > cut */
@@ -427,22 +428,11 @@ flash_dropout_mask_kernel(const flash_params p, uint8_t *keep /* (b, h, sq, sk) 
     }
 }
 
-extern "C" cudaError_t flash_dropout_mask_cuda(const flash_params *p, uint8_t *keep, cudaStream_t stream)
-{
-    if (p->cu_seqlens_q != NULL)
-        return cudaErrorInvalidValue;
-    if (p->b == 0 || p->h == 0 || p->sq == 0 || p->sk == 0)
-        return cudaSuccess;
-    const int64_t groups = p->b * p->h * p->sq * flash_cdiv64(p->sk, FLASH_DROPOUT_KEYS_PER_CALL);
-    const int64_t ctas = flash_min64(flash_cdiv64(groups, kMaskThreads), FLASH_MAX_GRID_YZ);
-    flash_dropout_mask_kernel<<<(unsigned)ctas, kMaskThreads, 0, stream>>>(*p, keep);
-    return cudaGetLastError();
-}
-
 /* ------------------------------------------------------------------------------------------------ */
 /* the attn_mask block flags                                                                        */
 
-static constexpr int kFlagThreads = 256;       /* threads per CTA */
+static constexpr int kFlagThreads = 256;       /* threads per CTA (of the keep mask's pass too) */
+enum { FLASH_PASS_FLAGS, FLASH_PASS_DROPOUT }; /* flash_mask_pass_kernel's `what` */
 static constexpr int kVecBytes = 16;           /* one vector load */
 /* CTAs per SM that the register budget leaves room for: the five entry types' bodies in one kernel need no more
  * registers than the bool one alone (48, no spills; without the bound 64) */
@@ -499,21 +489,24 @@ __device__ __forceinline__ void mask_flags_of(const flash_params &p, uint8_t *bl
     }
 }
 
-/* One kernel for the five entry types (a pass over the mask, memory-bound): its threads take the body of the
- * mask's type (a uniform branch; launched for a bool or an additive mask of dtype fp16 / bf16 / fp32 / fp64). */
+/* One kernel for the keep mask's pass and the flags' of the five entry types (passes over memory): its threads
+ * take the body of `what` and the mask's type (uniform branches; launched for a bool or an additive mask of dtype
+ * fp16 / bf16 / fp32 / fp64). out: the keep mask (b, h, sq, sk), or the flags (flash_mask_flag_dims, contiguous). */
 __global__ void __launch_bounds__(kFlagThreads, kFlagMinCtas)
-flash_mask_flags_kernel(const flash_params p, uint8_t *blocks /* flash_mask_flag_dims, contiguous */)
+flash_mask_pass_kernel(const flash_params p, uint8_t *out, const int what)
 {
-    if (p.mask_kind == FLASH_MASK_BOOL)
-        mask_flags_of<uint8_t>(p, blocks);
+    if (what == FLASH_PASS_DROPOUT)
+        dropout_mask_of(p, out);
+    else if (p.mask_kind == FLASH_MASK_BOOL)
+        mask_flags_of<uint8_t>(p, out);
     else if (p.dtype == FLASH_FP16)
-        mask_flags_of<__half>(p, blocks);
+        mask_flags_of<__half>(p, out);
     else if (p.dtype == FLASH_BF16)
-        mask_flags_of<__nv_bfloat16>(p, blocks);
+        mask_flags_of<__nv_bfloat16>(p, out);
     else if (p.dtype == FLASH_FP32)
-        mask_flags_of<float>(p, blocks);
+        mask_flags_of<float>(p, out);
     else
-        mask_flags_of<double>(p, blocks);
+        mask_flags_of<double>(p, out);
 }
 
 extern "C" cudaError_t flash_mask_flags_cuda(const flash_params *p, uint8_t *blocks, cudaStream_t stream)
@@ -529,6 +522,18 @@ extern "C" cudaError_t flash_mask_flags_cuda(const flash_params *p, uint8_t *blo
     if (p->mask_kind == FLASH_MASK_ADD && p->dtype != FLASH_FP16 && p->dtype != FLASH_BF16 &&
         p->dtype != FLASH_FP32 && p->dtype != FLASH_FP64)
         return cudaErrorInvalidValue;
-    flash_mask_flags_kernel<<<ctas, kFlagThreads, 0, stream>>>(*p, blocks);
+    flash_mask_pass_kernel<<<ctas, kFlagThreads, 0, stream>>>(*p, blocks, FLASH_PASS_FLAGS);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t flash_dropout_mask_cuda(const flash_params *p, uint8_t *keep, cudaStream_t stream)
+{
+    if (p->cu_seqlens_q != NULL)
+        return cudaErrorInvalidValue;
+    if (p->b == 0 || p->h == 0 || p->sq == 0 || p->sk == 0)
+        return cudaSuccess;
+    const int64_t groups = p->b * p->h * p->sq * flash_cdiv64(p->sk, FLASH_DROPOUT_KEYS_PER_CALL);
+    const int64_t ctas = flash_min64(flash_cdiv64(groups, kFlagThreads), FLASH_MAX_GRID_YZ);
+    flash_mask_pass_kernel<<<(unsigned)ctas, kFlagThreads, 0, stream>>>(*p, keep, FLASH_PASS_DROPOUT);
     return cudaGetLastError();
 }

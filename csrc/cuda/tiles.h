@@ -90,26 +90,43 @@ struct decode_warps_per_cta {
 };
 
 /* bwd_sm80.cu: main kernel BC keys per CTA, BR queries per pipeline stage, WK warps along the keys of S^T
- * (MAIN_WARPS / WK along its queries), DQ_WM warps along the rows of dQ, DQC dQ columns per chunk; BRQ x BCQ the
- * tile of the deterministic dQ kernel. The large ones need the 227 KB per CTA of sm90; the small ones fit the
- * A100's 163 KB and, up to d = 128, the 99 KB of sm86 / sm89 (not measured: no such GPU here). */
+ * (MAIN_WARPS / WK along its queries), DQ_WM warps along the rows of dQ, DQC dQ columns per chunk, DO columns of
+ * dK, dV and dQ per CTA (D / DO CTAs per key tile, each computing all of S^T and dP^T, or with CL a cluster whose
+ * CTAs add each other's partial S^T and dP^T), QST stages of Q and dO;
+ * BRQ x BCQ the tile of the deterministic dQ kernel. The large ones need the 227 KB per CTA of sm90; the small ones
+ * fit the A100's 163 KB and, up to d = 128, the 99 KB of sm86 / sm89 (not measured: no such GPU here). */
 struct bwd80_tiles_d64_large {
-    static constexpr int D = 64, BC = 128, BR = 128, WK = 4, DQ_WM = 4, DQC = 32, BRQ = 128, BCQ = 64;
+    static constexpr int D = 64, BC = 128, BR = 128, WK = 4, DQ_WM = 4, DQC = 32, DO = D, QST = 2, BRQ = 128, BCQ = 64;
+    static constexpr bool CL = false;
 };
 struct bwd80_tiles_d64_small {
-    static constexpr int D = 64, BC = 64, BR = 64, WK = 2, DQ_WM = 2, DQC = 16, BRQ = 128, BCQ = 64;
+    static constexpr int D = 64, BC = 64, BR = 64, WK = 2, DQ_WM = 2, DQC = 16, DO = D, QST = 2, BRQ = 128, BCQ = 64;
+    static constexpr bool CL = false;
 };
 struct bwd80_tiles_d128_large {
-    static constexpr int D = 128, BC = 128, BR = 64, WK = 4, DQ_WM = 2, DQC = 32, BRQ = 128, BCQ = 64;
+    static constexpr int D = 128, BC = 128, BR = 64, WK = 4, DQ_WM = 2, DQC = 32, DO = D, QST = 2, BRQ = 128, BCQ = 64;
+    static constexpr bool CL = false;
 };
 struct bwd80_tiles_d128_small {
-    static constexpr int D = 128, BC = 64, BR = 32, WK = 4, DQ_WM = 2, DQC = 32, BRQ = 64, BCQ = 32;
+    static constexpr int D = 128, BC = 64, BR = 32, WK = 4, DQ_WM = 2, DQC = 32, DO = D, QST = 2, BRQ = 64, BCQ = 32;
+    static constexpr bool CL = false;
 };
 struct bwd80_tiles_d256_large {
-    static constexpr int D = 256, BC = 64, BR = 64, WK = 2, DQ_WM = 2, DQC = 32, BRQ = 64, BCQ = 32;
+    static constexpr int D = 256, BC = 64, BR = 64, WK = 2, DQ_WM = 2, DQC = 32, DO = D, QST = 2, BRQ = 64, BCQ = 32;
+    static constexpr bool CL = false;
 };
 struct bwd80_tiles_d256_small {
-    static constexpr int D = 256, BC = 64, BR = 32, WK = 4, DQ_WM = 2, DQC = 32, BRQ = 64, BCQ = 32;
+    static constexpr int D = 256, BC = 64, BR = 32, WK = 4, DQ_WM = 2, DQC = 32, DO = D, QST = 2, BRQ = 64, BCQ = 32;
+    static constexpr bool CL = false;
+};
+
+/* Head dims 257..512 (Hopper: thread-block clusters; not deterministic mode, whose dQ kernel stops at 256): the two
+ * CTAs of a key tile one cluster (CL), each holding 256 of the columns of K, V, Q and dO and computing its partial
+ * S^T and dP^T, which the two swap through distributed shared memory (16 KB each way per step), then the dK, dV
+ * and dQ of its 256 columns: nothing computed twice; two Q / dO stages (178 KB). */
+struct bwd80_tiles_d512 {
+    static constexpr int D = 512, BC = 64, BR = 32, WK = 4, DQ_WM = 2, DQC = 32, DO = 256, QST = 2, BRQ = 0, BCQ = 0;
+    static constexpr bool CL = true;
 };
 
 /* bwd_sm90.cu. bwd_main_sm90_kernel (D <= 128): BN keys per CTA (64 per MMA warpgroup: one value for both head

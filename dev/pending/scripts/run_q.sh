@@ -21,10 +21,9 @@
 #   run_q.sh bwdncu            after bwdab: ncu of the backward main kernel in main and in each ab/ tree of $BWD_AB (d128 s8k causal)
 #   run_q.sh bwdab             the ab/ trees of $BWD_AB (backward patches): bh test all, bh time1 beside main
 #   run_q.sh bwdabv            after bwdab on the same machine: bh timev (the variants' rows) of the same trees
-#   run_q.sh d512test          ab/$D512_TREE's (default d512bwd) CUDA tests (test_headdim_v, test_sanitize, test_fuzz);
+#   run_q.sh d512test          main's (or ab/$D512_TREE's) CUDA tests (test_headdim_v, test_sanitize, test_fuzz);
 #                              d512san: memcheck, racecheck (d > 256 configs); d512bench: bench_headdims.py (BENCH_S s)
-#   run_q.sh d512ab            ab/d512cl (the cluster d512 backward) beside ab/d512bwd: d512_ab.py rounds (build both first)
-#   run_q.sh dsmem             ab/d512cl's dev/dsmem_probe.cu: ns per step of a partial-score exchange between the 2 CTAs of a cluster
+#   run_q.sh dsmem             dev/dsmem_probe.cu: ns per step of a partial-score exchange between the 2 CTAs of a cluster
 #   run_q.sh t5test            ab/$T5_TREE's (default t5v14) test_rel_bias -k cuda on both paths
 #   run_q.sh t5v14ab / t5v14abh  ab/t5v14 (main + i34_t5_stack) beside main, t5_ab.py rounds (abh: the HOOK rows only, 6 rounds)
 #   run_q.sh t5ncu             ab/$T5NCU_TREE's (default t5v14) backward main kernel with ALiBi, then with T5's table (ncu, same inputs)
@@ -71,27 +70,26 @@ for step in "$@"; do
     simpleab) rounds simpleab "" $S/paged_fp32_ab.py main presimple ;; # the simple.cu merge (c65d077): its fp32 rows beside 7a04002 (BUILD_TREES="main presimple" build first)
     t5v14ab) rounds t5v14ab90 T5_AB_SKIP_T5_IN=main $S/t5_ab.py t5v14 main ;; # the T5 stack as it would land beside main: the other HOOK variants' cost (issue 34: within 1%), T5 beside ALiBi in the tree
     t5v14abh) ROUNDS=${ROUNDS:-6} rounds t5v14abh90 "T5_AB_SKIP_T5_IN=main T5_AB_ONLY_HOOK=1" $S/t5_ab.py t5v14 main ;; # the HOOK rows only, 6 rounds, beside main (2026-12-07g: the others are the same machine code)
-    d512test) # ab/d512bwd (main + i36_d512_bwd: the fp16 / bf16 backward at d 257..512 on bwd_sm80.cu): its CUDA tests
-        cd ab/${D512_TREE:-d512bwd}
+    d512test) # the fp16 / bf16 backward at d 257..512 (bwd_sm80.cu D512, landed 2026-12-07j) in main or ab/$D512_TREE: its CUDA tests
+        [ -n "${D512_TREE:-}" ] && cd ab/$D512_TREE
         PYTHONPATH=$PWD timeout 240 python3 -m pytest -q -n 12 -p no:cacheprovider tests/test_headdim_v.py tests/test_sanitize.py \
             -k "cuda or sanitizer" > $OUT/d512test.log 2>&1
         echo "test_headdim_v -k cuda + test_sanitize rc $?: $(tail -1 $OUT/d512test.log)"; grep -h "^FAILED" $OUT/d512test.log | head -8
         PYTHONPATH=$PWD timeout 150 python3 -m pytest -q -n 12 -p no:cacheprovider tests/test_fuzz.py -k cuda > /tmp/d512fuzz.log 2>&1
         echo "test_fuzz -k cuda rc $?: $(tail -1 /tmp/d512fuzz.log)"; grep -h "^FAILED" /tmp/d512fuzz.log | head -5 ;;
-    d512san) # ab/d512bwd: memcheck over test_sanitize.py's configs, racecheck over its d > 256 ones (--large)
-        cd ab/${D512_TREE:-d512bwd}
+    d512san) # main or ab/$D512_TREE: memcheck over test_sanitize.py's configs, racecheck over its d > 256 ones (--large)
+        [ -n "${D512_TREE:-}" ] && cd ab/$D512_TREE
         for run in "memcheck" "racecheck --large"; do
             set -- $run
             PYTHONPATH=$PWD PYTHONUNBUFFERED=1 timeout 200 compute-sanitizer --tool $1 --print-limit 20 python3 \
                 tests/test_sanitize.py ${2:-} > /tmp/d512_$1.log 2>&1
             echo "$run rc $?: $(tail -1 /tmp/d512_$1.log)"; grep -m3 -E "Invalid|Race|hazard|ERROR" /tmp/d512_$1.log
         done ;;
-    d512bench) # ab/d512bwd: issue 36's benchmark (bench_headdims.py: 512 beside 256, (192, 128) beside (160, 160))
-        (cd ab/${D512_TREE:-d512bwd} && PYTHONPATH=$PWD timeout 400 python3 benchmarks/bench_headdims.py --time-budget ${BENCH_S:-300} \
+    d512bench) # main or ab/$D512_TREE: issue 36's benchmark (bench_headdims.py: 512 beside 256, (192, 128) beside (160, 160))
+        (cd $R/${D512_TREE:+ab/$D512_TREE} && PYTHONPATH=$PWD timeout 400 python3 benchmarks/bench_headdims.py --time-budget ${BENCH_S:-300} \
             --out $OUT/headdims) ;;
-    d512ab) rounds d512ab "" $S/d512_ab.py d512cl d512bwd ;; # the cluster d512 backward (ab/d512cl) beside the recompute one (ab/d512bwd)
-    dsmem) # issue 36's d512 design: the cost of one partial-score exchange between the 2 CTAs of a cluster (ab/d512cl's dev/dsmem_probe.cu)
-        (cd ab/d512cl && nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda dev/dsmem_probe.cu -o /tmp/dsmem_probe) \
+    dsmem) # issue 36's d512 design: the cost of one partial-score exchange between the 2 CTAs of a cluster (dev/dsmem_probe.cu)
+        ( nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda dev/dsmem_probe.cu -o /tmp/dsmem_probe) \
             && timeout 120 /tmp/dsmem_probe ;;
     t5test) # ab/$T5_TREE's (default t5v14) T5 tests on CUDA, the sm90 path then the sm80 path
         t=${T5_TREE:-t5v14}
