@@ -24,7 +24,8 @@
  * the end: dtype when h == h_kv, else fp32 per query head for the GQA postprocess.
  * Deterministic mode (p->dq_semaphore): ORDERED instantiations walk key tiles in descending order and each
  * reducer adds a query tile's dQ after the next higher key tile's (dq_order: acquire spin, release store); at
- * D = 128 (dense) one warpgroup per step makes the whole dQ_partial, alternating (dq_alt).
+ * D = 128 (dense) one warpgroup per step makes the whole dQ_partial, alternating (dq_alt), lse / delta are loaded a
+ * block ahead and whole dQ tiles take the reducer's fast path (stat_ahead).
  * Masking: full tiles take an unmasked P step; the others one compare per value against the upper bound and the
  * key tail, and the lower bound only in tiles it cuts. HOOK, per element of S^T in the P step: softcap (tanh.approx),
  * ALiBi, the attn_mask (partial tiles only); dropout keep bits (Philox per 4 keys, made into smem under the S^T
@@ -113,6 +114,16 @@ __host__ __device__ constexpr bool d64_rs(int D, int BM)
 __host__ __device__ constexpr bool dq_alt(int D, bool hook, bool ordered, bool tma)
 {
     return D == 128 && ordered && !hook && !tma;
+}
+
+/* Deterministic mode's dense D = 128 kernel (ORDERED): lse / delta pairs loaded one 16-query block ahead of their
+ * use (p_block_at; block 0's before the S^T / dP^T waits, which an asm wgmma wait would otherwise keep them behind)
+ * and whole dQ tiles by the reducer's fast path (dq_add_tile WHOLE). H100 (h100/session_2026-12-07j): det d128 s8k
+ * causal 1.092x; the same in the default kernels 0.985-0.993x from s2k (the reducer's path alone 0.974-0.985x, the
+ * stat loads alone 0.989-0.998x), so there they stay off. */
+__host__ __device__ constexpr bool stat_ahead(int D, bool hook, bool ordered)
+{
+    return D == 128 && ordered && !hook;
 }
 
 /* TMA loads (issue 35, rank 2): the dense (HOOK = false) non-ORDERED D = 64 kernel, where the tensor maps can be
@@ -296,6 +307,16 @@ struct p_tile {
     bool row0_out, row8_out;
 };
 
+/* A per-query statistic's pairs for one 16-query block kq (its n8 blocks 2 kq, 2 kq + 1) from a thread's shared
+ * address of it (its first query's: + 2 lc). The main loop loads them one block ahead: an asm wgmma wait or issue
+ * keeps the shared loads after it, which left each block's LDS latency exposed before its first FFMA / FADD (ncu
+ * stall sampling, d128 s8k: the S^T block 0 FFMA alone 4.4% of the kernel's samples, short scoreboard). */
+__device__ __forceinline__ void stat_block_load(float2 v[2], uint32_t s, int kq)
+{
+    v[0] = ld_shared_v2_f32(s + 16 * kq * sizeof(float));
+    v[1] = ld_shared_v2_f32(s + (16 * kq + 8) * sizeof(float));
+}
+
 /* P^T of one 16-query block (8 values s8, layout of block_c) from S^T: exp2(S^T mul - lse2). MASK: 0
  * where the key is past sk or jl - il > hi (t > block_c: one compare per value). */
 template <bool MASK>
@@ -375,6 +396,17 @@ __device__ __forceinline__ void p_block_pair(float s8[8], int kq, const p_tile &
             s8[v] = pv;
         }
     }
+}
+
+/* The main loop's P^T of block kq: from the lse pairs loaded a block ahead (lse2) where AHEAD (stat_ahead), else
+ * by p_block's own loads. */
+template <bool AHEAD, bool MASK>
+__device__ __forceinline__ void p_block_at(float s8[8], int kq, const p_tile &pt, const float2 lse2[2])
+{
+    if (AHEAD)
+        p_block_pair<MASK>(s8, kq, pt, lse2);
+    else
+        p_block<MASK>(s8, kq, pt);
 }
 
 /* v, which is the same in all lanes of the warp, as the compiler's warp-uniform value (broadcast from
@@ -751,7 +783,7 @@ __device__ __forceinline__ void dq_order_release(const dq_order &ord, int m0)
 
 /* The reducer's part of one walked tile (walk index i, its buffer buf = i % NBUF, first row m0): wait on
  * FULL[buf], add the rows below sq into dq_accum (sq, d), hand the buffer back on EMPTY[buf]. */
-template <int BM, int D, int THREADS = WARPGROUP_THREADS>
+template <int BM, int D, int THREADS = WARPGROUP_THREADS, bool WHOLE = false>
 __device__ __forceinline__ void dq_add_tile(const float *dQb, float *dqa, uint32_t full, uint32_t empty, int i,
                                             int buf, int m0, int sq, int d, int rtid)
 {
@@ -764,7 +796,33 @@ __device__ __forceinline__ void dq_add_tile(const float *dQb, float *dqa, uint32
      * bounded (no per-thread remainder count held in the 24 registers) */
     constexpr int TOTAL = BM * V4_PER_ROW, ITERS = (TOTAL + THREADS - 1) / THREADS;
     constexpr bool EVEN = TOTAL % THREADS == 0;
+    /* WHOLE (stat_ahead's kernel): a whole tile (rows below sq, d == D: a uniform branch) by one column block per
+     * thread, rows RSTEP apart, every address an immediate offset from two bases (no per-element index math or
+     * bounds) */
+    constexpr int RSTEP = THREADS / V4_PER_ROW;
+    constexpr bool FAST = WHOLE && THREADS % V4_PER_ROW == 0 && BM % RSTEP == 0;
+    if constexpr (FAST) {
+        if (m0 + BM <= sq && d == D) {
+            const int r0 = rtid / V4_PER_ROW, c = rtid % V4_PER_ROW * 4;
+            uint32_t sa = src + (r0 * DQ_LD + c) * sizeof(float);
+            float4 *g = (float4 *)(dqa + (int64_t)(m0 + r0) * D + c);
 #pragma unroll UNROLL
+            for (int r = 0; r < BM; r += RSTEP, sa += RSTEP * DQ_LD * sizeof(float), g += RSTEP * V4_PER_ROW) {
+                float4 v = ld_shared_v4_f32(sa);
+                if (NPART == 2) {
+                    const float4 u = ld_shared_v4_f32(sa + BM * DQ_LD * sizeof(float));
+                    v = make_float4(v.x + u.x, v.y + u.y, v.z + u.z, v.w + u.w);
+                }
+                atomicAdd(g, v);
+            }
+            mbar_arrive(empty + buf * sizeof(uint64_t));
+            return;
+        }
+    }
+    /* the last tile of a sequence, or d < D: not unrolled where the whole tiles have their own path (the 24
+     * registers) */
+    constexpr int GUNROLL = FAST ? 1 : UNROLL;
+#pragma unroll GUNROLL
     for (int it = 0, idx = rtid; EVEN ? idx < TOTAL : it < ITERS; ++it, idx += THREADS) {
         const int r = idx / V4_PER_ROW, c = (idx % V4_PER_ROW) * 4;
         if ((EVEN || idx < TOTAL) && c < d && m0 + r < sq) {
@@ -836,7 +894,8 @@ __device__ __forceinline__ void dq_reducer(const flash_params &p, const float *d
         for (int i = half; i < m_end - m_first; i += NBUF) {
             const int m0 = (m_first + i) * BM;
             dq_chain_wait<DQ_HALF_THREADS>(ord, m_first + i, m0, hr, BAR_REDUCER + half);
-            dq_add_tile<BM, D, DQ_HALF_THREADS>(dQb, dqa, full, empty, i, half, m0, sq, d, hr);
+            dq_add_tile<BM, D, DQ_HALF_THREADS, stat_ahead(D, HOOK, ORDERED)>(dQb, dqa, full, empty, i, half, m0, sq,
+                                                                            d, hr);
             dq_chain_release<DQ_HALF_THREADS>(ord, m0, hr, BAR_REDUCER + half);
         }
     } else {
@@ -946,6 +1005,7 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
      * D = 128 kernel, where it won 1-3% on the H200 (HOOK not measured), and d64_rs (FlashAttention-3's order) */
     constexpr bool DQ_FIRST = (D == 128 && !HOOK) || RS;
     constexpr bool DQ_ALT = dq_alt(D, HOOK, ORDERED, TMA);
+    constexpr bool AHEAD = stat_ahead(D, HOOK, ORDERED);
     constexpr int DQ_NW = DQ_ALT ? D : DQ_N, NDQW = DQ_NW / 2; /* dQ columns of the warpgroup that makes it, regs */
     static_assert((BM == 64 && (D == 64 || D == 128)) || (BM == 128 && D == 64 && !HOOK), "tile configuration");
     static_assert(!TMA || (!HOOK && DQ_FIRST), "TMA loads: the dense kernels (every query tile walked)");
@@ -1171,6 +1231,10 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
             }
             wgmma_commit();
         } else {
+            constexpr int NKQ = BM / WGMMA_K;
+            float2 lse_n[2] = {}; /* AHEAD: the next block's lse pairs (stat_block_load, p_block_at) */
+            if (AHEAD)
+                stat_block_load(lse_n, pt.lse, 0);
             wgmma_wait<1>(); /* S^T */
             /* masking only in tiles where some key is masked. D = 64: two copies of the whole loop; D = 128:
              * one loop branching per 16-query block, so that the wgmma issue exists once (two copies of the
@@ -1178,16 +1242,19 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
              * branch was 1-2% slower than the copies) */
             if (need_mask || D == 128) {
 #pragma unroll
-                for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
+                for (int kq = 0; kq < NKQ; ++kq) {
+                    const float2 lse2[2] = {lse_n[0], lse_n[1]};
+                    if (AHEAD && kq + 1 < NKQ)
+                        stat_block_load(lse_n, pt.lse, kq + 1);
                     float g8[8]; /* HOOK: the softcap derivative */
                     if (HOOK)
                         hook_scores<T, BN>(s + 8 * kq, g8, kq, hkt, p, lane);
                     if (D == 64 || need_mask) {
-                        p_block<true>(s + 8 * kq, kq, pt);
+                        p_block_at<AHEAD, true>(s + 8 * kq, kq, pt, lse2);
                         if (need_lo)
                             p_block_lo(s + 8 * kq, kq, pt.u);
                     } else {
-                        p_block<false>(s + 8 * kq, kq, pt);
+                        p_block_at<AHEAD, false>(s + 8 * kq, kq, pt, lse2);
                     }
                     if (HOOK)
                         hook_p<T, BM, D == 128>(pa[kq], s + 8 * kq, g8, kq, hkt, lane);
@@ -1198,11 +1265,14 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
                 }
             } else {
 #pragma unroll
-                for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
+                for (int kq = 0; kq < NKQ; ++kq) {
+                    const float2 lse2[2] = {lse_n[0], lse_n[1]};
+                    if (AHEAD && kq + 1 < NKQ)
+                        stat_block_load(lse_n, pt.lse, kq + 1);
                     float g8[8]; /* HOOK: the softcap derivative */
                     if (HOOK)
                         hook_scores<T, BN>(s + 8 * kq, g8, kq, hkt, p, lane);
-                    p_block<false>(s + 8 * kq, kq, pt);
+                    p_block_at<AHEAD, false>(s + 8 * kq, kq, pt, lse2);
                     if (HOOK)
                         hook_p<T, BM, D == 128>(pa[kq], s + 8 * kq, g8, kq, hkt, lane);
                     else
@@ -1212,14 +1282,22 @@ __global__ void __launch_bounds__(SM90_THREADS_ALL, 1)
                 }
             }
             wgmma_commit();
+            const uint32_t delta_l = delta_t + 2 * lc * sizeof(float);
+            float2 dl_n[2] = {}; /* AHEAD: the next block's delta pairs, as lse_n */
+            if (AHEAD)
+                stat_block_load(dl_n, delta_l, 0);
             wgmma_wait<1>(); /* dP^T (dV may still run) */
 #pragma unroll
-            for (int kq = 0; kq < BM / WGMMA_K; ++kq) {
+            for (int kq = 0; kq < NKQ; ++kq) {
+                const float2 dl2[2] = {dl_n[0], dl_n[1]};
+                if (AHEAD && kq + 1 < NKQ)
+                    stat_block_load(dl_n, delta_l, kq + 1);
                 if (HOOK)
                     hook_dp<BM>(dp + 8 * kq, kq, hkt, p, lane);
 #pragma unroll
                 for (int i = 2 * kq; i < 2 * kq + 2; ++i) {
-                    const float2 dl = ld_shared_v2_f32(delta_t + (i * 8 + 2 * lc) * sizeof(float));
+                    const float2 dl = AHEAD ? dl2[i - 2 * kq]
+                                            : ld_shared_v2_f32(delta_t + (i * 8 + 2 * lc) * sizeof(float));
 #pragma unroll
                     for (int e = 0; e < 4; ++e)
                         dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? dl.y : dl.x));
