@@ -23,6 +23,7 @@
 #   run_q.sh bwdabv            after bwdab on the same machine: bh timev (the variants' rows) of the same trees
 #   run_q.sh d512test          main's (or ab/$D512_TREE's) CUDA tests (test_headdim_v, test_sanitize, test_fuzz);
 #                              d512san: memcheck, racecheck (d > 256 configs); d512bench: bench_headdims.py (BENCH_S s)
+#   run_q.sh detsan            main: racecheck over test_sanitize.py --det, pytest -k 'cuda and determin' (stat_ahead)
 #   run_q.sh dsmem             dev/dsmem_probe.cu: ns per step of a partial-score exchange between the 2 CTAs of a cluster
 #   run_q.sh t5test            ab/$T5_TREE's (default t5v14) test_rel_bias -k cuda on both paths
 #   run_q.sh t5v14ab / t5v14abh  ab/t5v14 (main + i34_t5_stack) beside main, t5_ab.py rounds (abh: the HOOK rows only, 6 rounds)
@@ -77,6 +78,15 @@ for step in "$@"; do
         echo "test_headdim_v -k cuda + test_sanitize rc $?: $(tail -1 $OUT/d512test.log)"; grep -h "^FAILED" $OUT/d512test.log | head -8
         PYTHONPATH=$PWD timeout 150 python3 -m pytest -q -n 12 -p no:cacheprovider tests/test_fuzz.py -k cuda > /tmp/d512fuzz.log 2>&1
         echo "test_fuzz -k cuda rc $?: $(tail -1 /tmp/d512fuzz.log)"; grep -h "^FAILED" /tmp/d512fuzz.log | head -5 ;;
+    detsan) # main (stat_ahead, ae19dc8): racecheck over test_sanitize.py's deterministic configs, the CUDA tests of
+        # deterministic mode (bitwise reproducibility and the reference)
+        PYTHONPATH=$R PYTHONUNBUFFERED=1 timeout 300 compute-sanitizer --tool racecheck --print-limit 20 python3 \
+            tests/test_sanitize.py --det > /tmp/detsan.log 2>&1
+        echo "racecheck --det rc $?: $(tail -1 /tmp/detsan.log)"; grep -m3 -E "Race|hazard|ERROR" /tmp/detsan.log
+        PYTHONPATH=$R timeout 240 python3 -m pytest -q -n 12 -p no:cacheprovider tests -k "cuda and determin" \
+            > $OUT/detsan_pytest.log 2>&1
+        echo "pytest -k 'cuda and determin' rc $?: $(tail -1 $OUT/detsan_pytest.log)"
+        grep -h "^FAILED" $OUT/detsan_pytest.log | head -5 ;;
     d512san) # main or ab/$D512_TREE: memcheck over test_sanitize.py's configs, racecheck over its d > 256 ones (--large)
         [ -n "${D512_TREE:-}" ] && cd ab/$D512_TREE
         for run in "memcheck" "racecheck --large"; do
