@@ -1226,7 +1226,8 @@ extern "C" cudaError_t flash_bwd_sm80_check(const flash_params *p)
 {
     if ((p->dtype != FLASH_BF16 && p->dtype != FLASH_FP16) || p->d < 1 || p->d % CHUNK != 0 ||
         p->d > FLASH_CUDA_BWD_MAX_HEAD_DIM || (p->d > FLASH_CUDA_MAX_HEAD_DIM && p->deterministic) || p->h_kv < 1 ||
-        p->h % p->h_kv != 0 || p->h_per_kv != p->h / p->h_kv || p->sq > INT_MAX || p->sk > INT_MAX || p->h > FLASH_MAX_GRID_YZ || p->b > FLASH_MAX_GRID_YZ)
+        p->h % p->h_kv != 0 || p->h_per_kv != p->h / p->h_kv || p->sq > INT_MAX || p->sk > INT_MAX ||
+        p->h > FLASH_MAX_GRID_YZ || p->b > FLASH_MAX_GRID_YZ)
         return cudaErrorInvalidValue;
     /* the dense kernels know nothing of the variants; the HOOK kernels read the mask through its flags;
      * attn_mask and dbias exist for dense batches only; KV caches (k_batch_idx, k_leftpad, block_table)
