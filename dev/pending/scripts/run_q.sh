@@ -24,7 +24,7 @@
 #   run_q.sh d512test          main's (or ab/$D512_TREE's) CUDA tests (test_headdim_v, test_sanitize, test_fuzz);
 #                              d512san: memcheck, racecheck (d > 256 configs); d512bench: bench_headdims.py (BENCH_S s)
 #   run_q.sh detsan            main: racecheck over test_sanitize.py --det, pytest -k 'cuda and determin' (stat_ahead)
-#   run_q.sh pairab            ab/p512 (the d512 pair forward) beside main: fh check bf16, fh bench 256 in rounds
+#   run_q.sh fwdab             the ab/ trees of $FWD_AB (default p512) beside main: fh check bf16, fh bench 256 in rounds
 #   run_q.sh dsmem             dev/dsmem_probe.cu: ns per step of a partial-score exchange between the 2 CTAs of a cluster
 #   run_q.sh t5test            ab/$T5_TREE's (default t5v14) test_rel_bias -k cuda on both paths
 #   run_q.sh t5v14ab / t5v14abh  ab/t5v14 (main + i34_t5_stack) beside main, t5_ab.py rounds (abh: the HOOK rows only, 6 rounds)
@@ -96,27 +96,31 @@ for step in "$@"; do
                 tests/test_sanitize.py ${2:-} > /tmp/d512_$1.log 2>&1
             echo "$run rc $?: $(tail -1 /tmp/d512_$1.log)"; grep -m3 -E "Invalid|Race|hazard|ERROR" /tmp/d512_$1.log
         done ;;
-    pairab) # ab/p512 (i36_d512_fwd90: fwd_sm90.cu's dense d256 kernel carries the pair's body; its other 22 kernels are
-        # main's SASS) beside main in the torch-free forward harness: fh check bf16 on both, then fh bench 256 in rotated
-        # rounds (the d256 rows must hold within 1%: the second body shares the kernel's registers)
-        TMPDIR=/tmp/pairab timeout 420 bash dev/ab_sed.sh ${ROUNDS:-4} "fh check bf16;fh bench 256" p512=@ab/p512 \
-            > $OUT/pairab.log 2>&1
-        echo "ab_sed rc $?: $(grep -c FAIL $OUT/pairab.log) FAIL lines"; grep -m5 FAIL $OUT/pairab.log
-        python3 - $OUT/pairab.log <<'PY' | tee $OUT/pairab.md
+    fwdab) # the forward patches of $FWD_AB (ab/ tree names, default "p512"; e.g. "ndv p512") beside main in the torch-free
+        # forward harness: fh check bf16 on each, then fh bench 256 in rotated rounds (p512: the dense d256 kernel carries
+        # the pair's body; ndv: the d256 kernels' short S / one P V half; their other fwd_sm90 kernels are main's SASS)
+        V=${FWD_AB:-p512}
+        TMPDIR=/tmp/fwdab timeout 420 bash dev/ab_sed.sh ${ROUNDS:-4} "fh check bf16;fh bench 256" \
+            $(for v in $V; do echo "$v=@ab/$v"; done) > $OUT/fwdab.log 2>&1
+        echo "ab_sed rc $?: $(grep -c FAIL $OUT/fwdab.log) FAIL lines"; grep -m5 FAIL $OUT/fwdab.log
+        python3 - $OUT/fwdab.log $V <<'PY' | tee $OUT/fwdab.md
 import re, statistics, sys, collections
 d, name = collections.defaultdict(lambda: collections.defaultdict(list)), None
 for line in open(sys.argv[1]):
-    m = re.match(r"== round \d+ (\S+): fh bench", line)
-    if m or line.startswith("== "):
+    if line.startswith("== "):
+        m = re.match(r"== round \d+ (\S+): fh bench", line)
         name = m.group(1) if m else None
         continue
     f = line.split()
     if name and len(f) == 5 and f[0].isdigit():
         d[f"d{f[0]} s{f[1]} causal {f[2]}"][name].append(float(f[4]))
-print("| config | main TFLOP/s | p512 TFLOP/s | p512 / main |\n|---|---|---|---|")
+trees = sys.argv[2:]
+print("| config | main TFLOP/s | " + " | ".join(f"{t} TFLOP/s | {t} / main" for t in trees) + " |")
+print("|---|---|" + "---|---|" * len(trees))
 for c, v in d.items():
-    a, b = statistics.median(v["base"]), statistics.median(v["p512"])
-    print(f"| {c} | {a:.1f} | {b:.1f} | {b / a:.3f} |")
+    a = statistics.median(v["base"])
+    cells = [f"{statistics.median(v[t]):.1f} | {statistics.median(v[t]) / a:.3f}" if v[t] else "- | -" for t in trees]
+    print(f"| {c} | {a:.1f} | " + " | ".join(cells) + " |")
 PY
         ;;
     d512bench) # main or ab/$D512_TREE: issue 36's benchmark (bench_headdims.py: 512 beside 256, (192, 128) beside (160, 160))
