@@ -223,6 +223,7 @@ PY
             grep ^FAIL /tmp/${v}_test.log | head -5
         done
         C=("128 2048 0 0" "128 8192 1 0" "128 512 1 0" "128 8192 0 0" "128 2048 1 0" "128 1024 1 0" "128 8192 1 1" "256 8192 0 0")
+        [ -n "${BWD_ROWS:-}" ] && IFS=';' read -ra C <<<"$BWD_ROWS" # e.g. d256t: "256 2048 0 0;256 8192 0 0;256 2048 1 0;..." 
         for r in 0 1 2 3 4 5; do
             for c in "${C[@]}"; do
                 for n in $(rotated $r); do
