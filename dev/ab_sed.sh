@@ -8,7 +8,7 @@
 # every object rebuilt, its own kernel files), then runs each harness command on every variant, ROUNDS rounds,
 # the variants' order rotated per round.
 #   bash dev/ab_sed.sh ROUNDS "fh variants 128;bh timev" r7='csrc/mask.h:s/ROUNDS 10/ROUNDS 7/' ...
-#   bash dev/ab_sed.sh 5 "bh timev;fh bench 128" inst=@ab/inst   (python3 dev/ab_table.py on the bh lines)
+#   bash dev/ab_sed.sh 5 "bh timev;fh bench 128" inst=@ab/inst   (python3 dev/ab_table.py on the output)
 # Output: "== round R NAME: CMD" then the command's own lines. Logs and binaries under $TMPDIR/ab_sed.
 set -uo pipefail
 rounds=$1 cmds=$2

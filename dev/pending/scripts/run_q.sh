@@ -103,26 +103,7 @@ for step in "$@"; do
         TMPDIR=/tmp/fwdab timeout 420 bash dev/ab_sed.sh ${ROUNDS:-4} "fh check bf16;fh bench 256" \
             $(for v in $V; do echo "$v=@ab/$v"; done) > $OUT/fwdab.log 2>&1
         echo "ab_sed rc $?: $(grep -c FAIL $OUT/fwdab.log) FAIL lines"; grep -m5 FAIL $OUT/fwdab.log
-        python3 - $OUT/fwdab.log $V <<'PY' | tee $OUT/fwdab.md
-import re, statistics, sys, collections
-d, name = collections.defaultdict(lambda: collections.defaultdict(list)), None
-for line in open(sys.argv[1]):
-    if line.startswith("== "):
-        m = re.match(r"== round \d+ (\S+): fh bench", line)
-        name = m.group(1) if m else None
-        continue
-    f = line.split()
-    if name and len(f) == 5 and f[0].isdigit():
-        d[f"d{f[0]} s{f[1]} causal {f[2]}"][name].append(float(f[4]))
-trees = sys.argv[2:]
-print("| config | main TFLOP/s | " + " | ".join(f"{t} TFLOP/s | {t} / main" for t in trees) + " |")
-print("|---|---|" + "---|---|" * len(trees))
-for c, v in d.items():
-    a = statistics.median(v["base"])
-    cells = [f"{statistics.median(v[t]):.1f} | {statistics.median(v[t]) / a:.3f}" if v[t] else "- | -" for t in trees]
-    print(f"| {c} | {a:.1f} | " + " | ".join(cells) + " |")
-PY
-        ;;
+        python3 dev/ab_table.py $OUT/fwdab.log | tee $OUT/fwdab_table.txt ;;
     d512bench) # main or ab/$D512_TREE: issue 36's benchmark (bench_headdims.py: 512 beside 256, (192, 128) beside (160, 160))
         (cd $R/${D512_TREE:+ab/$D512_TREE} && PYTHONPATH=$PWD timeout 400 python3 benchmarks/bench_headdims.py --time-budget ${BENCH_S:-300} \
             --out $OUT/headdims) ;;
